@@ -1,0 +1,1 @@
+"""specexport runtime: loads an artifact and runs exact speculative decoding."""

@@ -1,0 +1,176 @@
+"""The artifact manifest (docs/artifact.md): typed, written by the build side, read by the runtime.
+
+An artifact is a folder:
+    manifest.json            this schema
+    tokenizer.json           Hugging Face `tokenizers` file shared by target and draft
+    chat_template.jinja      optional
+    target/model.onnx (+ model.onnx.data)
+    draft/model.onnx  (+ model.onnx.data)   absent for the n-gram proposer
+    calibration.json         optional, written by `specexport calibrate`
+Every file except manifest.json is listed in `files` with its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .contract import CONTRACT_VERSION, GraphSpec, is_supported
+from .errors import ArtifactError, ChecksumError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PROPOSERS = ("draft", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One exported graph and the facts needed to run it."""
+
+    graph: str  # path relative to the artifact root
+    source: str
+    architecture: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # tokenizer vocabulary
+    embedding_rows: int  # rows of the logits (>= vocab_size possible)
+    precision: str  # fp32 | fp16 | int8 | int4 | dynamic-int8
+    kv_dtype: str = "float32"
+    validation: dict[str, Any] = field(default_factory=dict)
+
+    def graph_spec(self) -> GraphSpec:
+        return GraphSpec(
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            embedding_rows=self.embedding_rows,
+            kv_dtype=self.kv_dtype,
+        )
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    file: str = "tokenizer.json"
+    chat_template: str | None = None  # path of a jinja file relative to the root
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    add_bos: bool = False
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class SpeculationDefaults:
+    proposer: str = "draft"
+    gamma: int = 4
+    ngram_sizes: tuple[int, ...] = (3, 2, 1)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    max_context: int
+    target: ModelEntry
+    tokenizer: TokenizerEntry
+    draft: ModelEntry | None = None
+    speculation: SpeculationDefaults = SpeculationDefaults()
+    generation: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+    tools: dict[str, str] = field(default_factory=dict)
+    contract_version: str = CONTRACT_VERSION
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        try:
+            schema = data["schema_version"]
+            if schema != SCHEMA_VERSION:
+                raise ArtifactError(
+                    f"manifest schema_version {schema!r} is not supported; this runtime reads {SCHEMA_VERSION}"
+                )
+            contract = data["contract_version"]
+            if not is_supported(contract):
+                raise ArtifactError(
+                    f"graph contract {contract!r} is not supported; this runtime reads {CONTRACT_VERSION.split('.')[0]}.x"
+                    " (upgrade specexport-runtime or rebuild the artifact)"
+                )
+            spec = data.get("speculation") or {}
+            tok = data["tokenizer"]
+            return cls(
+                name=data["name"],
+                max_context=int(data["max_context"]),
+                target=ModelEntry(**data["target"]),
+                draft=ModelEntry(**data["draft"]) if data.get("draft") else None,
+                tokenizer=TokenizerEntry(**{**tok, "eos_token_ids": tuple(tok.get("eos_token_ids", ()))}),
+                speculation=SpeculationDefaults(
+                    **{**spec, "ngram_sizes": tuple(spec.get("ngram_sizes", (3, 2, 1)))}
+                ),
+                generation=dict(data.get("generation", {})),
+                files=dict(data.get("files", {})),
+                tools=dict(data.get("tools", {})),
+                contract_version=contract,
+                schema_version=schema,
+            )
+        except (KeyError, TypeError) as exc:
+            raise ArtifactError(f"manifest is malformed: {exc!r} (expected schema {SCHEMA_VERSION})") from exc
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksum_tree(root: Path) -> dict[str, str]:
+    """sha256 of every file under root except the manifest, keyed by POSIX relative path."""
+    return {
+        path.relative_to(root).as_posix(): sha256_file(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    root = Path(root)
+    if not root.is_dir():
+        raise ArtifactError(f"artifact folder {str(root)!r} does not exist (expected a folder from `specexport build`)")
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise ArtifactError(f"{str(path)!r} is missing: {str(root)!r} is not a specexport artifact")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from exc
+    return Manifest.from_dict(data)
+
+
+def verify_files(root: str | Path, manifest: Manifest) -> None:
+    """Raise if a listed file is missing or its sha256 differs; unlisted extra files are ignored."""
+    root = Path(root)
+    for rel, expected in sorted(manifest.files.items()):
+        path = root / rel
+        if not path.is_file():
+            raise ArtifactError(f"artifact file {rel!r} is missing from {str(root)!r}")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ChecksumError(
+                f"checksum mismatch for {rel!r}: manifest says {expected[:16]}..., file has {actual[:16]}..."
+                " (the artifact is truncated or was modified; rebuild it)"
+            )
+
+
+def write_manifest(root: str | Path, manifest: Manifest) -> None:
+    """Write manifest.json with `files` recomputed from the folder's current contents."""
+    root = Path(root)
+    files = checksum_tree(root)
+    data = json.loads(manifest.to_json())
+    data["files"] = files
+    (root / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
