@@ -1,0 +1,132 @@
+"""Export a Hugging Face causal LM to one ONNX graph following the graph contract."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
+
+from .decoder import ContractDecoder
+
+GRAPH_NAME = "model.onnx"
+DATA_NAME = "model.onnx.data"
+OPSET = 17
+
+# Distinct example sizes so that no dynamic dimension is frozen as a constant while tracing.
+_EXAMPLE_S, _EXAMPLE_P, _EXAMPLE_R = 5, 7, 3
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path  # the .onnx file; weights in DATA_NAME beside it
+    spec: GraphSpec
+    seconds: float
+    num_nodes: int
+    bytes: int  # graph + external data
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "float32", torch.float16: "float16"}[dtype]
+
+
+def graph_spec(decoder: ContractDecoder, dtype: torch.dtype) -> GraphSpec:
+    return GraphSpec(
+        num_layers=len(decoder.layers),
+        num_kv_heads=decoder.num_kv_heads,
+        head_dim=decoder.head_dim,
+        embedding_rows=decoder.embedding_rows,
+        kv_dtype=_dtype_name(dtype),
+    )
+
+
+def example_inputs(spec: GraphSpec, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    ids = torch.arange(_EXAMPLE_S, dtype=torch.int64).unsqueeze(0) % spec.embedding_rows  # [1, S]
+    rows = torch.arange(_EXAMPLE_S - _EXAMPLE_R, _EXAMPLE_S, dtype=torch.int64)  # [R]
+    past = [
+        torch.randn(1, _EXAMPLE_P, spec.num_kv_heads, spec.head_dim, dtype=dtype)
+        for _ in range(2 * spec.num_layers)
+    ]
+    return (ids, rows, *past)
+
+
+def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
+    axes: dict[str, dict[int, str]] = {contract.INPUT_IDS: {1: "seq"}, contract.LOGITS_INDEX: {0: "rows"}}
+    axes[contract.LOGITS] = {1: "rows"}
+    for i in range(spec.num_layers):
+        axes[contract.past_key(i)] = {1: "past"}
+        axes[contract.past_value(i)] = {1: "past"}
+        axes[contract.new_key(i)] = {1: "seq"}
+        axes[contract.new_value(i)] = {1: "seq"}
+    return axes
+
+
+def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True) -> ExportResult:
+    """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data)."""
+    start = time.perf_counter()
+    dtype = next(model.parameters()).dtype
+    decoder = ContractDecoder(model, tie_lm_head=tie_lm_head).eval()
+    spec = graph_spec(decoder, dtype)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about python ints are expected here
+        raw = Path(tmp) / "raw.onnx"
+        torch.onnx.export(
+            decoder,
+            example_inputs(spec, dtype),
+            str(raw),
+            input_names=spec.input_names(),
+            output_names=spec.output_names(),
+            dynamic_axes=dynamic_axes(spec),
+            opset_version=OPSET,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+        proto = onnx.load(str(raw))
+    if tie_lm_head:
+        _share_tied_embedding(proto)
+    proto.producer_name = "specexport"
+    onnx.helper.set_model_props(proto, {"specexport.contract_version": contract.CONTRACT_VERSION})
+    path = out_dir / GRAPH_NAME
+    (out_dir / DATA_NAME).unlink(missing_ok=True)  # onnx appends to an existing data file
+    onnx.save_model(
+        proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME, size_threshold=1024
+    )
+    size = path.stat().st_size + ((out_dir / DATA_NAME).stat().st_size if (out_dir / DATA_NAME).exists() else 0)
+    return ExportResult(path, spec, time.perf_counter() - start, len(proto.graph.node), size)
+
+
+def _share_tied_embedding(proto: onnx.ModelProto) -> None:
+    """Store a tied embedding once.
+
+    The tracer constant-folds the output projection's transpose into a second [hidden, V]
+    initializer. Replace that MatMul by Gemm(transB=1) on the embedding itself (A is the
+    [R, hidden] row matrix, so Gemm's 2-D requirement holds) and drop the copy."""
+    graph = proto.graph
+    inits = {init.name: init for init in graph.initializer}
+    gathers = {n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits}
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        b = inits[node.input[1]]
+        for name in gathers:
+            emb = inits[name]
+            if list(emb.dims) != list(b.dims)[::-1]:
+                continue
+            if not np.array_equal(numpy_helper.to_array(emb).T, numpy_helper.to_array(b)):
+                continue
+            node.op_type = "Gemm"
+            node.input[1] = name
+            node.attribute.append(onnx.helper.make_attribute("transB", 1))
+            if not any(n.input and b.name in n.input for n in graph.node):
+                graph.initializer.remove(b)
+            return

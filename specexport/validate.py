@@ -1,0 +1,164 @@
+"""Validate an exported graph against the transformers model it came from.
+
+Three steps, each compared with an independent full-sequence transformers forward (no cache):
+  prefill   S0 prompt tokens on an empty cache, every row;
+  verify    S1 tokens on top of the prefill cache, every row (the multi-token verify call);
+  rollback  the cache cursor moved back 2 positions, then one different token (decode).
+The ONNX side is run with plain feeds here (numpy concatenation), independent of the
+runtime's IO-binding engine, so a bug there cannot hide a bug in the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
+from specexport_runtime.errors import SpecExportError
+
+
+class ExportValidationError(SpecExportError):
+    """The exported graph's outputs differ from the reference beyond the tolerance."""
+
+    def __init__(self, step: str, output: str, detail: str):
+        super().__init__(f"export validation failed at step {step!r}, output {output!r}: {detail}")
+        self.step, self.output, self.detail = step, output, detail
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    max_abs: float  # on logits
+    near_tie: float = 0.0  # rows whose reference top-2 gap is below this may disagree on argmax
+    require_argmax: bool = True
+
+
+FP32 = Tolerance(max_abs=1e-4)
+# fp16 graphs are compared with the fp32 reference; documented in docs/validation.md
+FP16 = Tolerance(max_abs=5e-2, near_tie=5e-2)
+# quantized drafts only need to run and agree often enough to be useful; agreement is reported
+QUANTIZED = Tolerance(max_abs=float("inf"), require_argmax=False)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: str
+    rows: int
+    max_abs_diff: float
+    argmax_agreement: float
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    steps: tuple[StepReport, ...]
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(s.max_abs_diff for s in self.steps)
+
+    @property
+    def argmax_agreement(self) -> float:
+        total = sum(s.rows for s in self.steps)
+        return sum(s.argmax_agreement * s.rows for s in self.steps) / total
+
+    def to_dict(self) -> dict:
+        return {
+            "max_abs_diff": self.max_abs_diff,
+            "argmax_agreement": self.argmax_agreement,
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+
+class FeedRunner:
+    """Minimal contract runner with a growing numpy cache (validation only)."""
+
+    def __init__(self, path: Path, spec: GraphSpec):
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.spec = spec
+        dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
+        empty = np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), dtype)
+        self.cache = [empty] * (2 * spec.num_layers)
+
+    @property
+    def past_len(self) -> int:
+        return self.cache[0].shape[1]
+
+    def run(self, ids: list[int], rows: list[int]) -> np.ndarray:
+        feeds = {
+            contract.INPUT_IDS: np.asarray([ids], np.int64),
+            contract.LOGITS_INDEX: np.asarray(rows, np.int64),
+        }
+        for i in range(self.spec.num_layers):
+            feeds[contract.past_key(i)] = self.cache[2 * i]
+            feeds[contract.past_value(i)] = self.cache[2 * i + 1]
+        logits, *new = self.session.run(None, feeds)
+        self.cache = [np.concatenate([c, n], axis=1) for c, n in zip(self.cache, new)]
+        return logits[0]  # [R, V]
+
+    def rollback(self, n: int) -> None:
+        self.cache = [c[:, : self.past_len - n] for c in self.cache]
+
+
+def reference_logits(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
+    """Full-sequence transformers forward, no cache: [len(ids), V] float32."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+    return out.logits[0].float().numpy()
+
+
+def compare(step: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> StepReport:
+    if got.shape != ref.shape:
+        raise ExportValidationError(step, contract.LOGITS, f"shape {got.shape} != reference {ref.shape}")
+    if not np.all(np.isfinite(got)):
+        raise ExportValidationError(step, contract.LOGITS, "non-finite values")
+    diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
+    if diff > tol.max_abs:
+        raise ExportValidationError(step, contract.LOGITS, f"max abs diff {diff:.3g} > tolerance {tol.max_abs:.3g}")
+    same = got.argmax(-1) == ref.argmax(-1)
+    if tol.require_argmax and not same.all():
+        top2 = np.sort(ref, axis=-1)[:, -2:]
+        gap = top2[:, 1] - top2[:, 0]
+        bad = np.flatnonzero(~same & (gap >= tol.near_tie))
+        if bad.size:
+            r = int(bad[0])
+            raise ExportValidationError(
+                step,
+                contract.LOGITS,
+                f"argmax differs at row {r}: graph {int(got[r].argmax())} vs reference {int(ref[r].argmax())}"
+                f" (reference top-2 gap {gap[r]:.3g})",
+            )
+    return StepReport(step, got.shape[0], diff, float(same.mean()))
+
+
+def validate_export(
+    reference: torch.nn.Module,
+    graph: Path,
+    spec: GraphSpec,
+    probe_ids: list[int],
+    tolerance: Tolerance = FP32,
+    verify_len: int = 5,
+    rollback: int = 2,
+) -> ValidationReport:
+    """probe_ids: at least verify_len + 2 tokens; the first len - verify_len are the prompt."""
+    if len(probe_ids) < verify_len + 2:
+        raise ValueError(f"probe_ids has {len(probe_ids)} tokens; need at least {verify_len + 2}")
+    n0 = len(probe_ids) - verify_len
+    runner = FeedRunner(graph, spec)
+    full = reference_logits(reference, probe_ids)  # [N, V]
+
+    prefill = compare("prefill", runner.run(probe_ids[:n0], list(range(n0))), full[:n0], tolerance)
+    verify = compare(
+        "verify", runner.run(probe_ids[n0:], list(range(verify_len))), full[n0:], tolerance
+    )
+    runner.rollback(rollback)
+    keep = probe_ids[: len(probe_ids) - rollback]
+    token = (probe_ids[len(keep)] + 1) % spec.embedding_rows  # a token the cache has not seen there
+    ref = reference_logits(reference, keep + [token])[-1:]
+    after = compare("rollback", runner.run([token], [0]), ref, tolerance)
+    return ValidationReport((prefill, verify, after))
