@@ -1,0 +1,259 @@
+"""Adaptive gamma: pick how many tokens to draft per round from measured acceptance and costs.
+
+Model (Leviathan et al. 2023, section 3): each drafted token is accepted independently with
+probability alpha, so a round drafting gamma tokens emits on average
+    E[tokens per round] = sum_{i=0..gamma} alpha^i = (1 - alpha^(gamma+1)) / (1 - alpha)
+tokens (gamma + 1 when alpha = 1) and costs gamma·cost_draft + cost_verify(gamma + 1) seconds,
+against cost_decode seconds per token of plain decoding:
+    expected_speedup(gamma) = E[tokens per round] · cost_decode
+                              / (gamma·cost_draft + cost_verify(gamma + 1))
+
+Protocol with the generator, once per round:
+    g = ctl.choose()
+    g == 0: one plain decode step, then ctl.record_decode(seconds)
+    g  > 0: draft up to g tokens (the proposer may return fewer, and a draft model may stop
+            early when ctl.stop_drafting(q_max)); when d >= 1 tokens were drafted, verify
+            them and call ctl.record_round(d, n_accepted, draft_seconds, verify_seconds);
+            when none were, do a plain decode step and call record_decode.
+Time comparable things: verify_seconds and the decode seconds should both include the
+per-step host work (sampling, cache cursor moves), and the first (cold) target call should
+not be timed.
+
+Warm-up: choose() first returns 0 until a plain decode step has been timed, then the initial
+gamma until one speculative round has been timed. After that it returns the gamma with the
+best expected speedup, or 0 (speculation off) when that is below 1. Switching back on needs
+1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
+one probe round with the initial gamma re-measures acceptance (its tokens weigh
+probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
+probe that does not switch speculation back on, up to probe_max.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidArgument
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _ema(old: float | None, obs: float, count: int, weight: float) -> float:
+    """EMA that starts as a running mean: the first observations are not dwarfed by `old`."""
+    if old is None:
+        return obs
+    w = max(weight, 1.0 / count)
+    return old + w * (obs - old)
+
+
+@dataclass
+class GammaController:
+    gamma_min: int = 1
+    gamma_max: int = 8
+    gamma: int = 4  # initial gamma (warm-up round and probes); afterwards the last one chosen
+    alpha: float = 0.6  # per-token acceptance estimate; the initial value is the prior
+    alpha_smoothing: float = 0.05  # EMA weight of one drafted-token observation
+    probe_smoothing: float = 0.25  # the same, for the tokens of a probe round
+    cost_smoothing: float = 0.2  # EMA weight of one timing
+    cost_draft: float | None = None  # seconds per draft token
+    cost_decode: float | None = None  # seconds per plain 1-token target call
+    verify_costs: dict[int, float] = field(default_factory=dict)  # s -> seconds of an s-token call
+    hysteresis: float = 0.05  # off -> on needs best expected speedup >= 1 + hysteresis
+    probe_every: int = 16  # decode steps while off before the first probe
+    probe_max: int = 256  # cap of the doubling probe interval
+    min_draft_prob: float = 0.0  # stop_drafting threshold on the draft's top probability; 0 = off
+
+    speculating: bool = field(default=True, init=False)
+    _initial_gamma: int = field(default=0, init=False, repr=False)
+    _interval: int = field(default=0, init=False, repr=False)
+    _off_rounds: int = field(default=0, init=False, repr=False)
+    _probing: bool = field(default=False, init=False, repr=False)
+    _n_draft: int = field(default=0, init=False, repr=False)
+    _n_decode: int = field(default=0, init=False, repr=False)
+    _n_verify: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.gamma_min) or self.gamma_min < 1:
+            raise InvalidArgument(f"gamma_min must be an integer >= 1, got {self.gamma_min!r}")
+        if not _is_int(self.gamma_max) or self.gamma_max < self.gamma_min:
+            raise InvalidArgument(
+                f"gamma_max must be an integer >= gamma_min = {self.gamma_min}, got {self.gamma_max!r}"
+            )
+        if not _is_int(self.gamma) or not self.gamma_min <= self.gamma <= self.gamma_max:
+            raise InvalidArgument(
+                f"gamma must be an integer in [{self.gamma_min}, {self.gamma_max}], got {self.gamma!r}"
+            )
+        if not _is_real(self.alpha) or not 0.0 <= self.alpha <= 1.0:
+            raise InvalidArgument(f"alpha must be a number in [0, 1], got {self.alpha!r}")
+        for name in ("alpha_smoothing", "probe_smoothing", "cost_smoothing"):
+            v = getattr(self, name)
+            if not _is_real(v) or not 0.0 < v <= 1.0:
+                raise InvalidArgument(f"{name} must be a number in (0, 1], got {v!r}")
+        for name in ("cost_draft", "cost_decode"):
+            v = getattr(self, name)
+            if v is not None and (not _is_real(v) or v < 0):
+                raise InvalidArgument(f"{name} must be None or a finite number >= 0, got {v!r}")
+        for s, v in self.verify_costs.items():
+            if not _is_int(s) or s < 1 or not _is_real(v) or v <= 0:
+                raise InvalidArgument(
+                    f"verify_costs must map sizes >= 1 to seconds > 0, got {s!r}: {v!r}"
+                )
+        if not _is_real(self.hysteresis) or self.hysteresis < 0:
+            raise InvalidArgument(f"hysteresis must be a finite number >= 0, got {self.hysteresis!r}")
+        if not _is_int(self.probe_every) or self.probe_every < 1:
+            raise InvalidArgument(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
+        if not _is_int(self.probe_max) or self.probe_max < self.probe_every:
+            raise InvalidArgument(
+                f"probe_max must be an integer >= probe_every = {self.probe_every}, got {self.probe_max!r}"
+            )
+        if not _is_real(self.min_draft_prob) or not 0.0 <= self.min_draft_prob < 1.0:
+            raise InvalidArgument(
+                f"min_draft_prob must be a number in [0, 1), got {self.min_draft_prob!r}"
+            )
+        self._initial_gamma = self.gamma
+        self._interval = self.probe_every
+        self._n_draft = 0 if self.cost_draft is None else 1
+        self._n_decode = 0 if self.cost_decode is None else 1
+        self._n_verify = {s: 1 for s in self.verify_costs}
+
+    # ----------------------------------------------------------------------------- model
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E[tokens per round] = sum_{i=0..gamma} alpha^i (= (1 - alpha^(gamma+1)) / (1 - alpha)).
+
+        Summed term by term: exact at alpha = 1 (gamma + 1) and free of the cancellation
+        the closed form suffers near it.
+        """
+        return float(sum(self.alpha**i for i in range(gamma + 1)))
+
+    def cost_verify(self, s: int) -> float:
+        """Seconds of a target call over s tokens: least-squares line a + b·s through the
+        timed sizes (plain decode counts as s = 1), slope clamped at >= 0 and never below the
+        cheapest timing; a single timed size is extrapolated flat. nan before any timing."""
+        pts = dict(self.verify_costs)
+        if self.cost_decode is not None:
+            pts.setdefault(1, self.cost_decode)
+        if not pts:
+            return math.nan
+        if len(pts) == 1:
+            return next(iter(pts.values()))
+        xs = np.fromiter(pts.keys(), dtype=np.float64)  # [m] sizes
+        cs = np.fromiter(pts.values(), dtype=np.float64)  # [m] seconds
+        dx = xs - xs.mean()
+        b = max(0.0, float(dx @ (cs - cs.mean()) / (dx @ dx)))
+        a = float(cs.mean()) - b * float(xs.mean())
+        return max(a + b * s, float(cs.min()))
+
+    def expected_speedup(self, gamma: int) -> float:
+        """E[tokens per round] · cost_decode / (gamma·cost_draft + cost_verify(gamma+1)).
+
+        1.0 for gamma = 0 (plain decoding); nan until the draft and verify costs are timed.
+        Without a timed plain decode step, cost_decode is cost_verify(1) of the fit.
+        """
+        if not _is_int(gamma) or gamma < 0:
+            raise InvalidArgument(f"gamma must be an integer >= 0, got {gamma!r}")
+        if gamma == 0:
+            return 1.0
+        if self.cost_draft is None:
+            return math.nan
+        decode = self.cost_decode if self.cost_decode is not None else self.cost_verify(1)
+        round_cost = gamma * self.cost_draft + self.cost_verify(gamma + 1)
+        if not round_cost > 0:
+            return math.nan
+        return self.expected_tokens(gamma) * decode / round_cost
+
+    def best(self) -> tuple[int, float]:
+        """(gamma, expected_speedup(gamma)) maximising the speedup over gamma_min..gamma_max
+        (the smallest such gamma on ties)."""
+        best_g, best_s = self.gamma_min, -math.inf
+        for g in range(self.gamma_min, self.gamma_max + 1):
+            s = self.expected_speedup(g)
+            if s > best_s:
+                best_g, best_s = g, s
+        return best_g, best_s
+
+    # ----------------------------------------------------------------------------- policy
+
+    def choose(self) -> int:
+        """Gamma for the next round; 0 means a plain decode step (see the module docstring)."""
+        self._probing = False
+        if self.cost_decode is None:
+            return 0  # warm-up: time a plain decode step first
+        if self.cost_draft is None or not self.verify_costs:
+            return self._initial_gamma  # warm-up: time one speculative round
+        g, speedup = self.best()
+        if self.speculating:
+            if not speedup >= 1.0:  # also nan
+                self.speculating = False
+                self._off_rounds = 1  # this call's decode step is the first of the interval
+                return 0
+            self.gamma = g
+            return g
+        if speedup >= 1.0 + self.hysteresis:
+            self.speculating = True
+            self._interval = self.probe_every
+            self.gamma = g
+            return g
+        if self._off_rounds >= self._interval:
+            self._off_rounds = 0
+            self._interval = min(2 * self._interval, self.probe_max)  # kept if the probe fails
+            self._probing = True
+            return self._initial_gamma
+        self._off_rounds += 1
+        return 0
+
+    def stop_drafting(self, q_max: float) -> bool:
+        """True when a draft model should stop drafting this round: its own top probability
+        q_max fell below min_draft_prob (never when min_draft_prob is 0)."""
+        return self.min_draft_prob > 0.0 and q_max < self.min_draft_prob
+
+    # ----------------------------------------------------------------------------- feedback
+
+    def record_round(
+        self, gamma: int, n_accepted: int, draft_seconds: float, verify_seconds: float
+    ) -> None:
+        """A round drafted `gamma` tokens (the number actually drafted, >= 1), accepted
+        n_accepted of them, spent draft_seconds drafting (0 is a real timing: n-gram lookup)
+        and verify_seconds in the target call over gamma + 1 tokens plus its host work
+        (0 means not timed and leaves the verify costs alone)."""
+        if not _is_int(gamma) or gamma < 1:
+            raise InvalidArgument(f"gamma must be an integer >= 1 (tokens drafted), got {gamma!r}")
+        if not _is_int(n_accepted) or not 0 <= n_accepted <= gamma:
+            raise InvalidArgument(f"n_accepted must be an integer in [0, {gamma}], got {n_accepted!r}")
+        for name, v in (("draft_seconds", draft_seconds), ("verify_seconds", verify_seconds)):
+            if not _is_real(v) or v < 0:
+                raise InvalidArgument(f"{name} must be a finite number >= 0, got {v!r}")
+        # alpha: per-token Bernoulli EMA over the examined tokens, n successes then one
+        # failure when a token was rejected (the MLE view of a truncated geometric).
+        w = self.probe_smoothing if self._probing else self.alpha_smoothing
+        self._probing = False
+        keep = (1.0 - w) ** n_accepted
+        alpha = 1.0 - keep * (1.0 - self.alpha)
+        if n_accepted < gamma:
+            alpha *= 1.0 - w
+        self.alpha = min(1.0, max(0.0, alpha))
+        # costs
+        self._n_draft += 1
+        w = self.cost_smoothing
+        self.cost_draft = _ema(self.cost_draft, draft_seconds / gamma, self._n_draft, w)
+        s = gamma + 1
+        if verify_seconds > 0:
+            self._n_verify[s] = self._n_verify.get(s, 0) + 1
+            old = self.verify_costs.get(s)
+            self.verify_costs[s] = _ema(old, verify_seconds, self._n_verify[s], w)
+
+    def record_decode(self, seconds: float) -> None:
+        """A plain 1-token target step (speculation off, or nothing to draft) took `seconds`."""
+        if not _is_real(seconds) or seconds <= 0:
+            raise InvalidArgument(f"seconds must be a finite number > 0, got {seconds!r}")
+        self._n_decode += 1
+        self.cost_decode = _ema(self.cost_decode, seconds, self._n_decode, self.cost_smoothing)

@@ -1,0 +1,200 @@
+"""Adaptive gamma controller: the speedup model, the on/off policy, probes and feedback."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specexport_runtime.adaptive import GammaController
+from specexport_runtime.errors import InvalidArgument
+
+
+def closed_form_speedup(alpha, gamma, c_draft, c_verify, c_decode):
+    tokens = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens * c_decode / (gamma * c_draft + c_verify)
+
+
+def calibrated(**kw) -> GammaController:
+    """A controller whose costs are already known (no warm-up rounds)."""
+    base = dict(cost_draft=0.002, cost_decode=0.02, verify_costs={5: 0.024})
+    base.update(kw)
+    return GammaController(**base)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.95, 1.0])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_expected_speedup_matches_formula(alpha, gamma):
+    ctl = calibrated(alpha=alpha)
+    # the verify line goes through (1, 0.02) and (5, 0.024): 0.019 + 0.001 s
+    c_verify = 0.019 + 0.001 * (gamma + 1)
+    want = closed_form_speedup(alpha, gamma, 0.002, c_verify, 0.02)
+    assert ctl.expected_speedup(gamma) == pytest.approx(want, rel=1e-12)
+    assert ctl.expected_speedup(0) == 1.0
+
+
+def test_expected_tokens_near_one():
+    ctl = GammaController(alpha=1.0 - 1e-13)
+    assert ctl.expected_tokens(8) == pytest.approx(9.0, rel=1e-11)
+    ctl.alpha = 1.0
+    assert ctl.expected_tokens(8) == 9.0
+    ctl.alpha = 0.0
+    assert ctl.expected_tokens(8) == 1.0
+
+
+def test_cost_verify_linear_fit():
+    ctl = GammaController(cost_decode=0.01, verify_costs={3: 0.03, 5: 0.05})
+    assert ctl.cost_verify(9) == pytest.approx(0.09)
+    assert ctl.cost_verify(1) == pytest.approx(0.01)
+    flat = GammaController(verify_costs={4: 0.02})
+    assert flat.cost_verify(9) == 0.02  # one timed size: flat
+    noisy = GammaController(cost_decode=0.03, verify_costs={5: 0.02})  # negative slope
+    assert noisy.cost_verify(9) == pytest.approx(0.025)  # clamped slope 0: the mean
+    assert noisy.cost_verify(2) == pytest.approx(0.025)
+    assert math.isnan(GammaController().cost_verify(3))
+    assert math.isnan(GammaController().expected_speedup(3))
+
+
+def test_high_acceptance_and_cheap_draft_picks_gamma_max():
+    ctl = calibrated(alpha=0.98, cost_draft=1e-5, verify_costs={5: 0.021})
+    assert ctl.choose() == ctl.gamma_max == 8
+    assert ctl.gamma == 8
+    assert ctl.best()[0] == 8
+
+
+def test_moderate_acceptance_and_costly_draft_picks_a_middle_gamma():
+    ctl = calibrated(alpha=0.7, cost_draft=0.004)
+    g = ctl.choose()
+    assert 1 < g < 8
+    speedups = [ctl.expected_speedup(k) for k in range(1, 9)]
+    assert g == 1 + max(range(8), key=speedups.__getitem__)
+
+
+def test_low_acceptance_turns_off_then_probes_with_backoff():
+    ctl = calibrated(alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=4, probe_max=8)
+    assert ctl.best()[1] < 1.0
+    assert [ctl.choose() for _ in range(4)] == [0, 0, 0, 0]
+    assert not ctl.speculating
+    assert ctl.choose() == 4  # probe with the initial gamma
+    ctl.record_round(4, 0, 0.02, 0.022)  # failed probe: interval doubles
+    assert [ctl.choose() for _ in range(8)] == [0] * 8
+    assert ctl.choose() == 4
+    ctl.record_round(4, 0, 0.02, 0.022)
+    assert [ctl.choose() for _ in range(8)] == [0] * 8  # capped at probe_max
+    assert ctl.choose() == 4
+
+
+def test_successful_probe_turns_speculation_back_on():
+    ctl = calibrated(alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=2)
+    assert [ctl.choose() for _ in range(2)] == [0, 0]
+    assert ctl.choose() == 4
+    ctl.record_round(4, 4, 0.02, 0.022)  # all accepted: probe tokens weigh probe_smoothing
+    assert ctl.alpha == pytest.approx(1 - 0.75**4 * 0.99)
+    g = ctl.choose()
+    assert g > 0 and ctl.speculating
+    # back on: the probe interval is reset to probe_every for the next time it turns off
+    ctl.alpha = 0.0
+    assert [ctl.choose() for _ in range(2)] == [0, 0]
+    assert ctl.choose() == 4
+
+
+def test_hysteresis_prevents_flapping():
+    # gamma fixed at 1, flat costs: expected_speedup(1) = (1 + alpha) / 1.5
+    ctl = GammaController(
+        gamma_min=1, gamma_max=1, gamma=1, hysteresis=0.05,
+        cost_draft=0.5, cost_decode=1.0, verify_costs={2: 1.0},
+    )
+    seen = []
+    for alpha in (0.53, 0.47, 0.53, 0.55, 0.53, 0.65, 0.53, 0.49):
+        ctl.alpha = alpha
+        seen.append(ctl.choose())
+    # speedups: 1.02 on, 0.98 off, 1.02 and 1.033 stay off (< 1.05), 1.02 off, 1.10 on,
+    # 1.02 stays on, 0.993 off
+    assert seen == [1, 0, 0, 0, 0, 1, 1, 0]
+
+
+def test_without_hysteresis_it_would_flap():
+    ctl = GammaController(
+        gamma_min=1, gamma_max=1, gamma=1, hysteresis=0.0,
+        cost_draft=0.5, cost_decode=1.0, verify_costs={2: 1.0},
+    )
+    seen = []
+    for alpha in (0.53, 0.47, 0.53, 0.47):
+        ctl.alpha = alpha
+        seen.append(ctl.choose())
+    assert seen == [1, 0, 1, 0]
+
+
+def test_warm_up_times_decode_then_one_round():
+    ctl = GammaController(gamma=3)
+    assert ctl.choose() == 0
+    ctl.record_decode(0.02)
+    assert ctl.cost_decode == 0.02
+    assert ctl.choose() == 3
+    ctl.record_round(3, 2, draft_seconds=0.006, verify_seconds=0.023)
+    assert ctl.cost_draft == pytest.approx(0.002)
+    assert ctl.verify_costs == {4: 0.023}
+    assert ctl.choose() == ctl.best()[0]
+
+
+def test_record_round_updates_alpha_and_costs():
+    ctl = GammaController(alpha=0.6, alpha_smoothing=0.1, cost_smoothing=0.5)
+    ctl.record_round(4, 4, 0.004, 0.03)  # 4 successes
+    a1 = 1 - 0.9**4 * 0.4
+    assert ctl.alpha == pytest.approx(a1)
+    ctl.record_round(4, 1, 0.008, 0.05)  # 1 success then a rejection
+    a2 = (1 - 0.9 * (1 - a1)) * 0.9
+    assert ctl.alpha == pytest.approx(a2)
+    assert ctl.alpha < a1
+    ctl.record_round(2, 0, 0.002, 0.02)  # rejected at once
+    assert ctl.alpha == pytest.approx(a2 * 0.9)
+    # costs: first timing taken as is, then a running mean while 1/count > smoothing, then EMA
+    assert ctl.cost_draft == pytest.approx(((0.001 + 0.002) / 2 + 0.001) / 2)
+    assert ctl.verify_costs[5] == pytest.approx(0.04)
+    assert ctl.verify_costs[3] == pytest.approx(0.02)
+    ctl.record_decode(0.01)
+    ctl.record_decode(0.02)
+    ctl.record_decode(0.04)
+    assert ctl.cost_decode == pytest.approx(0.015 + 0.5 * (0.04 - 0.015))
+
+
+def test_stop_drafting():
+    assert not GammaController().stop_drafting(0.01)
+    ctl = GammaController(min_draft_prob=0.3)
+    assert ctl.stop_drafting(0.29)
+    assert not ctl.stop_drafting(0.3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, shown",
+    [
+        ({"gamma_min": 0}, "gamma_min"),
+        ({"gamma_max": 0}, "gamma_max"),
+        ({"gamma": 9}, "gamma must"),
+        ({"alpha": 1.5}, "1.5"),
+        ({"alpha_smoothing": 0.0}, "alpha_smoothing"),
+        ({"cost_draft": -1.0}, "cost_draft"),
+        ({"verify_costs": {0: 1.0}}, "verify_costs"),
+        ({"hysteresis": -0.1}, "hysteresis"),
+        ({"probe_every": 0}, "probe_every"),
+        ({"probe_max": 2}, "probe_max"),
+        ({"min_draft_prob": 1.0}, "min_draft_prob"),
+    ],
+)
+def test_validation(kwargs, shown):
+    with pytest.raises(InvalidArgument, match=shown):
+        GammaController(**kwargs)
+
+
+def test_record_validation():
+    ctl = GammaController()
+    with pytest.raises(InvalidArgument, match="gamma"):
+        ctl.record_round(0, 0, 0.0, 0.1)
+    with pytest.raises(InvalidArgument, match="n_accepted"):
+        ctl.record_round(3, 4, 0.0, 0.1)
+    with pytest.raises(InvalidArgument, match="verify_seconds"):
+        ctl.record_round(3, 1, 0.0, float("nan"))
+    with pytest.raises(InvalidArgument, match="seconds"):
+        ctl.record_decode(-1.0)
+    with pytest.raises(InvalidArgument, match="gamma"):
+        ctl.expected_speedup(-1)
