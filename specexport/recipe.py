@@ -1,0 +1,565 @@
+"""Typed, validated build recipes (docs/recipes.md).
+
+A recipe is a YAML file naming a target model, how its draft is obtained, and the speculation and
+validation defaults baked into the artifact. This module checks shape, types and ranges only;
+whether a model path or hub id exists is resolved at build time.
+
+    recipe = load_recipe("recipes/smollm2-135m.yaml")
+    recipe.draft.kind            # "from_target" | "model" | "ngram"
+    recipe.to_dict()             # plain dict, recorded in the artifact manifest; parse_recipe() reads it back
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RecipeError
+
+__all__ = [
+    "DEFAULT_RECIPE",
+    "DRAFT_KINDS",
+    "DRAFT_MODEL_PRECISIONS",
+    "RECIPES_DIR",
+    "SELF_DRAFT_PRECISIONS",
+    "TARGET_PRECISIONS",
+    "DraftSpec",
+    "ModelSpec",
+    "Recipe",
+    "SpeculationSpec",
+    "ValidationSpec",
+    "bundled_recipes",
+    "dump_recipe",
+    "load_recipe",
+    "parse_recipe",
+    "resolve_recipe",
+]
+
+NAME_PATTERN = r"[a-z0-9._-]+"
+_NAME_RE = re.compile(NAME_PATTERN + r"\Z")
+BUILTIN_PREFIX = "builtin:"
+
+TARGET_PRECISIONS = ("fp32", "fp16")
+DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
+SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
+DRAFT_KINDS = ("model", "from_target", "ngram")
+NGRAM_PROPOSERS = ("ngram",)
+
+MIN_CONTEXT = 16
+MAX_CONTEXT = 131072
+MIN_GAMMA = 1
+MAX_GAMMA = 16
+DEFAULT_GAMMA = 4
+DEFAULT_MAX_GAMMA = 8
+MAX_NGRAM = 16
+DEFAULT_NGRAM_SIZES = (3, 2, 1)
+DEFAULT_SELF_DRAFT_PRECISION = "int8"
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+DEFAULT_RECIPE = "smollm2-135m"
+
+_TOP_KEYS = (
+    "name",
+    "description",
+    "max_context",
+    "target",
+    "draft",
+    "speculation",
+    "validation",
+    "notes",
+    "tested_here",
+)
+_TOP_REQUIRED = ("name", "max_context", "target", "draft")
+_MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code")
+_SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive")
+_VALIDATION_KEYS = ("enabled", "prompt")
+_FROM_TARGET_KEYS = ("precision",)
+# draft forms: kind -> (the key that selects the form, the keys allowed with it)
+_DRAFT_FORMS = {
+    "model": ("model", _MODEL_KEYS),
+    "from_target": ("from_target", ("from_target",)),
+    "ngram": ("proposer", ("proposer", "ngram_sizes")),
+}
+_DRAFT_KEYS = tuple(dict.fromkeys(k for _, keys in _DRAFT_FORMS.values() for k in keys))
+
+
+# --------------------------------------------------------------------------- typed recipe
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from: a local HF folder, a hub id, a .gguf file or builtin:NAME."""
+
+    model: str
+    precision: str = "fp32"
+    gguf_file: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+    @property
+    def builtin_name(self) -> str | None:
+        """NAME for `builtin:NAME`, else None."""
+        return self.model[len(BUILTIN_PREFIX) :] if self.model.startswith(BUILTIN_PREFIX) else None
+
+    @property
+    def is_gguf(self) -> bool:
+        """True when the weights come from a GGUF file (a .gguf path or `gguf_file` inside a folder)."""
+        return self.gguf_file is not None or self.model.lower().endswith(".gguf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "gguf_file": self.gguf_file,
+            "precision": self.precision,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+        }
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """How draft tokens are proposed.
+
+    kind "model":       a separate model (`model`; `precision` == model.precision)
+    kind "from_target": a quantized copy of the target (`precision` in SELF_DRAFT_PRECISIONS)
+    kind "ngram":       the n-gram proposer, no draft graph (`ngram_sizes`, longest tried first)
+    """
+
+    kind: str
+    precision: str | None = None
+    model: ModelSpec | None = None
+    ngram_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in DRAFT_KINDS:
+            raise RecipeError(f"draft kind {self.kind!r} is not one of {', '.join(DRAFT_KINDS)}")
+        if (self.kind == "model") != (self.model is not None):
+            raise RecipeError("draft.model is set exactly when the draft kind is 'model'")
+        if self.kind == "model" and self.precision != self.model.precision:
+            raise RecipeError(
+                f"draft precision {self.precision!r} differs from draft.model precision {self.model.precision!r}"
+            )
+        if (self.kind == "ngram") != bool(self.ngram_sizes):
+            raise RecipeError("draft ngram_sizes are set exactly when the draft kind is 'ngram'")
+
+    @property
+    def has_graph(self) -> bool:
+        """Whether the artifact holds a draft ONNX graph (False for the n-gram proposer)."""
+        return self.kind != "ngram"
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == "model":
+            return self.model.to_dict()
+        if self.kind == "from_target":
+            return {"from_target": {"precision": self.precision}}
+        return {"proposer": "ngram", "ngram_sizes": list(self.ngram_sizes)}
+
+
+@dataclass(frozen=True)
+class SpeculationSpec:
+    gamma: int = DEFAULT_GAMMA
+    max_gamma: int = DEFAULT_MAX_GAMMA
+    adaptive: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gamma": self.gamma, "max_gamma": self.max_gamma, "adaptive": self.adaptive}
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    enabled: bool = True
+    prompt: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "prompt": self.prompt}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    max_context: int
+    target: ModelSpec
+    draft: DraftSpec
+    speculation: SpeculationSpec = SpeculationSpec()
+    validation: ValidationSpec = ValidationSpec()
+    description: str | None = None
+    notes: str | None = None
+    tested_here: bool = False
+    source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
+
+    @property
+    def proposer(self) -> str:
+        """The manifest's speculation.proposer: "draft" or "ngram"."""
+        return "ngram" if self.draft.kind == "ngram" else "draft"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, fully explicit dict (every default filled in); `parse_recipe(r.to_dict()) == r`."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "max_context": self.max_context,
+            "target": self.target.to_dict(),
+            "draft": self.draft.to_dict(),
+            "speculation": self.speculation.to_dict(),
+            "validation": self.validation.to_dict(),
+            "notes": self.notes,
+            "tested_here": self.tested_here,
+        }
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Recipe":
+        """A validated copy with dotted-path overrides, e.g. {"speculation.gamma": 6, "max_context": 4096}."""
+        data = self.to_dict()
+        for dotted, value in overrides.items():
+            parts = dotted.split(".")
+            node = data
+            for part in parts[:-1]:
+                child = node.get(part)
+                if not isinstance(child, dict):
+                    child = {}
+                    node[part] = child
+                node = child
+            node[parts[-1]] = value
+        return parse_recipe(data, self.source or f"recipe {self.name!r} with overrides")
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+_MISSING = object()
+
+
+def _a(value: Any) -> str:
+    """The type name of a YAML value with its article: "an integer", "a string"."""
+    name = _type_name(value)
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, dict):
+        return "mapping"
+    return type(value).__name__
+
+
+class _Reader:
+    """Reads one recipe dict; every error names the source, the field path and what was expected."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, message: str) -> RecipeError:
+        return RecipeError(f"{self.source}: {message}")
+
+    def mapping(self, value: Any, path: str) -> dict:
+        if not isinstance(value, Mapping):
+            where = f"{path!r}" if path else "the recipe"
+            raise self.fail(f"{where} must be a mapping of keys to values, got {_a(value)} {value!r:.80}")
+        return dict(value)
+
+    def check_keys(self, data: dict, path: str, allowed: tuple[str, ...]) -> None:
+        section = f"in section {path!r}" if path else "at the top level"
+        for key in data:
+            if key in allowed:
+                continue
+            hint = ""
+            if isinstance(key, str):
+                close = difflib.get_close_matches(key, allowed, n=1)
+                if close:
+                    hint = f" (did you mean {close[0]!r}?)"
+            raise self.fail(f"unknown key {key!r} {section}{hint}; allowed keys: {', '.join(allowed)}")
+
+    def require(self, data: dict, key: str, path: str, expected: str) -> Any:
+        value = data.get(key)
+        if value is None:
+            full = f"{path}.{key}" if path else key
+            section = f"section {path!r}" if path else "the top level"
+            raise self.fail(f"required key {full!r} is missing from {section} (expected {expected})")
+        return value
+
+    def string(
+        self, data: dict, key: str, path: str, *, default: Any = _MISSING, choices: tuple[str, ...] | None = None
+    ) -> Any:
+        full = f"{path}.{key}" if path else key
+        expected = f"one of {', '.join(choices)}" if choices else "a string"
+        value = data.get(key)
+        if value is None:
+            if default is _MISSING:
+                self.require(data, key, path, expected)
+            return default
+        if choices is not None:
+            if not isinstance(value, str) or value not in choices:
+                raise self.fail(f"{full} = {value!r} is not allowed; allowed values: {', '.join(choices)}")
+            return value
+        if not isinstance(value, str):
+            quote = f' (quote it in YAML: "{value}")' if isinstance(value, (int, float)) else ""
+            raise self.fail(f"{full} = {value!r} is {_a(value)}; expected a string{quote}")
+        if not value.strip():
+            raise self.fail(f"{full} is an empty string; expected non-empty text")
+        return value
+
+    def integer(self, data: dict, key: str, path: str, *, lo: int, hi: int, default: Any = _MISSING) -> Any:
+        full = f"{path}.{key}" if path else key
+        value = data.get(key)
+        if value is None:
+            if default is _MISSING:
+                self.require(data, key, path, f"an integer in {lo}..{hi}")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(f"{full} = {value!r} is {_a(value)}; expected an integer in {lo}..{hi}")
+        if not lo <= value <= hi:
+            raise self.fail(f"{full} = {value!r} is out of range; allowed values: integers {lo}..{hi}")
+        return value
+
+    def boolean(self, data: dict, key: str, path: str, *, default: bool) -> bool:
+        full = f"{path}.{key}" if path else key
+        value = data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.fail(f"{full} = {value!r} is {_a(value)}; allowed values: true, false")
+        return value
+
+    # -- sections
+
+    def model_spec(self, data: dict, path: str, precisions: tuple[str, ...], default_precision: str) -> ModelSpec:
+        model = self.string(data, "model", path)
+        if model.startswith(BUILTIN_PREFIX) and not _NAME_RE.match(model[len(BUILTIN_PREFIX) :]):
+            raise self.fail(
+                f"{path}.model = {model!r}: a builtin model is written builtin:NAME with NAME matching {NAME_PATTERN}"
+            )
+        gguf_file = self.string(data, "gguf_file", path, default=None)
+        if gguf_file is not None:
+            if not gguf_file.lower().endswith(".gguf"):
+                raise self.fail(f"{path}.gguf_file = {gguf_file!r}: expected a file name ending in .gguf")
+            if model.lower().endswith(".gguf"):
+                raise self.fail(
+                    f"{path}.gguf_file = {gguf_file!r} is set but {path}.model = {model!r} is already a .gguf file;"
+                    " gguf_file picks a file inside a folder, wheel or hub repository"
+                )
+        return ModelSpec(
+            model=model,
+            precision=self.string(data, "precision", path, default=default_precision, choices=precisions),
+            gguf_file=gguf_file,
+            revision=self.string(data, "revision", path, default=None),
+            trust_remote_code=self.boolean(data, "trust_remote_code", path, default=False),
+        )
+
+    def draft(self, value: Any) -> DraftSpec:
+        data = self.mapping(value, "draft")
+        self.check_keys(data, "draft", _DRAFT_KEYS)
+        forms = [kind for kind, (marker, _) in _DRAFT_FORMS.items() if marker in data]
+        how = (
+            "give exactly one of draft.model (a separate draft model), draft.from_target (a quantized copy"
+            " of the target, e.g. from_target: {precision: int8}) or draft.proposer: ngram"
+        )
+        if not forms:
+            got = f"; got only {', '.join(map(repr, data))}" if data else ""
+            raise self.fail(f"section 'draft' names no draft form: {how}{got}")
+        if len(forms) > 1:
+            markers = ", ".join(f"draft.{_DRAFT_FORMS[k][0]}" for k in forms)
+            raise self.fail(f"section 'draft' names several draft forms ({markers}): {how}")
+        kind = forms[0]
+        marker, allowed = _DRAFT_FORMS[kind]
+        for key in data:
+            if key not in allowed:
+                owner = next(k for k, (_, keys) in _DRAFT_FORMS.items() if key in keys)
+                hint = " (put it inside from_target, e.g. from_target: {precision: int8})" if (
+                    kind == "from_target" and key in _FROM_TARGET_KEYS
+                ) else ""
+                raise self.fail(
+                    f"key {key!r} is not allowed in section 'draft' next to draft.{marker}: it belongs to the"
+                    f" draft.{_DRAFT_FORMS[owner][0]} form{hint}; allowed keys with draft.{marker}: {', '.join(allowed)}"
+                )
+        if kind == "model":
+            spec = self.model_spec(data, "draft", DRAFT_MODEL_PRECISIONS, "fp32")
+            return DraftSpec(kind="model", precision=spec.precision, model=spec)
+        if kind == "from_target":
+            inner = data["from_target"]
+            inner = {} if inner is None else self.mapping(inner, "draft.from_target")
+            self.check_keys(inner, "draft.from_target", _FROM_TARGET_KEYS)
+            precision = self.string(
+                inner,
+                "precision",
+                "draft.from_target",
+                default=DEFAULT_SELF_DRAFT_PRECISION,
+                choices=SELF_DRAFT_PRECISIONS,
+            )
+            return DraftSpec(kind="from_target", precision=precision)
+        self.string(data, "proposer", "draft", choices=NGRAM_PROPOSERS)
+        sizes = data.get("ngram_sizes")
+        if sizes is None:
+            sizes = list(DEFAULT_NGRAM_SIZES)
+        if not isinstance(sizes, (list, tuple)) or not sizes:
+            raise self.fail(
+                f"draft.ngram_sizes = {sizes!r} is {_a(sizes)}; expected a non-empty list of"
+                f" integers in 1..{MAX_NGRAM}, e.g. [3, 2, 1]"
+            )
+        for i, n in enumerate(sizes):
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_NGRAM:
+                raise self.fail(
+                    f"draft.ngram_sizes[{i}] = {n!r} is not allowed; allowed values: integers 1..{MAX_NGRAM}"
+                )
+        if len(set(sizes)) != len(sizes):
+            raise self.fail(f"draft.ngram_sizes = {list(sizes)!r} repeats a size; list each n once")
+        return DraftSpec(kind="ngram", ngram_sizes=tuple(sizes))
+
+    def speculation(self, value: Any) -> SpeculationSpec:
+        data = {} if value is None else self.mapping(value, "speculation")
+        self.check_keys(data, "speculation", _SPECULATION_KEYS)
+        gamma = self.integer(data, "gamma", "speculation", lo=MIN_GAMMA, hi=MAX_GAMMA, default=DEFAULT_GAMMA)
+        max_gamma = self.integer(
+            data, "max_gamma", "speculation", lo=MIN_GAMMA, hi=MAX_GAMMA, default=max(DEFAULT_MAX_GAMMA, gamma)
+        )
+        if max_gamma < gamma:
+            raise self.fail(
+                f"speculation.max_gamma = {max_gamma} is smaller than speculation.gamma = {gamma};"
+                f" allowed values: integers {gamma}..{MAX_GAMMA}"
+            )
+        adaptive = self.boolean(data, "adaptive", "speculation", default=True)
+        return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive)
+
+    def validation(self, value: Any) -> ValidationSpec:
+        data = {} if value is None else self.mapping(value, "validation")
+        self.check_keys(data, "validation", _VALIDATION_KEYS)
+        return ValidationSpec(
+            enabled=self.boolean(data, "enabled", "validation", default=True),
+            prompt=self.string(data, "prompt", "validation", default=None),
+        )
+
+    def recipe(self, value: Any) -> Recipe:
+        data = self.mapping(value, "")
+        self.check_keys(data, "", _TOP_KEYS)
+        name = self.string(data, "name", "")
+        if not _NAME_RE.match(name):
+            raise self.fail(
+                f"name = {name!r} is not allowed; use lower-case letters, digits, '.', '_' and '-' ({NAME_PATTERN})"
+            )
+        max_context = self.integer(data, "max_context", "", lo=MIN_CONTEXT, hi=MAX_CONTEXT)
+        target_data = self.mapping(self.require(data, "target", "", "a mapping with at least 'model'"), "target")
+        self.check_keys(target_data, "target", _MODEL_KEYS)
+        target = self.model_spec(target_data, "target", TARGET_PRECISIONS, "fp32")
+        draft = self.draft(self.require(data, "draft", "", "exactly one draft form"))
+        return Recipe(
+            name=name,
+            max_context=max_context,
+            target=target,
+            draft=draft,
+            speculation=self.speculation(data.get("speculation")),
+            validation=self.validation(data.get("validation")),
+            description=self.string(data, "description", "", default=None),
+            notes=self.string(data, "notes", "", default=None),
+            tested_here=self.boolean(data, "tested_here", "", default=False),
+            source=self.source,
+        )
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _yaml_error(source: str, exc: yaml.YAMLError) -> RecipeError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    detail = f"{problem} ({context})" if context else problem
+    return RecipeError(f"{source}: YAML syntax error{where}: {detail}")
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def parse_recipe(data: Any, source_name: str = "<recipe>") -> Recipe:
+    """Validate a recipe dict (as read from YAML or produced by Recipe.to_dict)."""
+    return _Reader(source_name).recipe(data)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe YAML file; every problem raises RecipeError naming the file."""
+    path = Path(path)
+    source = str(path)
+    if not path.exists():
+        raise RecipeError(f"recipe file {source!r} does not exist")
+    if not path.is_file():
+        raise RecipeError(f"recipe path {source!r} is not a file (expected a .yaml recipe)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{source}: not valid UTF-8 text ({exc})") from exc
+    except OSError as exc:
+        raise RecipeError(f"recipe file {source!r} cannot be read: {exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(source, exc) from exc
+    if data is None:
+        raise RecipeError(f"{source}: the file is empty (expected a recipe mapping, see docs/recipes.md)")
+    return parse_recipe(data, source)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The recipe as YAML text (fully explicit); load_recipe reads it back to an equal Recipe."""
+    data = recipe.to_dict()
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    if yaml.safe_load(text) != data:  # PyYAML mangles a few line-break characters (U+0085) when unescaped
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False)
+    return text
+
+
+def bundled_recipes() -> list[Path]:
+    """The recipe files shipped in the repository's recipes/ folder, sorted by name."""
+    return sorted(RECIPES_DIR.glob("*.yaml"))
+
+
+def resolve_recipe(name_or_path: str | Path) -> Path:
+    """A recipe file path: an existing file as given, else a bundled recipe by name (with or without .yaml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    text = str(name_or_path)
+    if "/" not in text and "\\" not in text:
+        stem = text[:-5] if text.endswith(".yaml") else text
+        candidate = RECIPES_DIR / f"{stem}.yaml"
+        if candidate.is_file():
+            return candidate
+    names = ", ".join(p.stem for p in bundled_recipes()) or "none"
+    raise RecipeError(f"recipe {text!r} is neither a file nor a bundled recipe; bundled recipes: {names}")
