@@ -1,0 +1,152 @@
+"""Public entry point: `load(artifact)` returns a SpecGenerator."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .adaptive import GammaController
+from .engine import OrtModel, SessionConfig
+from .errors import ArtifactError, InvalidArgument
+from .generator import GenerateOptions, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
+from .manifest import Manifest, read_manifest, verify_files
+from .proposers import DraftModelProposer, NgramLookupProposer, NoProposer, Proposer
+from .sampling import SamplingParams
+from .tokenizer import TextCodec
+
+Prompt = str | bytes | Sequence[int]
+CALIBRATION_NAME = "calibration.json"
+
+
+class SpecGenerator:
+    """Holds the sessions and KV buffers of one artifact (allocated once) and generates."""
+
+    def __init__(self, root: Path, manifest: Manifest, codec: TextCodec, target: OrtModel, draft: OrtModel | None,
+                 calibration: dict | None = None):
+        self.root, self.manifest, self.codec = root, manifest, codec
+        self.target, self.draft, self.calibration = target, draft, calibration or {}
+        self.eos = set(manifest.tokenizer.eos_token_ids)
+        self._costs: dict[str, dict] = {}  # proposer -> measured costs carried between calls
+        self.last_stats: GenerationStats | None = None
+
+    # --- proposers ----------------------------------------------------------------------
+    @property
+    def default_proposer(self) -> str:
+        return self.manifest.speculation.proposer
+
+    def _proposer(self, name: str | None) -> Proposer:
+        name = name or self.default_proposer
+        if name == "draft":
+            if self.draft is None:
+                raise InvalidArgument("proposer 'draft' needs an artifact with a draft model; this one has none (use 'ngram')")
+            return DraftModelProposer(self.draft, self.manifest.target.embedding_rows)
+        if name == "ngram":
+            return NgramLookupProposer(self.manifest.speculation.ngram_sizes)
+        if name == "none":
+            return NoProposer()
+        raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'none'")
+
+    def _controller(self, proposer: str, domain: str | None) -> GammaController:
+        start = self.manifest.speculation.gamma
+        profile = self.calibration.get("domains", {}).get(domain or "default", {}).get(proposer)
+        if profile and profile.get("gamma"):
+            start = int(profile["gamma"])
+        ctl = GammaController(gamma_max=max(8, start), gamma=start)
+        for key, value in self._costs.get(proposer, {}).items():
+            setattr(ctl, key, value)
+        return ctl
+
+    # --- generation ---------------------------------------------------------------------
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, (str, bytes)):
+            ids = self.codec.encode(prompt)
+        else:
+            ids = list(prompt)
+        return validate_prompt_ids(ids, self.manifest.target.embedding_rows, self.manifest.max_context)
+
+    def _events(self, prompt_ids: list[int], *, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=None,
+                gamma=None, proposer=None, stop=(), speculative=True, domain=None):
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        options = GenerateOptions(max_new_tokens, params, gamma, speculative, stop)
+        prop = self._proposer(proposer if speculative else "none")
+        ctl = self._controller(prop.name, domain) if speculative and gamma is None else None
+        stats = GenerationStats()
+        self.last_stats = stats
+        loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)
+        yield from run_generation(loop, self.codec, prompt_ids, options, self.eos, self.manifest.max_context)
+        if ctl is not None:
+            self._costs[prop.name] = {
+                "cost_draft": ctl.cost_draft, "cost_decode": ctl.cost_decode, "verify_costs": dict(ctl.verify_costs)
+            }
+
+    def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
+        """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
+        max_new_tokens, temperature, top_k, top_p, seed, gamma (None = adaptive), proposer
+        ('draft' | 'ngram' | 'none'), stop (strings), speculative, domain (calibration profile)."""
+        return self._collect(self._prompt_ids(prompt), kwargs)
+
+    def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted (never a split multi-byte character)."""
+        for _, piece, _ in self._events(self._prompt_ids(prompt), **kwargs):
+            if piece:
+                yield piece
+
+    def chat(self, messages: Sequence[Mapping[str, str]], stream: bool = False, **kwargs):
+        """Apply the artifact's chat template (no transformers), then generate or stream."""
+        ids = validate_prompt_ids(self.codec.encode_chat(messages), self.manifest.target.embedding_rows, self.manifest.max_context)
+        if stream:
+            return (piece for _, piece, _ in self._events(ids, **kwargs) if piece)
+        return self._collect(ids, kwargs)
+
+    def _collect(self, ids: list[int], kwargs: dict) -> GenerationResult:
+        tokens: list[int] = []
+        text: list[str] = []
+        reason = "length"
+        for new, piece, why in self._events(ids, **kwargs):
+            tokens += new
+            text.append(piece)
+            reason = why or reason
+        return GenerationResult(tokens, "".join(text), reason, self.last_stats)
+
+
+def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None, verify: bool = True,
+         shared_pool: bool = True) -> SpecGenerator:
+    """Open an artifact: check manifest, contract version and checksums, create both sessions
+    and allocate their KV buffers at max context.
+
+    threads: intra-op threads (None: all cores). shared_pool: on CPU, target and draft share
+    one thread pool (see engine.SessionConfig); False gives each session its own pool with
+    spinning off for the target when a draft exists."""
+    root = Path(artifact)
+    manifest = read_manifest(root)
+    if verify:
+        verify_files(root, manifest)
+    tok = manifest.tokenizer
+    template = (root / tok.chat_template).read_text(encoding="utf-8") if tok.chat_template else None
+    vocab = json.loads((root / tok.file).read_text(encoding="utf-8"))
+    eos_text = bos_text = None
+    for added in vocab.get("added_tokens", []):
+        if added["id"] in tok.eos_token_ids and eos_text is None:
+            eos_text = added["content"]
+        if tok.bos_token_id is not None and added["id"] == tok.bos_token_id:
+            bos_text = added["content"]
+    codec = TextCodec(root / tok.file, template, bos=bos_text, eos=eos_text)
+    has_draft = manifest.draft is not None
+    base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
+    target_config = replace(base, spinning=not has_draft)
+    target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config)
+    draft = None
+    if has_draft:
+        draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base)
+    calibration = None
+    if (root / CALIBRATION_NAME).is_file():
+        try:
+            calibration = json.loads((root / CALIBRATION_NAME).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"{CALIBRATION_NAME} is not valid JSON: {exc}") from exc
+    return SpecGenerator(root, manifest, codec, target, draft, calibration)

@@ -1,0 +1,220 @@
+"""ONNX Runtime backend: one contract graph, its preallocated KV cache, IO binding.
+
+The cache of each layer is one buffer per K and V of shape [1, T_max, H_kv, D], allocated once.
+A call with S new tokens binds
+    past_*  -> buffer[:, :P]        (contiguous prefix, no copy)
+    new_*   -> buffer[:, P:P+S]     (the graph writes K/V straight into the slot at the cursor)
+and advances the cursor P by S. Rollback is `truncate(P')`: rows >= P' are simply not bound
+again. On CUDA the buffers live on the device; only the requested logits rows reach the host.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from . import contract
+from .contract import GraphSpec
+from .errors import ContractError, InvalidArgument, ProviderUnavailable
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How one ONNX Runtime session runs.
+
+    shared_pool (CPU): target and draft run one after the other, so they share the process-wide
+    ONNX Runtime thread pool instead of two pools whose spinning threads fight for the cores
+    (measured on 2 cores: a 4-draft + 1-verify round 90 ms shared vs 104 ms with spinning off
+    and 125 ms with spinning on in two pools, docs/performance.md). The first session of the
+    process fixes the pool size; a later session asking another size gets its own pool."""
+
+    provider: str = "cpu"
+    threads: int | None = None  # intra-op threads; None = ORT default (physical cores)
+    spinning: bool = True  # session.intra_op.allow_spinning (own pool only)
+    shared_pool: bool = True
+    device_id: int = 0
+    optimization: str = "all"  # disable | basic | extended | all
+    trt_cache_dir: str | None = None  # TensorRT EP engine/timing cache folder
+    trt_fp16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise InvalidArgument(f"provider {self.provider!r} is not one of {sorted(PROVIDERS)}")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidArgument(f"threads must be >= 1 or None, got {self.threads}")
+        if self.optimization not in ("disable", "basic", "extended", "all"):
+            raise InvalidArgument(f"optimization {self.optimization!r} is not one of disable|basic|extended|all")
+
+
+def available_providers() -> list[str]:
+    names = set(ort.get_available_providers())
+    return [short for short, full in PROVIDERS.items() if full in names]
+
+
+_shared_pool_threads: int | None = None  # size of the process-wide pool once created
+
+
+def _join_shared_pool(threads: int | None) -> bool:
+    """Create the process-wide intra-op pool on first use; True if `threads` matches it."""
+    global _shared_pool_threads
+    wanted = threads or max(1, (os.cpu_count() or 1))
+    if _shared_pool_threads is None:
+        from onnxruntime.capi import _pybind_state
+
+        _pybind_state.set_global_thread_pool_sizes(wanted, 1)
+        _shared_pool_threads = wanted
+    return _shared_pool_threads == wanted
+
+
+def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
+    full = PROVIDERS[config.provider]
+    if full not in ort.get_available_providers():
+        raise ProviderUnavailable(
+            f"provider {config.provider!r} is not available in this onnxruntime build; available: {available_providers()}"
+            " (install specexport-runtime[gpu] on a CUDA machine)"
+        )
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[config.optimization]
+    if config.provider == "cpu" and config.shared_pool and _join_shared_pool(config.threads):
+        opts.use_per_session_threads = False
+    else:
+        if config.threads is not None:
+            opts.intra_op_num_threads = config.threads
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spinning else "0")
+    providers: list = []
+    if config.provider == "tensorrt":
+        trt_opts = {"device_id": config.device_id, "trt_fp16_enable": config.trt_fp16}
+        if config.trt_cache_dir:
+            trt_opts.update(
+                trt_engine_cache_enable=True,
+                trt_engine_cache_path=config.trt_cache_dir,
+                trt_timing_cache_enable=True,
+                trt_timing_cache_path=config.trt_cache_dir,
+            )
+        providers.append((full, trt_opts))
+    if config.provider in ("cuda", "tensorrt"):
+        providers.append(("CUDAExecutionProvider", {"device_id": config.device_id}))
+    providers.append("CPUExecutionProvider")
+    return ort.InferenceSession(str(path), opts, providers=providers)
+
+
+def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) -> None:
+    inputs = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+    if inputs != spec.input_names() or outputs != spec.output_names():
+        missing = sorted(set(spec.input_names()) ^ set(inputs)) + sorted(set(spec.output_names()) ^ set(outputs))
+        raise ContractError(
+            f"graph {name!r} does not follow contract {contract.CONTRACT_VERSION} for its manifest entry"
+            f" ({spec.num_layers} layers): differing names {missing[:6]}"
+        )
+
+
+@dataclass
+class CallStats:
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    by_len: dict[int, list[float]] = field(default_factory=dict)  # S -> [calls, seconds]
+
+    def add(self, s: int, seconds: float) -> None:
+        self.calls += 1
+        self.tokens += s
+        self.seconds += seconds
+        entry = self.by_len.setdefault(s, [0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
+
+
+class OrtModel:
+    """A contract graph with its KV cache; `forward` appends S tokens at the cursor."""
+
+    def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64):
+        self.spec, self.max_context, self.config = spec, max_context, config
+        self.session = make_session(path, config)
+        check_contract(self.session, spec, str(path))
+        self.dtype = _NP_DTYPES[spec.kv_dtype]
+        self.device = "cpu" if config.provider == "cpu" else "cuda"
+        shape = spec.cache_shape(max_context)
+        self.row_bytes = spec.num_kv_heads * spec.head_dim * np.dtype(self.dtype).itemsize  # one time step
+        if self.device == "cpu":
+            self._buffers = [np.zeros(shape, self.dtype) for _ in range(2 * spec.num_layers)]
+            self._ptrs = [b.ctypes.data for b in self._buffers]
+        else:
+            self._buffers = [
+                ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.dtype, "cuda", config.device_id)
+                for _ in range(2 * spec.num_layers)
+            ]
+            self._ptrs = [b.data_ptr() for b in self._buffers]
+        # logits: rows of one call land in a host buffer allocated once: [1, max_rows, V] fp32
+        self.max_rows = max_rows
+        self._logits = np.zeros((1, max_rows, spec.embedding_rows), np.float32)
+        self._rows = np.arange(max_context, dtype=np.int64)  # logits_index views
+        self._io = self.session.io_binding()
+        self._names = [
+            (contract.past_key(i), contract.new_key(i), contract.past_value(i), contract.new_value(i))
+            for i in range(spec.num_layers)
+        ]
+        self.length = 0  # cursor P: number of valid cache rows
+        self.stats = CallStats()
+
+    @property
+    def free(self) -> int:
+        return self.max_context - self.length
+
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` valid rows (a cursor move; nothing is copied or cleared)."""
+        if not 0 <= length <= self.length:
+            raise InvalidArgument(f"cannot truncate cache of length {self.length} to {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def forward(self, ids, last_rows: int = 1) -> np.ndarray:
+        """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
+
+        Returns a view [last_rows, V] into a buffer that the next call overwrites."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)  # [1, S]
+        S, P = ids.shape[1], self.length
+        if S < 1 or not 1 <= last_rows <= min(S, self.max_rows):
+            raise InvalidArgument(f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}")
+        if P + S > self.max_context:
+            raise InvalidArgument(f"{P} cached + {S} new tokens exceed max_context {self.max_context}")
+        io, dev, dt, H, D = self._io, self.device, self.dtype, self.spec.num_kv_heads, self.spec.head_dim
+        io.bind_cpu_input(contract.INPUT_IDS, ids)
+        io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[S - last_rows : S])
+        past_shape, new_shape, offset = [1, P, H, D], [1, S, H, D], P * self.row_bytes
+        for i, (pk, nk, pv, nv) in enumerate(self._names):
+            kp, vp = self._ptrs[2 * i], self._ptrs[2 * i + 1]
+            io.bind_input(pk, dev, self.config.device_id, dt, past_shape, kp)
+            io.bind_input(pv, dev, self.config.device_id, dt, past_shape, vp)
+            io.bind_output(nk, dev, self.config.device_id, dt, new_shape, kp + offset)
+            io.bind_output(nv, dev, self.config.device_id, dt, new_shape, vp + offset)
+        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, last_rows, self.spec.embedding_rows], self._logits.ctypes.data)
+        start = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        self.stats.add(S, time.perf_counter() - start)
+        self.length = P + S
+        return self._logits[0, :last_rows]
+
+    def kv_nbytes(self) -> int:
+        return self.spec.kv_bytes(self.max_context)

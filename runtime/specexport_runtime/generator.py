@@ -1,0 +1,261 @@
+"""The speculative loop: one target call per round verifies every drafted token.
+
+Invariant between rounds: `committed` holds prompt + accepted tokens; the target cache holds
+committed[:-1] (the last token is fed by the next call). A round:
+    draft k tokens -> target([last, d1..dk]) returns k+1 logit rows -> accept n of k
+    -> emit d1..dn + one token from the target (correction at the first rejection, or the
+       bonus token when all k were accepted) -> truncate the caches to len(committed) - 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .adaptive import GammaController
+from .engine import OrtModel
+from .errors import InvalidArgument, PromptError
+from .proposers import Proposer
+from .sampling import SamplingParams, one_hot, probabilities, sample, verify_greedy, verify_sampled
+from .tokenizer import IncrementalDecoder, TextCodec
+
+FINISH_REASONS = ("eos", "stop", "length")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    gamma: int | None = None  # fixed draft length; None = adaptive (calibrated start)
+    speculative: bool = True
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise InvalidArgument(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.gamma is not None and (not isinstance(self.gamma, int) or not 1 <= self.gamma <= 32):
+            raise InvalidArgument(f"gamma must be an integer in 1..32 or None (adaptive), got {self.gamma!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidArgument(f"stop must be non-empty strings, got {self.stop!r}")
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0  # speculative rounds (one target verify call each)
+    plain_steps: int = 0  # 1-token target steps (speculation off or nothing drafted)
+    drafted: int = 0
+    accepted: int = 0
+    corrections: int = 0  # rounds ending with a rejected draft token
+    bonus: int = 0  # rounds where every draft token was accepted
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
+    accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0  # verify and plain steps, prefill excluded
+    total_seconds: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # seconds since start, per new token
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target call (speculative rounds and plain steps)."""
+        calls = self.rounds + self.plain_steps
+        return (self.accepted + calls) / calls if calls else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        decode = self.total_seconds - self.prefill_seconds
+        return (self.new_tokens - 1) / decode if decode > 0 and self.new_tokens > 1 else 0.0
+
+    def record_round(self, k: int, n: int) -> None:
+        self.rounds += 1
+        self.drafted += k
+        self.accepted += n
+        if n < k:
+            self.corrections += 1
+        else:
+            self.bonus += 1
+        while len(self.drafted_at) < k:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(k):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += int(i < n)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            per_position_acceptance=self.per_position_acceptance,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return data
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: GenerationStats
+
+
+class SpeculativeLoop:
+    """Runs rounds for one generation; yields each round's new tokens."""
+
+    def __init__(self, target: OrtModel, proposer: Proposer, controller: GammaController | None,
+                 options: GenerateOptions, rng: np.random.Generator, stats: GenerationStats):
+        self.target, self.proposer, self.controller = target, proposer, controller
+        self.options, self.params, self.rng, self.stats = options, options.sampling, rng, stats
+
+    def pick(self, logits: np.ndarray) -> int:
+        """One token from a logits row [V] of the target."""
+        if self.params.greedy:
+            return int(logits.argmax())
+        return sample(probabilities(logits[None], self.params)[0], self.rng)
+
+    def prefill(self, prompt: Sequence[int]) -> list[int]:
+        self.target.reset()
+        self.proposer.start(prompt)
+        start = time.perf_counter()
+        token = self.pick(self.target.forward(prompt)[0])
+        self.stats.prefill_seconds = time.perf_counter() - start
+        return [token]
+
+    def plain_step(self, committed: list[int]) -> list[int]:
+        start = time.perf_counter()
+        token = self.pick(self.target.forward(committed[self.target.length :])[0])
+        seconds = time.perf_counter() - start
+        self.stats.plain_steps += 1
+        self.stats.target_seconds += seconds
+        if self.controller is not None:
+            self.controller.record_decode(seconds)
+        return [token]
+
+    def speculative_step(self, committed: list[int], gamma: int) -> list[int]:
+        t0 = time.perf_counter()
+        proposal = self.proposer.propose(committed, gamma, self.params, self.rng)  # draft k <= gamma
+        draft, k = proposal.tokens, len(proposal.tokens)
+        t1 = time.perf_counter()
+        self.stats.draft_seconds += t1 - t0
+        if k == 0:
+            return self.plain_step(committed)
+        # one target call on [last, d1..dk] -> k+1 rows
+        logits = self.target.forward(committed[self.target.length :] + draft, last_rows=k + 1)
+        if self.params.greedy:
+            n, token = verify_greedy(logits.argmax(-1), draft)
+        else:
+            p = probabilities(logits, self.params)  # [k+1, V]
+            q = proposal.q if proposal.q is not None else one_hot(draft, p.shape[1])
+            n, token = verify_sampled(p, q, draft, self.rng)
+        self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
+        t2 = time.perf_counter()
+        self.stats.target_seconds += t2 - t1
+        self.stats.record_round(k, n)
+        if self.controller is not None:
+            self.controller.record_round(k, n, t1 - t0, t2 - t1)
+        return draft[:n] + [token]
+
+    def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int]]:
+        committed = list(prompt) + self.prefill(prompt)
+        self.proposer.commit(committed, 1)
+        yield committed[-1:]
+        while len(committed) < max_context:  # the last token still needs a cache row
+            room = max_context - len(committed)  # rows left after feeding `last`
+            gamma = self.choose_gamma()
+            if gamma > 0 and room > 0:
+                new = self.speculative_step(committed, min(gamma, room))
+            else:
+                new = self.plain_step(committed)
+            committed += new
+            self.proposer.commit(committed, len(new))
+            yield new
+
+    def choose_gamma(self) -> int:
+        if not self.options.speculative:
+            return 0
+        if self.options.gamma is not None:
+            return self.options.gamma
+        return self.controller.choose() if self.controller is not None else 0
+
+
+class StopText:
+    """Holds back the last (longest stop - 1) characters so a stop string split over pieces
+    is never half-emitted; `push` returns (text safe to emit, whether a stop string hit)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops, self.hold, self.pending = stops, max((len(s) for s in stops), default=1) - 1, ""
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        buf = self.pending + piece
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.pending = ""
+            return buf[: min(hits)], True
+        cut = max(0, len(buf) - self.hold)
+        self.pending = buf[cut:]
+        return buf[:cut], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def validate_prompt_ids(ids: Sequence[int], vocab: int, max_context: int) -> list[int]:
+    ids = list(ids)
+    if not ids:
+        raise PromptError("prompt has no tokens (expected at least one)")
+    bad = [t for t in ids if not isinstance(t, (int, np.integer)) or not 0 <= t < vocab]
+    if bad:
+        raise PromptError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+    if len(ids) >= max_context:
+        raise PromptError(
+            f"prompt has {len(ids)} tokens; the artifact's max_context is {max_context} (need at least one free position)"
+        )
+    return [int(t) for t in ids]
+
+
+def run_generation(loop: SpeculativeLoop, codec: TextCodec, prompt_ids: list[int], options: GenerateOptions,
+                   eos: set[int], max_context: int) -> Iterator[tuple[list[int], str, str | None]]:
+    """Drive the loop and apply the stops; yields (new ids, new text, finish reason or None)."""
+    stats = loop.stats
+    stats.prompt_tokens = len(prompt_ids)
+    decoder, stops = IncrementalDecoder(codec), StopText(options.stop)
+    produced = 0
+    start = time.perf_counter()
+    for new in loop.rounds(prompt_ids, max_context):
+        new = new[: options.max_new_tokens - produced]
+        reason = None
+        for i, token in enumerate(new):
+            if token in eos:
+                new, reason = new[:i], "eos"
+                break
+        produced += len(new)
+        if reason is None and (produced >= options.max_new_tokens or len(prompt_ids) + produced >= max_context):
+            reason = "length"
+        piece = decoder.push(new) + (decoder.flush() if reason else "")
+        piece, hit = stops.push(piece)
+        if hit:
+            reason = "stop"
+        elif reason:
+            piece += stops.flush()
+        now = time.perf_counter() - start
+        stats.token_times.extend([now] * len(new))
+        stats.new_tokens = produced
+        stats.total_seconds = now
+        yield new, piece, reason
+        if reason:
+            return

@@ -1,0 +1,106 @@
+"""Proposers behind one small interface: a draft model, n-gram prompt lookup, or none.
+
+Cache rule shared by every model in the loop: with `committed` the accepted tokens so far,
+a model's cache holds a prefix of committed[:-1]; before a call it feeds committed[cache:]
+(normally just the last token, more when it must catch up), and after a round it truncates to
+min(cache, len(committed) - 1), which drops exactly the rows of rejected draft tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .engine import OrtModel
+from .ngram import NgramProposer as NgramIndex
+from .sampling import SamplingParams, pad_vocab, probabilities, sample
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
+
+
+class Proposer(Protocol):
+    name: str
+
+    def start(self, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, committed: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator) -> Proposal: ...
+
+    def commit(self, committed: Sequence[int], n_new: int) -> None: ...
+
+
+def sync(model: OrtModel, committed: Sequence[int]) -> None:
+    """Drop cache rows that are not committed tokens (the rule in the module docstring)."""
+    model.truncate(min(model.length, len(committed) - 1))
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, model: OrtModel, target_rows: int, min_confidence: float = 0.0):
+        self.model, self.target_rows, self.min_confidence = model, target_rows, min_confidence
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.model.reset()
+
+    def propose(self, committed, gamma, params, rng) -> Proposal:
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        logits = self.model.forward(committed[self.model.length :])  # [1, V_draft]: catch up, then last row
+        for i in range(gamma):
+            if params.greedy:
+                token = int(logits[0].argmax())
+                confidence = self._confidence(logits[0]) if self.min_confidence > 0 else 1.0
+            else:
+                q = probabilities(logits, params)  # [1, V_draft]
+                token = sample(q[0], rng)
+                qs.append(q[0])
+                confidence = float(q[0, token])
+            tokens.append(token)
+            if i == gamma - 1 or confidence < self.min_confidence:
+                break
+            logits = self.model.forward([token])
+        q = pad_vocab(np.stack(qs), self.target_rows) if qs else None
+        return Proposal(tokens, q)
+
+    @staticmethod
+    def _confidence(row: np.ndarray) -> float:
+        """Top probability of a logits row (softmax max) without materialising the softmax."""
+        return float(1.0 / np.exp(row - row.max()).sum())
+
+    def commit(self, committed, n_new) -> None:
+        sync(self.model, committed)
+
+
+class NgramLookupProposer:
+    name = "ngram"
+
+    def __init__(self, ngram_sizes: Sequence[int] = (3, 2, 1), max_gamma: int = 8):
+        self.index = NgramIndex(tuple(ngram_sizes), max_gamma)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.index.reset(list(prompt))
+
+    def propose(self, committed, gamma, params, rng) -> Proposal:
+        return Proposal(self.index.propose(gamma), None)  # deterministic: q is one-hot
+
+    def commit(self, committed, n_new) -> None:
+        self.index.extend(committed[len(committed) - n_new :])
+
+
+class NoProposer:
+    name = "none"
+
+    def start(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, committed, gamma, params, rng) -> Proposal:
+        return Proposal([], None)
+
+    def commit(self, committed, n_new) -> None:
+        pass

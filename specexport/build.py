@@ -1,0 +1,267 @@
+"""`specexport build`: recipe -> validated, packaged artifact (docs/artifact.md).
+
+Stages, each a small function: load models -> check the tokenizer pair -> export the target
+-> validate it -> make the draft (export / quantize) -> validate it -> package. Everything is
+written into a temporary sibling folder that is renamed to the output only at the end, so a
+failure never leaves a partial artifact.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specexport_runtime import contract
+from specexport_runtime.manifest import Manifest, ModelEntry, SpeculationDefaults, TokenizerEntry, write_manifest
+
+from . import __version__
+from .errors import BuildError
+from .export import ExportResult, export_graph
+from .quantize import QUANTIZED_PRECISIONS, quantize_graph
+from .recipe import ModelSpec, Recipe
+from .sources import ModelSource, load_model, load_tokenizer, resolve_source
+from .tokcheck import check_pair, tokenizer_hash
+from .validate import FP16, FP32, QUANTIZED, Tolerance, validate_export
+
+DEFAULT_PROBE = (
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
+    "Speculative decoding drafts tokens cheaply and verifies them in one pass."
+)
+
+
+class OutputExists(BuildError):
+    """The output folder exists and --force was not given."""
+
+
+@dataclass
+class BuildReport:
+    output: Path
+    manifest: Manifest
+    seconds: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": str(self.output),
+            "seconds": self.seconds,
+            "sizes": self.sizes,
+            "validation": self.validation,
+            "manifest": self.manifest.name,
+        }
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def check_output(output: Path, force: bool) -> None:
+    if output.exists() and not force:
+        raise OutputExists(f"output folder {str(output)!r} already exists (pass --force to replace it)")
+    if output.exists() and not output.is_dir():
+        raise BuildError(f"output {str(output)!r} exists and is not a folder")
+    parent = output.parent if output.parent != Path("") else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise BuildError(f"output folder {str(output)!r} is not writable: {exc.strerror or exc}") from exc
+
+
+def _dtype(precision: str) -> torch.dtype:
+    return torch.float16 if precision == "fp16" else torch.float32
+
+
+def _probe_ids(tokenizer, recipe: Recipe) -> list[int]:
+    ids = tokenizer(recipe.validation.prompt or DEFAULT_PROBE)["input_ids"]
+    while len(ids) < 16:
+        ids = ids + ids
+    return ids[:64]
+
+
+def _source(spec: ModelSpec) -> ModelSource:
+    return resolve_source(spec.model, spec.gguf_file, spec.revision)
+
+
+def _export_and_validate(name: str, model, reference, out_dir: Path, precision: str, probe: list[int],
+                         validate: bool, tie_lm_head: bool = True) -> tuple[ExportResult, dict]:
+    result = export_graph(model, out_dir, tie_lm_head=tie_lm_head)
+    report: dict = {}
+    if validate:
+        tol = FP16 if precision == "fp16" else FP32
+        report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
+        report["tolerance"] = tol.max_abs
+    return result, report
+
+
+def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, vocab: int, validation: dict) -> ModelEntry:
+    return ModelEntry(
+        graph=graph,
+        source=source.describe(),
+        architecture=model.config.model_type,
+        num_layers=result_spec.num_layers,
+        num_kv_heads=result_spec.num_kv_heads,
+        head_dim=result_spec.head_dim,
+        vocab_size=vocab,
+        embedding_rows=result_spec.embedding_rows,
+        precision=precision,
+        kv_dtype=result_spec.kv_dtype,
+        validation=validation,
+    )
+
+
+def _eos_ids(tokenizer, model) -> tuple[int, ...]:
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and int(item) not in ids:
+                ids.append(int(item))
+    return tuple(ids)
+
+
+def build_artifact(recipe: Recipe, output: Path, *, force: bool = False, validate: bool | None = None,
+                   progress: Progress = _quiet) -> BuildReport:
+    output = Path(output)
+    check_output(output, force)
+    validate = recipe.validation.enabled if validate is None else validate
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        report = _build_into(recipe, tmp, validate, progress)
+        if output.exists():
+            old = output.with_name(f".{output.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            output.rename(old)
+            tmp.rename(output)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    report.output = output
+    return report
+
+
+def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) -> BuildReport:
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[name] = round(now - clock, 2)
+        clock = now
+
+    progress(f"loading target {recipe.target.model}")
+    t_src = _source(recipe.target)
+    t_tok = load_tokenizer(t_src, recipe.target.trust_remote_code)
+    reference = load_model(t_src, "float32", recipe.target.trust_remote_code)
+    stage("load_target")
+    probe = _probe_ids(t_tok, recipe)
+    vocab = len(t_tok)
+
+    draft_model = d_src = None
+    pad_rows = 0
+    if recipe.draft.kind == "model":
+        progress(f"loading draft {recipe.draft.model.model}")
+        d_src = _source(recipe.draft.model)
+        d_tok = load_tokenizer(d_src, recipe.draft.model.trust_remote_code)
+        draft_model = load_model(d_src, "float32", recipe.draft.model.trust_remote_code)
+        rows_t = reference.get_output_embeddings().weight.shape[0]
+        rows_d = draft_model.get_output_embeddings().weight.shape[0]
+        compat = check_pair(t_tok, d_tok, rows_t, rows_d)
+        compat.raise_if_incompatible()
+        pad_rows = compat.pad_rows
+        stage("load_draft")
+
+    progress(f"exporting target ({recipe.target.precision})")
+    target_model = reference if recipe.target.precision == "fp32" else copy.deepcopy(reference).to(_dtype(recipe.target.precision))
+    t_res, t_val = _export_and_validate("target", target_model, reference, root / "target", recipe.target.precision, probe, validate)
+    del target_model
+    stage("export_target" + ("+validate" if validate else ""))
+    target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val)
+
+    draft_entry = None
+    if recipe.draft.has_graph:
+        precision = recipe.draft.precision
+        base_model = draft_model if draft_model is not None else reference
+        draft_ref = base_model
+        progress(f"making draft ({recipe.draft.kind}, {precision})")
+        with tempfile.TemporaryDirectory(dir=root) as scratch:
+            if precision in QUANTIZED_PRECISIONS:
+                raw = export_graph(base_model, Path(scratch), tie_lm_head=False)
+                quantize_graph(raw.path, root / "draft", precision)
+                spec, tol = raw.spec, QUANTIZED
+            else:
+                model = base_model if precision == "fp32" else copy.deepcopy(base_model).to(_dtype(precision))
+                res = export_graph(model, root / "draft")
+                spec, tol = res.spec, (FP16 if precision == "fp16" else FP32)
+        d_val: dict = {}
+        if validate:
+            d_val = validate_export(draft_ref, root / "draft" / "model.onnx", spec, probe, tol).to_dict()
+            if tol is QUANTIZED:
+                d_val["note"] = "quantized draft: agreement with its fp32 source is reported, not required"
+        draft_entry = _entry("draft/model.onnx", d_src or t_src, base_model, precision, spec, vocab, d_val)
+        stage("draft" + ("+validate" if validate else ""))
+
+    progress("packaging")
+    t_tok.backend_tokenizer.save(str(root / "tokenizer.json"))
+    template = getattr(t_tok, "chat_template", None)
+    if isinstance(template, str) and template:
+        (root / "chat_template.jinja").write_text(template, encoding="utf-8")
+    (root / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2), encoding="utf-8")
+    manifest = Manifest(
+        name=recipe.name,
+        max_context=recipe.max_context,
+        target=target_entry,
+        draft=draft_entry,
+        tokenizer=TokenizerEntry(
+            file="tokenizer.json",
+            chat_template="chat_template.jinja" if (root / "chat_template.jinja").exists() else None,
+            eos_token_ids=_eos_ids(t_tok, reference),
+            bos_token_id=t_tok.bos_token_id,
+            add_bos=bool(t_tok("a")["input_ids"][:1] == [t_tok.bos_token_id]) if t_tok.bos_token_id is not None else False,
+            sha256=tokenizer_hash(t_tok),
+        ),
+        speculation=SpeculationDefaults(
+            proposer=recipe.proposer,
+            gamma=recipe.speculation.gamma,
+            ngram_sizes=tuple(recipe.draft.ngram_sizes) or (3, 2, 1),
+        ),
+        generation={"pad_draft_rows": pad_rows, "max_gamma": recipe.speculation.max_gamma,
+                    "adaptive": recipe.speculation.adaptive},
+        tools=_tool_versions(),
+        contract_version=contract.CONTRACT_VERSION,
+    )
+    write_manifest(root, manifest)
+    stage("package")
+    sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+    validation = {"target": t_val, **({"draft": draft_entry.validation} if draft_entry else {})}
+    return BuildReport(root, manifest, seconds, sizes, validation)
+
+
+def _tool_versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import transformers
+
+    return {
+        "specexport": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }

