@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import torch
 
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
+from specexport_runtime.engine import SessionConfig, make_session
 from specexport_runtime.errors import SpecExportError
 
 
@@ -77,9 +77,7 @@ class FeedRunner:
     """Minimal contract runner with a growing numpy cache (validation only)."""
 
     def __init__(self, path: Path, spec: GraphSpec):
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.session = make_session(path, SessionConfig(provider="cpu"))
         self.spec = spec
         dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
         empty = np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), dtype)

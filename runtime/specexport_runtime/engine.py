@@ -37,8 +37,10 @@ class SessionConfig:
     shared_pool (CPU): target and draft run one after the other, so they share the process-wide
     ONNX Runtime thread pool instead of two pools whose spinning threads fight for the cores
     (measured on 2 cores: a 4-draft + 1-verify round 90 ms shared vs 104 ms with spinning off
-    and 125 ms with spinning on in two pools, docs/performance.md). The first session of the
-    process fixes the pool size; a later session asking another size gets its own pool."""
+    and 125 ms with spinning on in two pools, docs/performance.md). The pool is process-wide
+    and ONNX Runtime cannot mix it with per-session pools: once created (by the first CPU
+    session with shared_pool), every later CPU session of the process joins it, whatever its
+    own threads/spinning say."""
 
     provider: str = "cpu"
     threads: int | None = None  # intra-op threads; None = ORT default (physical cores)
@@ -66,16 +68,17 @@ def available_providers() -> list[str]:
 _shared_pool_threads: int | None = None  # size of the process-wide pool once created
 
 
-def _join_shared_pool(threads: int | None) -> bool:
-    """Create the process-wide intra-op pool on first use; True if `threads` matches it."""
+def _use_shared_pool(config: "SessionConfig") -> bool:
+    """Whether this session runs on the process-wide pool (creating it on first use)."""
     global _shared_pool_threads
-    wanted = threads or max(1, (os.cpu_count() or 1))
-    if _shared_pool_threads is None:
+    if config.provider != "cpu":
+        return _shared_pool_threads is not None
+    if _shared_pool_threads is None and config.shared_pool:
         from onnxruntime.capi import _pybind_state
 
-        _pybind_state.set_global_thread_pool_sizes(wanted, 1)
-        _shared_pool_threads = wanted
-    return _shared_pool_threads == wanted
+        _shared_pool_threads = config.threads or max(1, os.cpu_count() or 1)
+        _pybind_state.set_global_thread_pool_sizes(_shared_pool_threads, 1)
+    return _shared_pool_threads is not None
 
 
 def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
@@ -93,7 +96,7 @@ def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[config.optimization]
-    if config.provider == "cpu" and config.shared_pool and _join_shared_pool(config.threads):
+    if _use_shared_pool(config):
         opts.use_per_session_threads = False
     else:
         if config.threads is not None:

@@ -1,0 +1,127 @@
+"""Tiny random-init models, a tiny tokenizer and tiny artifacts for tests (seconds each).
+
+Every architecture registered in specexport.architectures has a config here; the parity test
+fails when one is missing (tests/build/test_parity.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+# Larger than default init so logits are spread out and greedy argmax has no near-ties.
+_COMMON = dict(
+    vocab_size=320,  # > tokenizer vocab (300): padded embedding rows, like real models
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+TINY_CONFIGS: dict[str, dict] = {
+    "llama": dict(_COMMON, tie_word_embeddings=True),
+    "mistral": dict(_COMMON, sliding_window=16),  # a window shorter than the tests' sequences
+    "qwen2": dict(_COMMON),  # q/k/v biases
+    "qwen3": dict(_COMMON, head_dim=32),  # q/k norm, head_dim != hidden / heads
+    "phi3": dict(_COMMON),  # fused qkv and gate_up
+    "gemma": dict(_COMMON, head_dim=32),  # embedding scale, (1 + w) norms, gelu
+    "gpt2": dict(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=512, initializer_range=0.2,
+                 bos_token_id=1, eos_token_id=2),
+}
+
+SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts and verifies tokens.",
+    "for i in range(10):\n    print(i * i)\n",
+    '{"name": "specexport", "version": 1, "items": [1, 2, 3]}',
+]
+
+
+def make_model(arch: str = "llama", seed: int = 0, **overrides):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **{**TINY_CONFIGS[arch], **overrides})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def perturbed_copy(model, scale: float, seed: int = 1):
+    """A draft that agrees with `model` often but not always: weights plus gaussian noise."""
+    import copy
+
+    torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std().clamp_min(1e-3))
+    return draft
+
+
+def make_tokenizer():
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_hf_folder(model, folder: Path, tokenizer=None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    (tokenizer or make_tokenizer()).save_pretrained(folder)
+    return folder
+
+
+def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamma: int = 4, max_context: int = 256) -> Path:
+    import yaml
+
+    data = {
+        "name": name,
+        "max_context": max_context,
+        "target": {"model": str(target), "precision": "fp32"},
+        "draft": draft,
+        "speculation": {"gamma": gamma, "max_gamma": 8},
+        "tested_here": True,
+    }
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max_context: int = 256) -> Path:
+    """draft_kind: 'self' (draft = target, fp32), 'noisy' (perturbed copy), 'ngram', 'int8' (self-draft)."""
+    from specexport.build import build_artifact
+    from specexport.recipe import load_recipe
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = make_model(arch)
+    target_dir = save_hf_folder(target, workdir / "target-hf")
+    if draft_kind == "self":
+        draft = {"model": str(target_dir), "precision": "fp32"}
+    elif draft_kind == "noisy":
+        draft_dir = save_hf_folder(perturbed_copy(target, 0.1), workdir / "draft-hf")
+        draft = {"model": str(draft_dir), "precision": "fp32"}
+    elif draft_kind == "ngram":
+        draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
+    else:
+        draft = {"from_target": {"precision": draft_kind}}
+    recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=f"tiny-{draft_kind}", max_context=max_context))
+    out = workdir / "artifact"
+    build_artifact(recipe, out)
+    return out
