@@ -1,7 +1,7 @@
 """Supported architectures: each is a small declarative difference over the shared decoder.
 
-The shared decoder (decoder.py) runs the HF model's own norms and MLPs and does attention,
-rotary, caching and logits itself. An ArchSpec only says where the pieces live and which
+The shared decoder (decoder.py) runs the HF model's own norms and projections' weights and
+does attention, rotary, caching and logits itself. An ArchSpec only says where the pieces live and which
 attention variant the family uses. Register a new family in ARCHITECTURES and add it to the
 parity test table (tests/build/test_parity.py fails if a registered family has none).
 """
@@ -28,7 +28,11 @@ class ArchSpec:
     attn: str = "self_attn"  # per layer
     attn_norm: str = "input_layernorm"
     mlp_norm: str = "post_attention_layernorm"
-    mlp: str = "mlp"  # called as is: HF's own MLP (gated, fused gate_up or plain)
+    mlp: str = "mlp"
+    mlp_kind: Literal["gated", "fused_gated", "module"] = "gated"
+    # gated:       gate_proj/up_proj/down_proj + act_fn (fused here into one gate|up MatMul)
+    # fused_gated: gate_up_proj rows [gate | up] + down_proj + activation_fn (Phi-3)
+    # module:      HF's own MLP module called as is (GPT-2)
     qkv: Literal["separate", "fused", "conv1d"] = "separate"
     # separate: q_proj/k_proj/v_proj (nn.Linear, bias if the checkpoint has one: Qwen2)
     # fused:    qkv_proj with rows [q | k | v] (Phi-3)
@@ -45,7 +49,7 @@ LLAMA = ArchSpec("llama")
 MISTRAL = replace(LLAMA, model_type="mistral", sliding_window=True)
 QWEN2 = replace(LLAMA, model_type="qwen2")  # q/k/v biases live in the HF Linear modules
 QWEN3 = replace(LLAMA, model_type="qwen3", qk_norm=True)
-PHI3 = replace(LLAMA, model_type="phi3", qkv="fused")  # gate_up fusion is inside HF's Phi3MLP
+PHI3 = replace(LLAMA, model_type="phi3", qkv="fused", mlp_kind="fused_gated")
 GEMMA = replace(LLAMA, model_type="gemma", embed_scale=True)  # (1 + w) norm offset is in HF's GemmaRMSNorm
 GPT2 = ArchSpec(
     "gpt2",
@@ -58,6 +62,7 @@ GPT2 = ArchSpec(
     mlp_norm="ln_2",
     qkv="conv1d",
     out_proj="c_proj",
+    mlp_kind="module",
     positions="learned",
     position_embed="wpe",
 )
