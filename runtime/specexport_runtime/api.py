@@ -38,12 +38,14 @@ class SpecGenerator:
     def default_proposer(self) -> str:
         return self.manifest.speculation.proposer
 
-    def _proposer(self, name: str | None) -> Proposer:
+    def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
         name = name or self.default_proposer
         if name == "draft":
             if self.draft is None:
                 raise InvalidArgument("proposer 'draft' needs an artifact with a draft model; this one has none (use 'ngram')")
-            return DraftModelProposer(self.draft, self.manifest.target.embedding_rows)
+            if not 0.0 <= min_draft_prob < 1.0:
+                raise InvalidArgument(f"min_draft_prob must be in [0, 1), got {min_draft_prob!r}")
+            return DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
         if name == "ngram":
             return NgramLookupProposer(self.manifest.speculation.ngram_sizes)
         if name == "none":
@@ -55,7 +57,8 @@ class SpecGenerator:
         profile = self.calibration.get("domains", {}).get(domain or "default", {}).get(proposer)
         if profile and profile.get("gamma"):
             start = int(profile["gamma"])
-        ctl = GammaController(gamma_max=max(8, start), gamma=start)
+        gamma_max = max(int(self.manifest.generation.get("max_gamma", 8)), start)
+        ctl = GammaController(gamma_max=gamma_max, gamma=start)
         for key, value in self._costs.get(proposer, {}).items():
             setattr(ctl, key, value)
         return ctl
@@ -69,11 +72,11 @@ class SpecGenerator:
         return validate_prompt_ids(ids, self.manifest.target.embedding_rows, self.manifest.max_context)
 
     def _events(self, prompt_ids: list[int], *, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=None,
-                gamma=None, proposer=None, stop=(), speculative=True, domain=None):
+                gamma=None, proposer=None, stop=(), speculative=True, domain=None, min_draft_prob=0.0):
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         options = GenerateOptions(max_new_tokens, params, gamma, speculative, stop)
-        prop = self._proposer(proposer if speculative else "none")
+        prop = self._proposer(proposer if speculative else "none", min_draft_prob)
         ctl = self._controller(prop.name, domain) if speculative and gamma is None else None
         stats = GenerationStats()
         self.last_stats = stats
@@ -87,7 +90,8 @@ class SpecGenerator:
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
         max_new_tokens, temperature, top_k, top_p, seed, gamma (None = adaptive), proposer
-        ('draft' | 'ngram' | 'none'), stop (strings), speculative, domain (calibration profile)."""
+        ('draft' | 'ngram' | 'none'), stop (strings), speculative, domain (calibration profile),
+        min_draft_prob (stop a draft round when the draft's top probability falls below it)."""
         return self._collect(self._prompt_ids(prompt), kwargs)
 
     def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:

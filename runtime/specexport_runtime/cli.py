@@ -33,6 +33,8 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--proposer", choices=["draft", "ngram"], default=None,
                      help="draft model or n-gram prompt lookup (default: the artifact's)")
     gen.add_argument("--gamma", type=int, default=None, help="fixed draft length (default: adaptive)")
+    gen.add_argument("--min-draft-prob", type=float, default=0.0,
+                     help="end a draft round early when the draft's top probability is below this (0 = never)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
@@ -54,7 +56,7 @@ def run_generate(args: argparse.Namespace) -> int:
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, proposer=args.proposer, stop=tuple(args.stop),
-        speculative=not args.no_speculation, domain=args.domain,
+        speculative=not args.no_speculation, domain=args.domain, min_draft_prob=args.min_draft_prob,
     )
     messages = None
     if args.chat:

@@ -40,6 +40,9 @@ def sync(model: OrtModel, committed: Sequence[int]) -> None:
 
 
 class DraftModelProposer:
+    """Drafts up to gamma tokens with a draft model; stops early in a round when the draft's top
+    probability falls below min_confidence (0 = never), since such tokens are rarely accepted."""
+
     name = "draft"
 
     def __init__(self, model: OrtModel, target_rows: int, min_confidence: float = 0.0):
@@ -60,7 +63,7 @@ class DraftModelProposer:
                 q = probabilities(logits, params)  # [1, V_draft]
                 token = sample(q[0], rng)
                 qs.append(q[0])
-                confidence = float(q[0, token])
+                confidence = float(q[0].max()) if self.min_confidence > 0 else 1.0
             tokens.append(token)
             if i == gamma - 1 or confidence < self.min_confidence:
                 break

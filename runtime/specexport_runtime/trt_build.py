@@ -1,0 +1,582 @@
+"""Build TensorRT engines from an artifact's ONNX graphs, on the device that will run them.
+
+    python -m specexport_runtime.trt_build ARTIFACT [--fp16] [--max-prompt N] [--max-gamma N]
+
+NOT RUN IN THIS PROJECT'S CI OR SESSIONS SO FAR: no GPU was available (docs/gpu.md). The pure
+Python parts (profiles, engine records, compatibility checks) are unit tested; the TensorRT calls
+follow the TensorRT 10 Python API (IBuilder / IOnnxParser / IBuilderConfig / optimization
+profiles / timing cache / IProgressMonitor) and have not been executed.
+
+One engine per graph (target, draft), each with three optimization profiles over the dynamic
+dimensions of the graph contract (docs/graph-contract.md; batch is fixed at 1):
+
+    profile   seq S                 past P             rows R
+    decode    1                     0 .. max_context-1  1
+    verify    2 .. max_gamma+1      0 .. max_context-1  1 .. max_gamma+1
+    prefill   1 .. max_prompt       0 .. max_context-1  1
+
+TensorRT sizes an engine's scratch memory for the largest shapes of a profile, and the attention
+scores of one call hold H x S x (P + S) values, so the prefill profile is capped at `max_prompt`
+tokens (default 512): the native backend (trt_backend.py) feeds longer prompts in chunks.
+
+Engines are written to ARTIFACT/engines/<gpu-name>-<tensorrt-version>/{target,draft}.engine with
+a timing cache beside them, and recorded in ARTIFACT/engines.json (ENGINES_SCHEMA_VERSION):
+manifest.json is not modified (its `files` checksums do not cover engines; verify_files ignores
+unlisted files). A record names the GPU, its compute capability and the TensorRT version; an
+engine only runs on that GPU model with that TensorRT version, and the runtime refuses any other
+with the command that rebuilds it.
+
+Only `numpy` and the standard library are imported at module level; `tensorrt` and `cuda-python`
+are imported when a build starts (install specexport-runtime[tensorrt], or JetPack's TensorRT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import contract
+from .errors import ArtifactError, InvalidArgument, ProviderUnavailable, SpecExportError
+
+ENGINES_NAME = "engines.json"
+ENGINES_DIR = "engines"
+ENGINES_SCHEMA_VERSION = 1
+DEFAULT_MAX_PROMPT = 512
+DEFAULT_MAX_GAMMA = 8  # the runtime's adaptive controller goes up to max(8, gamma) (api.py)
+DEFAULT_WORKSPACE_MIB = 1024
+QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")  # MatMulNBits / MatMulInteger graphs
+DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (export.py)
+
+
+class TensorRTUnavailable(ProviderUnavailable):
+    """tensorrt or cuda-python is not installed, or no CUDA GPU is visible."""
+
+
+class EngineMismatch(ArtifactError):
+    """No engine in engines.json fits this GPU / TensorRT version / graph; rebuild it."""
+
+
+class EngineBuildError(SpecExportError):
+    """TensorRT could not parse a graph or build an engine."""
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One optimization profile: (min, opt, max) per symbolic dimension."""
+
+    name: str
+    seq: tuple[int, int, int]
+    past: tuple[int, int, int]
+    rows: tuple[int, int, int]
+
+    def __post_init__(self) -> None:
+        for dim in DIMS:
+            lo, opt, hi = getattr(self, dim)
+            if not 0 <= lo <= opt <= hi:
+                raise InvalidArgument(f"profile {self.name!r}: {dim} needs 0 <= min <= opt <= max, got {(lo, opt, hi)}")
+        if self.seq[0] < 1 or self.rows[0] < 1:
+            raise InvalidArgument(f"profile {self.name!r}: seq and rows start at 1, got seq {self.seq} rows {self.rows}")
+
+    def dims(self) -> dict[str, tuple[int, int, int]]:
+        return {dim: getattr(self, dim) for dim in DIMS}
+
+    def covers(self, seq: int, rows: int, past: int | None = None) -> bool:
+        ok = self.seq[0] <= seq <= self.seq[2] and self.rows[0] <= rows <= self.rows[2]
+        return ok and (past is None or self.past[0] <= past <= self.past[2])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **{dim: list(getattr(self, dim)) for dim in DIMS}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Profile":
+        return cls(name=data["name"], **{dim: tuple(int(v) for v in data[dim]) for dim in DIMS})
+
+
+def default_profiles(max_context: int, max_prompt: int = DEFAULT_MAX_PROMPT, max_gamma: int = DEFAULT_MAX_GAMMA,
+                     gamma: int = 4) -> list[Profile]:
+    """decode, verify, prefill (in the order the backend tries them; see the module docstring)."""
+    if max_context < 2:
+        raise InvalidArgument(f"max_context must be >= 2, got {max_context}")
+    if not 1 <= max_gamma < max_context:
+        raise InvalidArgument(f"max_gamma must be in 1..{max_context - 1}, got {max_gamma}")
+    max_prompt = min(max_prompt, max_context)
+    if max_prompt < 1:
+        raise InvalidArgument(f"max_prompt must be >= 1, got {max_prompt}")
+    p_max = max_context - 1
+    p_opt = max_context // 2
+    gamma = min(max(gamma, 1), max_gamma)
+    profiles = [
+        Profile("decode", seq=(1, 1, 1), past=(0, p_opt, p_max), rows=(1, 1, 1)),
+        Profile("verify", seq=(2, gamma + 1, max_gamma + 1), past=(0, p_opt, p_max), rows=(1, gamma + 1, max_gamma + 1)),
+        Profile("prefill", seq=(1, min(128, max_prompt), max_prompt), past=(0, 0, p_max), rows=(1, 1, 1)),
+    ]
+    return profiles
+
+
+def select_profile(profiles: Sequence[Profile], seq: int, rows: int, past: int | None = None) -> int:
+    """Index of the first profile covering S tokens with R logits rows at past length P.
+
+    Raises InvalidArgument naming the engine's limits when none does."""
+    for index, profile in enumerate(profiles):
+        if profile.covers(seq, rows, past):
+            return index
+    limits = ", ".join(f"{p.name}: S {p.seq[0]}..{p.seq[2]}, R {p.rows[0]}..{p.rows[2]}" for p in profiles)
+    raise InvalidArgument(
+        f"no optimization profile of this engine covers S={seq}, R={rows}" + (f", P={past}" if past is not None else "")
+        + f" ({limits}); rebuild the engines with a larger --max-gamma / --max-prompt"
+    )
+
+
+def input_shapes(spec: contract.GraphSpec, seq: int, rows: int, past: int) -> dict[str, tuple[int, ...]]:
+    """The TensorRT input shapes of one call (set_input_shape)."""
+    shapes: dict[str, tuple[int, ...]] = {contract.INPUT_IDS: (1, seq), contract.LOGITS_INDEX: (rows,)}
+    for i in range(spec.num_layers):
+        shapes[contract.past_key(i)] = (1, past, spec.num_kv_heads, spec.head_dim)
+        shapes[contract.past_value(i)] = (1, past, spec.num_kv_heads, spec.head_dim)
+    return shapes
+
+
+def profile_shapes(spec: contract.GraphSpec, profile: Profile) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """(min, opt, max) shapes of every input for IOptimizationProfile.set_shape."""
+    out: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for k in range(3):
+        shapes = input_shapes(spec, profile.seq[k], profile.rows[k], profile.past[k])
+        for name, shape in shapes.items():
+            out.setdefault(name, ())
+            out[name] = out[name] + (shape,)
+    return out
+
+
+# --------------------------------------------------------------------------- engine records
+
+
+def slug(text: str) -> str:
+    """A folder-safe form of a GPU name: 'NVIDIA GeForce RTX 4090' -> 'nvidia-geforce-rtx-4090'."""
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "gpu"
+
+
+def engine_dir_name(gpu_name: str, trt_version: str) -> str:
+    return f"{slug(gpu_name)}-{trt_version}"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    compute_capability: str  # "8.7"
+    total_memory: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """One built engine, as written to engines.json."""
+
+    model: str  # target | draft
+    graph: str  # relative path of the ONNX graph
+    graph_sha256: str
+    engine: str  # relative path of the .engine file
+    gpu_name: str
+    compute_capability: str
+    tensorrt_version: str
+    precision_flags: tuple[str, ...]
+    max_context: int
+    max_prompt: int
+    max_gamma: int
+    profiles: tuple[Profile, ...]
+    built_at: str = ""
+    build_seconds: float = 0.0
+    engine_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["precision_flags"] = list(self.precision_flags)
+        data["profiles"] = [p.to_dict() for p in self.profiles]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EngineRecord":
+        try:
+            return cls(
+                **{
+                    **{k: v for k, v in data.items() if k in cls.__dataclass_fields__},
+                    "precision_flags": tuple(data.get("precision_flags", ())),
+                    "profiles": tuple(Profile.from_dict(p) for p in data["profiles"]),
+                }
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{ENGINES_NAME} holds a malformed engine record: {exc!r}") from exc
+
+
+def rebuild_command(artifact: str | Path, record: EngineRecord | None = None) -> str:
+    args = [f"python -m specexport_runtime.trt_build {artifact}"]
+    if record is not None:
+        if "fp16" in record.precision_flags:
+            args.append("--fp16")
+        if "bf16" in record.precision_flags:
+            args.append("--bf16")
+        if record.max_prompt != DEFAULT_MAX_PROMPT:
+            args.append(f"--max-prompt {record.max_prompt}")
+        if record.max_gamma != DEFAULT_MAX_GAMMA:
+            args.append(f"--max-gamma {record.max_gamma}")
+    return " ".join(args)
+
+
+def read_records(root: str | Path) -> list[EngineRecord]:
+    path = Path(root) / ENGINES_NAME
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from exc
+    if data.get("schema_version") != ENGINES_SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{str(path)!r} has schema_version {data.get('schema_version')!r}; this runtime reads {ENGINES_SCHEMA_VERSION}"
+            f" (rebuild: {rebuild_command(root)})"
+        )
+    return [EngineRecord.from_dict(item) for item in data.get("engines", [])]
+
+
+def write_records(root: str | Path, records: Iterable[EngineRecord]) -> Path:
+    """Write engines.json, replacing records of the same (model, GPU, TensorRT version)."""
+    path = Path(root) / ENGINES_NAME
+    merged: dict[tuple[str, str, str], EngineRecord] = {}
+    for record in [*read_records(root), *records]:
+        merged[(record.model, record.gpu_name, record.tensorrt_version)] = record
+    data = {"schema_version": ENGINES_SCHEMA_VERSION, "engines": [r.to_dict() for r in merged.values()]}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def check_record(record: EngineRecord, gpu: GpuInfo, trt_version: str, artifact: str | Path,
+                 graph_sha256: str | None = None) -> None:
+    """Raise EngineMismatch (with the rebuild command) unless `record` runs here.
+
+    TensorRT engines are specific to the TensorRT version that built them and to the GPU model
+    (its compute capability and, for tuned kernels, the exact device)."""
+    problems = []
+    if record.tensorrt_version != trt_version:
+        problems.append(f"built with TensorRT {record.tensorrt_version}, this machine has TensorRT {trt_version}")
+    if record.compute_capability != gpu.compute_capability:
+        problems.append(
+            f"built for compute capability {record.compute_capability}, this GPU has {gpu.compute_capability}"
+        )
+    if record.gpu_name != gpu.name:
+        problems.append(f"built on GPU {record.gpu_name!r}, this GPU is {gpu.name!r}")
+    if graph_sha256 is not None and record.graph_sha256 != graph_sha256:
+        problems.append(f"built from a different {record.graph} (sha256 {record.graph_sha256[:12]}..., now {graph_sha256[:12]}...)")
+    if problems:
+        raise EngineMismatch(
+            f"the {record.model} engine {record.engine!r} does not fit this machine: {'; '.join(problems)}."
+            f" Rebuild it here: {rebuild_command(artifact, record)}"
+        )
+
+
+def find_record(records: Sequence[EngineRecord], model: str, gpu: GpuInfo, trt_version: str, artifact: str | Path,
+                graph_sha256: str | None = None) -> EngineRecord:
+    """The record of `model` built for this GPU and TensorRT version (checked), else EngineMismatch."""
+    mine = [r for r in records if r.model == model]
+    if not mine:
+        raise EngineMismatch(
+            f"no TensorRT engine for the {model} graph in {str(Path(artifact) / ENGINES_NAME)!r}."
+            f" Build it here: {rebuild_command(artifact)}"
+        )
+    exact = [r for r in mine if r.gpu_name == gpu.name and r.tensorrt_version == trt_version]
+    candidate = exact[0] if exact else mine[0]
+    if not exact and len(mine) > 1:
+        built = "; ".join(f"{r.gpu_name} / TensorRT {r.tensorrt_version}" for r in mine)
+        raise EngineMismatch(
+            f"no {model} engine for GPU {gpu.name!r} (compute capability {gpu.compute_capability}) with TensorRT"
+            f" {trt_version}; engines exist for: {built}. Rebuild it here: {rebuild_command(artifact, candidate)}"
+        )
+    check_record(candidate, gpu, trt_version, artifact, graph_sha256)
+    return candidate
+
+
+# --------------------------------------------------------------------------- build plan (pure)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    fp16: bool = False  # allow fp16 kernels for an fp32 graph (fp16 graphs always get the flag)
+    bf16: bool = False
+    strongly_typed: bool = False  # follow the graph's types exactly (no precision flags then)
+    max_prompt: int = DEFAULT_MAX_PROMPT
+    max_gamma: int | None = None  # None: max(8, manifest gamma, manifest generation.max_gamma)
+    workspace_mib: int = DEFAULT_WORKSPACE_MIB
+    models: tuple[str, ...] = ("target", "draft")
+    quiet: bool = False
+
+
+def precision_flags(graph_precision: str, options: BuildOptions, qdq: set[str] = frozenset()) -> list[str]:
+    """Builder flags for one graph: fp16 graphs get FP16; Q/DQ nodes add INT8 (and FP8 for
+    float8 Q/DQ). Strongly typed networks take no precision flags (TensorRT refuses them)."""
+    if options.strongly_typed:
+        return []
+    flags: list[str] = []
+    if options.fp16 or graph_precision == "fp16":
+        flags.append("fp16")
+    if options.bf16:
+        flags.append("bf16")
+    if "int8" in qdq:
+        flags.append("int8")
+    if "fp8" in qdq:
+        flags.append("fp8")
+    return flags
+
+
+def refuse_quantized(model: str, precision: str) -> None:
+    if precision in QUANTIZED_PRECISIONS:
+        raise EngineBuildError(
+            f"the {model} graph is {precision} (MatMulNBits / DynamicQuantizeLinear + MatMulInteger, ONNX Runtime"
+            " operators TensorRT does not implement): TensorRT cannot build it. Build the artifact with an fp16 draft"
+            " (draft precision fp16, or a separate draft model), or run this artifact on the ONNX Runtime CUDA"
+            " provider (`--provider cuda`); `specexport check-trt` lists the operators."
+        )
+
+
+def resolve_max_gamma(manifest, options: BuildOptions) -> int:
+    if options.max_gamma is not None:
+        return options.max_gamma
+    return max(DEFAULT_MAX_GAMMA, manifest.speculation.gamma, int(manifest.generation.get("max_gamma", 0) or 0))
+
+
+# --------------------------------------------------------------------------- TensorRT / CUDA access
+
+
+def import_tensorrt():
+    try:
+        import tensorrt as trt  # noqa: PLC0415
+    except ImportError as exc:
+        raise TensorRTUnavailable(
+            "the tensorrt Python package is not installed: install specexport-runtime[tensorrt] on a CUDA machine,"
+            " or use JetPack's TensorRT on Jetson (sudo apt install python3-libnvinfer); see docs/gpu.md"
+        ) from exc
+    return trt
+
+
+def import_cudart():
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6  # noqa: PLC0415
+    except ImportError:
+        try:
+            from cuda import cudart  # older cuda-python  # noqa: PLC0415
+        except ImportError as exc:
+            raise TensorRTUnavailable(
+                "cuda-python is not installed: install specexport-runtime[tensorrt] (pip install cuda-python)"
+            ) from exc
+    return cudart
+
+
+def cuda_check(result, what: str):
+    """cuda-python returns (err, *values); raise on an error, return the values."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise TensorRTUnavailable(f"{what} failed: CUDA error {int(err)} ({err})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def gpu_info(device_id: int = 0) -> GpuInfo:
+    cudart = import_cudart()
+    count = cuda_check(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount (is there a CUDA GPU?)")
+    if device_id >= int(count):
+        raise TensorRTUnavailable(f"CUDA device {device_id} does not exist ({count} visible)")
+    prop = cuda_check(cudart.cudaGetDeviceProperties(device_id), "cudaGetDeviceProperties")
+    name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
+    return GpuInfo(name=name.strip("\x00 ").strip(), compute_capability=f"{prop.major}.{prop.minor}",
+                   total_memory=int(prop.totalGlobalMem))
+
+
+def trt_version_of(trt) -> str:
+    return str(trt.__version__)
+
+
+# --------------------------------------------------------------------------- build (TensorRT)
+
+
+def _progress_monitor(trt, echo):
+    """A TensorRT IProgressMonitor printing top-level phases (TensorRT >= 10)."""
+    if not hasattr(trt, "IProgressMonitor"):
+        return None
+
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self.started: dict[str, float] = {}
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            if parent_phase is None:
+                self.started[phase_name] = time.perf_counter()
+                echo(f"  {phase_name} ({num_steps} steps)")
+
+        def step_complete(self, phase_name, step):
+            return True  # False would cancel the build
+
+        def phase_finish(self, phase_name):
+            if phase_name in self.started:
+                echo(f"  {phase_name} done in {time.perf_counter() - self.started.pop(phase_name):.1f} s")
+
+    return Monitor()
+
+
+def _network_quantized_types(trt, network) -> set[str]:
+    """Quantized types produced inside the parsed network (Q/DQ nodes): 'int8', 'fp8'."""
+    found: set[str] = set()
+    kinds = {"int8": getattr(trt.DataType, "INT8", None), "fp8": getattr(trt.DataType, "FP8", None)}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        for j in range(layer.num_outputs):
+            dtype = layer.get_output(j).dtype
+            found.update(name for name, kind in kinds.items() if kind is not None and dtype == kind)
+    return found
+
+
+def build_engine(graph: Path, out: Path, spec: contract.GraphSpec, profiles: Sequence[Profile], graph_precision: str,
+                 options: BuildOptions, timing_cache: Path, echo=print) -> tuple[float, list[str]]:
+    """Parse `graph`, build one engine with `profiles`, write it to `out`.
+
+    Returns (seconds, builder precision flags used)."""
+    trt = import_tensorrt()
+    start = time.perf_counter()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    major = int(trt.__version__.split(".")[0])
+    creation = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    if options.strongly_typed:
+        creation |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(creation)
+    parser = trt.OnnxParser(network, logger)
+    echo(f"parsing {graph}")
+    if not parser.parse_from_file(str(graph)):  # reads the external data file beside it
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise EngineBuildError(f"TensorRT could not parse {graph}: " + " | ".join(errors[:5]))
+    flags = precision_flags(graph_precision, options, _network_quantized_types(trt, network))
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
+    names = {"fp16": "FP16", "bf16": "BF16", "int8": "INT8", "fp8": "FP8"}
+    for flag in flags:
+        if not hasattr(trt.BuilderFlag, names[flag]):
+            raise EngineBuildError(f"TensorRT {trt.__version__} has no BuilderFlag.{names[flag]}")
+        config.set_flag(getattr(trt.BuilderFlag, names[flag]))
+    for profile in profiles:
+        opt_profile = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in profile_shapes(spec, profile).items():
+            opt_profile.set_shape(name, lo, opt, hi)
+        config.add_optimization_profile(opt_profile)
+    cache_bytes = timing_cache.read_bytes() if timing_cache.is_file() else b""
+    cache = config.create_timing_cache(cache_bytes)
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    monitor = _progress_monitor(trt, echo)
+    if monitor is not None and not options.quiet:
+        config.progress_monitor = monitor
+    echo(f"building {out.name} (profiles: {', '.join(p.name for p in profiles)}; flags: {', '.join(flags) or 'none'})")
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise EngineBuildError(f"TensorRT could not build an engine from {graph} (see the TensorRT log above)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(serialized)
+    tmp.replace(out)
+    timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return time.perf_counter() - start, flags
+
+
+def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOptions(), echo=print) -> list[EngineRecord]:
+    """Build the engines of every graph of `artifact` for the GPU of this machine; record them."""
+    from .manifest import read_manifest, verify_files  # noqa: PLC0415
+
+    root = Path(artifact)
+    manifest = read_manifest(root)
+    verify_files(root, manifest)
+    trt = import_tensorrt()
+    gpu = gpu_info()
+    version = trt_version_of(trt)
+    folder = Path(ENGINES_DIR) / engine_dir_name(gpu.name, version)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    timing_cache = root / folder / "timing.cache"
+    max_gamma = resolve_max_gamma(manifest, options)
+    profiles = default_profiles(manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma)
+    echo(f"GPU {gpu.name} (compute capability {gpu.compute_capability}), TensorRT {version}")
+    records = []
+    for model, entry in (("target", manifest.target), ("draft", manifest.draft)):
+        if entry is None or model not in options.models:
+            continue
+        refuse_quantized(model, entry.precision)
+        graph = root / entry.graph
+        out = root / folder / f"{model}.engine"
+        seconds, flags = build_engine(graph, out, entry.graph_spec(), profiles, entry.precision, options, timing_cache, echo)
+        echo(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB) in {seconds:.0f} s")
+        records.append(EngineRecord(
+            model=model, graph=entry.graph, graph_sha256=manifest.files.get(entry.graph, ""),
+            engine=(folder / f"{model}.engine").as_posix(), gpu_name=gpu.name,
+            compute_capability=gpu.compute_capability, tensorrt_version=version, precision_flags=tuple(flags),
+            max_context=manifest.max_context, max_prompt=min(options.max_prompt, manifest.max_context),
+            max_gamma=max_gamma, profiles=tuple(profiles),
+            built_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            build_seconds=round(seconds, 1), engine_bytes=out.stat().st_size,
+        ))
+    path = write_records(root, records)
+    echo(f"recorded {len(records)} engine(s) in {path}")
+    return records
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m specexport_runtime.trt_build",
+        description="Build TensorRT engines for a specexport artifact on this machine's GPU. Engines go to"
+        " ARTIFACT/engines/<gpu>-<tensorrt-version>/ and are recorded in ARTIFACT/engines.json.",
+    )
+    parser.add_argument("artifact", help="artifact folder written by `specexport build`")
+    parser.add_argument("--fp16", action="store_true", help="allow fp16 kernels for fp32 graphs (fp16 graphs always use them)")
+    parser.add_argument("--bf16", action="store_true", help="allow bf16 kernels (TensorRT >= 9, Ampere or newer)")
+    parser.add_argument("--strongly-typed", action="store_true",
+                        help="follow the graph's types exactly (no precision flags)")
+    parser.add_argument("--max-prompt", type=int, default=DEFAULT_MAX_PROMPT,
+                        help=f"largest prefill chunk in tokens (default {DEFAULT_MAX_PROMPT}); longer prompts are fed in chunks")
+    parser.add_argument("--max-gamma", type=int, default=None,
+                        help="largest draft length the verify profile accepts (default: max(8, the artifact's gamma))")
+    parser.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB,
+                        help=f"builder workspace limit in MiB (default {DEFAULT_WORKSPACE_MIB})")
+    parser.add_argument("--only", choices=["target", "draft"], default=None, help="build one graph only")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    options = BuildOptions(
+        fp16=args.fp16, bf16=args.bf16, strongly_typed=args.strongly_typed, max_prompt=args.max_prompt,
+        max_gamma=args.max_gamma, workspace_mib=args.workspace_mib,
+        models=(args.only,) if args.only else ("target", "draft"), quiet=args.quiet,
+    )
+    echo = (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        build_artifact_engines(args.artifact, options, echo)
+    except SpecExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
