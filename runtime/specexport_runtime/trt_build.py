@@ -38,7 +38,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -65,6 +65,10 @@ class EngineMismatch(ArtifactError):
 
 class EngineBuildError(SpecExportError):
     """TensorRT could not parse a graph or build an engine."""
+
+
+class CudaError(SpecExportError):
+    """A CUDA runtime call failed (out of memory, invalid device, ...)."""
 
 
 # --------------------------------------------------------------------------- profiles
@@ -361,7 +365,7 @@ def resolve_max_gamma(manifest, options: BuildOptions) -> int:
 def import_tensorrt():
     try:
         import tensorrt as trt  # noqa: PLC0415
-    except ImportError as exc:
+    except (ImportError, OSError) as exc:  # OSError: the wheel is there but libnvinfer is not
         raise TensorRTUnavailable(
             "the tensorrt Python package is not installed: install specexport-runtime[tensorrt] on a CUDA machine,"
             " or use JetPack's TensorRT on Jetson (sudo apt install python3-libnvinfer); see docs/gpu.md"
@@ -375,18 +379,18 @@ def import_cudart():
     except ImportError:
         try:
             from cuda import cudart  # older cuda-python  # noqa: PLC0415
-        except ImportError as exc:
+        except (ImportError, OSError) as exc:
             raise TensorRTUnavailable(
                 "cuda-python is not installed: install specexport-runtime[tensorrt] (pip install cuda-python)"
             ) from exc
     return cudart
 
 
-def cuda_check(result, what: str):
-    """cuda-python returns (err, *values); raise on an error, return the values."""
+def cuda_check(result, what: str, error: type[SpecExportError] = CudaError):
+    """cuda-python returns (err, *values); raise `error` on a failure, return the values."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        raise TensorRTUnavailable(f"{what} failed: CUDA error {int(err)} ({err})")
+        raise error(f"{what} failed: CUDA error {int(err)} ({err})")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
@@ -394,7 +398,7 @@ def cuda_check(result, what: str):
 
 def gpu_info(device_id: int = 0) -> GpuInfo:
     cudart = import_cudart()
-    count = cuda_check(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount (is there a CUDA GPU?)")
+    count = cuda_check(cudart.cudaGetDeviceCount(), "cudaGetDeviceCount (is there a CUDA GPU?)", TensorRTUnavailable)
     if device_id >= int(count):
         raise TensorRTUnavailable(f"CUDA device {device_id} does not exist ({count} visible)")
     prop = cuda_check(cudart.cudaGetDeviceProperties(device_id), "cudaGetDeviceProperties")

@@ -1,0 +1,424 @@
+"""Native TensorRT backend: a contract graph's engine with its KV cache in device memory.
+
+NOT RUN IN THIS PROJECT'S CI OR SESSIONS SO FAR: no GPU was available (docs/gpu.md). The pure
+Python parts (profile choice, address arithmetic, engine-record checks, chunking) are unit
+tested; the TensorRT / CUDA calls follow the TensorRT 10 and cuda-python APIs and have not
+been executed.
+
+`TrtModel` has the interface of engine.OrtModel (forward / truncate / reset / length / free /
+stats / kv_nbytes), so the speculative loop runs on it unchanged:
+
+  * KV buffers: one device buffer per layer and per K/V of shape [1, T_max, H_kv, D], allocated
+    once with cudaMalloc. A call with S tokens at cursor P binds
+        past_*  -> buffer              shape [1, P, H_kv, D]   (the valid prefix, no copy)
+        new_*   -> buffer + P*row      shape [1, S, H_kv, D]   (TensorRT writes the slot)
+    where row = H_kv * D * itemsize bytes. TensorRT wants I/O addresses 256-byte aligned; when
+    P*row is not (row not a multiple of 256, e.g. fp16 with H_kv*D = 192), that call's new K/V
+    go to an aligned staging buffer and one device-to-device copy moves them into the slot.
+  * One CUDA stream; one execution context per optimization profile (decode, verify, prefill),
+    all sharing one scratch allocation (ExecutionContextAllocationStrategy.USER_MANAGED), each
+    bound to its profile once; a call picks the context by S (trt_build.select_profile).
+  * input_ids / logits_index go through pinned host buffers; after execute_async_v3 only the R
+    requested logits rows (R x V x 4 bytes) are copied back to a pinned host buffer.
+  * Prompts longer than the prefill profile's max S are fed in chunks (the cursor moves, the
+    positions stay right: positions come from the past length, docs/graph-contract.md).
+
+`load_native(artifact)` returns an api.SpecGenerator whose target and draft are TrtModels.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import contract
+from .contract import GraphSpec
+from .engine import CallStats
+from .errors import ContractError, InvalidArgument
+from .trt_build import (
+    EngineMismatch,
+    EngineRecord,
+    GpuInfo,
+    Profile,
+    TensorRTUnavailable,
+    cuda_check,
+    find_record,
+    gpu_info,
+    import_cudart,
+    import_tensorrt,
+    read_records,
+    rebuild_command,
+    select_profile,
+    trt_version_of,
+)
+
+ALIGNMENT = 256  # TensorRT: "The pointer must have at least 256-byte alignment" (IExecutionContext::setTensorAddress)
+_ITEMSIZE = {"float32": 4, "float16": 2}
+
+__all__ = [
+    "ALIGNMENT", "EngineMismatch", "KvBinding", "TensorRTUnavailable", "TrtModel", "load_native",
+    "plan_kv_bindings", "prefill_chunks", "slot_address",
+]
+
+
+# --------------------------------------------------------------------------- pure helpers (tested)
+
+
+def slot_address(base: int, past: int, row_bytes: int) -> int:
+    """Device address of cache row `past` in a time-major [1, T_max, H_kv, D] buffer."""
+    if past < 0 or row_bytes <= 0:
+        raise InvalidArgument(f"past must be >= 0 and row_bytes > 0, got past={past}, row_bytes={row_bytes}")
+    return base + past * row_bytes
+
+
+@dataclass(frozen=True)
+class KvBinding:
+    name: str
+    address: int
+    shape: tuple[int, int, int, int]
+    is_input: bool
+
+
+def plan_kv_bindings(spec: GraphSpec, buffers: Sequence[int], past: int, seq: int,
+                     staging: Sequence[int] | None = None, alignment: int = ALIGNMENT
+                     ) -> tuple[list[KvBinding], list[tuple[int, int, int]]]:
+    """Bindings of the 4 * layers cache tensors for S=`seq` tokens at cursor P=`past`.
+
+    buffers: device base addresses, [k_0, v_0, k_1, v_1, ...] (layout of engine.OrtModel).
+    staging: aligned scratch buffers in the same order, used when a slot address is not
+    `alignment`-aligned. Returns (bindings, copies); copies are (dst, src, nbytes) device-to-
+    device moves from staging into the cache slot, to run after the engine."""
+    if len(buffers) != 2 * spec.num_layers:
+        raise InvalidArgument(f"need {2 * spec.num_layers} cache buffers, got {len(buffers)}")
+    row = spec.num_kv_heads * spec.head_dim * _ITEMSIZE[spec.kv_dtype]
+    past_shape = (1, past, spec.num_kv_heads, spec.head_dim)
+    new_shape = (1, seq, spec.num_kv_heads, spec.head_dim)
+    names = []
+    for i in range(spec.num_layers):
+        names += [(contract.past_key(i), contract.new_key(i)), (contract.past_value(i), contract.new_value(i))]
+    bindings: list[KvBinding] = []
+    copies: list[tuple[int, int, int]] = []
+    for k, ((past_name, new_name), base) in enumerate(zip(names, buffers, strict=True)):
+        bindings.append(KvBinding(past_name, base, past_shape, True))
+        slot = slot_address(base, past, row)
+        if slot % alignment == 0:
+            bindings.append(KvBinding(new_name, slot, new_shape, False))
+            continue
+        if staging is None:
+            raise InvalidArgument(
+                f"cache slot {slot:#x} of {new_name} is not {alignment}-byte aligned and no staging buffer was given"
+            )
+        bindings.append(KvBinding(new_name, staging[k], new_shape, False))
+        copies.append((slot, staging[k], seq * row))
+    return bindings, copies
+
+
+def needs_staging(spec: GraphSpec, alignment: int = ALIGNMENT) -> bool:
+    """Whether some cursor position gives an unaligned slot (row bytes not a multiple of it)."""
+    return (spec.num_kv_heads * spec.head_dim * _ITEMSIZE[spec.kv_dtype]) % alignment != 0
+
+
+def prefill_chunks(seq: int, max_chunk: int) -> list[int]:
+    """Sizes of the calls that feed `seq` tokens at most `max_chunk` at a time."""
+    if seq < 1 or max_chunk < 1:
+        raise InvalidArgument(f"seq and max_chunk must be >= 1, got {seq}, {max_chunk}")
+    full, rest = divmod(seq, max_chunk)
+    return [max_chunk] * full + ([rest] if rest else [])
+
+
+def max_seq(profiles: Sequence[Profile]) -> int:
+    return max(p.seq[2] for p in profiles)
+
+
+def max_rows(profiles: Sequence[Profile]) -> int:
+    return max(p.rows[2] for p in profiles)
+
+
+def prefill_limit(profiles: Sequence[Profile]) -> int:
+    """Largest S a one-row (prefill-like) call can take."""
+    return max(p.seq[2] for p in profiles if p.rows[0] <= 1)
+
+
+# --------------------------------------------------------------------------- CUDA helpers
+
+
+class _Cuda:
+    """The few cuda-python runtime calls the backend needs; every call is checked."""
+
+    def __init__(self, device_id: int):
+        self.rt = import_cudart()
+        cuda_check(self.rt.cudaSetDevice(device_id), "cudaSetDevice")
+        self.stream = cuda_check(self.rt.cudaStreamCreate(), "cudaStreamCreate")
+        self.handle = int(self.stream)
+
+    def malloc(self, nbytes: int) -> int:
+        return int(cuda_check(self.rt.cudaMalloc(max(nbytes, 1)), f"cudaMalloc({nbytes})"))
+
+    def malloc_host(self, nbytes: int) -> int:
+        return int(cuda_check(self.rt.cudaMallocHost(max(nbytes, 1)), f"cudaMallocHost({nbytes})"))
+
+    def h2d(self, dst: int, src: int, nbytes: int) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        cuda_check(self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, self.stream), "cudaMemcpyAsync H2D")
+
+    def d2h(self, dst: int, src: int, nbytes: int) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        cuda_check(self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, self.stream), "cudaMemcpyAsync D2H")
+
+    def d2d(self, dst: int, src: int, nbytes: int) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        cuda_check(self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, self.stream), "cudaMemcpyAsync D2D")
+
+    def sync(self) -> None:
+        cuda_check(self.rt.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+
+    def free(self, ptr: int) -> None:
+        self.rt.cudaFree(ptr)
+
+    def free_host(self, ptr: int) -> None:
+        self.rt.cudaFreeHost(ptr)
+
+    def close(self) -> None:
+        self.rt.cudaStreamDestroy(self.stream)
+
+
+def _host_array(ptr: int, count: int, dtype) -> np.ndarray:
+    ctype = np.ctypeslib.as_ctypes_type(np.dtype(dtype))
+    return np.ctypeslib.as_array((ctype * count).from_address(ptr))
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class TrtModel:
+    """A contract graph's TensorRT engine with its KV cache; `forward` appends S tokens at the cursor."""
+
+    def __init__(self, engine_path: str | Path, spec: GraphSpec, max_context: int, profiles: Sequence[Profile],
+                 device_id: int = 0):
+        trt = import_tensorrt()
+        self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
+        self.cuda = _Cuda(device_id)
+        self._device_ptrs: list[int] = []
+        self._host_ptrs: list[int] = []
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.runtime = trt.Runtime(self.logger)
+        self.engine = self.runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if self.engine is None:
+            raise EngineMismatch(
+                f"TensorRT could not deserialize {str(engine_path)!r} (built for another GPU or TensorRT version?)"
+            )
+        self._check_io(trt)
+        if self.engine.num_optimization_profiles != len(self.profiles):
+            raise EngineMismatch(
+                f"{engine_path} has {self.engine.num_optimization_profiles} profiles, engines.json records {len(self.profiles)}"
+            )
+        # scratch memory shared by one context per profile (they run one at a time on one stream)
+        size_attr = "device_memory_size_v2" if hasattr(self.engine, "device_memory_size_v2") else "device_memory_size"
+        scratch_bytes = int(getattr(self.engine, size_attr))
+        self._scratch = self._dev(scratch_bytes)
+        strategy = getattr(trt, "ExecutionContextAllocationStrategy", None)
+        self.contexts = []
+        for index in range(len(self.profiles)):
+            if strategy is not None:
+                ctx = self.engine.create_execution_context(strategy.USER_MANAGED)
+                if hasattr(ctx, "set_device_memory"):
+                    ctx.set_device_memory(self._scratch, scratch_bytes)
+                else:
+                    ctx.device_memory = self._scratch
+            else:
+                ctx = self.engine.create_execution_context()
+            if not ctx.set_optimization_profile_async(index, self.cuda.handle):
+                raise EngineMismatch(f"could not select optimization profile {index} of {engine_path}")
+            self.contexts.append(ctx)
+        self.cuda.sync()
+        # KV cache at max context, allocated once
+        itemsize = _ITEMSIZE[spec.kv_dtype]
+        self.row_bytes = spec.num_kv_heads * spec.head_dim * itemsize
+        cache_bytes = max_context * self.row_bytes
+        self._kv = [self._dev(cache_bytes) for _ in range(2 * spec.num_layers)]
+        self.max_seq, self.max_rows = max_seq(self.profiles), max_rows(self.profiles)
+        self.prefill_limit = prefill_limit(self.profiles)
+        self._staging = ([self._dev(self.max_seq * self.row_bytes) for _ in range(2 * spec.num_layers)]
+                         if needs_staging(spec) else None)
+        # ids, rows and logits: device buffers plus pinned host buffers
+        ids_dtype = trt.nptype(self.engine.get_tensor_dtype(contract.INPUT_IDS))
+        rows_dtype = trt.nptype(self.engine.get_tensor_dtype(contract.LOGITS_INDEX))
+        self._ids_dtype, self._rows_dtype = np.dtype(ids_dtype), np.dtype(rows_dtype)
+        self._d_ids = self._dev(self.max_seq * self._ids_dtype.itemsize)
+        self._d_rows = self._dev(self.max_rows * self._rows_dtype.itemsize)
+        V = spec.embedding_rows
+        self._d_logits = self._dev(self.max_rows * V * 4)
+        self._h_ids = _host_array(self._host(self.max_seq * self._ids_dtype.itemsize), self.max_seq, self._ids_dtype)
+        self._h_rows = _host_array(self._host(self.max_rows * self._rows_dtype.itemsize), self.max_rows, self._rows_dtype)
+        self._h_logits = _host_array(self._host(self.max_rows * V * 4), self.max_rows * V, np.float32).reshape(self.max_rows, V)
+        self.length = 0
+        self.stats = CallStats()
+
+    # -- allocation bookkeeping
+    def _dev(self, nbytes: int) -> int:
+        ptr = self.cuda.malloc(nbytes)
+        self._device_ptrs.append(ptr)
+        return ptr
+
+    def _host(self, nbytes: int) -> int:
+        ptr = self.cuda.malloc_host(nbytes)
+        self._host_ptrs.append(ptr)
+        return ptr
+
+    def _check_io(self, trt) -> None:
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        expected = self.spec.input_names() + self.spec.output_names()
+        if sorted(names) != sorted(expected):
+            diff = sorted(set(names) ^ set(expected))
+            raise ContractError(f"engine tensors differ from contract {contract.CONTRACT_VERSION}: {diff[:6]}")
+        kv = trt.nptype(self.engine.get_tensor_dtype(contract.past_key(0)))
+        if np.dtype(kv) != np.dtype(self.spec.kv_dtype):
+            raise ContractError(f"engine KV dtype {np.dtype(kv)} differs from the manifest's {self.spec.kv_dtype}")
+
+    # -- OrtModel interface
+    @property
+    def free(self) -> int:
+        return self.max_context - self.length
+
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` valid rows (a cursor move; nothing is copied or cleared)."""
+        if not 0 <= length <= self.length:
+            raise InvalidArgument(f"cannot truncate cache of length {self.length} to {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def kv_nbytes(self) -> int:
+        return self.spec.kv_bytes(self.max_context)
+
+    def forward(self, ids, last_rows: int = 1) -> np.ndarray:
+        """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
+
+        Returns a view [last_rows, V] into a pinned buffer that the next call overwrites."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        S, P = ids.size, self.length
+        if S < 1 or not 1 <= last_rows <= min(S, self.max_rows):
+            raise InvalidArgument(
+                f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}")
+        if P + S > self.max_context:
+            raise InvalidArgument(f"{P} cached + {S} new tokens exceed max_context {self.max_context}")
+        if last_rows == 1 and S > self.prefill_limit:
+            start = 0
+            for size in prefill_chunks(S, self.prefill_limit):
+                out = self._run(ids[start:start + size], 1)
+                start += size
+            return out
+        return self._run(ids, last_rows)
+
+    def _run(self, ids: np.ndarray, rows: int) -> np.ndarray:
+        S, P, cuda = ids.size, self.length, self.cuda
+        ctx = self.contexts[select_profile(self.profiles, S, rows, P)]
+        start = time.perf_counter()
+        self._h_ids[:S] = ids
+        self._h_rows[:rows] = np.arange(S - rows, S)
+        cuda.h2d(self._d_ids, self._h_ids.ctypes.data, S * self._ids_dtype.itemsize)
+        cuda.h2d(self._d_rows, self._h_rows.ctypes.data, rows * self._rows_dtype.itemsize)
+        ok = ctx.set_input_shape(contract.INPUT_IDS, (1, S)) and ctx.set_input_shape(contract.LOGITS_INDEX, (rows,))
+        ok = ok and ctx.set_tensor_address(contract.INPUT_IDS, self._d_ids)
+        ok = ok and ctx.set_tensor_address(contract.LOGITS_INDEX, self._d_rows)
+        ok = ok and ctx.set_tensor_address(contract.LOGITS, self._d_logits)
+        bindings, copies = plan_kv_bindings(self.spec, self._kv, P, S, self._staging)
+        for b in bindings:
+            if b.is_input:
+                ok = ok and ctx.set_input_shape(b.name, b.shape)
+            ok = ok and ctx.set_tensor_address(b.name, b.address)
+        if not ok:
+            raise InvalidArgument(f"TensorRT refused the shapes/addresses of a call with S={S}, R={rows}, P={P}")
+        if not ctx.execute_async_v3(cuda.handle):
+            raise InvalidArgument(f"TensorRT execute_async_v3 failed for S={S}, R={rows}, P={P}")
+        for dst, src, nbytes in copies:
+            cuda.d2d(dst, src, nbytes)
+        V = self.spec.embedding_rows
+        cuda.d2h(self._h_logits.ctypes.data, self._d_logits, rows * V * 4)
+        cuda.sync()
+        self.stats.add(S, time.perf_counter() - start)
+        self.length = P + S
+        return self._h_logits[:rows]
+
+    def close(self) -> None:
+        """Free device and pinned memory (also done when the object is collected)."""
+        cuda = getattr(self, "cuda", None)
+        if cuda is None:
+            return
+        self.contexts = []
+        for ptr in self._device_ptrs:
+            cuda.free(ptr)
+        for ptr in self._host_ptrs:
+            cuda.free_host(ptr)
+        self._device_ptrs, self._host_ptrs = [], []
+        cuda.close()
+        self.cuda = None
+
+    def __del__(self):  # pragma: no cover - needs a GPU
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- construction from an artifact
+    @classmethod
+    def from_artifact(cls, root: str | Path, model: str = "target", device_id: int = 0) -> "TrtModel":
+        from .manifest import read_manifest  # noqa: PLC0415
+
+        root = Path(root)
+        manifest = read_manifest(root)
+        entry = manifest.target if model == "target" else manifest.draft
+        if entry is None:
+            raise InvalidArgument(f"artifact {str(root)!r} has no {model} graph")
+        record = engine_for(root, model, manifest.files.get(entry.graph), device_id)
+        return cls(root / record.engine, entry.graph_spec(), manifest.max_context, record.profiles, device_id)
+
+
+def engine_for(root: Path, model: str, graph_sha256: str | None, device_id: int = 0,
+               gpu: GpuInfo | None = None, trt_version: str | None = None) -> EngineRecord:
+    """The checked engines.json record of `model` for this GPU and TensorRT version."""
+    if trt_version is None:
+        trt_version = trt_version_of(import_tensorrt())
+    if gpu is None:
+        gpu = gpu_info(device_id)
+    record = find_record(read_records(root), model, gpu, trt_version, root, graph_sha256)
+    if not (root / record.engine).is_file():
+        raise EngineMismatch(f"engine file {record.engine!r} is missing; rebuild it: {rebuild_command(root, record)}")
+    return record
+
+
+def load_native(artifact: str | Path, device_id: int = 0, verify: bool = True):
+    """An api.SpecGenerator running target and draft on their TensorRT engines (trt_build)."""
+    from .api import CALIBRATION_NAME, SpecGenerator  # noqa: PLC0415
+    from .manifest import read_manifest, verify_files  # noqa: PLC0415
+    from .tokenizer import TextCodec  # noqa: PLC0415
+
+    root = Path(artifact)
+    manifest = read_manifest(root)
+    if verify:
+        verify_files(root, manifest)
+    import_tensorrt()
+    import_cudart()
+    tok = manifest.tokenizer
+    template = (root / tok.chat_template).read_text(encoding="utf-8") if tok.chat_template else None
+    vocab = json.loads((root / tok.file).read_text(encoding="utf-8"))
+    eos_text = bos_text = None
+    for added in vocab.get("added_tokens", []):
+        if added["id"] in tok.eos_token_ids and eos_text is None:
+            eos_text = added["content"]
+        if tok.bos_token_id is not None and added["id"] == tok.bos_token_id:
+            bos_text = added["content"]
+    codec = TextCodec(root / tok.file, template, bos=bos_text, eos=eos_text)
+    target = TrtModel.from_artifact(root, "target", device_id)
+    draft = TrtModel.from_artifact(root, "draft", device_id) if manifest.draft is not None else None
+    calibration = None
+    if (root / CALIBRATION_NAME).is_file():
+        calibration = json.loads((root / CALIBRATION_NAME).read_text(encoding="utf-8"))
+    return SpecGenerator(root, manifest, codec, target, draft, calibration)
+

@@ -1,0 +1,171 @@
+"""specexport.plan: memory plans of recipes on devices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specexport.cli import _Group
+from specexport.cli_gpu import plan_cmd
+from specexport.errors import SpecExportError
+from specexport.plan import (
+    DEVICES,
+    GIB,
+    KNOWN_CONFIGS,
+    PlanError,
+    UnknownDevice,
+    config_from_dict,
+    plan,
+    weight_bytes,
+)
+from specexport.recipe import bundled_recipes, load_recipe, parse_recipe
+from tiny import make_model
+
+# The device each bundled recipe is sized for (from its `notes`; the smollm2 recipes run anywhere,
+# the smallest module they are meant for is the Orin Nano 8GB).
+RECIPE_DEVICES = {
+    "smollm2-135m": "orin-nano-8gb",
+    "smollm2-135m-int4-draft": "orin-nano-8gb",
+    "smollm2-135m-ngram": "orin-nano-8gb",
+    "tinyllama-1.1b-chat-int8-self-draft": "orin-nano-8gb",
+    "qwen2.5-1.5b-instruct-qwen2.5-0.5b-draft": "orin-nano-8gb",
+    "qwen2.5-3b-instruct-qwen2.5-0.5b-draft": "orin-nx-16gb",
+    "qwen2.5-7b-instruct-qwen2.5-0.5b-draft": "agx-orin-32gb",
+    "llama-3.1-8b-instruct-llama-3.2-1b-draft": "agx-orin-64gb",
+}
+
+
+def test_every_bundled_recipe_has_an_intended_device():
+    assert {p.stem for p in bundled_recipes()} == set(RECIPE_DEVICES)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPE_DEVICES))
+def test_bundled_recipe_fits_its_device(name):
+    report = plan(name, RECIPE_DEVICES[name])
+    assert report.fits, "\n".join(report.lines())
+    recipe = load_recipe(bundled_recipes()[[p.stem for p in bundled_recipes()].index(name)])
+    label = DEVICES[RECIPE_DEVICES[name]].label.replace("Jetson ", "")
+    if recipe.notes and "Targets" in recipe.notes:
+        assert label in recipe.notes  # the table agrees with the recipe's own notes
+
+
+def test_default_recipe_fits_orin_nano_8gb():
+    report = plan("smollm2-135m", "orin-nano-8gb")
+    assert report.fits and not report.tight
+    assert [m.role for m in report.models] == ["target", "draft"]
+    assert report.advice == []
+
+
+def test_llama_8b_fp16_does_not_fit_orin_nano_8gb_and_says_what_to_change():
+    report = plan("llama-3.1-8b-instruct-llama-3.2-1b-draft", "orin-nano-8gb")
+    assert not report.fits
+    assert report.headroom_bytes < 0
+    text = "\n".join(report.advice)
+    assert "int4 target" in text or "-> int4" in text
+    assert "agx-orin-32gb" in text  # a device where it fits as is
+    assert "max_context" in text
+    assert any("DOES NOT FIT" in line for line in report.lines())
+
+
+def test_qwen_7b_does_not_fit_orin_nx_16gb_as_its_notes_say():
+    assert not plan("qwen2.5-7b-instruct-qwen2.5-0.5b-draft", "orin-nx-16gb").fits
+
+
+def test_numbers_match_a_hand_computation():
+    """smollm2-135m (fp32 target, int8 self-draft, max_context 2048, max_gamma 8) on an Orin Nano 8GB."""
+    report = plan("smollm2-135m", "orin-nano-8gb")
+    target, draft = report.models
+    L, h, inter, H, Hkv, D, V, T = 30, 576, 1536, 9, 3, 64, 49152, 2048
+    linear = L * (h * H * D + 2 * h * Hkv * D + H * D * h + 3 * h * inter)  # 106,168,320
+    small = L * 2 * h + h
+    params = linear + small + V * h  # tied: the embedding once
+    assert params == 134_515_008 == target.parameters
+    assert target.weight_bytes == 4 * params
+    assert draft.weight_bytes == int((linear + V * h) * (1 + 4 / 32)) + 4 * (V * h + small)  # int8 + fp32 embedding
+    kv = 2 * L * T * Hkv * D * 4
+    assert target.kv_bytes == draft.kv_bytes == kv == 94_371_840
+    prefill = 2 * H * T * T * 4 + 3 * T * inter * 4 + 4 * T * h * 4 + 2 * H * T * D * 4 + 1 * V * 4
+    verify = 2 * H * 9 * T * 4 + 3 * 9 * inter * 4 + 4 * 9 * h * 4 + 2 * H * T * D * 4 + 9 * V * 4
+    assert target.activation_bytes == max(prefill, verify) == prefill
+    assert target.logits_buffer_bytes == 64 * V * 4
+    total = sum(m.weight_bytes + m.kv_bytes + m.activation_bytes + m.logits_buffer_bytes for m in report.models) + GIB
+    assert report.total_bytes == total
+    assert report.budget_bytes == int((8 - 1.5) * GIB)
+    assert report.fits == (total <= report.budget_bytes)
+
+
+def test_known_configs_match_published_sizes():
+    published = {  # parameter counts of the model cards, +-1 %
+        "meta-llama/Llama-3.1-8B-Instruct": 8.03e9, "meta-llama/Llama-3.2-1B-Instruct": 1.24e9,
+        "Qwen/Qwen2.5-0.5B-Instruct": 0.494e9, "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
+        "Qwen/Qwen2.5-3B-Instruct": 3.09e9, "Qwen/Qwen2.5-7B-Instruct": 7.62e9,
+        "TinyLlama/TinyLlama-1.1B-Chat-v1.0": 1.10e9, "builtin:smollm2-135m-instruct": 0.1345e9,
+    }
+    for model, count in published.items():
+        assert KNOWN_CONFIGS[model].parameters() == pytest.approx(count, rel=0.01), model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_formula_matches_a_real_model_from_its_config_json(tmp_path, arch):
+    model = make_model(arch)
+    model.config.save_pretrained(tmp_path)
+    config = config_from_dict(json.loads((tmp_path / "config.json").read_text()))
+    assert config.parameters() == sum(p.numel() for p in model.parameters())
+    recipe = parse_recipe({"name": "local", "max_context": 256, "target": {"model": str(tmp_path)},
+                           "draft": {"from_target": {"precision": "int4"}}})
+    report = plan(recipe, "orin-nano-4gb")
+    assert report.fits and report.models[0].config_source.endswith("config.json")
+    assert report.models[1].weight_bytes == weight_bytes(config, "int4")
+
+
+def test_unknown_device_is_a_typed_error_listing_devices():
+    with pytest.raises(UnknownDevice) as info:
+        plan("smollm2-135m", "orin-nano-16gb")
+    message = str(info.value)
+    assert all(name in message for name in DEVICES)
+    assert isinstance(info.value, (KeyError, SpecExportError))
+
+
+def test_unknown_model_and_bad_arguments():
+    recipe = parse_recipe({"name": "x", "max_context": 256, "target": {"model": "someone/unknown-model"},
+                           "draft": {"proposer": "ngram"}})
+    with pytest.raises(PlanError, match="cannot size model"):
+        plan(recipe, "thor")
+    with pytest.raises(PlanError):
+        plan("smollm2-135m", "thor", max_prompt=0)
+
+
+def test_overrides_and_report_forms():
+    small = plan("qwen2.5-3b-instruct-qwen2.5-0.5b-draft", "orin-nano-8gb", max_context=256, max_prompt=256)
+    big = plan("qwen2.5-3b-instruct-qwen2.5-0.5b-draft", "orin-nano-8gb")
+    assert small.total_bytes < big.total_bytes and small.max_context == 256
+    data = json.loads(json.dumps(big.to_dict()))
+    assert data["fits"] is False and data["device"]["name"] == "orin-nano-8gb" and len(data["models"]) == 2
+    ngram = plan("smollm2-135m-ngram", "orin-nano-4gb")
+    assert [m.role for m in ngram.models] == ["target"]
+    lowered = [a for a in big.advice if a.startswith("lower max_context to")]
+    if lowered:  # the suggested context must really fit
+        ctx = int(lowered[0].split()[3])
+        assert plan("qwen2.5-3b-instruct-qwen2.5-0.5b-draft", "orin-nano-8gb", max_context=ctx).fits
+
+
+def test_tight_fit_is_flagged():
+    report = plan("tinyllama-1.1b-chat-int8-self-draft", "orin-nano-8gb")
+    assert report.fits
+    if report.tight:
+        assert report.notes and report.advice
+
+
+def test_cli_plan():
+    group = _Group(commands={"plan": plan_cmd})
+    runner = CliRunner()
+    ok = runner.invoke(group, ["plan", "smollm2-135m", "--device", "orin-nano-8gb"])
+    assert ok.exit_code == 0 and "FITS" in ok.output
+    bad = runner.invoke(group, ["plan", "llama-3.1-8b-instruct-llama-3.2-1b-draft", "--device", "orin-nano-8gb", "--json"])
+    assert bad.exit_code == 1 and json.loads(bad.output)["fits"] is False
+    listing = runner.invoke(group, ["plan", "x", "--device", "list"])
+    assert listing.exit_code == 0 and "agx-orin-64gb" in listing.output
+    unknown = runner.invoke(group, ["plan", "smollm2-135m", "--device", "nope"])
+    assert unknown.exit_code == 2 and "known devices" in unknown.output
