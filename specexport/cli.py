@@ -149,6 +149,17 @@ def fetch_default() -> None:
         click.echo(f"builtin:{name} -> {fetch_builtin(name)}")
 
 
+def _register_extensions() -> None:
+    """Commands that live in their own modules (GPU planning; benchmarks when present)."""
+    from .cli_gpu import check_trt_cmd, plan_cmd
+
+    cli.add_command(check_trt_cmd)
+    cli.add_command(plan_cmd)
+
+
+_register_extensions()
+
+
 def main() -> None:
     cli(prog_name="specexport")
 
