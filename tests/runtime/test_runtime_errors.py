@@ -1,0 +1,281 @@
+"""Bad artifacts and bad arguments raise the runtime's typed errors, naming the bad value,
+before any model call; the CLI turns them into one `error: ...` line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specexport_runtime.api import load
+from specexport_runtime.engine import available_providers
+from specexport_runtime.errors import (
+    ArtifactError,
+    ChecksumError,
+    InvalidArgument,
+    PromptError,
+    ProviderUnavailable,
+    SpecExportError,
+)
+
+
+@pytest.fixture
+def artifact_copy(tiny_artifacts, tmp_path):
+    """A private copy of the tiny 'ngram' artifact (small: one graph), safe to damage."""
+    dst = tmp_path / "artifact"
+    shutil.copytree(tiny_artifacts["ngram"], dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_artifacts):
+    return load(tiny_artifacts["noisy"])
+
+
+def edit_manifest(root: Path, **changes) -> None:
+    path = root / "manifest.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data.update(changes)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+# ------------------------------------------------------------------ artifacts
+
+
+def test_missing_folder(tmp_path):
+    missing = tmp_path / "no-such-artifact"
+    with pytest.raises(ArtifactError, match="does not exist") as info:
+        load(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_folder_without_manifest(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ArtifactError, match="manifest.json") as info:
+        load(folder)
+    assert str(folder) in str(info.value)
+    assert not isinstance(info.value, ChecksumError)
+
+
+def test_truncated_graph_data_is_checksum_error(artifact_copy):
+    data = artifact_copy / "target" / "model.onnx.data"
+    size = data.stat().st_size
+    with open(data, "r+b") as handle:
+        handle.truncate(size // 2)
+    with pytest.raises(ChecksumError) as info:
+        load(artifact_copy)
+    assert "target/model.onnx.data" in str(info.value)
+
+
+def test_tampered_tokenizer_is_checksum_error(artifact_copy):
+    path = artifact_copy / "tokenizer.json"
+    vocab = json.loads(path.read_text(encoding="utf-8"))
+    vocab["added_tokens"][0]["content"] = "<|tampered|>"  # still valid JSON, still loadable
+    path.write_text(json.dumps(vocab), encoding="utf-8")
+    with pytest.raises(ChecksumError) as info:
+        load(artifact_copy)
+    assert "tokenizer.json" in str(info.value)
+
+
+def test_untouched_copy_loads(artifact_copy):
+    """Control for the tests above: the copy itself is fine."""
+    assert load(artifact_copy).generate([5, 6, 7], max_new_tokens=3).stats.new_tokens == 3
+
+
+def test_unsupported_contract_major(artifact_copy):
+    edit_manifest(artifact_copy, contract_version="2.0")
+    with pytest.raises(ArtifactError, match=r"'2\.0'"):
+        load(artifact_copy)
+
+
+def test_unsupported_schema_version(artifact_copy):
+    edit_manifest(artifact_copy, schema_version=99)
+    with pytest.raises(ArtifactError, match="99"):
+        load(artifact_copy)
+
+
+def test_malformed_manifest_json(artifact_copy):
+    path = artifact_copy / "manifest.json"
+    path.write_text(path.read_text(encoding="utf-8")[:-20], encoding="utf-8")
+    with pytest.raises(ArtifactError, match="not valid JSON") as info:
+        load(artifact_copy)
+    assert "manifest.json" in str(info.value)
+
+
+def test_manifest_missing_key(artifact_copy):
+    path = artifact_copy / "manifest.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    del data["target"]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ArtifactError, match="target"):
+        load(artifact_copy)
+
+
+def test_missing_listed_file(artifact_copy):
+    (artifact_copy / "chat_template.jinja").unlink()
+    with pytest.raises(ArtifactError, match="chat_template.jinja"):
+        load(artifact_copy)
+
+
+def test_invalid_calibration_json(artifact_copy):
+    (artifact_copy / "calibration.json").write_text("{not json", encoding="utf-8")  # unlisted: no checksum
+    with pytest.raises(ArtifactError, match="calibration.json"):
+        load(artifact_copy)
+
+
+# ------------------------------------------------------------------ arguments
+
+
+def no_model_calls(gen):
+    """Snapshot of the call counters of both models."""
+    return (gen.target.stats.calls, gen.draft.stats.calls if gen.draft is not None else 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name, shown",
+    [
+        ({"temperature": -0.5}, "temperature", "-0.5"),
+        ({"temperature": 1.0, "top_p": 0.0}, "top_p", "0.0"),
+        ({"temperature": 1.0, "top_p": 1.5}, "top_p", "1.5"),
+        ({"temperature": 1.0, "top_k": -1}, "top_k", "-1"),
+        ({"gamma": 0}, "gamma", "0"),
+        ({"gamma": 33}, "gamma", "33"),
+        ({"max_new_tokens": 0}, "max_new_tokens", "0"),
+        ({"seed": -1}, "seed", "-1"),
+        ({"proposer": "medusa"}, "proposer", "'medusa'"),
+        ({"stop": ["ok", ""]}, "stop", "''"),
+        ({"min_draft_prob": 1.0}, "min_draft_prob", "1.0"),
+        ({"min_draft_prob": -0.1}, "min_draft_prob", "-0.1"),
+    ],
+)
+def test_bad_generation_arguments(gen, kwargs, name, shown):
+    before = no_model_calls(gen)
+    with pytest.raises(InvalidArgument) as info:
+        gen.generate("def add(a, b):", **kwargs)
+    message = str(info.value)
+    assert name in message and shown in message, message
+    assert no_model_calls(gen) == before
+    with pytest.raises(InvalidArgument):  # stream validates too, on first use
+        next(gen.stream("def add(a, b):", **kwargs))
+    assert no_model_calls(gen) == before
+
+
+@pytest.mark.parametrize(
+    "prompt, shown",
+    [
+        ("", "empty"),
+        (b"", "empty"),
+        (b"abc\xff\xfe", "0xff"),
+        ([], "no tokens"),
+        ([5, 6, 99999], "99999"),
+        ([5, -1], "-1"),
+        ([5, "6"], "'6'"),
+        ([5, 6.0], "6.0"),
+    ],
+    ids=["empty-str", "empty-bytes", "not-utf8", "no-ids", "id-too-large", "id-negative", "id-str", "id-float"],
+)
+def test_bad_prompts(gen, prompt, shown):
+    before = no_model_calls(gen)
+    with pytest.raises(PromptError) as info:
+        gen.generate(prompt, max_new_tokens=4)
+    assert shown in str(info.value), str(info.value)
+    assert no_model_calls(gen) == before
+
+
+def test_prompt_too_long_for_context(gen):
+    max_context = gen.manifest.max_context
+    assert max_context == 256
+    before = no_model_calls(gen)
+    for prompt in ([5] * max_context, [5] * (max_context + 40)):
+        with pytest.raises(PromptError) as info:
+            gen.generate(prompt, max_new_tokens=4)
+        assert str(len(prompt)) in str(info.value) and str(max_context) in str(info.value)
+    text = "def add(a, b):\n" * 100  # many more tokens than the context
+    n = len(gen.codec.encode(text))
+    assert n >= max_context
+    with pytest.raises(PromptError) as info:
+        gen.generate(text, max_new_tokens=4)
+    assert str(n) in str(info.value)
+    with pytest.raises(PromptError):
+        gen.chat([{"role": "user", "content": text}], max_new_tokens=4)
+    assert no_model_calls(gen) == before
+    # the longest prompt that fits still generates (one free position)
+    result = gen.generate([5] * (max_context - 1), max_new_tokens=4)
+    assert len(result.token_ids) == 1 and result.finish_reason == "length"
+
+
+def test_bad_chat_messages(gen):
+    before = no_model_calls(gen)
+    with pytest.raises(PromptError):
+        gen.chat([], max_new_tokens=4)
+    with pytest.raises(InvalidArgument, match="name"):
+        gen.chat([{"role": "user", "content": "hi", "name": "x"}], max_new_tokens=4)
+    with pytest.raises(InvalidArgument, match="message 0"):
+        gen.chat([{"role": "user", "content": 3}], max_new_tokens=4)
+    assert no_model_calls(gen) == before
+
+
+def test_cuda_provider_unavailable(tiny_artifacts):
+    if "cuda" in available_providers():
+        pytest.skip("CUDA is available in this onnxruntime build")
+    with pytest.raises(ProviderUnavailable, match="'cuda'"):
+        load(tiny_artifacts["ngram"], provider="cuda")
+
+
+def test_unknown_provider(tiny_artifacts):
+    with pytest.raises(InvalidArgument, match="'rocm'"):
+        load(tiny_artifacts["ngram"], provider="rocm")
+
+
+def test_draft_proposer_on_ngram_artifact(tiny_artifacts):
+    gen = load(tiny_artifacts["ngram"])
+    assert gen.draft is None
+    with pytest.raises(InvalidArgument, match="'draft'"):
+        gen.generate("def add(a, b):", proposer="draft", max_new_tokens=4)
+    assert gen.target.stats.calls == 0
+    # target-only never needs a proposer
+    assert gen.generate("def add(a, b):", proposer="draft", speculative=False, max_new_tokens=3).stats.new_tokens == 3
+
+
+def test_errors_share_one_base():
+    for cls in (ArtifactError, ChecksumError, InvalidArgument, PromptError, ProviderUnavailable):
+        assert issubclass(cls, SpecExportError)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "specexport_runtime.cli", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_cli_missing_artifact(tmp_path):
+    missing = tmp_path / "nothing-here"
+    proc = run_cli("generate", str(missing), "--prompt", "hello")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and str(missing) in lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_cli_bad_argument_and_tampered_artifact(artifact_copy):
+    proc = run_cli("generate", str(artifact_copy), "--prompt", "hi", "--temperature", "1", "--top-p", "1.5")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "1.5" in lines[0], proc.stderr
+    (artifact_copy / "target" / "model.onnx.data").write_bytes(b"\0" * 16)
+    proc = run_cli("generate", str(artifact_copy), "--prompt", "hi")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: checksum mismatch"), proc.stderr
+    assert "Traceback" not in proc.stderr
