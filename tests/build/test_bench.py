@@ -1,0 +1,283 @@
+"""specexport bench / calibrate on tiny artifacts (seconds in all)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from specexport.bench import BenchReport, QUANT_CAVEAT, run_bench, write_plots
+from specexport.calibrate import calibrate, profile_gamma
+from specexport.cli_bench import bench as bench_cmd
+from specexport.cli_bench import calibrate as calibrate_cmd
+from specexport.cli_bench import parse_gammas
+from specexport.prompts import Prompt
+from specexport_runtime.api import CALIBRATION_NAME, load
+from specexport_runtime.manifest import read_manifest, verify_files
+
+NEW = 12
+LINES = [
+    {"id": "t-code-1", "domain": "code", "text": "def add(a, b):\n", "max_new_tokens": NEW},
+    {"id": "t-code-2", "domain": "code", "messages": [{"role": "user", "content": "for i in range(10):"}], "max_new_tokens": NEW},
+    {"id": "t-chat-1", "domain": "chat", "messages": [{"role": "user", "content": "The quick brown fox"}], "max_new_tokens": NEW},
+    {"id": "t-copy-1", "domain": "copy_edit", "text": '{"name": "specexport", "version": 1}', "max_new_tokens": NEW},
+]
+CHEAP_DRAFT = {"decode_s": 1.0, "verify_s": {s: 1.0 for s in range(2, 10)}, "draft_step_s": 0.01}
+
+
+def _prompt(line: dict) -> Prompt:
+    msgs = tuple((m["role"], m["content"]) for m in line["messages"]) if "messages" in line else None
+    return Prompt(id=line["id"], domain=line["domain"], messages=msgs, text=line.get("text"),
+                  max_new_tokens=line["max_new_tokens"])
+
+
+PROMPTS = [_prompt(line) for line in LINES]
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "tiny.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in LINES), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def self_report(tiny_artifacts) -> BenchReport:
+    return run_bench(tiny_artifacts["self"], PROMPTS, gammas=[None, 3], repeats=2)
+
+
+@pytest.fixture(scope="module")
+def far_artifact(tmp_path_factory) -> Path:
+    """A draft from another random seed: it almost never agrees with the target."""
+    from tiny import make_model, save_hf_folder, write_recipe
+
+    from specexport.build import build_artifact
+    from specexport.recipe import load_recipe
+
+    work = tmp_path_factory.mktemp("tiny-far")
+    target = save_hf_folder(make_model(), work / "target-hf")
+    draft = save_hf_folder(make_model(seed=7), work / "draft-hf")
+    recipe = write_recipe(work / "recipe.yaml", target, {"model": str(draft), "precision": "fp32"}, name="tiny-far")
+    build_artifact(load_recipe(recipe), work / "artifact")
+    return work / "artifact"
+
+
+def _copy(artifact: Path, tmp_path: Path) -> Path:
+    """Calibration writes into the artifact: never into the session-wide fixtures."""
+    return Path(shutil.copytree(artifact, tmp_path / "artifact"))
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def test_run_counts_and_order(self_report):
+    runs = self_report.runs
+    assert len(runs) == len(PROMPTS) * 2 * 3  # prompts x repeats x (off + 2 gammas)
+    first = [r.label for r in runs[:3]]
+    second = [r.label for r in runs[3:6]]
+    assert first == ["off", "adaptive", "3"] and second == ["3", "adaptive", "off"]  # order alternates
+
+
+def test_counting_invariants(self_report):
+    for r in self_report.runs:
+        assert r.new_tokens == len(r.token_ids) == len(r.token_times) <= NEW
+        if r.mode == "off":
+            assert r.drafted == r.rounds == 0 and r.round_sizes == []
+            assert r.plain_steps + 1 >= r.new_tokens
+            continue
+        assert sum(r.drafted_at) == r.drafted == sum(k for k, _ in r.round_sizes)
+        assert sum(r.accepted_at) == r.accepted == sum(n for _, n in r.round_sizes)
+        assert r.corrections + r.bonus == r.rounds == len(r.round_sizes)
+        assert 1 + sum(n + 1 for _, n in r.round_sizes) + r.plain_steps >= r.new_tokens
+        assert r.accepted <= r.drafted
+        if r.gamma is not None:
+            assert all(k <= r.gamma for k, _ in r.round_sizes)
+        lat = r.token_latencies()
+        assert len(lat) == r.new_tokens - 1
+        assert math.isclose(sum(lat), r.token_times[-1] - r.token_times[0], rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_self_draft_accepts_everything(self_report):
+    assert self_report.config(3).acceptance.drafted > 0
+    for c in self_report.configs:
+        a = c.acceptance
+        if a.drafted == 0:  # the adaptive controller may find speculation not worth it on a tiny model
+            assert a.acceptance_rate is None and c.theoretical["speedup"] is None
+            continue
+        assert a.acceptance_rate == 1.0 and a.alpha == 1.0
+        assert all(p == 1.0 for p in a.per_position)
+        assert all(p in (1.0, None) for p in a.per_position_conditional)
+        assert sum(a.accepted_histogram) == a.rounds
+        assert a.tokens_per_target_call >= 1.0
+        for d in c.by_domain.values():
+            assert d["acceptance_rate"] in (1.0, None)
+    assert self_report.config(3).acceptance.mean_accepted_per_round == pytest.approx(3.0, abs=0.5)
+
+
+def test_speedup_and_percentiles(self_report):
+    off = self_report.off
+    for c in self_report.configs:
+        assert c.speedup == pytest.approx(c.on.tokens_per_second / off.tokens_per_second)
+        lo, hi = c.speedup_ci95
+        assert 0 < lo <= hi
+        th = c.theoretical
+        if c.acceptance.drafted:
+            assert th["speedup"] > 0 and c.efficiency == pytest.approx(c.speedup / th["speedup"])
+            assert th["expected_tokens"] == pytest.approx(th["gamma"] + 1)  # alpha = 1
+        assert 0.0 <= c.draft_time_share < 1.0
+        assert set(c.by_domain) == {"code", "chat", "copy_edit"} and len(c.by_prompt) == len(PROMPTS)
+    for mode in [off] + [c.on for c in self_report.configs]:
+        for pct in (mode.e2e_seconds, mode.token_latency_seconds):
+            assert 0 <= pct["p50"] <= pct["p90"] <= pct["p99"]
+    mem = self_report.memory
+    assert 0 < mem["draft_bytes"] < mem["total_bytes"] and mem["draft_share"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_greedy_equivalence(self_report):
+    for c in self_report.configs:
+        assert c.equivalence["share"] == 1.0 and c.equivalence["divergences"] == []
+        assert c.equivalence["prompts"] == len(PROMPTS) and c.quality is None
+    assert self_report.caveats == []  # fp32 target
+
+
+def test_report_outputs(self_report):
+    data = json.loads(json.dumps(self_report.to_dict(), allow_nan=False))
+    assert {"meta", "lengths", "off", "configs", "memory", "costs", "runs"} <= set(data)
+    assert data["meta"]["prompts"] == len(PROMPTS) and data["meta"]["domains"] == {"code": 2, "chat": 1, "copy_edit": 1}
+    text = "\n".join(self_report.summary_lines())
+    for word in ("target", "proposer", "gamma", "sampling", "prompts", "lengths", "acceptance", "per-token",
+                 "draft overhead", "memory", "equivalence"):
+        assert word in text, word
+    assert "| on[3] |" in self_report.to_markdown()
+
+
+def test_sampling_quality(tiny_artifacts):
+    report = run_bench(tiny_artifacts["ngram"], PROMPTS[:2], gammas=[2], repeats=2, temperature=0.8, top_p=0.95,
+                       seed=3)
+    assert report.meta["proposer"] == "ngram" and report.memory["draft_bytes"] == 0
+    c = report.configs[0]
+    assert c.equivalence is None
+    for q in (c.quality, report.quality_off):
+        ll = q["loglik_per_token"]
+        assert ll["n"] == 4 and ll["mean"] < 0 and ll["ci95"][0] <= ll["mean"] <= ll["ci95"][1]
+        assert 0 <= q["distinct_2"]["mean"] <= 1
+    assert set(c.quality["differences"]) == {"loglik_per_token", "output_tokens", "distinct_2"}
+    assert "quality" in "\n".join(report.summary_lines())
+
+
+def test_quantized_target_caveat(tiny_artifacts):
+    gen = load(tiny_artifacts["self"])
+    gen.manifest = replace(gen.manifest, target=replace(gen.manifest.target, precision="dynamic-int8"))
+    report = run_bench(gen, PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
+    assert report.caveats == [QUANT_CAVEAT.format(precision="dynamic-int8")]
+    assert report.runs[0].new_tokens <= 6
+
+
+def test_bad_arguments(tiny_artifacts):
+    from specexport.bench import BenchError
+
+    with pytest.raises(BenchError):
+        run_bench(tiny_artifacts["self"], [], repeats=1)
+    with pytest.raises(BenchError):
+        run_bench(tiny_artifacts["self"], PROMPTS, gammas=[0], repeats=1)
+    with pytest.raises(Exception, match="draft"):
+        run_bench(tiny_artifacts["ngram"], PROMPTS, proposer="draft", repeats=1)
+    assert parse_gammas("2,4,adaptive") == [2, 4, None]
+
+
+def test_plots(self_report, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: pip install 'specexport[plot]' to test plots")
+    paths = write_plots(self_report, tmp_path / "plots")
+    assert [p.name for p in paths] == ["latency_cdf.png", "accepted_length.png", "acceptance_by_position.png",
+                                       "speedup_by_domain.png"]
+    for p in paths:
+        data = p.read_bytes()
+        assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- calibrate
+
+
+def test_calibrate_self_picks_largest_gamma(tiny_artifacts, tmp_path):
+    art = _copy(tiny_artifacts["self"], tmp_path)
+    doc = calibrate(art, domains=("code", "chat"), proposers=["draft"], prompts=PROMPTS, max_new_tokens=NEW,
+                    device_name="devA", costs=CHEAP_DRAFT)
+    prof = doc["profiles"]["devA"]
+    assert doc["version"] == 1 and doc["default_profile"] == "devA"
+    assert set(prof["domains"]) == {"code", "chat", "default"}
+    for entry in (prof["domains"][d]["draft"] for d in ("code", "chat", "default")):
+        assert entry["gamma"] == 8 and entry["expected_speedup"] > 1
+        assert entry["acceptance_rate"] == 1.0
+        assert len(entry["acceptance_by_position"]) == 8 and set(entry["acceptance_by_position"]) <= {1.0, None}
+    on_disk = json.loads((art / CALIBRATION_NAME).read_text())
+    assert on_disk == json.loads(json.dumps(doc))
+    manifest = read_manifest(art)
+    assert CALIBRATION_NAME in manifest.files
+    verify_files(art, manifest)
+    assert not [p for p in art.iterdir() if p.name.endswith(".tmp")]
+    assert profile_gamma(on_disk, "code", "draft") == 8 and profile_gamma(on_disk, "unknown", "draft") == 8
+
+    # a second device (measured costs this time) is added beside the first
+    doc2 = calibrate(art, domains=("code",), prompts=PROMPTS, max_new_tokens=NEW, device_name="devB",
+                     set_default=False)
+    assert set(doc2["profiles"]) == {"devA", "devB"} and doc2["default_profile"] == "devA"
+    costs = doc2["profiles"]["devB"]["costs"]
+    assert costs["decode_s"] > 0 and set(costs["draft_step_s"]) == {"draft", "ngram"}
+    assert set(costs["verify_s"]) == {str(s) for s in range(2, 10)}
+    assert set(doc2["profiles"]["devB"]["domains"]["code"]) == {"draft", "ngram"}
+    verify_files(art, read_manifest(art))
+    assert load(art).calibration == json.loads((art / CALIBRATION_NAME).read_text())
+
+
+def test_calibrate_disagreeing_draft_picks_zero(far_artifact, tmp_path):
+    art = _copy(far_artifact, tmp_path)
+    doc = calibrate(art, domains=("code", "chat", "copy_edit"), proposers=["draft"], prompts=PROMPTS,
+                    max_new_tokens=NEW, device_name="devA", costs=CHEAP_DRAFT)
+    for d, per in doc["profiles"]["devA"]["domains"].items():
+        entry = per["draft"]
+        assert entry["acceptance_rate"] < 0.2, d
+        assert entry["gamma"] == 0 and entry["expected_speedup"] == 1.0, d
+        assert max(entry["expected_speedup_by_gamma"].values()) < 1.0
+    verify_files(art, read_manifest(art))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_bench_smoke(tiny_artifacts, prompt_file, tmp_path):
+    from click.testing import CliRunner
+
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    result = CliRunner().invoke(bench_cmd, [
+        str(tiny_artifacts["self"]), "--prompts", str(prompt_file), "--gamma", "2,adaptive", "--repeats", "1",
+        "--max-new-tokens", "6", "--limit", "1", "--json", str(out), "--markdown", str(md), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "speedup" in result.output and "equivalence (greedy)" in result.output
+    data = json.loads(out.read_text())
+    assert data["meta"]["prompts"] == 3 and [c["label"] for c in data["configs"]] == ["2", "adaptive"]
+    assert md.read_text().startswith("# specexport bench")
+    bad = CliRunner().invoke(bench_cmd, [str(tiny_artifacts["self"]), "--gamma", "two"])
+    assert bad.exit_code == 2 and "--gamma" in bad.output
+
+
+def test_cli_calibrate_smoke(tiny_artifacts, prompt_file, tmp_path):
+    from click.testing import CliRunner
+
+    art = _copy(tiny_artifacts["self"], tmp_path)
+    result = CliRunner().invoke(calibrate_cmd, [
+        str(art), "--prompts", str(prompt_file), "--domains", "code,chat", "--device", "cli-dev",
+        "--prompts-per-domain", "1", "--max-new-tokens", "6", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "calibration profile 'cli-dev'" in result.output and "default" in result.output
+    assert json.loads((art / CALIBRATION_NAME).read_text())["default_profile"] == "cli-dev"
+    verify_files(art, read_manifest(art))
+    for cmd in (bench_cmd, calibrate_cmd):
+        helped = CliRunner().invoke(cmd, ["--help"])
+        assert helped.exit_code == 0
+        for param in cmd.params:
+            if isinstance(param, __import__("click").Option):
+                assert param.help, f"{cmd.name} {param.name} has no help"
