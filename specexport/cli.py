@@ -150,11 +150,12 @@ def fetch_default() -> None:
 
 
 def _register_extensions() -> None:
-    """Commands that live in their own modules (GPU planning; benchmarks when present)."""
+    """Commands that live in their own modules (benchmarks, GPU planning)."""
+    from .cli_bench import bench, calibrate
     from .cli_gpu import check_trt_cmd, plan_cmd
 
-    cli.add_command(check_trt_cmd)
-    cli.add_command(plan_cmd)
+    for command in (bench, calibrate, check_trt_cmd, plan_cmd):
+        cli.add_command(command)
 
 
 _register_extensions()

@@ -52,13 +52,25 @@ class SpecGenerator:
             return NoProposer()
         raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'none'")
 
+    def _calibration_entry(self, proposer: str, domain: str | None) -> dict | None:
+        """calibration.json (specexport calibrate): default profile -> domain -> proposer."""
+        cal = self.calibration
+        if "profiles" in cal:
+            cal = cal["profiles"].get(cal.get("default_profile") or "", {})
+        domains = cal.get("domains", {})
+        return (domains.get(domain or "default") or domains.get("default") or {}).get(proposer)
+
     def _controller(self, proposer: str, domain: str | None) -> GammaController:
-        start = self.manifest.speculation.gamma
-        profile = self.calibration.get("domains", {}).get(domain or "default", {}).get(proposer)
-        if profile and profile.get("gamma"):
-            start = int(profile["gamma"])
+        start, off, alpha = self.manifest.speculation.gamma, False, 0.6
+        entry = self._calibration_entry(proposer, domain)
+        if entry and entry.get("gamma") is not None:
+            g = int(entry["gamma"])
+            start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"
+            alpha = min(1.0, max(0.0, float(entry.get("alpha", alpha))))
         gamma_max = max(int(self.manifest.generation.get("max_gamma", 8)), start)
-        ctl = GammaController(gamma_max=gamma_max, gamma=start)
+        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha)
+        if off:
+            ctl.speculating = False  # starts off; probes may still switch it on
         for key, value in self._costs.get(proposer, {}).items():
             setattr(ctl, key, value)
         return ctl
@@ -77,7 +89,14 @@ class SpecGenerator:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         options = GenerateOptions(max_new_tokens, params, gamma, speculative, stop)
         prop = self._proposer(proposer if speculative else "none", min_draft_prob)
-        ctl = self._controller(prop.name, domain) if speculative and gamma is None else None
+        ctl = None
+        if speculative and gamma is None:
+            ctl = self._controller(prop.name, domain)
+            if seed is not None and not params.greedy:
+                # adaptive gamma follows wall-clock costs, which would change the random draws:
+                # a seeded sampling run uses the controller's starting gamma, fixed, to be reproducible
+                options = replace(options, gamma=ctl.gamma if ctl.speculating else None)
+                ctl = None
         stats = GenerationStats()
         self.last_stats = stats
         loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)

@@ -166,7 +166,7 @@ class SpeculativeLoop:
         self.stats.target_seconds += t2 - t1
         self.stats.record_round(k, n)
         if self.controller is not None:
-            self.controller.record_round(k, n, t1 - t0, t2 - t1)
+            self.controller.record_round(k, n, t1 - t0 - proposal.catchup_seconds, t2 - t1)
         return draft[:n] + [token]
 
     def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int]]:
@@ -237,7 +237,8 @@ def run_generation(loop: SpeculativeLoop, codec: TextCodec, prompt_ids: list[int
     produced = 0
     start = time.perf_counter()
     for new in loop.rounds(prompt_ids, max_context):
-        new = new[: options.max_new_tokens - produced]
+        # a round may emit one token past the context (k drafts + 1); target-only stops at max_context
+        new = new[: min(options.max_new_tokens, max_context - len(prompt_ids)) - produced]
         reason = None
         for i, token in enumerate(new):
             if token in eos:

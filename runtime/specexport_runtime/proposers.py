@@ -8,6 +8,7 @@ min(cache, len(committed) - 1), which drops exactly the rows of rejected draft t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -22,6 +23,7 @@ from .sampling import SamplingParams, pad_vocab, probabilities, sample
 class Proposal:
     tokens: list[int]
     q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
+    catchup_seconds: float = 0.0  # one-off cost of feeding the draft a backlog (its prefill), not per token
 
 
 class Proposer(Protocol):
@@ -54,7 +56,11 @@ class DraftModelProposer:
     def propose(self, committed, gamma, params, rng) -> Proposal:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
-        logits = self.model.forward(committed[self.model.length :])  # [1, V_draft]: catch up, then last row
+        pending = committed[self.model.length :]  # [last] normally; more after plain steps or at the start
+        start = time.perf_counter()
+        logits = self.model.forward(pending)  # [1, V_draft]: catch up, then the last row
+        # a backlog (> [d_k, last] after a full accept) is a one-off: keep it out of the per-token cost
+        catchup = time.perf_counter() - start if len(pending) > 2 else 0.0
         for i in range(gamma):
             if params.greedy:
                 token = int(logits[0].argmax())
@@ -69,7 +75,7 @@ class DraftModelProposer:
                 break
             logits = self.model.forward([token])
         q = pad_vocab(np.stack(qs), self.target_rows) if qs else None
-        return Proposal(tokens, q)
+        return Proposal(tokens, q, catchup)
 
     @staticmethod
     def _confidence(row: np.ndarray) -> float:
