@@ -727,6 +727,7 @@ def resolve_prompts(specs: Sequence[str | os.PathLike] | str, limit: int | None 
 def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
+              shared_pool: bool = False,
               progress: Progress | None = None) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec."""
@@ -747,7 +748,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    gen = load(artifact, threads=threads) if isinstance(artifact, (str, os.PathLike)) else artifact
+    gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = proposer or gen.default_proposer
     if proposer not in ("draft", "ngram"):
         raise InvalidArgument(f"proposer must be 'draft' or 'ngram', got {proposer!r}")

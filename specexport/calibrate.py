@@ -181,6 +181,7 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
               gammas: Sequence[int] = DEFAULT_GAMMAS, prompts_per_domain: int = 6, max_new_tokens: int = 64,
               device_name: str | None = None, *, costs: dict | None = None, prompts: Sequence[Prompt] | None = None,
               threads: int | None = None, progress: Progress | None = None, set_default: bool = True,
+              shared_pool: bool = False,
               write: bool = True) -> dict:
     """Measure acceptance per domain and costs, choose gamma per domain and proposer, and
     (write=True) store the profile in the artifact's calibration.json. Returns the whole
@@ -193,7 +194,7 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     if prompts_per_domain < 1 or max_new_tokens < 1:
         raise CalibrationError("prompts_per_domain and max_new_tokens must be >= 1")
     root = Path(artifact)
-    gen = load(root, threads=threads)  # verifies every checksum before anything is written
+    gen = load(root, threads=threads, shared_pool=shared_pool)  # verifies every checksum before anything is written
     allowed = (["draft"] if gen.draft is not None else []) + ["ngram"]
     proposers = list(proposers) if proposers else allowed
     for p in proposers:

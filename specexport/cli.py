@@ -37,17 +37,25 @@ def cli(ctx: click.Context, debug: bool) -> None:
 class _Bar:
     """Stage progress: a tqdm bar over the build's named stages (stderr)."""
 
-    def __init__(self, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=None, bar_format="{desc} [{elapsed}]", disable=not enabled, file=sys.stderr)
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total, self.bar = enabled, total, None
 
     def __call__(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:  # created on the first stage, so early errors print nothing else
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="stage", file=sys.stderr,
+                            bar_format="{desc:<40} {bar:20} {n_fmt}/{total_fmt} [{elapsed}]")
+        else:
+            self.bar.update(1)
         self.bar.set_description_str(message)
-        self.bar.update(1)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.update(self.total - self.bar.n)
+            self.bar.close()
 
 
 @cli.command()
@@ -69,7 +77,8 @@ def build(recipe: str, output: Path, force: bool, no_validate: bool, max_context
     overrides = {k: v for k, v in {"max_context": max_context, "speculation.gamma": gamma}.items() if v is not None}
     if overrides:
         spec = spec.with_overrides(overrides)
-    bar = _Bar(not quiet and not as_json)
+    stages = 3 + (spec.draft.kind == "model") + spec.draft.has_graph  # load, export, [draft], package
+    bar = _Bar(not quiet and not as_json, stages)
     try:
         report = build_artifact(spec, output, force=force, validate=False if no_validate else None, progress=bar)
     finally:

@@ -106,7 +106,7 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, g
     bar = _Progress(not quiet, "run")
     try:
         report = run_bench(artifact, prompts, proposer=proposer, gammas=gammas, temperature=temperature, top_p=top_p,
-                           top_k=top_k, seed=seed, repeats=repeats, max_new_tokens=max_new_tokens, threads=threads,
+                           top_k=top_k, seed=seed, repeats=repeats, max_new_tokens=max_new_tokens, threads=threads, shared_pool=True,
                            progress=bar)
     except BenchError as exc:
         raise click.UsageError(str(exc)) from None
@@ -172,7 +172,7 @@ def calibrate(artifact: Path, domain_args: tuple[str, ...], proposer_args: tuple
     try:
         doc = run_calibration(artifact, domains=domains, proposers=list(proposer_args) or None, gammas=gammas,
                               prompts_per_domain=prompts_per_domain, max_new_tokens=max_new_tokens,
-                              device_name=device, prompts=prompts, threads=threads, progress=bar, set_default=not no_default,
+                              device_name=device, prompts=prompts, threads=threads, progress=bar, shared_pool=True, set_default=not no_default,
                               write=not dry_run)
     finally:
         bar.close()

