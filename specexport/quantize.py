@@ -44,14 +44,17 @@ def quantize_graph(src: Path, out_dir: Path, precision: str) -> QuantizeResult:
     if precision not in QUANTIZED_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {QUANTIZED_PRECISIONS}")
     start = time.perf_counter()
-    # onnxruntime's quantizers log every tensor at INFO on the root logger (basicConfig at import)
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.WARNING)
+    # onnxruntime's quantizers log every tensor at INFO (root logger and their own loggers)
+    loggers = [logging.getLogger(name) for name in
+               ("", "onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
     try:
         return _quantize(src, out_dir, precision, start)
     finally:
-        root.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _quantize(src: Path, out_dir: Path, precision: str, start: float) -> QuantizeResult:

@@ -102,8 +102,10 @@ class SpecGenerator:
         loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)
         yield from run_generation(loop, self.codec, prompt_ids, options, self.eos, self.manifest.max_context)
         if ctl is not None:
+            # costs are the machine's and acceptance the model pair's: both carry over to the next call
             self._costs[prop.name] = {
-                "cost_draft": ctl.cost_draft, "cost_decode": ctl.cost_decode, "verify_costs": dict(ctl.verify_costs)
+                "cost_draft": ctl.cost_draft, "cost_decode": ctl.cost_decode, "verify_costs": dict(ctl.verify_costs),
+                "alpha": ctl.alpha,
             }
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
