@@ -149,6 +149,20 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
     the process must then join it; see engine.SessionConfig); False (default) gives each
     session its own pool, with spinning off for the target when a draft shares the cores."""
     root = Path(artifact)
+    manifest, codec, calibration = open_artifact(root, verify)
+    has_draft = manifest.draft is not None
+    base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
+    target_config = replace(base, spinning=not has_draft)
+    target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config)
+    draft = None
+    if has_draft:
+        draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base)
+    return SpecGenerator(root, manifest, codec, target, draft, calibration)
+
+
+def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec, dict | None]:
+    """Manifest (checksums verified), tokenizer/chat template and calibration of an artifact:
+    everything but the models, shared by every backend."""
     manifest = read_manifest(root)
     if verify:
         verify_files(root, manifest)
@@ -162,17 +176,10 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
         if tok.bos_token_id is not None and added["id"] == tok.bos_token_id:
             bos_text = added["content"]
     codec = TextCodec(root / tok.file, template, bos=bos_text, eos=eos_text)
-    has_draft = manifest.draft is not None
-    base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
-    target_config = replace(base, spinning=not has_draft)
-    target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config)
-    draft = None
-    if has_draft:
-        draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base)
     calibration = None
     if (root / CALIBRATION_NAME).is_file():
         try:
             calibration = json.loads((root / CALIBRATION_NAME).read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ArtifactError(f"{CALIBRATION_NAME} is not valid JSON: {exc}") from exc
-    return SpecGenerator(root, manifest, codec, target, draft, calibration)
+    return manifest, codec, calibration

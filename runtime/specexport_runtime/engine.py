@@ -149,37 +149,11 @@ class CallStats:
         entry[1] += seconds
 
 
-class OrtModel:
-    """A contract graph with its KV cache; `forward` appends S tokens at the cursor."""
+class CacheCursor:
+    """The KV cache cursor shared by every backend: `length` valid rows of `max_context`."""
 
-    def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64):
-        self.spec, self.max_context, self.config = spec, max_context, config
-        self.session = make_session(path, config)
-        check_contract(self.session, spec, str(path))
-        self.dtype = _NP_DTYPES[spec.kv_dtype]
-        self.device = "cpu" if config.provider == "cpu" else "cuda"
-        shape = spec.cache_shape(max_context)
-        self.row_bytes = spec.num_kv_heads * spec.head_dim * np.dtype(self.dtype).itemsize  # one time step
-        if self.device == "cpu":
-            self._buffers = [np.zeros(shape, self.dtype) for _ in range(2 * spec.num_layers)]
-            self._ptrs = [b.ctypes.data for b in self._buffers]
-        else:
-            self._buffers = [
-                ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.dtype, "cuda", config.device_id)
-                for _ in range(2 * spec.num_layers)
-            ]
-            self._ptrs = [b.data_ptr() for b in self._buffers]
-        # logits: rows of one call land in a host buffer allocated once: [1, max_rows, V] fp32
-        self.max_rows = max_rows
-        self._logits = np.zeros((1, max_rows, spec.embedding_rows), np.float32)
-        self._rows = np.arange(max_context, dtype=np.int64)  # logits_index views
-        self._io = self.session.io_binding()
-        self._names = [
-            (contract.past_key(i), contract.new_key(i), contract.past_value(i), contract.new_value(i))
-            for i in range(spec.num_layers)
-        ]
-        self.length = 0  # cursor P: number of valid cache rows
-        self.stats = CallStats()
+    max_context: int
+    length: int
 
     @property
     def free(self) -> int:
@@ -193,6 +167,41 @@ class OrtModel:
 
     def reset(self) -> None:
         self.length = 0
+
+
+class OrtModel(CacheCursor):
+    """A contract graph with its KV cache; `forward` appends S tokens at the cursor."""
+
+    def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64):
+        self.spec, self.max_context, self.config = spec, max_context, config
+        self.session = make_session(path, config)
+        check_contract(self.session, spec, str(path))
+        self.dtype = _NP_DTYPES[spec.kv_dtype]
+        self.device = "cpu" if config.provider == "cpu" else "cuda"
+        shape = spec.cache_shape(max_context)
+        self.row_bytes = spec.num_kv_heads * spec.head_dim * np.dtype(self.dtype).itemsize  # one time step
+        if self.device == "cpu":
+            # filled, not np.zeros: calloc'd pages would be committed lazily as the cache grows,
+            # and resident memory would creep up during a long generation
+            self._buffers = [np.full(shape, 0, self.dtype) for _ in range(2 * spec.num_layers)]
+            self._ptrs = [b.ctypes.data for b in self._buffers]
+        else:
+            self._buffers = [
+                ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.dtype, "cuda", config.device_id)
+                for _ in range(2 * spec.num_layers)
+            ]
+            self._ptrs = [b.data_ptr() for b in self._buffers]
+        # logits: rows of one call land in a host buffer allocated once: [1, max_rows, V] fp32
+        self.max_rows = max_rows
+        self._logits = np.full((1, max_rows, spec.embedding_rows), 0, np.float32)
+        self._rows = np.arange(max_context, dtype=np.int64)  # logits_index views
+        self._io = self.session.io_binding()
+        self._names = [
+            (contract.past_key(i), contract.new_key(i), contract.past_value(i), contract.new_value(i))
+            for i in range(spec.num_layers)
+        ]
+        self.length = 0  # cursor P: number of valid cache rows
+        self.stats = CallStats()
 
     def forward(self, ids, last_rows: int = 1) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.

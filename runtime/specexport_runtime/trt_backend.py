@@ -28,7 +28,6 @@ stats / kv_nbytes), so the speculative loop runs on it unchanged:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 
 from . import contract
 from .contract import GraphSpec
-from .engine import CallStats
+from .engine import CacheCursor, CallStats
 from .errors import ContractError, InvalidArgument
 from .trt_build import (
     EngineMismatch,
@@ -195,7 +194,7 @@ def _host_array(ptr: int, count: int, dtype) -> np.ndarray:
 # --------------------------------------------------------------------------- the model
 
 
-class TrtModel:
+class TrtModel(CacheCursor):
     """A contract graph's TensorRT engine with its KV cache; `forward` appends S tokens at the cursor."""
 
     def __init__(self, engine_path: str | Path, spec: GraphSpec, max_context: int, profiles: Sequence[Profile],
@@ -280,19 +279,7 @@ class TrtModel:
         if np.dtype(kv) != np.dtype(self.spec.kv_dtype):
             raise ContractError(f"engine KV dtype {np.dtype(kv)} differs from the manifest's {self.spec.kv_dtype}")
 
-    # -- OrtModel interface
-    @property
-    def free(self) -> int:
-        return self.max_context - self.length
-
-    def truncate(self, length: int) -> None:
-        """Roll back to `length` valid rows (a cursor move; nothing is copied or cleared)."""
-        if not 0 <= length <= self.length:
-            raise InvalidArgument(f"cannot truncate cache of length {self.length} to {length}")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0
+    # -- OrtModel interface (free, truncate, reset come from CacheCursor)
 
     def kv_nbytes(self) -> int:
         return self.spec.kv_bytes(self.max_context)
@@ -395,30 +382,13 @@ def engine_for(root: Path, model: str, graph_sha256: str | None, device_id: int 
 
 def load_native(artifact: str | Path, device_id: int = 0, verify: bool = True):
     """An api.SpecGenerator running target and draft on their TensorRT engines (trt_build)."""
-    from .api import CALIBRATION_NAME, SpecGenerator  # noqa: PLC0415
-    from .manifest import read_manifest, verify_files  # noqa: PLC0415
-    from .tokenizer import TextCodec  # noqa: PLC0415
+    from .api import SpecGenerator, open_artifact  # noqa: PLC0415
 
     root = Path(artifact)
-    manifest = read_manifest(root)
-    if verify:
-        verify_files(root, manifest)
+    manifest, codec, calibration = open_artifact(root, verify)
     import_tensorrt()
     import_cudart()
-    tok = manifest.tokenizer
-    template = (root / tok.chat_template).read_text(encoding="utf-8") if tok.chat_template else None
-    vocab = json.loads((root / tok.file).read_text(encoding="utf-8"))
-    eos_text = bos_text = None
-    for added in vocab.get("added_tokens", []):
-        if added["id"] in tok.eos_token_ids and eos_text is None:
-            eos_text = added["content"]
-        if tok.bos_token_id is not None and added["id"] == tok.bos_token_id:
-            bos_text = added["content"]
-    codec = TextCodec(root / tok.file, template, bos=bos_text, eos=eos_text)
     target = TrtModel.from_artifact(root, "target", device_id)
     draft = TrtModel.from_artifact(root, "draft", device_id) if manifest.draft is not None else None
-    calibration = None
-    if (root / CALIBRATION_NAME).is_file():
-        calibration = json.loads((root / CALIBRATION_NAME).read_text(encoding="utf-8"))
     return SpecGenerator(root, manifest, codec, target, draft, calibration)
 
