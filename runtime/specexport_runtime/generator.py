@@ -192,6 +192,14 @@ class SpeculativeLoop:
         return self.controller.choose() if self.controller is not None else 0
 
 
+def first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Start of the stop string that completes first in `text` (ties: the longer one), or None.
+    Generation halts when a stop string completes, so this does not depend on how the text was
+    split into pieces."""
+    ends = [(i + len(s), -len(s), i) for s in stops if (i := text.find(s)) >= 0]
+    return min(ends)[2] if ends else None
+
+
 class StopText:
     """Holds back the last (longest stop - 1) characters so a stop string split over pieces
     is never half-emitted; `push` returns (text safe to emit, whether a stop string hit)."""
@@ -201,10 +209,10 @@ class StopText:
 
     def push(self, piece: str) -> tuple[str, bool]:
         buf = self.pending + piece
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
+        cut = first_stop(buf, self.stops)
+        if cut is not None:
             self.pending = ""
-            return buf[: min(hits)], True
+            return buf[:cut], True
         cut = max(0, len(buf) - self.hold)
         self.pending = buf[cut:]
         return buf[:cut], False

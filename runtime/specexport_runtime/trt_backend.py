@@ -384,10 +384,10 @@ def load_native(artifact: str | Path, device_id: int = 0, verify: bool = True):
     """An api.SpecGenerator running target and draft on their TensorRT engines (trt_build)."""
     from .api import SpecGenerator, open_artifact  # noqa: PLC0415
 
+    import_tensorrt()  # fail fast, before reading or hashing the artifact
+    import_cudart()
     root = Path(artifact)
     manifest, codec, calibration = open_artifact(root, verify)
-    import_tensorrt()
-    import_cudart()
     target = TrtModel.from_artifact(root, "target", device_id)
     draft = TrtModel.from_artifact(root, "draft", device_id) if manifest.draft is not None else None
     return SpecGenerator(root, manifest, codec, target, draft, calibration)

@@ -83,9 +83,8 @@ def check_counts(gen, result, prompt_len: int, gamma: int | None, proposer: str,
     assert gen.target.stats.calls - calls_before["target_calls"] == 1 + s.rounds + s.plain_steps
     assert gen.target.stats.tokens - calls_before["target_tokens"] == prompt_len + s.rounds + s.drafted + s.plain_steps
     if proposer == "draft":
-        # the draft model runs once per drafted token (S <= 2: the token, after a full accept also
-        # d_k); a backlog (the prompt, tokens of plain steps) is fed in one extra call with S > 2
-        assert small_draft_calls(gen) - calls_before["draft_small_calls"] == s.drafted
+        # the draft model runs once per drafted token; a backlog (the prompt, or tokens of plain
+        # steps: at most one backlog per run of plain steps, plus the start) costs one extra call
         catchups = gen.draft.stats.calls - calls_before["draft_calls"] - s.drafted
         assert 0 <= catchups <= 1 + s.plain_steps
     # per-position acceptance
@@ -116,15 +115,10 @@ def check_counts(gen, result, prompt_len: int, gamma: int | None, proposer: str,
         assert s.plain_steps == 0
 
 
-def small_draft_calls(gen) -> int:
-    return sum(int(calls) for size, (calls, _) in gen.draft.stats.by_len.items() if size <= 2)
-
-
 def counters(gen) -> dict:
     out = {"target_calls": gen.target.stats.calls, "target_tokens": gen.target.stats.tokens}
     if gen.draft is not None:
         out["draft_calls"] = gen.draft.stats.calls
-        out["draft_small_calls"] = small_draft_calls(gen)
     return out
 
 
@@ -186,7 +180,8 @@ def test_min_draft_prob_stays_exact(gens, min_draft_prob):
         assert result.token_ids == base.token_ids
         s = result.stats
         check_counts(gen, result, len(ids), gamma, "draft-early-stop", before, MAX_NEW)
-        assert small_draft_calls(gen) - before["draft_small_calls"] == s.drafted  # still one call per token
+        catchups = gen.draft.stats.calls - before["draft_calls"] - s.drafted  # still one call per token
+        assert 0 <= catchups <= 1 + s.plain_steps
         if gamma is not None:
             assert s.drafted < gamma * s.rounds, "no round stopped early"
             assert s.drafted_at[0] == s.rounds
