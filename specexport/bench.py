@@ -429,7 +429,8 @@ class BenchReport:
                 f"{a.plain_steps} plain steps); by position {pos or 'n/a'}"
             )
             if c.by_domain:
-                dom = ", ".join(f"{d} {v['speedup']:.2f}x acc {_f(v['acceptance_rate'])}" for d, v in c.by_domain.items())
+                dom = ", ".join(f"{d} {v['speedup']:.2f}x acc {_f(v['acceptance_rate'])} eff {_f(v['efficiency'], '.0%')}"
+                                for d, v in c.by_domain.items())
                 lines.append(" " * 14 + f"by domain: {dom}")
             lines.append(" " * 14 + f"draft overhead: {c.draft_time_share:.0%} of on time")
             if c.equivalence is not None:
@@ -479,12 +480,14 @@ class BenchReport:
         for c in self.configs:
             if not c.by_domain:
                 continue
-            out += ["", f"## by domain, on[{c.label}]", "", "| domain | prompts | speedup (95% CI) | acceptance | tokens/call |",
-                    "|---|---|---|---|---|"]
+            out += ["", f"## by domain, on[{c.label}]", "",
+                    "| domain | prompts | speedup (95% CI) | acceptance | tokens/call | efficiency | identical |",
+                    "|---|---|---|---|---|---|---|"]
             for d, v in c.by_domain.items():
                 ci = f" ({v['speedup_ci95'][0]:.2f}-{v['speedup_ci95'][1]:.2f})" if v.get("speedup_ci95") else ""
                 out.append(f"| {d} | {v['prompts']} | {v['speedup']:.2f}{ci} | {_f(v['acceptance_rate'])} | "
-                           f"{v['tokens_per_target_call']:.2f} |")
+                           f"{v['tokens_per_target_call']:.2f} | {_f(v['efficiency'], '.0%')} | "
+                           f"{_f(v['identical_share'], '.0%')} |")
         return "\n".join(out) + "\n"
 
 
@@ -855,9 +858,14 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
             d_off = [r for i in ids for r in off_by_prompt[i]]
             d_acc = acceptance(d_on)
             d_off_tps = _tps(d_off)
+            d_speedup = _tps(d_on) / d_off_tps if d_off_tps > 0 else 0.0
+            d_theo = None
+            if d_acc.alpha is not None and d_acc.rounds:  # the domain's acceptance, the run's costs
+                d_theo = theoretical_speedup(d_acc.alpha, max(1, round(d_acc.drafted / d_acc.rounds)), costs)["speedup"]
             by_domain[d] = {
-                "prompts": len(ids), "off_tps": d_off_tps, "on_tps": _tps(d_on),
-                "speedup": _tps(d_on) / d_off_tps if d_off_tps > 0 else 0.0,
+                "prompts": len(ids), "off_tps": d_off_tps, "on_tps": _tps(d_on), "speedup": d_speedup,
+                "theoretical": d_theo, "efficiency": d_speedup / d_theo if d_theo else None,
+                "identical_share": equivalence(d_off, d_on)["share"] if greedy else None,
                 "speedup_ci95": ratio_ci(*sums(ids), seed=seed + k), "acceptance_rate": d_acc.acceptance_rate,
                 "alpha": d_acc.alpha, "tokens_per_target_call": d_acc.tokens_per_target_call,
                 "mean_accepted_per_round": d_acc.mean_accepted_per_round, "per_position": d_acc.per_position,

@@ -130,6 +130,10 @@ def test_speedup_and_percentiles(self_report):
             assert th["expected_tokens"] == pytest.approx(th["gamma"] + 1)  # alpha = 1
         assert 0.0 <= c.draft_time_share < 1.0
         assert set(c.by_domain) == {"code", "chat", "copy_edit"} and len(c.by_prompt) == len(PROMPTS)
+        for d in c.by_domain.values():  # per-domain efficiency and equivalence (greedy, exact target)
+            assert d["identical_share"] == 1.0
+            if d["theoretical"]:
+                assert d["efficiency"] == pytest.approx(d["speedup"] / d["theoretical"])
     for mode in [off] + [c.on for c in self_report.configs]:
         for pct in (mode.e2e_seconds, mode.token_latency_seconds):
             assert 0 <= pct["p50"] <= pct["p90"] <= pct["p99"]
