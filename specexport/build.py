@@ -122,6 +122,13 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
     )
 
 
+def _sampling_defaults(model) -> dict:
+    """The checkpoint's own sampling suggestions (generation_config), recorded for users."""
+    gen = getattr(model, "generation_config", None)
+    keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+    return {k: getattr(gen, k) for k in keys if gen is not None and getattr(gen, k, None) is not None}
+
+
 def _eos_ids(tokenizer, model) -> tuple[int, ...]:
     ids: list[int] = []
     gen = getattr(model, "generation_config", None)
@@ -242,7 +249,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
             ngram_sizes=tuple(recipe.draft.ngram_sizes) or (3, 2, 1),
         ),
         generation={"pad_draft_rows": pad_rows, "max_gamma": recipe.speculation.max_gamma,
-                    "adaptive": recipe.speculation.adaptive},
+                    "adaptive": recipe.speculation.adaptive, "model_defaults": _sampling_defaults(reference)},
         tools=_tool_versions(),
         contract_version=contract.CONTRACT_VERSION,
     )
