@@ -71,6 +71,10 @@ class ContractDecoder(nn.Module):
         self.rotary = arch.positions == "rope"
         if self.rotary:
             self._init_rotary(config, base)
+            scales = {self._scaling(_get(layer, arch.attn)) for layer in self.layers}
+            if len(scales) != 1:
+                raise UnsupportedConfig(f"per-layer attention scales {sorted(scales)} are not supported with rotary")
+            self.q_scale = scales.pop()
         else:
             self.pos_embed = _get(base, arch.position_embed)
 
@@ -115,6 +119,9 @@ class ContractDecoder(nn.Module):
             R[j, j + half] = 1.0
         self.register_buffer("rot_matrix", R, persistent=False)
 
+    def _scaling(self, attn: nn.Module) -> float:
+        return float(getattr(attn, "scaling", self.head_dim**-0.5))
+
     # --- pieces -------------------------------------------------------------------------
     def _qkv(self, i: int, attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x: [S, hidden] -> q|k|v [1, S, H + 2 H_kv, D]"""
@@ -134,10 +141,10 @@ class ContractDecoder(nn.Module):
             gate_up, act = nn.functional.linear(x, self.gate_up_w[i]), mlp.act_fn
         else:
             gate_up, act = mlp.gate_up_proj(x), mlp.activation_fn
-        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)  # one Split node (chunk traces as 2 Slices)
         return mlp.down_proj(act(gate) * up)
 
-    def _attention(self, q, k_all, v_all, mask, scaling: float):
+    def _attention(self, q, k_all, v_all, mask, scaling: float | None):
         """q [1, S, H, D]; k_all, v_all [1, T, H_kv, D]; mask [S, T] additive -> [S, H*D].
 
         KV heads are not repeated: q is grouped as [H_kv, rep, S, D] and broadcast against
@@ -149,7 +156,10 @@ class ContractDecoder(nn.Module):
         # 3-D permutes hit ONNX Runtime's fast transpose paths (4-D ones with a unit dim did not)
         kt = k_all.reshape(-1, Hkv, D).permute(1, 2, 0).unsqueeze(1)  # [H_kv, 1, D, T]
         vg = v_all.reshape(-1, Hkv, D).permute(1, 0, 2).unsqueeze(1)  # [H_kv, 1, T, D]
-        scores = torch.matmul(qg, kt).float() * scaling + mask  # [H_kv, rep, S, T] fp32
+        scores = torch.matmul(qg, kt).float()  # [H_kv, rep, S, T] fp32
+        if scaling is not None:  # None: q arrives pre-scaled (folded into rotary)
+            scores = scores * scaling
+        scores = scores + mask
         probs = torch.softmax(scores, dim=-1).to(vg.dtype)
         out = torch.matmul(probs, vg)  # [H_kv, rep, S, D]
         return out.permute(2, 0, 1, 3).reshape(-1, self.num_heads * D)
@@ -182,8 +192,10 @@ class ContractDecoder(nn.Module):
                 sin = torch.cat([sin, torch.zeros_like(sin[..., :1]).expand(-1, -1, pad)], dim=-1)
             # [S, H + 2 H_kv, D] (broadcast as [1, S, heads, D]): rotary on q and k heads, identity on v
             is_qk = torch.cat([torch.ones(1, H + Hkv, 1), torch.zeros(1, Hkv, 1)], dim=1)  # [1, heads, 1]
-            cos_all = (cos * is_qk + (1 - is_qk)).to(x.dtype)
-            sin_all = (sin * is_qk).to(x.dtype)
+            # the attention scale is folded into the q heads' cos/sin: one Mul fewer per layer
+            q_scale = torch.cat([torch.full((1, H, 1), self.q_scale), torch.ones(1, 2 * Hkv, 1)], dim=1)
+            cos_all = ((cos * is_qk + (1 - is_qk)) * q_scale).to(x.dtype)
+            sin_all = (sin * is_qk * q_scale).to(x.dtype)
         else:
             x = x + self.pos_embed(q_pos)
 
@@ -199,7 +211,7 @@ class ContractDecoder(nn.Module):
             q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # k, v: [1, S, H_kv, D] = the new_* outputs
             k_all = torch.cat([past[2 * i], k], dim=1)  # [1, T, H_kv, D]
             v_all = torch.cat([past[2 * i + 1], v], dim=1)
-            a = self._attention(q, k_all, v_all, mask, float(getattr(attn, "scaling", self.head_dim**-0.5)))
+            a = self._attention(q, k_all, v_all, mask, None if self.rotary else self._scaling(attn))
             x = x + getattr(attn, self.arch.out_proj)(a)
             x = x + self._mlp(i, layer, _get(layer, self.arch.mlp_norm)(x))
             new_kv += [k, v]
