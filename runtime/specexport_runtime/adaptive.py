@@ -23,7 +23,7 @@ Warm-up: choose() first returns 0 until a plain decode step has been timed, then
 gamma until one speculative round has been timed. After that it returns the gamma with the
 best expected speedup, or 0 (speculation off) when that is below 1. Switching back on needs
 1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
-one probe round with the initial gamma re-measures acceptance (its tokens weigh
+one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
 probe that does not switch speculation back on, up to probe_max.
 """
@@ -70,6 +70,7 @@ class GammaController:
     hysteresis: float = 0.05  # off -> on needs best expected speedup >= 1 + hysteresis
     probe_every: int = 16  # decode steps while off before the first probe
     probe_max: int = 256  # cap of the doubling probe interval
+    probe_gamma: int = 2  # draft length of a probe round (clamped to [gamma_min, gamma_max])
     min_draft_prob: float = 0.0  # stop_drafting threshold on the draft's top probability; 0 = off
 
     speculating: bool = field(default=True, init=False)
@@ -111,6 +112,8 @@ class GammaController:
             raise InvalidArgument(f"hysteresis must be a finite number >= 0, got {self.hysteresis!r}")
         if not _is_int(self.probe_every) or self.probe_every < 1:
             raise InvalidArgument(f"probe_every must be an integer >= 1, got {self.probe_every!r}")
+        if not _is_int(self.probe_gamma) or self.probe_gamma < 1:
+            raise InvalidArgument(f"probe_gamma must be an integer >= 1, got {self.probe_gamma!r}")
         if not _is_int(self.probe_max) or self.probe_max < self.probe_every:
             raise InvalidArgument(
                 f"probe_max must be an integer >= probe_every = {self.probe_every}, got {self.probe_max!r}"
@@ -207,7 +210,7 @@ class GammaController:
             self._off_rounds = 0
             self._interval = min(2 * self._interval, self.probe_max)  # kept if the probe fails
             self._probing = True
-            return self._initial_gamma
+            return min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
         self._off_rounds += 1
         return 0
 

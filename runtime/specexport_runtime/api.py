@@ -30,7 +30,9 @@ class SpecGenerator:
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.eos = set(manifest.tokenizer.eos_token_ids)
-        self._costs: dict[str, dict] = {}  # proposer -> measured costs carried between calls
+        # one controller per (proposer, domain), kept between calls: its costs are the machine's,
+        # its acceptance the pair's, and its on/off state and probe back-off carry on
+        self._controllers: dict[tuple[str, str | None], GammaController] = {}
         self.last_stats: GenerationStats | None = None
 
     # --- proposers ----------------------------------------------------------------------
@@ -61,6 +63,12 @@ class SpecGenerator:
         return (domains.get(domain or "default") or domains.get("default") or {}).get(proposer)
 
     def _controller(self, proposer: str, domain: str | None) -> GammaController:
+        key = (proposer, domain)
+        if key not in self._controllers:
+            self._controllers[key] = self._new_controller(proposer, domain)
+        return self._controllers[key]
+
+    def _new_controller(self, proposer: str, domain: str | None) -> GammaController:
         start, off, alpha = self.manifest.speculation.gamma, False, 0.6
         entry = self._calibration_entry(proposer, domain)
         if entry and entry.get("gamma") is not None:
@@ -71,8 +79,6 @@ class SpecGenerator:
         ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha)
         if off:
             ctl.speculating = False  # starts off; probes may still switch it on
-        for key, value in self._costs.get(proposer, {}).items():
-            setattr(ctl, key, value)
         return ctl
 
     # --- generation ---------------------------------------------------------------------
@@ -91,22 +97,17 @@ class SpecGenerator:
         prop = self._proposer(proposer if speculative else "none", min_draft_prob)
         ctl = None
         if speculative and gamma is None:
-            ctl = self._controller(prop.name, domain)
             if seed is not None and not params.greedy:
-                # adaptive gamma follows wall-clock costs, which would change the random draws:
-                # a seeded sampling run uses the controller's starting gamma, fixed, to be reproducible
-                options = replace(options, gamma=ctl.gamma if ctl.speculating else None)
-                ctl = None
+                # adaptive gamma follows wall-clock costs, which would change the random draws: a
+                # seeded sampling run uses the calibrated/manifest starting gamma, fixed, to be reproducible
+                start = self._new_controller(prop.name, domain)
+                options = replace(options, gamma=start.gamma if start.speculating else None)
+            else:
+                ctl = self._controller(prop.name, domain)
         stats = GenerationStats()
         self.last_stats = stats
         loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)
         yield from run_generation(loop, self.codec, prompt_ids, options, self.eos, self.manifest.max_context)
-        if ctl is not None:
-            # costs are the machine's and acceptance the model pair's: both carry over to the next call
-            self._costs[prop.name] = {
-                "cost_draft": ctl.cost_draft, "cost_decode": ctl.cost_decode, "verify_costs": dict(ctl.verify_costs),
-                "alpha": ctl.alpha,
-            }
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
