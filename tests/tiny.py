@@ -69,14 +69,15 @@ def perturbed_copy(model, scale: float, seed: int = 1):
     return draft
 
 
-def make_tokenizer():
+def make_tokenizer(corpus: list[str] | None = None):
+    """Byte-level BPE, 300 tokens, specials at ids 0-2; another corpus gives other ids."""
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_CORPUS * 20, trainer)
+    tok.train_from_iterator((corpus or _CORPUS) * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>")
     fast.chat_template = CHAT_TEMPLATE
     return fast

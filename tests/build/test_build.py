@@ -17,7 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 import specexport.build as build_mod
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture
@@ -28,7 +28,7 @@ from specexport.sources import ModelSourceError
 from specexport.tokcheck import tokenizer_hash
 from specexport_runtime import contract
 from specexport_runtime.manifest import SCHEMA_VERSION, read_manifest
-from tiny import CHAT_TEMPLATE, SPECIALS, make_model, save_hf_folder, write_recipe
+from tiny import CHAT_TEMPLATE, make_model, make_tokenizer, save_hf_folder, write_recipe
 
 NGRAM = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
 
@@ -57,16 +57,9 @@ def _run_graph(path: Path, spec: contract.GraphSpec, ids: list[int]) -> np.ndarr
 
 def _other_tokenizer():
     """Same specials and size as tiny.make_tokenizer, trained on other text: other ids."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     corpus = ["Lorem ipsum dolor sit amet, consectetur adipiscing elit.", "SELECT * FROM t WHERE x > 10;",
               "Zebras quietly graze beside jagged volcanic mountains."]
-    tok.train_from_iterator(corpus * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>")
+    return make_tokenizer(corpus)
 
 
 def _listing(folder: Path) -> list[str]:
