@@ -340,3 +340,25 @@ def test_unsupported_precision(section, value, bad, tmp_path, target_dir):
         load_recipe(_recipe_file(tmp_path, target_dir, **changes))
     assert repr(bad) in str(info.value) and "allowed values" in str(info.value)
     assert isinstance(info.value, SpecExportError)
+
+
+def test_fp16_target_with_fp16_self_draft(tmp_path, target_dir):
+    """A recipe with an fp16 target and an fp16 self-draft builds (validated against the fp32
+    reference at the fp16 tolerance), records float16 caches, and greedy speculation equals
+    target-only decoding on the fp16 graphs (fp16 without dynamic quantization is batch-invariant
+    enough here; the runtime binds float16 KV buffers)."""
+    from specexport_runtime.api import load
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target_dir, {"from_target": {"precision": "fp16"}}))
+    recipe = recipe.with_overrides({"target.precision": "fp16"})
+    build_artifact(recipe, tmp_path / "art")
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["target"]["precision"] == "fp16" and manifest["target"]["kv_dtype"] == "float16"
+    assert manifest["draft"]["kv_dtype"] == "float16"
+    assert manifest["target"]["validation"]["max_abs_diff"] <= 5e-2
+    gen = load(tmp_path / "art")
+    assert gen.target._buffers[0].dtype == np.float16
+    base = gen.generate("def add(a, b):", max_new_tokens=40, speculative=False)
+    spec = gen.generate("def add(a, b):", max_new_tokens=40, gamma=4)
+    assert spec.token_ids == base.token_ids
+    assert spec.stats.accepted == spec.stats.drafted > 0  # the draft is the same fp16 graph
