@@ -25,7 +25,8 @@ best expected speedup, or 0 (speculation off) when that is below 1. Switching ba
 1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
-probe that does not switch speculation back on, up to probe_max.
+probe that does not switch speculation back on, up to probe_max, unless a probe is cheap (at
+most CHEAP_PROBE decode steps, e.g. n-gram lookup): then it stays at probe_every.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidArgument
+
+
+CHEAP_PROBE = 1.25  # a probe round costing at most this many decode steps is cheap (start_sequence)
 
 
 def _is_int(v) -> bool:
@@ -208,11 +212,26 @@ class GammaController:
             return g
         if self._off_rounds >= self._interval:
             self._off_rounds = 0
-            self._interval = min(2 * self._interval, self.probe_max)  # kept if the probe fails
+            if not self._probe_is_cheap():  # back off (kept if the probe fails); cheap probes stay frequent
+                self._interval = min(2 * self._interval, self.probe_max)
             self._probing = True
             return min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
         self._off_rounds += 1
         return 0
+
+    def start_sequence(self) -> None:
+        """A new prompt begins. Acceptance and costs carry over, but when speculation is off and a
+        probe is cheap (an n-gram probe costs about one verify call; a draft-model probe several
+        draft steps), probe at once: how well lookup works depends on the prompt."""
+        if not self.speculating and self._probe_is_cheap():
+            self._interval = self.probe_every
+            self._off_rounds = self._interval
+
+    def _probe_is_cheap(self) -> bool:
+        if self.cost_decode is None or self.cost_draft is None:
+            return False
+        g = min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
+        return g * self.cost_draft + self.cost_verify(g + 1) <= CHEAP_PROBE * self.cost_decode
 
     def stop_drafting(self, q_max: float) -> bool:
         """True when a draft model should stop drafting this round: its own top probability

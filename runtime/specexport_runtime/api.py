@@ -104,6 +104,7 @@ class SpecGenerator:
                 options = replace(options, gamma=start.gamma if start.speculating else None)
             else:
                 ctl = self._controller(prop.name, domain)
+                ctl.start_sequence()
         stats = GenerationStats()
         self.last_stats = stats
         loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)

@@ -199,3 +199,28 @@ def test_record_validation():
         ctl.record_decode(-1.0)
     with pytest.raises(InvalidArgument, match="gamma"):
         ctl.expected_speedup(-1)
+
+
+def test_new_sequence_probes_at_once_only_when_a_probe_is_cheap():
+    # n-gram-like: drafting is free, a 3-token verify costs 1.1 decodes -> probe at the next prompt
+    cheap = calibrated(alpha=0.0, cost_draft=0.0, cost_decode=0.02, verify_costs={3: 0.022, 5: 0.024})
+    assert cheap.choose() == 0 and not cheap.speculating
+    cheap.start_sequence()
+    assert cheap.choose() == cheap.probe_gamma
+    # draft-model-like: a probe costs 2 draft steps of 0.5 decode + a verify -> keep the back-off
+    costly = calibrated(alpha=0.0, cost_draft=0.01, cost_decode=0.02, verify_costs={3: 0.022, 5: 0.024})
+    assert costly.choose() == 0
+    costly.start_sequence()
+    assert costly.choose() == 0
+    # while speculating, a new sequence changes nothing
+    on = calibrated(alpha=0.98)
+    g = on.choose()
+    on.start_sequence()
+    assert on.choose() == g > 0
+
+
+def test_cheap_probes_do_not_back_off():
+    ctl = calibrated(alpha=0.0, cost_draft=0.0, cost_decode=0.02, verify_costs={3: 0.022, 5: 0.024}, probe_every=4)
+    for _ in range(3):  # every probe fails, the interval stays at probe_every
+        assert [ctl.choose() for _ in range(5)] == [0, 0, 0, 0, 2]
+        ctl.record_round(2, 0, 0.0, 0.022)
