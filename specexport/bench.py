@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,7 +42,6 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from specexport_runtime.errors import InvalidArgument, SpecExportError
-from specexport_runtime.generator import GenerationStats
 
 from .prompts import Prompt, load_prompts
 
@@ -65,30 +63,6 @@ class BenchError(SpecExportError, ValueError):
 
 def _gamma_label(gamma: int | None) -> str:
     return "adaptive" if gamma is None else str(gamma)
-
-
-# --------------------------------------------------------------------------- per-round log
-
-
-@contextmanager
-def capture_rounds():
-    """Collect (drafted k, accepted n) of every speculative round run inside the block.
-
-    GenerationStats only keeps per-position sums; the accepted-length histogram and the
-    conditional per-position acceptance need the rounds themselves, so record_round is
-    wrapped for the duration of the block (generation is synchronous; not thread-safe)."""
-    log: list[tuple[int, int]] = []
-    original = GenerationStats.record_round
-
-    def record_round(self, k: int, n: int) -> None:
-        log.append((int(k), int(n)))
-        original(self, k, n)
-
-    GenerationStats.record_round = record_round
-    try:
-        yield log
-    finally:
-        GenerationStats.record_round = original
 
 
 def _calls_snapshot(model) -> dict[int, tuple[int, float]]:
@@ -211,8 +185,7 @@ def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, propos
     if speculative:
         kwargs.update(gamma=gamma, proposer=proposer, domain=prompt.domain)
     t_before, d_before = _calls_snapshot(gen.target), _calls_snapshot(gen.draft)
-    with capture_rounds() as log:
-        result = gen.chat(prompt.chat(), **kwargs) if prompt.is_chat else gen.generate(prompt.text, **kwargs)
+    result = gen.chat(prompt.chat(), **kwargs) if prompt.is_chat else gen.generate(prompt.text, **kwargs)
     st = result.stats
     used_draft_model = speculative and (proposer or gen.default_proposer) == "draft"
     return RunRecord(
@@ -222,7 +195,7 @@ def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, propos
         prefill_seconds=st.prefill_seconds, draft_seconds=st.draft_seconds, target_seconds=st.target_seconds,
         rounds=st.rounds, plain_steps=st.plain_steps, drafted=st.drafted, accepted=st.accepted,
         corrections=st.corrections, bonus=st.bonus, drafted_at=list(st.drafted_at), accepted_at=list(st.accepted_at),
-        round_sizes=list(log), token_ids=list(result.token_ids), token_times=list(st.token_times),
+        round_sizes=list(st.round_sizes), token_ids=list(result.token_ids), token_times=list(st.token_times),
         target_calls=_calls_delta(gen.target, t_before, st.prompt_tokens, st.prefill_seconds),
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specexport_runtime.api import CALIBRATION_NAME, load
+from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
 from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, read_manifest, sha256_file
 
@@ -341,7 +341,5 @@ def write_calibration(root: str | Path, doc: dict) -> None:
 def profile_gamma(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> int | None:
     """The calibrated gamma for (domain, proposer) in `profile` (default: default_profile),
     falling back to the 'default' domain; None when absent. The lookup the runtime needs."""
-    prof = (doc.get("profiles") or {}).get(profile or doc.get("default_profile") or "", {})
-    domains = prof.get("domains") or {}
-    entry = (domains.get(domain or "default") or domains.get("default") or {}).get(proposer)
+    entry = calibration_entry(doc, domain, proposer, profile)
     return None if entry is None else int(entry["gamma"])

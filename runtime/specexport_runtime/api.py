@@ -22,6 +22,15 @@ Prompt = str | bytes | Sequence[int]
 CALIBRATION_NAME = "calibration.json"
 
 
+def calibration_entry(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> dict | None:
+    """calibration.json (specexport calibrate): profile (default: default_profile) -> domain
+    (falling back to 'default') -> proposer; None when absent."""
+    if "profiles" in doc:
+        doc = doc["profiles"].get(profile or doc.get("default_profile") or "", {})
+    domains = doc.get("domains") or {}
+    return (domains.get(domain or "default") or domains.get("default") or {}).get(proposer)
+
+
 class SpecGenerator:
     """Holds the sessions and KV buffers of one artifact (allocated once) and generates."""
 
@@ -54,14 +63,6 @@ class SpecGenerator:
             return NoProposer()
         raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'none'")
 
-    def _calibration_entry(self, proposer: str, domain: str | None) -> dict | None:
-        """calibration.json (specexport calibrate): default profile -> domain -> proposer."""
-        cal = self.calibration
-        if "profiles" in cal:
-            cal = cal["profiles"].get(cal.get("default_profile") or "", {})
-        domains = cal.get("domains", {})
-        return (domains.get(domain or "default") or domains.get("default") or {}).get(proposer)
-
     def _controller(self, proposer: str, domain: str | None) -> GammaController:
         key = (proposer, domain)
         if key not in self._controllers:
@@ -70,7 +71,7 @@ class SpecGenerator:
 
     def _new_controller(self, proposer: str, domain: str | None) -> GammaController:
         start, off, alpha = self.manifest.speculation.gamma, False, 0.6
-        entry = self._calibration_entry(proposer, domain)
+        entry = calibration_entry(self.calibration, domain, proposer)
         if entry and entry.get("gamma") is not None:
             g = int(entry["gamma"])
             start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"

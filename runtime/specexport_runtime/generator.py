@@ -54,6 +54,7 @@ class GenerationStats:
     bonus: int = 0  # rounds where every draft token was accepted
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
+    round_sizes: list[tuple[int, int]] = field(default_factory=list)  # (drafted k, accepted n) per round
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0  # verify and plain steps, prefill excluded
@@ -80,6 +81,7 @@ class GenerationStats:
         return (self.new_tokens - 1) / decode if decode > 0 and self.new_tokens > 1 else 0.0
 
     def record_round(self, k: int, n: int) -> None:
+        self.round_sizes.append((k, n))
         self.rounds += 1
         self.drafted += k
         self.accepted += n
