@@ -42,3 +42,19 @@ def real_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("real") / "smollm2-135m"
     build_artifact(load_recipe(resolve_recipe("smollm2-135m")), out)
     return out
+
+
+@pytest.fixture(scope="module")
+def gens(tiny_artifacts):
+    """Lazily loaded SpecGenerators keyed by artifact kind, one load per test module (each
+    module gets fresh generators, so adaptive-gamma state never leaks between modules)."""
+    from specexport_runtime.api import load
+
+    cache: dict = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            cache[kind] = load(tiny_artifacts[kind])
+        return cache[kind]
+
+    return get

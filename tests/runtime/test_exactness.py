@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from specexport_runtime.adaptive import GammaController
-from specexport_runtime.api import load
 from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.generator import GenerateOptions, GenerationStats, SpeculativeLoop
 from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal
@@ -36,17 +35,15 @@ PROMPT_IDS = ["code", "prose", "repeat-text", "repeat-ids", "raw-ids"]
 
 
 @pytest.fixture(scope="module")
-def gens(tiny_artifacts):
-    """Lazily loaded SpecGenerators keyed by artifact kind (one load per module)."""
-    cache: dict = {}
+def gens(gens):
+    """conftest's generators, checked for the gamma bound these tests rely on."""
 
     def get(kind: str):
-        if kind not in cache:
-            cache[kind] = load(tiny_artifacts[kind])
-            m = cache[kind].manifest
-            # adaptive gamma never exceeds max(generation.max_gamma, speculation.gamma)
-            assert max(int(m.generation.get("max_gamma", 8)), m.speculation.gamma) == ADAPTIVE_GAMMA_MAX
-        return cache[kind]
+        gen = gens(kind)
+        m = gen.manifest
+        # adaptive gamma never exceeds max(generation.max_gamma, speculation.gamma)
+        assert max(int(m.generation.get("max_gamma", 8)), m.speculation.gamma) == ADAPTIVE_GAMMA_MAX
+        return gen
 
     return get
 

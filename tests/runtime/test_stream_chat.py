@@ -17,17 +17,6 @@ from specexport_runtime.tokenizer import REPLACEMENT, IncrementalDecoder, TextCo
 MULTIBYTE = "héllo wörld — 😀 ñ 中文! café 👍🏽 ok"
 
 
-@pytest.fixture(scope="module")
-def gens(tiny_artifacts):
-    cache: dict = {}
-
-    def get(kind: str):
-        if kind not in cache:
-            cache[kind] = load(tiny_artifacts[kind])
-        return cache[kind]
-
-    return get
-
 
 @pytest.fixture(scope="module")
 def codec(gens) -> TextCodec:
