@@ -25,6 +25,7 @@ from specexport_runtime.manifest import Manifest, ModelEntry, SpeculationDefault
 from . import __version__
 from .errors import BuildError
 from .export import ExportResult, export_graph
+from .fused import build_fused
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
 from .recipe import ModelSpec, Recipe
 from .sources import ModelSource, load_model, load_tokenizer, resolve_source
@@ -95,9 +96,16 @@ def _source(spec: ModelSpec) -> ModelSource:
     return resolve_source(spec.model, spec.gguf_file, spec.revision)
 
 
-def _export_and_validate(name: str, model, reference, out_dir: Path, precision: str, probe: list[int],
+def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True) -> ExportResult:
+    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
+    if recipe.graph == "fused":
+        return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head)
+    return export_graph(model, out_dir, tie_lm_head=tie_lm_head)
+
+
+def _export_and_validate(recipe: Recipe, model, reference, out_dir: Path, precision: str, probe: list[int],
                          validate: bool, tie_lm_head: bool = True) -> tuple[ExportResult, dict]:
-    result = export_graph(model, out_dir, tie_lm_head=tie_lm_head)
+    result = _export(recipe, model, out_dir, tie_lm_head=tie_lm_head)
     report: dict = {}
     if validate:
         tol = FP16 if precision == "fp16" else FP32
@@ -119,6 +127,7 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
         precision=precision,
         kv_dtype=result_spec.kv_dtype,
         validation=validation,
+        kv_layout=result_spec.kv_layout,
     )
 
 
@@ -196,7 +205,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
 
     progress(f"exporting target ({recipe.target.precision})")
     target_model = reference if recipe.target.precision == "fp32" else copy.deepcopy(reference).to(_dtype(recipe.target.precision))
-    t_res, t_val = _export_and_validate("target", target_model, reference, root / "target", recipe.target.precision, probe, validate)
+    t_res, t_val = _export_and_validate(recipe, target_model, reference, root / "target", recipe.target.precision, probe, validate)
     del target_model
     stage("export_target" + ("+validate" if validate else ""))
     target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val)
@@ -209,12 +218,12 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         progress(f"making draft ({recipe.draft.kind}, {precision})")
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             if precision in QUANTIZED_PRECISIONS:
-                raw = export_graph(base_model, Path(scratch), tie_lm_head=False)
+                raw = _export(recipe, base_model, Path(scratch), tie_lm_head=False)
                 quantize_graph(raw.path, root / "draft", precision)
                 spec, tol = raw.spec, QUANTIZED
             else:
                 model = base_model if precision == "fp32" else copy.deepcopy(base_model).to(_dtype(precision))
-                res = export_graph(model, root / "draft")
+                res = _export(recipe, model, root / "draft")
                 spec, tol = res.spec, (FP16 if precision == "fp16" else FP32)
         d_val: dict = {}
         if validate:
@@ -251,13 +260,20 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         generation={"pad_draft_rows": pad_rows, "max_gamma": recipe.speculation.max_gamma,
                     "adaptive": recipe.speculation.adaptive, "model_defaults": _sampling_defaults(reference)},
         tools=_tool_versions(),
-        contract_version=contract.CONTRACT_VERSION,
+        contract_version=_declared_version(target_entry, draft_entry),
     )
     write_manifest(root, manifest)
     stage("package")
     sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
     validation = {"target": t_val, **({"draft": draft_entry.validation} if draft_entry else {})}
     return BuildReport(root, manifest, seconds, sizes, validation)
+
+
+def _declared_version(*entries: ModelEntry | None) -> str:
+    """The lowest contract version defining every graph's layout, so that older runtimes still
+    read artifacts that do not need the newer layout."""
+    versions = [contract.version_for(e.kv_layout) for e in entries if e is not None]
+    return max(versions, key=contract.parse_version)
 
 
 def _tool_versions() -> dict[str, str]:

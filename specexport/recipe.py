@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_RECIPE",
     "DRAFT_KINDS",
     "DRAFT_MODEL_PRECISIONS",
+    "GRAPH_KINDS",
     "RECIPES_DIR",
     "SELF_DRAFT_PRECISIONS",
     "TARGET_PRECISIONS",
@@ -49,6 +50,10 @@ TARGET_PRECISIONS = ("fp32", "fp16")
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
 DRAFT_KINDS = ("model", "from_target", "ngram")
+# graph form of both models (docs/graph-contract.md): portable = ONNX standard ops, time-major
+# cache (any EP, TensorRT); fused = ONNX Runtime contrib ops, in-place head-major cache (CPU/CUDA EPs)
+GRAPH_KINDS = ("portable", "fused")
+DEFAULT_GRAPH = "portable"
 NGRAM_PROPOSERS = ("ngram",)
 
 MIN_CONTEXT = 16
@@ -68,6 +73,7 @@ _TOP_KEYS = (
     "name",
     "description",
     "max_context",
+    "graph",
     "target",
     "draft",
     "speculation",
@@ -188,6 +194,7 @@ class Recipe:
     draft: DraftSpec
     speculation: SpeculationSpec = SpeculationSpec()
     validation: ValidationSpec = ValidationSpec()
+    graph: str = DEFAULT_GRAPH  # GRAPH_KINDS, for target and draft alike
     description: str | None = None
     notes: str | None = None
     tested_here: bool = False
@@ -204,6 +211,7 @@ class Recipe:
             "name": self.name,
             "description": self.description,
             "max_context": self.max_context,
+            "graph": self.graph,
             "target": self.target.to_dict(),
             "draft": self.draft.to_dict(),
             "speculation": self.speculation.to_dict(),
@@ -462,6 +470,7 @@ class _Reader:
             draft=draft,
             speculation=self.speculation(data.get("speculation")),
             validation=self.validation(data.get("validation")),
+            graph=self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS),
             description=self.string(data, "description", "", default=None),
             notes=self.string(data, "notes", "", default=None),
             tested_here=self.boolean(data, "tested_here", "", default=False),

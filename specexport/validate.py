@@ -77,33 +77,48 @@ class ValidationReport:
 
 
 class FeedRunner:
-    """Minimal contract runner with a growing numpy cache (validation only)."""
+    """Minimal contract runner with a growing numpy cache of exactly P rows (validation only).
+
+    time_major: the graph returns the S new rows, appended here with numpy.
+    head_major_inplace: fed a [1, H_kv, P, D] past that is not shared with the output, the
+    graph returns the whole [1, H_kv, P + S, D] cache (ONNX Runtime's non-shared mode), so
+    neither the runtime's in-place binding nor its buffer reuse is exercised here."""
 
     def __init__(self, path: Path, spec: GraphSpec):
         self.session = make_session(path, SessionConfig(provider="cpu"))
         self.spec = spec
         dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
-        empty = np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), dtype)
-        self.cache = [empty] * (2 * spec.num_layers)
+        self.axis = 2 if spec.in_place else 1  # the time axis of the cache layout
+        shape = [1, spec.num_kv_heads, spec.head_dim]
+        shape.insert(self.axis, 0)
+        self.cache = [np.zeros(shape, dtype)] * (2 * spec.num_layers)
 
     @property
     def past_len(self) -> int:
-        return self.cache[0].shape[1]
+        return self.cache[0].shape[self.axis]
 
     def run(self, ids: list[int], rows: list[int]) -> np.ndarray:
         feeds = {
             contract.INPUT_IDS: np.asarray([ids], np.int64),
             contract.LOGITS_INDEX: np.asarray(rows, np.int64),
         }
+        if self.spec.in_place:
+            total = self.past_len + len(ids)
+            feeds[contract.SEQLENS_K] = np.asarray([total - 1], np.int32)
+            feeds[contract.TOTAL_SEQUENCE_LENGTH] = np.asarray(total, np.int32)
         for i in range(self.spec.num_layers):
             feeds[contract.past_key(i)] = self.cache[2 * i]
             feeds[contract.past_value(i)] = self.cache[2 * i + 1]
-        logits, *new = self.session.run(None, feeds)
-        self.cache = [np.concatenate([c, n], axis=1) for c, n in zip(self.cache, new)]
+        logits, *kv = self.session.run(None, feeds)
+        if self.spec.in_place:
+            self.cache = kv
+        else:
+            self.cache = [np.concatenate([c, n], axis=1) for c, n in zip(self.cache, kv)]
         return logits[0]  # [R, V]
 
     def rollback(self, n: int) -> None:
-        self.cache = [c[:, : self.past_len - n] for c in self.cache]
+        keep = self.past_len - n
+        self.cache = [np.ascontiguousarray(c[:, :keep] if self.axis == 1 else c[:, :, :keep]) for c in self.cache]
 
 
 def reference_logits(model: torch.nn.Module, ids: list[int]) -> np.ndarray:

@@ -90,12 +90,14 @@ def save_hf_folder(model, folder: Path, tokenizer=None) -> Path:
     return folder
 
 
-def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamma: int = 4, max_context: int = 256) -> Path:
+def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamma: int = 4, max_context: int = 256,
+                 graph: str = "portable") -> Path:
     import yaml
 
     data = {
         "name": name,
         "max_context": max_context,
+        "graph": graph,
         "target": {"model": str(target), "precision": "fp32"},
         "draft": draft,
         "speculation": {"gamma": gamma, "max_gamma": 8},
@@ -106,10 +108,14 @@ def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamm
 
 
 def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max_context: int = 256) -> Path:
-    """draft_kind: 'self' (draft = target, fp32), 'noisy' (perturbed copy), 'ngram', 'int8' (self-draft)."""
+    """draft_kind: 'self' (draft = target, fp32), 'noisy' (perturbed copy), 'ngram', 'int8' (self-draft);
+    with a '-fused' suffix (e.g. 'noisy-fused') both graphs are fused (head_major_inplace)."""
     from specexport.build import build_artifact
     from specexport.recipe import load_recipe
 
+    graph = "portable"
+    if draft_kind.endswith("-fused"):
+        draft_kind, graph = draft_kind[: -len("-fused")], "fused"
     workdir.mkdir(parents=True, exist_ok=True)
     target = make_model(arch)
     target_dir = save_hf_folder(target, workdir / "target-hf")
@@ -122,7 +128,8 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
     else:
         draft = {"from_target": {"precision": draft_kind}}
-    recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=f"tiny-{draft_kind}", max_context=max_context))
+    recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else ""),
+                                      max_context=max_context, graph=graph))
     out = workdir / "artifact"
     build_artifact(recipe, out)
     return out

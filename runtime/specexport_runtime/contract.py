@@ -5,8 +5,10 @@ outputs with it, the runtime binds buffers with it, and the tests of both halves
 against it. Bump CONTRACT_VERSION on any change a runtime would notice.
 
 One graph serves prefill (S = prompt length), single-token decode (S = 1) and the
-multi-token verify (S = gamma + 1). Batch is fixed at 1.
+multi-token verify (S = gamma + 1). Batch is fixed at 1. Two KV layouts exist; the manifest
+records each graph's (`kv_layout`), and the input/output names below say which a graph uses.
 
+Layout "time_major" (contract 1.0; portable: ONNX standard ops only, what TensorRT builds)
 Inputs
     input_ids        int64     [1, S]              tokens at positions P .. P+S-1
     logits_index     int64     [R]                 rows of S whose logits are returned (0 <= r < S)
@@ -24,18 +26,46 @@ Invariants
       rollback after a rejection is a cursor move (P := P - n), nothing is copied;
     * KV heads are stored unrepeated (H_kv, grouped-query attention is preserved);
     * the graph attends causally over [past, new] and never reads cache rows >= P.
+
+Layout "head_major_inplace" (contract 1.1; ONNX Runtime contrib ops, CPU and CUDA EPs)
+Inputs
+    input_ids              int64     [1, S]
+    logits_index           int64     [R]
+    seqlens_k              int32     [1]                  P + S - 1
+    total_sequence_length  int32     []                   P + S
+    past_key_{i}           kv_dtype  [1, H_kv, T_max, D]  layer i's whole key buffer
+    past_value_{i}         kv_dtype  [1, H_kv, T_max, D]
+Outputs
+    logits                 float32   [1, R, V]
+    present_key_{i}        kv_dtype  [1, H_kv, T_max, D]  bound to the same memory as past_key_{i}
+    present_value_{i}      kv_dtype  [1, H_kv, T_max, D]
+
+Invariants
+    * positions P .. P+S-1 are derived from seqlens_k / total_sequence_length;
+    * the graph writes the S new keys/values in place into rows P .. P+S-1 of the buffer and
+      attends causally over rows 0 .. P+S-1 only; rows >= P+S are never read, so rollback
+      is again a cursor move (the next call passes the smaller P) and nothing is copied;
+    * T_max is fixed in the graph (its rotary tables have T_max rows) and equals the
+      artifact's max_context.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONTRACT_VERSION = "1.0"
-"""major.minor: a runtime reads graphs of its own major version and refuses any other."""
+CONTRACT_VERSION = "1.1"
+"""major.minor: a runtime reads graphs of its own major version up to its own minor."""
+
+TIME_MAJOR = "time_major"  # contract 1.0
+HEAD_MAJOR_INPLACE = "head_major_inplace"  # contract 1.1
+KV_LAYOUTS = (TIME_MAJOR, HEAD_MAJOR_INPLACE)
+_LAYOUT_VERSION = {TIME_MAJOR: "1.0", HEAD_MAJOR_INPLACE: "1.1"}
 
 INPUT_IDS = "input_ids"
 LOGITS_INDEX = "logits_index"
 LOGITS = "logits"
+SEQLENS_K = "seqlens_k"
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 
 KV_DTYPES = ("float32", "float16")
 
@@ -56,6 +86,19 @@ def new_value(layer: int) -> str:
     return f"new_value_{layer}"
 
 
+def present_key(layer: int) -> str:
+    return f"present_key_{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value_{layer}"
+
+
+def version_for(kv_layout: str) -> str:
+    """The lowest contract version that defines `kv_layout` (what an artifact declares)."""
+    return _LAYOUT_VERSION[kv_layout]
+
+
 @dataclass(frozen=True)
 class GraphSpec:
     """Shape facts a runtime needs to allocate and bind the caches of one graph."""
@@ -65,16 +108,24 @@ class GraphSpec:
     head_dim: int
     embedding_rows: int
     kv_dtype: str = "float32"
+    kv_layout: str = TIME_MAJOR
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of {KV_DTYPES}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout {self.kv_layout!r} is not one of {KV_LAYOUTS}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "embedding_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def in_place(self) -> bool:
+        """The graph writes K/V into the bound buffer itself (head_major_inplace)."""
+        return self.kv_layout == HEAD_MAJOR_INPLACE
+
     def input_names(self) -> list[str]:
-        names = [INPUT_IDS, LOGITS_INDEX]
+        names = [INPUT_IDS, LOGITS_INDEX] + ([SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if self.in_place else [])
         for i in range(self.num_layers):
             names += [past_key(i), past_value(i)]
         return names
@@ -82,11 +133,14 @@ class GraphSpec:
     def output_names(self) -> list[str]:
         names = [LOGITS]
         for i in range(self.num_layers):
-            names += [new_key(i), new_value(i)]
+            names += [present_key(i), present_value(i)] if self.in_place else [new_key(i), new_value(i)]
         return names
 
     def cache_shape(self, max_context: int) -> tuple[int, int, int, int]:
-        """Shape of one preallocated K or V buffer: [1, T_max, H_kv, D]."""
+        """Shape of one preallocated K or V buffer: [1, T_max, H_kv, D] (time_major) or
+        [1, H_kv, T_max, D] (head_major_inplace)."""
+        if self.in_place:
+            return (1, self.num_kv_heads, max_context, self.head_dim)
         return (1, max_context, self.num_kv_heads, self.head_dim)
 
     def kv_bytes(self, max_context: int) -> int:
@@ -104,5 +158,8 @@ def parse_version(version: str) -> tuple[int, int]:
 
 
 def is_supported(version: str) -> bool:
-    """A runtime reads graphs of its own major version (any minor)."""
-    return parse_version(version)[0] == parse_version(CONTRACT_VERSION)[0]
+    """A runtime reads graphs of its own major version up to its own minor (a newer minor may
+    use a layout this runtime does not know)."""
+    major, minor = parse_version(version)
+    own_major, own_minor = parse_version(CONTRACT_VERSION)
+    return major == own_major and minor <= own_minor

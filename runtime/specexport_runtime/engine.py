@@ -6,6 +6,10 @@ A call with S new tokens binds
     new_*   -> buffer[:, P:P+S]     (the graph writes K/V straight into the slot at the cursor)
 and advances the cursor P by S. Rollback is `truncate(P')`: rows >= P' are simply not bound
 again. On CUDA the buffers live on the device; only the requested logits rows reach the host.
+
+A head_major_inplace graph (contract 1.1) takes the whole [1, H_kv, T_max, D] buffer as both
+past_* and present_*, bound once for the life of the model; each call only passes the cursor
+(seqlens_k = P + S - 1, total_sequence_length = P + S) and the graph writes rows P..P+S-1.
 """
 
 from __future__ import annotations
@@ -122,6 +126,19 @@ def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=providers)
 
 
+def check_layout_provider(spec: GraphSpec, provider: str) -> None:
+    """head_major_inplace graphs use GroupQueryAttention: ONNX Runtime runs it on the CPU (fp32,
+    fp16) and on CUDA for fp16 only; TensorRT implements no contrib op."""
+    if not spec.in_place or provider == "cpu":
+        return
+    if provider == "tensorrt" or spec.kv_dtype != "float16":
+        raise ContractError(
+            f"a {spec.kv_layout} graph with {spec.kv_dtype} caches cannot run on provider {provider!r}"
+            " (GroupQueryAttention: CPU, or CUDA with fp16); rebuild with target precision fp16 for CUDA"
+            " or with `graph: portable` for TensorRT"
+        )
+
+
 def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) -> None:
     inputs = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
@@ -174,6 +191,7 @@ class OrtModel(CacheCursor):
 
     def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64):
         self.spec, self.max_context, self.config = spec, max_context, config
+        check_layout_provider(spec, config.provider)
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))
         self.dtype = _NP_DTYPES[spec.kv_dtype]
@@ -200,8 +218,23 @@ class OrtModel(CacheCursor):
             (contract.past_key(i), contract.new_key(i), contract.past_value(i), contract.new_value(i))
             for i in range(spec.num_layers)
         ]
+        if spec.in_place:
+            self._bind_in_place(shape)
         self.length = 0  # cursor P: number of valid cache rows
         self.stats = CallStats()
+
+    def _bind_in_place(self, shape: tuple[int, ...]) -> None:
+        """head_major_inplace: past_i and present_i are the same buffer, bound once."""
+        io, dev, dt = self._io, self.device, self.dtype
+        self._seqlens = np.zeros(1, np.int32)  # [1] = P + S - 1
+        self._total = np.zeros((), np.int32)  # [] = P + S
+        for i in range(self.spec.num_layers):
+            for name_in, name_out, ptr in (
+                (contract.past_key(i), contract.present_key(i), self._ptrs[2 * i]),
+                (contract.past_value(i), contract.present_value(i), self._ptrs[2 * i + 1]),
+            ):
+                io.bind_input(name_in, dev, self.config.device_id, dt, list(shape), ptr)
+                io.bind_output(name_out, dev, self.config.device_id, dt, list(shape), ptr)
 
     def forward(self, ids, last_rows: int = 1) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
@@ -213,9 +246,25 @@ class OrtModel(CacheCursor):
             raise InvalidArgument(f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}")
         if P + S > self.max_context:
             raise InvalidArgument(f"{P} cached + {S} new tokens exceed max_context {self.max_context}")
-        io, dev, dt, H, D = self._io, self.device, self.dtype, self.spec.num_kv_heads, self.spec.head_dim
+        io = self._io
         io.bind_cpu_input(contract.INPUT_IDS, ids)
         io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[S - last_rows : S])
+        if self.spec.in_place:  # the cursor is all that changes; the cache stays bound
+            self._seqlens[0], self._total[()] = P + S - 1, P + S
+            io.bind_cpu_input(contract.SEQLENS_K, self._seqlens)
+            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, self._total)
+        else:
+            self._bind_slots(P, S)
+        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, last_rows, self.spec.embedding_rows], self._logits.ctypes.data)
+        start = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        self.stats.add(S, time.perf_counter() - start)
+        self.length = P + S
+        return self._logits[0, :last_rows]
+
+    def _bind_slots(self, P: int, S: int) -> None:
+        """time_major: past = buffer[:, :P], new = buffer[:, P:P+S] (pointer + offset)."""
+        io, dev, dt, H, D = self._io, self.device, self.dtype, self.spec.num_kv_heads, self.spec.head_dim
         past_shape, new_shape, offset = [1, P, H, D], [1, S, H, D], P * self.row_bytes
         for i, (pk, nk, pv, nv) in enumerate(self._names):
             kp, vp = self._ptrs[2 * i], self._ptrs[2 * i + 1]
@@ -223,12 +272,15 @@ class OrtModel(CacheCursor):
             io.bind_input(pv, dev, self.config.device_id, dt, past_shape, vp)
             io.bind_output(nk, dev, self.config.device_id, dt, new_shape, kp + offset)
             io.bind_output(nv, dev, self.config.device_id, dt, new_shape, vp + offset)
-        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, last_rows, self.spec.embedding_rows], self._logits.ctypes.data)
-        start = time.perf_counter()
-        self.session.run_with_iobinding(io)
-        self.stats.add(S, time.perf_counter() - start)
-        self.length = P + S
-        return self._logits[0, :last_rows]
+
+    def kv_rows(self, start: int, stop: int) -> list[np.ndarray]:
+        """Views of cache rows [start, stop) of every K/V buffer as [n, H_kv, D], whatever the
+        layout (CPU buffers only; for inspection and tests)."""
+        if self.device != "cpu":
+            raise InvalidArgument("kv_rows reads host buffers; this model's cache is on the device")
+        if self.spec.in_place:  # [1, H_kv, T, D]
+            return [b[0, :, start:stop].transpose(1, 0, 2) for b in self._buffers]
+        return [b[0, start:stop] for b in self._buffers]
 
     def kv_nbytes(self) -> int:
         return self.spec.kv_bytes(self.max_context)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .contract import CONTRACT_VERSION, GraphSpec, is_supported
+from .contract import CONTRACT_VERSION, KV_LAYOUTS, TIME_MAJOR, GraphSpec, is_supported, parse_version, version_for
 from .errors import ArtifactError, ChecksumError
 
 SCHEMA_VERSION = 1
@@ -41,6 +41,7 @@ class ModelEntry:
     precision: str  # fp32 | fp16 | int8 | int4 | dynamic-int8
     kv_dtype: str = "float32"
     validation: dict[str, Any] = field(default_factory=dict)
+    kv_layout: str = TIME_MAJOR  # contract layout of the graph (contract.KV_LAYOUTS)
 
     def graph_spec(self) -> GraphSpec:
         return GraphSpec(
@@ -49,6 +50,7 @@ class ModelEntry:
             head_dim=self.head_dim,
             embedding_rows=self.embedding_rows,
             kv_dtype=self.kv_dtype,
+            kv_layout=self.kv_layout,
         )
 
 
@@ -83,6 +85,19 @@ class Manifest:
     contract_version: str = CONTRACT_VERSION
     schema_version: int = SCHEMA_VERSION
 
+    def _check_layouts(self) -> "Manifest":
+        for role, entry in (("target", self.target), ("draft", self.draft)):
+            if entry is None:
+                continue
+            if entry.kv_layout not in KV_LAYOUTS:
+                raise ArtifactError(f"{role} kv_layout {entry.kv_layout!r} is not one of {KV_LAYOUTS}")
+            if parse_version(version_for(entry.kv_layout)) > parse_version(self.contract_version):
+                raise ArtifactError(
+                    f"{role} kv_layout {entry.kv_layout!r} needs contract {version_for(entry.kv_layout)},"
+                    f" but the manifest declares {self.contract_version}"
+                )
+        return self
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
@@ -116,8 +131,8 @@ class Manifest:
                 tools=dict(data.get("tools", {})),
                 contract_version=contract,
                 schema_version=schema,
-            )
-        except (KeyError, TypeError) as exc:
+            )._check_layouts()
+        except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"manifest is malformed: {exc!r} (expected schema {SCHEMA_VERSION})") from exc
 
 

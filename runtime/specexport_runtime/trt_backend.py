@@ -199,6 +199,8 @@ class TrtModel(CacheCursor):
 
     def __init__(self, engine_path: str | Path, spec: GraphSpec, max_context: int, profiles: Sequence[Profile],
                  device_id: int = 0):
+        if spec.kv_layout != contract.TIME_MAJOR:
+            raise ContractError(f"the native TensorRT backend runs time_major graphs; this graph is {spec.kv_layout}")
         trt = import_tensorrt()
         self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
         self.cuda = _Cuda(device_id)

@@ -353,6 +353,15 @@ def refuse_quantized(model: str, precision: str) -> None:
         )
 
 
+def refuse_fused(model: str, kv_layout: str) -> None:
+    if kv_layout != contract.TIME_MAJOR:
+        raise EngineBuildError(
+            f"the {model} graph uses the {kv_layout} layout (ONNX Runtime contrib ops such as GroupQueryAttention,"
+            " which TensorRT does not implement): TensorRT cannot build it. Rebuild the artifact with"
+            " `graph: portable` in the recipe, or run this artifact on the ONNX Runtime CPU/CUDA provider."
+        )
+
+
 def resolve_max_gamma(manifest, options: BuildOptions) -> int:
     if options.max_gamma is not None:
         return options.max_gamma
@@ -522,6 +531,7 @@ def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOp
     for model, entry in (("target", manifest.target), ("draft", manifest.draft)):
         if entry is None or model not in options.models:
             continue
+        refuse_fused(model, entry.kv_layout)
         refuse_quantized(model, entry.precision)
         graph = root / entry.graph
         out = root / folder / f"{model}.engine"

@@ -79,12 +79,17 @@ def ngram_recipe(tmp_path, target_dir):
 # --------------------------------------------------------------------------- artifact contents
 
 
-@pytest.mark.parametrize("kind", ["self", "ngram", "int8"])
+@pytest.mark.parametrize("kind", ["self", "ngram", "int8", "int8-fused"])
 def test_manifest_and_files(kind, tiny_artifacts):
     root = tiny_artifacts[kind]
     raw = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     manifest = read_manifest(root)
-    assert raw["contract_version"] == manifest.contract_version == contract.CONTRACT_VERSION
+    # the lowest contract version defining the artifact's layouts: portable 1.0, fused 1.1
+    layout = contract.HEAD_MAJOR_INPLACE if kind.endswith("-fused") else contract.TIME_MAJOR
+    assert raw["contract_version"] == manifest.contract_version == contract.version_for(layout)
+    assert raw["target"]["kv_layout"] == manifest.target.kv_layout == layout
+    if manifest.draft is not None:
+        assert manifest.draft.kv_layout == layout
     assert raw["schema_version"] == manifest.schema_version == SCHEMA_VERSION
     assert manifest.name == f"tiny-{kind}" and manifest.max_context == 256
 

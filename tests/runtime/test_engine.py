@@ -15,10 +15,10 @@ IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3, 275, 100
 ALT = [230, 14, 77, 191, 58]
 
 
-@pytest.fixture(scope="module")
-def target(tiny_artifacts):
-    """(graph path, GraphSpec, max_context) of the tiny fp32 target."""
-    root = tiny_artifacts["noisy"]
+@pytest.fixture(scope="module", params=["noisy", "noisy-fused"], ids=["time_major", "head_major_inplace"])
+def target(tiny_artifacts, request):
+    """(graph path, GraphSpec, max_context) of the tiny fp32 target, in each contract layout."""
+    root = tiny_artifacts[request.param]
     m = read_manifest(root)
     return root / m.target.graph, m.target.graph_spec(), m.max_context
 
@@ -63,6 +63,11 @@ def test_truncate_then_forward_matches_fresh_run(target):
     np.testing.assert_allclose(one, fresh.forward(IDS[:5] + [ALT[4]]), atol=1e-5, rtol=0)
 
 
+def ref_rows(ref, spec) -> list[np.ndarray]:
+    """The reference runner's caches as [P, H_kv, D] (its layout follows the graph's)."""
+    return [c[0].transpose(1, 0, 2) if spec.in_place else c[0] for c in ref.cache]
+
+
 def test_rows_written_in_place_at_cursor(target, feed_runner):
     """After each call the buffer rows [0, P+S) equal the K/V the reference runner accumulates;
     rows at or past the cursor are never written (fresh buffers: still zero), and after a
@@ -77,17 +82,17 @@ def test_rows_written_in_place_at_cursor(target, feed_runner):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         n = model.length
         assert n == ref.past_len
-        for buf, cache in zip(model._buffers, ref.cache):
-            np.testing.assert_allclose(buf[:, :n], cache, atol=1e-5, rtol=0)
-            assert not buf[:, n:].any()
-    stale = [buf[:, 10:13].copy() for buf in model._buffers]  # rows of IDS[10:13]
+        for rows, cache, rest in zip(model.kv_rows(0, n), ref_rows(ref, spec), model.kv_rows(n, model.max_context)):
+            np.testing.assert_allclose(rows, cache, atol=1e-5, rtol=0)
+            assert not rest.any()
+    stale = [r.copy() for r in model.kv_rows(10, 13)]  # rows of IDS[10:13]
     model.truncate(9)
     ref.rollback(4)
     model.forward(ALT[:1])  # writes row 9 only
     ref.run(ALT[:1], [0])
-    for buf, cache, old in zip(model._buffers, ref.cache, stale):
-        np.testing.assert_allclose(buf[:, :10], cache, atol=1e-5, rtol=0)
-        np.testing.assert_array_equal(buf[:, 10:13], old)  # untouched, unread
+    for rows, cache, new_stale, old in zip(model.kv_rows(0, 10), ref_rows(ref, spec), model.kv_rows(10, 13), stale):
+        np.testing.assert_allclose(rows, cache, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(new_stale, old)  # untouched, unread
 
 
 def test_past_length_zero(target, feed_runner):

@@ -20,7 +20,7 @@ from specexport_runtime.generator import GenerateOptions, GenerationStats, Specu
 from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal
 from specexport_runtime.sampling import SamplingParams, probabilities
 
-KINDS = ("self", "noisy", "ngram", "int8")
+KINDS = ("self", "noisy", "ngram", "int8", "noisy-fused", "int8-fused")  # -fused: head_major_inplace graphs
 GAMMAS = (1, 2, 4, 8, None)  # None = adaptive
 ADAPTIVE_GAMMA_MAX = 8  # the tiny recipes' max_gamma (checked against the manifest in `gens`)
 MAX_NEW = 100  # prompts below are < 60 tokens: prompt + 100 + 8 stays under max_context 256
@@ -297,7 +297,7 @@ def run_loop(gen, proposer, prompt: list[int], n_tokens: int, gamma: int | None,
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("kind", ["ngram", "int8"])
+@pytest.mark.parametrize("kind", ["ngram", "int8", "int8-fused"])
 def test_random_accept_reject_rollback_is_exact(gens, kind, seed):
     gen = gens(kind)
     prompt = gen.codec.encode(PROMPTS[1]) if seed % 2 else list(PROMPTS[4])
@@ -320,16 +320,17 @@ def test_random_accept_reject_rollback_is_exact(gens, kind, seed):
 def fresh_rows(path, spec, max_context, ids: list[int]) -> list[np.ndarray]:
     model = OrtModel(path, spec, max_context, SessionConfig())
     model.forward(ids)
-    return [b[0, : len(ids)].copy() for b in model._buffers]
+    return [r.copy() for r in model.kv_rows(0, len(ids))]
 
 
+@pytest.mark.parametrize("kind", ["noisy", "noisy-fused"])
 @pytest.mark.parametrize("gamma", [3, None])
-def test_kv_cursor_after_every_round_and_no_stale_rows(gens, tiny_artifacts, gamma):
+def test_kv_cursor_after_every_round_and_no_stale_rows(gens, tiny_artifacts, gamma, kind):
     """After every round the target cursor is len(committed) - 1 and the draft's is at most
     that; at the end the valid cache rows equal those of a fresh prefill of the committed
     tokens (rows of rejected tokens were overwritten before being read, or never read)."""
-    gen = gens("noisy")
-    root, m = tiny_artifacts["noisy"], gen.manifest
+    gen = gens(kind)
+    root, m = tiny_artifacts[kind], gen.manifest
     prompt = gen.codec.encode(PROMPTS[0])
     draft = DraftModelProposer(gen.draft, m.target.embedding_rows)
     draft_cursors: list[tuple[int, int]] = []
@@ -349,8 +350,8 @@ def test_kv_cursor_after_every_round_and_no_stale_rows(gens, tiny_artifacts, gam
     for model, entry in ((gen.target, m.target), (gen.draft, m.draft)):
         n = model.length
         expected = fresh_rows(root / entry.graph, entry.graph_spec(), m.max_context, committed[:n])
-        for buf, ref in zip(model._buffers, expected):
-            np.testing.assert_allclose(buf[0, :n], ref, atol=1e-4, rtol=1e-4)
+        for rows, ref in zip(model.kv_rows(0, n), expected):
+            np.testing.assert_allclose(rows, ref, atol=1e-4, rtol=1e-4)
 
 
 def test_loop_counts_exact_without_truncation(gens):

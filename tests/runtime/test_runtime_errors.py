@@ -95,6 +95,55 @@ def test_unsupported_contract_major(artifact_copy):
         load(artifact_copy)
 
 
+def test_newer_contract_minor_is_refused(artifact_copy):
+    """A minor newer than the runtime's may use a layout it does not know."""
+    from specexport_runtime import contract
+
+    major, minor = contract.parse_version(contract.CONTRACT_VERSION)
+    newer = f"{major}.{minor + 1}"
+    edit_manifest(artifact_copy, contract_version=newer)
+    with pytest.raises(ArtifactError, match=newer.replace(".", r"\.")):
+        load(artifact_copy)
+
+
+def test_older_contract_minor_loads(artifact_copy):
+    """A portable artifact declares 1.0 and a 1.1 runtime reads it (any older minor)."""
+    assert json.loads((artifact_copy / "manifest.json").read_text())["contract_version"] == "1.0"
+    assert load(artifact_copy).generate([5, 6], max_new_tokens=2).stats.new_tokens == 2
+
+
+def test_layout_newer_than_declared_contract(artifact_copy):
+    path = artifact_copy / "manifest.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["target"]["kv_layout"] = "head_major_inplace"  # needs 1.1, the manifest says 1.0
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ArtifactError, match="head_major_inplace.*1.1"):
+        load(artifact_copy)
+
+
+def test_unknown_kv_layout(artifact_copy):
+    path = artifact_copy / "manifest.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["target"]["kv_layout"] = "paged"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ArtifactError, match="'paged'"):
+        load(artifact_copy)
+
+
+def test_fused_graph_refused_on_providers_that_cannot_run_it(tiny_artifacts):
+    """GroupQueryAttention: CPU, or CUDA with fp16 caches; never TensorRT. Checked before any
+    session is made, so this runs without a GPU."""
+    from specexport_runtime.engine import check_layout_provider
+    from specexport_runtime.errors import ContractError
+    from specexport_runtime.manifest import read_manifest
+
+    spec = read_manifest(tiny_artifacts["int8-fused"]).target.graph_spec()
+    check_layout_provider(spec, "cpu")
+    for provider in ("cuda", "tensorrt"):
+        with pytest.raises(ContractError, match=f"float32 caches cannot run on provider '{provider}'"):
+            check_layout_provider(spec, provider)
+
+
 def test_unsupported_schema_version(artifact_copy):
     edit_manifest(artifact_copy, schema_version=99)
     with pytest.raises(ArtifactError, match="99"):

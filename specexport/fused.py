@@ -1,0 +1,295 @@
+"""The fused graph: the same decoder written directly as ONNX with ONNX Runtime contrib ops.
+
+Layout `head_major_inplace` of the graph contract (docs/graph-contract.md, contract 1.1):
+attention is one com.microsoft GroupQueryAttention node per layer that applies rotary itself
+and writes the new K/V in place into a [1, H_kv, T_max, D] buffer shared by its past and
+present bindings; norms are SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization
+(the residual add rides along). About 11 nodes per layer instead of ~33 in the portable graph:
+on a CPU, and more so for a quantized draft, per-node overhead rivals the matrix work
+(docs/performance.md).
+
+The graph is built from the Hugging Face modules' weights with onnx.helper (no tracing). It
+reproduces the same families as the portable decoder except learned positions (GPT-2): the
+ArchSpec table says where each weight lives; the numerics are checked against transformers
+by validate.py exactly like the portable graph.
+
+    input_ids              int64    [1, S]
+    logits_index           int64    [R]
+    seqlens_k              int32    [1]                  P + S - 1 (index of the last token)
+    total_sequence_length  int32    []                   P + S
+    past_key_{i}           kv_dtype [1, H_kv, T_max, D]  the whole buffer; rows >= P are ignored
+    past_value_{i}         kv_dtype [1, H_kv, T_max, D]
+ -> logits                 float32  [1, R, V]
+    present_key_{i}        kv_dtype [1, H_kv, T_max, D]  the same buffer (bound to the same memory)
+    present_value_{i}      kv_dtype [1, H_kv, T_max, D]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
+
+from .architectures import ArchSpec, arch_for
+from .decoder import STATIC_ROPE_TYPES, UnsupportedConfig, _get
+from .export import DATA_NAME, GRAPH_NAME, ExportResult
+
+OPSET = 17
+MS = "com.microsoft"
+_ONNX_DTYPE = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16}
+_NP_DTYPE = {torch.float32: np.float32, torch.float16: np.float16}
+# hidden_act -> how the gate is activated (one or two nodes)
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
+
+
+def fused_supported(model_type: str) -> bool:
+    """Families the fused builder reproduces (rotary positions); GPT-2 stays portable."""
+    return arch_for(model_type).positions == "rope"
+
+
+@dataclass
+class _Graph:
+    """A tiny ONNX graph writer: unique names, initializers from numpy."""
+
+    dtype: torch.dtype
+    nodes: list = field(default_factory=list)
+    inits: list = field(default_factory=list)
+    _n: int = 0
+
+    def name(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_{self._n}"
+
+    def const(self, stem: str, array: np.ndarray) -> str:
+        name = self.name(stem)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def weight(self, stem: str, tensor: torch.Tensor) -> str:
+        """A weight in the graph dtype."""
+        return self.const(stem, tensor.detach().to(self.dtype).cpu().numpy())
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
+        names = [self.name(op_type) for _ in range(outputs)] if isinstance(outputs, int) else outputs
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(f"n_{op_type}"), domain=domain or None, **attrs))
+        return names
+
+
+def _norm_weight(module: torch.nn.Module, offset: float) -> tuple[torch.Tensor, float]:
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", None)
+    if eps is None or getattr(module, "weight", None) is None:
+        raise UnsupportedConfig(f"norm module {type(module).__name__} has no weight/eps the fused graph can use")
+    return module.weight.detach().float() + offset, float(eps)
+
+
+def _rotary_tables(model: torch.nn.Module, arch: ArchSpec, head_dim: int, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin caches [T_max, D/2] computed as transformers does (fp32 product, then cos/sin)."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in STATIC_ROPE_TYPES:
+        raise UnsupportedConfig(f"rope_type {rope.get('rope_type')!r} is not supported; supported: {', '.join(STATIC_ROPE_TYPES)}")
+    rotary = _get(_get(model, arch.decoder), "rotary_emb")
+    inv_freq = rotary.inv_freq.detach().float()  # [rot/2]
+    if 2 * inv_freq.shape[0] != head_dim:
+        raise UnsupportedConfig(f"partial rotary ({2 * inv_freq.shape[0]} of {head_dim} dims) is not supported by the fused graph")
+    pos = torch.arange(max_positions, dtype=torch.float32)
+    freqs = (inv_freq[:, None] @ pos[None, :]).t()  # [T_max, D/2], fp32 like transformers
+    scale = float(rotary.attention_scaling)
+    return (freqs.cos() * scale).numpy(), (freqs.sin() * scale).numpy()
+
+
+def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, H: int, Hkv: int, D: int):
+    """-> qkv weight [hidden, (H + 2 H_kv) D] (+ bias), o [H D, hidden], gate, up, down (MatMul layout)."""
+    attn, mlp = _get(layer, arch.attn), _get(layer, arch.mlp)
+    if arch.qkv == "separate":
+        mods = (attn.q_proj, attn.k_proj, attn.v_proj)
+        w = torch.cat([m.weight.detach() for m in mods], 0)
+        b = None
+        if any(m.bias is not None for m in mods):
+            b = torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in mods])
+    elif arch.qkv == "fused":
+        w, b = attn.qkv_proj.weight.detach(), getattr(attn.qkv_proj, "bias", None)
+    else:
+        raise UnsupportedConfig(f"qkv kind {arch.qkv!r} is not supported by the fused graph")
+    if w.shape[0] != (H + 2 * Hkv) * D:
+        raise UnsupportedConfig(f"q|k|v rows {w.shape[0]} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
+    out = getattr(attn, arch.out_proj)
+    if getattr(out, "bias", None) is not None:
+        raise UnsupportedConfig("an output projection with bias is not supported by the fused graph")
+    if arch.mlp_kind == "gated":
+        gate, up = mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()
+        if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+            raise UnsupportedConfig("gated MLP projections with bias are not supported")
+    elif arch.mlp_kind == "fused_gated":
+        gate, up = mlp.gate_up_proj.weight.detach().chunk(2, 0)
+    else:
+        raise UnsupportedConfig(f"mlp kind {arch.mlp_kind!r} is not supported by the fused graph")
+    return w.t(), (None if b is None else b.detach()), out.weight.detach().t(), gate.t(), up.t(), mlp.down_proj.weight.detach().t()
+
+
+def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_lm_head: bool = True) -> ExportResult:
+    """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`."""
+    start = time.perf_counter()
+    config = model.config
+    arch = arch_for(config.model_type)
+    if not fused_supported(config.model_type):
+        raise UnsupportedConfig(f"architecture {config.model_type!r} has learned positions; use graph: portable")
+    dtype = next(model.parameters()).dtype
+    if dtype not in _ONNX_DTYPE:
+        raise UnsupportedConfig(f"dtype {dtype} is not supported (float32 or float16)")
+    act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+    if act not in ACTIVATIONS:
+        raise UnsupportedConfig(f"activation {act!r} is not supported by the fused graph; supported: {', '.join(ACTIVATIONS)}")
+    base = _get(model, arch.decoder)
+    layers = _get(base, arch.layers)
+    H = config.num_attention_heads
+    Hkv = getattr(config, "num_key_value_heads", None) or H
+    D = getattr(config, "head_dim", None) or config.hidden_size // H
+    embed = _get(base, arch.embed).weight.detach()  # [V, hidden]
+    V = embed.shape[0]
+    spec = GraphSpec(len(layers), Hkv, D, V, "float32" if dtype == torch.float32 else "float16",
+                     kv_layout=contract.HEAD_MAJOR_INPLACE)
+    scales = {float(getattr(_get(l, arch.attn), "scaling", D**-0.5)) for l in layers}
+    if len(scales) != 1:
+        raise UnsupportedConfig(f"per-layer attention scales {sorted(scales)} are not supported")
+    attn_scale = scales.pop()
+    window = int(config.sliding_window) if arch.sliding_window and getattr(config, "sliding_window", None) else None
+
+    g = _Graph(dtype)
+    elem = _ONNX_DTYPE[dtype]
+    cos, sin = _rotary_tables(model, arch, D, max_context)
+    cos_name, sin_name = g.const("cos_cache", cos.astype(_NP_DTYPE[dtype])), g.const("sin_cache", sin.astype(_NP_DTYPE[dtype]))
+    emb = g.weight("embed", embed)
+    (x,) = g.op("Gather", [emb, contract.INPUT_IDS])  # [1, S, hidden]
+    if arch.embed_scale:
+        scale = getattr(_get(base, arch.embed), "embed_scale", None)
+        value = float(scale) if scale is not None else config.hidden_size**0.5
+        (x,) = g.op("Mul", [x, g.const("embed_scale", np.array(value, _NP_DTYPE[dtype]))])
+    offset = 1.0 if arch.model_type == "gemma" else 0.0
+
+    residual = x  # running sum of the residual stream; `pending` is the next addend
+    pending: str | None = None
+
+    def norm(module: torch.nn.Module) -> str:
+        nonlocal residual, pending
+        w, eps = _norm_weight(module, offset)
+        if pending is None:
+            (h,) = g.op("SimplifiedLayerNormalization", [residual, g.weight("norm", w)], axis=-1, epsilon=eps, stash_type=1)
+        else:  # residual := residual + pending, then norm: one node
+            h, _, _, residual = g.op("SkipSimplifiedLayerNormalization", [pending, residual, g.weight("norm", w)],
+                                     4, domain=MS, epsilon=eps)
+            pending = None
+        return h
+
+    for i, layer in enumerate(layers):
+        attn = _get(layer, arch.attn)
+        qkv_w, qkv_b, o_w, gate_w, up_w, down_w = _layer_weights(layer, arch, H, Hkv, D)
+        h = norm(_get(layer, arch.attn_norm))
+        (qkv,) = g.op("MatMul", [h, g.weight(f"l{i}_qkv", qkv_w)])  # [1, S, (H + 2 H_kv) D]
+        if qkv_b is not None:
+            (qkv,) = g.op("Add", [qkv, g.weight(f"l{i}_qkv_b", qkv_b)])
+        if arch.qk_norm:  # Qwen3: per-head RMSNorm of q and k (before rotary, which GQA applies)
+            q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
+            q = _head_norm(g, q, attn.q_norm, H, D)
+            k = _head_norm(g, k, attn.k_norm, Hkv, D)
+            qkv_inputs = [q, k, v]
+        else:
+            qkv_inputs = [qkv, "", ""]  # packed q|k|v
+        gqa_attrs = dict(num_heads=H, kv_num_heads=Hkv, scale=attn_scale, do_rotary=1, rotary_interleaved=0)
+        if window is not None:
+            # a query sees the `window` most recent keys including its own, as in transformers
+            # (the parity test's Mistral window is shorter than its sequences)
+            gqa_attrs["local_window_size"] = window
+        a, _, _ = g.op(
+            "GroupQueryAttention",
+            [*qkv_inputs, contract.past_key(i), contract.past_value(i), contract.SEQLENS_K,
+             contract.TOTAL_SEQUENCE_LENGTH, cos_name, sin_name],
+            [g.name("attn"), contract.present_key(i), contract.present_value(i)],
+            domain=MS,
+            **gqa_attrs,
+        )  # a: [1, S, H D]
+        (pending,) = g.op("MatMul", [a, g.weight(f"l{i}_o", o_w)])
+        h = norm(_get(layer, arch.mlp_norm))
+        (gate,) = g.op("MatMul", [h, g.weight(f"l{i}_gate", gate_w)])
+        (up,) = g.op("MatMul", [h, g.weight(f"l{i}_up", up_w)])
+        (hidden,) = g.op("Mul", [_activation(g, gate, act), up])
+        (pending,) = g.op("MatMul", [hidden, g.weight(f"l{i}_down", down_w)])
+
+    # logits only for the requested rows: gather, final norm, output projection
+    (rows,) = g.op("Gather", [pending, contract.LOGITS_INDEX], axis=1)  # [1, R, hidden]
+    (res_rows,) = g.op("Gather", [residual, contract.LOGITS_INDEX], axis=1)
+    residual, pending = res_rows, rows
+    h = norm(_get(base, arch.final_norm))  # [1, R, hidden]
+    (h2,) = g.op("Squeeze", [h, g.const("axes", np.array([0], np.int64))])  # [R, hidden]
+    head = model.get_output_embeddings()
+    bias = getattr(head, "bias", None)
+    tied = tie_lm_head and head.weight.data_ptr() == _get(base, arch.embed).weight.data_ptr()
+    if tied:  # Gemm transB on the embedding itself: the tied matrix is stored once
+        inputs = [h2, emb] + ([g.weight("lm_b", bias)] if bias is not None else [])
+        (logits,) = g.op("Gemm", inputs, transB=1)
+    else:  # own [hidden, V] MatMul weight, which weight-only quantizers compress (drafts)
+        (logits,) = g.op("MatMul", [h2, g.weight("lm_head", head.weight.detach().t())])
+        if bias is not None:
+            (logits,) = g.op("Add", [logits, g.weight("lm_b", bias)])
+    if dtype != torch.float32:
+        (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
+    g.op("Unsqueeze", [logits, g.const("axes", np.array([0], np.int64))], [contract.LOGITS])
+
+    cache = [1, Hkv, "cache_rows", D]  # the runtime binds T_max = max_context rows (in place)
+    inputs = [
+        helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [1, "seq"]),
+        helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
+        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [1]),
+        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+    ]
+    outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", V])]
+    for i in range(spec.num_layers):
+        inputs += [helper.make_tensor_value_info(n, elem, cache) for n in (contract.past_key(i), contract.past_value(i))]
+        outputs += [helper.make_tensor_value_info(n, elem, cache) for n in (contract.present_key(i), contract.present_value(i))]
+    # the contract's input/output order (GraphSpec), which the runtime checks by name
+    order_in = {n: k for k, n in enumerate(spec.input_names())}
+    order_out = {n: k for k, n in enumerate(spec.output_names())}
+    inputs.sort(key=lambda v: order_in[v.name])
+    outputs.sort(key=lambda v: order_out[v.name])
+    graph = helper.make_graph(g.nodes, "specexport_fused", inputs, outputs, g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+                              producer_name="specexport")
+    proto.ir_version = 8
+    helper.set_model_props(proto, {"specexport.contract_version": contract.version_for(spec.kv_layout),
+                                   "specexport.kv_layout": spec.kv_layout})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DATA_NAME).unlink(missing_ok=True)
+    path = out_dir / GRAPH_NAME
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME,
+                    size_threshold=1024)
+    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
+    return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)
+
+
+def _head_norm(g: _Graph, x: str, module: torch.nn.Module, heads: int, D: int) -> str:
+    """RMSNorm over head_dim of x [1, S, heads D] -> [1, S, heads D]."""
+    w, eps = _norm_weight(module, 0.0)
+    (y,) = g.op("Reshape", [x, g.const("shape", np.array([1, -1, heads, D], np.int64))])
+    (y,) = g.op("SimplifiedLayerNormalization", [y, g.weight("head_norm", w)], axis=-1, epsilon=eps, stash_type=1)
+    (y,) = g.op("Reshape", [y, g.const("shape", np.array([1, -1, heads * D], np.int64))])
+    return y
+
+
+def _activation(g: _Graph, x: str, act: str) -> str:
+    if act == "silu":  # x * sigmoid(x); ONNX Runtime fuses the pair
+        (s,) = g.op("Sigmoid", [x])
+        return g.op("Mul", [x, s])[0]
+    if act in ("gelu_pytorch_tanh", "gelu_new"):
+        return g.op("FastGelu", [x], domain=MS)[0]
+    return g.op("Gelu", [x], domain=MS)[0]  # exact (erf) GELU
+
