@@ -461,8 +461,13 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
     for key in sorted(reasons):
         report.error(f"unsupported operator {reasons[key]} ({counts[key]} node(s))")
 
-    covered = _check_profiles(report, profiles if profiles is not None else default_profiles(2048))
-    _check_dims(report, graph, covered)
+    layout = {p.key: p.value for p in model.metadata_props}.get("specexport.kv_layout", contract.TIME_MAJOR)
+    if layout != contract.TIME_MAJOR:  # the engine profiles describe time_major caches only
+        report.error(f"the graph uses the {layout} KV layout (a fused graph, ONNX Runtime contrib ops):"
+                     " TensorRT builds portable graphs; rebuild the artifact with `graph: portable`")
+    else:
+        covered = _check_profiles(report, profiles if profiles is not None else default_profiles(2048))
+        _check_dims(report, graph, covered)
     _check_types(report, model, version, _only_feeding(graph, bad_nodes))
     _check_restrictions(report, graph, version)
     return report

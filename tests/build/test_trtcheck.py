@@ -74,6 +74,18 @@ def test_fp32_graph_on_tensorrt_8_6(graphs):
     assert any("casts INT64 to INT32" in w for w in report.warnings)
 
 
+def test_fused_graph_fails_naming_its_layout_and_contrib_ops(tmp_path):
+    from specexport.fused import build_fused
+
+    res = build_fused(make_model("llama"), tmp_path / "fused", 64)
+    report = check_trt(res.path, "10.3")
+    assert not report.ok
+    assert any("head_major_inplace" in e and "graph: portable" in e for e in report.errors), report.errors
+    assert report.unsupported.get("com.microsoft::GroupQueryAttention") == 2
+    # one layout error, not one per cache input: the profiles describe portable graphs only
+    assert not any("dynamic dimension" in e for e in report.errors), report.errors
+
+
 def test_int4_graph_fails_naming_matmulnbits(graphs):
     report = check_trt(graphs["int4"], "10.3")
     assert not report.ok
