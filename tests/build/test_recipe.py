@@ -88,7 +88,7 @@ def test_default_recipe():
     assert recipe.target.builtin_name == "smollm2-135m-instruct"
     assert recipe.target.precision == "fp32"
     assert recipe.draft.kind == "from_target" and recipe.draft.precision == "int8"
-    assert recipe.speculation.gamma == 4
+    assert recipe.speculation.gamma == 8 and recipe.graph == "fused"
     assert recipe.max_context == 2048
     assert recipe.tested_here is True
     assert recipe.proposer == "draft"
