@@ -548,6 +548,12 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
         report.notes.append(
             f"headroom under {TIGHT_FRACTION:.0%} of the budget: measure on the device (tegrastats / nvidia-smi)"
         )
+    if spec.graph == "fused":  # every device in DEVICES is a GPU
+        gpu = "the ONNX Runtime CUDA provider" + ("" if spec.target.precision == "fp16" else " only with an fp16 target")
+        report.notes.append(
+            f"graph: fused runs on {gpu} (GroupQueryAttention) and never on TensorRT; for TensorRT engines build"
+            " with graph: portable (docs/graph-contract.md)"
+        )
     return report
 
 

@@ -20,7 +20,7 @@ from specexport.plan import (
     plan,
     weight_bytes,
 )
-from specexport.recipe import bundled_recipes, load_recipe, parse_recipe
+from specexport.recipe import bundled_recipes, load_recipe, parse_recipe, resolve_recipe
 from tiny import make_model
 
 # The device each bundled recipe is sized for (from its `notes`; the smollm2 recipes run anywhere,
@@ -169,3 +169,12 @@ def test_cli_plan():
     assert listing.exit_code == 0 and "agx-orin-64gb" in listing.output
     unknown = runner.invoke(group, ["plan", "smollm2-135m", "--device", "nope"])
     assert unknown.exit_code == 2 and "known devices" in unknown.output
+
+
+def test_fused_recipe_says_where_its_graphs_run():
+    fused = plan("smollm2-135m", "orin-nano-8gb")  # graph: fused, fp32 target
+    assert any("fp16 target" in n and "graph: portable" in n for n in fused.notes), fused.notes
+    fp16 = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"target.precision": "fp16"}), "orin-nano-8gb")
+    assert any("CUDA provider (GroupQueryAttention)" in n for n in fp16.notes), fp16.notes
+    portable = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"graph": "portable"}), "orin-nano-8gb")
+    assert not any("graph: fused" in n for n in portable.notes)
