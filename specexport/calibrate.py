@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import re
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,7 +40,7 @@ import numpy as np
 
 from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
 from specexport_runtime.errors import InvalidArgument, SpecExportError
-from specexport_runtime.manifest import MANIFEST_NAME, read_manifest, sha256_file
+from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
 from .bench import conditional_acceptance, prompt_ids, run_one, verify_cost
 from .prompts import DOMAINS, Prompt, load_prompts
@@ -301,29 +300,6 @@ def _read_existing(root: Path) -> dict:
     return doc
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, fsync, then rename over `path` (keeping
-    the old file's permission bits; new files get 0o666 minus the umask)."""
-    if path.exists():
-        mode = path.stat().st_mode & 0o777
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_calibration(root: str | Path, doc: dict) -> None:
     """Write calibration.json atomically and record its sha256 in manifest.json (also
     written atomically). The other checksums are kept as they are rather than recomputed
@@ -331,11 +307,11 @@ def write_calibration(root: str | Path, doc: dict) -> None:
     result equals write_manifest's whenever the folder verifies."""
     root = Path(root)
     manifest = read_manifest(root)
-    _atomic_write(root / CALIBRATION_NAME, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(root / CALIBRATION_NAME, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     data = json.loads(manifest.to_json())
     data["files"] = {**manifest.files, CALIBRATION_NAME: sha256_file(root / CALIBRATION_NAME)}
     data["files"] = dict(sorted(data["files"].items()))
-    _atomic_write(root / MANIFEST_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(root / MANIFEST_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def profile_gamma(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> int | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +151,7 @@ def checksum_tree(root: Path) -> dict[str, str]:
     return {
         path.relative_to(root).as_posix(): sha256_file(path)
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.name != MANIFEST_NAME
+        if path.is_file() and path.name != MANIFEST_NAME and not _is_temporary(path)
     }
 
 
@@ -183,9 +185,38 @@ def verify_files(root: str | Path, manifest: Manifest) -> None:
 
 
 def write_manifest(root: str | Path, manifest: Manifest) -> None:
-    """Write manifest.json with `files` recomputed from the folder's current contents."""
+    """Write manifest.json with `files` recomputed from the folder's current contents; written
+    to a temporary file and renamed over the old one, so a reader never sees half a manifest."""
     root = Path(root)
     files = checksum_tree(root)
     data = json.loads(manifest.to_json())
     data["files"] = files
-    (root / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_text(root / MANIFEST_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _is_temporary(path: Path) -> bool:
+    """A file atomic_write_text is writing (or left behind when killed): never checksummed."""
+    return path.name.startswith(".") and path.name.endswith(".tmp")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, fsync, then rename over `path` (keeping
+    the old file's permission bits; new files get 0o666 minus the umask)."""
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -328,3 +328,27 @@ def test_cli_bad_argument_and_tampered_artifact(artifact_copy):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: checksum mismatch"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_write_manifest_is_atomic_and_ignores_leftover_temporaries(artifact_copy, monkeypatch):
+    """A crash while writing leaves the old manifest whole; a leftover temporary file is never
+    checksummed into the next manifest."""
+    import specexport_runtime.manifest as mf
+
+    before = (artifact_copy / "manifest.json").read_text(encoding="utf-8")
+    manifest = mf.read_manifest(artifact_copy)
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mf.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        mf.write_manifest(artifact_copy, manifest)
+    monkeypatch.undo()
+    assert (artifact_copy / "manifest.json").read_text(encoding="utf-8") == before
+    assert not [p for p in artifact_copy.iterdir() if p.name.endswith(".tmp")]  # cleaned up
+
+    (artifact_copy / ".manifest.json.abc.tmp").write_text("left by a killed writer", encoding="utf-8")
+    mf.write_manifest(artifact_copy, manifest)
+    assert ".manifest.json.abc.tmp" not in mf.read_manifest(artifact_copy).files
+    load(artifact_copy)  # still verifies
