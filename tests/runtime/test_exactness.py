@@ -536,8 +536,9 @@ def sample_pairs(gen, ids, seeds, speculative: bool, **kw) -> list[tuple[int, in
     return out
 
 
-def test_sampling_first_two_tokens_follow_target(gens):
-    """End to end on 'noisy' (gamma 3, temperature 1, top_k 0): token 1 comes from the prefill,
+@pytest.mark.parametrize("kind", ["noisy", "noisy-fused"])
+def test_sampling_first_two_tokens_follow_target(gens, kind):
+    """End to end on 'noisy' and 'noisy-fused' (gamma 3, temperature 1, top_k 0): token 1 comes from the prefill,
     token 2 from the first speculative round (accepted draft or correction, or bonus).
 
     Checks (N = 2000 samples each; speculative on seeds 0..N-1, target-only on N..2N-1):
@@ -552,7 +553,7 @@ def test_sampling_first_two_tokens_follow_target(gens):
         (p(t1) q(t2|t1)) is far outside the acceptance region (expected statistic > 5x the
         critical value), so the check can fail.
     """
-    gen = gens("noisy")
+    gen = gens(kind)
     ids = gen.codec.encode("The quick brown fox")
     params = SamplingParams(temperature=1.0)
     N = 2000
