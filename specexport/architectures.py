@@ -42,6 +42,7 @@ class ArchSpec:
     positions: Literal["rope", "learned"] = "rope"
     position_embed: str = ""  # learned positions, relative to decoder (GPT-2: wpe)
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
+    norm_offset: float = 0.0  # Gemma: RMSNorm scales by (offset + w); the fused graph folds it into w
     sliding_window: bool = False  # Mistral: honour config.sliding_window in the mask
 
 
@@ -50,7 +51,7 @@ MISTRAL = replace(LLAMA, model_type="mistral", sliding_window=True)
 QWEN2 = replace(LLAMA, model_type="qwen2")  # q/k/v biases live in the HF Linear modules
 QWEN3 = replace(LLAMA, model_type="qwen3", qk_norm=True)
 PHI3 = replace(LLAMA, model_type="phi3", qkv="fused", mlp_kind="fused_gated")
-GEMMA = replace(LLAMA, model_type="gemma", embed_scale=True)  # (1 + w) norm offset is in HF's GemmaRMSNorm
+GEMMA = replace(LLAMA, model_type="gemma", embed_scale=True, norm_offset=1.0)  # HF's GemmaRMSNorm: (1 + w)
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",

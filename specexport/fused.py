@@ -175,7 +175,7 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
         scale = getattr(_get(base, arch.embed), "embed_scale", None)
         value = float(scale) if scale is not None else config.hidden_size**0.5
         (x,) = g.op("Mul", [x, g.const("embed_scale", np.array(value, _NP_DTYPE[dtype]))])
-    offset = 1.0 if arch.model_type == "gemma" else 0.0
+    offset = arch.norm_offset
 
     residual = x  # running sum of the residual stream; `pending` is the next addend
     pending: str | None = None
