@@ -47,6 +47,8 @@ from .prompts import Prompt, load_prompts
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in total, label of the run just done)
 EXACT_PRECISIONS = ("fp32", "fp16")
+PROPOSERS = ("draft", "ngram", "hybrid")
+DRAFT_MODEL_PROPOSERS = ("draft", "hybrid")  # run the draft model (its memory and calls count)
 BOOTSTRAP_SAMPLES = 2000
 WARMUP_TOKENS = 8
 QUANT_CAVEAT = (
@@ -125,6 +127,7 @@ class RunRecord:
     target_calls: dict[int, list]  # S -> [calls, seconds] in this run, prefill excluded
     draft_calls: dict[int, list]
     prompt_ids: list[int] = field(default_factory=list, repr=False)
+    lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup
 
     @property
     def label(self) -> str:
@@ -167,7 +170,7 @@ class RunRecord:
             "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
             "tokens_per_second": self.tokens_per_second, "rounds": self.rounds,
             "plain_steps": self.plain_steps, "drafted": self.drafted, "accepted": self.accepted,
-            "corrections": self.corrections, "bonus": self.bonus,
+            "corrections": self.corrections, "bonus": self.bonus, "lookup_rounds": self.lookup_rounds,
         }
 
 
@@ -187,7 +190,7 @@ def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, propos
     t_before, d_before = _calls_snapshot(gen.target), _calls_snapshot(gen.draft)
     result = gen.chat(prompt.chat(), **kwargs) if prompt.is_chat else gen.generate(prompt.text, **kwargs)
     st = result.stats
-    used_draft_model = speculative and (proposer or gen.default_proposer) == "draft"
+    used_draft_model = speculative and (proposer or gen.default_proposer) in DRAFT_MODEL_PROPOSERS
     return RunRecord(
         prompt_id=prompt.id, domain=prompt.domain, mode="on" if speculative else "off",
         gamma=gamma if speculative else None, repeat=repeat, seed=seed, prompt_tokens=st.prompt_tokens,
@@ -200,6 +203,7 @@ def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, propos
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},
         prompt_ids=list(ids) if ids is not None else [],
+        lookup_rounds=st.lookup_rounds,
     )
 
 
@@ -313,6 +317,7 @@ class Acceptance:
     per_position: list[float]  # accepted at i / drafted at i
     per_position_conditional: list[float | None]  # P(accept i | accepted 0..i-1, i drafted)
     accepted_histogram: list[int]  # rounds that accepted n tokens, n = 0, 1, ...
+    lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest: draft model)
 
 
 @dataclass
@@ -399,7 +404,9 @@ class BenchReport:
             lines.append(
                 " " * 14 + f"acceptance {_f(a.acceptance_rate)} (alpha {_f(a.alpha)}), {_f(a.mean_accepted_per_round)} "
                 f"accepted/round, {a.tokens_per_target_call:.2f} tokens/target call ({a.rounds} rounds, "
-                f"{a.plain_steps} plain steps); by position {pos or 'n/a'}"
+                f"{a.plain_steps} plain steps"
+                + (f", {a.lookup_rounds} by lookup" if a.lookup_rounds else "")
+                + f"); by position {pos or 'n/a'}"
             )
             if c.by_domain:
                 dom = ", ".join(f"{d} {v['speedup']:.2f}x acc {_f(v['acceptance_rate'])} eff {_f(v['efficiency'], '.0%')}"
@@ -542,7 +549,7 @@ def acceptance(runs: Sequence[RunRecord]) -> Acceptance:
         mean_accepted_per_round=accepted / rounds if rounds else None,
         tokens_per_target_call=(accepted + calls) / calls if calls else 0.0,
         per_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)], per_position_conditional=cond,
-        accepted_histogram=hist,
+        accepted_histogram=hist, lookup_rounds=sum(r.lookup_rounds for r in runs),
     )
 
 
@@ -671,7 +678,7 @@ def memory_estimate(gen, proposer: str) -> dict:
     root, man = gen.root, gen.manifest
     target_bytes = _graph_bytes(root, man, man.target) + gen.target.kv_nbytes()
     draft_bytes = 0
-    if proposer == "draft" and gen.draft is not None:
+    if proposer in DRAFT_MODEL_PROPOSERS and gen.draft is not None:
         draft_bytes = _graph_bytes(root, man, man.draft) + gen.draft.kv_nbytes()
     total = target_bytes + draft_bytes
     return {"method": "static: graph files + KV buffers at max_context", "target_bytes": target_bytes,
@@ -726,10 +733,10 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = proposer or gen.default_proposer
-    if proposer not in ("draft", "ngram"):
-        raise InvalidArgument(f"proposer must be 'draft' or 'ngram', got {proposer!r}")
-    if proposer == "draft" and gen.draft is None:
-        raise InvalidArgument("proposer 'draft' needs an artifact with a draft model; this one has none (use 'ngram')")
+    if proposer not in PROPOSERS:
+        raise InvalidArgument(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+    if proposer in DRAFT_MODEL_PROPOSERS and gen.draft is None:
+        raise InvalidArgument(f"proposer {proposer!r} needs an artifact with a draft model; this one has none (use 'ngram')")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
 
     # warm-up: one short run each way (first-call allocations, ORT arena growth)

@@ -63,8 +63,9 @@ class _Progress:
 @click.argument("artifact", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--prompts", "prompt_specs", multiple=True, default=("all",), show_default=True,
               help="Prompt set: a domain (" + ", ".join(DOMAINS) + "), 'all', or a JSONL file; repeatable or comma-separated.")
-@click.option("--proposer", type=click.Choice(["draft", "ngram"]), default=None,
-              help="Draft model or n-gram prompt lookup (default: the artifact's).")
+@click.option("--proposer", type=click.Choice(["draft", "ngram", "hybrid"]), default=None,
+              help="Draft model, n-gram prompt lookup, or hybrid (lookup when the text repeats, else the draft"
+                   " model); default: the artifact's.")
 @click.option("--gamma", "gamma_text", default="adaptive", show_default=True,
               help="Draft lengths to compare with speculation off: a comma list such as 2,4,8, and/or 'adaptive'.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,

@@ -14,7 +14,7 @@ from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import GenerateOptions, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
 from .manifest import Manifest, read_manifest, verify_files
-from .proposers import DraftModelProposer, NgramLookupProposer, NoProposer, Proposer
+from .proposers import DraftModelProposer, HybridProposer, NgramLookupProposer, NoProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer import TextCodec
 
@@ -51,17 +51,24 @@ class SpecGenerator:
 
     def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
         name = name or self.default_proposer
-        if name == "draft":
+        if name in ("draft", "hybrid"):
             if self.draft is None:
-                raise InvalidArgument("proposer 'draft' needs an artifact with a draft model; this one has none (use 'ngram')")
+                raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
             if not 0.0 <= min_draft_prob < 1.0:
                 raise InvalidArgument(f"min_draft_prob must be in [0, 1), got {min_draft_prob!r}")
-            return DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
+            draft = DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
+            if name == "draft":
+                return draft
+            return HybridProposer(draft, self._lookup())
         if name == "ngram":
-            return NgramLookupProposer(self.manifest.speculation.ngram_sizes)
+            return self._lookup()
         if name == "none":
             return NoProposer()
-        raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'none'")
+        raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'hybrid', 'none'")
+
+    def _lookup(self) -> NgramLookupProposer:
+        max_gamma = max(int(self.manifest.generation.get("max_gamma", 8)), self.manifest.speculation.gamma)
+        return NgramLookupProposer(self.manifest.speculation.ngram_sizes, max_gamma)
 
     def _controller(self, proposer: str, domain: str | None) -> GammaController:
         key = (proposer, domain)
@@ -114,7 +121,7 @@ class SpecGenerator:
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
         max_new_tokens, temperature, top_k, top_p, seed, gamma (None = adaptive), proposer
-        ('draft' | 'ngram' | 'none'), stop (strings), speculative, domain (calibration profile),
+        ('draft' | 'ngram' | 'hybrid' (lookup when the text repeats, else the draft) | 'none'), stop (strings), speculative, domain (calibration profile),
         min_draft_prob (stop a draft round when the draft's top probability falls below it)."""
         return self._collect(self._prompt_ids(prompt), kwargs)
 

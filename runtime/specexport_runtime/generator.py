@@ -52,6 +52,7 @@ class GenerationStats:
     accepted: int = 0
     corrections: int = 0  # rounds ending with a rejected draft token
     bonus: int = 0  # rounds where every draft token was accepted
+    lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest by the draft model)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     round_sizes: list[tuple[int, int]] = field(default_factory=list)  # (drafted k, accepted n) per round
@@ -167,7 +168,8 @@ class SpeculativeLoop:
         t2 = time.perf_counter()
         self.stats.target_seconds += t2 - t1
         self.stats.record_round(k, n)
-        if self.controller is not None:
+        self.stats.lookup_rounds += proposal.lookup
+        if self.controller is not None and not proposal.lookup:
             self.controller.record_round(k, n, t1 - t0 - proposal.catchup_seconds, t2 - t1)
         return draft[:n] + [token]
 

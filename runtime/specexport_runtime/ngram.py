@@ -86,17 +86,22 @@ class NgramProposer:
     def propose(self, gamma: int) -> list[int]:
         """Up to min(gamma, max_gamma) tokens that followed the most recent earlier
         occurrence of the longest matching suffix n-gram; [] when nothing matches."""
+        return self.match(gamma)[1]
+
+    def match(self, gamma: int) -> tuple[int, list[int]]:
+        """(n, tokens): the size of the longest suffix n-gram that occurred earlier and up to
+        min(gamma, max_gamma) tokens that followed it; (0, []) when nothing matches."""
         if not _is_int(gamma) or gamma < 0:
             raise InvalidArgument(f"gamma must be an integer >= 0, got {gamma!r}")
         g = min(int(gamma), self.max_gamma)
         toks = self._tokens
         L = len(toks)
         if g == 0:
-            return []
+            return 0, []
         for n in self.ngram_sizes:
             if L <= n:  # an earlier occurrence needs at least n + 1 tokens
                 continue
             e = self._index[n].get(tuple(toks[L - n :]))
             if e is not None:
-                return toks[e : e + g]
-        return []
+                return n, toks[e : e + g]
+        return 0, []

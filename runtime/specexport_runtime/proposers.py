@@ -1,4 +1,4 @@
-"""Proposers behind one small interface: a draft model, n-gram prompt lookup, or none.
+"""Proposers behind one small interface: a draft model, n-gram prompt lookup, both, or none.
 
 Cache rule shared by every model in the loop: with `committed` the accepted tokens so far,
 a model's cache holds a prefix of committed[:-1]; before a call it feeds committed[cache:]
@@ -15,6 +15,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .engine import OrtModel
+from .errors import InvalidArgument
 from .ngram import NgramProposer as NgramIndex
 from .sampling import SamplingParams, pad_vocab, probabilities, sample
 
@@ -24,6 +25,7 @@ class Proposal:
     tokens: list[int]
     q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
     catchup_seconds: float = 0.0  # one-off cost of feeding the draft a backlog (its prefill), not per token
+    lookup: bool = False  # a hybrid round served by prompt lookup: no evidence on the draft model's acceptance or cost
 
 
 class Proposer(Protocol):
@@ -102,6 +104,38 @@ class NgramLookupProposer:
 
     def commit(self, committed, n_new) -> None:
         self.index.extend(committed[len(committed) - n_new :])
+
+
+class HybridProposer:
+    """Prompt lookup when the history's last `min_match` or more tokens occurred before, the
+    draft model otherwise. A lookup proposal costs no model call and, on text that copies its
+    input, is accepted for long stretches; the draft model keeps the rounds where nothing
+    repeats. The draft catches up on tokens accepted in lookup rounds in one call (timed
+    apart, like its prompt) the next time it drafts. Every proposal is verified as usual, so
+    the mix stays exact."""
+
+    name = "hybrid"
+
+    def __init__(self, draft: DraftModelProposer, lookup: NgramLookupProposer, min_match: int | None = None):
+        sizes = lookup.index.ngram_sizes
+        self.draft, self.lookup = draft, lookup
+        self.min_match = max(sizes) if min_match is None else min_match  # default: the longest n-gram size
+        if not 1 <= self.min_match <= max(sizes):
+            raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}), got {self.min_match}")
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.draft.start(prompt)
+        self.lookup.start(prompt)
+
+    def propose(self, committed, gamma, params, rng) -> Proposal:
+        n, tokens = self.lookup.index.match(gamma)
+        if n >= self.min_match:
+            return Proposal(tokens, None, lookup=True)
+        return self.draft.propose(committed, gamma, params, rng)
+
+    def commit(self, committed, n_new) -> None:
+        self.draft.commit(committed, n_new)
+        self.lookup.commit(committed, n_new)
 
 
 class NoProposer:

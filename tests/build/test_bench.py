@@ -173,6 +173,21 @@ def test_sampling_quality(tiny_artifacts):
     assert "quality" in "\n".join(report.summary_lines())
 
 
+def test_hybrid_proposer_bench(tiny_artifacts):
+    """The hybrid proposer runs the draft model (its memory counts) and stays exact; the
+    lookup rounds it served are counted per run and summed per configuration."""
+    repeat = Prompt(id="t-rep", domain="copy_edit", messages=None, text="40 41 42 43 44 " * 6, max_new_tokens=NEW)
+    report = run_bench(tiny_artifacts["noisy"], PROMPTS[:2] + [repeat], proposer="hybrid", gammas=[3], repeats=1)
+    assert report.meta["proposer"] == "hybrid" and report.memory["draft_bytes"] > 0
+    c = report.configs[0]
+    assert c.equivalence["share"] == 1.0
+    on = [r for r in report.runs if r.mode == "on"]
+    assert c.acceptance.lookup_rounds == sum(r.lookup_rounds for r in on)
+    assert all(0 <= r.lookup_rounds <= r.rounds for r in on)
+    with pytest.raises(Exception, match="'hybrid' needs an artifact with a draft model"):
+        run_bench(tiny_artifacts["ngram"], PROMPTS[:1], proposer="hybrid", repeats=1)
+
+
 def test_quantized_target_caveat(tiny_artifacts):
     gen = load(tiny_artifacts["self"])
     gen.manifest = replace(gen.manifest, target=replace(gen.manifest.target, precision="dynamic-int8"))

@@ -16,6 +16,7 @@ import pytest
 
 from specexport_runtime.adaptive import GammaController
 from specexport_runtime.engine import OrtModel, SessionConfig
+from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.generator import GenerateOptions, GenerationStats, SpeculativeLoop
 from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal
 from specexport_runtime.sampling import SamplingParams, probabilities
@@ -120,6 +121,60 @@ def counters(gen) -> dict:
 
 
 # ------------------------------------------------------------------ greedy exactness
+
+
+@pytest.mark.parametrize("kind", ["noisy", "int8-fused"])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
+def test_hybrid_is_exact_and_uses_both_sources(gens, kind, prompt):
+    """proposer='hybrid': lookup rounds where the last 3 tokens repeat, draft rounds elsewhere;
+    greedy output equals target-only for fixed and adaptive gamma. The draft model is called
+    once per token it drafted plus catch-ups (the prompt, and the tokens of lookup rounds or
+    plain steps since it last drafted); lookup rounds never feed the adaptive controller."""
+    gen = gens(kind)
+    base = gen.generate(prompt, max_new_tokens=MAX_NEW, speculative=False)
+    for gamma in (2, 5, None):
+        before = counters(gen)
+        result = gen.generate(prompt, max_new_tokens=MAX_NEW, proposer="hybrid", gamma=gamma)
+        assert result.token_ids == base.token_ids, f"{kind} gamma={gamma}: hybrid output differs"
+        check_counts(gen, result, len(prompt_ids(gen, prompt)), gamma, "hybrid", before, MAX_NEW)
+        st = result.stats
+        draft_rounds = st.rounds - st.lookup_rounds
+        assert 0 <= st.lookup_rounds <= st.rounds
+        # a draft round calls the draft model at least once per drafted token, a lookup round never
+        assert gen.draft.stats.calls - before["draft_calls"] >= draft_rounds
+        if draft_rounds == 0:
+            assert gen.draft.stats.calls == before["draft_calls"]
+
+
+def test_hybrid_round_sources(gens):
+    """Which source serves a round: lookup exactly when the history's last 3 tokens occurred
+    before (the n-gram index's own answer), the draft model otherwise."""
+    from specexport_runtime.proposers import HybridProposer
+
+    gen = gens("noisy")
+    prop = gen._proposer("hybrid")
+    assert isinstance(prop, HybridProposer) and prop.min_match == 3
+    params = SamplingParams()
+    rng = np.random.default_rng(0)
+    history = [40, 41, 42, 43, 44, 40, 41, 42]  # suffix 40 41 42 occurred before, followed by 43 44 40
+    prop.start(history)
+    gen.target.reset()
+    out = prop.propose(history, 3, params, rng)
+    assert out.lookup and out.tokens == [43, 44, 40] and out.q is None
+    fresh = [7, 150, 33, 299, 12]  # nothing repeats: the draft model drafts
+    prop.start(fresh)
+    before = gen.draft.stats.calls
+    out = prop.propose(fresh, 3, params, rng)
+    # one catch-up call over the prompt backlog (fresh[:-1]), then one call per drafted token
+    assert not out.lookup and len(out.tokens) == 3 and gen.draft.stats.calls - before == 1 + 3
+    with pytest.raises(InvalidArgument, match="min_match"):
+        HybridProposer(prop.draft, prop.lookup, min_match=4)
+
+
+def test_hybrid_needs_a_draft_model(gens):
+    with pytest.raises(InvalidArgument, match="'hybrid' needs an artifact with a draft model"):
+        gens("ngram").generate([5, 6, 7], proposer="hybrid", max_new_tokens=4)
+
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
