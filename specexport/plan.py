@@ -495,7 +495,7 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
         if other.total_bytes < need:  # quantized drafts keep fp32 embeddings, KV and activations
             advice.append(f"{how}: {verdict(other)}")
     if recipe.draft.has_graph:
-        alt = _variant(recipe, draft={"proposer": "ngram", "ngram_sizes": [3, 2, 1]})
+        alt = _variant(recipe, draft={"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, **{"speculation.proposer": "ngram"})
         advice.append(f"n-gram proposer instead of a draft model (draft: {{proposer: ngram}}): "
                       f"{verdict(_report(alt, device, _Shapes(shapes.target, None), recipe.max_context, max_prompt))}")
     if recipe.target.precision == "fp32":

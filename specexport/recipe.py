@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_RECIPE",
     "DRAFT_KINDS",
     "DRAFT_MODEL_PRECISIONS",
+    "DRAFT_PROPOSERS",
     "GRAPH_KINDS",
     "RECIPES_DIR",
     "SELF_DRAFT_PRECISIONS",
@@ -55,6 +56,8 @@ DRAFT_KINDS = ("model", "from_target", "ngram")
 GRAPH_KINDS = ("portable", "fused")
 DEFAULT_GRAPH = "portable"
 NGRAM_PROPOSERS = ("ngram",)
+# with a draft graph: the draft model alone, or hybrid (prompt lookup when the text repeats, else the draft)
+DRAFT_PROPOSERS = ("draft", "hybrid")
 
 MIN_CONTEXT = 16
 MAX_CONTEXT = 131072
@@ -83,7 +86,7 @@ _TOP_KEYS = (
 )
 _TOP_REQUIRED = ("name", "max_context", "target", "draft")
 _MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code")
-_SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive")
+_SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer")
 _VALIDATION_KEYS = ("enabled", "prompt")
 _FROM_TARGET_KEYS = ("precision",)
 # draft forms: kind -> (the key that selects the form, the keys allowed with it)
@@ -172,9 +175,10 @@ class SpeculationSpec:
     gamma: int = DEFAULT_GAMMA
     max_gamma: int = DEFAULT_MAX_GAMMA
     adaptive: bool = True
+    proposer: str | None = None  # None: from the draft form ("ngram" for n-gram, else "draft")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, "max_gamma": self.max_gamma, "adaptive": self.adaptive}
+        return {"gamma": self.gamma, "max_gamma": self.max_gamma, "adaptive": self.adaptive, "proposer": self.proposer}
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,9 @@ class Recipe:
 
     @property
     def proposer(self) -> str:
-        """The manifest's speculation.proposer: "draft" or "ngram"."""
+        """The manifest's speculation.proposer: "draft", "hybrid" or "ngram"."""
+        if self.speculation.proposer is not None:
+            return self.speculation.proposer
         return "ngram" if self.draft.kind == "ngram" else "draft"
 
     def to_dict(self) -> dict[str, Any]:
@@ -440,7 +446,8 @@ class _Reader:
                 f" allowed values: integers {gamma}..{MAX_GAMMA}"
             )
         adaptive = self.boolean(data, "adaptive", "speculation", default=True)
-        return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive)
+        proposer = self.string(data, "proposer", "speculation", default=None, choices=DRAFT_PROPOSERS + NGRAM_PROPOSERS)
+        return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive, proposer=proposer)
 
     def validation(self, value: Any) -> ValidationSpec:
         data = {} if value is None else self.mapping(value, "validation")
@@ -463,12 +470,18 @@ class _Reader:
         self.check_keys(target_data, "target", _MODEL_KEYS)
         target = self.model_spec(target_data, "target", TARGET_PRECISIONS, "fp32")
         draft = self.draft(self.require(data, "draft", "", "exactly one draft form"))
+        speculation = self.speculation(data.get("speculation"))
+        allowed = DRAFT_PROPOSERS if draft.has_graph else NGRAM_PROPOSERS
+        if speculation.proposer is not None and speculation.proposer not in allowed:
+            form = "a draft model" if draft.has_graph else "the n-gram proposer"
+            raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
+                            f" allowed values: {', '.join(allowed)}")
         return Recipe(
             name=name,
             max_context=max_context,
             target=target,
             draft=draft,
-            speculation=self.speculation(data.get("speculation")),
+            speculation=speculation,
             validation=self.validation(data.get("validation")),
             graph=self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS),
             description=self.string(data, "description", "", default=None),

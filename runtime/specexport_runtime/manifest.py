@@ -25,7 +25,7 @@ from .errors import ArtifactError, ChecksumError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-PROPOSERS = ("draft", "ngram", "none")
+PROPOSERS = ("draft", "ngram", "hybrid", "none")
 
 
 @dataclass(frozen=True)

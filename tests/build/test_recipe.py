@@ -89,9 +89,9 @@ def test_default_recipe():
     assert recipe.target.precision == "fp32"
     assert recipe.draft.kind == "from_target" and recipe.draft.precision == "int8"
     assert recipe.speculation.gamma == 8 and recipe.graph == "fused"
+    assert recipe.proposer == recipe.speculation.proposer == "hybrid"
     assert recipe.max_context == 2048
     assert recipe.tested_here is True
-    assert recipe.proposer == "draft"
 
 
 def test_bundled_kinds():
@@ -175,6 +175,22 @@ def test_to_dict_round_trip_every_form():
         again = parse_recipe(recipe.to_dict())
         assert again == recipe
         assert again.to_dict() == recipe.to_dict()
+
+
+def test_speculation_proposer_follows_the_draft_form():
+    minimal = parse_recipe(MINIMAL)
+    assert minimal.proposer == "draft" and minimal.speculation.proposer is None  # follows the draft form
+    assert minimal.with_overrides({"draft": {"proposer": "ngram"}}).proposer == "ngram"
+    hybrid = parse_recipe({**MINIMAL, "speculation": {"proposer": "hybrid"}})
+    assert hybrid.proposer == "hybrid" and parse_recipe(hybrid.to_dict()) == hybrid
+    ngram = {**MINIMAL, "draft": {"proposer": "ngram"}}
+    assert parse_recipe(ngram).proposer == "ngram"
+    with pytest.raises(RecipeError, match="speculation.proposer = 'hybrid' is not allowed with the n-gram proposer"):
+        parse_recipe({**ngram, "speculation": {"proposer": "hybrid"}})
+    with pytest.raises(RecipeError, match="speculation.proposer = 'ngram' is not allowed with a draft model"):
+        parse_recipe({**MINIMAL, "speculation": {"proposer": "ngram"}})
+    with pytest.raises(RecipeError, match="speculation.proposer = 'medusa'"):
+        parse_recipe({**MINIMAL, "speculation": {"proposer": "medusa"}})
 
 
 def test_with_overrides():

@@ -1,4 +1,5 @@
-"""Greedy exactness on the real default artifact (SmolLM2-135M fp32 target, int8 self-draft)."""
+"""Greedy exactness on the real default artifact (SmolLM2-135M fp32 target, int8 self-draft,
+fused graphs): every proposer (draft, n-gram, hybrid), fixed and adaptive gamma."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ SETTINGS = {
     "draft-adaptive": {"proposer": "draft", "gamma": None},
     "ngram-gamma4": {"proposer": "ngram", "gamma": 4},
     "ngram-adaptive": {"proposer": "ngram", "gamma": None},
+    "hybrid-gamma8": {"proposer": "hybrid", "gamma": 8},
+    "hybrid-default": {},  # the artifact's own proposer and adaptive gamma (the default recipe: hybrid)
 }
 
 
@@ -56,7 +59,7 @@ def test_real_greedy_speculative_equals_target_only(real_gen, baselines, case):
         s = result.stats
         assert s.rounds == s.corrections + s.bonus
         assert 1 + s.accepted + s.rounds + s.plain_steps >= s.new_tokens == len(result.token_ids)
-        if kwargs["gamma"] is not None:
+        if kwargs.get("gamma") is not None:
             assert s.drafted > 0 or kwargs["proposer"] == "ngram"
 
 
