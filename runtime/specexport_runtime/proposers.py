@@ -109,12 +109,15 @@ class NgramLookupProposer:
 class HybridProposer:
     """Prompt lookup when the history's last `min_match` or more tokens occurred before, the
     draft model otherwise. A lookup proposal costs no model call and, on text that copies its
-    input, is accepted for long stretches; the draft model keeps the rounds where nothing
-    repeats. The draft catches up on tokens accepted in lookup rounds in one call (timed
-    apart, like its prompt) the next time it drafts. Every proposal is verified as usual, so
-    the mix stays exact."""
+    input, is accepted for long stretches, so it always proposes up to the lookup's own maximum
+    (the room left in the context permitting) and is tried even when the gamma controller has
+    turned the draft model off (gamma 0); the draft model keeps the rounds where nothing repeats,
+    at the controller's gamma. The draft catches up on tokens accepted in lookup rounds in one
+    call (timed apart, like its prompt) the next time it drafts. Every proposal is verified as
+    usual, so the mix stays exact."""
 
     name = "hybrid"
+    proposes_when_off = True  # the loop asks it even when the controller chose gamma 0
 
     def __init__(self, draft: DraftModelProposer, lookup: NgramLookupProposer, min_match: int | None = None):
         sizes = lookup.index.ngram_sizes
@@ -128,9 +131,12 @@ class HybridProposer:
         self.lookup.start(prompt)
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
-        n, tokens = self.lookup.index.match(gamma)
+        room = self.draft.model.max_context - len(committed)  # rows left after feeding `last`
+        n, tokens = self.lookup.index.match(max(0, min(self.lookup.index.max_gamma, room)))
         if n >= self.min_match:
             return Proposal(tokens, None, lookup=True)
+        if gamma == 0:
+            return Proposal([], None)  # the draft model is off: a plain step
         return self.draft.propose(committed, gamma, params, rng)
 
     def commit(self, committed, n_new) -> None:
