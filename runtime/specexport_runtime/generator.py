@@ -180,7 +180,7 @@ class SpeculativeLoop:
         while len(committed) < max_context:  # the last token still needs a cache row
             room = max_context - len(committed)  # rows left after feeding `last`
             gamma = self.choose_gamma()
-            free = self.options.speculative and getattr(self.proposer, "proposes_when_off", False)
+            free = self.options.speculative and getattr(self.proposer, "proposes_when_off", False)  # optional attribute
             if (gamma > 0 or free) and room > 0:
                 new = self.speculative_step(committed, min(gamma, room))
             else:

@@ -30,6 +30,9 @@ class Proposal:
 
 class Proposer(Protocol):
     name: str
+    # optional: True when propose() may return free tokens even at gamma 0 (the controller has
+    # turned drafting off); the loop then still asks it each step (HybridProposer's lookup)
+    proposes_when_off: bool
 
     def start(self, prompt: Sequence[int]) -> None: ...
 
