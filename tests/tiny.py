@@ -91,14 +91,14 @@ def save_hf_folder(model, folder: Path, tokenizer=None) -> Path:
 
 
 def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamma: int = 4, max_context: int = 256,
-                 graph: str = "portable") -> Path:
+                 graph: str = "portable", precision: str = "fp32") -> Path:
     import yaml
 
     data = {
         "name": name,
         "max_context": max_context,
         "graph": graph,
-        "target": {"model": str(target), "precision": "fp32"},
+        "target": {"model": str(target), "precision": precision},
         "draft": draft,
         "speculation": {"gamma": gamma, "max_gamma": 8},
         "tested_here": True,
@@ -107,9 +107,11 @@ def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamm
     return path
 
 
-def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max_context: int = 256) -> Path:
-    """draft_kind: 'self' (draft = target, fp32), 'noisy' (perturbed copy), 'ngram', 'int8' (self-draft);
-    with a '-fused' suffix (e.g. 'noisy-fused') both graphs are fused (head_major_inplace)."""
+def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max_context: int = 256,
+                        precision: str = "fp32") -> Path:
+    """draft_kind: 'self' (draft = target), 'noisy' (perturbed copy), 'ngram', or a self-draft
+    precision ('int8', 'int4', 'fp16', ...); with a '-fused' suffix (e.g. 'noisy-fused') both graphs
+    are fused (head_major_inplace). precision: the target's (and a draft model's) precision."""
     from specexport.build import build_artifact
     from specexport.recipe import load_recipe
 
@@ -120,16 +122,16 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
     target = make_model(arch)
     target_dir = save_hf_folder(target, workdir / "target-hf")
     if draft_kind == "self":
-        draft = {"model": str(target_dir), "precision": "fp32"}
+        draft = {"model": str(target_dir), "precision": precision}
     elif draft_kind == "noisy":
         draft_dir = save_hf_folder(perturbed_copy(target, 0.1), workdir / "draft-hf")
-        draft = {"model": str(draft_dir), "precision": "fp32"}
+        draft = {"model": str(draft_dir), "precision": precision}
     elif draft_kind == "ngram":
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
     else:
         draft = {"from_target": {"precision": draft_kind}}
     recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else ""),
-                                      max_context=max_context, graph=graph))
+                                      max_context=max_context, graph=graph, precision=precision))
     out = workdir / "artifact"
     build_artifact(recipe, out)
     return out

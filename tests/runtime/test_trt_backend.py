@@ -277,10 +277,13 @@ def test_device_check_skips_without_gpu(tmp_path):
 @pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: run scripts/device-check by hand")
 def test_device_check_logic_with_cpu_standing_in(tiny_artifacts, tmp_path):
     """DEVICE_CHECK_PROVIDER=cpu runs every check with the CPU as the device (tests the script only)."""
+    from tiny import build_tiny_artifact
+
+    fused = build_tiny_artifact(tmp_path / "fused", "fp16-fused", precision="fp16")
     out = tmp_path / "dc.json"
     proc = subprocess.run(
         [str(REPO / "scripts" / "device-check"), "--artifact", str(tiny_artifacts["noisy"]), "--out", str(out),
-         "--tokens", "16"],
+         "--tokens", "16", "--fused-artifact", str(fused)],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHON": sys.executable, "DEVICE_CHECK_PROVIDER": "cpu"},
     )
@@ -290,6 +293,9 @@ def test_device_check_logic_with_cpu_standing_in(tiny_artifacts, tmp_path):
     assert data["checks"]["parity"]["target"]["max_abs_diff"] == 0.0
     assert data["checks"]["greedy"]["speculation_on_equals_off"] is True
     assert data["checks"]["greedy"]["tokens_per_second_on"] > 0
+    f = data["checks"]["fused"]
+    assert (f["precision"], f["kv_layout"]) == ("fp16", "head_major_inplace")
+    assert f["max_abs_diff"] == 0.0 and f["speculation_on_equals_off"] is True
 
 
 # --------------------------------------------------------------------------- GPU (skipped here)
