@@ -22,7 +22,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

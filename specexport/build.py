@@ -30,7 +30,7 @@ from .quantize import QUANTIZED_PRECISIONS, quantize_graph
 from .recipe import ModelSpec, Recipe
 from .sources import ModelSource, load_model, load_tokenizer, resolve_source
 from .tokcheck import check_pair, tokenizer_hash
-from .validate import FP16, FP32, QUANTIZED, Tolerance, validate_export
+from .validate import FP16, FP32, QUANTIZED, validate_export
 
 DEFAULT_PROBE = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
