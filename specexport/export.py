@@ -96,8 +96,7 @@ def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = T
         _share_tied_embedding(proto)
     _fix_output_dims(proto, spec)
     proto.producer_name = "specexport"
-    onnx.helper.set_model_props(proto, {"specexport.contract_version": contract.version_for(contract.TIME_MAJOR),
-                                           "specexport.kv_layout": contract.TIME_MAJOR})
+    onnx.helper.set_model_props(proto, contract.graph_metadata(contract.TIME_MAJOR))
     path = out_dir / GRAPH_NAME
     (out_dir / DATA_NAME).unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(

@@ -265,8 +265,7 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
                               producer_name="specexport")
     proto.ir_version = 8
-    helper.set_model_props(proto, {"specexport.contract_version": contract.version_for(spec.kv_layout),
-                                   "specexport.kv_layout": spec.kv_layout})
+    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DATA_NAME).unlink(missing_ok=True)
     path = out_dir / GRAPH_NAME

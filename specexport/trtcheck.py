@@ -461,7 +461,7 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
     for key in sorted(reasons):
         report.error(f"unsupported operator {reasons[key]} ({counts[key]} node(s))")
 
-    layout = {p.key: p.value for p in model.metadata_props}.get("specexport.kv_layout", contract.TIME_MAJOR)
+    layout = {p.key: p.value for p in model.metadata_props}.get(contract.META_KV_LAYOUT, contract.TIME_MAJOR)
     if layout != contract.TIME_MAJOR:  # the engine profiles describe time_major caches only
         report.error(f"the graph uses the {layout} KV layout (a fused graph, ONNX Runtime contrib ops):"
                      " TensorRT builds portable graphs; rebuild the artifact with `graph: portable`")

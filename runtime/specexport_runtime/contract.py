@@ -45,8 +45,9 @@ Invariants
     * the graph writes the S new keys/values in place into rows P .. P+S-1 of the buffer and
       attends causally over rows 0 .. P+S-1 only; rows >= P+S are never read, so rollback
       is again a cursor move (the next call passes the smaller P) and nothing is copied;
-    * T_max is fixed in the graph (its rotary tables have T_max rows) and equals the
-      artifact's max_context.
+    * the cache dimension T is symbolic in the graph; the runtime binds T_max = the artifact's
+      max_context rows, and the rotary tables inside the graph have max_context rows, so
+      P + S <= max_context.
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def present_value(layer: int) -> str:
 def version_for(kv_layout: str) -> str:
     """The lowest contract version that defines `kv_layout` (what an artifact declares)."""
     return _LAYOUT_VERSION[kv_layout]
+
+
+META_CONTRACT_VERSION = "specexport.contract_version"  # ONNX metadata_props keys of every graph
+META_KV_LAYOUT = "specexport.kv_layout"
+
+
+def graph_metadata(kv_layout: str) -> dict[str, str]:
+    """The metadata_props an exported graph carries (both exporters write these)."""
+    return {META_CONTRACT_VERSION: version_for(kv_layout), META_KV_LAYOUT: kv_layout}
 
 
 @dataclass(frozen=True)
