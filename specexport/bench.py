@@ -42,13 +42,12 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from specexport_runtime.errors import InvalidArgument, SpecExportError
+from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
 
 from .prompts import Prompt, load_prompts
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in total, label of the run just done)
 EXACT_PRECISIONS = ("fp32", "fp16")
-PROPOSERS = ("draft", "ngram", "hybrid")
-DRAFT_MODEL_PROPOSERS = ("draft", "hybrid")  # run the draft model (its memory and calls count)
 BOOTSTRAP_SAMPLES = 2000
 WARMUP_TOKENS = 8
 QUANT_CAVEAT = (
@@ -733,8 +732,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = proposer or gen.default_proposer
-    if proposer not in PROPOSERS:
-        raise InvalidArgument(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+    if proposer not in SPECULATIVE_PROPOSERS:
+        raise InvalidArgument(f"proposer must be one of {', '.join(SPECULATIVE_PROPOSERS)}, got {proposer!r}")
     if proposer in DRAFT_MODEL_PROPOSERS and gen.draft is None:
         raise InvalidArgument(f"proposer {proposer!r} needs an artifact with a draft model; this one has none (use 'ngram')")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)

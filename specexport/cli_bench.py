@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from specexport_runtime.manifest import SPECULATIVE_PROPOSERS
+
 from .prompts import DOMAINS
 
 
@@ -63,7 +65,7 @@ class _Progress:
 @click.argument("artifact", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--prompts", "prompt_specs", multiple=True, default=("all",), show_default=True,
               help="Prompt set: a domain (" + ", ".join(DOMAINS) + "), 'all', or a JSONL file; repeatable or comma-separated.")
-@click.option("--proposer", type=click.Choice(["draft", "ngram", "hybrid"]), default=None,
+@click.option("--proposer", type=click.Choice(SPECULATIVE_PROPOSERS), default=None,
               help="Draft model, n-gram prompt lookup, or hybrid (lookup when the text repeats, else the draft"
                    " model); default: the artifact's.")
 @click.option("--gamma", "gamma_text", default="adaptive", show_default=True,

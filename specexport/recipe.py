@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS
+
 from .errors import RecipeError
 
 __all__ = [
@@ -57,7 +59,7 @@ GRAPH_KINDS = ("portable", "fused")
 DEFAULT_GRAPH = "portable"
 NGRAM_PROPOSERS = ("ngram",)
 # with a draft graph: the draft model alone, or hybrid (prompt lookup when the text repeats, else the draft)
-DRAFT_PROPOSERS = ("draft", "hybrid")
+DRAFT_PROPOSERS = DRAFT_MODEL_PROPOSERS
 
 MIN_CONTEXT = 16
 MAX_CONTEXT = 131072

@@ -13,7 +13,7 @@ from .adaptive import GammaController
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import GenerateOptions, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
-from .manifest import Manifest, read_manifest, verify_files
+from .manifest import DRAFT_MODEL_PROPOSERS, Manifest, read_manifest, verify_files
 from .proposers import DraftModelProposer, HybridProposer, NgramLookupProposer, NoProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer import TextCodec
@@ -51,7 +51,7 @@ class SpecGenerator:
 
     def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
         name = name or self.default_proposer
-        if name in ("draft", "hybrid"):
+        if name in DRAFT_MODEL_PROPOSERS:
             if self.draft is None:
                 raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
             if not 0.0 <= min_draft_prob < 1.0:

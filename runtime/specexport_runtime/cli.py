@@ -11,6 +11,7 @@ import sys
 import traceback
 
 from .errors import SpecExportError
+from .manifest import SPECULATIVE_PROPOSERS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +31,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--system", default=None, help="system message for --chat")
     gen.add_argument("--stream", action="store_true", help="print text pieces as tokens are accepted")
     gen.add_argument("--no-speculation", action="store_true", help="target-only decoding (the baseline)")
-    gen.add_argument("--proposer", choices=["draft", "ngram", "hybrid"], default=None,
+    gen.add_argument("--proposer", choices=SPECULATIVE_PROPOSERS, default=None,
                      help="draft model, n-gram prompt lookup, or hybrid: lookup when the last 3 tokens"
                           " occurred before, else the draft model (default: the artifact's)")
     gen.add_argument("--gamma", type=int, default=None, help="fixed draft length (default: adaptive)")

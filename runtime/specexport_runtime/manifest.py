@@ -25,7 +25,9 @@ from .errors import ArtifactError, ChecksumError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-PROPOSERS = ("draft", "ngram", "hybrid", "none")
+PROPOSERS = ("draft", "ngram", "hybrid", "none")  # speculation.proposer values ("none": target only)
+SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid")  # what --proposer accepts
+DRAFT_MODEL_PROPOSERS = ("draft", "hybrid")  # run the artifact's draft model
 
 
 @dataclass(frozen=True)
