@@ -123,6 +123,8 @@ class SpeculativeLoop:
                  options: GenerateOptions, rng: np.random.Generator, stats: GenerationStats):
         self.target, self.proposer, self.controller = target, proposer, controller
         self.options, self.params, self.rng, self.stats = options, options.sampling, rng, stats
+        # a proposer with free proposals (hybrid lookup) is asked even when the controller says gamma 0
+        self.ask_when_off = options.speculative and getattr(proposer, "proposes_when_off", False)  # optional attribute
 
     def pick(self, logits: np.ndarray) -> int:
         """One token from a logits row [V] of the target."""
@@ -180,8 +182,7 @@ class SpeculativeLoop:
         while len(committed) < max_context:  # the last token still needs a cache row
             room = max_context - len(committed)  # rows left after feeding `last`
             gamma = self.choose_gamma()
-            free = self.options.speculative and getattr(self.proposer, "proposes_when_off", False)  # optional attribute
-            if (gamma > 0 or free) and room > 0:
+            if (gamma > 0 or self.ask_when_off) and room > 0:
                 new = self.speculative_step(committed, min(gamma, room))
             else:
                 new = self.plain_step(committed)
