@@ -220,8 +220,9 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
         )  # a: [1, S, H D]
         (pending,) = g.op("MatMul", [a, g.weight(f"l{i}_o", o_w)])
         h = norm(_get(layer, arch.mlp_norm))
-        (gate,) = g.op("MatMul", [h, g.weight(f"l{i}_gate", gate_w)])
-        (up,) = g.op("MatMul", [h, g.weight(f"l{i}_up", up_w)])
+        inter = gate_w.shape[1]
+        (gate_up,) = g.op("MatMul", [h, g.weight(f"l{i}_gate_up", torch.cat([gate_w, up_w], 1))])  # [1, S, 2 I]
+        gate, up = g.op("Split", [gate_up, g.const("split", np.array([inter, inter], np.int64))], 2, axis=-1)
         (hidden,) = g.op("Mul", [_activation(g, gate, act), up])
         (pending,) = g.op("MatMul", [hidden, g.weight(f"l{i}_down", down_w)])
 
