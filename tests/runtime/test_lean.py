@@ -17,8 +17,8 @@ FORBIDDEN = ("torch", "transformers", "onnx", "onnxscript", "specexport", "yaml"
 
 PROBE = r"""
 import importlib.metadata as md, json, re, sys
-from specexport_runtime.api import load
-gen = load(sys.argv[1])
+import specexport_runtime
+gen = specexport_runtime.load(sys.argv[1])  # the package-level API of the issue
 result = gen.generate("def add(a, b):", max_new_tokens=12)
 text = "".join(gen.stream([5, 6, 7], max_new_tokens=6, temperature=0.7, seed=1))
 chat = gen.chat([{"role": "user", "content": "hi"}], max_new_tokens=4)
@@ -127,3 +127,15 @@ def test_static_import_check_sees_lazy_imports(tmp_path):
     src.write_text("import numpy\ntry:\n    import torch\nexcept ImportError:\n    pass\n"
                    "def f():\n    import tensorrt\n    from cuda import cudart\n", encoding="utf-8")
     assert _imported_roots(src) == ({"numpy", "torch"}, {"tensorrt", "cuda"})
+
+
+def test_contract_and_manifest_import_without_onnxruntime(tmp_path):
+    """The build side reads the shared contract and manifest modules; importing them (and the
+    package) does not start ONNX Runtime: `specexport_runtime.load` is resolved on first use."""
+    probe = ("import sys, specexport_runtime, specexport_runtime.contract, specexport_runtime.manifest\n"
+             "before = 'onnxruntime' in sys.modules\n"
+             "load = specexport_runtime.load\n"
+             "print(before, 'onnxruntime' in sys.modules, load.__module__)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True", "specexport_runtime.api"]
