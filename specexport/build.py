@@ -27,7 +27,7 @@ from .errors import BuildError
 from .export import ExportResult, export_graph
 from .fused import build_fused
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
-from .recipe import ModelSpec, Recipe
+from .recipe import BLOCK_SIZE, ModelSpec, Recipe
 from .sources import ModelSource, load_model, load_tokenizer, resolve_source
 from .tokcheck import check_pair, tokenizer_hash
 from .validate import FP16, FP32, QUANTIZED, validate_export
@@ -219,7 +219,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             if precision in QUANTIZED_PRECISIONS:
                 raw = _export(recipe, base_model, Path(scratch), tie_lm_head=False)
-                quantize_graph(raw.path, root / "draft", precision)
+                quantize_graph(raw.path, root / "draft", precision, recipe.draft.block_size or BLOCK_SIZE)
                 spec, tol = raw.spec, QUANTIZED
             else:
                 model = base_model if precision == "fp32" else copy.deepcopy(base_model).to(_dtype(precision))

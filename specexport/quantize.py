@@ -16,9 +16,9 @@ from pathlib import Path
 import onnx
 
 from .export import DATA_NAME, GRAPH_NAME
+from .recipe import BLOCK_SIZE, BLOCK_SIZES, BLOCKED_PRECISIONS
 
 QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")
-BLOCK_SIZE = 32
 # accuracy_level 4: int8 activations inside MatMulNBits (its fast path also for S >= 2 rows)
 ACCURACY_LEVEL = 4
 
@@ -39,10 +39,17 @@ def _save(proto: onnx.ModelProto, out_dir: Path) -> Path:
     return path
 
 
-def quantize_graph(src: Path, out_dir: Path, precision: str) -> QuantizeResult:
-    """Write a `precision` copy of the graph at `src` into out_dir/model.onnx (+ data)."""
+def quantize_graph(src: Path, out_dir: Path, precision: str, block_size: int = BLOCK_SIZE) -> QuantizeResult:
+    """Write a `precision` copy of the graph at `src` into out_dir/model.onnx (+ data).
+
+    block_size: input rows sharing one scale (int8 / int4). Coarser blocks read fewer scales
+    per step (a faster draft) at some agreement with the source; dynamic-int8 has none."""
     if precision not in QUANTIZED_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {QUANTIZED_PRECISIONS}")
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size {block_size!r} is not one of {BLOCK_SIZES}")
+    if precision not in BLOCKED_PRECISIONS and block_size != BLOCK_SIZE:
+        raise ValueError(f"block_size applies to {BLOCKED_PRECISIONS} only, not to {precision!r}")
     start = time.perf_counter()
     # onnxruntime's quantizers log every tensor at INFO (root logger and their own loggers)
     loggers = [logging.getLogger(name) for name in
@@ -51,13 +58,13 @@ def quantize_graph(src: Path, out_dir: Path, precision: str) -> QuantizeResult:
     for logger in loggers:
         logger.setLevel(logging.WARNING)
     try:
-        return _quantize(src, out_dir, precision, start)
+        return _quantize(src, out_dir, precision, block_size, start)
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
 
 
-def _quantize(src: Path, out_dir: Path, precision: str, start: float) -> QuantizeResult:
+def _quantize(src: Path, out_dir: Path, precision: str, block_size: int, start: float) -> QuantizeResult:
     if precision == "dynamic-int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -72,7 +79,7 @@ def _quantize(src: Path, out_dir: Path, precision: str, start: float) -> Quantiz
         quantizer = MatMulNBitsQuantizer(
             onnx.load(str(src)),
             bits=8 if precision == "int8" else 4,
-            block_size=BLOCK_SIZE,
+            block_size=block_size,
             is_symmetric=True,
             accuracy_level=ACCURACY_LEVEL,
         )

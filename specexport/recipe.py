@@ -70,6 +70,9 @@ DEFAULT_MAX_GAMMA = 8
 MAX_NGRAM = 16
 DEFAULT_NGRAM_SIZES = (3, 2, 1)
 DEFAULT_SELF_DRAFT_PRECISION = "int8"
+BLOCKED_PRECISIONS = ("int8", "int4")  # weight-only MatMulNBits: one scale per block of input rows
+BLOCK_SIZE = 32  # default block: finest scales, highest agreement with the fp32 source
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits needs a power of two >= 16
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 DEFAULT_RECIPE = "smollm2-135m"
@@ -90,7 +93,7 @@ _TOP_REQUIRED = ("name", "max_context", "target", "draft")
 _MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code")
 _SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer")
 _VALIDATION_KEYS = ("enabled", "prompt")
-_FROM_TARGET_KEYS = ("precision",)
+_FROM_TARGET_KEYS = ("precision", "block_size")
 # draft forms: kind -> (the key that selects the form, the keys allowed with it)
 _DRAFT_FORMS = {
     "model": ("model", _MODEL_KEYS),
@@ -138,7 +141,8 @@ class DraftSpec:
     """How draft tokens are proposed.
 
     kind "model":       a separate model (`model`; `precision` == model.precision)
-    kind "from_target": a quantized copy of the target (`precision` in SELF_DRAFT_PRECISIONS)
+    kind "from_target": a quantized copy of the target (`precision` in SELF_DRAFT_PRECISIONS;
+                        `block_size`: rows per scale for int8 / int4, None = quantize.BLOCK_SIZE)
     kind "ngram":       the n-gram proposer, no draft graph (`ngram_sizes`, longest tried first)
     """
 
@@ -146,10 +150,16 @@ class DraftSpec:
     precision: str | None = None
     model: ModelSpec | None = None
     ngram_sizes: tuple[int, ...] = ()
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFT_KINDS:
             raise RecipeError(f"draft kind {self.kind!r} is not one of {', '.join(DRAFT_KINDS)}")
+        if self.block_size is not None and (self.kind != "from_target" or self.precision not in BLOCKED_PRECISIONS):
+            raise RecipeError(f"draft block_size applies to from_target drafts of precision {' or '.join(BLOCKED_PRECISIONS)}"
+                              f" only, not to a {self.kind} draft of precision {self.precision!r}")
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
+            raise RecipeError(f"draft block_size {self.block_size!r} is not one of {', '.join(map(str, BLOCK_SIZES))}")
         if (self.kind == "model") != (self.model is not None):
             raise RecipeError("draft.model is set exactly when the draft kind is 'model'")
         if self.kind == "model" and self.precision != self.model.precision:
@@ -168,7 +178,10 @@ class DraftSpec:
         if self.kind == "model":
             return self.model.to_dict()
         if self.kind == "from_target":
-            return {"from_target": {"precision": self.precision}}
+            inner: dict[str, Any] = {"precision": self.precision}
+            if self.block_size is not None:
+                inner["block_size"] = self.block_size
+            return {"from_target": inner}
         return {"proposer": "ngram", "ngram_sizes": list(self.ngram_sizes)}
 
 
@@ -416,7 +429,15 @@ class _Reader:
                 default=DEFAULT_SELF_DRAFT_PRECISION,
                 choices=SELF_DRAFT_PRECISIONS,
             )
-            return DraftSpec(kind="from_target", precision=precision)
+            block = inner.get("block_size")
+            if block is not None:
+                if precision not in BLOCKED_PRECISIONS:
+                    raise self.fail(f"draft.from_target.block_size is set, but precision {precision!r} has no blocks;"
+                                    f" block_size applies to precision {' or '.join(BLOCKED_PRECISIONS)}")
+                if isinstance(block, bool) or block not in BLOCK_SIZES:
+                    raise self.fail(f"draft.from_target.block_size = {block!r} is not allowed;"
+                                    f" allowed values: {', '.join(map(str, BLOCK_SIZES))}")
+            return DraftSpec(kind="from_target", precision=precision, block_size=block)
         self.string(data, "proposer", "draft", choices=NGRAM_PROPOSERS)
         sizes = data.get("ngram_sizes")
         if sizes is None:

@@ -130,6 +130,29 @@ def test_quantize_graph(precision, fp32_draft, fp32_logits, tmp_path):
     assert top5 >= MIN_TOP5[precision], f"{precision}: fp32 argmax in the top 5 on {top5:.2f} of the rows"
 
 
+def test_quantize_block_size(fp32_draft, fp32_logits, tmp_path):
+    """block_size sets the MatMulNBits blocks: coarser blocks store fewer scales (smaller file)
+    and still follow the fp32 graph."""
+    _, src = fp32_draft
+    fine = quantize_graph(src.path, tmp_path / "b16", "int8", block_size=16)
+    coarse = quantize_graph(src.path, tmp_path / "b64", "int8", block_size=64)  # the tiny model: K = 64 or more
+    blocks = {onnx.helper.get_attribute_value(a) for n in onnx.load(str(coarse.path), load_external_data=False).graph.node
+              if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+    assert blocks == {64}
+    assert coarse.bytes < fine.bytes
+    ids, ref = fp32_logits
+    got = _run_chunks(coarse.path, src.spec, ids, (17, 1, 22))
+    assert float((got.argmax(-1) == ref.argmax(-1)).mean()) >= MIN_AGREEMENT["int8"]
+
+
+@pytest.mark.parametrize("precision, block, match", [("int8", 100, "block_size 100"), ("dynamic-int8", 64, "int8")])
+def test_quantize_bad_block_size_raises(precision, block, match, fp32_draft, tmp_path):
+    _, src = fp32_draft
+    with pytest.raises(ValueError, match=match):
+        quantize_graph(src.path, tmp_path / "q", precision, block_size=block)
+    assert not (tmp_path / "q").exists()
+
+
 def test_quantize_unknown_precision_raises(fp32_draft, tmp_path):
     _, src = fp32_draft
     with pytest.raises(ValueError, match=r"'fp8'.*int8"):

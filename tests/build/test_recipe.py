@@ -264,6 +264,26 @@ def test_bad_precision(dotted, value, allowed):
     bad(with_(MINIMAL, dotted, value), dotted, repr(value), allowed)
 
 
+def test_from_target_block_size():
+    recipe = parse_recipe(with_(MINIMAL, "draft", {"from_target": {"precision": "int4", "block_size": 128}}))
+    assert recipe.draft.block_size == 128
+    assert recipe.draft.to_dict() == {"from_target": {"precision": "int4", "block_size": 128}}
+    assert parse_recipe(MINIMAL).draft.block_size is None  # the quantizer's default (32)
+    assert "block_size" not in parse_recipe(MINIMAL).draft.to_dict()["from_target"]
+
+
+@pytest.mark.parametrize("value", [100, 8, 512, "128", True, 0])
+def test_bad_block_size(value):
+    bad(with_(MINIMAL, "draft", {"from_target": {"precision": "int8", "block_size": value}}),
+        "draft.from_target.block_size", repr(value), "16, 32, 64, 128, 256")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "dynamic-int8"])
+def test_block_size_needs_a_blocked_precision(precision):
+    bad(with_(MINIMAL, "draft", {"from_target": {"precision": precision, "block_size": 64}}),
+        "block_size", repr(precision), "int8 or int4")
+
+
 def test_bad_draft_model_precision():
     data = with_(MINIMAL, "draft", {"model": "org/d", "precision": "int2"})
     bad(data, "draft.precision", "'int2'", "fp32, fp16, int8, int4, dynamic-int8")
@@ -418,6 +438,8 @@ _model = st.fixed_dictionaries(
 ).filter(lambda m: not m["model"].lower().endswith(".gguf") and not m["model"].startswith("builtin:"))
 _draft = st.one_of(
     st.builds(lambda p: {"from_target": {"precision": p}}, st.sampled_from(["int8", "int4", "dynamic-int8", "fp16"])),
+    st.builds(lambda p, b: {"from_target": {"precision": p, "block_size": b}}, st.sampled_from(["int8", "int4"]),
+              st.sampled_from([16, 32, 64, 128, 256])),
     st.builds(
         lambda m, p: {**m, "precision": p}, _model, st.sampled_from(["fp32", "fp16", "int8", "int4", "dynamic-int8"])
     ),
