@@ -63,7 +63,7 @@ def test_high_acceptance_and_cheap_draft_picks_gamma_max():
 
 
 def test_moderate_acceptance_and_costly_draft_picks_a_middle_gamma():
-    ctl = calibrated(alpha=0.7, cost_draft=0.004)
+    ctl = calibrated(alpha=0.7, cost_draft=0.004, gamma_tolerance=0.0)
     g = ctl.choose()
     assert 1 < g < 8
     speedups = [ctl.expected_speedup(k) for k in range(1, 9)]
@@ -99,6 +99,22 @@ def test_successful_probe_turns_speculation_back_on():
     assert ctl.choose() == 2
 
 
+def test_gamma_is_kept_while_within_tolerance_of_the_best():
+    """Near its top the expected speedup is flat: the gamma in use stays unless another one is
+    better by more than gamma_tolerance; then the best one is taken."""
+    ctl = calibrated(alpha=0.9, cost_draft=0.004, gamma=8, gamma_tolerance=0.05)
+    best_g, best_s = ctl.best()
+    assert best_g != 8 and ctl.expected_speedup(8) >= 0.95 * best_s  # a flat top: 8 is within 5%
+    assert ctl.choose() == 8 and ctl.gamma == 8
+    strict = calibrated(alpha=0.9, cost_draft=0.004, gamma=8, gamma_tolerance=0.0)
+    assert strict.choose() == best_g
+    ctl.alpha = 0.6  # now 8 is far from the best: switch
+    best_g, best_s = ctl.best()
+    assert ctl.expected_speedup(8) < 0.95 * best_s
+    assert ctl.choose() == best_g == ctl.gamma
+    assert ctl.choose() == best_g  # and the new gamma is kept in turn
+
+
 def test_hysteresis_prevents_flapping():
     # gamma fixed at 1, flat costs: expected_speedup(1) = (1 + alpha) / 1.5
     ctl = GammaController(
@@ -127,7 +143,7 @@ def test_without_hysteresis_it_would_flap():
 
 
 def test_warm_up_times_decode_then_one_round():
-    ctl = GammaController(gamma=3)
+    ctl = GammaController(gamma=3, gamma_tolerance=0.0)
     assert ctl.choose() == 0
     ctl.record_decode(0.02)
     assert ctl.cost_decode == 0.02
@@ -180,6 +196,8 @@ def test_stop_drafting():
         ({"probe_every": 0}, "probe_every"),
         ({"probe_max": 2}, "probe_max"),
         ({"min_draft_prob": 1.0}, "min_draft_prob"),
+        ({"gamma_tolerance": 1.0}, "gamma_tolerance"),
+        ({"gamma_tolerance": -0.01}, "gamma_tolerance"),
     ],
 )
 def test_validation(kwargs, shown):
