@@ -21,12 +21,13 @@ not be timed.
 
 Warm-up: choose() first returns 0 until a plain decode step has been timed, then the initial
 gamma until one speculative round has been timed. After that it returns the gamma with the
-best expected speedup, or 0 (speculation off) when that is below 1; the gamma in use is kept while
-its expected speedup is within gamma_tolerance of the best (the speedup is flat near its top, the
-estimates behind it are noisy EMAs, and each switch lands on verify sizes timed less often). On the
-development CPU (15 prompts, same run) a tolerance of 0.03 instead of 0 ran the draft proposer at
-1.65x instead of 1.49x and the hybrid at 1.85x instead of 1.76x (docs/performance.md).
-Switching back on needs
+best expected speedup, or 0 (speculation off) when that is below 1; more exactly, the longest
+gamma whose expected speedup is within gamma_tolerance of the best. Near its top the curve is flat
+and its inputs are noisy EMAs, and what the model leaves out (per-round host work, the draft's
+catch-up call) favours fewer, longer rounds. On the development CPU (15 prompts, 128 tokens, same
+run) a tolerance of 0.03 ran the hybrid proposer at 1.90x and 1.91x against 1.74x and 1.77x for the
+plain best (fixed gamma 8: 1.80x, 1.82x), and the draft proposer at 1.54x against 1.47x
+(docs/performance.md). Switching back on needs
 1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
@@ -81,7 +82,7 @@ class GammaController:
     probe_max: int = 256  # cap of the doubling probe interval
     probe_gamma: int = 2  # draft length of a probe round (clamped to [gamma_min, gamma_max])
     min_draft_prob: float = 0.0  # stop_drafting threshold on the draft's top probability; 0 = off
-    gamma_tolerance: float = 0.03  # keep the current gamma while its expected speedup is within this of the best
+    gamma_tolerance: float = 0.03  # take the longest gamma whose expected speedup is within this of the best
 
     speculating: bool = field(default=True, init=False)
     _initial_gamma: int = field(default=0, init=False, repr=False)
@@ -211,8 +212,7 @@ class GammaController:
                 self.speculating = False
                 self._off_rounds = 1  # this call's decode step is the first of the interval
                 return 0
-            if self.expected_speedup(self.gamma) < (1.0 - self.gamma_tolerance) * speedup:
-                self.gamma = g  # else keep it: near the top the curve is flat and the estimates noisy
+            self.gamma = self._longest_near(speedup)
             return self.gamma
         if speedup >= 1.0 + self.hysteresis:
             self.speculating = True
@@ -227,6 +227,11 @@ class GammaController:
             return min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
         self._off_rounds += 1
         return 0
+
+    def _longest_near(self, best_speedup: float) -> int:
+        """The longest gamma whose expected speedup is within gamma_tolerance of the best."""
+        floor = (1.0 - self.gamma_tolerance) * best_speedup
+        return max(g for g in range(self.gamma_min, self.gamma_max + 1) if self.expected_speedup(g) >= floor)
 
     def start_sequence(self) -> None:
         """A new prompt begins. Acceptance and costs carry over, but when speculation is off and a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -42,6 +42,9 @@ class SpecGenerator:
         # one controller per (proposer, domain), kept between calls: its costs are the machine's,
         # its acceptance the pair's, and its on/off state and probe back-off carry on
         self._controllers: dict[tuple[str, str | None], GammaController] = {}
+        # further GammaController fields (e.g. gamma_tolerance, probe_every) for the controllers
+        # created from now on; checked by GammaController, so a bad value fails at the next generate
+        self.controller_options: dict[str, Any] = {}
         self.last_stats: GenerationStats | None = None
 
     # --- proposers ----------------------------------------------------------------------
@@ -85,7 +88,7 @@ class SpecGenerator:
             start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"
             alpha = min(1.0, max(0.0, float(entry.get("alpha", alpha))))
         gamma_max = max(int(self.manifest.generation.get("max_gamma", 8)), start)
-        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha)
+        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, **self.controller_options)
         if off:
             ctl.speculating = False  # starts off; probes may still switch it on
         return ctl

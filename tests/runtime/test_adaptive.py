@@ -99,20 +99,32 @@ def test_successful_probe_turns_speculation_back_on():
     assert ctl.choose() == 2
 
 
-def test_gamma_is_kept_while_within_tolerance_of_the_best():
-    """Near its top the expected speedup is flat: the gamma in use stays unless another one is
-    better by more than gamma_tolerance; then the best one is taken."""
-    ctl = calibrated(alpha=0.9, cost_draft=0.004, gamma=8, gamma_tolerance=0.05)
-    best_g, best_s = ctl.best()
-    assert best_g != 8 and ctl.expected_speedup(8) >= 0.95 * best_s  # a flat top: 8 is within 5%
-    assert ctl.choose() == 8 and ctl.gamma == 8
-    strict = calibrated(alpha=0.9, cost_draft=0.004, gamma=8, gamma_tolerance=0.0)
-    assert strict.choose() == best_g
-    ctl.alpha = 0.6  # now 8 is far from the best: switch
-    best_g, best_s = ctl.best()
-    assert ctl.expected_speedup(8) < 0.95 * best_s
-    assert ctl.choose() == best_g == ctl.gamma
-    assert ctl.choose() == best_g  # and the new gamma is kept in turn
+def _speedups(alpha, c_draft=0.004):
+    """Closed-form expected speedups for gamma 1..8 with calibrated()'s costs."""
+    return {g: closed_form_speedup(alpha, g, c_draft, 0.019 + 0.001 * (g + 1), 0.02) for g in range(1, 9)}
+
+
+@pytest.mark.parametrize("alpha", [0.9, 0.75, 0.6])
+def test_longest_gamma_within_tolerance_of_the_best(alpha):
+    """Near its top the expected speedup is flat: the controller takes the longest gamma whose
+    expected speedup is within gamma_tolerance of the best (fewer rounds, fewer per-round costs
+    the model leaves out); with tolerance 0 it takes the best."""
+    speedups = _speedups(alpha)
+    best = max(speedups.values())
+    want = max(g for g, v in speedups.items() if v >= 0.95 * best)
+    ctl = calibrated(alpha=alpha, cost_draft=0.004, gamma=1, gamma_tolerance=0.05)
+    assert ctl.choose() == want == ctl.gamma
+    strict = calibrated(alpha=alpha, cost_draft=0.004, gamma=1, gamma_tolerance=0.0)
+    assert strict.choose() == max(speedups, key=speedups.get)
+
+
+def test_tolerance_prefers_long_drafts_only_near_the_top():
+    flat = _speedups(0.9)
+    assert max(flat, key=flat.get) < 8 and flat[8] >= 0.97 * max(flat.values())  # the case it is for
+    assert calibrated(alpha=0.9, cost_draft=0.004, gamma_tolerance=0.03).choose() == 8
+    steep = _speedups(0.5)
+    assert steep[8] < 0.9 * max(steep.values())
+    assert calibrated(alpha=0.5, cost_draft=0.004, gamma_tolerance=0.03).choose() < 8
 
 
 def test_hysteresis_prevents_flapping():

@@ -706,3 +706,24 @@ def test_sampling_with_top_k_top_p_follows_target(gens):
     stat, df = chi2_stat(counts_of(spec, bins), binned(joint, bins))
     assert df >= 5
     assert chi2_sf(stat, df) > ALPHA, f"chi2 {stat:.1f} on {df} df"
+
+
+def test_controller_options_reach_new_controllers_and_keep_greedy_exact(gens):
+    """SpecGenerator.controller_options are passed to the controllers it creates from then on
+    (gamma_tolerance here, at both ends of its range), greedy output stays the target's, and a bad
+    value is the controller's typed error at the next generate."""
+    gen = gens("noisy")
+    ref = gen.generate("def add(a, b):", max_new_tokens=30, speculative=False).token_ids
+    try:
+        for tol in (0.0, 0.5):
+            gen._controllers.clear()
+            gen.controller_options = {"gamma_tolerance": tol}
+            assert gen.generate("def add(a, b):", max_new_tokens=30).token_ids == ref
+            assert gen._controllers[("draft", None)].gamma_tolerance == tol
+        gen._controllers.clear()
+        gen.controller_options = {"gamma_tolerance": 1.5}
+        with pytest.raises(InvalidArgument, match="gamma_tolerance"):
+            gen.generate("def add(a, b):", max_new_tokens=5)
+    finally:
+        gen._controllers.clear()
+        gen.controller_options = {}
