@@ -25,9 +25,9 @@ best expected speedup, or 0 (speculation off) when that is below 1; more exactly
 gamma whose expected speedup is within gamma_tolerance of the best. Near its top the curve is flat
 and its inputs are noisy EMAs, and what the model leaves out (per-round host work, the draft's
 catch-up call) favours fewer, longer rounds. On the development CPU (benchmarks/controller_ab.py,
-15 prompts, 128 tokens, one run each) a tolerance of 0.03 ran the hybrid proposer at 1.78x against
-1.69x for the plain best (fixed gamma 8: 1.78x) and the draft proposer at 1.56x against 1.48x
-(fixed 8: 1.52x); docs/performance.md has these and earlier runs. Switching back on needs
+15 prompts, 128 tokens, one run each, same sessions) a tolerance of 0.03 ran the hybrid proposer
+at 1.70x against 1.61x for the plain best (fixed gamma 8: 1.71x) and the draft proposer at 1.42x
+against 1.38x (fixed 8: 1.47x); docs/performance.md has these and earlier runs. Switching back on needs
 1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
