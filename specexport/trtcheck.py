@@ -40,7 +40,7 @@ from onnx import TensorProto, numpy_helper
 
 from specexport_runtime import contract
 from specexport_runtime.manifest import read_manifest
-from specexport_runtime.trt_build import DIMS, Profile, default_profiles
+from specexport_runtime.trt_build import DIMS, BuildOptions, Profile, default_profiles, resolve_max_gamma
 
 from .errors import SpecExportError
 
@@ -486,7 +486,7 @@ def check_artifact(artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
     root = Path(artifact)
     manifest = read_manifest(root)
     if profiles is None:
-        gamma_max = max(8, manifest.speculation.gamma, int(manifest.generation.get("max_gamma", 0) or 0))
+        gamma_max = resolve_max_gamma(manifest, BuildOptions())
         profiles = default_profiles(manifest.max_context, max_gamma=min(gamma_max, manifest.max_context - 1),
                                     gamma=manifest.speculation.gamma)
     report = ArtifactTrtReport(artifact=str(root), trt_version=trt_version)

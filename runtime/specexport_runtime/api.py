@@ -70,8 +70,7 @@ class SpecGenerator:
         raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'hybrid', 'none'")
 
     def _lookup(self) -> NgramLookupProposer:
-        max_gamma = max(int(self.manifest.generation.get("max_gamma", 8)), self.manifest.speculation.gamma)
-        return NgramLookupProposer(self.manifest.speculation.ngram_sizes, max_gamma)
+        return NgramLookupProposer(self.manifest.speculation.ngram_sizes, self.manifest.max_gamma)
 
     def _controller(self, proposer: str, domain: str | None) -> GammaController:
         key = (proposer, domain)
@@ -87,7 +86,7 @@ class SpecGenerator:
             g = int(entry["gamma"])
             start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"
             alpha = min(1.0, max(0.0, float(entry.get("alpha", alpha))))
-        gamma_max = max(int(self.manifest.generation.get("max_gamma", 8)), start)
+        gamma_max = max(self.manifest.max_gamma, start)  # a calibrated start may lie above it
         ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, **self.controller_options)
         if off:
             ctl.speculating = False  # starts off; probes may still switch it on

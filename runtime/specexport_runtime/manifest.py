@@ -28,6 +28,7 @@ MANIFEST_NAME = "manifest.json"
 PROPOSERS = ("draft", "ngram", "hybrid", "none")  # speculation.proposer values ("none": target only)
 SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid")  # what --proposer accepts
 DRAFT_MODEL_PROPOSERS = ("draft", "hybrid")  # run the artifact's draft model
+DEFAULT_MAX_GAMMA = 8  # longest draft when the manifest's generation section names none
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,12 @@ class Manifest:
     tools: dict[str, str] = field(default_factory=dict)
     contract_version: str = CONTRACT_VERSION
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def max_gamma(self) -> int:
+        """Longest draft the runtime proposes (adaptive gamma's ceiling, n-gram lookup's length):
+        generation.max_gamma (DEFAULT_MAX_GAMMA when absent), and never below speculation.gamma."""
+        return max(int(self.generation.get("max_gamma") or DEFAULT_MAX_GAMMA), self.speculation.gamma)
 
     def _check_layouts(self) -> "Manifest":
         for role, entry in (("target", self.target), ("draft", self.draft)):

@@ -44,12 +44,12 @@ from typing import Any, Iterable, Sequence
 
 from . import contract
 from .errors import ArtifactError, InvalidArgument, ProviderUnavailable, SpecExportError
+from .manifest import DEFAULT_MAX_GAMMA  # the profiles cover at least the runtime's default longest draft
 
 ENGINES_NAME = "engines.json"
 ENGINES_DIR = "engines"
 ENGINES_SCHEMA_VERSION = 1
 DEFAULT_MAX_PROMPT = 512
-DEFAULT_MAX_GAMMA = 8  # the runtime's adaptive controller goes up to max(8, gamma) (api.py)
 DEFAULT_WORKSPACE_MIB = 1024
 QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")  # MatMulNBits / MatMulInteger graphs
 DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (export.py)
@@ -320,7 +320,7 @@ class BuildOptions:
     bf16: bool = False
     strongly_typed: bool = False  # follow the graph's types exactly (no precision flags then)
     max_prompt: int = DEFAULT_MAX_PROMPT
-    max_gamma: int | None = None  # None: max(8, manifest gamma, manifest generation.max_gamma)
+    max_gamma: int | None = None  # None: max(DEFAULT_MAX_GAMMA, Manifest.max_gamma)
     workspace_mib: int = DEFAULT_WORKSPACE_MIB
     models: tuple[str, ...] = ("target", "draft")
     quiet: bool = False
@@ -365,7 +365,7 @@ def refuse_fused(model: str, kv_layout: str) -> None:
 def resolve_max_gamma(manifest, options: BuildOptions) -> int:
     if options.max_gamma is not None:
         return options.max_gamma
-    return max(DEFAULT_MAX_GAMMA, manifest.speculation.gamma, int(manifest.generation.get("max_gamma", 0) or 0))
+    return max(DEFAULT_MAX_GAMMA, manifest.max_gamma)
 
 
 # --------------------------------------------------------------------------- TensorRT / CUDA access

@@ -43,6 +43,7 @@ from specexport_runtime.trt_build import (
     input_shapes,
     main as build_main,
     precision_flags,
+    resolve_max_gamma,
     profile_shapes,
     read_records,
     rebuild_command,
@@ -231,6 +232,26 @@ def fake_artifact(tmp_path) -> Path:
                        head_dim=64, vocab_size=300, embedding_rows=320, precision="fp32")
     write_manifest(tmp_path, Manifest(name="fake", max_context=256, target=entry, tokenizer=TokenizerEntry()))
     return tmp_path
+
+
+@pytest.mark.parametrize("generation, gamma, runtime_max, profile_max", [
+    ({}, 4, 8, 8),  # no max_gamma recorded: the default
+    ({"max_gamma": 12}, 4, 12, 12),
+    ({"max_gamma": 6}, 4, 6, 8),  # engines still cover the default longest draft
+    ({"max_gamma": 6}, 10, 10, 10),  # never below the manifest's gamma
+])
+def test_max_gamma_one_definition(generation, gamma, runtime_max, profile_max):
+    """Manifest.max_gamma bounds what the runtime drafts (controller, lookup); engine profiles
+    take it, at least DEFAULT_MAX_GAMMA, unless the build options name one."""
+    from specexport_runtime.manifest import SpeculationDefaults
+
+    entry = ModelEntry(graph="t.onnx", source="tiny", architecture="llama", num_layers=2, num_kv_heads=3,
+                       head_dim=64, vocab_size=300, embedding_rows=320, precision="fp32")
+    manifest = Manifest(name="m", max_context=256, target=entry, tokenizer=TokenizerEntry(),
+                        speculation=SpeculationDefaults(gamma=gamma), generation=generation)
+    assert manifest.max_gamma == runtime_max
+    assert resolve_max_gamma(manifest, BuildOptions()) == profile_max
+    assert resolve_max_gamma(manifest, BuildOptions(max_gamma=3)) == 3
 
 
 def test_build_entry_point_help():
