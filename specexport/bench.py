@@ -731,11 +731,9 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     if max_new_tokens is not None and max_new_tokens < 1:
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
-    proposer = proposer or gen.default_proposer
+    proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
     if proposer not in SPECULATIVE_PROPOSERS:
         raise InvalidArgument(f"proposer must be one of {', '.join(SPECULATIVE_PROPOSERS)}, got {proposer!r}")
-    if proposer in DRAFT_MODEL_PROPOSERS and gen.draft is None:
-        raise InvalidArgument(f"proposer {proposer!r} needs an artifact with a draft model; this one has none (use 'ngram')")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
 
     # warm-up: one short run each way (first-call allocations, ORT arena growth)

@@ -13,7 +13,7 @@ from .adaptive import GammaController
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import GenerateOptions, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
-from .manifest import DRAFT_MODEL_PROPOSERS, Manifest, read_manifest, verify_files
+from .manifest import DRAFT_MODEL_PROPOSERS, PROPOSERS, Manifest, read_manifest, verify_files
 from .proposers import DraftModelProposer, HybridProposer, NgramLookupProposer, NoProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer import TextCodec
@@ -52,11 +52,19 @@ class SpecGenerator:
     def default_proposer(self) -> str:
         return self.manifest.speculation.proposer
 
-    def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
+    def resolve_proposer(self, name: str | None) -> str:
+        """`name` (None: the artifact's default) checked against this artifact: a known proposer,
+        and one that needs a draft model only when the artifact has one."""
         name = name or self.default_proposer
+        if name not in PROPOSERS:
+            raise InvalidArgument(f"proposer {name!r} is not one of {', '.join(map(repr, PROPOSERS))}")
+        if name in DRAFT_MODEL_PROPOSERS and self.draft is None:
+            raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
+        return name
+
+    def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
+        name = self.resolve_proposer(name)
         if name in DRAFT_MODEL_PROPOSERS:
-            if self.draft is None:
-                raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
             if not 0.0 <= min_draft_prob < 1.0:
                 raise InvalidArgument(f"min_draft_prob must be in [0, 1), got {min_draft_prob!r}")
             draft = DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
@@ -65,9 +73,7 @@ class SpecGenerator:
             return HybridProposer(draft, self._lookup())
         if name == "ngram":
             return self._lookup()
-        if name == "none":
-            return NoProposer()
-        raise InvalidArgument(f"proposer {name!r} is not one of 'draft', 'ngram', 'hybrid', 'none'")
+        return NoProposer()
 
     def _lookup(self) -> NgramLookupProposer:
         return NgramLookupProposer(self.manifest.speculation.ngram_sizes, self.manifest.max_gamma)

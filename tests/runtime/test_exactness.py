@@ -179,6 +179,12 @@ def test_hybrid_needs_a_draft_model(gens):
         gens("ngram").generate([5, 6, 7], proposer="hybrid", max_new_tokens=4)
 
 
+def test_unknown_proposer_is_named_with_the_allowed_ones(gens):
+    with pytest.raises(InvalidArgument, match="'medusa' is not one of 'draft', 'ngram', 'hybrid', 'none'"):
+        gens("int8").generate([5, 6, 7], proposer="medusa", max_new_tokens=4)
+    assert gens("int8").resolve_proposer(None) == gens("int8").default_proposer
+
+
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
 @pytest.mark.parametrize("kind", KINDS)
