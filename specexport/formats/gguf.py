@@ -1,0 +1,325 @@
+"""GGUF checkpoints: a file's quantized weight tensors mapped exactly onto BlockQuantized.
+
+Every supported GGML block type is an affine code per block of inputs, so its codes and scales
+carry over without dequantizing: W[n, k] = scale * (q - zero) + offset (blocks.py). Block
+layouts follow llama.cpp's ggml-common.h (gguf-py's gguf/quants.py is the reference the tests
+compare against):
+
+    type   bytes per block (all little-endian)                    BlockQuantized
+    Q4_0   f16 d | 16 B nibbles                                   4-bit, block 32, zero 8, scale d
+    Q4_1   f16 d | f16 m | 16 B nibbles                           4-bit, block 32, zero 0, scale d, offset m
+    Q5_0   f16 d | u32 high bits | 16 B nibbles                   8-bit, block 32, zero 16, scale d
+    Q5_1   f16 d | f16 m | u32 high bits | 16 B nibbles           8-bit, block 32, zero 0, scale d, offset m
+    Q8_0   f16 d | 32 x int8                                      8-bit (code q+128), block 32, zero 128, scale d
+    Q4_K   f16 d | f16 dmin | 12 B 6-bit sc/m | 128 B nibbles     4-bit, block 32, zero 0, scale d*sc, offset -dmin*m
+    Q5_K   as Q4_K, then 32 B high bits before the nibbles        8-bit, block 32, zero 0, scale d*sc, offset -dmin*m
+    Q6_K   128 B low nibbles | 64 B 2-bit highs | 16 x int8 sc | f16 d   8-bit, block 16, zero 32, scale d*sc
+
+A 32-element block stores element j < 16 in the low nibble of byte j and element j + 16 in its
+high nibble (not MatMulNBits's packing of neighbours; blocks.pack packs from the unpacked codes).
+Products d * sc (fp16 times an integer below 2**8) are exact in float32, so dequantize() of the
+result equals gguf.quants.dequantize bit for bit.
+
+Tensor names map onto Hugging Face parameter names through one table (TENSOR_NAMES); for
+llama-family files the rows of attn_q / attn_k are put back in Hugging Face order, undoing the
+permutation llama.cpp's converter applies for its interleaved rotary (as transformers' GGUF
+loader does; blocks run along inputs, so a row permutation keeps them intact).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from .blocks import BlockQuantized, FormatError
+
+# GGUF general.architecture -> whether llama.cpp permuted the attn_q / attn_k rows. Mistral
+# checkpoints convert to "llama"; qwen2 / qwen3 use NeoX rotary and are stored unpermuted
+# (transformers' TENSOR_PROCESSORS un-permutes for "llama" only).
+ARCHITECTURES: dict[str, bool] = {"llama": True, "qwen2": False, "qwen3": False}
+
+# GGUF tensor name (without ".weight") -> Hugging Face parameter name (without ".weight")
+TENSOR_NAMES: dict[str, str] = {
+    "token_embd": "model.embed_tokens",
+    "output": "lm_head",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)")
+
+# ---------------------------------------------------------------------------------------------
+# Block layouts. Each decoder takes raw [N, nsb, bytes] (nsb blocks of the GGML type per row)
+# and returns q [N, nsb, elements] uint8, scale [N, nsb, subs] float32 and offset (same) or None.
+
+Decoded = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    bits: int  # BlockQuantized code width (5- and 6-bit codes widen to 8)
+    block: int  # inputs per scale: the block, or a K-quant's sub-block
+    zero: int  # zero point of every block
+    decode: Callable[[np.ndarray], Decoded]
+
+
+def _fields(raw: np.ndarray, *widths: int) -> list[np.ndarray]:
+    """Consecutive byte fields of raw [..., bytes]: views [..., width] each."""
+    if sum(widths) != raw.shape[-1]:
+        raise FormatError(f"block fields {widths} cover {sum(widths)} bytes, the block has {raw.shape[-1]}")
+    ends = np.cumsum(widths)
+    return [raw[..., end - width:end] for width, end in zip(widths, ends)]
+
+
+def _f16(field: np.ndarray) -> np.ndarray:
+    """float32 [...] from little-endian fp16 bytes [..., 2]."""
+    return np.ascontiguousarray(field).view("<f2")[..., 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[..., 2 * n] uint8 from [..., n] bytes: all low nibbles, then all high nibbles."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits(field: np.ndarray) -> np.ndarray:
+    """[..., 8 * n] uint8 0/1 from [..., n] bytes, bit i of the little-endian word at i."""
+    return np.unpackbits(field, axis=-1, bitorder="little")
+
+
+def _decode_q4_0(raw: np.ndarray) -> Decoded:
+    d, qs = _fields(raw, 2, 16)
+    return _nibbles(qs), _f16(d)[..., None], None  # q: [N, nsb, 32]
+
+
+def _decode_q4_1(raw: np.ndarray) -> Decoded:
+    d, m, qs = _fields(raw, 2, 2, 16)
+    return _nibbles(qs), _f16(d)[..., None], _f16(m)[..., None]
+
+
+def _decode_q5_0(raw: np.ndarray) -> Decoded:
+    d, qh, qs = _fields(raw, 2, 4, 16)
+    return _nibbles(qs) | (_bits(qh) << 4), _f16(d)[..., None], None  # q: [N, nsb, 32] in 0..31
+
+
+def _decode_q5_1(raw: np.ndarray) -> Decoded:
+    d, m, qh, qs = _fields(raw, 2, 2, 4, 16)
+    return _nibbles(qs) | (_bits(qh) << 4), _f16(d)[..., None], _f16(m)[..., None]
+
+
+def _decode_q8_0(raw: np.ndarray) -> Decoded:
+    d, qs = _fields(raw, 2, 32)
+    return qs ^ np.uint8(0x80), _f16(d)[..., None], None  # int8 x -> uint8 x + 128
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: 12 bytes [..., 12] -> 6-bit scales and mins [..., 8] of the 8 sub-blocks.
+
+    Sub-blocks 0-3 use the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 take
+    their low 4 bits from bytes 8-11 (scale: low nibble, min: high nibble) and their top 2 bits
+    from the top bits of bytes 0-3 (scale) and 4-7 (min)."""
+    a, b, c = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    sc = np.concatenate([a & 0x3F, (c & 0x0F) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b & 0x3F, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _k_low(qs: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K: 128 bytes [..., 128] -> low 4 bits [..., 8, 32]: sub-block 2j is the low
+    nibbles of bytes 32j..32j+31, sub-block 2j + 1 their high nibbles."""
+    lead = qs.shape[:-1]
+    pairs = qs.reshape(*lead, 4, 1, 32)  # [..., j, 1, 32]
+    return np.concatenate([pairs & 0x0F, pairs >> 4], axis=-2).reshape(*lead, 8, 32)  # [..., 2j + nibble, 32]
+
+
+def _k_affine(d: np.ndarray, dmin: np.ndarray, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scale d * sc and offset -dmin * m, float32 [N, nsb, 8] (exact products)."""
+    sc, mn = _k_scales(packed)
+    return _f16(d)[..., None] * sc.astype(np.float32), -(_f16(dmin)[..., None] * mn.astype(np.float32))
+
+
+def _decode_q4_k(raw: np.ndarray) -> Decoded:
+    d, dmin, packed, qs = _fields(raw, 2, 2, 12, 128)
+    scale, offset = _k_affine(d, dmin, packed)
+    return _k_low(qs).reshape(*raw.shape[:-1], 256), scale, offset
+
+
+def _decode_q5_k(raw: np.ndarray) -> Decoded:
+    d, dmin, packed, qh, qs = _fields(raw, 2, 2, 12, 32, 128)
+    scale, offset = _k_affine(d, dmin, packed)
+    high = np.swapaxes(_bits(qh[..., None]), -1, -2)  # [N, nsb, 8, 32]: bit s of byte l is sub-block s, element l
+    return (_k_low(qs) | (high << 4)).reshape(*raw.shape[:-1], 256), scale, offset
+
+
+def _decode_q6_k(raw: np.ndarray) -> Decoded:
+    """Each half of 128 elements: groups g = 0..3 of 32 take low nibbles from bytes 0-31 / 32-63
+    of the half's 64 ql bytes (g = 0, 1 low nibbles; g = 2, 3 high nibbles) and 2 high bits
+    from bits 2g, 2g + 1 of the half's 32 qh bytes."""
+    ql, qh, sc, d = _fields(raw, 128, 64, 16, 2)
+    lead = raw.shape[:-1]
+    low = _nibbles(ql.reshape(*lead, 2, 64)).reshape(*lead, 2, 4, 32)  # [N, nsb, half, g, 32]
+    shifts = np.array([0, 2, 4, 6], np.uint8)[:, None]
+    high = (qh.reshape(*lead, 2, 1, 32) >> shifts) & 0x03  # [N, nsb, half, g, 32]
+    scale = _f16(d)[..., None] * np.ascontiguousarray(sc).view(np.int8).astype(np.float32)  # [N, nsb, 16]
+    return (low | (high << 4)).reshape(*lead, 256), scale, None
+
+
+_Q = GGMLQuantizationType
+LAYOUTS: dict[GGMLQuantizationType, Layout] = {
+    _Q.Q4_0: Layout(4, 32, 8, _decode_q4_0),
+    _Q.Q4_1: Layout(4, 32, 0, _decode_q4_1),
+    _Q.Q5_0: Layout(8, 32, 16, _decode_q5_0),
+    _Q.Q5_1: Layout(8, 32, 0, _decode_q5_1),
+    _Q.Q8_0: Layout(8, 32, 128, _decode_q8_0),
+    _Q.Q4_K: Layout(4, 32, 0, _decode_q4_k),
+    _Q.Q5_K: Layout(8, 32, 0, _decode_q5_k),
+    _Q.Q6_K: Layout(8, 16, 32, _decode_q6_k),
+}
+
+
+def _supported_types() -> str:
+    return ", ".join(t.name for t in LAYOUTS)
+
+
+def is_block_type(qtype: GGMLQuantizationType) -> bool:
+    """Whether a GGML type stores blocks (quantized), not one plain number per element."""
+    return GGML_QUANT_SIZES[qtype][0] > 1
+
+
+def decode_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> BlockQuantized:
+    """BlockQuantized of one quantized 2-D tensor: raw uint8 [N, row bytes] as GGUF stores it
+    (rows are outputs, each row the K inputs' blocks), in the file's row order."""
+    qtype = GGMLQuantizationType(qtype)
+    layout = LAYOUTS.get(qtype)
+    if layout is None:
+        raise FormatError(f"GGUF type {qtype.name} has no exact block form here (supported: {_supported_types()})")
+    per_block, type_size = GGML_QUANT_SIZES[qtype]
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % type_size:
+        raise FormatError(f"{qtype.name} data must be uint8 [N, blocks * {type_size}], got {raw.dtype} {list(raw.shape)}")
+    N, nsb = raw.shape[0], raw.shape[1] // type_size
+    q, scale, offset = layout.decode(raw.reshape(N, nsb, type_size))
+    nb = nsb * per_block // layout.block
+    zero = None if layout.zero == 1 << (layout.bits - 1) else np.full((N, nb), layout.zero, np.uint8)
+    return BlockQuantized(
+        q=np.ascontiguousarray(q.reshape(N, nsb * per_block), np.uint8),
+        scale=np.ascontiguousarray(scale.reshape(N, nb), np.float32),
+        zero=zero, bits=layout.bits, block=layout.block,
+        offset=None if offset is None else np.ascontiguousarray(offset.reshape(N, nb), np.float32),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and the q / k row order
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """Hugging Face parameter name of a GGUF weight tensor name, or None if not in TENSOR_NAMES."""
+    if not gguf_name.endswith(".weight"):
+        return None
+    stem = gguf_name[: -len(".weight")]
+    layer = _LAYER.fullmatch(stem)
+    key, index = (f"blk.{{i}}.{layer[2]}", layer[1]) if layer else (stem, None)
+    target = TENSOR_NAMES.get(key)
+    if target is None:
+        return None
+    return target.format(i=int(index)) + ".weight" if index is not None else target + ".weight"
+
+
+def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
+    """int64 [rows]: Hugging Face row r of attn_q / attn_k is GGUF row perm[r].
+
+    llama.cpp's converter stores, per head of 2 * half rows, HF rows (0, half, 1, half + 1, ...)
+    (its `permute`); transformers' `_reverse_permute_weights` takes them back."""
+    if heads < 1 or rows % (2 * heads):
+        raise FormatError(f"{rows} rows do not split into {heads} heads of an even size")
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(rows)
+
+
+def permute_rows(w: BlockQuantized, perm: np.ndarray) -> BlockQuantized:
+    """w with its output rows reordered: row r of the result is row perm[r] of w."""
+    take = lambda a: None if a is None else np.ascontiguousarray(a[perm])  # noqa: E731
+    return BlockQuantized(q=take(w.q), scale=take(w.scale), zero=take(w.zero), bits=w.bits, block=w.block,
+                          offset=take(w.offset), g_idx=w.g_idx)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    field = reader.get_field(key)
+    if field is None:
+        if default is None:
+            raise FormatError(f"GGUF metadata has no {key!r}")
+        return default
+    return field.contents()
+
+
+def _head_count(reader: GGUFReader, key: str, default: int | None = None) -> int:
+    value = _field(reader, key, default)
+    if isinstance(value, list):  # per-layer head counts: only a uniform one is supported
+        if not value or len(set(value)) != 1:
+            raise FormatError(f"GGUF {key} varies per layer ({value}); only one head count for all layers is supported")
+        value = value[0]
+    return int(value)
+
+
+def _open(path: str | Path) -> GGUFReader:
+    try:
+        reader = GGUFReader(path)
+    except ValueError as exc:  # bad magic or version, truncated header
+        raise FormatError(f"{str(path)!r} is not a readable GGUF file: {exc}") from exc
+    if reader.byte_order != "I":
+        raise FormatError(f"{str(path)!r} is a big-endian GGUF file; only little-endian files are supported")
+    return reader
+
+
+def read_gguf_blocks(path: str | Path, names: Iterable[str] | None = None) -> dict[str, BlockQuantized]:
+    """Every quantized 2-D weight of a GGUF file, keyed by Hugging Face parameter name.
+
+    Weights are [out_features, in_features] in Hugging Face row order (attn_q / attn_k of llama
+    files un-permuted). Plain-number tensors (F32, F16, BF16, ...) are left out: transformers
+    loads those exactly. With `names`, only those parameters are decoded; names the file does
+    not hold quantized are absent from the result (a tied lm_head has no tensor of its own).
+    Raises FormatError for an unsupported architecture or block type, or a quantized tensor
+    with no Hugging Face name in TENSOR_NAMES."""
+    reader = _open(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise FormatError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    wanted = None if names is None else set(names)
+    heads = kv_heads = 0
+    if ARCHITECTURES[arch]:
+        heads = _head_count(reader, f"{arch}.attention.head_count")
+        kv_heads = _head_count(reader, f"{arch}.attention.head_count_kv", heads)
+    out: dict[str, BlockQuantized] = {}
+    for tensor in reader.tensors:
+        if not is_block_type(tensor.tensor_type):
+            continue
+        name = hf_name(tensor.name)
+        if name is None:
+            if wanted is None:
+                raise FormatError(f"quantized GGUF tensor {tensor.name!r} has no Hugging Face name for {arch} "
+                                  f"(known: {', '.join(TENSOR_NAMES)})")
+            continue
+        if wanted is not None and name not in wanted:
+            continue
+        if len(tensor.shape) != 2:
+            raise FormatError(f"GGUF tensor {tensor.name!r} has shape {list(tensor.shape)}; a weight must be 2-D")
+        if tensor.tensor_type not in LAYOUTS:
+            raise FormatError(f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which has no exact "
+                              f"block form here (supported: {_supported_types()})")
+        w = decode_blocks(np.asarray(tensor.data), tensor.tensor_type)  # [N, K]: GGUF ne = [K, N]
+        if ARCHITECTURES[arch] and tensor.name.endswith((".attn_q.weight", ".attn_k.weight")):
+            w = permute_rows(w, rotary_unpermutation(w.shape[0], heads if ".attn_q." in tensor.name else kv_heads))
+        out[name] = w
+    return out
