@@ -27,8 +27,9 @@ from .errors import BuildError
 from .export import ExportResult, export_graph
 from .fused import build_fused
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
-from .recipe import BLOCK_SIZE, ModelSpec, Recipe
-from .sources import ModelSource, load_model, load_tokenizer, resolve_source
+from .quantized_target import QuantizedWeights
+from .recipe import BLOCK_SIZE, CHECKPOINT_TARGETS, QUANTIZED_TARGETS, ModelSpec, Recipe
+from .sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source
 from .tokcheck import check_pair, tokenizer_hash
 from .validate import FP16, FP32, QUANTIZED, validate_export
 
@@ -96,25 +97,65 @@ def _source(spec: ModelSpec) -> ModelSource:
     return resolve_source(spec.model, spec.gguf_file, spec.revision)
 
 
-def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True) -> ExportResult:
+def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, min_rows: int = 1, weights=None) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
     if recipe.graph == "fused":
-        return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head)
+        return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights, min_rows=min_rows)
     return export_graph(model, out_dir, tie_lm_head=tie_lm_head)
 
 
-def _export_and_validate(recipe: Recipe, model, reference, out_dir: Path, precision: str, probe: list[int],
-                         validate: bool, tie_lm_head: bool = True) -> tuple[ExportResult, dict]:
-    result = _export(recipe, model, out_dir, tie_lm_head=tie_lm_head)
-    report: dict = {}
-    if validate:
-        tol = FP16 if precision == "fp16" else FP32
-        report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
-        report["tolerance"] = tol.max_abs
-    return result, report
+def _load_target(source: ModelSource, spec: ModelSpec) -> tuple[Any, dict]:
+    """(float32 reference model, the checkpoint's quantized blocks; {} unless a checkpoint format)."""
+    if spec.precision in CHECKPOINT_TARGETS:
+        return load_blocks(source, spec.precision)
+    return load_model(source, "float32", spec.trust_remote_code), {}
 
 
-def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, vocab: int, validation: dict) -> ModelEntry:
+def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeights | None:
+    q = spec.quantization
+    if spec.precision not in QUANTIZED_TARGETS or q is None:
+        return None
+    return QuantizedWeights(spec.precision, q.block_size or BLOCK_SIZE, q.accuracy_level, q.head, q.embedding, blocks,
+                            float_weights=dict(reference.named_parameters()))
+
+
+def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe: list[int],
+                   validate: bool) -> tuple[ExportResult, dict, str | None]:
+    """Export the target, validate it against the float32 reference and measure its row
+    invariance: (result, validation report, exactness or None when not validated)."""
+    spec = recipe.target
+    weights = _target_weights(spec, blocks, reference)
+    fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
+    model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
+    result = _export(recipe, model, out_dir, min_rows=spec.min_rows, weights=weights)
+    del model
+    if not validate:
+        return result, {}, None
+    tol = FP16 if spec.precision == "fp16" else QUANTIZED if weights is not None else FP32
+    report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
+    report["tolerance"] = tol.max_abs
+    if weights is not None:
+        report["note"] = (f"{spec.precision} target against its float32 reference (the same weights dequantized):"
+                          " agreement is reported, not required")
+        report["weights"] = weights.describe()
+    rows = measure_rows(result.path, result.spec, recipe.max_context, spec.min_rows, probe)
+    report["rows"] = rows.to_dict()
+    return result, report, rows.exactness
+
+
+def measure_rows(path: Path, spec, max_context: int, min_rows: int, probe: list[int]):
+    """rowcheck.row_invariance of a graph on the CPU provider, as the runtime will call it."""
+    from specexport_runtime.engine import OrtModel, SessionConfig
+    from specexport_runtime.rowcheck import DEFAULT_SIZES, row_invariance
+
+    n = max(DEFAULT_SIZES)
+    tokens = (probe * (n // len(probe) + 1))[:n]  # the probe, repeated if short
+    model = OrtModel(path, spec, max_context, SessionConfig(provider="cpu"), min_rows=min_rows)
+    return row_invariance(model, probe[: len(probe) // 2], tokens)
+
+
+def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, vocab: int, validation: dict,
+           min_rows: int = 1, exactness: str | None = None) -> ModelEntry:
     return ModelEntry(
         graph=graph,
         source=source.describe(),
@@ -128,6 +169,8 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
         kv_dtype=result_spec.kv_dtype,
         validation=validation,
         kv_layout=result_spec.kv_layout,
+        min_rows=min_rows,
+        exactness=exactness,
     )
 
 
@@ -184,7 +227,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     progress(f"loading target {recipe.target.model}")
     t_src = _source(recipe.target)
     t_tok = load_tokenizer(t_src, recipe.target.trust_remote_code)
-    reference = load_model(t_src, "float32", recipe.target.trust_remote_code)
+    reference, blocks = _load_target(t_src, recipe.target)
     stage("load_target")
     probe = _probe_ids(t_tok, recipe)
     vocab = len(t_tok)
@@ -204,11 +247,14 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         stage("load_draft")
 
     progress(f"exporting target ({recipe.target.precision})")
-    target_model = reference if recipe.target.precision == "fp32" else copy.deepcopy(reference).to(_dtype(recipe.target.precision))
-    t_res, t_val = _export_and_validate(recipe, target_model, reference, root / "target", recipe.target.precision, probe, validate)
-    del target_model
+    t_res, t_val, exactness = _export_target(recipe, reference, blocks, root / "target", probe, validate)
+    del blocks
     stage("export_target" + ("+validate" if validate else ""))
-    target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val)
+    if validate and recipe.target.exactness == "bitwise" and exactness != "bitwise":
+        progress(f"warning: target rows differ between call sizes (max |diff| {t_val['rows']['max_abs_diff']:.3g});"
+                 " the manifest records exactness 'numerical'")
+    target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val,
+                          min_rows=recipe.target.min_rows, exactness=exactness)
 
     draft_entry = None
     if recipe.draft.has_graph:
@@ -272,7 +318,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
 def _declared_version(*entries: ModelEntry | None) -> str:
     """The lowest contract version defining every graph's layout, so that older runtimes still
     read artifacts that do not need the newer layout."""
-    versions = [contract.version_for(e.kv_layout) for e in entries if e is not None]
+    versions = [e.required_version for e in entries if e is not None]
     return max(versions, key=contract.parse_version)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -73,6 +74,11 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
+    @property
+    def np_dtype(self) -> type:
+        """numpy dtype of the graph's float tensors (activations, scales)."""
+        return _NP_DTYPE[self.dtype]
+
     def weight(self, stem: str, tensor: torch.Tensor) -> str:
         """A weight in the graph dtype."""
         return self.const(stem, tensor.detach().to(self.dtype).cpu().numpy())
@@ -108,37 +114,97 @@ def _rotary_tables(model: torch.nn.Module, arch: ArchSpec, head_dim: int, max_po
     return (freqs.cos() * scale).numpy(), (freqs.sin() * scale).numpy()
 
 
-def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, H: int, Hkv: int, D: int):
-    """-> qkv weight [hidden, (H + 2 H_kv) D] (+ bias), o [H D, hidden], gate, up, down (MatMul layout)."""
+@dataclass(frozen=True)
+class Linear:
+    """One weight of the graph: `parts` stacked along the output dimension (q|k|v, gate|up)."""
+
+    stem: str  # initializer name stem, e.g. "l3_qkv"
+    parts: tuple[tuple[str, torch.Tensor], ...]  # (Hugging Face parameter name, weight [N_i, K])
+
+    @property
+    def out_features(self) -> int:
+        return sum(w.shape[0] for _, w in self.parts)
+
+
+class WeightPlan(Protocol):
+    """How the graph stores its weights: float MatMuls (FloatWeights) or block-quantized
+    MatMulNBits (quantized_target.QuantizedWeights)."""
+
+    def linear(self, g: "_Graph", x: str, site: Linear) -> str:
+        """x [1, S, K] -> [1, S, N]."""
+
+    def embedding(self, g: "_Graph", ids: str, site: Linear) -> tuple[str, str | None]:
+        """ids [1, S] -> ([1, S, hidden], the float table's initializer name or None); `site`
+        holds the table [V, hidden]."""
+
+    def head(self, g: "_Graph", h: str, site: Linear, table: str | None) -> str:
+        """h [R, hidden] -> logits [R, V]; `table`: the float embedding initializer when the head
+        is tied to it (a plan may share it), else None."""
+
+
+class FloatWeights:
+    """Weights in the graph dtype: MatMul [K, N] per linear; a tied head is a Gemm on the
+    embedding table itself (stored once); an untied head its own [hidden, V] MatMul weight,
+    which weight-only quantizers of drafts compress (quantize.py)."""
+
+    def linear(self, g: "_Graph", x: str, site: Linear) -> str:
+        w = torch.cat([w.detach() for _, w in site.parts], 0)  # [N, K]
+        return g.op("MatMul", [x, g.weight(site.stem, w.t())])[0]
+
+    def embedding(self, g: "_Graph", ids: str, site: Linear) -> tuple[str, str | None]:
+        table = g.weight(site.stem, site.parts[0][1])
+        return g.op("Gather", [table, ids])[0], table
+
+    def head(self, g: "_Graph", h: str, site: Linear, table: str | None) -> str:
+        if table is not None:  # Gemm transB on the embedding itself: the tied matrix is stored once
+            return g.op("Gemm", [h, table], transB=1)[0]
+        return self.linear(g, h, site)
+
+
+def _names(model: torch.nn.Module) -> dict[int, str]:
+    """id(parameter) -> its Hugging Face name (the first name of a tied parameter)."""
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, H: int, Hkv: int, D: int, names: dict[int, str], i: int):
+    """-> Linear sites qkv [(H + 2 H_kv) D, hidden] (+ bias), o, gate|up [2 I, hidden], down."""
     attn, mlp = _get(layer, arch.attn), _get(layer, arch.mlp)
+    part = lambda m: (names[id(m.weight)], m.weight)  # noqa: E731
     if arch.qkv == "separate":
         mods = (attn.q_proj, attn.k_proj, attn.v_proj)
-        w = torch.cat([m.weight.detach() for m in mods], 0)
+        qkv = Linear(f"l{i}_qkv", tuple(part(m) for m in mods))
         b = None
         if any(m.bias is not None for m in mods):
             b = torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in mods])
     elif arch.qkv == "fused":
-        w, b = attn.qkv_proj.weight.detach(), getattr(attn.qkv_proj, "bias", None)
+        qkv, b = Linear(f"l{i}_qkv", (part(attn.qkv_proj),)), getattr(attn.qkv_proj, "bias", None)
     else:
         raise UnsupportedConfig(f"qkv kind {arch.qkv!r} is not supported by the fused graph")
-    if w.shape[0] != (H + 2 * Hkv) * D:
-        raise UnsupportedConfig(f"q|k|v rows {w.shape[0]} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
+    if qkv.out_features != (H + 2 * Hkv) * D:
+        raise UnsupportedConfig(f"q|k|v rows {qkv.out_features} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
     out = getattr(attn, arch.out_proj)
     if getattr(out, "bias", None) is not None:
         raise UnsupportedConfig("an output projection with bias is not supported by the fused graph")
     if arch.mlp_kind == "gated":
-        gate, up = mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()
         if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
             raise UnsupportedConfig("gated MLP projections with bias are not supported")
-    elif arch.mlp_kind == "fused_gated":
-        gate, up = mlp.gate_up_proj.weight.detach().chunk(2, 0)
+        gate_up = Linear(f"l{i}_gate_up", (part(mlp.gate_proj), part(mlp.up_proj)))
+    elif arch.mlp_kind == "fused_gated":  # rows [gate; up] already
+        gate_up = Linear(f"l{i}_gate_up", (part(mlp.gate_up_proj),))
     else:
         raise UnsupportedConfig(f"mlp kind {arch.mlp_kind!r} is not supported by the fused graph")
-    return w.t(), (None if b is None else b.detach()), out.weight.detach().t(), gate.t(), up.t(), mlp.down_proj.weight.detach().t()
+    return (qkv, None if b is None else b.detach(), Linear(f"l{i}_o", (part(out),)), gate_up,
+            Linear(f"l{i}_down", (part(mlp.down_proj),)))
 
 
-def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_lm_head: bool = True) -> ExportResult:
-    """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`."""
+def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_lm_head: bool = True,
+                weights: WeightPlan | None = None, min_rows: int = 1) -> ExportResult:
+    """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
+
+    weights: how weights are stored (default FloatWeights: the model's dtype). min_rows: the
+    manifest's min_rows for this graph (contract 1.2): the rotary tables get max_context +
+    min_rows - 1 rows so that padding rows past the last position have positions too."""
+    weights = weights or FloatWeights()
     start = time.perf_counter()
     config = model.config
     arch = arch_for(config.model_type)
@@ -155,8 +221,7 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     H = config.num_attention_heads
     Hkv = getattr(config, "num_key_value_heads", None) or H
     D = getattr(config, "head_dim", None) or config.hidden_size // H
-    embed = _get(base, arch.embed).weight.detach()  # [V, hidden]
-    V = embed.shape[0]
+    V = _get(base, arch.embed).weight.shape[0]  # embedding [V, hidden]
     spec = GraphSpec(len(layers), Hkv, D, V, "float32" if dtype == torch.float32 else "float16",
                      kv_layout=contract.HEAD_MAJOR_INPLACE)
     scales = {float(getattr(_get(l, arch.attn), "scaling", D**-0.5)) for l in layers}
@@ -167,10 +232,12 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
 
     g = _Graph(dtype)
     elem = _ONNX_DTYPE[dtype]
-    cos, sin = _rotary_tables(model, arch, D, max_context)
+    cos, sin = _rotary_tables(model, arch, D, max_context + min_rows - 1)
     cos_name, sin_name = g.const("cos_cache", cos.astype(_NP_DTYPE[dtype])), g.const("sin_cache", sin.astype(_NP_DTYPE[dtype]))
-    emb = g.weight("embed", embed)
-    (x,) = g.op("Gather", [emb, contract.INPUT_IDS])  # [1, S, hidden]
+    names = _names(model)
+    embed_module = _get(base, arch.embed)
+    embed_site = Linear("embed", ((names[id(embed_module.weight)], embed_module.weight),))
+    x, table = weights.embedding(g, contract.INPUT_IDS, embed_site)  # [1, S, hidden]
     if arch.embed_scale:
         scale = getattr(_get(base, arch.embed), "embed_scale", None)
         value = float(scale) if scale is not None else config.hidden_size**0.5
@@ -193,9 +260,9 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
 
     for i, layer in enumerate(layers):
         attn = _get(layer, arch.attn)
-        qkv_w, qkv_b, o_w, gate_w, up_w, down_w = _layer_weights(layer, arch, H, Hkv, D)
+        qkv_site, qkv_b, o_site, gate_up_site, down_site = _layer_weights(layer, arch, H, Hkv, D, names, i)
         h = norm(_get(layer, arch.attn_norm))
-        (qkv,) = g.op("MatMul", [h, g.weight(f"l{i}_qkv", qkv_w)])  # [1, S, (H + 2 H_kv) D]
+        qkv = weights.linear(g, h, qkv_site)  # [1, S, (H + 2 H_kv) D]
         if qkv_b is not None:
             (qkv,) = g.op("Add", [qkv, g.weight(f"l{i}_qkv_b", qkv_b)])
         if arch.qk_norm:  # Qwen3: per-head RMSNorm of q and k (before rotary, which GQA applies)
@@ -218,13 +285,13 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
             domain=MS,
             **gqa_attrs,
         )  # a: [1, S, H D]
-        (pending,) = g.op("MatMul", [a, g.weight(f"l{i}_o", o_w)])
+        pending = weights.linear(g, a, o_site)
         h = norm(_get(layer, arch.mlp_norm))
-        inter = gate_w.shape[1]
-        (gate_up,) = g.op("MatMul", [h, g.weight(f"l{i}_gate_up", torch.cat([gate_w, up_w], 1))])  # [1, S, 2 I]
+        inter = gate_up_site.out_features // 2
+        gate_up = weights.linear(g, h, gate_up_site)  # [1, S, 2 I]: one weight stream per MLP input
         gate, up = g.op("Split", [gate_up, g.const("split", np.array([inter, inter], np.int64))], 2, axis=-1)
         (hidden,) = g.op("Mul", [_activation(g, gate, act), up])
-        (pending,) = g.op("MatMul", [hidden, g.weight(f"l{i}_down", down_w)])
+        pending = weights.linear(g, hidden, down_site)
 
     # logits only for the requested rows: gather, final norm, output projection
     (rows,) = g.op("Gather", [pending, contract.LOGITS_INDEX], axis=1)  # [1, R, hidden]
@@ -234,19 +301,16 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     (h2,) = g.op("Squeeze", [h, g.const("axes", np.array([0], np.int64))])  # [R, hidden]
     head = model.get_output_embeddings()
     bias = getattr(head, "bias", None)
-    tied = tie_lm_head and head.weight.data_ptr() == _get(base, arch.embed).weight.data_ptr()
-    if tied:  # Gemm transB on the embedding itself: the tied matrix is stored once
-        inputs = [h2, emb] + ([g.weight("lm_b", bias)] if bias is not None else [])
-        (logits,) = g.op("Gemm", inputs, transB=1)
-    else:  # own [hidden, V] MatMul weight, which weight-only quantizers compress (drafts)
-        (logits,) = g.op("MatMul", [h2, g.weight("lm_head", head.weight.detach().t())])
-        if bias is not None:
-            (logits,) = g.op("Add", [logits, g.weight("lm_b", bias)])
+    tied = tie_lm_head and head.weight.data_ptr() == embed_module.weight.data_ptr()
+    head_site = Linear("lm_head", ((names[id(head.weight)], head.weight),))
+    logits = weights.head(g, h2, head_site, table if tied else None)  # [R, V]
+    if bias is not None:
+        (logits,) = g.op("Add", [logits, g.weight("lm_b", bias)])
     if dtype != torch.float32:
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
     g.op("Unsqueeze", [logits, g.const("axes", np.array([0], np.int64))], [contract.LOGITS])
 
-    cache = [1, Hkv, "cache_rows", D]  # the runtime binds T_max = max_context rows (in place)
+    cache = [1, Hkv, "cache_rows", D]  # the runtime binds T_max = max_context + min_rows - 1 rows (in place)
     inputs = [
         helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [1, "seq"]),
         helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),

@@ -20,10 +20,22 @@ weights   parameters x bytes per parameter of the graph's precision
             int8 (MatMulNBits, 8 bit, block 32, one fp32 scale per block)  1 + 4/32 = 1.125 B
             int4 (MatMulNBits, 4 bit, block 32)                            0.5 + 4/32 = 0.625 B
             dynamic-int8 (MatMulInteger, per-tensor scale)                 1 B
-kv cache  2 x layers x max_context x kv_heads x head_dim x bytes (4 for fp32 and quantized graphs,
-          2 for fp16 graphs): the runtime allocates both caches at max context once (engine.py).
+          Quantized targets (target.precision int8 / int4 / gguf / gptq / awq) quantize the linear
+          weights, the head and the embedding as the recipe's target.quantization says, with
+          scales (and GGUF offsets) in the graph's dtype f (4 B, or 2 B with dtype fp16):
+            int8 / int4  1 or 0.5 + f / block_size
+            gguf         0.5 + 2 f / 32   (4-bit codes, a scale and an offset per 32: Q4_1 / Q4_K,
+                                           the costliest 4-bit GGUF form; Q8_0 / Q6_K tensors more)
+            gptq / awq   0.5 + (f + 0.5) / 32   (4-bit, group 32 and a 4-bit zero point: the
+                                                  finest common group; group 128 is smaller)
+            head, embedding: fp32 (f bytes: the graph's float dtype), int8, int4 as above, or
+            checkpoint (as the layers for gguf; gptq / awq checkpoints keep them in float)
+kv cache  2 x layers x max_context x kv_heads x head_dim x bytes (4 for fp32 graphs and quantized
+          drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime allocates both caches at max context once (engine.py).
 work      the peak working memory of one call, which the runtime's memory arena keeps:
-            2 x heads x S x T x b   attention scores and probabilities (no fused attention in the graph)
+            2 x heads x S x T x b   attention scores and probabilities (portable graphs; a fused graph's
+                                    GroupQueryAttention runs flash attention on the CUDA provider for
+                                    fp16, which keeps no S x T matrix: 0 there)
             3 x S x intermediate x b, 4 x S x hidden x b, 2 x heads x T x head_dim x b (repeated K/V)
             R x vocab x 4           logits rows
           for prefill (S = max_prompt, T = S, R = 1) and verify (S = max_gamma + 1, T = max_context,
@@ -51,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecExportError
-from .recipe import MIN_CONTEXT, Recipe, ModelSpec, load_recipe, resolve_recipe
+from .recipe import MIN_CONTEXT, QUANTIZED_TARGETS, ModelSpec, QuantizationSpec, Recipe, load_recipe, resolve_recipe
 
 GIB = 1 << 30
 RUNTIME_OVERHEAD_GIB = 1.0
@@ -174,6 +186,7 @@ KNOWN_CONFIGS: dict[str, ModelConfig] = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": _SMOLLM2_135M,
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     "meta-llama/Meta-Llama-3.1-8B-Instruct": _LLAMA31_8B,
+    "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4": _LLAMA31_8B,
     "meta-llama/Llama-3.2-1B-Instruct": _LLAMA32_1B,
     "Qwen/Qwen2.5-0.5B-Instruct": _QWEN25_05B,
     "Qwen/Qwen2.5-1.5B-Instruct": _QWEN25_15B,
@@ -272,7 +285,30 @@ _FLOAT_BYTES = {"fp32": 4, "fp16": 2}
 PRECISION_BYTES = {**_FLOAT_BYTES, **_QUANT_BYTES}
 
 
-def weight_bytes(config: ModelConfig, precision: str) -> int:
+def _per_param(mode: str, precision: str, q: QuantizationSpec) -> float:
+    """Bytes per parameter of a quantized target's tensor stored as `mode` (module docstring)."""
+    f = 2 if q.dtype == "fp16" else 4
+    block = q.block_size or MATMULNBITS_BLOCK
+    if mode == "checkpoint":
+        mode = {"gguf": "gguf", "int8": "int8", "int4": "int4"}.get(precision, "fp32")  # gptq / awq: float
+    return {"fp32": float(f), "int8": 1 + f / block, "int4": 0.5 + f / block, "gguf": 0.5 + 2 * f / 32,
+            "gptq": 0.5 + (f + 0.5) / 32, "awq": 0.5 + (f + 0.5) / 32}[mode]
+
+
+def quantized_target_bytes(config: ModelConfig, precision: str, q: QuantizationSpec) -> int:
+    """Weight bytes of a quantized target: layers, head and embedding as `q` stores them."""
+    layers = config.linear_parameters() * _per_param(precision, precision, q)
+    embedding = config.embedding_parameters() * _per_param(q.embedding, precision, q)
+    head = config.embedding_parameters() * _per_param(q.head, precision, q)
+    if config.tied and q.head in ("fp32", "checkpoint") and q.embedding == q.head:
+        head = 0  # one float table serves both (the graph's Gemm on the embedding)
+    norms = config.small_parameters() * (2 if q.dtype == "fp16" else 4)
+    return int(layers + embedding + head + norms)
+
+
+def weight_bytes(config: ModelConfig, precision: str, quantization: QuantizationSpec | None = None) -> int:
+    if precision in QUANTIZED_TARGETS and quantization is not None:
+        return quantized_target_bytes(config, precision, quantization)
     if precision in _FLOAT_BYTES:
         return config.parameters() * _FLOAT_BYTES[precision]
     if precision in _QUANT_BYTES:
@@ -282,18 +318,20 @@ def weight_bytes(config: ModelConfig, precision: str) -> int:
     raise PlanError(f"precision {precision!r} is not one of {', '.join(PRECISION_BYTES)}")
 
 
-def kv_dtype_bytes(precision: str) -> int:
-    return 2 if precision == "fp16" else 4
+def kv_dtype_bytes(precision: str, quantization: QuantizationSpec | None = None) -> int:
+    return 2 if precision == "fp16" or (quantization is not None and quantization.dtype == "fp16") else 4
 
 
-def kv_bytes(config: ModelConfig, precision: str, max_context: int) -> int:
-    return 2 * config.layers * max_context * config.kv_heads * config.head_dim * kv_dtype_bytes(precision)
+def kv_bytes(config: ModelConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None) -> int:
+    return 2 * config.layers * max_context * config.kv_heads * config.head_dim * kv_dtype_bytes(precision, quantization)
 
 
-def call_bytes(config: ModelConfig, precision: str, seq: int, total: int, rows: int) -> int:
-    """Working memory of one call with `seq` new tokens attending over `total` positions."""
-    b = kv_dtype_bytes(precision)
-    scores = 2 * config.heads * seq * total * b
+def call_bytes(config: ModelConfig, precision: str, seq: int, total: int, rows: int,
+               quantization: QuantizationSpec | None = None, flash: bool = False) -> int:
+    """Working memory of one call with `seq` new tokens attending over `total` positions
+    (flash: fused attention that never materializes the scores)."""
+    b = kv_dtype_bytes(precision, quantization)
+    scores = 0 if flash else 2 * config.heads * seq * total * b
     mlp = 3 * seq * config.intermediate * b
     hidden = 4 * seq * config.hidden * b
     kv_repeat = 2 * config.heads * total * config.head_dim * b
@@ -301,10 +339,11 @@ def call_bytes(config: ModelConfig, precision: str, seq: int, total: int, rows: 
     return scores + mlp + hidden + kv_repeat + logits
 
 
-def activation_bytes(config: ModelConfig, precision: str, max_context: int, max_prompt: int, max_gamma: int) -> int:
-    prefill = call_bytes(config, precision, max_prompt, max_prompt, 1)
+def activation_bytes(config: ModelConfig, precision: str, max_context: int, max_prompt: int, max_gamma: int,
+                     quantization: QuantizationSpec | None = None, flash: bool = False) -> int:
+    prefill = call_bytes(config, precision, max_prompt, max_prompt, 1, quantization, flash)
     verify_s = min(max_gamma + 1, max_context)
-    verify = call_bytes(config, precision, verify_s, max_context, verify_s)
+    verify = call_bytes(config, precision, verify_s, max_context, verify_s, quantization, flash)
     return max(prefill, verify)
 
 
@@ -415,13 +454,15 @@ class _Shapes:
 
 
 def _estimate(role: str, model: str, precision: str, shape: tuple[ModelConfig, str], max_context: int,
-              max_prompt: int, max_gamma: int) -> ModelEstimate:
+              max_prompt: int, max_gamma: int, quantization: QuantizationSpec | None = None,
+              flash: bool = False) -> ModelEstimate:
     config, source = shape
+    label = precision if quantization is None or quantization.dtype == "fp32" else f"{precision}, {quantization.dtype}"
     return ModelEstimate(
-        role=role, model=model, precision=precision, config=config, config_source=source,
-        parameters=config.parameters(), weight_bytes=weight_bytes(config, precision),
-        kv_bytes=kv_bytes(config, precision, max_context),
-        activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma),
+        role=role, model=model, precision=label, config=config, config_source=source,
+        parameters=config.parameters(), weight_bytes=weight_bytes(config, precision, quantization),
+        kv_bytes=kv_bytes(config, precision, max_context, quantization),
+        activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma, quantization, flash),
         logits_buffer_bytes=HOST_LOGITS_ROWS * config.vocab * 4,
     )
 
@@ -429,10 +470,15 @@ def _estimate(role: str, model: str, precision: str, shape: tuple[ModelConfig, s
 def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, max_prompt: int | None) -> PlanReport:
     prompt = min(max_prompt or max_context, max_context)
     gamma = max(recipe.speculation.max_gamma, 8)
-    models = [_estimate("target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma)]
+    q = recipe.target.quantization
+    target_fp16 = recipe.target.precision == "fp16" or (q is not None and q.dtype == "fp16")
+    flash = recipe.graph == "fused" and target_fp16  # GroupQueryAttention on CUDA (fp16 only)
+    models = [_estimate("target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma,
+                        q, flash)]
     if recipe.draft.has_graph and shapes.draft is not None:
         name = recipe.draft.model.model if recipe.draft.kind == "model" else f"{recipe.target.model} (self-draft)"
-        models.append(_estimate("draft", name, recipe.draft.precision, shapes.draft, max_context, prompt, gamma))
+        models.append(_estimate("draft", name, recipe.draft.precision, shapes.draft, max_context, prompt, gamma,
+                                flash=flash and recipe.draft.precision == "fp16"))
     return PlanReport(recipe=recipe.name, device=device, max_context=max_context, max_prompt=prompt, max_gamma=gamma,
                       models=models, overhead_bytes=int(RUNTIME_OVERHEAD_GIB * GIB))
 
@@ -501,18 +547,17 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
     if recipe.target.precision == "fp32":
         alt = _variant(recipe, **{"target.precision": "fp16"})
         advice.append(f"fp16 target (target.precision: fp16): {verdict(_report(alt, device, shapes, recipe.max_context, max_prompt))}")
-    for precision in ("int8", "int4"):
-        config, _ = shapes.target
-        saved = weight_bytes(config, recipe.target.precision) - weight_bytes(config, precision)
-        if saved > 0:
-            total = need - saved
-            state = "would fit" if total <= report.budget_bytes else "would still not fit"
-            advice.append(
-                f"{recipe.target.precision} -> {precision} target weights save {_gib(saved)} and {state}"
-                f" ({_gib(total)}); not yet a recipe option (target precisions: fp32, fp16)"
-            )
-            if total <= report.budget_bytes:
-                break
+    if recipe.target.precision not in QUANTIZED_TARGETS:
+        dtype = "fp16" if recipe.target.precision == "fp16" else "fp32"
+        for precision in ("int8", "int4"):
+            alt = _variant(recipe, **{"target.precision": precision, "target.quantization": {"dtype": dtype},
+                                      "graph": "fused"})
+            other = _report(alt, device, shapes, recipe.max_context, max_prompt)
+            if other.total_bytes < need:
+                advice.append(f"{precision} target weights (target.precision: {precision}, quantization.dtype {dtype};"
+                              f" MatMulNBits, fused graph, ONNX Runtime CPU / CUDA): {verdict(other)}")
+                if other.fits:
+                    break
     bigger = [d.name for d in DEVICES.values() if d.shared == device.shared and d.memory_gib > device.memory_gib
               and _report(recipe, d, shapes, recipe.max_context, max_prompt).fits]
     if bigger:
@@ -549,7 +594,8 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
             f"headroom under {TIGHT_FRACTION:.0%} of the budget: measure on the device (tegrastats / nvidia-smi)"
         )
     if spec.graph == "fused":  # every device in DEVICES is a GPU
-        gpu = "the ONNX Runtime CUDA provider" + ("" if spec.target.precision == "fp16" else " only with an fp16 target")
+        fp16 = spec.target.precision == "fp16" or (spec.target.quantization is not None and spec.target.quantization.dtype == "fp16")
+        gpu = "the ONNX Runtime CUDA provider" + ("" if fp16 else " only with an fp16 target (or quantization.dtype fp16)")
         report.notes.append(
             f"graph: fused runs on {gpu} (GroupQueryAttention) and never on TensorRT; for TensorRT engines build"
             " with graph: portable (docs/graph-contract.md)"

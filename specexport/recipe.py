@@ -35,6 +35,7 @@ __all__ = [
     "TARGET_PRECISIONS",
     "DraftSpec",
     "ModelSpec",
+    "QuantizationSpec",
     "Recipe",
     "SpeculationSpec",
     "ValidationSpec",
@@ -49,7 +50,17 @@ NAME_PATTERN = r"[a-z0-9._-]+"
 _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 BUILTIN_PREFIX = "builtin:"
 
-TARGET_PRECISIONS = ("fp32", "fp16")
+FLOAT_TARGETS = ("fp32", "fp16")
+RTN_TARGETS = ("int8", "int4")  # weight-only, quantized at build time (round to nearest)
+CHECKPOINT_TARGETS = ("gguf", "gptq", "awq")  # the checkpoint's own quantized blocks, kept exactly
+QUANTIZED_TARGETS = RTN_TARGETS + CHECKPOINT_TARGETS
+TARGET_PRECISIONS = FLOAT_TARGETS + QUANTIZED_TARGETS
+TENSOR_MODES = ("fp32", "int8", "int4", "checkpoint")  # how a quantized target stores its head / embedding
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0/1 fp32 activations, 2 fp16, 3 bf16, 4 int8
+DEFAULT_ACCURACY_LEVEL = 4
+# exactness: "bitwise" pads every target call to >= 2 rows (contract 1.2), so a row never depends
+# on its call's size; "numerical" keeps 1-row calls (faster plain steps, low-bit differences)
+EXACTNESS = ("bitwise", "numerical")
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
 DRAFT_KINDS = ("model", "from_target", "ngram")
@@ -91,6 +102,9 @@ _TOP_KEYS = (
 )
 _TOP_REQUIRED = ("name", "max_context", "target", "draft")
 _MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code")
+_TARGET_KEYS = _MODEL_KEYS + ("quantization", "exactness")
+_QUANTIZATION_KEYS = ("block_size", "accuracy_level", "head", "embedding", "dtype")
+QUANTIZED_DTYPES = ("fp32", "fp16")
 _SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer")
 _VALIDATION_KEYS = ("enabled", "prompt")
 _FROM_TARGET_KEYS = ("precision", "block_size")
@@ -107,14 +121,39 @@ _DRAFT_KEYS = tuple(dict.fromkeys(k for _, keys in _DRAFT_FORMS.values() for k i
 
 
 @dataclass(frozen=True)
+class QuantizationSpec:
+    """How a quantized target (QUANTIZED_TARGETS) stores its weights (specexport/quantized_target.py).
+
+    block_size: inputs per scale for int8 / int4 (None for checkpoint formats, whose blocks are
+    the checkpoint's); accuracy_level: MatMulNBits's (4: int8 activations, the fast path; 0/1:
+    fp32 activations); head / embedding: TENSOR_MODES ("checkpoint": the checkpoint's own blocks
+    when it holds the tensor quantized, else fp32); dtype: the graph's float dtype (fp16 for the
+    CUDA provider, whose GroupQueryAttention needs an fp16 cache)."""
+
+    block_size: int | None = BLOCK_SIZE
+    accuracy_level: int = DEFAULT_ACCURACY_LEVEL
+    head: str = "int8"
+    embedding: str = "fp32"
+    dtype: str = "fp32"  # activations, scales and KV cache: fp32 (CPU) or fp16 (CUDA / Jetson)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "head": self.head,
+                "embedding": self.embedding, "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    """Where a model comes from: a local HF folder, a hub id, a .gguf file or builtin:NAME."""
+    """Where a model comes from: a local HF folder, a hub id, a .gguf file or builtin:NAME.
+
+    quantization / exactness: targets only (None for drafts)."""
 
     model: str
     precision: str = "fp32"
     gguf_file: str | None = None
     revision: str | None = None
     trust_remote_code: bool = False
+    quantization: QuantizationSpec | None = None  # set exactly when precision is in QUANTIZED_TARGETS
+    exactness: str | None = None  # EXACTNESS (targets)
 
     @property
     def builtin_name(self) -> str | None:
@@ -126,14 +165,24 @@ class ModelSpec:
         """True when the weights come from a GGUF file (a .gguf path or `gguf_file` inside a folder)."""
         return self.gguf_file is not None or self.model.lower().endswith(".gguf")
 
+    @property
+    def min_rows(self) -> int:
+        """Rows every call of the target's graph gets (contract 1.2): 2 for bitwise exactness."""
+        return 2 if self.exactness == "bitwise" else 1
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "model": self.model,
             "gguf_file": self.gguf_file,
             "precision": self.precision,
             "revision": self.revision,
             "trust_remote_code": self.trust_remote_code,
         }
+        if self.quantization is not None:
+            data["quantization"] = self.quantization.to_dict()
+        if self.exactness is not None:
+            data["exactness"] = self.exactness
+        return data
 
 
 @dataclass(frozen=True)
@@ -389,6 +438,47 @@ class _Reader:
             trust_remote_code=self.boolean(data, "trust_remote_code", path, default=False),
         )
 
+    def target(self, data: dict) -> ModelSpec:
+        spec = self.model_spec(data, "target", TARGET_PRECISIONS, "fp32")
+        precision = spec.precision
+        if precision == "gguf" and not (spec.is_gguf or spec.builtin_name is not None):  # builtins are GGUF files
+            raise self.fail(f"target.precision = 'gguf' keeps a GGUF file's own blocks, but target.model = {spec.model!r}"
+                            " is not a GGUF source (give a .gguf file, gguf_file, or a builtin model)")
+        if precision in ("gptq", "awq") and spec.is_gguf:
+            raise self.fail(f"target.precision = {precision!r} needs a Hugging Face folder with a {precision} checkpoint,"
+                            f" not the GGUF source {spec.model!r}")
+        quant = data.get("quantization")
+        if quant is not None and precision not in QUANTIZED_TARGETS:
+            raise self.fail(f"target.quantization is set, but target.precision = {precision!r} is not quantized;"
+                            f" it applies to precision {', '.join(QUANTIZED_TARGETS)}")
+        quantization = self.quantization(quant, precision) if precision in QUANTIZED_TARGETS else None
+        default_exactness = "bitwise" if precision in QUANTIZED_TARGETS else "numerical"
+        exactness = self.string(data, "exactness", "target", default=default_exactness, choices=EXACTNESS)
+        return ModelSpec(model=spec.model, precision=precision, gguf_file=spec.gguf_file, revision=spec.revision,
+                         trust_remote_code=spec.trust_remote_code, quantization=quantization, exactness=exactness)
+
+    def quantization(self, value: Any, precision: str) -> QuantizationSpec:
+        path = "target.quantization"
+        data = {} if value is None else self.mapping(value, path)
+        self.check_keys(data, path, _QUANTIZATION_KEYS)
+        block = data.get("block_size")
+        if precision in RTN_TARGETS:
+            if block is None:
+                block = BLOCK_SIZE
+            if isinstance(block, bool) or block not in BLOCK_SIZES:
+                raise self.fail(f"{path}.block_size = {block!r} is not allowed; allowed values: {', '.join(map(str, BLOCK_SIZES))}")
+        elif block is not None:
+            raise self.fail(f"{path}.block_size is set, but a {precision} target keeps the checkpoint's own blocks;"
+                            f" block_size applies to precision {' or '.join(RTN_TARGETS)}")
+        level = self.integer(data, "accuracy_level", path, lo=min(ACCURACY_LEVELS), hi=max(ACCURACY_LEVELS),
+                             default=DEFAULT_ACCURACY_LEVEL)
+        modes = TENSOR_MODES if precision in CHECKPOINT_TARGETS else tuple(m for m in TENSOR_MODES if m != "checkpoint")
+        head_default = "checkpoint" if precision in CHECKPOINT_TARGETS else "int8"
+        head = self.string(data, "head", path, default=head_default, choices=modes)
+        embedding = self.string(data, "embedding", path, default="fp32", choices=modes)
+        dtype = self.string(data, "dtype", path, default="fp32", choices=QUANTIZED_DTYPES)
+        return QuantizationSpec(block_size=block, accuracy_level=level, head=head, embedding=embedding, dtype=dtype)
+
     def draft(self, value: Any) -> DraftSpec:
         data = self.mapping(value, "draft")
         self.check_keys(data, "draft", _DRAFT_KEYS)
@@ -490,8 +580,8 @@ class _Reader:
             )
         max_context = self.integer(data, "max_context", "", lo=MIN_CONTEXT, hi=MAX_CONTEXT)
         target_data = self.mapping(self.require(data, "target", "", "a mapping with at least 'model'"), "target")
-        self.check_keys(target_data, "target", _MODEL_KEYS)
-        target = self.model_spec(target_data, "target", TARGET_PRECISIONS, "fp32")
+        self.check_keys(target_data, "target", _TARGET_KEYS)
+        target = self.target(target_data)
         draft = self.draft(self.require(data, "draft", "", "exactly one draft form"))
         speculation = self.speculation(data.get("speculation"))
         allowed = DRAFT_PROPOSERS if draft.has_graph else NGRAM_PROPOSERS
@@ -499,6 +589,10 @@ class _Reader:
             form = "a draft model" if draft.has_graph else "the n-gram proposer"
             raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
                             f" allowed values: {', '.join(allowed)}")
+        graph = self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS)
+        if target.precision in QUANTIZED_TARGETS and graph != "fused":
+            raise self.fail(f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
+                            f" fused graph form); graph = {graph!r}")
         return Recipe(
             name=name,
             max_context=max_context,
@@ -506,7 +600,7 @@ class _Reader:
             draft=draft,
             speculation=speculation,
             validation=self.validation(data.get("validation")),
-            graph=self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS),
+            graph=graph,
             description=self.string(data, "description", "", default=None),
             notes=self.string(data, "notes", "", default=None),
             tested_here=self.boolean(data, "tested_here", "", default=False),

@@ -132,10 +132,15 @@ def _pretrained_args(source: ModelSource, trust_remote_code: bool) -> tuple[str,
 
 
 def load_model(source: ModelSource, dtype: str = "float32", trust_remote_code: bool = False):
-    """Load the transformers model in eval mode (weights dequantized for GGUF)."""
+    """Load the transformers model in eval mode (weights dequantized for GGUF, GPTQ and AWQ)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    if source.kind == "folder":
+        from .formats.hf_quantized import LOADERS, load_quantized_folder, quantization_method
+
+        if quantization_method(Path(source.location)) in LOADERS:  # read here: no optimum / gptq packages
+            return load_quantized_folder(Path(source.location)).model.to(getattr(torch, dtype)).eval()
     where, kwargs = _pretrained_args(source, trust_remote_code)
     try:
         model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype), **kwargs)
@@ -143,6 +148,43 @@ def load_model(source: ModelSource, dtype: str = "float32", trust_remote_code: b
         hint = " (is the hub reachable? this machine may be offline)" if source.kind == "hub" else ""
         raise ModelSourceError(f"could not load model {source.describe()!r}{hint}: {exc}") from exc
     return model.eval()
+
+
+def load_blocks(source: ModelSource, precision: str):
+    """(float32 reference model, the checkpoint's quantized blocks by parameter name) of a
+    checkpoint-format target (precision gguf / gptq / awq): the blocks are the file's own, the
+    model holds their exact dequantization."""
+    from .formats.hf_quantized import load_quantized_folder, quantization_method
+
+    if precision == "gguf":
+        from .formats.gguf import read_gguf_blocks
+
+        if source.kind != "gguf":
+            raise ModelSourceError(f"precision 'gguf' needs a GGUF file; {source.describe()!r} is a {source.kind} source")
+        return load_model(source, "float32"), read_gguf_blocks(Path(source.location) / source.gguf_file)
+    if source.kind == "gguf":
+        raise ModelSourceError(f"precision {precision!r} needs a Hugging Face folder or hub id, not the GGUF file"
+                               f" {source.describe()!r}")
+    folder = Path(source.location) if source.kind == "folder" else snapshot(source)
+    method = quantization_method(folder)
+    if method != precision:
+        raise ModelSourceError(f"precision {precision!r} needs a Hugging Face folder holding a {precision} checkpoint;"
+                               f" {source.describe()!r} holds {method or 'no quantization_config'}")
+    checkpoint = load_quantized_folder(folder)
+    return checkpoint.model.eval(), checkpoint.blocks
+
+
+SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]  # never pickles
+
+
+def snapshot(source: ModelSource) -> Path:
+    """The local folder of a hub source's files (huggingface_hub's cache; safetensors only)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source.location, revision=source.revision, allow_patterns=SNAPSHOT_FILES))
+    except OSError as exc:  # huggingface_hub's HTTP and offline errors derive from OSError
+        raise ModelSourceError(f"could not download {source.describe()!r} (is the hub reachable?): {exc}") from exc
 
 
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):

@@ -111,13 +111,18 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
                         precision: str = "fp32") -> Path:
     """draft_kind: 'self' (draft = target), 'noisy' (perturbed copy), 'ngram', or a self-draft
     precision ('int8', 'int4', 'fp16', ...); with a '-fused' suffix (e.g. 'noisy-fused') both graphs
-    are fused (head_major_inplace). precision: the target's (and a draft model's) precision."""
+    are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
+    target of that precision (exactness bitwise) with the n-gram proposer. precision: the
+    target's (and a draft model's) precision."""
     from specexport.build import build_artifact
     from specexport.recipe import load_recipe
 
     graph = "portable"
     if draft_kind.endswith("-fused"):
         draft_kind, graph = draft_kind[: -len("-fused")], "fused"
+    name = f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else "")
+    if draft_kind.endswith("-target"):
+        name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
     workdir.mkdir(parents=True, exist_ok=True)
     target = make_model(arch)
     target_dir = save_hf_folder(target, workdir / "target-hf")
@@ -130,7 +135,7 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
     else:
         draft = {"from_target": {"precision": draft_kind}}
-    recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else ""),
+    recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=name,
                                       max_context=max_context, graph=graph, precision=precision))
     out = workdir / "artifact"
     build_artifact(recipe, out)

@@ -172,10 +172,12 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
-    target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config)
+    target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config,
+                      min_rows=manifest.target.min_rows)
     draft = None
     if has_draft:
-        draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base)
+        draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base,
+                         min_rows=manifest.draft.min_rows)
     return SpecGenerator(root, manifest, codec, target, draft, calibration)
 
 

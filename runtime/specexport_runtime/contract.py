@@ -48,19 +48,34 @@ Invariants
     * the cache dimension T is symbolic in the graph; the runtime binds T_max = the artifact's
       max_context rows, and the rotary tables inside the graph have max_context rows, so
       P + S <= max_context.
+
+Row-invariant calls (contract 1.2; a manifest entry's `min_rows`)
+    ONNX Runtime's CPU kernels take another path for a 1-row call than for calls of 2 or more
+    rows (MatMul, and MatMulNBits with int8 activations quantize and sum differently), so the
+    logits of a token fed alone differ from the same token's row inside a verify call, while
+    rows of calls with 2 to 17 rows are bitwise equal (docs/performance.md, Exactness). A graph
+    whose entry says min_rows = m is only ever called with M >= m input rows and asked for
+    R >= min(m, M) logits rows: the runtime pads the S real tokens with M - S copies of the
+    last one after them and moves the cursor back to P + S afterwards, so the padding rows'
+    K/V are never read (the next call overwrites them). Such a graph accepts positions up to
+    max_context + m - 2 (the fused graph's rotary tables have max_context + m - 1 rows) and
+    the runtime allocates max_context + m - 1 cache rows. Greedy speculative output then
+    equals target-only output bit for bit; the manifest's `exactness` records what the build
+    measured ("bitwise" or "numerical").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONTRACT_VERSION = "1.1"
+CONTRACT_VERSION = "1.2"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0
 HEAD_MAJOR_INPLACE = "head_major_inplace"  # contract 1.1
 KV_LAYOUTS = (TIME_MAJOR, HEAD_MAJOR_INPLACE)
 _LAYOUT_VERSION = {TIME_MAJOR: "1.0", HEAD_MAJOR_INPLACE: "1.1"}
+ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
 
 INPUT_IDS = "input_ids"
 LOGITS_INDEX = "logits_index"
@@ -95,8 +110,11 @@ def present_value(layer: int) -> str:
     return f"present_value_{layer}"
 
 
-def version_for(kv_layout: str) -> str:
-    """The lowest contract version that defines `kv_layout` (what an artifact declares)."""
+def version_for(kv_layout: str, min_rows: int = 1) -> str:
+    """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
+    calls (what an artifact declares)."""
+    if min_rows > 1:
+        return max(_LAYOUT_VERSION[kv_layout], ROW_PADDING_VERSION, key=parse_version)
     return _LAYOUT_VERSION[kv_layout]
 
 

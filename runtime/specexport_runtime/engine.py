@@ -166,6 +166,30 @@ class CallStats:
         entry[1] += seconds
 
 
+@dataclass(frozen=True)
+class CallRows:
+    """How S real tokens are fed to a graph that gets at least `min_rows` rows per call
+    (contract 1.2): the ids with padding after the real tokens, the logits rows asked for,
+    and where the caller's rows lie among them."""
+
+    ids: np.ndarray  # int64 [1, M], M = max(S, min_rows): real tokens, then copies of the last
+    first: int  # first logits row asked for (logits_index = first .. first + count - 1)
+    count: int  # logits rows asked for: max(last_rows, min(min_rows, M))
+    keep: slice  # the caller's last_rows rows within the `count` returned
+
+
+def plan_rows(ids: np.ndarray, last_rows: int, min_rows: int) -> CallRows:
+    """ids int64 [1, S] -> the padded call. With min_rows 1 this is the plain call."""
+    S = ids.shape[1]
+    M = max(S, min_rows)
+    if M > S:  # padding rows sit after the real ones, so causal attention keeps them unseen
+        ids = np.concatenate([ids, np.repeat(ids[:, -1:], M - S, axis=1)], axis=1)
+    count = max(last_rows, min(min_rows, M))
+    first = min(S - last_rows, M - count)  # the window [first, first + count) holds rows S-last_rows .. S-1
+    offset = S - last_rows - first
+    return CallRows(ids, first, count, slice(offset, offset + last_rows))
+
+
 class CacheCursor:
     """The KV cache cursor shared by every backend: `length` valid rows of `max_context`."""
 
@@ -189,14 +213,19 @@ class CacheCursor:
 class OrtModel(CacheCursor):
     """A contract graph with its KV cache; `forward` appends S tokens at the cursor."""
 
-    def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64):
+    def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64,
+                 min_rows: int = 1):
         self.spec, self.max_context, self.config = spec, max_context, config
+        if not 1 <= min_rows <= max_rows:
+            raise InvalidArgument(f"min_rows must be in 1..{max_rows}, got {min_rows!r}")
+        self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (plan_rows)
+        self.cache_rows = max_context + min_rows - 1  # padding rows past the last real position
         check_layout_provider(spec, config.provider)
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))
         self.dtype = _NP_DTYPES[spec.kv_dtype]
         self.device = "cpu" if config.provider == "cpu" else "cuda"
-        shape = spec.cache_shape(max_context)
+        shape = spec.cache_shape(self.cache_rows)
         self.row_bytes = spec.num_kv_heads * spec.head_dim * np.dtype(self.dtype).itemsize  # one time step
         if self.device == "cpu":
             # filled, not np.zeros: calloc'd pages would be committed lazily as the cache grows,
@@ -212,7 +241,7 @@ class OrtModel(CacheCursor):
         # logits: rows of one call land in a host buffer allocated once: [1, max_rows, V] fp32
         self.max_rows = max_rows
         self._logits = np.full((1, max_rows, spec.embedding_rows), 0, np.float32)
-        self._rows = np.arange(max_context, dtype=np.int64)  # logits_index views
+        self._rows = np.arange(self.cache_rows, dtype=np.int64)  # logits_index views
         self._io = self.session.io_binding()
         self._names = [
             (contract.past_key(i), contract.new_key(i), contract.past_value(i), contract.new_value(i))
@@ -239,6 +268,7 @@ class OrtModel(CacheCursor):
     def forward(self, ids, last_rows: int = 1) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
 
+        With min_rows > 1 a shorter call is padded (plan_rows) and the cursor still advances by S.
         Returns a view [last_rows, V] into a buffer that the next call overwrites."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)  # [1, S]
         S, P = ids.shape[1], self.length
@@ -246,21 +276,23 @@ class OrtModel(CacheCursor):
             raise InvalidArgument(f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}")
         if P + S > self.max_context:
             raise InvalidArgument(f"{P} cached + {S} new tokens exceed max_context {self.max_context}")
+        call = plan_rows(ids, last_rows, self.min_rows)
+        M = call.ids.shape[1]
         io = self._io
-        io.bind_cpu_input(contract.INPUT_IDS, ids)
-        io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[S - last_rows : S])
+        io.bind_cpu_input(contract.INPUT_IDS, call.ids)
+        io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[call.first : call.first + call.count])
         if self.spec.in_place:  # the cursor is all that changes; the cache stays bound
-            self._seqlens[0], self._total[()] = P + S - 1, P + S
+            self._seqlens[0], self._total[()] = P + M - 1, P + M
             io.bind_cpu_input(contract.SEQLENS_K, self._seqlens)
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, self._total)
         else:
-            self._bind_slots(P, S)
-        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, last_rows, self.spec.embedding_rows], self._logits.ctypes.data)
+            self._bind_slots(P, M)
+        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, call.count, self.spec.embedding_rows], self._logits.ctypes.data)
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(S, time.perf_counter() - start)
-        self.length = P + S
-        return self._logits[0, :last_rows]
+        self.length = P + S  # padding rows (P + S .. P + M - 1) are overwritten by the next call
+        return self._logits[0, call.keep]
 
     def _bind_slots(self, P: int, S: int) -> None:
         """time_major: past = buffer[:, :P], new = buffer[:, P:P+S] (pointer + offset)."""
@@ -283,4 +315,4 @@ class OrtModel(CacheCursor):
         return [b[0, start:stop] for b in self._buffers]
 
     def kv_nbytes(self) -> int:
-        return self.spec.kv_bytes(self.max_context)
+        return self.spec.kv_bytes(self.cache_rows)

@@ -16,11 +16,19 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .contract import CONTRACT_VERSION, KV_LAYOUTS, TIME_MAJOR, GraphSpec, is_supported, parse_version, version_for
+from .contract import (
+    CONTRACT_VERSION,
+    KV_LAYOUTS,
+    TIME_MAJOR,
+    GraphSpec,
+    is_supported,
+    parse_version,
+    version_for,
+)
 from .errors import ArtifactError, ChecksumError
 
 SCHEMA_VERSION = 1
@@ -29,6 +37,11 @@ PROPOSERS = ("draft", "ngram", "hybrid", "none")  # speculation.proposer values 
 SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid")  # what --proposer accepts
 DRAFT_MODEL_PROPOSERS = ("draft", "hybrid")  # run the artifact's draft model
 DEFAULT_MAX_GAMMA = 8  # longest draft when the manifest's generation section names none
+# what the build measured of a target's rows (contract 1.2): "bitwise" = a row's logits are the
+# same bits whatever the number of rows in its call (greedy speculation == target-only, bit for
+# bit); "numerical" = they differ in low bits (max |diff| and argmax agreement in validation.rows)
+EXACTNESS = ("bitwise", "numerical")
+MAX_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,30 @@ class ModelEntry:
     kv_dtype: str = "float32"
     validation: dict[str, Any] = field(default_factory=dict)
     kv_layout: str = TIME_MAJOR  # contract layout of the graph (contract.KV_LAYOUTS)
+    min_rows: int = 1  # rows every call gets (contract 1.2: padded after the real tokens)
+    # EXACTNESS as measured at build time (validation["rows"]); None: not measured. Written as
+    # its own key only with min_rows > 1 (a contract-1.2 artifact anyway), so that 1.0 / 1.1
+    # runtimes still read unpadded artifacts; read back from validation["rows"] otherwise.
+    exactness: str | None = None
+
+    @property
+    def required_version(self) -> str:
+        """The lowest contract version that defines this entry's layout and fields."""
+        return version_for(self.kv_layout, self.min_rows)
+
+    def json_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.min_rows == 1:  # contract-1.2 keys left out (module note above)
+            del data["min_rows"], data["exactness"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ModelEntry":
+        entry = cls(**data)
+        measured = (entry.validation.get("rows") or {}).get("exactness") if isinstance(entry.validation, dict) else None
+        if entry.exactness is None and measured is not None:
+            entry = replace(entry, exactness=measured)
+        return entry
 
     def graph_spec(self) -> GraphSpec:
         return GraphSpec(
@@ -102,15 +139,23 @@ class Manifest:
                 continue
             if entry.kv_layout not in KV_LAYOUTS:
                 raise ArtifactError(f"{role} kv_layout {entry.kv_layout!r} is not one of {KV_LAYOUTS}")
-            if parse_version(version_for(entry.kv_layout)) > parse_version(self.contract_version):
+            if isinstance(entry.min_rows, bool) or not isinstance(entry.min_rows, int) or not 1 <= entry.min_rows <= MAX_MIN_ROWS:
+                raise ArtifactError(f"{role} min_rows {entry.min_rows!r} is not an integer in 1..{MAX_MIN_ROWS}")
+            if entry.exactness is not None and entry.exactness not in EXACTNESS:
+                raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
+            if parse_version(entry.required_version) > parse_version(self.contract_version):
                 raise ArtifactError(
-                    f"{role} kv_layout {entry.kv_layout!r} needs contract {version_for(entry.kv_layout)},"
-                    f" but the manifest declares {self.contract_version}"
+                    f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows} needs contract"
+                    f" {entry.required_version}, but the manifest declares {self.contract_version}"
                 )
         return self
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        data = asdict(self)
+        for role in ("target", "draft"):
+            entry = getattr(self, role)
+            data[role] = None if entry is None else entry.json_dict()
+        return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Manifest":
@@ -131,8 +176,8 @@ class Manifest:
             return cls(
                 name=data["name"],
                 max_context=int(data["max_context"]),
-                target=ModelEntry(**data["target"]),
-                draft=ModelEntry(**data["draft"]) if data.get("draft") else None,
+                target=ModelEntry.from_json(data["target"]),
+                draft=ModelEntry.from_json(data["draft"]) if data.get("draft") else None,
                 tokenizer=TokenizerEntry(**{**tok, "eos_token_ids": tuple(tok.get("eos_token_ids", ()))}),
                 speculation=SpeculationDefaults(
                     **{**spec, "ngram_sizes": tuple(spec.get("ngram_sizes", (3, 2, 1)))}

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import contract
 from .contract import GraphSpec
-from .engine import CacheCursor, CallStats
+from .engine import CacheCursor, CallStats, plan_rows
 from .errors import ContractError, InvalidArgument
 from .trt_build import (
     EngineMismatch,
@@ -198,11 +198,12 @@ class TrtModel(CacheCursor):
     """A contract graph's TensorRT engine with its KV cache; `forward` appends S tokens at the cursor."""
 
     def __init__(self, engine_path: str | Path, spec: GraphSpec, max_context: int, profiles: Sequence[Profile],
-                 device_id: int = 0):
+                 device_id: int = 0, min_rows: int = 1):
         if spec.kv_layout != contract.TIME_MAJOR:
             raise ContractError(f"the native TensorRT backend runs time_major graphs; this graph is {spec.kv_layout}")
         trt = import_tensorrt()
         self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
+        self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (engine.plan_rows)
         self.cuda = _Cuda(device_id)
         self._device_ptrs: list[int] = []
         self._host_ptrs: list[int] = []
@@ -240,7 +241,7 @@ class TrtModel(CacheCursor):
         # KV cache at max context, allocated once
         itemsize = _ITEMSIZE[spec.kv_dtype]
         self.row_bytes = spec.num_kv_heads * spec.head_dim * itemsize
-        cache_bytes = max_context * self.row_bytes
+        cache_bytes = (max_context + min_rows - 1) * self.row_bytes  # + padding rows past the last position
         self._kv = [self._dev(cache_bytes) for _ in range(2 * spec.num_layers)]
         self.max_seq, self.max_rows = max_seq(self.profiles), max_rows(self.profiles)
         self.prefill_limit = prefill_limit(self.profiles)
@@ -303,14 +304,21 @@ class TrtModel(CacheCursor):
                 out = self._run(ids[start:start + size], 1)
                 start += size
             return out
+        if self.min_rows > 1:
+            call = plan_rows(ids[None], last_rows, self.min_rows)
+            out = self._run(call.ids[0], call.count, call.first)
+            self.length = P + S  # padding rows are overwritten by the next call
+            return out[call.keep]
         return self._run(ids, last_rows)
 
-    def _run(self, ids: np.ndarray, rows: int) -> np.ndarray:
+    def _run(self, ids: np.ndarray, rows: int, first: int | None = None) -> np.ndarray:
+        """One engine call on ids [S]; logits rows first .. first + rows - 1 (default: the last rows)."""
         S, P, cuda = ids.size, self.length, self.cuda
+        first = S - rows if first is None else first
         ctx = self.contexts[select_profile(self.profiles, S, rows, P)]
         start = time.perf_counter()
         self._h_ids[:S] = ids
-        self._h_rows[:rows] = np.arange(S - rows, S)
+        self._h_rows[:rows] = np.arange(first, first + rows)
         cuda.h2d(self._d_ids, self._h_ids.ctypes.data, S * self._ids_dtype.itemsize)
         cuda.h2d(self._d_rows, self._h_rows.ctypes.data, rows * self._rows_dtype.itemsize)
         ok = ctx.set_input_shape(contract.INPUT_IDS, (1, S)) and ctx.set_input_shape(contract.LOGITS_INDEX, (rows,))
@@ -366,7 +374,8 @@ class TrtModel(CacheCursor):
         if entry is None:
             raise InvalidArgument(f"artifact {str(root)!r} has no {model} graph")
         record = engine_for(root, model, manifest.files.get(entry.graph), device_id)
-        return cls(root / record.engine, entry.graph_spec(), manifest.max_context, record.profiles, device_id)
+        return cls(root / record.engine, entry.graph_spec(), manifest.max_context, record.profiles, device_id,
+                   min_rows=entry.min_rows)
 
 
 def engine_for(root: Path, model: str, graph_sha256: str | None, device_id: int = 0,

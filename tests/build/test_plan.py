@@ -29,11 +29,13 @@ RECIPE_DEVICES = {
     "smollm2-135m": "orin-nano-8gb",
     "smollm2-135m-int4-draft": "orin-nano-8gb",
     "smollm2-135m-ngram": "orin-nano-8gb",
+    "smollm2-135m-q4": "orin-nano-8gb",
     "tinyllama-1.1b-chat-int8-self-draft": "orin-nano-8gb",
     "qwen2.5-1.5b-instruct-qwen2.5-0.5b-draft": "orin-nano-8gb",
     "qwen2.5-3b-instruct-qwen2.5-0.5b-draft": "orin-nx-16gb",
     "qwen2.5-7b-instruct-qwen2.5-0.5b-draft": "agx-orin-32gb",
     "llama-3.1-8b-instruct-llama-3.2-1b-draft": "agx-orin-64gb",
+    "llama-3.1-8b-instruct-awq-int4": "orin-nano-8gb",
 }
 
 
@@ -178,3 +180,22 @@ def test_fused_recipe_says_where_its_graphs_run():
     assert any("CUDA provider (GroupQueryAttention)" in n for n in fp16.notes), fp16.notes
     portable = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"graph": "portable"}), "orin-nano-8gb")
     assert not any("graph: fused" in n for n in portable.notes)
+
+
+def test_quantized_target_weight_bytes():
+    """int4 block 32 with fp16 scales: 0.5 + 2/32 bytes per linear weight, int8 head and
+    embedding 1 + 2/32, fp16 norms; computed here from the Llama-3.1-8B shapes."""
+    from specexport.plan import KNOWN_CONFIGS, weight_bytes
+    from specexport.recipe import QuantizationSpec
+
+    c = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
+    linear = 32 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336)
+    table = 128256 * 4096
+    norms = 32 * 2 * 4096 + 4096
+    q = QuantizationSpec(block_size=32, head="int8", embedding="int8", dtype="fp16")
+    expected = linear * (0.5 + 2 / 32) + 2 * table * (1 + 2 / 32) + 2 * norms
+    assert weight_bytes(c, "int4", q) == int(expected)
+    tied_float = QuantizationSpec(block_size=32, head="fp32", embedding="fp32", dtype="fp32")
+    smol = KNOWN_CONFIGS["builtin:smollm2-135m-instruct"]
+    s_linear = 30 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536)
+    assert weight_bytes(smol, "int8", tied_float) == int(s_linear * (1 + 4 / 32) + 49152 * 576 * 4 + 4 * (30 * 2 * 576 + 576))

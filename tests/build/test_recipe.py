@@ -256,8 +256,8 @@ def test_draft_key_of_another_form():
     [
         ("draft.from_target.precision", "int3", "int8, int4, dynamic-int8, fp16"),
         ("draft.from_target.precision", "fp32", "int8, int4, dynamic-int8, fp16"),
-        ("target.precision", "int8", "fp32, fp16"),
-        ("target.precision", "bf16", "fp32, fp16"),
+        ("target.precision", "int2", "fp32, fp16, int8, int4, gguf, gptq, awq"),
+        ("target.precision", "bf16", "fp32, fp16, int8, int4, gguf, gptq, awq"),
     ],
 )
 def test_bad_precision(dotted, value, allowed):

@@ -1,0 +1,70 @@
+"""Row invariance: does a token's logits row depend on how many rows its call had?
+
+Target-only decoding feeds one token per call; a speculative round verifies k + 1 tokens in
+one call. Greedy speculative output equals target-only output bit for bit only if each row
+comes out the same either way. `row_invariance` measures it on a model as the runtime calls
+it (with its min_rows padding, contract 1.2): the rows of tokens fed one per call against
+the rows of the same tokens fed in one call of k rows, for several k, on the same cache.
+The build records the result in the manifest (`exactness`); run it on another provider to
+check that provider (scripts/device-check does on CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+DEFAULT_SIZES = (2, 3, 5, 9, 17)  # verify calls of gamma 1, 2, 4, 8, 16
+
+
+@dataclass(frozen=True)
+class RowReport:
+    """One-per-call rows against k-row calls, over every k of `sizes`."""
+
+    min_rows: int  # the model's padding (contract 1.2) during the measurement
+    sizes: tuple[int, ...]
+    rows: int  # rows compared
+    bitwise: bool  # every compared row has the same bits
+    max_abs_diff: float
+    argmax_agreement: float
+
+    @property
+    def exactness(self) -> str:
+        return "bitwise" if self.bitwise else "numerical"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "sizes": list(self.sizes), "exactness": self.exactness}
+
+
+def _stepwise(model, prefix: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+    """Rows of `tokens` fed one per call after `prefix`: [len(tokens), V]."""
+    model.reset()
+    model.forward(list(prefix))
+    return np.stack([model.forward([t])[0].copy() for t in tokens])
+
+
+def _in_one_call(model, prefix: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+    model.reset()
+    model.forward(list(prefix))
+    return model.forward(list(tokens), last_rows=len(tokens)).copy()
+
+
+def row_invariance(model, prefix: Sequence[int], tokens: Sequence[int], sizes: Sequence[int] = DEFAULT_SIZES) -> RowReport:
+    """model: an OrtModel/TrtModel (forward, reset); tokens: at least max(sizes) ids. Leaves the
+    model's cache reset-able state dirty (call model.reset() before using it again)."""
+    sizes = tuple(k for k in sizes if k <= len(tokens))
+    if not sizes:
+        raise ValueError(f"need at least {min(DEFAULT_SIZES)} tokens to compare calls, got {len(tokens)}")
+    single = _stepwise(model, prefix, tokens[: max(sizes)])  # [n, V]
+    diffs, agree, same, rows = [], 0, True, 0
+    for k in sizes:
+        block = _in_one_call(model, prefix, tokens[:k])  # [k, V]
+        ref = single[:k]
+        same = same and np.array_equal(block, ref)
+        diffs.append(float(np.max(np.abs(block.astype(np.float64) - ref))))
+        agree += int(np.sum(block.argmax(-1) == ref.argmax(-1)))
+        rows += k
+    model.reset()
+    return RowReport(getattr(model, "min_rows", 1), sizes, rows, same, max(diffs), agree / rows)
