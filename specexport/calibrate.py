@@ -42,7 +42,8 @@ from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
 from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
-from .bench import conditional_acceptance, prompt_ids, run_one, verify_cost
+from .bench import prompt_ids, run_one
+from .bench_stats import conditional_acceptance, verify_cost
 from .prompts import DOMAINS, Prompt, load_prompts
 
 CALIBRATION_VERSION = 1

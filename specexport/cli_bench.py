@@ -95,7 +95,9 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, g
     Prints acceptance, tokens/s and speedup with a 95% CI, latency percentiles, draft
     overhead and output equivalence (greedy) or quality (sampling); docs/benchmarking.md
     explains every figure."""
-    from .bench import BenchError, resolve_prompts, run_bench, write_plots
+    from .bench import resolve_prompts, run_bench
+    from .bench_plots import write_plots
+    from .bench_report import BenchError
 
     gammas = parse_gammas(gamma_text)
     if limit is not None and limit < 1:

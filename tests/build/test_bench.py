@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from specexport.bench import BenchReport, QUANT_CAVEAT, run_bench, write_plots
+from specexport.bench import QUANT_CAVEAT, run_bench
+from specexport.bench_plots import write_plots
+from specexport.bench_report import BenchReport
 from specexport.calibrate import calibrate, profile_gamma
 from specexport.cli_bench import bench as bench_cmd
 from specexport.cli_bench import calibrate as calibrate_cmd
@@ -150,7 +152,7 @@ def test_greedy_equivalence(self_report):
 
 def test_report_outputs(self_report):
     data = json.loads(json.dumps(self_report.to_dict(), allow_nan=False))
-    assert {"meta", "lengths", "off", "configs", "memory", "costs", "runs"} <= set(data)
+    assert {"meta", "lengths", "off", "configs", "memory", "costs", "exactness", "runs"} <= set(data)
     assert data["meta"]["prompts"] == len(PROMPTS) and data["meta"]["domains"] == {"code": 2, "chat": 1, "copy_edit": 1}
     text = "\n".join(self_report.summary_lines())
     for word in ("target", "proposer", "gamma", "sampling", "prompts", "lengths", "acceptance", "per-token",
@@ -188,16 +190,54 @@ def test_hybrid_proposer_bench(tiny_artifacts):
         run_bench(tiny_artifacts["ngram"], PROMPTS[:1], proposer="hybrid", repeats=1)
 
 
-def test_quantized_target_caveat(tiny_artifacts):
-    gen = load(tiny_artifacts["self"])
-    gen.manifest = replace(gen.manifest, target=replace(gen.manifest.target, precision="dynamic-int8"))
+def _equivalence_line(report) -> str:
+    return next(line for line in report.summary_lines() if "equivalence (greedy)" in line)
+
+
+def test_bitwise_quantized_target_no_caveat(tiny_artifacts):
+    """An int4 target built with exactness bitwise (min_rows 2): the equivalence line says so,
+    greedy on equals off, and no caveat."""
+    report = run_bench(tiny_artifacts["int4-target"], PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
+    assert report.meta["target"]["precision"] == "int4" and report.caveats == []
+    assert report.configs[0].equivalence["share"] == 1.0
+    assert _equivalence_line(report).endswith(
+        "; target exactness bitwise (rows do not depend on call size; min_rows 2)")
+    data = json.loads(json.dumps(report.to_dict(include_runs=False), allow_nan=False))
+    assert data["exactness"]["class"] == "bitwise" and data["exactness"]["rows"]["min_rows"] == 2
+
+
+def test_numerical_quantized_target_caveat(tiny_artifacts):
+    """A quantized precision whose rows were measured numerical (the fp32 n-gram artifact's
+    own measurement, relabelled int4) gets the caveat and the measurement on the line."""
+    gen = load(tiny_artifacts["ngram"])
+    rows = gen.manifest.target.validation["rows"]
+    assert gen.manifest.target.exactness == "numerical" == rows["exactness"]
+    fp32 = run_bench(gen, PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
+    assert fp32.caveats == []  # numerical, but not quantized
+    gen.manifest = replace(gen.manifest, target=replace(gen.manifest.target, precision="int4"))
     report = run_bench(gen, PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
-    assert report.caveats == [QUANT_CAVEAT.format(precision="dynamic-int8")]
+    assert report.caveats == [QUANT_CAVEAT.format(precision="int4", exactness="numerical")]
+    assert "call sizes" in report.caveats[0] and "target.exactness: bitwise" in report.caveats[0]
+    assert _equivalence_line(report).endswith(
+        f"; target exactness numerical (rows differ between call sizes by up to {rows['max_abs_diff']:.2g}, "
+        "argmax agreement 100%)")
+    assert report.to_dict()["exactness"]["rows"]["max_abs_diff"] == rows["max_abs_diff"]
     assert report.runs[0].new_tokens <= 6
 
 
+def test_unmeasured_quantized_target_caveat(tiny_artifacts):
+    """An older artifact (no exactness, no validation.rows) with a quantized target."""
+    gen = load(tiny_artifacts["self"])
+    target = replace(gen.manifest.target, precision="dynamic-int8", exactness=None, validation={})
+    gen.manifest = replace(gen.manifest, target=target)
+    report = run_bench(gen, PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
+    assert report.caveats == [QUANT_CAVEAT.format(precision="dynamic-int8", exactness="not measured")]
+    assert _equivalence_line(report).endswith("; target exactness not measured")
+    assert report.to_dict()["exactness"] == {"class": None, "min_rows": 1, "rows": None}
+
+
 def test_bad_arguments(tiny_artifacts):
-    from specexport.bench import BenchError
+    from specexport.bench_report import BenchError
 
     with pytest.raises(BenchError):
         run_bench(tiny_artifacts["self"], [], repeats=1)
