@@ -14,7 +14,8 @@ so machine drift spreads over every method. Every method gets the same prompt to
 first artifact's chat template), greedy, at most --max-new-tokens new tokens, stopping at EOS.
 
 tok/s is end to end: new tokens / wall seconds from the first call with the prompt to the last
-token, prefill included; per prompt the median over repeats, then the median over prompts. Each
+token, prefill included; per prompt the median over repeats, then the median over prompts. Also:
+`first` (ms to the first new token: the prefill) and `decode` (tok/s after it), likewise. Each
 artifact is compared with the GenAI model of its target's bits (fp32 -> fp32, int8 -> int8,
 int4/gguf/gptq/awq -> int4; --pair overrides, the first GenAI model when none matches): speed
 ratio, and prompts whose tokens equal that model's and the artifact's own target-only run's.
@@ -48,13 +49,14 @@ for ids in [args["prompts"][0]] + args["prompts"]:  # the first is a warm-up
     gen = og.Generator(model, params)
     start = time.perf_counter()
     gen.append_tokens(ids)
-    new = []
+    new, first = [], None
     while not gen.is_done():
         gen.generate_next_token()
         new.append(int(gen.get_next_tokens()[0]))
+        first = first or time.perf_counter() - start  # prefill + the first token
     seconds = time.perf_counter() - start
     cut = [i for i, t in enumerate(new) if t in args["eos"]]
-    out.append({"seconds": seconds, "tokens": new[: cut[0]] if cut else new})
+    out.append({"seconds": seconds, "first_seconds": first, "tokens": new[: cut[0]] if cut else new})
 print(json.dumps(out[1:]))
 """
 
@@ -76,7 +78,8 @@ for ids in [args["prompts"][0]] + args["prompts"]:
     res = gen.generate(list(ids), **kw)
     toks = list(res.token_ids)
     cut = [i for i, t in enumerate(toks) if t in args["eos"]]
-    out.append({"seconds": time.perf_counter() - start, "tokens": toks[: cut[0]] if cut else toks})
+    out.append({"seconds": time.perf_counter() - start, "first_seconds": res.stats.prefill_seconds,
+                "tokens": toks[: cut[0]] if cut else toks})
 print(json.dumps(out[1:]))
 """
 
@@ -158,6 +161,14 @@ def summarize(methods: list[dict], runs: dict[str, list[list[dict]]], pairs: dic
         per_prompt = zip(*[[len(r["tokens"]) / r["seconds"] for r in rep] for rep in runs[name]])
         return statistics.median(statistics.median(p) for p in per_prompt)
 
+    def split(name: str) -> tuple[float, float]:
+        """(first-token ms, decode tok/s after it): medians over prompts of medians over repeats."""
+        first = zip(*[[r["first_seconds"] * 1000 for r in rep] for rep in runs[name]])
+        decode = zip(*[[(len(r["tokens"]) - 1) / max(r["seconds"] - r["first_seconds"], 1e-9) for r in rep]
+                       for rep in runs[name]])
+        return (statistics.median(statistics.median(p) for p in first),
+                statistics.median(statistics.median(p) for p in decode))
+
     def tokens(name: str) -> list[list[int]]:
         return [r["tokens"] for r in runs[name][-1]]
 
@@ -172,7 +183,9 @@ def summarize(methods: list[dict], runs: dict[str, list[list[dict]]], pairs: dic
             ref = pairs.get(m["precision"]) if pairs.get(m["precision"]) in labels else labels[0]
         ref_name = f"genai {ref}"
         med = tok_s(m["name"])
+        first_ms, decode = split(m["name"])
         rows.append({"method": m["name"], "engine": m["engine"], "precision": m.get("precision"),
+                     "first_token_ms": first_ms, "decode_tok_s": decode,
                      "exactness": m.get("exactness"), "artifact": m.get("artifact"), "mode": m.get("mode"),
                      "genai_model": m.get("model"), "ref": ref, "tok_s_median": med,
                      "tok_s_runs": [[len(r["tokens"]) / r["seconds"] for r in rep] for rep in runs[m["name"]]],
@@ -241,11 +254,12 @@ def main(argv=None) -> int:
     width = max(len(r["method"]) for r in rows) + 2
     print(f"{len(ids)} prompts ({args.prompts}), {args.max_new_tokens} new tokens, greedy, {args.threads} threads,"
           f" {args.repeats} repeats; end-to-end tok/s (prefill included), median over prompts")
-    print(f"{'method':<{width}}{'target':>8}{'ref':>8}{'tok/s':>8}{'x ref':>8}{'==ref':>7}{'==off':>7}  exactness")
+    print(f"{'method':<{width}}{'target':>8}{'ref':>8}{'tok/s':>8}{'x ref':>8}{'first':>9}{'decode':>8}"
+          f"{'==ref':>7}{'==off':>7}  exactness")
     for r in rows:
         print(f"{r['method']:<{width}}{r['precision'] or '-':>8}{r['ref']:>8}{r['tok_s_median']:>8.1f}"
-              f"{r['vs_ref']:>7.2f}x{r['identical_to_ref'] or '-':>7}{r['identical_to_off'] or '-':>7}"
-              f"  {r['exactness'] or '-'}")
+              f"{r['vs_ref']:>7.2f}x{r['first_token_ms']:>7.1f}ms{r['decode_tok_s']:>8.1f}"
+              f"{r['identical_to_ref'] or '-':>7}{r['identical_to_off'] or '-':>7}  {r['exactness'] or '-'}")
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "artifacts"}
         settings |= {"artifacts": [str(a) for a in args.artifacts], "genai_models": {k: str(v) for k, v in models.items()},
