@@ -1,5 +1,6 @@
 """Do a token's logits depend on how many rows its call had? Per target precision, accuracy level
-and provider, with and without row padding (contract 1.2 min_rows), plus what padding costs.
+and provider, unpadded, with padded calls and with padded attention (contract 1.2), plus what
+each padding costs.
 
     python benchmarks/row_invariance.py [--model builtin:smollm2-135m-instruct]
         [--configs fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4] [--provider cpu]
@@ -12,10 +13,12 @@ Each configuration is a fused graph of the model (specexport/fused.py, quantized
     gguf-lA     the GGUF checkpoint's own blocks (a GGUF --model only), head from its blocks
 For each, `rowcheck.row_invariance` compares the rows of tokens fed one per call with the same
 tokens' rows inside calls of 2, 3, 5, 9 and 17 rows, on real prompt text (the first tokens of
-each prompt as the cache, the next 17 as the tokens), once with min_rows 1 and once with 2; it
-reports whether every row is bitwise equal, the max |logit| difference and the argmax agreement.
-Costs: median ms of a 1-row call at a --past-token cache with min_rows 1 and 2, and of a 9-row
-verify call, interleaved across configurations.
+each prompt as the cache, the next 17 as the tokens), three ways: unpadded (1-row calls),
+padded calls (min_rows 2: the runtime feeds every call at least 2 rows) and padded attention
+(a graph whose GroupQueryAttention gets one extra row, cache_pad 1); it reports whether every
+row is bitwise equal, the max |logit| difference and the argmax agreement. Costs: median ms of a
+1-row call at a --past-token cache each way, and of a 9-row verify call, interleaved across
+configurations.
 """
 
 from __future__ import annotations
@@ -36,56 +39,62 @@ DEFAULT_CONFIGS = "fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4"
 MAX_CONTEXT = 1024
 
 
-def build_config(name: str, model, blocks, out: Path):
-    """-> ExportResult of configuration `name` (module docstring)."""
+WAYS = {"unpadded": (False, 1), "padded calls": (False, 2), "padded attention": (True, 1)}  # (graph, min_rows)
+
+
+def build_config(name: str, model, blocks, out: Path, pad_attention: bool):
+    """-> ExportResult of configuration `name` (module docstring), its attention padded or not."""
     from specexport.fused import build_fused
     from specexport.quantized_target import QuantizedWeights
 
     if name == "fp32":
-        return build_fused(model, out, MAX_CONTEXT, min_rows=2)
+        return build_fused(model, out, MAX_CONTEXT, min_rows=2, pad_attention=pad_attention)
     precision, level = name.split("-l")
     if precision == "gguf" and not blocks:
         raise SystemExit(f"configuration {name!r} needs a GGUF --model")
     head = "checkpoint" if precision == "gguf" else "int8"
     weights = QuantizedWeights(precision, 32, int(level), head, "fp32", blocks if precision == "gguf" else {})
-    return build_fused(model, out, MAX_CONTEXT, weights=weights, min_rows=2)
+    return build_fused(model, out, MAX_CONTEXT, weights=weights, min_rows=2, pad_attention=pad_attention)
 
 
-def invariance(result, provider: str, sequences: list[tuple[list[int], list[int]]], min_rows: int) -> dict:
-    """row_invariance over every (prefix, tokens) pair, pooled."""
+def _model(graphs: dict, way: str, provider: str, threads: int | None = None):
     from specexport_runtime.engine import OrtModel, SessionConfig
+
+    padded, min_rows = WAYS[way]
+    result = graphs[padded]
+    return OrtModel(result.path, result.spec, MAX_CONTEXT, SessionConfig(provider=provider, threads=threads),
+                    min_rows=min_rows, cache_pad=int(padded))
+
+
+def invariance(graphs: dict, way: str, provider: str, sequences: list[tuple[list[int], list[int]]]) -> dict:
+    """row_invariance over every (prefix, tokens) pair, pooled."""
     from specexport_runtime.rowcheck import row_invariance
 
-    model = OrtModel(result.path, result.spec, MAX_CONTEXT, SessionConfig(provider=provider), min_rows=min_rows)
+    model = _model(graphs, way, provider)
     reports = [row_invariance(model, prefix, tokens) for prefix, tokens in sequences]
     rows = sum(r.rows for r in reports)
     return {"bitwise": all(r.bitwise for r in reports), "max_abs_diff": max(r.max_abs_diff for r in reports),
             "argmax_agreement": sum(r.argmax_agreement * r.rows for r in reports) / rows, "rows": rows}
 
 
-def call_costs(results: dict, provider: str, past: int, repeats: int, calls: int = 20) -> dict:
-    """{name: {"s1": ms, "s1_padded": ms, "s9": ms}} medians, configurations interleaved."""
-    from specexport_runtime.engine import OrtModel, SessionConfig
-
-    models = {}
-    for name, result in results.items():
-        for rows in (1, 2):
-            models[(name, rows)] = OrtModel(result.path, result.spec, MAX_CONTEXT, SessionConfig(provider=provider, threads=2),
-                                            min_rows=rows)
-    times: dict = {key: {1: [], 9: []} for key in models}
+def call_costs(configs: dict, provider: str, past: int, repeats: int, calls: int = 20) -> dict:
+    """{name: {way: decode ms, ..., "verify9": ms}} medians, configurations interleaved."""
+    models = {(name, way): _model(graphs, way, provider, threads=2) for name, graphs in configs.items() for way in WAYS}
+    times: dict = {key: [] for key in models} | {(name, "verify9"): [] for name in configs}
     for _ in range(repeats):
-        for key, model in models.items():
+        for (name, way), model in models.items():
             model.reset()
             model.forward(list(range(3, 3 + past)))
-            for S in (1, 9) if key[1] == 1 else (1,):
+            for S, key in ((1, (name, way)),) + (((9, (name, "verify9")),) if way == "unpadded" else ()):
                 start = time.perf_counter()
                 for _ in range(calls):
                     model.truncate(past)
                     model.forward([5] * S, last_rows=S)
-                times[key][S].append((time.perf_counter() - start) / calls * 1000)
-    med = lambda v: statistics.median(v)  # noqa: E731
-    return {name: {"s1": med(times[(name, 1)][1]), "s1_padded": med(times[(name, 2)][1]), "s9": med(times[(name, 1)][9])}
-            for name in results}
+                times[key].append((time.perf_counter() - start) / calls * 1000)
+    out: dict = {name: {} for name in configs}
+    for (name, key), values in times.items():
+        out[name][key] = statistics.median(values)
+    return out
 
 
 def main(argv=None) -> int:
@@ -119,19 +128,19 @@ def main(argv=None) -> int:
         sequences.append((ids[:23], ids[23:40]))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        results = {name: build_config(name, model, blocks, Path(tmp) / name) for name in args.configs.split(",") if name}
-        costs = call_costs(results, args.provider, args.past, args.repeats)
-        for name, result in results.items():
-            row = {"config": name, "provider": args.provider, **costs[name]}
-            for min_rows in (1, 2):
-                row[f"min_rows_{min_rows}"] = invariance(result, args.provider, sequences, min_rows)
+        configs = {name: {pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad) for pad in (False, True)}
+                   for name in args.configs.split(",") if name}
+        costs = call_costs(configs, args.provider, args.past, args.repeats)
+        for name, graphs in configs.items():
+            row = {"config": name, "provider": args.provider, "ms": costs[name]}
+            parts = []
+            for way in WAYS:
+                row[way] = r = invariance(graphs, way, args.provider, sequences)
+                state = "bitwise" if r["bitwise"] else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})"
+                ratio = costs[name][way] / costs[name]["unpadded"]
+                parts.append(f"{way}: {state}, {costs[name][way]:.2f} ms ({ratio:.2f}x)")
             rows.append(row)
-            one, two = row["min_rows_1"], row["min_rows_2"]
-            print(f"{name:<9} 1-row calls: {'bitwise' if one['bitwise'] else 'differ'} (max |diff| {one['max_abs_diff']:.2g},"
-                  f" argmax {one['argmax_agreement']:.1%})  padded: {'bitwise' if two['bitwise'] else 'differ'}"
-                  f" ({two['max_abs_diff']:.2g})  decode {row['s1']:.2f} ms, padded {row['s1_padded']:.2f} ms"
-                  f" ({row['s1_padded'] / row['s1']:.2f}x), verify(9) {row['s9']:.2f} ms ({row['s9'] / row['s1']:.2f}x)",
-                  flush=True)
+            print(f"{name:<9} " + "; ".join(parts) + f"; verify(9) {costs[name]['verify9']:.2f} ms", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0

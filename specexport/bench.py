@@ -162,7 +162,8 @@ def target_exactness(entry) -> dict:
     """The target's exactness class as the manifest records it (None: not measured) and the
     build's row-invariance measurement (validation.rows; None when absent)."""
     rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
-    return {"class": entry.exactness, "min_rows": entry.min_rows, "rows": dict(rows) if rows else None}
+    return {"class": entry.exactness, "min_rows": entry.min_rows, "cache_pad": entry.cache_pad,
+            "rows": dict(rows) if rows else None}
 
 
 def resolve_prompts(specs: Sequence[str | os.PathLike] | str, limit: int | None = None) -> list[Prompt]:

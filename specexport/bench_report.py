@@ -289,8 +289,8 @@ def exactness_text(exactness: dict | None) -> str:
     if cls is None:
         return "target exactness not measured"
     if cls == "bitwise":
-        min_rows = rows.get("min_rows", exactness.get("min_rows"))
-        return f"target exactness bitwise (rows do not depend on call size; min_rows {min_rows})"
+        how = rows.get("padding") or f"min_rows {exactness.get('min_rows')}"
+        return f"target exactness bitwise (rows do not depend on call size; {how})"
     if rows.get("max_abs_diff") is None:
         return f"target exactness {cls}"
     agree = rows.get("argmax_agreement")

@@ -97,10 +97,31 @@ def _source(spec: ModelSpec) -> ModelSource:
     return resolve_source(spec.model, spec.gguf_file, spec.revision)
 
 
-def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, min_rows: int = 1, weights=None) -> ExportResult:
+@dataclass(frozen=True)
+class Padding:
+    """How a graph keeps its rows independent of its call's size (contract 1.2)."""
+
+    min_rows: int = 1  # the runtime pads every call to this many rows
+    cache_pad: int = 0  # the fused graph pads its attention by this many rows itself
+
+    def describe(self) -> str:
+        if self.cache_pad:
+            return "padded attention"
+        return "padded calls" if self.min_rows > 1 else "no padding"
+
+
+# what a bitwise target tries, cheapest first: the fused graph's padded attention keeps its
+# 1-row calls (fast MatMul paths); padded calls are the general fallback (docs/graph-contract.md)
+BITWISE_FUSED = (Padding(cache_pad=1), Padding(min_rows=2))
+BITWISE_PORTABLE = (Padding(), Padding(min_rows=2))
+
+
+def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, padding: Padding = Padding(),
+            weights=None) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
     if recipe.graph == "fused":
-        return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights, min_rows=min_rows)
+        return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights,
+                           min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0)
     return export_graph(model, out_dir, tie_lm_head=tie_lm_head)
 
 
@@ -119,18 +140,32 @@ def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeight
                             float_weights=dict(reference.named_parameters()))
 
 
-def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe: list[int],
-                   validate: bool) -> tuple[ExportResult, dict, str | None]:
+@dataclass(frozen=True)
+class TargetExport:
+    result: ExportResult
+    validation: dict  # {} when not validated
+    exactness: str | None  # measured; None when not validated
+    padding: Padding
+
+
+def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe: list[int], validate: bool,
+                   progress: Progress = _quiet) -> TargetExport:
     """Export the target, validate it against the float32 reference and measure its row
-    invariance: (result, validation report, exactness or None when not validated)."""
+    invariance. exactness bitwise: the paddings of BITWISE_* in turn until one measures bitwise
+    (the last is kept, measured numerical, when none does); numerical: no padding."""
     spec = recipe.target
     weights = _target_weights(spec, blocks, reference)
     fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
     model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
-    result = _export(recipe, model, out_dir, min_rows=spec.min_rows, weights=weights)
-    del model
-    if not validate:
-        return result, {}, None
+    tries = (Padding(),) if spec.exactness != "bitwise" else BITWISE_FUSED if recipe.graph == "fused" else BITWISE_PORTABLE
+    if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
+        return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights), {}, None, tries[0])
+    for padding in tries:
+        result = _export(recipe, model, out_dir, padding=padding, weights=weights)
+        rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
+        if rows.bitwise:
+            break
+        progress(f"target rows depend on the call size with {padding.describe()} (max |diff| {rows.max_abs_diff:.3g})")
     tol = FP16 if spec.precision == "fp16" else QUANTIZED if weights is not None else FP32
     report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
     report["tolerance"] = tol.max_abs
@@ -138,24 +173,24 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
         report["note"] = (f"{spec.precision} target against its float32 reference (the same weights dequantized):"
                           " agreement is reported, not required")
         report["weights"] = weights.describe()
-    rows = measure_rows(result.path, result.spec, recipe.max_context, spec.min_rows, probe)
-    report["rows"] = rows.to_dict()
-    return result, report, rows.exactness
+    report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
+    return TargetExport(result, report, rows.exactness, padding)
 
 
-def measure_rows(path: Path, spec, max_context: int, min_rows: int, probe: list[int]):
+def measure_rows(path: Path, spec, max_context: int, padding: Padding, probe: list[int]):
     """rowcheck.row_invariance of a graph on the CPU provider, as the runtime will call it."""
     from specexport_runtime.engine import OrtModel, SessionConfig
     from specexport_runtime.rowcheck import DEFAULT_SIZES, row_invariance
 
     n = max(DEFAULT_SIZES)
     tokens = (probe * (n // len(probe) + 1))[:n]  # the probe, repeated if short
-    model = OrtModel(path, spec, max_context, SessionConfig(provider="cpu"), min_rows=min_rows)
+    model = OrtModel(path, spec, max_context, SessionConfig(provider="cpu"), min_rows=padding.min_rows,
+                     cache_pad=padding.cache_pad)
     return row_invariance(model, probe[: len(probe) // 2], tokens)
 
 
 def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, vocab: int, validation: dict,
-           min_rows: int = 1, exactness: str | None = None) -> ModelEntry:
+           padding: Padding = Padding(), exactness: str | None = None) -> ModelEntry:
     return ModelEntry(
         graph=graph,
         source=source.describe(),
@@ -169,7 +204,8 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
         kv_dtype=result_spec.kv_dtype,
         validation=validation,
         kv_layout=result_spec.kv_layout,
-        min_rows=min_rows,
+        min_rows=padding.min_rows,
+        cache_pad=padding.cache_pad,
         exactness=exactness,
     )
 
@@ -247,14 +283,15 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         stage("load_draft")
 
     progress(f"exporting target ({recipe.target.precision})")
-    t_res, t_val, exactness = _export_target(recipe, reference, blocks, root / "target", probe, validate)
+    target = _export_target(recipe, reference, blocks, root / "target", probe, validate, progress)
     del blocks
     stage("export_target" + ("+validate" if validate else ""))
-    if validate and recipe.target.exactness == "bitwise" and exactness != "bitwise":
-        progress(f"warning: target rows differ between call sizes (max |diff| {t_val['rows']['max_abs_diff']:.3g});"
+    if validate and recipe.target.exactness == "bitwise" and target.exactness != "bitwise":
+        progress(f"warning: target rows differ between call sizes (max |diff| {target.validation['rows']['max_abs_diff']:.3g});"
                  " the manifest records exactness 'numerical'")
+    t_res, t_val = target.result, target.validation
     target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val,
-                          min_rows=recipe.target.min_rows, exactness=exactness)
+                          padding=target.padding, exactness=target.exactness)
 
     draft_entry = None
     if recipe.draft.has_graph:

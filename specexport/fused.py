@@ -198,13 +198,20 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, H: int, Hkv: int, D: 
 
 
 def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_lm_head: bool = True,
-                weights: WeightPlan | None = None, min_rows: int = 1) -> ExportResult:
+                weights: WeightPlan | None = None, min_rows: int = 1, pad_attention: bool = False) -> ExportResult:
     """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
 
     weights: how weights are stored (default FloatWeights: the model's dtype). min_rows: the
-    manifest's min_rows for this graph (contract 1.2): the rotary tables get max_context +
-    min_rows - 1 rows so that padding rows past the last position have positions too."""
+    manifest's min_rows for this graph (contract 1.2: the runtime pads calls). pad_attention:
+    every GroupQueryAttention gets one row more than the call, a copy of its last row (contract
+    1.2 cache_pad 1): ONNX Runtime's GroupQueryAttention computes a 1-row call on another path
+    than calls of 2 or more rows (low-bit differences that int8-activation MatMulNBits turn into
+    whole logits), while its MatMuls are row-invariant, so this keeps every row of the graph
+    independent of its call's size without paying for a padded MatMul. The copy's K/V land at
+    cache row P + S, past the call, and the next call overwrites them. The rotary tables get
+    max_context + min_rows - 1 + pad rows so that padding rows have positions too."""
     weights = weights or FloatWeights()
+    pad = 1 if pad_attention else 0
     start = time.perf_counter()
     config = model.config
     arch = arch_for(config.model_type)
@@ -232,7 +239,7 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
 
     g = _Graph(dtype)
     elem = _ONNX_DTYPE[dtype]
-    cos, sin = _rotary_tables(model, arch, D, max_context + min_rows - 1)
+    cos, sin = _rotary_tables(model, arch, D, max_context + min_rows - 1 + pad)
     cos_name, sin_name = g.const("cos_cache", cos.astype(_NP_DTYPE[dtype])), g.const("sin_cache", sin.astype(_NP_DTYPE[dtype]))
     names = _names(model)
     embed_module = _get(base, arch.embed)
@@ -244,6 +251,10 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
         (x,) = g.op("Mul", [x, g.const("embed_scale", np.array(value, _NP_DTYPE[dtype]))])
     offset = arch.norm_offset
 
+    seqlens, total = contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH
+    if pad:  # the attention sees S + 1 rows: its cursor inputs grow by one
+        (seqlens,) = g.op("Add", [seqlens, g.const("one", np.array([1], np.int32))])
+        (total,) = g.op("Add", [total, g.const("one", np.array(1, np.int32))])
     residual = x  # running sum of the residual stream; `pending` is the next addend
     pending: str | None = None
 
@@ -272,6 +283,8 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
             qkv_inputs = [q, k, v]
         else:
             qkv_inputs = [qkv, "", ""]  # packed q|k|v
+        if pad:  # [1, S, C] -> [1, S + 1, C]: the last row again
+            qkv_inputs = [_append_last_row(g, t) if t else t for t in qkv_inputs]
         gqa_attrs = dict(num_heads=H, kv_num_heads=Hkv, scale=attn_scale, do_rotary=1, rotary_interleaved=0)
         if window is not None:
             # a query sees the `window` most recent keys including its own, as in transformers
@@ -279,12 +292,14 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
             gqa_attrs["local_window_size"] = window
         a, _, _ = g.op(
             "GroupQueryAttention",
-            [*qkv_inputs, contract.past_key(i), contract.past_value(i), contract.SEQLENS_K,
-             contract.TOTAL_SEQUENCE_LENGTH, cos_name, sin_name],
+            [*qkv_inputs, contract.past_key(i), contract.past_value(i), seqlens, total, cos_name, sin_name],
             [g.name("attn"), contract.present_key(i), contract.present_value(i)],
             domain=MS,
             **gqa_attrs,
-        )  # a: [1, S, H D]
+        )  # a: [1, S (+ 1 with pad), H D]
+        if pad:
+            (a,) = g.op("Slice", [a, g.const("start", np.array([0], np.int64)), g.const("end", np.array([-1], np.int64)),
+                                  g.const("axis", np.array([1], np.int64))])  # [1, S, H D]
         pending = weights.linear(g, a, o_site)
         h = norm(_get(layer, arch.mlp_norm))
         inter = gate_up_site.out_features // 2
@@ -338,6 +353,14 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
                     size_threshold=1024)
     size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
     return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)
+
+
+def _append_last_row(g: _Graph, x: str) -> str:
+    """x [1, S, C] -> [1, S + 1, C], the last row repeated."""
+    (last,) = g.op("Slice", [x, g.const("start", np.array([-1], np.int64)),
+                             g.const("end", np.array([np.iinfo(np.int64).max], np.int64)),
+                             g.const("axis", np.array([1], np.int64))])
+    return g.op("Concat", [x, last], axis=1)[0]
 
 
 def _head_norm(g: _Graph, x: str, module: torch.nn.Module, heads: int, D: int) -> str:

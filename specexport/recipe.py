@@ -58,8 +58,8 @@ TARGET_PRECISIONS = FLOAT_TARGETS + QUANTIZED_TARGETS
 TENSOR_MODES = ("fp32", "int8", "int4", "checkpoint")  # how a quantized target stores its head / embedding
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0/1 fp32 activations, 2 fp16, 3 bf16, 4 int8
 DEFAULT_ACCURACY_LEVEL = 4
-# exactness: "bitwise" pads every target call to >= 2 rows (contract 1.2), so a row never depends
-# on its call's size; "numerical" keeps 1-row calls (faster plain steps, low-bit differences)
+# exactness: "bitwise" pads the target (its attention in a fused graph, else its calls to >= 2 rows;
+# contract 1.2) so a row never depends on its call's size; "numerical" leaves it unpadded
 EXACTNESS = ("bitwise", "numerical")
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
@@ -164,11 +164,6 @@ class ModelSpec:
     def is_gguf(self) -> bool:
         """True when the weights come from a GGUF file (a .gguf path or `gguf_file` inside a folder)."""
         return self.gguf_file is not None or self.model.lower().endswith(".gguf")
-
-    @property
-    def min_rows(self) -> int:
-        """Rows every call of the target's graph gets (contract 1.2): 2 for bitwise exactness."""
-        return 2 if self.exactness == "bitwise" else 1
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -452,8 +447,7 @@ class _Reader:
             raise self.fail(f"target.quantization is set, but target.precision = {precision!r} is not quantized;"
                             f" it applies to precision {', '.join(QUANTIZED_TARGETS)}")
         quantization = self.quantization(quant, precision) if precision in QUANTIZED_TARGETS else None
-        default_exactness = "bitwise" if precision in QUANTIZED_TARGETS else "numerical"
-        exactness = self.string(data, "exactness", "target", default=default_exactness, choices=EXACTNESS)
+        exactness = self.string(data, "exactness", "target", default="bitwise", choices=EXACTNESS)
         return ModelSpec(model=spec.model, precision=precision, gguf_file=spec.gguf_file, revision=spec.revision,
                          trust_remote_code=spec.trust_remote_code, quantization=quantization, exactness=exactness)
 

@@ -81,8 +81,9 @@ class FeedRunner:
 
     time_major: the graph returns the S new rows, appended here with numpy.
     head_major_inplace: fed a [1, H_kv, P, D] past that is not shared with the output, the
-    graph returns the whole [1, H_kv, P + S, D] cache (ONNX Runtime's non-shared mode), so
-    neither the runtime's in-place binding nor its buffer reuse is exercised here."""
+    graph returns the whole [1, H_kv, P + S, D] cache (ONNX Runtime's non-shared mode; one row
+    more with padded attention, dropped here), so neither the runtime's in-place binding nor
+    its buffer reuse is exercised here."""
 
     def __init__(self, path: Path, spec: GraphSpec):
         self.session = make_session(path, SessionConfig(provider="cpu"))
@@ -110,8 +111,8 @@ class FeedRunner:
             feeds[contract.past_key(i)] = self.cache[2 * i]
             feeds[contract.past_value(i)] = self.cache[2 * i + 1]
         logits, *kv = self.session.run(None, feeds)
-        if self.spec.in_place:
-            self.cache = kv
+        if self.spec.in_place:  # a graph with padded attention (contract 1.2) returns its padding row too
+            self.cache = [np.ascontiguousarray(c[:, :, : total]) for c in kv]
         else:
             self.cache = [np.concatenate([c, n], axis=1) for c, n in zip(self.cache, kv)]
         return logits[0]  # [R, V]

@@ -91,14 +91,14 @@ def save_hf_folder(model, folder: Path, tokenizer=None) -> Path:
 
 
 def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamma: int = 4, max_context: int = 256,
-                 graph: str = "portable", precision: str = "fp32") -> Path:
+                 graph: str = "portable", precision: str = "fp32", exactness: str = "bitwise") -> Path:
     import yaml
 
     data = {
         "name": name,
         "max_context": max_context,
         "graph": graph,
-        "target": {"model": str(target), "precision": precision},
+        "target": {"model": str(target), "precision": precision, "exactness": exactness},
         "draft": draft,
         "speculation": {"gamma": gamma, "max_gamma": 8},
         "tested_here": True,
@@ -112,15 +112,18 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
     """draft_kind: 'self' (draft = target), 'noisy' (perturbed copy), 'ngram', or a self-draft
     precision ('int8', 'int4', 'fp16', ...); with a '-fused' suffix (e.g. 'noisy-fused') both graphs
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
-    target of that precision (exactness bitwise) with the n-gram proposer. precision: the
-    target's (and a draft model's) precision."""
+    target of that precision with the n-gram proposer. A '-numerical' suffix (first) builds the
+    target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
+    exactness bitwise needs. precision: the target's (and a draft model's) precision."""
     from specexport.build import build_artifact
     from specexport.recipe import load_recipe
 
-    graph = "portable"
+    graph, exactness = "portable", "bitwise"
+    if draft_kind.endswith("-numerical"):
+        draft_kind, exactness = draft_kind[: -len("-numerical")], "numerical"
     if draft_kind.endswith("-fused"):
         draft_kind, graph = draft_kind[: -len("-fused")], "fused"
-    name = f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else "")
+    name = f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else "") + ("-numerical" if exactness == "numerical" else "")
     if draft_kind.endswith("-target"):
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +139,8 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
     else:
         draft = {"from_target": {"precision": draft_kind}}
     recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=name,
-                                      max_context=max_context, graph=graph, precision=precision))
+                                      max_context=max_context, graph=graph, precision=precision,
+                                      exactness=exactness))
     out = workdir / "artifact"
     build_artifact(recipe, out)
     return out

@@ -173,11 +173,11 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
     target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config,
-                      min_rows=manifest.target.min_rows)
+                      min_rows=manifest.target.min_rows, cache_pad=manifest.target.cache_pad)
     draft = None
     if has_draft:
         draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base,
-                         min_rows=manifest.draft.min_rows)
+                         min_rows=manifest.draft.min_rows, cache_pad=manifest.draft.cache_pad)
     return SpecGenerator(root, manifest, codec, target, draft, calibration)
 
 

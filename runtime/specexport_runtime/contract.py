@@ -57,11 +57,15 @@ Row-invariant calls (contract 1.2; a manifest entry's `min_rows`)
     whose entry says min_rows = m is only ever called with M >= m input rows and asked for
     R >= min(m, M) logits rows: the runtime pads the S real tokens with M - S copies of the
     last one after them and moves the cursor back to P + S afterwards, so the padding rows'
-    K/V are never read (the next call overwrites them). Such a graph accepts positions up to
-    max_context + m - 2 (the fused graph's rotary tables have max_context + m - 1 rows) and
-    the runtime allocates max_context + m - 1 cache rows. Greedy speculative output then
-    equals target-only output bit for bit; the manifest's `exactness` records what the build
-    measured ("bitwise" or "numerical").
+    K/V are never read (the next call overwrites them). A fused graph may pad its attention
+    instead (entry `cache_pad` c = 1): its GroupQueryAttention gets a copy of the call's last
+    row after the real ones, writes its K/V at cache row P + S and drops its output; ONNX
+    Runtime's MatMuls are row-invariant already, and only GroupQueryAttention's 1-row path
+    differs, so this costs one attention row instead of a padded call. Positions reach
+    max_context + m - 2 + c (the fused graph's rotary tables have max_context + m - 1 + c rows)
+    and the runtime allocates max_context + m - 1 + c cache rows. Greedy speculative output
+    then equals target-only output bit for bit; the manifest's `exactness` records what the
+    build measured ("bitwise" or "numerical").
 """
 
 from __future__ import annotations

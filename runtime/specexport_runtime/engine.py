@@ -214,12 +214,16 @@ class OrtModel(CacheCursor):
     """A contract graph with its KV cache; `forward` appends S tokens at the cursor."""
 
     def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64,
-                 min_rows: int = 1):
+                 min_rows: int = 1, cache_pad: int = 0):
         self.spec, self.max_context, self.config = spec, max_context, config
         if not 1 <= min_rows <= max_rows:
             raise InvalidArgument(f"min_rows must be in 1..{max_rows}, got {min_rows!r}")
+        if not 0 <= cache_pad <= max_rows:
+            raise InvalidArgument(f"cache_pad must be in 0..{max_rows}, got {cache_pad!r}")
         self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (plan_rows)
-        self.cache_rows = max_context + min_rows - 1  # padding rows past the last real position
+        # cache rows past the last real position that padding writes: call padding (min_rows) and
+        # the graph's own padded attention (cache_pad, contract 1.2) add up
+        self.cache_rows = max_context + min_rows - 1 + cache_pad
         check_layout_provider(spec, config.provider)
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))

@@ -61,20 +61,26 @@ class ModelEntry:
     validation: dict[str, Any] = field(default_factory=dict)
     kv_layout: str = TIME_MAJOR  # contract layout of the graph (contract.KV_LAYOUTS)
     min_rows: int = 1  # rows every call gets (contract 1.2: padded after the real tokens)
+    cache_pad: int = 0  # cache rows past the call the graph itself writes (contract 1.2: padded attention)
     # EXACTNESS as measured at build time (validation["rows"]); None: not measured. Written as
-    # its own key only with min_rows > 1 (a contract-1.2 artifact anyway), so that 1.0 / 1.1
+    # its own key only for a padded entry (a contract-1.2 artifact anyway), so that 1.0 / 1.1
     # runtimes still read unpadded artifacts; read back from validation["rows"] otherwise.
     exactness: str | None = None
 
     @property
+    def padded(self) -> bool:
+        """Whether the entry uses a contract-1.2 padding (calls or attention)."""
+        return self.min_rows > 1 or self.cache_pad > 0
+
+    @property
     def required_version(self) -> str:
         """The lowest contract version that defines this entry's layout and fields."""
-        return version_for(self.kv_layout, self.min_rows)
+        return version_for(self.kv_layout, 2 if self.padded else 1)
 
     def json_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if self.min_rows == 1:  # contract-1.2 keys left out (module note above)
-            del data["min_rows"], data["exactness"]
+        if not self.padded:  # contract-1.2 keys left out (module note above)
+            del data["min_rows"], data["cache_pad"], data["exactness"]
         return data
 
     @classmethod
@@ -139,13 +145,15 @@ class Manifest:
                 continue
             if entry.kv_layout not in KV_LAYOUTS:
                 raise ArtifactError(f"{role} kv_layout {entry.kv_layout!r} is not one of {KV_LAYOUTS}")
-            if isinstance(entry.min_rows, bool) or not isinstance(entry.min_rows, int) or not 1 <= entry.min_rows <= MAX_MIN_ROWS:
-                raise ArtifactError(f"{role} min_rows {entry.min_rows!r} is not an integer in 1..{MAX_MIN_ROWS}")
+            for key, lo in (("min_rows", 1), ("cache_pad", 0)):
+                value = getattr(entry, key)
+                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_MIN_ROWS:
+                    raise ArtifactError(f"{role} {key} {value!r} is not an integer in {lo}..{MAX_MIN_ROWS}")
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if parse_version(entry.required_version) > parse_version(self.contract_version):
                 raise ArtifactError(
-                    f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows} needs contract"
+                    f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows}, cache_pad {entry.cache_pad} needs contract"
                     f" {entry.required_version}, but the manifest declares {self.contract_version}"
                 )
         return self

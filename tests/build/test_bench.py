@@ -195,21 +195,22 @@ def _equivalence_line(report) -> str:
 
 
 def test_bitwise_quantized_target_no_caveat(tiny_artifacts):
-    """An int4 target built with exactness bitwise (min_rows 2): the equivalence line says so,
-    greedy on equals off, and no caveat."""
+    """An int4 target built with exactness bitwise (a fused graph: padded attention): the
+    equivalence line says so, greedy on equals off, and no caveat."""
     report = run_bench(tiny_artifacts["int4-target"], PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
     assert report.meta["target"]["precision"] == "int4" and report.caveats == []
     assert report.configs[0].equivalence["share"] == 1.0
     assert _equivalence_line(report).endswith(
-        "; target exactness bitwise (rows do not depend on call size; min_rows 2)")
+        "; target exactness bitwise (rows do not depend on call size; padded attention)")
     data = json.loads(json.dumps(report.to_dict(include_runs=False), allow_nan=False))
-    assert data["exactness"]["class"] == "bitwise" and data["exactness"]["rows"]["min_rows"] == 2
+    assert data["exactness"]["class"] == "bitwise" and data["exactness"]["cache_pad"] == 1
+    assert data["exactness"]["rows"]["min_rows"] == 1
 
 
 def test_numerical_quantized_target_caveat(tiny_artifacts):
     """A quantized precision whose rows were measured numerical (the fp32 n-gram artifact's
     own measurement, relabelled int4) gets the caveat and the measurement on the line."""
-    gen = load(tiny_artifacts["ngram"])
+    gen = load(tiny_artifacts["ngram-numerical"])
     rows = gen.manifest.target.validation["rows"]
     assert gen.manifest.target.exactness == "numerical" == rows["exactness"]
     fp32 = run_bench(gen, PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
@@ -227,13 +228,13 @@ def test_numerical_quantized_target_caveat(tiny_artifacts):
 
 def test_unmeasured_quantized_target_caveat(tiny_artifacts):
     """An older artifact (no exactness, no validation.rows) with a quantized target."""
-    gen = load(tiny_artifacts["self"])
+    gen = load(tiny_artifacts["ngram-numerical"])
     target = replace(gen.manifest.target, precision="dynamic-int8", exactness=None, validation={})
     gen.manifest = replace(gen.manifest, target=target)
     report = run_bench(gen, PROMPTS[:1], gammas=[2], repeats=1, max_new_tokens=6)
     assert report.caveats == [QUANT_CAVEAT.format(precision="dynamic-int8", exactness="not measured")]
     assert _equivalence_line(report).endswith("; target exactness not measured")
-    assert report.to_dict()["exactness"] == {"class": None, "min_rows": 1, "rows": None}
+    assert report.to_dict()["exactness"] == {"class": None, "min_rows": 1, "cache_pad": 0, "rows": None}  # unpadded
 
 
 def test_bad_arguments(tiny_artifacts):

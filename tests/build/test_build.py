@@ -79,14 +79,21 @@ def ngram_recipe(tmp_path, target_dir):
 # --------------------------------------------------------------------------- artifact contents
 
 
-@pytest.mark.parametrize("kind", ["self", "ngram", "int8", "int8-fused"])
+@pytest.mark.parametrize("kind", ["self", "ngram", "int8", "int8-fused", "ngram-numerical", "int8-fused-numerical"])
 def test_manifest_and_files(kind, tiny_artifacts):
     root = tiny_artifacts[kind]
     raw = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     manifest = read_manifest(root)
-    # the lowest contract version defining the artifact's layouts: portable 1.0, fused 1.1
-    layout = contract.HEAD_MAJOR_INPLACE if kind.endswith("-fused") else contract.TIME_MAJOR
-    assert raw["contract_version"] == manifest.contract_version == contract.version_for(layout)
+    # the lowest contract version defining the artifact's layouts and fields: an unpadded target
+    # (exactness numerical) keeps its layout's (portable 1.0, fused 1.1); a padded one needs 1.2
+    layout = contract.HEAD_MAJOR_INPLACE if "-fused" in kind else contract.TIME_MAJOR
+    numerical = kind.endswith("-numerical")
+    expected = contract.version_for(layout) if numerical else contract.ROW_PADDING_VERSION
+    assert raw["contract_version"] == manifest.contract_version == expected
+    assert manifest.target.padded != numerical
+    if not numerical:  # bitwise: the fused graph pads its attention, the portable one measured its calls
+        assert manifest.target.exactness == "bitwise"
+        assert (manifest.target.cache_pad == 1) == (layout == contract.HEAD_MAJOR_INPLACE)
     assert raw["target"]["kv_layout"] == manifest.target.kv_layout == layout
     if manifest.draft is not None:
         assert manifest.draft.kv_layout == layout
@@ -99,7 +106,7 @@ def test_manifest_and_files(kind, tiny_artifacts):
     for rel, digest in manifest.files.items():
         assert _sha256(root / rel) == digest, rel
     expected = {"tokenizer.json", "chat_template.jinja", "recipe.json", "target/model.onnx", "target/model.onnx.data"}
-    if kind != "ngram":
+    if not kind.startswith("ngram"):
         expected |= {"draft/model.onnx", "draft/model.onnx.data"}
     assert on_disk == expected
 

@@ -32,9 +32,9 @@ from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
 FP32_TOL = 2e-4  # |logit| diff bound at accuracy_level 1 (float32 sums in another order)
 
 
-def graph_logits(model, weights: QuantizedWeights, out: Path, ids: list[int], min_rows: int = 1) -> np.ndarray:
+def graph_logits(model, weights: QuantizedWeights, out: Path, ids: list[int], pad_attention: bool = False) -> np.ndarray:
     """Rows of a prefill and a 5-token verify call of the fused graph: [len(ids), V]."""
-    result = build_fused(model, out, 128, weights=weights, min_rows=min_rows)
+    result = build_fused(model, out, 128, weights=weights, pad_attention=pad_attention)
     runner = FeedRunner(result.path, result.spec)
     n0 = len(ids) - 5
     return np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])
@@ -53,16 +53,17 @@ def gguf_model(tmp_path_factory):
     return path, model
 
 
-@pytest.mark.parametrize("embedding", ["checkpoint", "fp32"])
-def test_gguf_blocks_compute_the_file(gguf_model, tmp_path, embedding):
+@pytest.mark.parametrize("embedding, pad_attention", [("checkpoint", False), ("fp32", False), ("fp32", True)])
+def test_gguf_blocks_compute_the_file(gguf_model, tmp_path, embedding, pad_attention):
     """All GGUF types (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K; offsets, 8-bit zero points,
     block 16) as MatMulNBits at accuracy_level 1, the Q6_K head and the Q8_0 embedding
-    (GatherBlockQuantized) from the checkpoint: the logits of transformers' model of the file."""
+    (GatherBlockQuantized) from the checkpoint: the logits of transformers' model of the file,
+    with and without padded attention (contract 1.2)."""
     path, model = gguf_model
     blocks = read_gguf_blocks(path)
     weights = QuantizedWeights("gguf", 32, 1, "checkpoint", embedding, blocks)
     ids = [int(i) for i in np.random.default_rng(0).integers(0, model.config.vocab_size, 20)]
-    got = graph_logits(model, weights, tmp_path / "g", ids)
+    got = graph_logits(model, weights, tmp_path / "g", ids, pad_attention)
     ref = reference_logits(model, ids)
     assert np.abs(got - ref).max() < FP32_TOL * max(1.0, np.abs(ref).max())
     assert (got.argmax(-1) == ref.argmax(-1)).all()
@@ -104,7 +105,8 @@ def test_gptq_recipe_builds_with_the_checkpoint_blocks(tmp_path):
                                       name="tiny-gptq", graph="fused", precision="gptq"))
     build_artifact(recipe, tmp_path / "a")
     target = json.loads((tmp_path / "a" / "manifest.json").read_text())["target"]
-    assert target["precision"] == "gptq" and target["exactness"] == "bitwise" and target["min_rows"] == 2
+    assert target["precision"] == "gptq" and target["exactness"] == "bitwise"
+    assert (target["min_rows"], target["cache_pad"]) == (1, 1)  # padded attention, 1-row calls
     assert target["validation"]["weights"] == {"accuracy_level": 4, "block_size": None, "embedding": "fp32", "head": "checkpoint"}
 
 
@@ -126,15 +128,16 @@ def test_greedy_speculation_equals_target_only_bit_for_bit(gens, kind):
 
 
 def test_numerical_exactness_keeps_one_row_calls(tmp_path):
-    """exactness numerical: no padding (min_rows 1), and the row check still runs and records
-    what it measured."""
+    """exactness numerical: no padding, and the row check still runs and records what it
+    measured."""
     target = save_hf_folder(make_model("llama"), tmp_path / "hf")
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
                                       name="tiny-int4-numerical", graph="fused", precision="int4"))
     recipe = recipe.with_overrides({"target.exactness": "numerical"})
     build_artifact(recipe, tmp_path / "a")
     data = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert "min_rows" not in data["target"] and data["contract_version"] == "1.1"  # unpadded: a 1.1 artifact
+    assert "min_rows" not in data["target"] and "cache_pad" not in data["target"]
+    assert data["contract_version"] == "1.1"  # unpadded: a 1.1 artifact
     rows = data["target"]["validation"]["rows"]
     assert rows["min_rows"] == 1 and read_manifest(tmp_path / "a").target.exactness == rows["exactness"]
 
@@ -169,11 +172,11 @@ def test_recipe_defaults_for_quantized_targets():
     r = parse_recipe(_recipe({"precision": "int4"}))
     assert r.target.quantization.to_dict() == {"block_size": 32, "accuracy_level": 4, "head": "int8", "embedding": "fp32",
                                                "dtype": "fp32"}
-    assert r.target.exactness == "bitwise" and r.target.min_rows == 2
+    assert r.target.exactness == "bitwise"
     g = parse_recipe(_recipe({"model": "m.gguf", "precision": "gguf"}))
     assert g.target.quantization.head == "checkpoint" and g.target.quantization.block_size is None
     f = parse_recipe(_recipe({"precision": "fp32"}))
-    assert f.target.quantization is None and f.target.exactness == "numerical" and f.target.min_rows == 1
+    assert f.target.quantization is None and f.target.exactness == "bitwise"
     assert parse_recipe(r.to_dict()) == r and parse_recipe(g.to_dict()) == g
 
 
@@ -205,14 +208,20 @@ def test_recipe_errors(target, graph, needles):
 @pytest.mark.real
 def test_real_q4_recipe_is_bitwise_exact(tmp_path_factory):
     """smollm2-135m-q4: the GGUF's own Q4_1 / Q8_0 blocks; greedy n-gram speculation equals
-    target-only decoding token for token on chat prompts, and the manifest says bitwise."""
+    target-only decoding token for token on chat prompts, and the manifest says bitwise. The
+    same recipe unpadded (exactness numerical) measures rows that differ between call sizes:
+    the padding is what makes it exact."""
     from specexport.recipe import resolve_recipe
     from specexport_runtime.api import load
 
+    recipe = load_recipe(resolve_recipe("smollm2-135m-q4"))
+    unpadded = build_artifact(recipe.with_overrides({"target.exactness": "numerical"}),
+                              tmp_path_factory.mktemp("q4n") / "a").manifest.target
+    assert unpadded.exactness == "numerical" and unpadded.validation["rows"]["max_abs_diff"] > 0.1
     out = tmp_path_factory.mktemp("q4") / "a"
-    report = build_artifact(load_recipe(resolve_recipe("smollm2-135m-q4")), out)
+    report = build_artifact(recipe, out)
     target = report.manifest.target
-    assert (target.precision, target.exactness, target.min_rows) == ("gguf", "bitwise", 2)
+    assert (target.precision, target.exactness, target.min_rows, target.cache_pad) == ("gguf", "bitwise", 1, 1)
     assert target.validation["argmax_agreement"] >= 0.9  # int8 activations vs the float32 model of the file
     gen = load(out)
     for text in ["Write a Python function that reverses a string.", "What is the capital of France?",

@@ -17,15 +17,16 @@ ALT = [230, 14, 77, 191, 58]
 
 @pytest.fixture(scope="module", params=["noisy", "noisy-fused"], ids=["time_major", "head_major_inplace"])
 def target(tiny_artifacts, request):
-    """(graph path, GraphSpec, max_context) of the tiny fp32 target, in each contract layout."""
+    """(graph path, GraphSpec, max_context, cache_pad) of the tiny fp32 target, in each contract
+    layout (the fused one pads its attention: contract 1.2)."""
     root = tiny_artifacts[request.param]
     m = read_manifest(root)
-    return root / m.target.graph, m.target.graph_spec(), m.max_context
+    return root / m.target.graph, m.target.graph_spec(), m.max_context, m.target.cache_pad
 
 
 def new_model(target) -> OrtModel:
-    path, spec, max_context = target
-    return OrtModel(path, spec, max_context, SessionConfig())
+    path, spec, max_context, cache_pad = target
+    return OrtModel(path, spec, max_context, SessionConfig(), cache_pad=cache_pad)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def feed_runner(target):
     """The build side's validation runner (growing numpy cache, plain session.run feeds)."""
     from specexport.validate import FeedRunner
 
-    path, spec, _ = target
+    path, spec, _, _ = target
 
     def make():
         return FeedRunner(path, spec)
@@ -70,10 +71,11 @@ def ref_rows(ref, spec) -> list[np.ndarray]:
 
 def test_rows_written_in_place_at_cursor(target, feed_runner):
     """After each call the buffer rows [0, P+S) equal the K/V the reference runner accumulates;
-    rows at or past the cursor are never written (fresh buffers: still zero), and after a
-    rollback the stale rows past the new write are left as they were (nothing is cleared)."""
+    rows past the cursor and its padding row (a padded-attention graph writes row P+S) are
+    never written (fresh buffers: still zero), and after a rollback the stale rows past the new
+    write are left as they were (nothing is cleared)."""
     model, ref = new_model(target), feed_runner()
-    spec = target[1]
+    spec, pad = target[1], target[3]
     assert len(model._buffers) == 2 * spec.num_layers
     steps = [(IDS[:7], 1), (IDS[7:8], 1), (IDS[8:13], 5)]
     for ids, rows in steps:
@@ -82,15 +84,15 @@ def test_rows_written_in_place_at_cursor(target, feed_runner):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         n = model.length
         assert n == ref.past_len
-        for rows, cache, rest in zip(model.kv_rows(0, n), ref_rows(ref, spec), model.kv_rows(n, model.max_context)):
+        for rows, cache, rest in zip(model.kv_rows(0, n), ref_rows(ref, spec), model.kv_rows(n + pad, model.max_context)):
             np.testing.assert_allclose(rows, cache, atol=1e-5, rtol=0)
             assert not rest.any()
-    stale = [r.copy() for r in model.kv_rows(10, 13)]  # rows of IDS[10:13]
+    stale = [r.copy() for r in model.kv_rows(10 + pad, 13)]  # rows of IDS[10 + pad:13]
     model.truncate(9)
     ref.rollback(4)
-    model.forward(ALT[:1])  # writes row 9 only
+    model.forward(ALT[:1])  # writes row 9 (and row 10 with padded attention) only
     ref.run(ALT[:1], [0])
-    for rows, cache, new_stale, old in zip(model.kv_rows(0, 10), ref_rows(ref, spec), model.kv_rows(10, 13), stale):
+    for rows, cache, new_stale, old in zip(model.kv_rows(0, 10), ref_rows(ref, spec), model.kv_rows(10 + pad, 13), stale):
         np.testing.assert_allclose(rows, cache, atol=1e-5, rtol=0)
         np.testing.assert_array_equal(new_stale, old)  # untouched, unread
 

@@ -1,5 +1,6 @@
-"""Row-padded calls (contract 1.2): plan_rows, OrtModel with min_rows, row_invariance, and the
-manifest fields min_rows / exactness."""
+"""Row padding (contract 1.2): plan_rows, OrtModel with padded calls (min_rows) and a padded
+attention graph (cache_pad), row_invariance, and the manifest fields min_rows / cache_pad /
+exactness."""
 
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ def test_plan_rows(S, last_rows, min_rows, M, first, count, keep):
 # --------------------------------------------------------------------------- OrtModel with min_rows
 
 
-def _model(artifact, min_rows: int, max_context: int | None = None) -> OrtModel:
+def _model(artifact, min_rows: int, cache_pad: int | None = None) -> OrtModel:
     manifest = read_manifest(artifact)
-    return OrtModel(artifact / manifest.target.graph, manifest.target.graph_spec(),
-                    max_context or manifest.max_context, SessionConfig(threads=1), min_rows=min_rows)
+    pad = manifest.target.cache_pad if cache_pad is None else cache_pad
+    return OrtModel(artifact / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context,
+                    SessionConfig(threads=1), min_rows=min_rows, cache_pad=pad)
 
 
 @pytest.mark.parametrize("kind", ["ngram", "ngram-fused"])
@@ -72,17 +74,21 @@ def test_padded_calls_match_plain_calls(tiny_artifacts, kind):
     assert (rows["padded"].argmax(-1) == rows["plain"].argmax(-1)).all()
 
 
-def test_padded_model_reaches_the_last_position(tiny_artifacts):
-    """With min_rows 2 the padding row of the last position lies past max_context: the cache
-    (and the fused graph's rotary tables, built with max_context + 1 rows) hold it."""
-    artifact = tiny_artifacts["int4-target"]
-    manifest = read_manifest(artifact)
-    assert manifest.target.min_rows == 2
-    model = _model(artifact, 2)
-    assert model.cache_rows == manifest.max_context + 1
-    model.forward(list(range(3, 3 + manifest.max_context - 1)))
+@pytest.mark.parametrize("kind", ["int4-target", "ngram"])
+def test_padded_model_reaches_the_last_position(tiny_artifacts, kind):
+    """The padding row of the last position lies past max_context: the cache (and a fused
+    graph's rotary tables, built with max_context + 1 rows) hold it, whether the graph pads its
+    attention (the fused int4 target: cache_pad 1) or the runtime pads calls (the portable fp32
+    target, whose 1-row calls measured numerical: min_rows 2)."""
+    artifact = tiny_artifacts[kind]
+    entry = read_manifest(artifact).target
+    assert (entry.min_rows, entry.cache_pad) == ((1, 1) if kind == "int4-target" else (2, 0))
+    model = _model(artifact, entry.min_rows)
+    max_context = model.max_context
+    assert model.cache_rows == max_context + 1
+    model.forward(list(range(3, 3 + max_context - 1)))
     out = model.forward([7])  # position max_context - 1; its padding row sits at max_context
-    assert np.isfinite(out).all() and model.length == manifest.max_context
+    assert np.isfinite(out).all() and model.length == max_context
     with pytest.raises(InvalidArgument, match="exceed max_context"):
         model.forward([7])
 
@@ -131,9 +137,11 @@ def test_row_invariance_needs_tokens():
         row_invariance(_FakeModel(0.0), [1], [2])
 
 
-def test_padded_tiny_target_is_bitwise(tiny_artifacts):
-    """The tiny int4 target built with exactness bitwise: padded rows measure bitwise equal."""
-    model = _model(tiny_artifacts["int4-target"], 2)
+@pytest.mark.parametrize("min_rows", [1, 2])
+def test_padded_tiny_target_is_bitwise(tiny_artifacts, min_rows):
+    """The tiny int4 target built with exactness bitwise (padded attention): rows measure
+    bitwise equal with 1-row calls, and with padded calls on top."""
+    model = _model(tiny_artifacts["int4-target"], min_rows)
     report = row_invariance(model, [5, 9, 14, 3], list(range(20, 40)))
     assert report.bitwise, report
 
@@ -150,20 +158,21 @@ def _edit(artifact, tmp_path, **target_fields):
     return copy
 
 
-def test_manifest_records_exactness_and_min_rows(tiny_artifacts):
+def test_manifest_records_exactness_and_padding(tiny_artifacts):
     raw = json.loads((tiny_artifacts["int4-target"] / "manifest.json").read_text())
     assert raw["contract_version"] == "1.2"
-    assert raw["target"]["min_rows"] == 2 and raw["target"]["exactness"] == "bitwise"
-    assert raw["target"]["validation"]["rows"]["bitwise"] is True
+    assert (raw["target"]["min_rows"], raw["target"]["cache_pad"], raw["target"]["exactness"]) == (1, 1, "bitwise")
+    rows = raw["target"]["validation"]["rows"]
+    assert rows["bitwise"] is True and rows["padding"] == "padded attention"
 
 
 def test_unpadded_entries_keep_their_older_contract(tiny_artifacts):
     """A target without row padding keeps its 1.0 / 1.1 contract and writes neither 1.2 key,
     so a 1.1 runtime reads it; its measured exactness is read back from validation.rows."""
-    raw = json.loads((tiny_artifacts["ngram"] / "manifest.json").read_text())
+    raw = json.loads((tiny_artifacts["ngram-numerical"] / "manifest.json").read_text())
     assert raw["contract_version"] == "1.0"
-    assert "min_rows" not in raw["target"] and "exactness" not in raw["target"]
-    manifest = read_manifest(tiny_artifacts["ngram"])
+    assert not {"min_rows", "cache_pad", "exactness"} & set(raw["target"])
+    manifest = read_manifest(tiny_artifacts["ngram-numerical"])
     assert manifest.target.exactness == raw["target"]["validation"]["rows"]["exactness"]
     assert manifest.target.required_version == contract.version_for(manifest.target.kv_layout) == "1.0"
 
@@ -171,6 +180,7 @@ def test_unpadded_entries_keep_their_older_contract(tiny_artifacts):
 @pytest.mark.parametrize("fields, message", [
     ({"min_rows": 0}, "min_rows 0"),
     ({"min_rows": "2"}, "min_rows '2'"),
+    ({"cache_pad": -1}, "cache_pad -1"),
     ({"exactness": "exact"}, "exactness 'exact'"),
 ])
 def test_bad_fields_are_typed_errors(tiny_artifacts, tmp_path, fields, message):

@@ -26,9 +26,10 @@ from specexport_runtime.errors import (
 
 @pytest.fixture
 def artifact_copy(tiny_artifacts, tmp_path):
-    """A private copy of the tiny 'ngram' artifact (small: one graph), safe to damage."""
+    """A private copy of the tiny unpadded 'ngram' artifact (small: one graph; contract 1.0),
+    safe to damage."""
     dst = tmp_path / "artifact"
-    shutil.copytree(tiny_artifacts["ngram"], dst)
+    shutil.copytree(tiny_artifacts["ngram-numerical"], dst)
     return dst
 
 
