@@ -1,5 +1,6 @@
 """Greedy exactness on the real default artifact (SmolLM2-135M fp32 target, int8 self-draft,
-fused graphs): every proposer (draft, n-gram, hybrid), fixed and adaptive gamma."""
+fused graphs, exactness bitwise: padded attention): every proposer (draft, n-gram, hybrid),
+fixed and adaptive gamma, token for token."""
 
 from __future__ import annotations
 
@@ -61,6 +62,13 @@ def test_real_greedy_speculative_equals_target_only(real_gen, baselines, case):
         assert 1 + s.accepted + s.rounds + s.plain_steps >= s.new_tokens == len(result.token_ids)
         if kwargs.get("gamma") is not None:
             assert s.drafted > 0 or kwargs["proposer"] == "ngram"
+
+
+def test_real_target_is_measured_bitwise(real_gen):
+    """The default recipe's target (exactness bitwise) pads its attention and measured bitwise."""
+    target = real_gen.manifest.target
+    assert (target.exactness, target.cache_pad, target.min_rows) == ("bitwise", 1, 1)
+    assert target.validation["rows"]["bitwise"] and target.validation["rows"]["padding"] == "padded attention"
 
 
 def test_real_int8_self_draft_acceptance(real_gen):
