@@ -356,11 +356,8 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
 
 
 def _append_last_row(g: _Graph, x: str) -> str:
-    """x [1, S, C] -> [1, S + 1, C], the last row repeated."""
-    (last,) = g.op("Slice", [x, g.const("start", np.array([-1], np.int64)),
-                             g.const("end", np.array([np.iinfo(np.int64).max], np.int64)),
-                             g.const("axis", np.array([1], np.int64))])
-    return g.op("Concat", [x, last], axis=1)[0]
+    """x [1, S, C] -> [1, S + 1, C], the last row repeated (one Pad node, edge mode)."""
+    return g.op("Pad", [x, g.const("pads", np.array([0, 0, 0, 0, 1, 0], np.int64))], mode="edge")[0]
 
 
 def _head_norm(g: _Graph, x: str, module: torch.nn.Module, heads: int, D: int) -> str:
