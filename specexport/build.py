@@ -24,6 +24,7 @@ from specexport_runtime.manifest import Manifest, ModelEntry, SpeculationDefault
 
 from . import __version__
 from .errors import BuildError
+from .build_eagle import export_head, load_head
 from .export import ExportResult, export_graph
 from .fused import build_fused
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
@@ -117,11 +118,13 @@ BITWISE_PORTABLE = (Padding(), Padding(min_rows=2))
 
 
 def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, padding: Padding = Padding(),
-            weights=None) -> ExportResult:
+            weights=None, features: tuple[int, ...] = ()) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
     if recipe.graph == "fused":
         return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights,
-                           min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0)
+                           min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0, feature_layers=features)
+    if features:
+        raise BuildError("target features (an EAGLE-3 head) need graph: fused")
     return export_graph(model, out_dir, tie_lm_head=tie_lm_head)
 
 
@@ -149,7 +152,7 @@ class TargetExport:
 
 
 def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe: list[int], validate: bool,
-                   progress: Progress = _quiet) -> TargetExport:
+                   progress: Progress = _quiet, features: tuple[int, ...] = ()) -> TargetExport:
     """Export the target, validate it against the float32 reference and measure its row
     invariance. exactness bitwise: the paddings of BITWISE_* in turn until one measures bitwise
     (the last is kept, measured numerical, when none does); numerical: no padding."""
@@ -159,9 +162,10 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
     model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
     tries = (Padding(),) if spec.exactness != "bitwise" else BITWISE_FUSED if recipe.graph == "fused" else BITWISE_PORTABLE
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
-        return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights), {}, None, tries[0])
+        return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features),
+                            {}, None, tries[0])
     for padding in tries:
-        result = _export(recipe, model, out_dir, padding=padding, weights=weights)
+        result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features)
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
         if rows.bitwise:
             break
@@ -191,7 +195,7 @@ def measure_rows(path: Path, spec, max_context: int, padding: Padding, probe: li
 
 
 def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, vocab: int, validation: dict,
-           padding: Padding = Padding(), exactness: str | None = None) -> ModelEntry:
+           padding: Padding = Padding(), exactness: str | None = None, feature_layers: tuple[int, ...] = ()) -> ModelEntry:
     return ModelEntry(
         graph=graph,
         source=source.describe(),
@@ -208,6 +212,8 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
         min_rows=padding.min_rows,
         cache_pad=padding.cache_pad,
         exactness=exactness,
+        feature_layers=feature_layers,
+        feature_width=result_spec.feature_width,
     )
 
 
@@ -271,6 +277,12 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
 
     draft_model = d_src = None
     pad_rows = 0
+    head = None
+    if recipe.draft.kind == "eagle3":
+        progress(f"loading EAGLE-3 head {recipe.draft.model.model}")
+        head, d_src = load_head(recipe, reference)
+        progress(f"EAGLE-3 head: target features {head.config.layer_ids_reason}")
+        stage("load_draft")
     if recipe.draft.kind == "model":
         progress(f"loading draft {recipe.draft.model.model}")
         d_src = _source(recipe.draft.model)
@@ -284,7 +296,8 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         stage("load_draft")
 
     progress(f"exporting target ({recipe.target.precision})")
-    target = _export_target(recipe, reference, blocks, root / "target", probe, validate, progress)
+    features = tuple(head.config.layer_ids) if head is not None else ()
+    target = _export_target(recipe, reference, blocks, root / "target", probe, validate, progress, features)
     del blocks
     stage("export_target" + ("+validate" if validate else ""))
     if validate and recipe.target.exactness == "bitwise" and target.exactness != "bitwise":
@@ -292,10 +305,14 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
                  " the manifest records exactness 'numerical'")
     t_res, t_val = target.result, target.validation
     target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val,
-                          padding=target.padding, exactness=target.exactness)
+                          padding=target.padding, exactness=target.exactness, feature_layers=features)
 
     draft_entry = None
-    if recipe.draft.has_graph:
+    if head is not None:
+        progress("exporting the EAGLE-3 head")
+        draft_entry = export_head(head, reference, root, recipe, d_src, vocab, target.result if validate else None, probe)
+        stage("draft" + ("+validate" if validate else ""))
+    elif recipe.draft.has_graph:
         precision = recipe.draft.precision
         base_model = draft_model if draft_model is not None else reference
         draft_ref = base_model

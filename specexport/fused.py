@@ -198,7 +198,8 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, H: int, Hkv: int, D: 
 
 
 def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_lm_head: bool = True,
-                weights: WeightPlan | None = None, min_rows: int = 1, pad_attention: bool = False) -> ExportResult:
+                weights: WeightPlan | None = None, min_rows: int = 1, pad_attention: bool = False,
+                feature_layers: tuple[int, ...] = ()) -> ExportResult:
     """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
 
     weights: how weights are stored (default FloatWeights: the model's dtype). min_rows: the
@@ -209,7 +210,10 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     whole logits), while its MatMuls are row-invariant, so this keeps every row of the graph
     independent of its call's size without paying for a padded MatMul. The copy's K/V land at
     cache row P + S, past the call, and the next call overwrites them. The rotary tables get
-    max_context + min_rows - 1 + pad rows so that padding rows have positions too."""
+    max_context + min_rows - 1 + pad rows so that padding rows have positions too.
+    feature_layers: indices i of the residual streams entering decoder layer i (transformers'
+    output_hidden_states[i], 0 <= i < layers) returned as `hidden_states` [1, S, F] for every
+    input row (contract 1.2: what an EAGLE-3 draft head reads)."""
     weights = weights or FloatWeights()
     pad = 1 if pad_attention else 0
     start = time.perf_counter()
@@ -229,8 +233,11 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     Hkv = getattr(config, "num_key_value_heads", None) or H
     D = getattr(config, "head_dim", None) or config.hidden_size // H
     V = _get(base, arch.embed).weight.shape[0]  # embedding [V, hidden]
+    bad = [i for i in feature_layers if not 0 <= i < len(layers)]
+    if bad:
+        raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
     spec = GraphSpec(len(layers), Hkv, D, V, "float32" if dtype == torch.float32 else "float16",
-                     kv_layout=contract.HEAD_MAJOR_INPLACE)
+                     kv_layout=contract.HEAD_MAJOR_INPLACE, feature_width=len(feature_layers) * config.hidden_size)
     scales = {float(getattr(_get(l, arch.attn), "scaling", D**-0.5)) for l in layers}
     if len(scales) != 1:
         raise UnsupportedConfig(f"per-layer attention scales {sorted(scales)} are not supported")
@@ -269,10 +276,12 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
             pending = None
         return h
 
+    entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
         attn = _get(layer, arch.attn)
         qkv_site, qkv_b, o_site, gate_up_site, down_site = _layer_weights(layer, arch, H, Hkv, D, names, i)
         h = norm(_get(layer, arch.attn_norm))
+        entering[i] = residual  # norm() has just folded the pending addend into it
         qkv = weights.linear(g, h, qkv_site)  # [1, S, (H + 2 H_kv) D]
         if qkv_b is not None:
             (qkv,) = g.op("Add", [qkv, g.weight(f"l{i}_qkv_b", qkv_b)])
@@ -308,6 +317,11 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
         (hidden,) = g.op("Mul", [_activation(g, gate, act), up])
         pending = weights.linear(g, hidden, down_site)
 
+    features = None
+    if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits
+        (features,) = g.op("Concat", [entering[i] for i in feature_layers], axis=-1)
+        if dtype != torch.float32:
+            (features,) = g.op("Cast", [features], to=TensorProto.FLOAT)
     # logits only for the requested rows: gather, final norm, output projection
     (rows,) = g.op("Gather", [pending, contract.LOGITS_INDEX], axis=1)  # [1, R, hidden]
     (res_rows,) = g.op("Gather", [residual, contract.LOGITS_INDEX], axis=1)
@@ -324,6 +338,8 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     if dtype != torch.float32:
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
     g.op("Unsqueeze", [logits, g.const("axes", np.array([0], np.int64))], [contract.LOGITS])
+    if features is not None:
+        g.op("Identity", [features], [contract.HIDDEN_STATES])
 
     cache = [1, Hkv, "cache_rows", D]  # the runtime binds T_max = max_context + min_rows - 1 rows (in place)
     inputs = [
@@ -333,6 +349,8 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
         helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
     ]
     outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", V])]
+    if features is not None:
+        outputs.append(helper.make_tensor_value_info(contract.HIDDEN_STATES, TensorProto.FLOAT, [1, "seq", spec.feature_width]))
     for i in range(spec.num_layers):
         inputs += [helper.make_tensor_value_info(n, elem, cache) for n in (contract.past_key(i), contract.past_value(i))]
         outputs += [helper.make_tensor_value_info(n, elem, cache) for n in (contract.present_key(i), contract.present_value(i))]
@@ -345,7 +363,8 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
                               producer_name="specexport")
     proto.ir_version = 8
-    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout))
+    padded = pad or min_rows > 1 or feature_layers
+    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, contract.ROW_PADDING_VERSION if padded else None))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DATA_NAME).unlink(missing_ok=True)
     path = out_dir / GRAPH_NAME

@@ -63,14 +63,15 @@ DEFAULT_ACCURACY_LEVEL = 4
 EXACTNESS = ("bitwise", "numerical")
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
-DRAFT_KINDS = ("model", "from_target", "ngram")
+DRAFT_KINDS = ("model", "from_target", "ngram", "eagle3")
+HEAD_PROPOSERS = ("eagle", "hybrid")  # with an EAGLE-3 head: the head alone, or lookup + the head
 # graph form of both models (docs/graph-contract.md): portable = ONNX standard ops, time-major
 # cache (any EP, TensorRT); fused = ONNX Runtime contrib ops, in-place head-major cache (CPU/CUDA EPs)
 GRAPH_KINDS = ("portable", "fused")
 DEFAULT_GRAPH = "portable"
 NGRAM_PROPOSERS = ("ngram",)
 # with a draft graph: the draft model alone, or hybrid (prompt lookup when the text repeats, else the draft)
-DRAFT_PROPOSERS = DRAFT_MODEL_PROPOSERS
+DRAFT_PROPOSERS = tuple(p for p in DRAFT_MODEL_PROPOSERS if p != "eagle")
 
 MIN_CONTEXT = 16
 MAX_CONTEXT = 131072
@@ -108,11 +109,13 @@ QUANTIZED_DTYPES = ("fp32", "fp16")
 _SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer")
 _VALIDATION_KEYS = ("enabled", "prompt")
 _FROM_TARGET_KEYS = ("precision", "block_size")
+_EAGLE3_KEYS = ("model", "layers", "revision", "allow_pickle")
 # draft forms: kind -> (the key that selects the form, the keys allowed with it)
 _DRAFT_FORMS = {
     "model": ("model", _MODEL_KEYS),
     "from_target": ("from_target", ("from_target",)),
     "ngram": ("proposer", ("proposer", "ngram_sizes")),
+    "eagle3": ("eagle3", ("eagle3",)),
 }
 _DRAFT_KEYS = tuple(dict.fromkeys(k for _, keys in _DRAFT_FORMS.values() for k in keys))
 
@@ -188,6 +191,8 @@ class DraftSpec:
     kind "from_target": a quantized copy of the target (`precision` in SELF_DRAFT_PRECISIONS;
                         `block_size`: rows per scale for int8 / int4, None = quantize.BLOCK_SIZE)
     kind "ngram":       the n-gram proposer, no draft graph (`ngram_sizes`, longest tried first)
+    kind "eagle3":      an EAGLE-3 head (`model`: its folder or hub id; `layers`: the target's
+                        feature layers, None = the head's config or the default; `allow_pickle`)
     """
 
     kind: str
@@ -195,6 +200,8 @@ class DraftSpec:
     model: ModelSpec | None = None
     ngram_sizes: tuple[int, ...] = ()
     block_size: int | None = None
+    layers: tuple[int, ...] | None = None  # eagle3: entering-layer ids of the target's features
+    allow_pickle: bool = False  # eagle3: read a pytorch_model.bin (torch.load weights_only)
 
     def __post_init__(self) -> None:
         if self.kind not in DRAFT_KINDS:
@@ -204,8 +211,8 @@ class DraftSpec:
                               f" only, not to a {self.kind} draft of precision {self.precision!r}")
         if self.block_size is not None and self.block_size not in BLOCK_SIZES:
             raise RecipeError(f"draft block_size {self.block_size!r} is not one of {', '.join(map(str, BLOCK_SIZES))}")
-        if (self.kind == "model") != (self.model is not None):
-            raise RecipeError("draft.model is set exactly when the draft kind is 'model'")
+        if (self.kind in ("model", "eagle3")) != (self.model is not None):
+            raise RecipeError("draft.model is set exactly when the draft kind is 'model' or 'eagle3'")
         if self.kind == "model" and self.precision != self.model.precision:
             raise RecipeError(
                 f"draft precision {self.precision!r} differs from draft.model precision {self.model.precision!r}"
@@ -226,6 +233,10 @@ class DraftSpec:
             if self.block_size is not None:
                 inner["block_size"] = self.block_size
             return {"from_target": inner}
+        if self.kind == "eagle3":
+            return {"eagle3": {"model": self.model.model, "revision": self.model.revision,
+                               "layers": "auto" if self.layers is None else list(self.layers),
+                               "allow_pickle": self.allow_pickle}}
         return {"proposer": "ngram", "ngram_sizes": list(self.ngram_sizes)}
 
 
@@ -265,10 +276,10 @@ class Recipe:
 
     @property
     def proposer(self) -> str:
-        """The manifest's speculation.proposer: "draft", "hybrid" or "ngram"."""
+        """The manifest's speculation.proposer: "draft", "hybrid", "eagle" or "ngram"."""
         if self.speculation.proposer is not None:
             return self.speculation.proposer
-        return "ngram" if self.draft.kind == "ngram" else "draft"
+        return {"ngram": "ngram", "eagle3": "eagle"}.get(self.draft.kind, "draft")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, fully explicit dict (every default filled in); `parse_recipe(r.to_dict()) == r`."""
@@ -502,6 +513,8 @@ class _Reader:
         if kind == "model":
             spec = self.model_spec(data, "draft", DRAFT_MODEL_PRECISIONS, "fp32")
             return DraftSpec(kind="model", precision=spec.precision, model=spec)
+        if kind == "eagle3":
+            return self.eagle3(data["eagle3"])
         if kind == "from_target":
             inner = data["from_target"]
             inner = {} if inner is None else self.mapping(inner, "draft.from_target")
@@ -540,6 +553,24 @@ class _Reader:
             raise self.fail(f"draft.ngram_sizes = {list(sizes)!r} repeats a size; list each n once")
         return DraftSpec(kind="ngram", ngram_sizes=tuple(sizes))
 
+    def eagle3(self, value: Any) -> DraftSpec:
+        path = "draft.eagle3"
+        data = self.mapping(value, path)
+        self.check_keys(data, path, _EAGLE3_KEYS)
+        model = self.string(data, "model", path)
+        layers = data.get("layers", "auto")
+        if layers != "auto":
+            if (not isinstance(layers, (list, tuple)) or len(layers) != 3
+                    or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)):
+                raise self.fail(f"{path}.layers = {layers!r} is not allowed; expected auto or three layer indices"
+                                " [i, j, k] >= 0 (the residual streams entering those target layers)")
+            layers = tuple(layers)
+        else:
+            layers = None
+        spec = ModelSpec(model=model, revision=self.string(data, "revision", path, default=None))
+        return DraftSpec(kind="eagle3", precision="fp32", model=spec, layers=layers,
+                         allow_pickle=self.boolean(data, "allow_pickle", path, default=False))
+
     def speculation(self, value: Any) -> SpeculationSpec:
         data = {} if value is None else self.mapping(value, "speculation")
         self.check_keys(data, "speculation", _SPECULATION_KEYS)
@@ -553,7 +584,8 @@ class _Reader:
                 f" allowed values: integers {gamma}..{MAX_GAMMA}"
             )
         adaptive = self.boolean(data, "adaptive", "speculation", default=True)
-        proposer = self.string(data, "proposer", "speculation", default=None, choices=DRAFT_PROPOSERS + NGRAM_PROPOSERS)
+        proposer = self.string(data, "proposer", "speculation", default=None,
+                               choices=tuple(dict.fromkeys(DRAFT_PROPOSERS + HEAD_PROPOSERS + NGRAM_PROPOSERS)))
         return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive, proposer=proposer)
 
     def validation(self, value: Any) -> ValidationSpec:
@@ -578,12 +610,15 @@ class _Reader:
         target = self.target(target_data)
         draft = self.draft(self.require(data, "draft", "", "exactly one draft form"))
         speculation = self.speculation(data.get("speculation"))
-        allowed = DRAFT_PROPOSERS if draft.has_graph else NGRAM_PROPOSERS
+        allowed = HEAD_PROPOSERS if draft.kind == "eagle3" else DRAFT_PROPOSERS if draft.has_graph else NGRAM_PROPOSERS
         if speculation.proposer is not None and speculation.proposer not in allowed:
-            form = "a draft model" if draft.has_graph else "the n-gram proposer"
+            form = "an EAGLE-3 head" if draft.kind == "eagle3" else "a draft model" if draft.has_graph else "the n-gram proposer"
             raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
                             f" allowed values: {', '.join(allowed)}")
         graph = self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS)
+        if draft.kind == "eagle3" and graph != "fused":
+            raise self.fail(f"draft.eagle3 needs graph: fused (the head and the target's hidden_states output are"
+                            f" written for the fused form); graph = {graph!r}")
         if target.precision in QUANTIZED_TARGETS and graph != "fused":
             raise self.fail(f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
                             f" fused graph form); graph = {graph!r}")

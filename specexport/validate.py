@@ -110,7 +110,9 @@ class FeedRunner:
         for i in range(self.spec.num_layers):
             feeds[contract.past_key(i)] = self.cache[2 * i]
             feeds[contract.past_value(i)] = self.cache[2 * i + 1]
-        logits, *kv = self.session.run(None, feeds)
+        outputs = self.session.run(None, feeds)
+        logits, kv = outputs[0], outputs[2:] if self.spec.feature_width else outputs[1:]
+        self.features = outputs[1][0] if self.spec.feature_width else None  # [S, F]: contract 1.2
         if self.spec.in_place:  # a graph with padded attention (contract 1.2) returns its padding row too
             self.cache = [np.ascontiguousarray(c[:, :, : total]) for c in kv]
         else:

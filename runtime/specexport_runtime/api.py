@@ -13,7 +13,8 @@ from .adaptive import GammaController
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import GenerateOptions, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
-from .manifest import DRAFT_MODEL_PROPOSERS, PROPOSERS, Manifest, read_manifest, verify_files
+from .eagle import EagleProposer
+from .manifest import DRAFT_MODEL_PROPOSERS, HEAD_PROPOSERS, PROPOSERS, Manifest, read_manifest, verify_files
 from .proposers import DraftModelProposer, HybridProposer, NgramLookupProposer, NoProposer, Proposer
 from .sampling import SamplingParams
 from .tokenizer import TextCodec
@@ -46,6 +47,7 @@ class SpecGenerator:
         # created from now on; checked by GammaController, so a bad value fails at the next generate
         self.controller_options: dict[str, Any] = {}
         self.last_stats: GenerationStats | None = None
+        self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
 
     # --- proposers ----------------------------------------------------------------------
     @property
@@ -60,6 +62,13 @@ class SpecGenerator:
             raise InvalidArgument(f"proposer {name!r} is not one of {', '.join(map(repr, PROPOSERS))}")
         if name in DRAFT_MODEL_PROPOSERS and self.draft is None:
             raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
+        head = self.draft is not None and self.draft.spec.is_head
+        if name in HEAD_PROPOSERS and not head:
+            raise InvalidArgument(f"proposer {name!r} needs an artifact with an EAGLE-3 draft head; this one has a draft"
+                                  " model (use 'draft' or 'hybrid')")
+        if name == "draft" and head:
+            raise InvalidArgument("proposer 'draft' needs a draft model; this artifact's draft is an EAGLE-3 head"
+                                  " (use 'eagle' or 'hybrid')")
         return name
 
     def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
@@ -67,13 +76,31 @@ class SpecGenerator:
         if name in DRAFT_MODEL_PROPOSERS:
             if not 0.0 <= min_draft_prob < 1.0:
                 raise InvalidArgument(f"min_draft_prob must be in [0, 1), got {min_draft_prob!r}")
-            draft = DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
-            if name == "draft":
+            if self.draft.spec.is_head:
+                draft = EagleProposer(self.draft, self.target, self._vocab_map(), self.manifest.target.embedding_rows)
+            else:
+                draft = DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
+            if name in ("draft", "eagle"):
                 return draft
             return HybridProposer(draft, self._lookup())
         if name == "ngram":
             return self._lookup()
         return NoProposer()
+
+    def _vocab_map(self) -> np.ndarray:
+        """The head's draft row -> target id map (manifest draft.vocab_map), read once."""
+        if self._d2t is None:
+            path = self.root / self.manifest.draft.vocab_map
+            try:
+                d2t = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise ArtifactError(f"{self.manifest.draft.vocab_map!r} is not a readable .npy vocabulary map: {exc}") from exc
+            rows = self.manifest.target.embedding_rows
+            if d2t.dtype != np.int64 or d2t.shape != (self.draft.spec.embedding_rows,) or d2t.min() < 0 or d2t.max() >= rows:
+                raise ArtifactError(f"{self.manifest.draft.vocab_map!r} must hold {self.draft.spec.embedding_rows} int64"
+                                    f" target ids in [0, {rows}), got {d2t.dtype} {list(d2t.shape)}")
+            self._d2t = d2t
+        return self._d2t
 
     def _lookup(self) -> NgramLookupProposer:
         return NgramLookupProposer(self.manifest.speculation.ngram_sizes, self.manifest.max_gamma)

@@ -66,6 +66,14 @@ Row-invariant calls (contract 1.2; a manifest entry's `min_rows`)
     and the runtime allocates max_context + m - 1 + c cache rows. Greedy speculative output
     then equals target-only output bit for bit; the manifest's `exactness` records what the
     build measured ("bitwise" or "numerical").
+
+Target features for a learned draft head (contract 1.2; a manifest entry's `feature_layers`)
+    hidden_states    float32   [1, S, F]           one more output, right after `logits`: for
+                                                   every input row, the residual stream entering
+                                                   the entry's feature_layers (transformers'
+                                                   output_hidden_states[i]) concatenated in that
+                                                   order, F = len(feature_layers) * hidden
+    An EAGLE-3 head reads three of them (low | mid | high) per token.
 """
 
 from __future__ import annotations
@@ -86,6 +94,13 @@ LOGITS_INDEX = "logits_index"
 LOGITS = "logits"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
+HIDDEN_STATES = "hidden_states"  # contract 1.2: target features for a draft head
+DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds (contract 1.2 added the head)
+GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
+# the EAGLE-3 head graph (contract 1.2; specexport/eagle_graph.py): extra inputs and output
+HEAD_FEATURES = "features"  # [1, S, F] the target's hidden_states rows
+HEAD_HIDDEN = "draft_hidden"  # [1, S, H] the head's own earlier hidden_out rows
+HEAD_HIDDEN_OUT = "hidden_out"  # [1, R, H]
 
 KV_DTYPES = ("float32", "float16")
 
@@ -126,9 +141,10 @@ META_CONTRACT_VERSION = "specexport.contract_version"  # ONNX metadata_props key
 META_KV_LAYOUT = "specexport.kv_layout"
 
 
-def graph_metadata(kv_layout: str) -> dict[str, str]:
-    """The metadata_props an exported graph carries (both exporters write these)."""
-    return {META_CONTRACT_VERSION: version_for(kv_layout), META_KV_LAYOUT: kv_layout}
+def graph_metadata(kv_layout: str, version: str | None = None) -> dict[str, str]:
+    """The metadata_props an exported graph carries (both exporters write these); version: the
+    contract the graph needs (default: its layout's)."""
+    return {META_CONTRACT_VERSION: version or version_for(kv_layout), META_KV_LAYOUT: kv_layout}
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,11 @@ class GraphSpec:
     embedding_rows: int
     kv_dtype: str = "float32"
     kv_layout: str = TIME_MAJOR
+    # contract 1.2: a decoder's hidden_states output width F (0: no such output); for an EAGLE-3
+    # head graph (kind eagle3_head) the width of its `features` input, and hidden_width its H
+    feature_width: int = 0
+    kind: str = DECODER
+    hidden_width: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -150,20 +171,31 @@ class GraphSpec:
         for name in ("num_layers", "num_kv_heads", "head_dim", "embedding_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.feature_width < 0 or self.hidden_width < 0:
+            raise ValueError(f"feature_width / hidden_width must be >= 0, got {self.feature_width} / {self.hidden_width}")
+        if self.kind not in GRAPH_KINDS:
+            raise ValueError(f"kind {self.kind!r} is not one of {GRAPH_KINDS}")
+        if self.kind == EAGLE3_HEAD and not (self.in_place and self.feature_width and self.hidden_width):
+            raise ValueError("an eagle3_head graph is head_major_inplace with feature_width and hidden_width > 0")
 
     @property
     def in_place(self) -> bool:
         """The graph writes K/V into the bound buffer itself (head_major_inplace)."""
         return self.kv_layout == HEAD_MAJOR_INPLACE
 
+    @property
+    def is_head(self) -> bool:
+        return self.kind == EAGLE3_HEAD
+
     def input_names(self) -> list[str]:
-        names = [INPUT_IDS, LOGITS_INDEX] + ([SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if self.in_place else [])
+        names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
+        names += [SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if self.in_place else []
         for i in range(self.num_layers):
             names += [past_key(i), past_value(i)]
         return names
 
     def output_names(self) -> list[str]:
-        names = [LOGITS]
+        names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.feature_width else [])
         for i in range(self.num_layers):
             names += [present_key(i), present_value(i)] if self.in_place else [new_key(i), new_value(i)]
         return names

@@ -245,6 +245,18 @@ class OrtModel(CacheCursor):
         # logits: rows of one call land in a host buffer allocated once: [1, max_rows, V] fp32
         self.max_rows = max_rows
         self._logits = np.full((1, max_rows, spec.embedding_rows), 0, np.float32)
+        # features (contract 1.2 hidden_states) of every input row: [1, max_rows, F] fp32, bound
+        # for calls of up to max_rows rows; longer calls (a prefill) get a buffer from ONNX Runtime
+        has_features = spec.feature_width and not spec.is_head  # a head's feature_width is its input's
+        self._feature_buf = np.full((1, max_rows, spec.feature_width), 0, np.float32) if has_features else None
+        self.features: np.ndarray | None = None  # [S, F] of the last call (a view; the next call overwrites it)
+        if spec.is_head:  # EAGLE-3 head (contract 1.2): zero rows for its unused input side, hidden_out rows
+            if min_rows != 1:
+                raise InvalidArgument("a head graph is never padded (min_rows 1)")
+            self._zeros = {contract.HEAD_FEATURES: np.zeros((max_rows, spec.feature_width), np.float32),
+                           contract.HEAD_HIDDEN: np.zeros((max_rows, spec.hidden_width), np.float32)}
+            self._hidden_out = np.full((1, max_rows, spec.hidden_width), 0, np.float32)
+        self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
         self._rows = np.arange(self.cache_rows, dtype=np.int64)  # logits_index views
         self._io = self.session.io_binding()
         self._names = [
@@ -254,6 +266,7 @@ class OrtModel(CacheCursor):
         if spec.in_place:
             self._bind_in_place(shape)
         self.length = 0  # cursor P: number of valid cache rows
+        self.last_start = 0
         self.stats = CallStats()
 
     def _bind_in_place(self, shape: tuple[int, ...]) -> None:
@@ -269,10 +282,13 @@ class OrtModel(CacheCursor):
                 io.bind_input(name_in, dev, self.config.device_id, dt, list(shape), ptr)
                 io.bind_output(name_out, dev, self.config.device_id, dt, list(shape), ptr)
 
-    def forward(self, ids, last_rows: int = 1) -> np.ndarray:
+    def forward(self, ids, last_rows: int = 1, features: np.ndarray | None = None,
+                hidden: np.ndarray | None = None) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
 
         With min_rows > 1 a shorter call is padded (plan_rows) and the cursor still advances by S.
+        Head graphs (contract 1.2) also take the rows' features [S, F] or own hidden [S, H] (the
+        other side zero) and leave hidden_out [last_rows, H] in self.hidden_out.
         Returns a view [last_rows, V] into a buffer that the next call overwrites."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)  # [1, S]
         S, P = ids.shape[1], self.length
@@ -292,11 +308,47 @@ class OrtModel(CacheCursor):
         else:
             self._bind_slots(P, M)
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, call.count, self.spec.embedding_rows], self._logits.ctypes.data)
+        if self._feature_buf is not None:
+            self._bind_features(M)
+        if self.spec.is_head:
+            self._bind_head(S, call.count, features, hidden)
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(S, time.perf_counter() - start)
         self.length = P + S  # padding rows (P + S .. P + M - 1) are overwritten by the next call
+        self.last_start = P  # position of this call's first row (its features' rows start there)
+        if self._feature_buf is not None:
+            self.features = self._fetch_features(M)[:S]
+        if self.spec.is_head:
+            self.hidden_out = self._hidden_out[0, call.keep]
         return self._logits[0, call.keep]
+
+    def _bind_head(self, S: int, rows: int, features: np.ndarray | None, hidden: np.ndarray | None) -> None:
+        """The head's row inputs: the given side as [1, S, width], zeros on the other."""
+        for name, value in ((contract.HEAD_FEATURES, features), (contract.HEAD_HIDDEN, hidden)):
+            if value is None:  # [S, width] rows of a 2-D buffer reshape with C strides (a [1, max, w] slice would not)
+                zeros = self._zeros[name]
+                value = (zeros[:S] if S <= self.max_rows else np.zeros((S, zeros.shape[1]), np.float32)).reshape(1, S, -1)
+            else:
+                value = np.ascontiguousarray(value, np.float32)
+                width = self._zeros[name].shape[1]
+                if value.size != S * width:
+                    raise InvalidArgument(f"{name} must hold {S} rows of {width} (one per token), got shape {list(value.shape)}")
+                value = value.reshape(1, S, width)
+            self._io.bind_cpu_input(name, value)
+        self._io.bind_output(contract.HEAD_HIDDEN_OUT, "cpu", 0, np.float32, [1, rows, self.spec.hidden_width],
+                             self._hidden_out.ctypes.data)
+
+    def _bind_features(self, M: int) -> None:
+        """hidden_states [1, M, F] into the buffer allocated once, or a fresh one for a long call."""
+        if M > self.max_rows:
+            self._long_features = np.empty((1, M, self.spec.feature_width), np.float32)
+        buf = self._feature_buf if M <= self.max_rows else self._long_features
+        self._io.bind_output(contract.HIDDEN_STATES, "cpu", 0, np.float32, [1, M, self.spec.feature_width], buf.ctypes.data)
+
+    def _fetch_features(self, M: int) -> np.ndarray:
+        """[M, F] features of the last call."""
+        return (self._feature_buf if M <= self.max_rows else self._long_features)[0, :M]
 
     def _bind_slots(self, P: int, S: int) -> None:
         """time_major: past = buffer[:, :P], new = buffer[:, P:P+S] (pointer + offset)."""

@@ -22,6 +22,8 @@ from typing import Any
 
 from .contract import (
     CONTRACT_VERSION,
+    DECODER,
+    GRAPH_KINDS,
     KV_LAYOUTS,
     TIME_MAJOR,
     GraphSpec,
@@ -33,9 +35,10 @@ from .errors import ArtifactError, ChecksumError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-PROPOSERS = ("draft", "ngram", "hybrid", "none")  # speculation.proposer values ("none": target only)
-SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid")  # what --proposer accepts
-DRAFT_MODEL_PROPOSERS = ("draft", "hybrid")  # run the artifact's draft model
+PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "none")  # speculation.proposer values ("none": target only)
+SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid", "eagle")  # what --proposer accepts
+DRAFT_MODEL_PROPOSERS = ("draft", "hybrid", "eagle")  # run the artifact's draft graph (a model, or an EAGLE-3 head)
+HEAD_PROPOSERS = ("eagle",)  # need a draft head (kind eagle3_head); "draft" needs a draft model
 DEFAULT_MAX_GAMMA = 8  # longest draft when the manifest's generation section names none
 # what the build measured of a target's rows (contract 1.2): "bitwise" = a row's logits are the
 # same bits whatever the number of rows in its call (greedy speculation == target-only, bit for
@@ -62,6 +65,15 @@ class ModelEntry:
     kv_layout: str = TIME_MAJOR  # contract layout of the graph (contract.KV_LAYOUTS)
     min_rows: int = 1  # rows every call gets (contract 1.2: padded after the real tokens)
     cache_pad: int = 0  # cache rows past the call the graph itself writes (contract 1.2: padded attention)
+    # contract 1.2: the target's hidden_states output holds the residual streams entering these
+    # layers (output_hidden_states indices), each `feature_width / len(feature_layers)` wide
+    feature_layers: tuple[int, ...] = ()
+    feature_width: int = 0
+    # contract 1.2 draft heads: kind eagle3_head, its hidden width, and the file (int64 .npy,
+    # relative to the artifact root) mapping each draft-vocabulary row to its target id
+    kind: str = DECODER
+    hidden_width: int = 0
+    vocab_map: str | None = None
     # EXACTNESS as measured at build time (validation["rows"]); None: not measured. Written as
     # its own key only for a padded entry (a contract-1.2 artifact anyway), so that 1.0 / 1.1
     # runtimes still read unpadded artifacts; read back from validation["rows"] otherwise.
@@ -75,16 +87,21 @@ class ModelEntry:
     @property
     def required_version(self) -> str:
         """The lowest contract version that defines this entry's layout and fields."""
-        return version_for(self.kv_layout, 2 if self.padded else 1)
+        return version_for(self.kv_layout, 2 if self.padded or self.feature_width or self.kind != DECODER else 1)
 
     def json_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if not self.padded:  # contract-1.2 keys left out (module note above)
             del data["min_rows"], data["cache_pad"], data["exactness"]
+        if not self.feature_width:
+            del data["feature_layers"], data["feature_width"]
+        if self.kind == DECODER:
+            del data["kind"], data["hidden_width"], data["vocab_map"]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ModelEntry":
+        data = {**data, "feature_layers": tuple(data.get("feature_layers", ()))}
         entry = cls(**data)
         measured = (entry.validation.get("rows") or {}).get("exactness") if isinstance(entry.validation, dict) else None
         if entry.exactness is None and measured is not None:
@@ -99,6 +116,9 @@ class ModelEntry:
             embedding_rows=self.embedding_rows,
             kv_dtype=self.kv_dtype,
             kv_layout=self.kv_layout,
+            feature_width=self.feature_width,
+            kind=self.kind,
+            hidden_width=self.hidden_width,
         )
 
 
@@ -149,6 +169,9 @@ class Manifest:
                 value = getattr(entry, key)
                 if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_MIN_ROWS:
                     raise ArtifactError(f"{role} {key} {value!r} is not an integer in {lo}..{MAX_MIN_ROWS}")
+            if entry.kind not in GRAPH_KINDS or (entry.kind != DECODER and (role != "draft" or not entry.vocab_map)):
+                raise ArtifactError(f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
+                                    f" {GRAPH_KINDS[1]!r} with a vocab_map file)")
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if parse_version(entry.required_version) > parse_version(self.contract_version):

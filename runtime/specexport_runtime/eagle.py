@@ -1,0 +1,94 @@
+"""The EAGLE-3 proposer: a one-layer head that drafts from the target's own hidden states.
+
+Alignment (EAGLE): the head's cache row t pairs the target's features of position t (its
+hidden_states row, contract 1.2) with the token at position t + 1, and that row's logits
+predict the token at t + 2. With `committed` the accepted tokens (the target's cache holds
+committed[:-1], so features exist for positions 0 .. len - 2):
+
+    catch-up   rows t = head.length .. len - 2: (features[t], committed[t + 1])  -> d1
+    chain      row len - 1 + i: (the previous row's hidden_out, d_i)           -> d_(i+1)
+
+After the round the chain rows are dropped: the verify call gave the accepted positions their
+real features, so the head is truncated to the rows it computed from features and catches up.
+The chain is linear (no tree): one verify call checks one path, which keeps the acceptance
+math and the exact rejection sampling of the other proposers unchanged; a tree would verify
+several branches per call at the cost of a larger verify on a CPU where verify rows are not
+free (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .engine import OrtModel
+from .errors import InvalidArgument
+from .proposers import Proposal
+from .sampling import probabilities, sample
+
+
+class EagleProposer:
+    name = "eagle"
+
+    def __init__(self, head: OrtModel, target: OrtModel, draft_to_target: np.ndarray, target_rows: int):
+        """draft_to_target: int64 [V_draft], the target id of each draft-vocabulary row."""
+        if not target.spec.feature_width or target.spec.feature_width != head.spec.feature_width:
+            raise InvalidArgument(f"the target's features ({target.spec.feature_width} wide) do not match the"
+                                  f" head's input ({head.spec.feature_width})")
+        self.head, self.target, self.target_rows = head, target, target_rows
+        self.model = head  # the draft graph (HybridProposer reads its max_context)
+        self.d2t = np.asarray(draft_to_target, np.int64)
+        # features of every committed position the target has computed: [max_context, F]
+        self.features = np.zeros((target.max_context, target.spec.feature_width), np.float32)
+        self.known = 0  # positions 0 .. known - 1 have features
+        self.real = 0  # head rows 0 .. real - 1 were computed from features
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.head.reset()
+        self.known = self.real = 0
+
+    def _to_target(self, q_draft: np.ndarray) -> np.ndarray:
+        """[V_draft] probabilities -> [V_target]: target ids outside the draft vocabulary get 0."""
+        q = np.zeros(self.target_rows, np.float32)
+        q[self.d2t] = q_draft
+        return q
+
+    def _pick(self, logits: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
+        """(target id, its q row over target ids or None for greedy) from draft logits [V_draft]."""
+        if params.greedy:
+            return int(self.d2t[int(logits.argmax())]), None
+        q = probabilities(logits[None], params)[0]  # [V_draft]
+        return int(self.d2t[sample(q, rng)]), self._to_target(q)
+
+    def propose(self, committed, gamma, params, rng) -> Proposal:
+        start = time.perf_counter()
+        n, t0 = len(committed), self.head.length
+        if self.known < n - 1:  # commit() keeps the features of every accepted position
+            raise InvalidArgument(f"the eagle proposer has features for {self.known} positions, needs {n - 1}")
+        rows = n - 1 - t0  # catch-up rows: positions t0 .. n - 2, paired with committed[t0 + 1 .. n - 1]
+        if rows < 1 or gamma < 1:
+            return Proposal([], None)
+        logits = self.head.forward(committed[t0 + 1 : n], last_rows=1, features=self.features[t0 : n - 1])
+        self.real = n - 1  # head rows computed from features; the chain's rows come after
+        tokens, qs = [], []
+        for i in range(gamma):
+            token, q = self._pick(logits[0], params, rng)
+            tokens.append(token)
+            if q is not None:
+                qs.append(q)
+            if i == gamma - 1 or self.head.free < 1:
+                break
+            logits = self.head.forward([token], hidden=self.head.hidden_out.copy())  # [1, V_draft]
+        catchup = time.perf_counter() - start if rows > 2 else 0.0  # a backlog (the prompt) is timed apart
+        return Proposal(tokens, np.stack(qs) if qs else None, catchup_seconds=catchup)
+
+    def commit(self, committed, n_new) -> None:
+        """Keep the features the target's last call computed for positions now committed, and
+        drop the head's chain rows (computed from its own hidden, not from features)."""
+        first, stop = self.target.last_start, len(committed) - 1  # the target caches positions < stop
+        if self.target.features is not None and first <= self.known and stop > first:
+            self.features[first:stop] = self.target.features[: stop - first]
+            self.known = stop
+        self.head.truncate(min(self.head.length, self.real, self.known))

@@ -1,0 +1,89 @@
+"""Build stages of an EAGLE-3 draft head (recipe `draft: {eagle3: ...}`): load and check the
+published head against the target, export its graph, and report how often it agrees with the
+target on the probe text (what its acceptance will roughly be; the strict numerical check of the
+graph against an independent forward is in tests/build/test_eagle3.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specexport_runtime import contract
+from specexport_runtime.manifest import ModelEntry
+
+from .eagle_graph import build_eagle3_head
+from .errors import BuildError
+from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
+from .recipe import Recipe
+from .sources import ModelSource, resolve_source, snapshot
+
+VOCAB_MAP = "draft/vocab_map.npy"  # int64 [V_draft]: the target id of each draft row
+
+
+def head_folder(recipe: Recipe) -> tuple[Path, ModelSource]:
+    """The head's local folder (a hub id is fetched as a safetensors-only snapshot)."""
+    spec = recipe.draft.model
+    path = Path(spec.model).expanduser()
+    if path.is_dir():
+        return path, ModelSource("folder", str(path))
+    source = resolve_source(spec.model, revision=spec.revision)
+    if source.kind != "hub":
+        raise BuildError(f"draft.eagle3.model = {spec.model!r} is neither a head folder nor a hub id")
+    return snapshot(source), source
+
+
+def load_head(recipe: Recipe, reference) -> tuple[Eagle3Head, ModelSource]:
+    folder, source = head_folder(recipe)
+    shape = TargetShape.from_hf_config(reference.config)
+    head = load_eagle3_head(folder, shape, allow_pickle=recipe.draft.allow_pickle, layers=recipe.draft.layers)
+    return head, source
+
+
+def target_embedding(reference) -> torch.Tensor:
+    """The target's input embedding [V, H] in float32 (what the head embeds its tokens with)."""
+    return reference.get_input_embeddings().weight.detach().float()
+
+
+def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source: ModelSource, vocab: int,
+                target_graph=None, probe: list[int] | None = None) -> ModelEntry:
+    """Write draft/model.onnx + the vocabulary map; with the target's ExportResult and the
+    probe, also report the head's agreement with the target (validation)."""
+    embedding = head.embed_tokens if head.embed_tokens is not None else target_embedding(reference)
+    result = build_eagle3_head(head, embedding, root / "draft", recipe.max_context)
+    np.save(root / VOCAB_MAP, head.draft_to_target(), allow_pickle=False)
+    validation: dict = {"layer_ids": list(head.config.layer_ids), "layer_ids_source": head.config.layer_ids_source,
+                        "layer_ids_reason": head.config.layer_ids_reason}
+    if target_graph is not None and probe is not None:
+        validation.update(agreement(result, head, target_graph, probe))
+    c = head.config
+    return ModelEntry(
+        graph="draft/model.onnx", source=source.describe(), architecture="eagle3", num_layers=1,
+        num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, vocab_size=vocab, embedding_rows=c.draft_vocab_size,
+        precision="fp32", kv_dtype="float32", validation=validation, kv_layout=contract.HEAD_MAJOR_INPLACE,
+        feature_width=result.spec.feature_width, kind=contract.EAGLE3_HEAD, hidden_width=c.hidden_size,
+        vocab_map=VOCAB_MAP,
+    )
+
+
+def agreement(result, head: Eagle3Head, target_graph, probe: list[int]) -> dict:
+    """Top-1 agreement of the head's first draft step with the target's own next token over the
+    probe, teacher forced: head row t pairs the target's features of position t with probe[t + 1]
+    and predicts position t + 2, which the target predicts from its logits row t + 1."""
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    from .validate import FeedRunner
+
+    runner = FeedRunner(target_graph.path, target_graph.spec)
+    target_logits = runner.run(probe, list(range(len(probe))))  # [N, V]
+    features = runner.features  # [N, F]
+    n = len(probe) - 2
+    model = OrtModel(result.path, result.spec, len(probe) + 1, SessionConfig(provider="cpu"), max_rows=len(probe))
+    logits = model.forward(probe[1 : n + 1], last_rows=n, features=features[:n])  # [n, V_draft]
+    if not np.all(np.isfinite(logits)):
+        raise BuildError("the EAGLE-3 head graph returned non-finite logits on the probe")
+    drafted = head.draft_to_target()[logits.argmax(-1)]
+    hits = float(np.mean(drafted == target_logits[1 : n + 1].argmax(-1)))
+    return {"target_agreement": hits, "probe_rows": n,
+            "note": "top-1 agreement of the head's first draft step with the target's next token (teacher forced)"}

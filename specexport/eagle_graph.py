@@ -1,0 +1,120 @@
+"""The EAGLE-3 head as one fused ONNX graph (contract 1.2, docs/graph-contract.md).
+
+One graph serves the catch-up call (rows whose input is the target's features) and the chained
+draft steps (rows whose input is the head's own previous hidden state): the row input is
+h = fc(features) + draft_hidden, and the caller zeroes the side it does not use (fc has no bias,
+so this is exact). Per row, with e the target's embedding of the row's token:
+
+    x      = [input_layernorm(e), hidden_norm(h)]                 [1, S, 2H]
+    r      = attention(x) + h                                     rotary, own in-place KV cache
+    hidden = r + mlp(post_attention_layernorm(r))                 [1, S, H]
+    logits = lm_head(norm(hidden[rows]))                          [1, R, V_draft]
+
+    input_ids              int64    [1, S]        the token paired with each row
+    features               float32  [1, S, F]     the target's hidden_states rows (F = 3 H_t)
+    draft_hidden           float32  [1, S, H]     the head's own earlier hidden_out rows
+    logits_index           int64    [R]
+    seqlens_k, total_sequence_length, past_key_0, past_value_0: as the fused target (one layer)
+ -> logits                 float32  [1, R, V_draft]   over the draft vocabulary (d2t maps to target ids)
+    hidden_out             float32  [1, R, H]
+    present_key_0, present_value_0
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
+
+from .export import DATA_NAME, GRAPH_NAME, ExportResult
+from .fused import MS, OPSET, _activation, _Graph
+
+HEAD_FEATURES, HEAD_HIDDEN, HEAD_HIDDEN_OUT = contract.HEAD_FEATURES, contract.HEAD_HIDDEN, contract.HEAD_HIDDEN_OUT
+
+def _rotary(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [T, D/2] of the default rotary embedding (fp32 products, as transformers)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [D/2]
+    freqs = (inv_freq[:, None] @ torch.arange(positions, dtype=torch.float32)[None, :]).t()
+    return freqs.cos().numpy(), freqs.sin().numpy()
+
+
+def head_spec(config) -> GraphSpec:
+    """The head graph's cache facts (one layer, the head's own KV heads)."""
+    return GraphSpec(1, config.num_key_value_heads, config.head_dim, config.draft_vocab_size, "float32",
+                     kv_layout=contract.HEAD_MAJOR_INPLACE, feature_width=3 * config.target_hidden_size,
+                     kind=contract.EAGLE3_HEAD, hidden_width=config.hidden_size)
+
+
+def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context: int) -> ExportResult:
+    """Write out_dir/model.onnx (+ data) for `head` (formats.eagle3.Eagle3Head); `embedding` is
+    the target's input embedding [V_target, H] (a published head usually ships none)."""
+    start = time.perf_counter()
+    c, w = head.config, head.weights
+    H, Hq, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    g = _Graph(torch.float32)
+    spec = head_spec(c)
+    cos, sin = _rotary(c.rope_theta, D, max_context)
+    cos_name, sin_name = g.const("cos_cache", cos), g.const("sin_cache", sin)
+    eps = float(c.rms_norm_eps)
+
+    def rms(x: str, name: str) -> str:
+        return g.op("SimplifiedLayerNormalization", [x, g.weight("norm", w[name])], axis=-1, epsilon=eps, stash_type=1)[0]
+
+    def linear(x: str, *names: str) -> str:  # weights [N_i, K] stacked along N
+        return g.op("MatMul", [x, g.weight("w", torch.cat([w[n] for n in names], 0).t())])[0]
+
+    (e,) = g.op("Gather", [g.weight("embed", embedding), contract.INPUT_IDS])  # [1, S, H]
+    (h,) = g.op("Add", [linear(HEAD_FEATURES, "fc.weight"), HEAD_HIDDEN])  # [1, S, H]
+    (x,) = g.op("Concat", [rms(e, "midlayer.input_layernorm.weight"), rms(h, "midlayer.hidden_norm.weight")], axis=-1)
+    qkv = linear(x, *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkv"))  # [1, S, (Hq + 2 Hkv) D]
+    a, _, _ = g.op("GroupQueryAttention",
+                   [qkv, "", "", contract.past_key(0), contract.past_value(0), contract.SEQLENS_K,
+                    contract.TOTAL_SEQUENCE_LENGTH, cos_name, sin_name],
+                   [g.name("attn"), contract.present_key(0), contract.present_value(0)], domain=MS,
+                   num_heads=Hq, kv_num_heads=Hkv, scale=D ** -0.5, do_rotary=1, rotary_interleaved=0)
+    (r,) = g.op("Add", [linear(a, "midlayer.self_attn.o_proj.weight"), h])
+    y = rms(r, "midlayer.post_attention_layernorm.weight")
+    gate, up = linear(y, "midlayer.mlp.gate_proj.weight"), linear(y, "midlayer.mlp.up_proj.weight")
+    (act,) = g.op("Mul", [_activation(g, gate, "silu"), up])
+    (hidden,) = g.op("Add", [linear(act, "midlayer.mlp.down_proj.weight"), r])  # [1, S, H]
+    (rows,) = g.op("Gather", [hidden, contract.LOGITS_INDEX], axis=1)  # [1, R, H]
+    g.op("Identity", [rows], [HEAD_HIDDEN_OUT])
+    g.op("MatMul", [rms(rows, "norm.weight"), g.weight("lm_head", w["lm_head.weight"].t())], [contract.LOGITS])
+
+    cache = [1, Hkv, "cache_rows", D]
+    inputs = [
+        helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [1, "seq"]),
+        helper.make_tensor_value_info(HEAD_FEATURES, TensorProto.FLOAT, [1, "seq", 3 * c.target_hidden_size]),
+        helper.make_tensor_value_info(HEAD_HIDDEN, TensorProto.FLOAT, [1, "seq", H]),
+        helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
+        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [1]),
+        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+        helper.make_tensor_value_info(contract.past_key(0), TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info(contract.past_value(0), TensorProto.FLOAT, cache),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", c.draft_vocab_size]),
+        helper.make_tensor_value_info(HEAD_HIDDEN_OUT, TensorProto.FLOAT, [1, "rows", H]),
+        helper.make_tensor_value_info(contract.present_key(0), TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info(contract.present_value(0), TensorProto.FLOAT, cache),
+    ]
+    graph = helper.make_graph(g.nodes, "specexport_eagle3_head", inputs, outputs, g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+                              producer_name="specexport")
+    proto.ir_version = 8
+    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, contract.ROW_PADDING_VERSION))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DATA_NAME).unlink(missing_ok=True)
+    path = out_dir / GRAPH_NAME
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME,
+                    size_threshold=1024)
+    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
+    return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)
+

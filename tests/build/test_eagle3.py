@@ -1,0 +1,126 @@
+"""EAGLE-3 heads end to end: the target graph's features and the head graph against independent
+references (transformers' output_hidden_states; tests/eagle_heads.py's reference forward), and
+the `eagle` proposer's exactness (greedy token for token, sampling in law) on tiny models with a
+random head, which drafts wrong often enough to exercise corrections and rollback.
+
+Tolerances: float32 graphs against float32 PyTorch, the same weights: 1e-4 on logits and hidden
+rows (summation order only)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eagle_heads import make_tiny_head_folder, reference_fc, reference_step, target_features
+from specexport.eagle_graph import build_eagle3_head
+from specexport.formats.eagle3 import TargetShape, load_eagle3_head
+from specexport.fused import build_fused
+from specexport.validate import FeedRunner
+from specexport_runtime.engine import OrtModel, SessionConfig
+from tiny import make_model
+
+TOL = 1e-4
+IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(target model, head folder info, loaded head, target graph, head graph)."""
+    root = tmp_path_factory.mktemp("eagle")
+    target = make_model("llama")
+    info = make_tiny_head_folder(root / "head", target, draft_vocab=160, seed=0)
+    head = load_eagle3_head(info["folder"], TargetShape.from_hf_config(target.config))
+    assert head.config.layer_ids == tuple(info["layer_ids"])
+    t_graph = build_fused(target, root / "target", 128, feature_layers=head.config.layer_ids, pad_attention=True)
+    h_graph = build_eagle3_head(head, target.get_input_embeddings().weight.detach().float(), root / "draft", 128)
+    return target, info, head, t_graph, h_graph
+
+
+def test_target_features_are_the_entering_residual_streams(pair):
+    target, info, head, t_graph, _ = pair
+    runner = FeedRunner(t_graph.path, t_graph.spec)
+    runner.run(IDS, [len(IDS) - 1])
+    want = target_features(target, IDS, info["layer_ids"]).numpy()  # [S, 3 H_t], transformers
+    assert runner.features.shape == want.shape
+    np.testing.assert_allclose(runner.features, want, atol=TOL, rtol=0)
+
+
+def test_head_graph_matches_the_reference_forward(pair):
+    """Catch-up over 10 rows from features, then 3 chained steps from the head's own hidden, on
+    the runtime's in-place cache: logits and hidden rows equal the reference's."""
+    target, info, head, t_graph, h_graph = pair
+    tensors, cfg = info["tensors"], info["config"]
+    embed = target.get_input_embeddings().weight.detach().float()
+    feats = target_features(target, IDS, info["layer_ids"])  # [S, F]
+    n = 10
+    model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
+    got = model.forward(IDS[1 : n + 1], last_rows=n, features=feats[:n].numpy()).copy()
+    want, hidden, past = reference_step(tensors, cfg, embed, IDS[1 : n + 1], reference_fc(tensors, feats[:n]), None, 0)
+    np.testing.assert_allclose(got, want.numpy(), atol=TOL, rtol=0)
+    np.testing.assert_allclose(model.hidden_out, hidden.numpy(), atol=TOL, rtol=0)
+    h_prev, token = hidden[-1:], int(want[-1].argmax())
+    for step in range(3):
+        got = model.forward([token], hidden=model.hidden_out[-1:].copy()).copy()
+        want, h_new, past = reference_step(tensors, cfg, embed, [token], h_prev, past, n + step)
+        np.testing.assert_allclose(got, want.numpy(), atol=TOL, rtol=0)
+        np.testing.assert_allclose(model.hidden_out, h_new.numpy(), atol=TOL, rtol=0)
+        h_prev, token = h_new, int(want[-1].argmax())
+
+
+def test_head_graph_catches_up_after_rollback(pair):
+    """Rows written by chained steps are dropped by a cursor move; catching up again with real
+    features gives the reference's rows (stale cache rows past the cursor are never read)."""
+    target, info, head, t_graph, h_graph = pair
+    tensors, cfg = info["tensors"], info["config"]
+    embed = target.get_input_embeddings().weight.detach().float()
+    feats = target_features(target, IDS, info["layer_ids"])
+    model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
+    model.forward(IDS[1:7], last_rows=1, features=feats[:6].numpy())
+    for token in (5, 6, 7):  # chain rows 6, 7, 8 from own hidden: stale after the rollback
+        model.forward([token], hidden=model.hidden_out[-1:].copy())
+    model.truncate(6)
+    got = model.forward(IDS[7:12], last_rows=5, features=feats[6:11].numpy()).copy()
+    want, _, _ = reference_step(tensors, cfg, embed, IDS[1:12], reference_fc(tensors, feats[:11]), None, 0)
+    np.testing.assert_allclose(got, want[6:].numpy(), atol=TOL, rtol=0)
+
+
+# --------------------------------------------------------------------------- the artifact
+
+
+def test_artifact_records_the_head(tiny_artifacts):
+    root = tiny_artifacts["eagle3"]
+    raw = json.loads((root / "manifest.json").read_text())
+    assert raw["contract_version"] == "1.2" and raw["speculation"]["proposer"] == "eagle"
+    draft, target = raw["draft"], raw["target"]
+    assert draft["kind"] == "eagle3_head" and draft["vocab_map"] == "draft/vocab_map.npy"
+    assert target["feature_layers"] == [1, 0, 1] and target["feature_width"] == 3 * 64
+    assert draft["validation"]["layer_ids"] == [1, 0, 1] and 0 <= draft["validation"]["target_agreement"] <= 1
+    assert "draft/vocab_map.npy" in raw["files"]
+
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", [40, 41, 42, 43, 44] * 4]
+
+
+@pytest.mark.parametrize("proposer", ["eagle", "hybrid"])
+def test_greedy_eagle_equals_target_only(gens, proposer):
+    gen = gens("eagle3")
+    corrections = 0
+    for prompt in PROMPTS:
+        base = gen.generate(prompt, max_new_tokens=40, speculative=False)
+        for gamma in (1, 2, 4, 8, None):
+            result = gen.generate(prompt, max_new_tokens=40, proposer=proposer, gamma=gamma)
+            assert result.token_ids == base.token_ids, (prompt, gamma)
+            s = result.stats
+            assert s.rounds == s.corrections + s.bonus and s.new_tokens == len(result.token_ids)
+            corrections += s.corrections
+    assert corrections > 0  # a random head is wrong often: rollbacks happen
+
+
+def test_eagle_needs_a_head(gens):
+    from specexport_runtime.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="'draft' needs a draft model; this artifact's draft is an EAGLE-3 head"):
+        gens("eagle3").generate([5, 6, 7], proposer="draft", max_new_tokens=4)
