@@ -475,12 +475,35 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
     flash = recipe.graph == "fused" and target_fp16  # GroupQueryAttention on CUDA (fp16 only)
     models = [_estimate("target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma,
                         q, flash)]
-    if recipe.draft.has_graph and shapes.draft is not None:
+    if recipe.draft.kind == "eagle3":
+        models.append(_head_estimate(recipe, shapes.target[0], max_context))
+    elif recipe.draft.has_graph and shapes.draft is not None:
         name = recipe.draft.model.model if recipe.draft.kind == "model" else f"{recipe.target.model} (self-draft)"
         models.append(_estimate("draft", name, recipe.draft.precision, shapes.draft, max_context, prompt, gamma,
                                 flash=flash and recipe.draft.precision == "fp16"))
     return PlanReport(recipe=recipe.name, device=device, max_context=max_context, max_prompt=prompt, max_gamma=gamma,
                       models=models, overhead_bytes=int(RUNTIME_OVERHEAD_GIB * GIB))
+
+
+HEAD_DRAFT_VOCAB = 32000  # a head's draft vocabulary when its config is not at hand (published heads: 32k)
+
+
+def _head_estimate(recipe: Recipe, target: ModelConfig, max_context: int) -> ModelEstimate:
+    """An EAGLE-3 head (fp32 graph): fc [H, 3H], one layer whose q/k/v read 2H, its own
+    lm_head [V_draft, H] and a copy of the target's embedding [V, H]; its KV cache has one layer.
+    V_draft from the head's local config.json, else HEAD_DRAFT_VOCAB (capped at the target's)."""
+    folder = Path(recipe.draft.model.model).expanduser()
+    draft_vocab = min(HEAD_DRAFT_VOCAB, target.vocab)
+    if (folder / "config.json").is_file():
+        draft_vocab = int(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("draft_vocab_size", draft_vocab))
+    H, q, kv = target.hidden, target.heads * target.head_dim, target.kv_heads * target.head_dim
+    params = 3 * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * target.intermediate + draft_vocab * H + target.vocab * H
+    layer = ModelConfig(1, H, target.intermediate, target.heads, target.kv_heads, target.head_dim, draft_vocab, True)
+    return ModelEstimate(role="draft", model=f"{recipe.draft.model.model} (EAGLE-3 head)", precision="fp32",
+                         config=layer, config_source="target shape", parameters=params, weight_bytes=4 * params,
+                         kv_bytes=kv_bytes(layer, "fp32", max_context),
+                         activation_bytes=call_bytes(layer, "fp32", min(max_context, 512), max_context, 1),
+                         logits_buffer_bytes=HOST_LOGITS_ROWS * draft_vocab * 4)
 
 
 def _largest_context(recipe: Recipe, device: Device, shapes: _Shapes, max_prompt: int | None, below: int) -> int | None:
@@ -530,7 +553,7 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
                 f"feed prompts in chunks of {prompt_cap} tokens (TensorRT engines do: trt_build --max-prompt {prompt_cap}):"
                 f" {verdict(capped)}"
             )
-    if recipe.draft.has_graph and recipe.draft.precision != "int4":
+    if recipe.draft.has_graph and recipe.draft.kind != "eagle3" and recipe.draft.precision != "int4":
         if recipe.draft.kind == "from_target":
             alt = _variant(recipe, **{"draft": {"from_target": {"precision": "int4"}}})
             how = "int4 self-draft (draft: {from_target: {precision: int4}})"
