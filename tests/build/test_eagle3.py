@@ -124,3 +124,38 @@ def test_eagle_needs_a_head(gens):
 
     with pytest.raises(InvalidArgument, match="'draft' needs a draft model; this artifact's draft is an EAGLE-3 head"):
         gens("eagle3").generate([5, 6, 7], proposer="draft", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("defect, message", [
+    ("layers", "layer"),
+    ("d2t", "d2t"),
+    ("hidden", "fc.weight"),
+])
+def test_bad_head_fails_the_build_and_leaves_nothing(tmp_path, defect, message):
+    """A head with layer ids past the target's depth, a d2t pointing outside the target's
+    vocabulary, or the wrong hidden width: a typed one-line error and no artifact folder."""
+    from safetensors.torch import load_file, save_file
+
+    from specexport.build import build_artifact
+    from specexport.errors import SpecExportError
+    from specexport.recipe import load_recipe
+    from tiny import save_hf_folder, write_recipe
+
+    target = make_model("llama")
+    target_dir = save_hf_folder(target, tmp_path / "hf")
+    info = make_tiny_head_folder(tmp_path / "head", target, draft_vocab=160, seed=0,
+                                 layer_ids=(1, 0, 7) if defect == "layers" else None)
+    weights = tmp_path / "head" / "model.safetensors"
+    tensors = load_file(str(weights))
+    if defect == "d2t":
+        tensors["d2t"] = tensors["d2t"].clone()
+        tensors["d2t"][-1] = 10_000
+    if defect == "hidden":
+        tensors["fc.weight"] = tensors["fc.weight"][:, :-8].contiguous()
+    save_file(tensors, str(weights))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target_dir, {"eagle3": {"model": str(info["folder"])}},
+                                      name="bad-head", graph="fused"))
+    with pytest.raises(SpecExportError) as err:
+        build_artifact(recipe, tmp_path / "out")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
