@@ -89,7 +89,7 @@ def measure_costs(gen, ids: Sequence[int], max_s: int, repeats: int = TIMING_REP
     out = {"decode_s": float(np.median(times[1][1:])),
            "verify_s": {s: float(np.median(v[1:])) for s, v in times.items() if s > 1},
            "draft_step_s": {}}
-    if gen.draft is not None:
+    if gen.draft is not None and not gen.draft.spec.is_head:  # a head's step is timed in the loop (calibrate)
         draft = gen.draft
         draft.reset()
         draft.forward(ids)
@@ -195,7 +195,8 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
         raise CalibrationError("prompts_per_domain and max_new_tokens must be >= 1")
     root = Path(artifact)
     gen = load(root, threads=threads, shared_pool=shared_pool)  # verifies every checksum before anything is written
-    allowed = (["draft"] if gen.draft is not None else []) + ["ngram"]
+    draft_name = None if gen.draft is None else "eagle" if gen.draft.spec.is_head else "draft"
+    allowed = ([draft_name] if draft_name else []) + ["ngram"]
     proposers = list(proposers) if proposers else allowed
     for p in proposers:
         if p not in allowed:
@@ -222,7 +223,7 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     run_one(gen, first, speculative=True, gamma=measure_g, proposer=proposers[0], max_new_tokens=8,
             temperature=0.0, top_p=1.0, top_k=0, seed=None)  # warm-up
     rounds: dict[str, dict[str, list[tuple[int, int]]]] = {}
-    lookup_s, lookup_tokens = 0.0, 0
+    in_loop = {"ngram": [0.0, 0], "eagle": [0.0, 0]}  # proposers timed in the loop: seconds, drafted tokens
     for d, plist in by_domain.items():
         for prop in proposers:
             for p in plist:
@@ -230,9 +231,9 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
                               max_new_tokens=min(p.max_new_tokens, max_new_tokens), temperature=0.0, top_p=1.0,
                               top_k=0, seed=None)
                 rounds.setdefault(d, {}).setdefault(prop, []).extend(rec.round_sizes + [(0, 0)] * rec.plain_steps)
-                if prop == "ngram":
-                    lookup_s += rec.draft_seconds
-                    lookup_tokens += rec.drafted
+                if prop in in_loop:
+                    in_loop[prop][0] += rec.draft_seconds
+                    in_loop[prop][1] += rec.drafted
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{d} {prop} {p.id}")
@@ -241,8 +242,9 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
         cost_table = _merge_costs(None, costs)
     else:
         measured = measure_costs(gen, prompt_ids(gen, first), measure_g + 1)
-        if "ngram" in proposers:
-            measured["draft_step_s"]["ngram"] = lookup_s / lookup_tokens if lookup_tokens else 0.0
+        for prop, (seconds, tokens) in in_loop.items():
+            if prop in proposers:  # lookup: seconds per drafted token; eagle: head calls (catch-up included) per token
+                measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0
         cost_table = _merge_costs(measured, costs)
 
     profile_domains: dict[str, dict] = {}

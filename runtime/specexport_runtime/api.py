@@ -114,7 +114,8 @@ class SpecGenerator:
     def _new_controller(self, proposer: str, domain: str | None) -> GammaController:
         start, off, alpha = self.manifest.speculation.gamma, False, 0.6
         # a hybrid's controller only sees its draft-model rounds: start from the draft's calibration
-        entry = calibration_entry(self.calibration, domain, "draft" if proposer == "hybrid" else proposer)
+        draft_side = "eagle" if self.draft is not None and self.draft.spec.is_head else "draft"
+        entry = calibration_entry(self.calibration, domain, draft_side if proposer == "hybrid" else proposer)
         if entry and entry.get("gamma") is not None:
             g = int(entry["gamma"])
             start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"

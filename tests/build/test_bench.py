@@ -19,6 +19,7 @@ from specexport.cli_bench import calibrate as calibrate_cmd
 from specexport.cli_bench import parse_gammas
 from specexport.prompts import Prompt
 from specexport_runtime.api import CALIBRATION_NAME, load
+from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import read_manifest, verify_files
 
 NEW = 12
@@ -365,3 +366,15 @@ def test_graph_forms_benchmark_times_both_layouts(tiny_artifacts, tmp_path):
     assert any("time_major" in m for m in labels) and any("head_major_inplace" in m for m in labels)
     assert all(r["ms_median"] > 0 for r in rows)
     assert rows[0]["vs_first_target_decode"] == 1.0
+
+
+def test_calibrate_an_eagle_head(tiny_artifacts, tmp_path):
+    """An artifact with an EAGLE-3 head calibrates the 'eagle' proposer (its step timed in the
+    loop: head calls per drafted token) beside n-gram; 'draft' is not offered."""
+    art = _copy(tiny_artifacts["eagle3"], tmp_path)
+    doc = calibrate(art, domains=("code",), prompts=PROMPTS, max_new_tokens=NEW, device_name="devE")
+    prof = doc["profiles"]["devE"]
+    assert set(prof["domains"]["code"]) == {"eagle", "ngram"}
+    assert prof["costs"]["draft_step_s"]["eagle"] > 0
+    with pytest.raises(InvalidArgument, match="'draft' is not available"):
+        calibrate(art, domains=("code",), proposers=["draft"], prompts=PROMPTS, max_new_tokens=NEW)
