@@ -36,6 +36,8 @@ RECIPE_DEVICES = {
     "qwen2.5-7b-instruct-qwen2.5-0.5b-draft": "agx-orin-32gb",
     "llama-3.1-8b-instruct-llama-3.2-1b-draft": "agx-orin-64gb",
     "llama-3.1-8b-instruct-awq-int4": "orin-nano-8gb",
+    "llama-3.1-8b-instruct-eagle3": "agx-orin-32gb",
+    "smollm2-135m-eagle3": "orin-nano-8gb",
 }
 
 
