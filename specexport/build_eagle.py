@@ -51,7 +51,7 @@ def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source:
     """Write draft/model.onnx + the vocabulary map; with the target's ExportResult and the
     probe, also report the head's agreement with the target (validation)."""
     embedding = head.embed_tokens if head.embed_tokens is not None else target_embedding(reference)
-    result = build_eagle3_head(head, embedding, root / "draft", recipe.max_context)
+    result = build_eagle3_head(head, embedding, root / "draft", recipe.max_context, precision=recipe.draft.precision)
     np.save(root / VOCAB_MAP, head.draft_to_target(), allow_pickle=False)
     validation: dict = {"layer_ids": list(head.config.layer_ids), "layer_ids_source": head.config.layer_ids_source,
                         "layer_ids_reason": head.config.layer_ids_reason}
@@ -61,7 +61,7 @@ def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source:
     return ModelEntry(
         graph="draft/model.onnx", source=source.describe(), architecture="eagle3", num_layers=1,
         num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, vocab_size=vocab, embedding_rows=c.draft_vocab_size,
-        precision="fp32", kv_dtype="float32", validation=validation, kv_layout=contract.HEAD_MAJOR_INPLACE,
+        precision=recipe.draft.precision, kv_dtype=result.spec.kv_dtype, validation=validation, kv_layout=contract.HEAD_MAJOR_INPLACE,
         feature_width=result.spec.feature_width, kind=contract.EAGLE3_HEAD, hidden_width=c.hidden_size,
         vocab_map=VOCAB_MAP,
     )

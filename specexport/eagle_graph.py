@@ -18,6 +18,12 @@ so this is exact). Per row, with e the target's embedding of the row's token:
  -> logits                 float32  [1, R, V_draft]   over the draft vocabulary (d2t maps to target ids)
     hidden_out             float32  [1, R, H]
     present_key_0, present_value_0
+
+Precision (recipe draft.eagle3.precision): fp32; fp16 (every weight, activation and the KV cache
+in float16, the I/O above stays float32 through Casts; for CUDA); int8 (weight-only: every MatMul
+a MatMulNBits over int8 round-to-nearest blocks of 32 inputs at accuracy level 4, the embedding
+copy a GatherBlockQuantized int8 table: a quarter of the fp32 head's memory). A draft's numerics
+never touch exactness: rejection sampling keeps the target's distribution whatever q is.
 """
 
 from __future__ import annotations
@@ -34,9 +40,14 @@ from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
 from .export import DATA_NAME, GRAPH_NAME, ExportResult
+from .formats.blocks import rtn_quantize
 from .fused import MS, OPSET, _activation, _Graph
+from .nbits import gather_nbits, matmul_nbits
 
 HEAD_FEATURES, HEAD_HIDDEN, HEAD_HIDDEN_OUT = contract.HEAD_FEATURES, contract.HEAD_HIDDEN, contract.HEAD_HIDDEN_OUT
+HEAD_PRECISIONS = ("fp32", "fp16", "int8")
+INT8_BLOCK = 32  # inputs per quantization block of an int8 head
+INT8_ACCURACY_LEVEL = 4  # int8 activations: ONNX Runtime's fast CPU path
 
 def _rotary(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [T, D/2] of the default rotary embedding (fp32 products, as transformers)."""
@@ -45,33 +56,48 @@ def _rotary(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np
     return freqs.cos().numpy(), freqs.sin().numpy()
 
 
-def head_spec(config) -> GraphSpec:
+def head_spec(config, precision: str = "fp32") -> GraphSpec:
     """The head graph's cache facts (one layer, the head's own KV heads)."""
-    return GraphSpec(1, config.num_key_value_heads, config.head_dim, config.draft_vocab_size, "float32",
+    kv_dtype = "float16" if precision == "fp16" else "float32"
+    return GraphSpec(1, config.num_key_value_heads, config.head_dim, config.draft_vocab_size, kv_dtype,
                      kv_layout=contract.HEAD_MAJOR_INPLACE, feature_width=3 * config.target_hidden_size,
                      kind=contract.EAGLE3_HEAD, hidden_width=config.hidden_size)
 
 
-def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context: int) -> ExportResult:
+def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context: int,
+                      precision: str = "fp32") -> ExportResult:
     """Write out_dir/model.onnx (+ data) for `head` (formats.eagle3.Eagle3Head); `embedding` is
     the target's input embedding [V_target, H] (a published head usually ships none)."""
+    if precision not in HEAD_PRECISIONS:
+        raise ValueError(f"head precision {precision!r}: expected one of {', '.join(HEAD_PRECISIONS)}")
     start = time.perf_counter()
     c, w = head.config, head.weights
     H, Hq, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    g = _Graph(torch.float32)
-    spec = head_spec(c)
+    g = _Graph(torch.float16 if precision == "fp16" else torch.float32)
+    spec = head_spec(c, precision)
+    float_type = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
     cos, sin = _rotary(c.rope_theta, D, max_context)
-    cos_name, sin_name = g.const("cos_cache", cos), g.const("sin_cache", sin)
+    cos_name, sin_name = g.const("cos_cache", cos.astype(g.np_dtype)), g.const("sin_cache", sin.astype(g.np_dtype))
     eps = float(c.rms_norm_eps)
 
     def rms(x: str, name: str) -> str:
         return g.op("SimplifiedLayerNormalization", [x, g.weight("norm", w[name])], axis=-1, epsilon=eps, stash_type=1)[0]
 
     def linear(x: str, *names: str) -> str:  # weights [N_i, K] stacked along N
-        return g.op("MatMul", [x, g.weight("w", torch.cat([w[n] for n in names], 0).t())])[0]
+        weight = torch.cat([w[n] for n in names], 0)  # [N, K]
+        if precision == "int8":
+            blocks = rtn_quantize(weight.float().numpy(), 8, INT8_BLOCK)
+            return matmul_nbits(g, x, blocks, g.name("w"), INT8_ACCURACY_LEVEL)
+        return g.op("MatMul", [x, g.weight("w", weight.t())])[0]
 
-    (e,) = g.op("Gather", [g.weight("embed", embedding), contract.INPUT_IDS])  # [1, S, H]
-    (h,) = g.op("Add", [linear(HEAD_FEATURES, "fc.weight"), HEAD_HIDDEN])  # [1, S, H]
+    def to_float(name: str) -> str:  # float32 graph input -> the graph's float type
+        return g.op("Cast", [name], to=float_type)[0] if precision == "fp16" else name
+
+    if precision == "int8":  # [1, S, H] rows of an int8 table
+        e = gather_nbits(g, contract.INPUT_IDS, rtn_quantize(embedding.float().numpy(), 8, INT8_BLOCK), "embed")
+    else:
+        (e,) = g.op("Gather", [g.weight("embed", embedding), contract.INPUT_IDS])  # [1, S, H]
+    (h,) = g.op("Add", [linear(to_float(HEAD_FEATURES), "fc.weight"), to_float(HEAD_HIDDEN)])  # [1, S, H]
     (x,) = g.op("Concat", [rms(e, "midlayer.input_layernorm.weight"), rms(h, "midlayer.hidden_norm.weight")], axis=-1)
     qkv = linear(x, *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkv"))  # [1, S, (Hq + 2 Hkv) D]
     a, _, _ = g.op("GroupQueryAttention",
@@ -85,8 +111,13 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
     (act,) = g.op("Mul", [_activation(g, gate, "silu"), up])
     (hidden,) = g.op("Add", [linear(act, "midlayer.mlp.down_proj.weight"), r])  # [1, S, H]
     (rows,) = g.op("Gather", [hidden, contract.LOGITS_INDEX], axis=1)  # [1, R, H]
-    g.op("Identity", [rows], [HEAD_HIDDEN_OUT])
-    g.op("MatMul", [rms(rows, "norm.weight"), g.weight("lm_head", w["lm_head.weight"].t())], [contract.LOGITS])
+    logits = linear(rms(rows, "norm.weight"), "lm_head.weight")  # [1, R, V_draft]
+    if precision == "fp16":  # float32 outputs
+        g.op("Cast", [rows], [HEAD_HIDDEN_OUT], to=TensorProto.FLOAT)
+        g.op("Cast", [logits], [contract.LOGITS], to=TensorProto.FLOAT)
+    else:
+        g.op("Identity", [rows], [HEAD_HIDDEN_OUT])
+        g.op("Identity", [logits], [contract.LOGITS])
 
     cache = [1, Hkv, "cache_rows", D]
     inputs = [
@@ -96,14 +127,14 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
         helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
         helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [1]),
         helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
-        helper.make_tensor_value_info(contract.past_key(0), TensorProto.FLOAT, cache),
-        helper.make_tensor_value_info(contract.past_value(0), TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info(contract.past_key(0), float_type, cache),
+        helper.make_tensor_value_info(contract.past_value(0), float_type, cache),
     ]
     outputs = [
         helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", c.draft_vocab_size]),
         helper.make_tensor_value_info(HEAD_HIDDEN_OUT, TensorProto.FLOAT, [1, "rows", H]),
-        helper.make_tensor_value_info(contract.present_key(0), TensorProto.FLOAT, cache),
-        helper.make_tensor_value_info(contract.present_value(0), TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info(contract.present_key(0), float_type, cache),
+        helper.make_tensor_value_info(contract.present_value(0), float_type, cache),
     ]
     graph = helper.make_graph(g.nodes, "specexport_eagle3_head", inputs, outputs, g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],

@@ -488,8 +488,12 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
 HEAD_DRAFT_VOCAB = 32000  # a head's draft vocabulary when its config is not at hand (published heads: 32k)
 
 
+HEAD_BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / 32}  # int8: codes + an fp32 scale per 32
+HEAD_COMPUTE = {"fp32": "fp32", "fp16": "fp16", "int8": "fp32"}  # activations and KV cache
+
+
 def _head_estimate(recipe: Recipe, target: ModelConfig, max_context: int) -> ModelEstimate:
-    """An EAGLE-3 head (fp32 graph): fc [H, 3H], one layer whose q/k/v read 2H, its own
+    """An EAGLE-3 head at draft.eagle3.precision: fc [H, 3H], one layer whose q/k/v read 2H, its own
     lm_head [V_draft, H] and a copy of the target's embedding [V, H]; its KV cache has one layer.
     V_draft from the head's local config.json, else HEAD_DRAFT_VOCAB (capped at the target's)."""
     folder = Path(recipe.draft.model.model).expanduser()
@@ -499,10 +503,13 @@ def _head_estimate(recipe: Recipe, target: ModelConfig, max_context: int) -> Mod
     H, q, kv = target.hidden, target.heads * target.head_dim, target.kv_heads * target.head_dim
     params = 3 * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * target.intermediate + draft_vocab * H + target.vocab * H
     layer = ModelConfig(1, H, target.intermediate, target.heads, target.kv_heads, target.head_dim, draft_vocab, True)
-    return ModelEstimate(role="draft", model=f"{recipe.draft.model.model} (EAGLE-3 head)", precision="fp32",
-                         config=layer, config_source="target shape", parameters=params, weight_bytes=4 * params,
-                         kv_bytes=kv_bytes(layer, "fp32", max_context),
-                         activation_bytes=call_bytes(layer, "fp32", min(max_context, 512), max_context, 1),
+    precision = recipe.draft.precision
+    compute = HEAD_COMPUTE[precision]
+    return ModelEstimate(role="draft", model=f"{recipe.draft.model.model} (EAGLE-3 head)", precision=precision,
+                         config=layer, config_source="target shape", parameters=params,
+                         weight_bytes=int(HEAD_BYTES_PER_PARAM[precision] * params),
+                         kv_bytes=kv_bytes(layer, compute, max_context),
+                         activation_bytes=call_bytes(layer, compute, min(max_context, 512), max_context, 1),
                          logits_buffer_bytes=HOST_LOGITS_ROWS * draft_vocab * 4)
 
 

@@ -9,7 +9,8 @@ Pipeline
      "stdlib" (the Python standard library's sources), "site-docs" (Markdown / reST files and
      package descriptions in site-packages), "calibration" (the calibration prompts that are NOT
      held out for the benchmark, each with the target's own greedy answer, generated once and
-     cached). Text is tokenized with the target's tokenizer, documents are joined with EOS and cut
+     cached), "instructions" (chat requests in the benchmark's five domains synthesized from local
+     stdlib functions and docs, train_instructions.py, with the target's own answers, cached). Text is tokenized with the target's tokenizer, documents are joined with EOS and cut
      into windows of `seq_len` tokens; a calibration sample is its prompt + answer (the loss covers
      the answer only). A seeded `held_out` fraction of the windows (at most `eval_sequences`) is
      kept out of training to measure agreement.
@@ -70,7 +71,7 @@ from .formats.eagle3 import Eagle3Config, Eagle3Head, TargetShape, write_eagle3_
 # ----------------------------------------------------------------------------------- constants
 
 DATA_EXTENSIONS = (".py", ".md", ".txt", ".rst")
-NAMED_SOURCES = ("calibration", "stdlib", "site-docs")
+NAMED_SOURCES = ("calibration", "instructions", "stdlib", "site-docs")
 SCHEDULES = ("cosine", "linear")
 DEFAULT_DRAFT_VOCAB = 8192  # or the target's vocabulary when smaller (docs/training.md)
 FINAL_LR_RATIO = 0.1  # the schedule decays to this fraction of the peak
@@ -128,6 +129,9 @@ class TrainConfig:
     max_data_mb: float = 4.0  # text read per file / folder / named source (calibration excluded)
     max_file_kb: int = 512  # larger files are skipped (generated tables, data dumps)
     answer_tokens: int = 64  # greedy tokens generated per calibration prompt (at most the prompt's own max_new_tokens)
+    instructions: int = 1000  # requests synthesized for data "instructions" (train_instructions.py)
+    instruction_tokens: int = 160  # greedy tokens the target answers per synthesized request
+    answer_batch: int = 16  # requests answered per batched generate call (instructions)
     holdout_prompts: tuple[str, ...] = ("all",)  # the benchmark's prompt sets (bench --prompts), never trained on
     holdout_limit: int | None = None  # the benchmark's --limit (first N per domain held out); None: all of them
     cache_dir: Path | None = None  # generated calibration answers; None: ~/.cache/specexport/train-draft
@@ -176,6 +180,9 @@ class TrainConfig:
         _float("max_data_mb", self.max_data_mb, 0.0, 1e6, low_open=True)
         _int("max_file_kb", self.max_file_kb, 1, 1 << 30)
         _int("answer_tokens", self.answer_tokens, 1, 4096)
+        _int("instructions", self.instructions, 1, 1_000_000)
+        _int("instruction_tokens", self.instruction_tokens, 1, 4096)
+        _int("answer_batch", self.answer_batch, 1, 1024)
         holdout = self.holdout_prompts
         if isinstance(holdout, str) or not isinstance(holdout, (tuple, list)):
             raise TrainConfigError(f"holdout_prompts must be a list of prompt sets (bench --prompts), got {holdout!r}")
@@ -689,6 +696,58 @@ def _calibration_windows(tgt: _Target, config: TrainConfig, progress: Progress) 
     return windows, info
 
 
+def _sample_window(prompt_ids: list[int], answer: list[int], seq_len: int, name: str) -> Window | None:
+    """prompt + answer as one window (the loss covers the answer); a long prompt loses its start."""
+    ids = list(prompt_ids) + list(answer)
+    start = max(0, len(ids) - seq_len)
+    first_row = max(0, len(prompt_ids) - 1 - start)
+    if len(ids) - start >= MIN_WINDOW and first_row < len(ids) - start - 1:
+        return Window(np.asarray(ids[start:], dtype=np.int64), first_row, name)
+    return None
+
+
+def _instruction_windows(tgt: _Target, config: TrainConfig, progress: Progress) -> tuple[list[Window], dict]:
+    """Synthesized requests (train_instructions.synthesize) answered by the target in batches; the
+    answers are cached under the same cache folder as the calibration answers."""
+    from . import train_instructions
+
+    t0 = time.perf_counter()
+    try:
+        requests = train_instructions.synthesize(config.instructions, seed=config.seed)
+    except ValueError as exc:
+        raise TrainDraftError(f"data 'instructions': {exc}") from None
+    prompts = []
+    for _, request in requests:
+        text = tgt.tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
+                                                 add_generation_prompt=True)
+        prompts.append(tgt.tokenizer(text, add_special_tokens=False)["input_ids"][-(config.seq_len // 2):])
+    cache_dir = config.cache_dir or _default_cache()
+    cache_path = cache_dir / f"instructions-{tgt.key}.json"
+    cache = _read_json(cache_path) or {}
+    keys = [f"{config.instruction_tokens}|{hashlib.sha256(json.dumps(p).encode()).hexdigest()[:16]}" for p in prompts]
+    todo = sorted({k: i for i, k in enumerate(keys) if k not in cache}.values())
+    done_before = len(prompts) - len(todo)
+
+    chunk = 4 * config.answer_batch  # the cache is written after every chunk: an interrupted run keeps them
+    for c in range(0, len(todo), chunk):
+        progress({"event": "stage", "message": "answering synthesized requests", "done": done_before + c,
+                  "total": len(prompts)})
+        part = todo[c : c + chunk]
+        answers = train_instructions.answer(tgt.model, tgt.pad_id, [prompts[i] for i in part],
+                                            config.instruction_tokens, config.answer_batch)
+        cache.update({keys[i]: a for i, a in zip(part, answers)})
+        _write_json(cache_path, cache)
+    windows = [w for p, k in zip(prompts, keys)
+               if (w := _sample_window(p, cache[k], config.seq_len, "instructions")) is not None]
+    by_domain: dict[str, int] = {}
+    for domain, _ in requests:
+        by_domain[domain] = by_domain.get(domain, 0) + 1
+    info = {"source": "instructions", "where": str(cache_path), "requests": len(requests), "by_domain": by_domain,
+            "answers_generated": len(todo), "answer_tokens": int(sum(len(cache[k]) for k in keys)),
+            "seconds_generating": round(time.perf_counter() - t0, 2)}
+    return windows, info
+
+
 @torch.no_grad()
 def _greedy_answer(tgt: _Target, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
@@ -724,6 +783,8 @@ def build_windows(tgt: _Target, config: TrainConfig, progress: Progress) -> tupl
         progress({"event": "stage", "message": f"reading {item}"})
         if item == "calibration":
             got, info = _calibration_windows(tgt, config, progress)
+        elif item == "instructions":
+            got, info = _instruction_windows(tgt, config, progress)
         else:
             texts, info = _text_source(item, config)
             got = _windows_of_texts(texts, tgt, config.seq_len, item)

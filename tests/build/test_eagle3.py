@@ -4,7 +4,9 @@ the `eagle` proposer's exactness (greedy token for token, sampling in law) on ti
 random head, which drafts wrong often enough to exercise corrections and rollback.
 
 Tolerances: float32 graphs against float32 PyTorch, the same weights: 1e-4 on logits and hidden
-rows (summation order only)."""
+rows (summation order only). Lower-precision heads against the same float32 reference, relative to
+the largest |value| of the compared rows: fp16 2e-2 (fp16 weights, activations and cache), int8
+8e-2 (int8 round-to-nearest weights and int8 activations, accuracy level 4)."""
 
 from __future__ import annotations
 
@@ -48,26 +50,55 @@ def test_target_features_are_the_entering_residual_streams(pair):
     np.testing.assert_allclose(runner.features, want, atol=TOL, rtol=0)
 
 
-def test_head_graph_matches_the_reference_forward(pair):
+HEAD_TOL = {"fp32": None, "fp16": 2e-2, "int8": 8e-2}  # relative to max |reference| (None: absolute TOL)
+
+
+def _close(got: np.ndarray, want: np.ndarray, precision: str) -> None:
+    rel = HEAD_TOL[precision]
+    atol = TOL if rel is None else rel * float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_head_graph_matches_the_reference_forward(pair, tmp_path, precision):
     """Catch-up over 10 rows from features, then 3 chained steps from the head's own hidden, on
-    the runtime's in-place cache: logits and hidden rows equal the reference's."""
+    the runtime's in-place cache: logits and hidden rows equal the reference's (the reference is
+    fed its own hidden and tokens, so a low-precision head's error does not compound)."""
     target, info, head, t_graph, h_graph = pair
     tensors, cfg = info["tensors"], info["config"]
     embed = target.get_input_embeddings().weight.detach().float()
+    if precision != "fp32":
+        h_graph = build_eagle3_head(head, embed, tmp_path / precision, 128, precision=precision)
+        assert h_graph.spec.kv_dtype == ("float16" if precision == "fp16" else "float32")
     feats = target_features(target, IDS, info["layer_ids"])  # [S, F]
     n = 10
     model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
     got = model.forward(IDS[1 : n + 1], last_rows=n, features=feats[:n].numpy()).copy()
     want, hidden, past = reference_step(tensors, cfg, embed, IDS[1 : n + 1], reference_fc(tensors, feats[:n]), None, 0)
-    np.testing.assert_allclose(got, want.numpy(), atol=TOL, rtol=0)
-    np.testing.assert_allclose(model.hidden_out, hidden.numpy(), atol=TOL, rtol=0)
+    _close(got, want.numpy(), precision)
+    _close(model.hidden_out, hidden.numpy(), precision)
     h_prev, token = hidden[-1:], int(want[-1].argmax())
     for step in range(3):
-        got = model.forward([token], hidden=model.hidden_out[-1:].copy()).copy()
+        got = model.forward([token], hidden=h_prev.numpy()).copy()
         want, h_new, past = reference_step(tensors, cfg, embed, [token], h_prev, past, n + step)
-        np.testing.assert_allclose(got, want.numpy(), atol=TOL, rtol=0)
-        np.testing.assert_allclose(model.hidden_out, h_new.numpy(), atol=TOL, rtol=0)
+        _close(got, want.numpy(), precision)
+        _close(model.hidden_out, h_new.numpy(), precision)
         h_prev, token = h_new, int(want[-1].argmax())
+
+
+def test_low_precision_heads_are_smaller(pair, tmp_path):
+    """int8 stores a quarter of fp32's bytes (+ scales), fp16 half."""
+    target, info, head, _, h_graph = pair
+    embed = target.get_input_embeddings().weight.detach().float()
+
+    def size(result) -> int:
+        return sum(f.stat().st_size for f in result.path.parent.iterdir())
+
+    fp32 = size(h_graph)
+    assert 0.45 < size(build_eagle3_head(head, embed, tmp_path / "fp16", 128, precision="fp16")) / fp32 < 0.55
+    assert 0.25 < size(build_eagle3_head(head, embed, tmp_path / "int8", 128, precision="int8")) / fp32 < 0.36
+    with pytest.raises(ValueError, match="head precision 'int4'"):
+        build_eagle3_head(head, embed, tmp_path / "x", 128, precision="int4")
 
 
 def test_head_graph_catches_up_after_rollback(pair):
