@@ -41,6 +41,7 @@ import numpy as np
 
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
+from specexport_runtime.suffix import SuffixStore
 
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
@@ -111,7 +112,7 @@ def prompt_ids(gen, prompt: Prompt) -> list[int]:
 
 def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, proposer: str | None,
             max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
-            repeat: int = 0, ids: list[int] | None = None) -> RunRecord:
+            repeat: int = 0, ids: list[int] | None = None, forget: bool = True) -> RunRecord:
     """One generation through the public API (gen.chat for chat prompts, gen.generate for
     text), with the per-round log and the ONNX Runtime call timings of this run."""
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
@@ -119,6 +120,8 @@ def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, propos
     if speculative:
         kwargs.update(gamma=gamma, proposer=proposer, domain=prompt.domain)
     t_before, d_before = _calls_snapshot(gen.target), _calls_snapshot(gen.draft)
+    if forget and hasattr(gen, "forget_history"):  # runs are independent: no earlier answer (a repeat!) to copy
+        gen.forget_history()
     result = gen.chat(prompt.chat(), **kwargs) if prompt.is_chat else gen.generate(prompt.text, **kwargs)
     st = result.stats
     used_draft_model = speculative and (proposer or gen.default_proposer) in DRAFT_MODEL_PROPOSERS
@@ -134,7 +137,7 @@ def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, propos
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},
         prompt_ids=list(ids) if ids is not None else [],
-        lookup_rounds=st.lookup_rounds,
+        lookup_rounds=st.lookup_rounds, by_source={k: list(v) for k, v in st.by_source.items()},
     )
 
 
@@ -192,9 +195,15 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
               shared_pool: bool = False,
-              progress: Progress | None = None) -> BenchReport:
+              progress: Progress | None = None, hybrid_retrieval: str = "lookup", sequential: bool = False) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
-    already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec."""
+    already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.
+
+    sequential: each domain's prompts run in order as one session per repeat and configuration:
+    the suffix proposer's store of earlier answers is kept from prompt to prompt (one store per
+    configuration, so a run never sees another configuration's answer to the same prompt), which
+    shows learning across requests; by_domain then reports the first and last third's speedup.
+    Otherwise every run starts with an empty store."""
     from specexport_runtime.api import load
 
     if isinstance(prompts, (str, os.PathLike)):
@@ -214,6 +223,9 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
+    if hybrid_retrieval not in ("lookup", "suffix"):
+        raise BenchError(f"hybrid_retrieval must be lookup or suffix, got {hybrid_retrieval!r}")
+    gen.hybrid_retrieval = hybrid_retrieval
     if proposer not in SPECULATIVE_PROPOSERS:
         raise InvalidArgument(f"proposer must be one of {', '.join(SPECULATIVE_PROPOSERS)}, got {proposer!r}")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -228,24 +240,37 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     configs: list[tuple[bool, int | None]] = [(False, None)] + [(True, g) for g in gammas]
     total, done = len(prompts) * repeats * len(configs), 0
     runs: list[RunRecord] = []
-    for i, p in enumerate(prompts):
-        n_new = max_new_tokens or p.max_new_tokens
-        for r in range(repeats):
+    index = {p.id: i for i, p in enumerate(prompts)}
+    if sequential:  # repeat -> domain -> prompts in order (one store per domain pass and configuration)
+        passes = [(r, [p for p in prompts if p.domain == d]) for r in range(repeats)
+                  for d in dict.fromkeys(p.domain for p in prompts)]
+    else:  # prompt -> repeats
+        passes = [(r, [p]) for p in prompts for r in range(repeats)]
+    for r, sequence in passes:
+        stores = {g: SuffixStore(gen.suffix_config.global_tokens) for _, g in configs} if sequential else {}
+        for p in sequence:
+            i = index[p.id]
+            n_new = max_new_tokens or p.max_new_tokens
             order = configs if (i * repeats + r) % 2 == 0 else configs[::-1]
             run_seed = None if temperature == 0 else seed + 1000 * i + r
             for spec, g in order:
+                if sequential:
+                    gen.suffix_store = stores[g]
                 rec = run_one(gen, p, speculative=spec, gamma=g, proposer=proposer, max_new_tokens=n_new,
-                              seed=run_seed, repeat=r, ids=ids_of[p.id], **sampling)
+                              seed=run_seed, repeat=r, ids=ids_of[p.id], forget=not sequential, **sampling)
                 runs.append(rec)
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{p.id} {rec.label}")
+    if sequential:
+        gen.forget_history()
     return build_report(gen, runs, prompts, proposer=proposer, gammas=gammas, seed=seed, repeats=repeats,
-                        max_new_tokens=max_new_tokens, threads=threads, **sampling)
+                        max_new_tokens=max_new_tokens, threads=threads, sequential=sequential, **sampling)
 
 
 def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, proposer: str, gammas, seed: int,
-                 repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int) -> BenchReport:
+                 repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
+                 sequential: bool = False) -> BenchReport:
     man = gen.manifest
     off = [r for r in runs if r.mode == "off"]
     domains: dict[str, int] = {}
@@ -259,6 +284,7 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
         "draft": None if man.draft is None else {"source": man.draft.source, "precision": man.draft.precision,
                                                  "bytes": _graph_bytes(gen.root, man, man.draft)},
         "proposer": proposer, "ngram_sizes": list(man.speculation.ngram_sizes), "gammas": list(gammas),
+        "hybrid_retrieval": getattr(gen, "hybrid_retrieval", "lookup"), "sequential": sequential,
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
         "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
         "threads": threads, "machine": {"platform": platform.platform(), "processor": platform.processor(),
@@ -331,6 +357,12 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
                 "alpha": d_acc.alpha, "tokens_per_target_call": d_acc.tokens_per_target_call,
                 "mean_accepted_per_round": d_acc.mean_accepted_per_round, "per_position": d_acc.per_position,
             }
+            if sequential:  # learning across requests: the first and the last third of the sequence
+                third = max(1, len(ids) // 3)
+                for name, part in (("first_third", ids[:third]), ("last_third", ids[-third:])):
+                    p_on = [r for i in part for r in on_by_prompt[i]]
+                    p_off_tps = tps([r for i in part for r in off_by_prompt[i]])
+                    by_domain[d][f"{name}_speedup"] = tps(p_on) / p_off_tps if p_off_tps > 0 else 0.0
         by_prompt = {}
         for p in prompts:
             p_on, p_off = on_by_prompt[p.id], off_by_prompt[p.id]

@@ -54,6 +54,7 @@ class RunRecord:
     draft_calls: dict[int, list]
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
 
     @property
     def label(self) -> str:
@@ -97,6 +98,7 @@ class RunRecord:
             "tokens_per_second": self.tokens_per_second, "rounds": self.rounds,
             "plain_steps": self.plain_steps, "drafted": self.drafted, "accepted": self.accepted,
             "corrections": self.corrections, "bonus": self.bonus, "lookup_rounds": self.lookup_rounds,
+            "by_source": self.by_source,
         }
 
 
@@ -128,6 +130,9 @@ class Acceptance:
     per_position_conditional: list[float | None]  # P(accept i | accepted 0..i-1, i drafted)
     accepted_histogram: list[int]  # rounds that accepted n tokens, n = 0, 1, ...
     lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest: draft model)
+    # per proposal source (draft, eagle, lookup, suffix-request, suffix-store): rounds, drafted,
+    # accepted, acceptance rate and tokens per round (accepted + the target's own token)
+    by_source: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass
@@ -190,6 +195,8 @@ class BenchReport:
             prop = f"draft model {d['precision']}, {d['bytes'] / 1e6:.1f} MB ({d['source']})"
         else:
             prop = f"{m['proposer']} (prompt lookup, n-gram sizes {m.get('ngram_sizes')})" if m["proposer"] == "ngram" else m["proposer"]
+            if m["proposer"] == "hybrid" and m.get("hybrid_retrieval", "lookup") != "lookup":
+                prop += f" (retrieval: {m['hybrid_retrieval']} then lookup)"
         lines.append(f"  proposer    {prop}")
         lines.append(f"  gamma       {', '.join(gamma_label(g) for g in m['gammas'])}")
         s = m["sampling"]
@@ -219,8 +226,14 @@ class BenchReport:
                 + (f", {a.lookup_rounds} by lookup" if a.lookup_rounds else "")
                 + f"); by position {pos or 'n/a'}"
             )
+            if len(a.by_source) > 1:
+                src = ", ".join(f"{s} {v['rounds']} rounds acc {_f(v['acceptance_rate'])} {v['tokens_per_round']:.2f} tok/round"
+                                for s, v in a.by_source.items())
+                lines.append(" " * 14 + f"by source: {src}")
             if c.by_domain:
                 dom = ", ".join(f"{d} {v['speedup']:.2f}x acc {_f(v['acceptance_rate'])} eff {_f(v['efficiency'], '.0%')}"
+                                + (f" (first third {v['first_third_speedup']:.2f}x, last third {v['last_third_speedup']:.2f}x)"
+                                   if "first_third_speedup" in v else "")
                                 for d, v in c.by_domain.items())
                 lines.append(" " * 14 + f"by domain: {dom}")
             lines.append(" " * 14 + f"draft overhead: {c.draft_time_share:.0%} of on time")

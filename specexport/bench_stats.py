@@ -129,8 +129,19 @@ def acceptance(runs: Sequence[RunRecord]) -> Acceptance:
         mean_accepted_per_round=accepted / rounds if rounds else None,
         tokens_per_target_call=(accepted + calls) / calls if calls else 0.0,
         per_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)], per_position_conditional=cond,
-        accepted_histogram=hist, lookup_rounds=sum(r.lookup_rounds for r in runs),
+        accepted_histogram=hist, lookup_rounds=sum(r.lookup_rounds for r in runs), by_source=source_totals(runs),
     )
+
+
+def source_totals(runs: Sequence[RunRecord]) -> dict[str, dict]:
+    """Rounds, drafted, accepted, acceptance rate and tokens per round of each proposal source."""
+    totals: dict[str, list[int]] = {}
+    for r in runs:
+        for source, (rounds, drafted, accepted) in r.by_source.items():
+            t = totals.setdefault(source, [0, 0, 0])
+            t[0], t[1], t[2] = t[0] + rounds, t[1] + drafted, t[2] + accepted
+    return {s: {"rounds": n, "drafted": d, "accepted": a, "acceptance_rate": a / d if d else None,
+                "tokens_per_round": (a + n) / n if n else 0.0} for s, (n, d, a) in sorted(totals.items())}
 
 
 def conditional_acceptance(sizes: Sequence[tuple[int, int]], width: int) -> list[float | None]:

@@ -20,11 +20,19 @@ from typing import Any, Callable
 import torch
 
 from specexport_runtime import contract
-from specexport_runtime.manifest import Manifest, ModelEntry, SpeculationDefaults, TokenizerEntry, write_manifest
+from specexport_runtime.manifest import (
+    Manifest,
+    ModelEntry,
+    RetrievalEntry,
+    SpeculationDefaults,
+    TokenizerEntry,
+    write_manifest,
+)
 
 from . import __version__
 from .errors import BuildError
 from .build_eagle import export_head, load_head
+from .datastore import SUFFIX_ARRAY_NAME, TOKENS_NAME, build_datastore, corpus_files
 from .export import ExportResult, export_graph
 from .fused import build_fused
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
@@ -340,6 +348,11 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     if isinstance(template, str) and template:
         (root / "chat_template.jinja").write_text(template, encoding="utf-8")
     (root / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2), encoding="utf-8")
+    retrieval = None
+    if recipe.retrieval is not None:
+        progress("datastore")
+        retrieval = _datastore(recipe, root)
+        stage("datastore")
     manifest = Manifest(
         name=recipe.name,
         max_context=recipe.max_context,
@@ -361,6 +374,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         generation={"pad_draft_rows": pad_rows, "max_gamma": recipe.speculation.max_gamma,
                     "adaptive": recipe.speculation.adaptive, "model_defaults": _sampling_defaults(reference)},
         tools=_tool_versions(),
+        retrieval=retrieval,
         contract_version=_declared_version(target_entry, draft_entry),
     )
     write_manifest(root, manifest)
@@ -368,6 +382,18 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
     validation = {"target": t_val, **({"draft": draft_entry.validation} if draft_entry else {})}
     return BuildReport(root, manifest, seconds, sizes, validation)
+
+
+def _datastore(recipe: Recipe, root: Path) -> RetrievalEntry:
+    """Tokenize recipe.retrieval.corpus with the artifact's own tokenizer (tokenizer.json, as the
+    runtime will) into retrieval/*.npy."""
+    from tokenizers import Tokenizer
+
+    spec = recipe.retrieval
+    files = corpus_files(spec.corpus, Path.cwd())
+    info = build_datastore(files, Tokenizer.from_file(str(root / "tokenizer.json")), spec.max_tokens, root)
+    return RetrievalEntry(tokens=TOKENS_NAME, suffix_array=SUFFIX_ARRAY_NAME, token_count=info.tokens,
+                          info={**info.to_dict(), "corpus": list(spec.corpus), "max_tokens": spec.max_tokens})
 
 
 def _declared_version(*entries: ModelEntry | None) -> str:

@@ -134,6 +134,10 @@ def _lines(summary: dict) -> list[str]:
                 f"{m['head_dim']}, vocab {m['vocab_size']} / rows {m['embedding_rows']}, {m['bytes'] / 1e6:.1f} MB"
             )
     lines.append(f"  speculation: proposer {summary['proposer']}, gamma {summary['gamma']}")
+    if summary.get("retrieval"):
+        r = summary["retrieval"]
+        lines.append(f"  datastore: {r['token_count']:,} tokens from {r['documents']} documents ({', '.join(r['corpus'] or [])}),"
+                     f" {r['bytes'] / 1e6:.1f} MB (suffix proposer)")
     lines.append(f"  files: {summary['files']} ({summary['bytes'] / 1e6:.1f} MB), checksums {summary['checksums']}")
     return lines
 
@@ -203,7 +207,9 @@ class _TrainBar:
 @click.option("--data", "data", multiple=True, required=True,
               help="Training text, repeatable: a file or folder (recursive *.py *.md *.txt *.rst), 'stdlib' (the Python "
                    "standard library's sources), 'site-docs' (Markdown / reST and package descriptions in site-packages) "
-                   "or 'calibration' (the calibration prompts not held out, with the target's own greedy answers).")
+                   "'calibration' (the calibration prompts not held out, with the target's own greedy answers) or 'instructions' "
+                   "(chat requests synthesized from local stdlib functions and docs in the benchmark's five domains, with the "
+                   "target's own greedy answers; docs/training.md).")
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path),
               help="Folder to write: the head in the published EAGLE-3 format, training.json and checkpoint/ (replaced atomically).")
 @click.option("--steps", type=int, default=None, help="Optimizer steps in all, counting those of a resumed checkpoint [default: 1 epoch].")
@@ -233,6 +239,10 @@ class _TrainBar:
 @click.option("--max-file-kb", type=int, default=None, help="Larger files are skipped [default: 512].")
 @click.option("--answer-tokens", type=int, default=None,
               help="Greedy tokens the target answers per calibration prompt (generated once, cached) [default: 64].")
+@click.option("--instructions", type=int, default=None, help="Requests synthesized for --data instructions [default: 1000].")
+@click.option("--instruction-tokens", type=int, default=None,
+              help="Greedy tokens the target answers per synthesized request (generated once, cached) [default: 160].")
+@click.option("--answer-batch", type=int, default=None, help="Synthesized requests answered per batched generate call [default: 16].")
 @click.option("--holdout-prompts", multiple=True, default=None,
               help="The benchmark's prompt sets (as bench --prompts), never trained on; repeatable [default: all].")
 @click.option("--holdout-limit", type=int, default=None,

@@ -64,10 +64,18 @@ class _Progress:
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--prompts", "prompt_specs", multiple=True, default=("all",), show_default=True,
-              help="Prompt set: a domain (" + ", ".join(DOMAINS) + "), 'all', or a JSONL file; repeatable or comma-separated.")
+              help="Prompt set: a domain (" + ", ".join(DOMAINS) + "), 'all', or a prompt file: JSONL (messages, prompt"
+                   " or text per line) or plain text (one prompt per line); repeatable or comma-separated.")
 @click.option("--proposer", type=click.Choice(SPECULATIVE_PROPOSERS), default=None,
-              help="Draft model, n-gram prompt lookup, or hybrid (lookup when the text repeats, else the draft"
-                   " model); default: the artifact's.")
+              help="Draft model, n-gram prompt lookup, hybrid (lookup when the text repeats, else the draft"
+                   " model), eagle (an EAGLE-3 head) or suffix (suffix matches in the request and in earlier answers;"
+                   " its store of answers is emptied before every run); default: the artifact's.")
+@click.option("--hybrid-retrieval", type=click.Choice(["lookup", "suffix"]), default="lookup", show_default=True,
+              help="What hybrid retrieves with besides its draft: n-gram prompt lookup, or suffix drafts (request"
+                   " and earlier answers) where they score, then lookup.")
+@click.option("--sequential", is_flag=True,
+              help="Run each domain's prompts in order as one session: the suffix proposer keeps earlier answers"
+                   " from prompt to prompt (learning across requests); reports the first and last third's speedup.")
 @click.option("--gamma", "gamma_text", default="adaptive", show_default=True,
               help="Draft lengths to compare with speculation off: a comma list such as 2,4,8, and/or 'adaptive'.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
@@ -87,7 +95,9 @@ class _Progress:
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Write PNG plots into this folder (needs matplotlib: pip install 'specexport[plot]').")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, gamma_text: str, temperature: float,
+def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, hybrid_retrieval: str, sequential: bool,
+          gamma_text: str,
+          temperature: float,
           top_p: float, top_k: int, seed: int, repeats: int, max_new_tokens: int | None, limit: int | None,
           threads: int | None, json_out: Path | None, md_out: Path | None, plot_dir: Path | None, quiet: bool) -> None:
     """Benchmark ARTIFACT with speculation off versus on over prompt sets.
@@ -112,7 +122,7 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, g
     try:
         report = run_bench(artifact, prompts, proposer=proposer, gammas=gammas, temperature=temperature, top_p=top_p,
                            top_k=top_k, seed=seed, repeats=repeats, max_new_tokens=max_new_tokens, threads=threads, shared_pool=True,
-                           progress=bar)
+                           progress=bar, hybrid_retrieval=hybrid_retrieval, sequential=sequential)
     except BenchError as exc:
         raise click.UsageError(str(exc)) from None
     finally:

@@ -34,4 +34,9 @@ def summarize(root: Path, verify: bool = True) -> dict:
         data["bytes"] = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
         data["kv_cache_bytes"] = entry.graph_spec().kv_bytes(manifest.max_context)
         summary[role] = data
+    if manifest.retrieval is not None:
+        r = manifest.retrieval
+        summary["retrieval"] = {"token_count": r.token_count, "documents": r.info.get("documents"),
+                                "corpus": r.info.get("corpus"),
+                                "bytes": sum((root / f).stat().st_size for f in (r.tokens, r.suffix_array))}
     return summary

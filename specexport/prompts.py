@@ -1,33 +1,46 @@
-"""Calibration and benchmark prompt sets: one JSONL file per domain under calibration/.
+"""Calibration and benchmark prompt sets: the shipped sets (one JSONL file per domain under
+calibration/) and the prompt files users already have.
 
-Each line is one prompt:
+A JSONL file (.jsonl, .json or .ndjson) holds one JSON object per line:
 
     {"id": "code-001", "domain": "code",
      "messages": [{"role": "user", "content": "..."}], "max_new_tokens": 128}
 
-with "text" (a raw completion prompt, no chat template) instead of "messages" allowed.
+The prompt is exactly one of "messages" (the OpenAI chat shape: a list of {role, content}),
+"prompt" or "text" (a raw completion prompt, no chat template). Everything else is
+optional: "id" defaults to "<stem>-<line>", "domain" to the set's domain (calibration sets)
+or the file's stem, "max_new_tokens" to the caller's default (DEFAULT_MAX_NEW_TOKENS when it
+gives none). Any other file is plain text: one raw prompt per non-empty line, stripped.
 load_prompts() validates every line and raises PromptSetError naming the file, the line
 and the bad field. Pure stdlib (plus the runtime's error base), so the benchmark and the
-calibration code can load prompts without importing torch. See calibration/README.md.
+calibration code can load prompts without importing torch. See calibration/README.md and
+docs/benchmarking.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from specexport_runtime.errors import SpecExportError
 
-DOMAINS: tuple[str, ...] = ("code", "chat", "structured", "copy_edit", "creative")
+DOMAINS: tuple[str, ...] = ("code", "chat", "structured", "copy_edit", "creative", "agentic", "rag")
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibration"
 ROLES = ("system", "user", "assistant")
 MAX_NEW_TOKENS_RANGE = (1, 4096)
+# max_new_tokens of a prompt whose line gives none when the caller passes no default.
+# (bench --max-new-tokens, when given, overrides every prompt's value anyway.)
+DEFAULT_MAX_NEW_TOKENS = 128
+# suffixes (lower-cased) of files read as JSONL; any other file is plain text
+JSONL_SUFFIXES = frozenset((".jsonl", ".json", ".ndjson"))
 
-_REQUIRED = ("id", "domain", "max_new_tokens")
-_ALLOWED = frozenset(_REQUIRED + ("messages", "text"))
+_PROMPT_KEYS = ("messages", "prompt", "text")  # exactly one per line
+_ALLOWED = frozenset(("id", "domain", "max_new_tokens") + _PROMPT_KEYS)
 _MESSAGE_KEYS = frozenset(("role", "content"))
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what editors count as lines (not str.splitlines)
 
 
 class PromptSetError(SpecExportError, ValueError):
@@ -79,7 +92,7 @@ def resolve(spec: str | os.PathLike[str]) -> list[tuple[Path, str | None]]:
     """The files a spec names, each with the domain its lines must have (None: any).
 
     spec: a domain name (calibration/<domain>.jsonl), "all" (every domain, in DOMAINS
-    order) or the path of a JSONL file.
+    order) or the path of a prompt file (JSONL, or plain text with one prompt per line).
     """
     if isinstance(spec, str) and spec == "all":
         return [(CALIBRATION_DIR / f"{d}.jsonl", d) for d in DOMAINS]
@@ -88,23 +101,48 @@ def resolve(spec: str | os.PathLike[str]) -> list[tuple[Path, str | None]]:
     path = Path(spec)
     if not path.is_file():
         raise PromptSetError(
-            f"not a domain name ({', '.join(DOMAINS)}), 'all' or an existing JSONL file",
-            path=path)
+            f"not a domain name ({', '.join(DOMAINS)}), 'all' or an existing prompt file"
+            " (JSONL or text)", path=path)
     return [(path, None)]
 
 
-def load_prompts(spec: str | os.PathLike[str]) -> list[Prompt]:
+def load_prompts(spec: str | os.PathLike[str], *,
+                 max_new_tokens: int | None = None) -> list[Prompt]:
     """Load and validate the prompts spec names (see resolve()); ids are unique across
-    everything loaded in one call."""
+    everything loaded in one call. max_new_tokens: the value of prompts whose line gives
+    none (None: DEFAULT_MAX_NEW_TOKENS); lines that give one keep theirs."""
+    default_mnt = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    lo, hi = MAX_NEW_TOKENS_RANGE
+    if isinstance(default_mnt, bool) or not isinstance(default_mnt, int) or not lo <= default_mnt <= hi:
+        raise PromptSetError(f"default must be an integer in {lo}..{hi}, got {_show(default_mnt)}",
+                             field="max_new_tokens")
     prompts: list[Prompt] = []
     seen: dict[str, tuple[Path, int]] = {}
     for path, domain in resolve(spec):
-        prompts.extend(_load_file(path, domain, seen))
+        prompts.extend(_load_file(path, domain, seen, default_mnt))
     return prompts
 
 
+def file_label(path: Path | str) -> str:
+    """The file's stem as a label for default ids and domains: lower case, every run of
+    characters other than a-z, 0-9 and _ replaced by one _ ("My prompts.v2" -> "my_prompts_v2";
+    "prompts" when nothing is left)."""
+    return re.sub(r"[^a-z0-9_]+", "_", Path(path).stem.lower()).strip("_") or "prompts"
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.suffix.lower() in JSONL_SUFFIXES
+
+
+def _show(value, limit: int = 60) -> str:
+    """repr() cut to one short line for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _load_file(path: Path, expected_domain: str | None,
-               seen: dict[str, tuple[Path, int]]) -> list[Prompt]:
+               seen: dict[str, tuple[Path, int]],
+               default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> list[Prompt]:
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -114,11 +152,19 @@ def _load_file(path: Path, expected_domain: str | None,
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise PromptSetError(f"not valid UTF-8 ({e.reason})", path=path, line=line) from e
+    content = content.removeprefix("\ufeff")  # a byte order mark some editors write
+    label = file_label(path)
+    defaults = _Defaults(label, expected_domain or label, default_max_new_tokens)
+    jsonl = _is_jsonl(path)
     out = []
-    for lineno, line in enumerate(content.splitlines(), 1):
+    for lineno, line in enumerate(_LINE_BREAK.split(content), 1):
         if not line.strip():
             continue
-        prompt = _parse_line(line, path, lineno, expected_domain)
+        if jsonl:
+            prompt = _parse_line(line, path, lineno, expected_domain, defaults)
+        else:
+            prompt = Prompt(id=f"{label}-{lineno}", domain=defaults.domain, messages=None,
+                            text=line.strip(), max_new_tokens=default_max_new_tokens)
         if prompt.id in seen:
             first_path, first_line = seen[prompt.id]
             raise PromptSetError(
@@ -131,7 +177,21 @@ def _load_file(path: Path, expected_domain: str | None,
     return out
 
 
-def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None) -> Prompt:
+@dataclass(frozen=True)
+class _Defaults:
+    """What a JSONL line that omits a field gets: id "<id_prefix>-<line>", domain, max_new_tokens."""
+
+    id_prefix: str
+    domain: str
+    max_new_tokens: int
+
+
+def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None,
+                defaults: _Defaults | None = None) -> Prompt:
+    if defaults is None:
+        label = file_label(path)
+        defaults = _Defaults(label, expected_domain or label, DEFAULT_MAX_NEW_TOKENS)
+
     def fail(message: str, field: str | None = None) -> PromptSetError:
         return PromptSetError(message, path=path, line=lineno, field=field)
 
@@ -144,47 +204,57 @@ def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None)
     unknown = sorted(set(obj) - _ALLOWED)
     if unknown:
         raise fail(f"unknown key (allowed: {', '.join(sorted(_ALLOWED))})", unknown[0])
-    for key in _REQUIRED:
-        if key not in obj:
-            raise fail("missing", key)
-    if ("messages" in obj) == ("text" in obj):
-        raise fail("exactly one of 'messages' and 'text' is required",
-                   "text" if "text" in obj else "messages")
+    given = [k for k in _PROMPT_KEYS if k in obj]
+    if len(given) != 1:
+        found = ", ".join(obj) or "none"
+        raise fail(f"exactly one of 'messages', 'prompt' and 'text' is required (keys found: {found})",
+                   given[-1] if given else "messages")
 
-    pid = obj["id"]
-    if not isinstance(pid, str) or not pid or pid != pid.strip() or any(c.isspace() for c in pid):
-        raise fail(f"must be a non-empty string without whitespace, got {pid!r}", "id")
+    if "id" in obj:
+        pid = obj["id"]
+        if not isinstance(pid, str) or not pid or any(c.isspace() for c in pid):
+            raise fail(f"must be a non-empty string without whitespace, got {_show(pid)}", "id")
+    else:
+        pid = f"{defaults.id_prefix}-{lineno}"
 
-    domain = obj["domain"]
-    if domain not in DOMAINS:
-        raise fail(f"must be one of {', '.join(DOMAINS)}, got {domain!r}", "domain")
-    if expected_domain is not None and domain != expected_domain:
-        raise fail(f"is {domain!r} in the {expected_domain!r} prompt set", "domain")
+    if "domain" in obj:
+        domain = obj["domain"]
+        if domain not in DOMAINS:
+            raise fail(f"must be one of {', '.join(DOMAINS)}, got {_show(domain)}", "domain")
+        if expected_domain is not None and domain != expected_domain:
+            raise fail(f"is {domain!r} in the {expected_domain!r} prompt set", "domain")
+    else:
+        domain = defaults.domain
 
-    mnt = obj["max_new_tokens"]
     lo, hi = MAX_NEW_TOKENS_RANGE
-    if isinstance(mnt, bool) or not isinstance(mnt, int) or not lo <= mnt <= hi:
-        raise fail(f"must be an integer in {lo}..{hi}, got {mnt!r}", "max_new_tokens")
+    if "max_new_tokens" in obj:
+        mnt = obj["max_new_tokens"]
+        if isinstance(mnt, bool) or not isinstance(mnt, int) or not lo <= mnt <= hi:
+            raise fail(f"must be an integer in {lo}..{hi}, got {_show(mnt)}", "max_new_tokens")
+    else:
+        mnt = defaults.max_new_tokens
 
     messages = None
     text = None
-    if "text" in obj:
-        text = obj["text"]
-        if not isinstance(text, str) or not text.strip():
-            raise fail("must be a non-empty string", "text")
-    else:
+    key = given[0]
+    if key == "messages":
         messages = _parse_messages(obj["messages"], fail)
+    else:
+        text = obj[key]
+        if not isinstance(text, str) or not text.strip():
+            raise fail(f"must be a non-empty string, got {_show(text)}", key)
     return Prompt(id=pid, domain=domain, messages=messages, text=text, max_new_tokens=mnt)
 
 
 def _parse_messages(value, fail) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise fail("must be a non-empty list of {role, content} objects", "messages")
+        raise fail(f"must be a non-empty list of {{role, content}} objects, got {_show(value)}",
+                   "messages")
     out = []
     for i, msg in enumerate(value):
         field = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise fail(f"must be an object, got {type(msg).__name__}", field)
+            raise fail(f"must be a {{role, content}} object, got {type(msg).__name__}", field)
         extra = sorted(set(msg) - _MESSAGE_KEYS)
         if extra:
             raise fail("unknown key (allowed: content, role)", f"{field}.{extra[0]}")
@@ -193,9 +263,9 @@ def _parse_messages(value, fail) -> tuple[tuple[str, str], ...]:
                 raise fail("missing", f"{field}.{key}")
         role, content = msg["role"], msg["content"]
         if role not in ROLES:
-            raise fail(f"must be one of {', '.join(ROLES)}, got {role!r}", f"{field}.role")
+            raise fail(f"must be one of {', '.join(ROLES)}, got {_show(role)}", f"{field}.role")
         if not isinstance(content, str) or not content.strip():
-            raise fail("must be a non-empty string", f"{field}.content")
+            raise fail(f"must be a non-empty string, got {_show(content)}", f"{field}.content")
         out.append((role, content))
     if out[-1][0] != "user":
         raise fail("the last message must have role 'user'", f"messages[{len(out) - 1}].role")

@@ -98,9 +98,13 @@ _TOP_KEYS = (
     "draft",
     "speculation",
     "validation",
+    "retrieval",
     "notes",
     "tested_here",
 )
+_RETRIEVAL_KEYS = ("corpus", "max_tokens")
+DEFAULT_RETRIEVAL_TOKENS = 10_000_000
+MAX_RETRIEVAL_TOKENS = 1 << 31
 _TOP_REQUIRED = ("name", "max_context", "target", "draft")
 _MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code")
 _TARGET_KEYS = _MODEL_KEYS + ("quantization", "exactness")
@@ -109,7 +113,8 @@ QUANTIZED_DTYPES = ("fp32", "fp16")
 _SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer")
 _VALIDATION_KEYS = ("enabled", "prompt")
 _FROM_TARGET_KEYS = ("precision", "block_size")
-_EAGLE3_KEYS = ("model", "layers", "revision", "allow_pickle")
+_EAGLE3_KEYS = ("model", "layers", "precision", "revision", "allow_pickle")
+EAGLE3_PRECISIONS = ("fp32", "fp16", "int8")  # eagle_graph.HEAD_PRECISIONS
 # draft forms: kind -> (the key that selects the form, the keys allowed with it)
 _DRAFT_FORMS = {
     "model": ("model", _MODEL_KEYS),
@@ -234,7 +239,7 @@ class DraftSpec:
                 inner["block_size"] = self.block_size
             return {"from_target": inner}
         if self.kind == "eagle3":
-            return {"eagle3": {"model": self.model.model, "revision": self.model.revision,
+            return {"eagle3": {"model": self.model.model, "revision": self.model.revision, "precision": self.precision,
                                "layers": "auto" if self.layers is None else list(self.layers),
                                "allow_pickle": self.allow_pickle}}
         return {"proposer": "ngram", "ngram_sizes": list(self.ngram_sizes)}
@@ -261,6 +266,18 @@ class ValidationSpec:
 
 
 @dataclass(frozen=True)
+class RetrievalSpec:
+    """A corpus datastore built into the artifact (specexport/datastore.py): files, folders or
+    globs (relative to the working directory), at most max_tokens tokens."""
+
+    corpus: tuple[str, ...]
+    max_tokens: int = DEFAULT_RETRIEVAL_TOKENS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"corpus": list(self.corpus), "max_tokens": self.max_tokens}
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     max_context: int
@@ -269,6 +286,7 @@ class Recipe:
     speculation: SpeculationSpec = SpeculationSpec()
     validation: ValidationSpec = ValidationSpec()
     graph: str = DEFAULT_GRAPH  # GRAPH_KINDS, for target and draft alike
+    retrieval: RetrievalSpec | None = None
     description: str | None = None
     notes: str | None = None
     tested_here: bool = False
@@ -292,6 +310,7 @@ class Recipe:
             "draft": self.draft.to_dict(),
             "speculation": self.speculation.to_dict(),
             "validation": self.validation.to_dict(),
+            "retrieval": None if self.retrieval is None else self.retrieval.to_dict(),
             "notes": self.notes,
             "tested_here": self.tested_here,
         }
@@ -568,7 +587,8 @@ class _Reader:
         else:
             layers = None
         spec = ModelSpec(model=model, revision=self.string(data, "revision", path, default=None))
-        return DraftSpec(kind="eagle3", precision="fp32", model=spec, layers=layers,
+        precision = self.string(data, "precision", path, default="fp32", choices=EAGLE3_PRECISIONS)
+        return DraftSpec(kind="eagle3", precision=precision, model=spec, layers=layers,
                          allow_pickle=self.boolean(data, "allow_pickle", path, default=False))
 
     def speculation(self, value: Any) -> SpeculationSpec:
@@ -630,11 +650,27 @@ class _Reader:
             speculation=speculation,
             validation=self.validation(data.get("validation")),
             graph=graph,
+            retrieval=self.retrieval(data.get("retrieval")),
             description=self.string(data, "description", "", default=None),
             notes=self.string(data, "notes", "", default=None),
             tested_here=self.boolean(data, "tested_here", "", default=False),
             source=self.source,
         )
+
+
+    def retrieval(self, value: Any) -> RetrievalSpec | None:
+        if value is None:
+            return None
+        data = self.mapping(value, "retrieval")
+        self.check_keys(data, "retrieval", _RETRIEVAL_KEYS)
+        corpus = self.require(data, "corpus", "retrieval", "a list of files, folders or globs")
+        if isinstance(corpus, str):
+            corpus = [corpus]
+        if not isinstance(corpus, list) or not corpus or any(not isinstance(c, str) or not c.strip() for c in corpus):
+            raise self.fail(f"retrieval.corpus = {corpus!r} is not allowed; expected a non-empty list of paths or globs")
+        max_tokens = self.integer(data, "max_tokens", "retrieval", lo=16, hi=MAX_RETRIEVAL_TOKENS,
+                                  default=DEFAULT_RETRIEVAL_TOKENS)
+        return RetrievalSpec(tuple(corpus), max_tokens)
 
 
 # --------------------------------------------------------------------------- YAML

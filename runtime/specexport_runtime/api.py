@@ -17,9 +17,12 @@ from .eagle import EagleProposer
 from .manifest import DRAFT_MODEL_PROPOSERS, HEAD_PROPOSERS, PROPOSERS, Manifest, read_manifest, verify_files
 from .proposers import DraftModelProposer, HybridProposer, NgramLookupProposer, NoProposer, Proposer
 from .sampling import SamplingParams
+from .datastore import Datastore
+from .suffix import SuffixConfig, SuffixProposer, SuffixStore
 from .tokenizer import TextCodec
 
 Prompt = str | bytes | Sequence[int]
+HYBRID_RETRIEVALS = ("lookup", "suffix")  # SpecGenerator.hybrid_retrieval
 CALIBRATION_NAME = "calibration.json"
 
 
@@ -48,6 +51,15 @@ class SpecGenerator:
         self.controller_options: dict[str, Any] = {}
         self.last_stats: GenerationStats | None = None
         self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
+        # the suffix proposer's settings and its store of past responses (accepted output of the
+        # requests that finished), kept between calls: later requests draft from earlier answers
+        self.suffix_config = SuffixConfig()
+        self.suffix_store = SuffixStore(self.suffix_config.global_tokens)
+        # what `hybrid` retrieves with besides its draft: "lookup" (n-gram prompt lookup) or
+        # "suffix" (suffix drafts from the request and earlier answers, then lookup)
+        self.hybrid_retrieval = "lookup"
+        self.use_datastore = True  # the suffix proposer also drafts from the artifact's corpus datastore, if any
+        self._datastore: Datastore | None = None
 
     # --- proposers ----------------------------------------------------------------------
     @property
@@ -82,10 +94,31 @@ class SpecGenerator:
                 draft = DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
             if name in ("draft", "eagle"):
                 return draft
-            return HybridProposer(draft, self._lookup())
+            if self.hybrid_retrieval not in HYBRID_RETRIEVALS:
+                raise InvalidArgument(f"hybrid_retrieval must be one of {', '.join(HYBRID_RETRIEVALS)}, got {self.hybrid_retrieval!r}")
+            suffix = self._suffix() if self.hybrid_retrieval == "suffix" else None
+            return HybridProposer(draft, self._lookup(), suffix=suffix)
         if name == "ngram":
             return self._lookup()
+        if name == "suffix":
+            return self._suffix()
         return NoProposer()
+
+    def _suffix(self) -> SuffixProposer:
+        return SuffixProposer(self.suffix_store, self.suffix_config, self.manifest.max_context,
+                              self.datastore if self.use_datastore else None)
+
+    @property
+    def datastore(self) -> Datastore | None:
+        """The artifact's corpus datastore (manifest retrieval), memory-mapped on first use."""
+        entry = self.manifest.retrieval
+        if entry is not None and self._datastore is None:
+            self._datastore = Datastore.open(self.root / entry.tokens, self.root / entry.suffix_array)
+        return self._datastore
+
+    def forget_history(self) -> None:
+        """Empty the suffix proposer's store of past responses (e.g. between unrelated benchmark runs)."""
+        self.suffix_store = SuffixStore(self.suffix_config.global_tokens)
 
     def _vocab_map(self) -> np.ndarray:
         """The head's draft row -> target id map (manifest draft.vocab_map), read once."""
@@ -153,12 +186,19 @@ class SpecGenerator:
         stats = GenerationStats()
         self.last_stats = stats
         loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)
-        yield from run_generation(loop, self.codec, prompt_ids, options, self.eos, self.manifest.max_context)
+        output: list[int] = []
+        for event in run_generation(loop, self.codec, prompt_ids, options, self.eos, self.manifest.max_context):
+            output += event[0]
+            yield event
+        finish = getattr(prop, "finish", None)  # optional: proposers that learn across requests
+        if finish is not None:  # reached only when the generation ran to its end (not an abandoned stream)
+            finish(output)
 
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
         max_new_tokens, temperature, top_k, top_p, seed, gamma (None = adaptive), proposer
-        ('draft' | 'ngram' | 'hybrid' (lookup when the text repeats, else the draft) | 'none'), stop (strings), speculative, domain (calibration profile),
+        ('draft' | 'ngram' | 'hybrid' (lookup when the text repeats, else the draft) | 'eagle' | 'suffix' (suffix
+        matches in this request and in earlier answers) | 'none'), stop (strings), speculative, domain (calibration profile),
         min_draft_prob (stop a draft round when the draft's top probability falls below it)."""
         return self._collect(self._prompt_ids(prompt), kwargs)
 

@@ -82,7 +82,7 @@ class EagleProposer:
                 break
             logits = self.head.forward([token], hidden=self.head.hidden_out.copy())  # [1, V_draft]
         catchup = time.perf_counter() - start if rows > 2 else 0.0  # a backlog (the prompt) is timed apart
-        return Proposal(tokens, np.stack(qs) if qs else None, catchup_seconds=catchup)
+        return Proposal(tokens, np.stack(qs) if qs else None, catchup_seconds=catchup, source="eagle")
 
     def commit(self, committed, n_new) -> None:
         """Keep the features the target's last call computed for positions now committed, and

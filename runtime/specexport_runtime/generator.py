@@ -56,6 +56,7 @@ class GenerationStats:
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     round_sizes: list[tuple[int, int]] = field(default_factory=list)  # (drafted k, accepted n) per round
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # proposal source -> [rounds, drafted, accepted]
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0  # verify and plain steps, prefill excluded
@@ -171,6 +172,8 @@ class SpeculativeLoop:
         self.stats.target_seconds += t2 - t1
         self.stats.record_round(k, n)
         self.stats.lookup_rounds += proposal.lookup
+        per = self.stats.by_source.setdefault(proposal.source or self.proposer.name, [0, 0, 0])
+        per[0], per[1], per[2] = per[0] + 1, per[1] + k, per[2] + n
         if self.controller is not None and not proposal.lookup:
             self.controller.record_round(k, n, t1 - t0 - proposal.catchup_seconds, t2 - t1)
         return draft[:n] + [token]

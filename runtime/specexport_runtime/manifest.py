@@ -35,8 +35,8 @@ from .errors import ArtifactError, ChecksumError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "none")  # speculation.proposer values ("none": target only)
-SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid", "eagle")  # what --proposer accepts
+PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix", "none")  # speculation.proposer values ("none": target only)
+SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix")  # what --proposer accepts
 DRAFT_MODEL_PROPOSERS = ("draft", "hybrid", "eagle")  # run the artifact's draft graph (a model, or an EAGLE-3 head)
 HEAD_PROPOSERS = ("eagle",)  # need a draft head (kind eagle3_head); "draft" needs a draft model
 DEFAULT_MAX_GAMMA = 8  # longest draft when the manifest's generation section names none
@@ -133,6 +133,17 @@ class TokenizerEntry:
 
 
 @dataclass(frozen=True)
+class RetrievalEntry:
+    """A corpus datastore (specexport_runtime/datastore.py): files relative to the root. Older
+    1.x runtimes ignore the section (they only lose the datastore drafts, never exactness)."""
+
+    tokens: str  # int32 [N] .npy, documents separated by -1
+    suffix_array: str  # [N] .npy, the suffix array of the reversed tokens
+    token_count: int
+    info: dict[str, Any] = field(default_factory=dict)  # what the build read (files, documents, seconds)
+
+
+@dataclass(frozen=True)
 class SpeculationDefaults:
     proposer: str = "draft"
     gamma: int = 4
@@ -150,6 +161,7 @@ class Manifest:
     generation: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
     tools: dict[str, str] = field(default_factory=dict)
+    retrieval: RetrievalEntry | None = None
     contract_version: str = CONTRACT_VERSION
     schema_version: int = SCHEMA_VERSION
 
@@ -216,6 +228,7 @@ class Manifest:
                 generation=dict(data.get("generation", {})),
                 files=dict(data.get("files", {})),
                 tools=dict(data.get("tools", {})),
+                retrieval=RetrievalEntry(**data["retrieval"]) if data.get("retrieval") else None,
                 contract_version=contract,
                 schema_version=schema,
             )._check_layouts()

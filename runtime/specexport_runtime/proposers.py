@@ -26,6 +26,7 @@ class Proposal:
     q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
     catchup_seconds: float = 0.0  # one-off cost of feeding the draft a backlog (its prefill), not per token
     lookup: bool = False  # a hybrid round served by prompt lookup: no evidence on the draft model's acceptance or cost
+    source: str = ""  # what drafted it (stats per source): draft, eagle, lookup, suffix-request, suffix-store
 
 
 class Proposer(Protocol):
@@ -82,7 +83,7 @@ class DraftModelProposer:
                 break
             logits = self.model.forward([token])
         q = pad_vocab(np.stack(qs), self.target_rows) if qs else None
-        return Proposal(tokens, q, catchup)
+        return Proposal(tokens, q, catchup, source="draft")
 
     @staticmethod
     def _confidence(row: np.ndarray) -> float:
@@ -103,15 +104,17 @@ class NgramLookupProposer:
         self.index.reset(list(prompt))
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
-        return Proposal(self.index.propose(gamma), None)  # deterministic: q is one-hot
+        return Proposal(self.index.propose(gamma), None, source="lookup")  # deterministic: q is one-hot
 
     def commit(self, committed, n_new) -> None:
         self.index.extend(committed[len(committed) - n_new :])
 
 
 class HybridProposer:
-    """Prompt lookup when the history's last `min_match` or more tokens occurred before, the
-    draft model otherwise. A lookup proposal costs no model call and, on text that copies its
+    """Retrieval when it is likely to be accepted, the draft model otherwise. Retrieval is, in
+    order: a suffix draft (when a SuffixProposer is given) whose score (its expected accepted
+    tokens) reaches suffix.config.hybrid_min_score; prompt lookup when the history's last
+    `min_match` or more tokens occurred before. A lookup proposal costs no model call and, on text that copies its
     input, is accepted for long stretches, so it always proposes up to the lookup's own maximum
     (the room left in the context permitting) and is tried even when the gamma controller has
     turned the draft model off (gamma 0); the draft model keeps the rounds where nothing repeats,
@@ -122,9 +125,10 @@ class HybridProposer:
     name = "hybrid"
     proposes_when_off = True  # the loop asks it even when the controller chose gamma 0
 
-    def __init__(self, draft: DraftModelProposer, lookup: NgramLookupProposer, min_match: int | None = None):
+    def __init__(self, draft: DraftModelProposer, lookup: NgramLookupProposer, min_match: int | None = None,
+                 suffix=None):
         sizes = lookup.index.ngram_sizes
-        self.draft, self.lookup = draft, lookup
+        self.draft, self.lookup, self.suffix = draft, lookup, suffix  # suffix: suffix.SuffixProposer or None
         self.min_match = max(sizes) if min_match is None else min_match  # default: the longest n-gram size
         if not 1 <= self.min_match <= max(sizes):
             raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}), got {self.min_match}")
@@ -132,12 +136,18 @@ class HybridProposer:
     def start(self, prompt: Sequence[int]) -> None:
         self.draft.start(prompt)
         self.lookup.start(prompt)
+        if self.suffix is not None:
+            self.suffix.start(prompt)
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
+        if self.suffix is not None:
+            tokens, score, where = self.suffix.retrieve(committed)
+            if tokens and score >= self.suffix.config.hybrid_min_score:
+                return Proposal(tokens, None, lookup=True, source=f"suffix-{where}")
         room = self.draft.model.max_context - len(committed)  # rows left after feeding `last`
         n, tokens = self.lookup.index.match(max(0, min(self.lookup.index.max_gamma, room)))
         if n >= self.min_match:
-            return Proposal(tokens, None, lookup=True)
+            return Proposal(tokens, None, lookup=True, source="lookup")
         if gamma == 0:
             return Proposal([], None)  # the draft model is off: a plain step
         return self.draft.propose(committed, gamma, params, rng)
@@ -145,6 +155,12 @@ class HybridProposer:
     def commit(self, committed, n_new) -> None:
         self.draft.commit(committed, n_new)
         self.lookup.commit(committed, n_new)
+        if self.suffix is not None:
+            self.suffix.commit(committed, n_new)
+
+    def finish(self, output: Sequence[int]) -> None:
+        if self.suffix is not None:
+            self.suffix.finish(output)
 
 
 class NoProposer:

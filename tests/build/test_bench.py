@@ -191,6 +191,32 @@ def test_hybrid_proposer_bench(tiny_artifacts):
         run_bench(tiny_artifacts["ngram"], PROMPTS[:1], proposer="hybrid", repeats=1)
 
 
+def test_suffix_bench_sequential_learns_across_requests(tiny_artifacts):
+    """--sequential keeps the suffix store from prompt to prompt within a domain, one store per
+    configuration: the same prompt asked again later in the sequence is drafted from the earlier
+    answer (the last third's speedup measured, its acceptance high); without --sequential every
+    run starts empty, so the repeat gains nothing from the first ask. Greedy stays exact."""
+    first = Prompt(id="s-1", domain="agentic", messages=None, text="7 150 33 299 12", max_new_tokens=20)
+    other = Prompt(id="s-2", domain="agentic", messages=None, text="the quick brown fox", max_new_tokens=20)
+    again = replace(first, id="s-3")
+    prompts = [first, other, again]
+    seq = run_bench(tiny_artifacts["ngram"], prompts, proposer="suffix", gammas=[None, 3], repeats=1, sequential=True)
+    ind = run_bench(tiny_artifacts["ngram"], prompts, proposer="suffix", gammas=[None, 3], repeats=1)
+    assert seq.meta["sequential"] and not ind.meta["sequential"]
+    for report in (seq, ind):
+        for c in report.configs:
+            assert c.equivalence["share"] == 1.0
+    def accepted(report, pid):
+        return [r.accepted for r in report.runs if r.prompt_id == pid and r.mode == "on"]
+    assert all(a >= 15 for a in accepted(seq, "s-3"))  # its earlier answer, from the store
+    assert accepted(ind, "s-3") == accepted(ind, "s-1")  # nothing carried over
+    d = seq.configs[0].by_domain["agentic"]
+    assert d["last_third_speedup"] > 0 and "first_third_speedup" in d
+    assert "last third" in "\n".join(seq.summary_lines())
+    by_source = seq.configs[0].acceptance.by_source
+    assert "suffix-store" in by_source and by_source["suffix-store"]["accepted"] > 0
+
+
 def _equivalence_line(report) -> str:
     return next(line for line in report.summary_lines() if "equivalence (greedy)" in line)
 

@@ -8,9 +8,11 @@ import pytest
 
 from specexport.prompts import (
     CALIBRATION_DIR,
+    DEFAULT_MAX_NEW_TOKENS,
     DOMAINS,
     Prompt,
     PromptSetError,
+    file_label,
     load_prompts,
 )
 from specexport_runtime.errors import SpecExportError
@@ -18,6 +20,8 @@ from specexport_runtime.errors import SpecExportError
 # The target (SmolLM2-135M-Instruct) has 2048 tokens of context; prompts stay under
 # ~350 tokens. Without a tokenizer here, bound characters (~3 chars/token for code).
 MAX_PROMPT_CHARS = 1100
+# agentic conversations carry the earlier output they edit, rag prompts their document: longer
+LIMITS = {"agentic": (2400, 320), "rag": (2400, 256)}  # domain -> (max characters, max max_new_tokens)
 
 
 def _body(p: Prompt) -> str:
@@ -31,8 +35,9 @@ def test_domain_set_loads(domain):
     assert {p.domain for p in prompts} == {domain}
     for p in prompts:
         assert p.id.startswith(domain + "-"), p.id
-        assert 64 <= p.max_new_tokens <= 256, p.id
-        assert len(_body(p)) <= MAX_PROMPT_CHARS, p.id
+        chars, new = LIMITS.get(domain, (MAX_PROMPT_CHARS, 256))
+        assert 64 <= p.max_new_tokens <= new, p.id
+        assert len(_body(p)) <= chars, p.id
         if p.is_chat:
             assert p.chat()[-1]["role"] == "user"
 
@@ -98,12 +103,31 @@ BAD_CASES = {
     "bad_json": ('{"id": "chat-002", "domain": "chat",', None, "invalid JSON"),
     "not_object": ('["chat-002"]', None, "JSON object"),
     "unknown_key": (_with(id="chat-002", temperature=0.7), "temperature", "unknown key"),
-    "missing_id": (_with(id=_DROP), "id", "missing"),
-    "missing_domain": (_with(id="chat-002", domain=_DROP), "domain", "missing"),
-    "missing_max_new_tokens": (
-        _with(id="chat-002", max_new_tokens=_DROP), "max_new_tokens", "missing"),
-    "missing_messages_and_text": (_with(id="chat-002", messages=_DROP), "messages", "exactly one"),
-    "both_messages_and_text": (_with(id="chat-002", text="x"), "text", "exactly one"),
+    "missing_messages_and_text": (
+        _with(id="chat-002", messages=_DROP), "messages",
+        ("exactly one of 'messages', 'prompt' and 'text' is required"
+         " (keys found: id, domain, max_new_tokens)")),
+    "nothing_but_the_prompt_missing": ("{}", "messages", "(keys found: none)"),
+    "both_messages_and_text": (_with(id="chat-002", text="x"), "text",
+                               "keys found: id, domain, messages, max_new_tokens, text"),
+    "both_messages_and_prompt": (_with(id="chat-002", prompt="x"), "prompt", "exactly one"),
+    "both_prompt_and_text": (_with(id="chat-002", messages=_DROP, prompt="x", text="y"), "text",
+                             "exactly one"),
+    "all_three": (_with(id="chat-002", prompt="x", text="y"), "text", "exactly one"),
+    "empty_prompt": (_with(id="chat-002", messages=_DROP, prompt=" "), "prompt", "non-empty"),
+    "prompt_not_string": (_with(id="chat-002", messages=_DROP, prompt=["a", "b"]), "prompt",
+                          "must be a non-empty string, got ['a', 'b']"),
+    "messages_not_list": (_with(id="chat-002", messages="Hi?"), "messages",
+                          "non-empty list of {role, content} objects, got 'Hi?'"),
+    "message_not_object": (_with(id="chat-002", messages=["Hi?"]), "messages[0]",
+                           "must be a {role, content} object, got str"),
+    "message_missing_content": (_with(id="chat-002", messages=[{"role": "user"}]),
+                                "messages[0].content", "missing"),
+    "message_content_parts": (
+        _with(id="chat-002", messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]),
+        "messages[0].content", "non-empty string"),
+    "id_with_space": (_with(id="chat 002"), "id", "without whitespace, got 'chat 002'"),
+    "long_value_cut": (_with(id="chat-002", domain="x" * 500), "domain", "..."),
     "unknown_domain": (_with(id="chat-002", domain="poetry"), "domain", "must be one of"),
     "duplicate_id": (_with(), "id", "duplicate id 'chat-001'"),
     "max_new_tokens_zero": (_with(id="chat-002", max_new_tokens=0), "max_new_tokens", "1..4096"),
@@ -140,6 +164,7 @@ def test_bad_line_names_file_line_and_field(tmp_path, case):
     err = info.value
     assert err.path == path and err.line == 2 and err.field == field
     msg = str(err)
+    assert "\n" not in msg and len(msg) < len(str(path)) + 200, msg
     assert msg.startswith(f"{path}:2: ")
     assert fragment in msg
     if field is not None:
@@ -200,7 +225,7 @@ def test_invalid_utf8_names_line(tmp_path):
     assert info.value.line == 2
 
 
-@pytest.mark.parametrize("spec", ["poetry", "nope/missing.jsonl"])
+@pytest.mark.parametrize("spec", ["poetry", "nope/missing.jsonl", "nope/missing.txt"])
 def test_unknown_spec(spec):
     with pytest.raises(PromptSetError, match="not a domain name"):
         load_prompts(spec)
@@ -211,3 +236,179 @@ def test_prompt_needs_exactly_one_of_messages_and_text():
         Prompt("x-1", "chat", None, None, 64)
     with pytest.raises(PromptSetError):
         Prompt("x-1", "chat", (("user", "hi"),), "hi", 64)
+
+
+# ---- the shipped sets are read exactly as their lines say -------------------------------
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_shipped_sets_load_exactly_as_written(domain):
+    """Every field of every shipped prompt is the line's own value (no default fills in)."""
+    expected = []
+    for line in (CALIBRATION_DIR / f"{domain}.jsonl").read_text(encoding="utf-8").split("\n"):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        assert set(rec) in ({"id", "domain", "messages", "max_new_tokens"},
+                            {"id", "domain", "text", "max_new_tokens"}), rec.get("id")
+        msgs = (tuple((m["role"], m["content"]) for m in rec["messages"])
+                if "messages" in rec else None)
+        expected.append(Prompt(rec["id"], rec["domain"], msgs, rec.get("text"),
+                               rec["max_new_tokens"]))
+    assert load_prompts(domain) == expected
+    assert load_prompts(CALIBRATION_DIR / f"{domain}.jsonl") == expected
+    # a caller's default for missing max_new_tokens changes nothing here
+    assert load_prompts(domain, max_new_tokens=7) == expected
+
+
+# ---- the prompt files users already have ------------------------------------------------
+
+
+def _write(path, lines):
+    path.write_text("".join(
+        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
+        encoding="utf-8")
+    return path
+
+
+def test_openai_messages_lines_need_nothing_else(tmp_path):
+    path = _write(tmp_path / "support chats.jsonl", [
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Hi?"}]},
+        "",
+        {"messages": [{"role": "user", "content": "Bye?"}]},
+    ])
+    assert load_prompts(path) == [
+        Prompt("support_chats-1", "support_chats", (("system", "Be brief."), ("user", "Hi?")),
+               None, DEFAULT_MAX_NEW_TOKENS),
+        Prompt("support_chats-3", "support_chats", (("user", "Bye?"),), None,
+               DEFAULT_MAX_NEW_TOKENS),
+    ]
+    assert DEFAULT_MAX_NEW_TOKENS == 128
+
+
+@pytest.mark.parametrize("key", ["prompt", "text"])
+def test_prompt_and_text_are_raw_text(tmp_path, key):
+    path = _write(tmp_path / "completions.jsonl", [{key: "def f():\n"}, {key: "x = 1", "id": "mine"}])
+    assert load_prompts(path) == [
+        Prompt("completions-1", "completions", None, "def f():\n", DEFAULT_MAX_NEW_TOKENS),
+        Prompt("mine", "completions", None, "x = 1", DEFAULT_MAX_NEW_TOKENS),
+    ]
+    assert not load_prompts(path)[0].is_chat
+
+
+def test_given_fields_are_kept_and_mixed_with_defaults(tmp_path):
+    path = _write(tmp_path / "mixed.jsonl", [
+        {"id": "a", "domain": "code", "prompt": "p", "max_new_tokens": 9},
+        {"domain": "chat", "messages": [{"role": "user", "content": "m"}]},
+        {"id": "c", "text": "t", "max_new_tokens": 300},
+    ])
+    assert load_prompts(path) == [
+        Prompt("a", "code", None, "p", 9),
+        Prompt("mixed-2", "chat", (("user", "m"),), None, DEFAULT_MAX_NEW_TOKENS),
+        Prompt("c", "mixed", None, "t", 300),
+    ]
+
+
+def test_max_new_tokens_default_fills_in_only_missing_values(tmp_path):
+    path = _write(tmp_path / "set.jsonl", [{"prompt": "a"}, {"prompt": "b", "max_new_tokens": 40}])
+    assert [p.max_new_tokens for p in load_prompts(path, max_new_tokens=16)] == [16, 40]
+    assert [p.max_new_tokens for p in load_prompts(path)] == [DEFAULT_MAX_NEW_TOKENS, 40]
+    txt = _write(tmp_path / "set.txt", ["a", "b"])
+    assert [p.max_new_tokens for p in load_prompts(txt, max_new_tokens=16)] == [16, 16]
+
+
+@pytest.mark.parametrize("bad", [0, 4097, "64", True, 2.5])
+def test_bad_max_new_tokens_default(tmp_path, bad):
+    path = _write(tmp_path / "set.jsonl", [{"prompt": "a"}])
+    with pytest.raises(PromptSetError) as info:
+        load_prompts(path, max_new_tokens=bad)
+    assert info.value.field == "max_new_tokens"
+    assert "1..4096" in str(info.value) and repr(bad) in str(info.value)
+
+
+def test_plain_text_file_is_one_prompt_per_line(tmp_path):
+    path = tmp_path / "My Prompts.v2.txt"
+    path.write_text("  Write a haiku about rain.  \n\nSummarize: {\"a\": 1}\r\n\t\nlast line",
+                    encoding="utf-8")
+    assert load_prompts(path) == [
+        Prompt("my_prompts_v2-1", "my_prompts_v2", None, "Write a haiku about rain.",
+               DEFAULT_MAX_NEW_TOKENS),
+        Prompt("my_prompts_v2-3", "my_prompts_v2", None, 'Summarize: {"a": 1}',
+               DEFAULT_MAX_NEW_TOKENS),
+        Prompt("my_prompts_v2-5", "my_prompts_v2", None, "last line", DEFAULT_MAX_NEW_TOKENS),
+    ]
+
+
+@pytest.mark.parametrize("name", ["questions", "questions.md", "questions.csv"])
+def test_any_other_suffix_is_plain_text(tmp_path, name):
+    path = tmp_path / name
+    path.write_text('{"prompt": "not parsed"}\nsecond\n', encoding="utf-8")
+    prompts = load_prompts(path)
+    assert [p.text for p in prompts] == ['{"prompt": "not parsed"}', "second"]
+    assert {p.domain for p in prompts} == {"questions"}
+
+
+@pytest.mark.parametrize("name", ["set.json", "set.ndjson", "SET.JSONL"])
+def test_json_suffixes_are_jsonl(tmp_path, name):
+    path = _write(tmp_path / name, [{"prompt": "a"}])
+    assert [p.text for p in load_prompts(path)] == ["a"]
+
+
+def test_byte_order_mark_is_ignored(tmp_path):
+    path = tmp_path / "set.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "a"}).encode() + b"\n")
+    assert [p.text for p in load_prompts(path)] == ["a"]
+
+
+def test_stem_that_is_a_domain_is_that_domain(tmp_path):
+    assert {p.domain for p in load_prompts(_write(tmp_path / "code.txt", ["def f():"]))} == {"code"}
+
+
+def test_missing_domain_in_a_named_set_is_the_sets_domain(tmp_path, monkeypatch):
+    monkeypatch.setattr("specexport.prompts.CALIBRATION_DIR", tmp_path)
+    _write(tmp_path / "structured.jsonl", [{"id": "s-1", "prompt": "a", "max_new_tokens": 8}])
+    assert load_prompts("structured") == [Prompt("s-1", "structured", None, "a", 8)]
+
+
+@pytest.mark.parametrize("stem, label", [
+    ("chat", "chat"), ("My Prompts", "my_prompts"), ("a--b..c", "a_b_c"),
+    ("__x__", "x"), ("été", "t"), ("???", "prompts")])
+def test_file_label(stem, label):
+    assert file_label(f"/some/dir/{stem}.jsonl") == label
+
+
+def test_default_id_colliding_with_a_given_id_is_a_duplicate(tmp_path):
+    path = _write(tmp_path / "set.jsonl", [{"id": "set-2", "prompt": "a"}, {"prompt": "b"}])
+    with pytest.raises(PromptSetError, match="duplicate id 'set-2'") as info:
+        load_prompts(path)
+    assert info.value.line == 2 and info.value.field == "id"
+
+
+def test_empty_text_file(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text(" \n\n\t\n")
+    with pytest.raises(PromptSetError, match="no prompts"):
+        load_prompts(path)
+
+
+def test_bench_reads_a_text_file_and_its_max_new_tokens_flag(tiny_artifacts, tmp_path):
+    """The bench takes a plain text file and an OpenAI-shaped JSONL file, and
+    --max-new-tokens sets every prompt's length."""
+    from click.testing import CliRunner
+
+    from specexport.cli_bench import bench as bench_cmd
+
+    txt = _write(tmp_path / "lines.txt", ["def add(a, b):", "The quick brown fox"])
+    chats = _write(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "Hello"}]}])
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(bench_cmd, [
+        str(tiny_artifacts["self"]), "--prompts", f"{txt},{chats}", "--gamma", "2", "--repeats", "1",
+        "--max-new-tokens", "5", "--json", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["meta"]["domains"] == {"lines": 2, "chats": 1}
+    runs = data["runs"]
+    assert {r["prompt_id"] for r in runs} == {"lines-1", "lines-2", "chats-1"}
+    assert all(r["new_tokens"] <= 5 for r in runs)
+    assert any(r["new_tokens"] == 5 for r in runs)

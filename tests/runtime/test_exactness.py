@@ -174,13 +174,25 @@ def test_hybrid_round_sources(gens):
         HybridProposer(prop.draft, prop.lookup, min_match=4)
 
 
+def test_rounds_are_counted_per_source(gens):
+    """GenerationStats.by_source: each round under the source that drafted it (hybrid: lookup
+    and draft both appear on a text that repeats in parts), summing to the run's totals."""
+    gen = gens("noisy")
+    result = gen.generate(PROMPTS[2], max_new_tokens=MAX_NEW, proposer="hybrid", gamma=3)
+    st = result.stats
+    assert set(st.by_source) == {"lookup", "draft"}
+    assert st.by_source["lookup"][0] == st.lookup_rounds
+    assert [sum(v[i] for v in st.by_source.values()) for i in range(3)] == [st.rounds, st.drafted, st.accepted]
+    assert set(gen.generate(PROMPTS[0], max_new_tokens=20, proposer="draft", gamma=3).stats.by_source) == {"draft"}
+
+
 def test_hybrid_needs_a_draft_model(gens):
     with pytest.raises(InvalidArgument, match="'hybrid' needs an artifact with a draft model"):
         gens("ngram").generate([5, 6, 7], proposer="hybrid", max_new_tokens=4)
 
 
 def test_unknown_proposer_is_named_with_the_allowed_ones(gens):
-    with pytest.raises(InvalidArgument, match="'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'none'"):
+    with pytest.raises(InvalidArgument, match="'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"):
         gens("int8").generate([5, 6, 7], proposer="medusa", max_new_tokens=4)
     assert gens("int8").resolve_proposer(None) == gens("int8").default_proposer
     with pytest.raises(InvalidArgument, match="'eagle' needs an artifact with an EAGLE-3 draft head"):

@@ -1,0 +1,106 @@
+"""A static corpus datastore for retrieval drafts (REST-style): the longest suffix of the recent
+tokens that occurs in the corpus, then the most frequent continuation chain among its
+occurrences (suffix.draft_chain, the same rule as the suffix proposer's).
+
+On disk (built by specexport.datastore): `tokens` int32 [N], the corpus tokenized with the
+artifact's tokenizer, documents separated by SEP (-1); `suffix_array` int32/int64 [N], the
+suffix array of the REVERSED token array. Matching a context backwards is then matching the
+reversed context forwards, so the occurrences of context[-m-1:] are a sub-range of those of
+context[-m:]: the range narrows one token at a time (two binary searches over one column each),
+never restarting. Both arrays are memory-mapped, never read whole.
+
+    rev[j] = tokens[N - 1 - j];  rev suffix at j matches reversed(context)[:m]
+    <=> tokens[N - m - j .. N - 1 - j] == context[-m:]  (the match ends at e = N - 1 - j)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ArtifactError
+from .suffix import MAX_CANDIDATES, SEP, SuffixConfig, draft_chain
+
+VECTOR_RANGE = 4096  # below this many candidates, a column is gathered and searched with numpy
+
+
+class Datastore:
+    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray):
+        """tokens int32 [N] (may be a memmap); suffix_array [N] of the reversed tokens."""
+        if tokens.ndim != 1 or suffix_array.shape != tokens.shape or tokens.dtype != np.int32:
+            raise ArtifactError(f"datastore arrays must be int32 tokens [N] and a suffix array [N], got "
+                                f"{tokens.dtype} {list(tokens.shape)} and {suffix_array.dtype} {list(suffix_array.shape)}")
+        self.tokens, self.sa = tokens, suffix_array
+        self.n = int(tokens.shape[0])
+        self.rev = tokens[::-1]  # a view: rev[j] = tokens[N - 1 - j]
+
+    @classmethod
+    def open(cls, tokens_path: Path, suffix_array_path: Path) -> "Datastore":
+        try:
+            tokens = np.load(tokens_path, mmap_mode="r", allow_pickle=False)
+            sa = np.load(suffix_array_path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ArtifactError(f"datastore {tokens_path.name} / {suffix_array_path.name} is not readable: {exc}") from exc
+        return cls(tokens, sa)
+
+    def _column(self, lo: int, hi: int, depth: int) -> np.ndarray:
+        """Token `depth` of the reversed suffixes sa[lo:hi] (SEP past the end)."""
+        pos = np.asarray(self.sa[lo:hi], np.int64) + depth
+        out = np.full(hi - lo, SEP, np.int64)
+        ok = pos < self.n
+        out[ok] = self.rev[pos[ok]]
+        return out
+
+    def _token(self, i: int, depth: int) -> int:
+        p = int(self.sa[i]) + depth
+        return int(self.rev[p]) if p < self.n else SEP
+
+    def _narrow(self, lo: int, hi: int, depth: int, token: int) -> tuple[int, int]:
+        """The sub-range of [lo, hi) whose reversed suffixes have `token` at `depth` (sorted there)."""
+        if hi - lo <= VECTOR_RANGE:
+            col = self._column(lo, hi, depth)
+            return lo + int(np.searchsorted(col, token, "left")), lo + int(np.searchsorted(col, token, "right"))
+        a, b = lo, hi
+        while a < b:  # first index with column >= token
+            mid = (a + b) // 2
+            if self._token(mid, depth) < token:
+                a = mid + 1
+            else:
+                b = mid
+        first, b = a, hi
+        while a < b:  # first index with column > token
+            mid = (a + b) // 2
+            if self._token(mid, depth) <= token:
+                a = mid + 1
+            else:
+                b = mid
+        return first, a
+
+    def match(self, context: Sequence[int], max_depth: int) -> tuple[int, int, int]:
+        """(m, lo, hi): the longest m <= max_depth with context[-m:] in the corpus, and the
+        suffix-array range of its occurrences; (0, 0, 0) when even the last token is absent."""
+        lo, hi, m = 0, self.n, 0
+        for depth in range(min(max_depth, len(context))):
+            a, b = self._narrow(lo, hi, depth, int(context[-1 - depth]))
+            if a >= b:
+                break
+            lo, hi, m = a, b, depth + 1
+        return (m, lo, hi) if m else (0, 0, 0)
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        """(tokens, score, match length) by suffix.draft_chain over the occurrences."""
+        m, lo, hi = self.match(context, config.max_depth)
+        if m == 0:
+            return [], 0.0, 0
+        hi = min(hi, lo + MAX_CANDIDATES)  # bound the cost: the first occurrences in suffix order
+        ends = self.n - 1 - np.asarray(self.sa[lo:hi], np.int64)  # forward index of each match's last token
+        tokens, score = draft_chain(self.tokens, ends, self.n, min(config.limit(m), room), config.min_prob)
+        return tokens, score, m
+
+    def describe(self) -> dict:
+        return {"tokens": self.n, "bytes": int(self.tokens.nbytes + self.sa.nbytes)}
+
+
+__all__ = ["Datastore"]

@@ -1,0 +1,278 @@
+"""Suffix speculation (SuffixDecoding, chain mode): draft what followed the longest earlier match
+of the recent tokens, in the current request and in past responses, choosing at each step the
+continuation seen most often.
+
+A suffix tree over a sequence answers "which substrings occur, how often, and what follows
+them". The same answers come from the occurrence positions themselves, which is what this module
+keeps (memory: a few bytes per token instead of tree nodes per token):
+
+    match   the longest suffix s = context[-m:] (m <= max_depth) that occurred earlier: the set C
+            of positions where an occurrence of s ends, found by extending the occurrences of
+            context[-1] backwards one token at a time while any remain (`longest_match`)
+    draft   along the tree path below s: the next token is the most frequent seq[c + 1] over
+            c in C (= the child with the largest count); its probability count / |C| multiplies
+            into the path probability; C becomes the occurrences that continued with it. Stop
+            when the path probability falls below `min_prob` or after
+            min(max_spec, floor(factor * m + offset)) tokens (`draft_chain`)
+    score   the sum of the path probabilities of the drafted tokens (the expected number of
+            accepted tokens if each were accepted with its path probability); the better-scoring
+            source wins (`SuffixProposer.propose`)
+
+Sequences:
+  RequestSuffix   prompt + accepted tokens of the current request (discarded at its end)
+  Datastore       (datastore.py) the artifact's static corpus, memory-mapped, when it has one
+  SuffixStore     previous responses (accepted text only), separated by SEP, bounded by a token
+                  budget with FIFO eviction of whole responses; lives in the SpecGenerator so it
+                  serves later calls. Occurrence lists are indexed by the last two tokens.
+
+Drafts are deterministic (q one-hot): the verifier's rejection sampling keeps the target's
+distribution exactly, and greedy output equals target-only output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .errors import InvalidArgument
+from .proposers import Proposal
+
+SEP = -1  # between responses in a SuffixStore: no match or draft crosses it
+MAX_CANDIDATES = 512  # most recent occurrences considered per match (bounds the cost per round)
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """SuffixDecoding's knobs (ArcticInference's names and defaults where they exist)."""
+
+    max_depth: int = 24  # longest suffix matched
+    max_spec: int = 16  # most tokens per draft
+    factor: float = 1.0  # draft length limit: floor(factor * match_length + offset)
+    offset: float = 0.0
+    min_prob: float = 0.1  # stop drafting when the path probability falls below this
+    global_tokens: int = 200_000  # budget of the store of past responses (0: no store)
+    hybrid_min_score: float = 1.0  # in `hybrid`: a suffix draft is used when its score reaches this
+
+    def __post_init__(self) -> None:
+        for name, lo, hi in (("max_depth", 1, 4096), ("max_spec", 1, 256), ("global_tokens", 0, 1 << 31)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise InvalidArgument(f"suffix {name} must be an integer in {lo}..{hi}, got {value!r}")
+        for name, lo, hi in (("factor", 0.0, 64.0), ("offset", -64.0, 64.0), ("min_prob", 0.0, 1.0),
+                             ("hybrid_min_score", 0.0, 256.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+                raise InvalidArgument(f"suffix {name} must be a number in [{lo}, {hi}], got {value!r}")
+
+    def limit(self, match_length: int) -> int:
+        return max(0, min(self.max_spec, math.floor(self.factor * match_length + self.offset)))
+
+
+def longest_match(seq: np.ndarray, ends: np.ndarray, context: Sequence[int], max_depth: int) -> tuple[int, np.ndarray]:
+    """(m, C): the longest m <= max_depth such that context[-m:] == seq[c - m + 1 : c + 1] for
+    some c in `ends` (candidate end positions whose token is context[-1], possibly with more
+    already known to match), and C those c. (0, empty) when `ends` is empty.
+    seq: int32 [N]; a candidate never matches across SEP (context holds no SEP)."""
+    if ends.size == 0 or not context:
+        return 0, ends[:0]
+    m = 1
+    limit = min(max_depth, len(context))
+    while m < limit:
+        back = ends - m
+        ok = back >= 0
+        keep = ends[ok][seq[back[ok]] == context[-1 - m]]
+        if keep.size == 0:
+            break
+        ends, m = keep, m + 1
+    return m, ends
+
+
+def draft_chain(seq: np.ndarray, ends: np.ndarray, stop: int, max_tokens: int, min_prob: float) -> tuple[list[int], float]:
+    """(tokens, score): the most frequent continuation path after occurrences ending at `ends`
+    (positions < stop are readable; SEP ends a path), while the path probability stays >= min_prob."""
+    tokens: list[int] = []
+    p, score = 1.0, 0.0
+    while len(tokens) < max_tokens and ends.size:
+        nxt = ends + 1
+        nxt = nxt[nxt < stop]
+        values = seq[nxt]
+        live = values != SEP
+        nxt, values = nxt[live], values[live]
+        if values.size == 0:
+            break
+        ids, counts = np.unique(values, return_counts=True)
+        best = int(counts.argmax())  # ties: the smallest token id (deterministic)
+        p *= counts[best] / ends.size  # occurrences that end here count in the parent, as in the tree
+        if p < min_prob:
+            break
+        tokens.append(int(ids[best]))
+        score += p
+        ends = nxt[values == ids[best]]
+    return tokens, score
+
+
+class RequestSuffix:
+    """The current request's tokens (prompt + accepted), searchable for earlier matches."""
+
+    def __init__(self, capacity: int = 1024):
+        self.seq = np.empty(max(16, capacity), np.int32)
+        self.length = 0
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.length = 0
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        n = len(tokens)
+        if self.length + n > self.seq.size:
+            grown = np.empty(max(2 * self.seq.size, self.length + n), np.int32)
+            grown[: self.length] = self.seq[: self.length]
+            self.seq = grown
+        self.seq[self.length : self.length + n] = tokens
+        self.length += n
+
+    def propose(self, config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        """(tokens, score, match length) for the request's last tokens; earlier occurrences only."""
+        L = self.length
+        if L < 2:
+            return [], 0.0, 0
+        seq = self.seq[:L]
+        ends = np.flatnonzero(seq[: L - 1] == seq[L - 1])[-MAX_CANDIDATES:]  # earlier occurrences of the last token
+        context = seq[max(0, L - config.max_depth) :].tolist()
+        m, ends = longest_match(seq, ends, context, config.max_depth)
+        tokens, score = draft_chain(seq, ends, L, min(config.limit(m), room), config.min_prob)
+        return tokens, score, m
+
+
+class SuffixStore:
+    """Past responses, separated by SEP, at most `max_tokens` of them (FIFO: the oldest whole
+    responses leave first). Absolute positions grow forever; the buffer holds positions
+    base .. base + len - 1 and is compacted when the evicted prefix exceeds the budget, so its
+    size stays below 2 * max_tokens + the longest response."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.buf = np.empty(0, np.int32)
+        self.size = 0  # valid entries in buf
+        self.base = 0  # absolute position of buf[0]
+        self.start = 0  # absolute position of the oldest live token
+        self.index: dict[tuple[int, int], list[int]] = {}  # (a, b) -> absolute positions of b (after a)
+        self.responses: deque[tuple[int, int]] = deque()  # (absolute start, length incl. SEP)
+        self.tokens = 0  # live tokens (SEPs excluded)
+        self.added = 0  # responses ever added
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Append one finished response (accepted tokens only)."""
+        if self.max_tokens == 0 or len(tokens) < 2:
+            return
+        tokens = list(tokens)[-self.max_tokens :]
+        n = len(tokens) + 1
+        if self.size + n > self.buf.size:
+            grown = np.empty(max(2 * self.buf.size, self.size + n, 1024), np.int32)
+            grown[: self.size] = self.buf[: self.size]
+            self.buf = grown
+        first = self.base + self.size
+        self.buf[self.size : self.size + n - 1] = tokens
+        self.buf[self.size + n - 1] = SEP
+        self.size += n
+        for i in range(1, len(tokens)):
+            self.index.setdefault((tokens[i - 1], tokens[i]), []).append(first + i)
+        self.responses.append((first, n))
+        self.tokens += n - 1
+        self.added += 1
+        while self.tokens > self.max_tokens:
+            start, length = self.responses.popleft()
+            self.tokens -= length - 1
+            self.start = start + length
+        if self.start - self.base > self.max_tokens:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the evicted prefix from the buffer and the index."""
+        cut = self.start - self.base
+        self.buf = self.buf[cut : self.size].copy()
+        self.size -= cut
+        self.base = self.start
+        index = {}
+        for key, positions in self.index.items():
+            live = [p for p in positions if p >= self.start]
+            if live:
+                index[key] = live
+        self.index = index
+
+    def memory_bytes(self) -> int:
+        """Bytes held: the token buffer and the index (list slots, keys, small-int objects)."""
+        entries = sum(len(v) for v in self.index.values())
+        return int(self.buf.nbytes + entries * 8 + len(self.index) * (64 + 56 + 72))
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        if len(context) < 2 or not self.index:
+            return [], 0.0, 0
+        positions = self.index.get((int(context[-2]), int(context[-1])))
+        if not positions:
+            return [], 0.0, 0
+        ends = np.asarray(positions[-MAX_CANDIDATES:], np.int64)
+        ends = ends[ends >= self.start] - self.base  # buffer positions of live occurrences
+        seq = self.buf[: self.size]
+        # the bigram matched: extend from m = 2 (longest_match re-checks one token: cheap)
+        m, ends = longest_match(seq, ends, list(context[-config.max_depth :]), config.max_depth)
+        tokens, score = draft_chain(seq, ends, self.size, min(config.limit(m), room), config.min_prob)
+        return tokens, score, m
+
+    def describe(self) -> dict:
+        return {"responses": len(self.responses), "tokens": self.tokens, "max_tokens": self.max_tokens,
+                "responses_added": self.added, "memory_bytes": self.memory_bytes()}
+
+
+class SuffixProposer:
+    """Suffix speculation over the request so far and the store of past responses: each round
+    both are matched and the proposal with the higher score is used. Proposals cost no model
+    call, so they are made up to the proposer's own limit even when the gamma controller has
+    speculation off (like prompt lookup in `hybrid`)."""
+
+    name = "suffix"
+    proposes_when_off = True
+
+    def __init__(self, store: SuffixStore | None, config: SuffixConfig, max_context: int, datastore=None):
+        """datastore: a datastore.Datastore (the artifact's corpus) or None."""
+        self.store, self.config, self.max_context, self.datastore = store, config, max_context, datastore
+        self.request = RequestSuffix()
+        self.prompt_length = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.request.reset(prompt)
+        self.prompt_length = len(prompt)
+
+    def retrieve(self, committed: Sequence[int]) -> tuple[list[int], float, str]:
+        """(tokens, score, source) of the best-scoring source: 'request', 'store' or 'datastore'
+        (ties: in that order)."""
+        room = max(0, self.max_context - len(committed))  # rows left after feeding `last`
+        best = self.request.propose(self.config, room)[:2] + ("request",)
+        tail = committed[-self.config.max_depth :]
+        for name, source in (("store", self.store), ("datastore", self.datastore)):
+            if source is not None:
+                other = source.propose(tail, self.config, room)[:2] + (name,)
+                if other[1] > best[1]:
+                    best = other
+        return best
+
+    def propose(self, committed, gamma, params, rng) -> Proposal:
+        tokens, _, where = self.retrieve(committed)
+        # deterministic: q one-hot; no evidence on a draft model's acceptance or cost (lookup=True)
+        return Proposal(tokens, None, lookup=True, source=f"suffix-{where}")
+
+    def commit(self, committed, n_new) -> None:
+        self.request.extend(committed[len(committed) - n_new :])
+
+    def finish(self, output: Sequence[int]) -> None:
+        """A request ended normally: its accepted output joins the store (never rejected drafts)."""
+        if self.store is not None:
+            self.store.add(output)
+
+
+__all__ = ["MAX_CANDIDATES", "SEP", "RequestSuffix", "SuffixConfig", "SuffixProposer", "SuffixStore", "draft_chain",
+           "longest_match"]
