@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from specexport_runtime.datastore import Datastore  # noqa: E402
-from specexport_runtime.suffix import SuffixConfig, SuffixProposer, SuffixStore  # noqa: E402
+from specexport_runtime.datastore import Datastore
+from specexport_runtime.suffix import SuffixConfig, SuffixProposer, SuffixStore
 
 VOCAB = 49_152
 

@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
-
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
 from specexport_runtime.suffix import SuffixStore

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
 from specexport_runtime.errors import SpecExportError
 
 

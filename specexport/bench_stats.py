@@ -5,7 +5,8 @@ measured call costs, the theoretical speedup, greedy equivalence and sampling qu
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

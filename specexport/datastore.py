@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import glob
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-
 from specexport_runtime.suffix import SEP
 
 from .errors import BuildError

@@ -35,7 +35,6 @@ import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper
-
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 

@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from .adaptive import GammaController
+from .datastore import Datastore
+from .eagle import EagleProposer
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
-from .generator import GenerateOptions, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
-from .eagle import EagleProposer
-from .manifest import DRAFT_MODEL_PROPOSERS, HEAD_PROPOSERS, PROPOSERS, Manifest, read_manifest, verify_files
-from .proposers import DraftModelProposer, HybridProposer, NgramLookupProposer, NoProposer, Proposer
+from .generator import (
+    GenerateOptions,
+    GenerationResult,
+    GenerationStats,
+    SpeculativeLoop,
+    run_generation,
+    validate_prompt_ids,
+)
+from .manifest import (
+    DRAFT_MODEL_PROPOSERS,
+    HEAD_PROPOSERS,
+    PROPOSERS,
+    Manifest,
+    read_manifest,
+    verify_files,
+)
+from .proposers import (
+    DraftModelProposer,
+    HybridProposer,
+    NgramLookupProposer,
+    NoProposer,
+    Proposer,
+)
 from .sampling import SamplingParams
-from .datastore import Datastore
 from .suffix import SuffixConfig, SuffixProposer, SuffixStore
 from .tokenizer import TextCodec
 

@@ -15,8 +15,8 @@ never restarting. Both arrays are memory-mapped, never read whole.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class Datastore:
         self.rev = tokens[::-1]  # a view: rev[j] = tokens[N - 1 - j]
 
     @classmethod
-    def open(cls, tokens_path: Path, suffix_array_path: Path) -> "Datastore":
+    def open(cls, tokens_path: Path, suffix_array_path: Path) -> Datastore:
         try:
             tokens = np.load(tokens_path, mmap_mode="r", allow_pickle=False)
             sa = np.load(suffix_array_path, mmap_mode="r", allow_pickle=False)

@@ -9,8 +9,9 @@ min(cache, len(committed) - 1), which drops exactly the rows of rejected draft t
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

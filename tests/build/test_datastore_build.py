@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
+from specexport_runtime.api import load
+from specexport_runtime.errors import ChecksumError
 from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.build import build_artifact
 from specexport.cli import cli
 from specexport.recipe import load_recipe
-from specexport_runtime.api import load
-from specexport_runtime.errors import ChecksumError
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):"]
 CORPUS = "\n".join([

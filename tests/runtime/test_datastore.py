@@ -8,13 +8,20 @@ import random
 
 import numpy as np
 import pytest
+from specexport_runtime.datastore import Datastore
+from specexport_runtime.errors import ArtifactError
+from specexport_runtime.suffix import SEP, SuffixConfig
 from test_suffix import reference
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from specexport.datastore import SUFFIX_ARRAY_NAME, TOKENS_NAME, DatastoreError, build_datastore, corpus_files, suffix_array
-from specexport_runtime.datastore import VECTOR_RANGE, Datastore
-from specexport_runtime.errors import ArtifactError
-from specexport_runtime.suffix import SEP, SuffixConfig
+from specexport.datastore import (
+    SUFFIX_ARRAY_NAME,
+    TOKENS_NAME,
+    DatastoreError,
+    build_datastore,
+    corpus_files,
+    suffix_array,
+)
 
 
 @pytest.mark.parametrize("seed", range(30))

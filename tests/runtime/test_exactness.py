@@ -749,21 +749,25 @@ def test_controller_options_reach_new_controllers_and_keep_greedy_exact(gens):
         gen.controller_options = {}
 
 
-def test_sampling_with_an_eagle_head_follows_the_target(gens):
-    """The `eagle` proposer (a random EAGLE-3 head, draft vocabulary half the target's, so
-    q = 0 outside it) at temperature 1, gamma 3: the first two tokens against the exact target
-    law (chi-square, ALPHA as above) and against target-only samples (TV bound)."""
-    gen = gens("eagle3")
-    ids = gen.codec.encode("The quick brown fox")
-    N = 2000
-    spec = sample_pairs(gen, ids, range(N), True, temperature=1.0, top_k=0, gamma=3, proposer="eagle")
+def check_first_two_tokens_follow_target(gen, ids, proposer: str, N: int = 2000) -> None:
+    """Temperature 1, gamma 3, `proposer`: the first two tokens of N speculative samples against
+    the exact target law (chi-square, ALPHA) and against N target-only samples (TV bound, DELTA)."""
+    spec = sample_pairs(gen, ids, range(N), True, temperature=1.0, top_k=0, gamma=3, proposer=proposer)
     base = sample_pairs(gen, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
-    assert gen.last_stats is not None
     joint = exact_pair_distribution(gen.target, ids, SamplingParams(temperature=1.0), min(gen.eos))
     first = joint.sum(axis=1)
     pair_bins = make_pair_bins(joint, N)
     for label, bins, p, marg in (("first token", make_bins(first, N), first, True), ("pair", pair_bins, joint, False)):
         stat, df = chi2_stat(counts_of(spec, bins, marg), binned(p, bins))
-        assert chi2_sf(stat, df) > ALPHA, f"eagle {label}: chi2 {stat:.1f} on {df} df"
+        assert chi2_sf(stat, df) > ALPHA, f"{proposer} {label}: chi2 {stat:.1f} on {df} df"
     tv = 0.5 * np.abs(counts_of(spec, pair_bins) - counts_of(base, pair_bins)).sum() / N
     assert tv <= tv_bound(binned(joint, pair_bins), N, DELTA), tv
+
+
+def test_sampling_with_an_eagle_head_follows_the_target(gens):
+    """The `eagle` proposer (a random EAGLE-3 head, draft vocabulary half the target's, so
+    q = 0 outside it) at temperature 1, gamma 3: the first two tokens against the exact target
+    law (chi-square, ALPHA as above) and against target-only samples (TV bound)."""
+    gen = gens("eagle3")
+    check_first_two_tokens_follow_target(gen, gen.codec.encode("The quick brown fox"), "eagle")
+    assert gen.last_stats is not None
