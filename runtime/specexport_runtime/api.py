@@ -223,6 +223,14 @@ class SpecGenerator:
         min_draft_prob (stop a draft round when the draft's top probability falls below it)."""
         return self._collect(self._prompt_ids(prompt), kwargs)
 
+    def events(self, prompt: Prompt, **kwargs) -> Iterator[tuple[list[int], str, str | None]]:
+        """The per-round iterator behind generate and stream: yields (new token ids, new text,
+        finish reason or None) once per speculative round; the same keyword arguments as generate.
+        The prompt is checked now, the other arguments on the first next(); `last_stats` is this
+        generation's from then on. Closing the iterator early abandons the generation after the
+        round in progress (a proposer that learns across requests then learns nothing from it)."""
+        return self._events(self._prompt_ids(prompt), **kwargs)
+
     def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
         """Yield text pieces as tokens are accepted (never a split multi-byte character)."""
         for _, piece, _ in self._events(self._prompt_ids(prompt), **kwargs):

@@ -1,4 +1,5 @@
-"""`specexport-runtime` (also reached as `specexport generate`): generate from an artifact.
+"""`specexport-runtime` (also reached as `specexport generate` / `specexport serve`): generate from an
+artifact, or serve it over an OpenAI-compatible HTTP API.
 
 argparse, not click: the runtime keeps its dependencies to numpy, onnxruntime, tokenizers.
 """
@@ -7,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 
 from .errors import SpecExportError
-from .manifest import SPECULATIVE_PROPOSERS
+from .manifest import PROPOSERS, SPECULATIVE_PROPOSERS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,7 +23,68 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with (or without) speculative decoding",
                          description="Generate text from an artifact; prints the text, then one summary line.")
     add_generate_arguments(gen)
+    srv = sub.add_parser("serve", help="serve an artifact over an OpenAI-compatible HTTP API (needs the serve extra)",
+                         description="Serve an artifact over HTTP: /v1/chat/completions, /v1/completions, /v1/models,"
+                                     " /health, /metrics (Prometheus). One generation at a time; the others wait in a"
+                                     " bounded queue. Needs `pip install ./runtime[serve]`. See docs/serving.md.")
+    add_serve_arguments(srv)
     return parser
+
+
+def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
+    srv.add_argument("artifact", help="artifact folder written by `specexport build`")
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to bind (default 127.0.0.1: this machine only; another address without --api-key"
+                          " prints a warning)")
+    srv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    srv.add_argument("--api-key", default=os.environ.get("SPECEXPORT_API_KEY") or None,
+                     help="require `Authorization: Bearer KEY` on /v1/* and /metrics (default: the SPECEXPORT_API_KEY"
+                          " environment variable; unset = no key). /health stays open")
+    srv.add_argument("--max-queue", type=int, default=16,
+                     help="requests that may wait behind the running one; one more gets 429 with Retry-After (default 16)")
+    srv.add_argument("--proposer", choices=PROPOSERS, default=None,
+                     help="proposer of requests that name none in their `proposer` field ('none': target only;"
+                          " default: the artifact's)")
+    srv.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")
+    srv.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                     help="largest request body accepted; larger ones get 413 (default 1048576)")
+    srv.add_argument("--request-timeout", type=float, default=600.0,
+                     help="seconds from arrival: a request still queued then gets 503, a running one is cut after its"
+                          " round with finish_reason 'length' (default 600)")
+    srv.add_argument("--drain-seconds", type=float, default=10.0,
+                     help="on SIGTERM: new and queued requests get 503 at once; the running one may go on this long,"
+                          " then it is cut with a final chunk, and the process exits (default 10)")
+    srv.add_argument("--stall-seconds", type=float, default=30.0,
+                     help="a streaming client that reads nothing for this long is treated as gone (default 30)")
+    srv.add_argument("--model-name", default=None, help="model id clients send and /v1/models lists (default: the"
+                                                        " artifact's name)")
+    srv.add_argument("--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu",
+                     help="ONNX Runtime execution provider")
+    srv.add_argument("--no-shared-pool", action="store_true",
+                     help="give target and draft their own CPU thread pools (default: one shared pool)")
+    srv.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
+    srv.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
+                     help="uvicorn's log level (default info: one access line per request)")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from .server import ServeExtraMissing, missing_serve_extra
+
+    missing = missing_serve_extra()
+    if missing:
+        raise ServeExtraMissing(missing)
+    from .api import load
+    from .server.config import ServerConfig
+    from .server.run import serve
+
+    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
+                          max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout,
+                          drain_seconds=args.drain_seconds, stall_seconds=args.stall_seconds,
+                          model_name=args.model_name, proposer=args.proposer)  # checked before the slow load
+    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
+               shared_pool=not args.no_shared_pool)
+    serve(gen, config, log_level=args.log_level)
+    return 0
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
@@ -98,7 +161,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return run_generate(args)
+        return run_serve(args) if args.command == "serve" else run_generate(args)
     except SpecExportError as exc:
         if args.debug:
             traceback.print_exc()

@@ -1,0 +1,60 @@
+"""Server settings (the `serve` command's options), checked once at start."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+
+from ..errors import InvalidArgument
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, /v1/* and /metrics need `Authorization: Bearer KEY`
+    max_queue: int = 16  # requests waiting behind the running one; one more gets 429
+    max_body_bytes: int = 1 << 20  # larger request bodies get 413
+    request_timeout: float = 600.0  # seconds from arrival: queued past it -> 503, running past it -> cut
+    drain_seconds: float = 10.0  # on SIGTERM, how long in-flight requests may still run before they are cut
+    stall_seconds: float = 30.0  # a streaming client that reads nothing for this long is treated as gone
+    model_name: str | None = None  # the id /v1/models lists (None: the artifact's manifest name)
+    proposer: str | None = None  # default proposer of requests that name none (None: the artifact's)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
+            raise InvalidArgument(f"port must be an integer in 0..65535, got {self.port!r}")
+        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or not 0 <= self.max_queue <= 100_000:
+            raise InvalidArgument(f"max_queue must be an integer in 0..100000, got {self.max_queue!r}")
+        if not isinstance(self.max_body_bytes, int) or not 1024 <= self.max_body_bytes <= 1 << 30:
+            raise InvalidArgument(f"max_body_bytes must be an integer in 1024..{1 << 30}, got {self.max_body_bytes!r}")
+        for name in ("request_timeout", "stall_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise InvalidArgument(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if not isinstance(self.drain_seconds, (int, float)) or not math.isfinite(self.drain_seconds) or self.drain_seconds < 0:
+            raise InvalidArgument(f"drain_seconds must be a finite number of seconds >= 0, got {self.drain_seconds!r}")
+        if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
+            raise InvalidArgument("api_key must be a non-empty string without surrounding whitespace")
+        if self.model_name is not None and not self.model_name:
+            raise InvalidArgument("model_name must be a non-empty string")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether `host` only accepts connections from this machine."""
+        if self.host in LOOPBACK_NAMES:
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: only 'localhost' is known to be local
+            return False
+
+    def exposure_warning(self) -> str | None:
+        """The warning `serve` prints when the server is reachable from other machines without a key."""
+        if self.loopback or self.api_key is not None:
+            return None
+        return (f"warning: serving on {self.host}:{self.port} without --api-key: anyone who can reach this"
+                " address can use the model (bind 127.0.0.1, or set --api-key)")
