@@ -31,6 +31,7 @@ from .manifest import (
     read_manifest,
     verify_files,
 )
+from .paths import check_graph
 from .proposers import (
     DraftModelProposer,
     HybridProposer,
@@ -269,11 +270,13 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
-    target = OrtModel(root / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context, target_config,
+    target = OrtModel(check_graph(root, manifest.target.graph, "target graph"), manifest.target.graph_spec(),
+                      manifest.max_context, target_config,
                       min_rows=manifest.target.min_rows, cache_pad=manifest.target.cache_pad)
     draft = None
     if has_draft:
-        draft = OrtModel(root / manifest.draft.graph, manifest.draft.graph_spec(), manifest.max_context, base,
+        draft = OrtModel(check_graph(root, manifest.draft.graph, "draft graph"), manifest.draft.graph_spec(),
+                         manifest.max_context, base,
                          min_rows=manifest.draft.min_rows, cache_pad=manifest.draft.cache_pad)
     return SpecGenerator(root, manifest, codec, target, draft, calibration)
 

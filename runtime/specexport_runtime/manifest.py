@@ -32,6 +32,7 @@ from .contract import (
     version_for,
 )
 from .errors import ArtifactError, ChecksumError
+from .paths import confined
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -193,6 +194,21 @@ class Manifest:
                 )
         return self
 
+    def named_paths(self) -> list[tuple[str, str]]:
+        """(what, relative path) of every file the manifest names."""
+        out = [("manifest files entry", rel) for rel in self.files]
+        for role, entry in (("target", self.target), ("draft", self.draft)):
+            if entry is not None:
+                out.append((f"{role} graph", entry.graph))
+                if entry.vocab_map:
+                    out.append((f"{role} vocab_map", entry.vocab_map))
+        out.append(("tokenizer file", self.tokenizer.file))
+        if self.tokenizer.chat_template:
+            out.append(("tokenizer chat_template", self.tokenizer.chat_template))
+        if self.retrieval is not None:
+            out += [("retrieval tokens", self.retrieval.tokens), ("retrieval suffix_array", self.retrieval.suffix_array)]
+        return out
+
     def to_json(self) -> str:
         data = asdict(self)
         for role in ("target", "draft"):
@@ -264,14 +280,17 @@ def read_manifest(root: str | Path) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{str(path)!r} is not valid JSON: {exc}") from exc
-    return Manifest.from_dict(data)
+    manifest = Manifest.from_dict(data)
+    for what, rel in manifest.named_paths():  # before anything else is opened
+        confined(root, rel, what)
+    return manifest
 
 
 def verify_files(root: str | Path, manifest: Manifest) -> None:
     """Raise if a listed file is missing or its sha256 differs; unlisted extra files are ignored."""
     root = Path(root)
     for rel, expected in sorted(manifest.files.items()):
-        path = root / rel
+        path = confined(root, rel, "manifest files entry")
         if not path.is_file():
             raise ArtifactError(f"artifact file {rel!r} is missing from {str(root)!r}")
         actual = sha256_file(path)

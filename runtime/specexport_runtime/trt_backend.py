@@ -35,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .paths import confined
 from . import contract
 from .contract import GraphSpec
 from .engine import CacheCursor, CallStats, plan_rows
@@ -374,7 +375,7 @@ class TrtModel(CacheCursor):
         if entry is None:
             raise InvalidArgument(f"artifact {str(root)!r} has no {model} graph")
         record = engine_for(root, model, manifest.files.get(entry.graph), device_id)
-        return cls(root / record.engine, entry.graph_spec(), manifest.max_context, record.profiles, device_id,
+        return cls(confined(root, record.engine, "engines.json engine"), entry.graph_spec(), manifest.max_context, record.profiles, device_id,
                    min_rows=entry.min_rows)
 
 
@@ -386,7 +387,7 @@ def engine_for(root: Path, model: str, graph_sha256: str | None, device_id: int 
     if gpu is None:
         gpu = gpu_info(device_id)
     record = find_record(read_records(root), model, gpu, trt_version, root, graph_sha256)
-    if not (root / record.engine).is_file():
+    if not confined(root, record.engine, "engines.json engine").is_file():
         raise EngineMismatch(f"engine file {record.engine!r} is missing; rebuild it: {rebuild_command(root, record)}")
     return record
 
