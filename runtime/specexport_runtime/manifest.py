@@ -33,6 +33,7 @@ from .contract import (
 )
 from .errors import ArtifactError, ChecksumError
 from .paths import confined
+from .schema import check_manifest
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -104,7 +105,8 @@ class ModelEntry:
     def from_json(cls, data: dict[str, Any]) -> "ModelEntry":
         data = {**data, "feature_layers": tuple(data.get("feature_layers", ()))}
         entry = cls(**data)
-        measured = (entry.validation.get("rows") or {}).get("exactness") if isinstance(entry.validation, dict) else None
+        rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
+        measured = rows.get("exactness") if isinstance(rows, dict) else None
         if entry.exactness is None and measured is not None:
             entry = replace(entry, exactness=measured)
         return entry
@@ -173,6 +175,11 @@ class Manifest:
         return max(int(self.generation.get("max_gamma") or DEFAULT_MAX_GAMMA), self.speculation.gamma)
 
     def _check_layouts(self) -> "Manifest":
+        proposer = self.speculation.proposer
+        if proposer not in PROPOSERS:
+            raise ArtifactError(f"speculation.proposer {proposer!r} is not one of {', '.join(PROPOSERS)}")
+        if proposer in DRAFT_MODEL_PROPOSERS and self.draft is None:
+            raise ArtifactError(f"speculation.proposer {proposer!r} needs a draft graph; the manifest has none")
         for role, entry in (("target", self.target), ("draft", self.draft)):
             if entry is None:
                 continue
@@ -218,18 +225,21 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        if not isinstance(data, dict):
+            raise ArtifactError(f"manifest is a {type(data).__name__}, not a JSON object")
         try:
             schema = data["schema_version"]
-            if schema != SCHEMA_VERSION:
+            if isinstance(schema, bool) or schema != SCHEMA_VERSION:
                 raise ArtifactError(
                     f"manifest schema_version {schema!r} is not supported; this runtime reads {SCHEMA_VERSION}"
                 )
             contract = data["contract_version"]
-            if not is_supported(contract):
+            if not isinstance(contract, str) or not is_supported(contract):
                 raise ArtifactError(
                     f"graph contract {contract!r} is not supported; this runtime reads {CONTRACT_VERSION.split('.')[0]}.x"
                     " (upgrade specexport-runtime or rebuild the artifact)"
                 )
+            check_manifest(data)  # types, ranges, known keys, sizes: before anything is built from it
             spec = data.get("speculation") or {}
             tok = data["tokenizer"]
             return cls(

@@ -178,10 +178,10 @@ def test_unpadded_entries_keep_their_older_contract(tiny_artifacts):
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"min_rows": 0}, "min_rows 0"),
-    ({"min_rows": "2"}, "min_rows '2'"),
-    ({"cache_pad": -1}, "cache_pad -1"),
-    ({"exactness": "exact"}, "exactness 'exact'"),
+    ({"min_rows": 0}, "min_rows: 0 is not an integer in 1..16"),  # the schema check (schema.py) names them
+    ({"min_rows": "2"}, "min_rows: '2' is not an integer"),
+    ({"cache_pad": -1}, "cache_pad: -1 is not an integer"),
+    ({"exactness": "exact"}, "exactness: 'exact' is not one of bitwise, numerical"),
 ])
 def test_bad_fields_are_typed_errors(tiny_artifacts, tmp_path, fields, message):
     copy = _edit(tiny_artifacts["int4-target"], tmp_path, **fields)

@@ -19,7 +19,7 @@ import pytest
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 from specexport_runtime.errors import ArtifactError, InvalidArgument, ProviderUnavailable
-from specexport_runtime.manifest import Manifest, ModelEntry, TokenizerEntry, write_manifest
+from specexport_runtime.manifest import SpeculationDefaults, Manifest, ModelEntry, TokenizerEntry, write_manifest
 from specexport_runtime.trt_backend import (
     ALIGNMENT,
     needs_staging,
@@ -230,7 +230,8 @@ def fake_artifact(tmp_path) -> Path:
     """A manifest-only artifact (no graphs needed before TensorRT is imported)."""
     entry = ModelEntry(graph="target/model.onnx", source="tiny", architecture="llama", num_layers=2, num_kv_heads=3,
                        head_dim=64, vocab_size=300, embedding_rows=320, precision="fp32")
-    write_manifest(tmp_path, Manifest(name="fake", max_context=256, target=entry, tokenizer=TokenizerEntry()))
+    write_manifest(tmp_path, Manifest(name="fake", max_context=256, target=entry, tokenizer=TokenizerEntry(),
+                                      speculation=SpeculationDefaults(proposer="ngram")))  # no draft graph
     return tmp_path
 
 
