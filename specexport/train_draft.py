@@ -1093,25 +1093,35 @@ def _train(config: TrainConfig, progress: Progress) -> TrainReport:
 
     t0 = time.perf_counter()
     progress({"event": "stage", "message": f"target features of {len(held)} held-out windows"})
-    held_batches = [make_batch(tgt, held[i : i + config.batch_size], layer_ids, None)
-                    for i in range(0, len(held), config.batch_size)]
+    by_source: dict[str, list[Window]] = {}
+    for w in held:
+        by_source.setdefault(w.source, []).append(w)
+    # (source, batch): batches never mix sources, so agreement is also reported per source (a mix of
+    # easy source code and chat answers hides how the head does on chat)
+    held_batches = [(src, make_batch(tgt, ws[i : i + config.batch_size], layer_ids, None))
+                    for src, ws in sorted(by_source.items()) for i in range(0, len(ws), config.batch_size)]
     seconds["held_out_features"] = time.perf_counter() - t0
 
     def evaluate(step: int) -> list[float] | None:
         if not held_batches:
             return None
         model.eval()
-        hits = np.zeros(config.ttt_steps)
-        rows = np.zeros(config.ttt_steps)
+        hits = {src: np.zeros(config.ttt_steps) for src, _ in held_batches}
+        rows = {src: np.zeros(config.ttt_steps) for src, _ in held_batches}
         with torch.no_grad():
-            for b in held_batches:
+            for src, b in held_batches:
                 logits = ttt_forward(model, tgt.embed, b.features, b.ids, config.ttt_steps)
                 for k, (h, n) in enumerate(agreement_counts(logits, b, draft_ids)):
-                    hits[k] += h
-                    rows[k] += n
+                    hits[src][k] += h
+                    rows[src][k] += n
         model.train()
-        agree = [float(h / n) if n else 0.0 for h, n in zip(hits, rows)]
-        agreement_history.append({"step": step, "agreement": [round(a, 5) for a in agree]})
+
+        def ratio(h, n) -> list[float]:
+            return [round(float(a / c), 5) if c else 0.0 for a, c in zip(h, n)]
+
+        agree = ratio(sum(hits.values()), sum(rows.values()))
+        agreement_history.append({"step": step, "agreement": agree,
+                                  "by_source": {src: ratio(hits[src], rows[src]) for src in sorted(hits)}})
         progress({"event": "eval", "step": step, "agreement": agree})
         return agree
 

@@ -97,6 +97,9 @@ def test_training_loss_falls_and_agreement_is_recorded(setup):
     assert report.agreement is not None and len(report.agreement) == 3  # one per TTT step
     assert all(0.0 <= a <= 1.0 for a in report.agreement)
     assert [h["step"] for h in report.agreement_history] == [0, 10, 20, 30]
+    last = report.agreement_history[-1]
+    (source,) = last["by_source"]  # one data source here: its agreement is the overall one
+    assert last["by_source"][source] == last["agreement"]
     assert report.layer_ids == (2, 2, 1)  # (2, L//2, L-3) for L = 4
     data = report.data
     assert data["sources"][0]["files_used"] == 4 and data["held_out_windows"] >= 1
