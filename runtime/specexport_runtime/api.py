@@ -40,7 +40,7 @@ from .proposers import (
     Proposer,
 )
 from .sampling import SamplingParams
-from .suffix import SuffixConfig, SuffixProposer, SuffixStore
+from .suffix import SourceCalibration, SuffixConfig, SuffixProposer, SuffixStore
 from .tokenizer import TextCodec
 
 Prompt = str | bytes | Sequence[int]
@@ -80,6 +80,7 @@ class SpecGenerator:
         # what `hybrid` retrieves with besides its draft: "lookup" (n-gram prompt lookup) or
         # "suffix" (suffix drafts from the request and earlier answers, then lookup)
         self.hybrid_retrieval = "lookup"
+        self.suffix_calibration = SourceCalibration()  # per-source score calibration, learned across requests
         self.use_datastore = True  # the suffix proposer also drafts from the artifact's corpus datastore, if any
         self._datastore: Datastore | None = None
 
@@ -128,7 +129,7 @@ class SpecGenerator:
 
     def _suffix(self) -> SuffixProposer:
         return SuffixProposer(self.suffix_store, self.suffix_config, self.manifest.max_context,
-                              self.datastore if self.use_datastore else None)
+                              self.datastore if self.use_datastore else None, self.suffix_calibration)
 
     @property
     def datastore(self) -> Datastore | None:

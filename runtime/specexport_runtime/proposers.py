@@ -144,6 +144,7 @@ class HybridProposer:
         if self.suffix is not None:
             tokens, score, where = self.suffix.retrieve(committed)
             if tokens and score >= self.suffix.config.hybrid_min_score:
+                self.suffix.use_last()
                 return Proposal(tokens, None, lookup=True, source=f"suffix-{where}")
         room = self.draft.model.max_context - len(committed)  # rows left after feeding `last`
         n, tokens = self.lookup.index.match(max(0, min(self.lookup.index.max_gamma, room)))

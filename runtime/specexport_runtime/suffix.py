@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -228,6 +228,30 @@ class SuffixStore:
                 "responses_added": self.added, "memory_bytes": self.memory_bytes()}
 
 
+@dataclass
+class SourceCalibration:
+    """How far each source's score (its expected accepted tokens) is borne out: accepted / scored
+    tokens per source, starting from a prior of PRIOR tokens at ratio 1 and halving both sums past
+    HORIZON scored tokens, so the factor follows the recent rounds. Shared by the generator's
+    requests on purpose (like the gamma controller's learned acceptance): a corpus whose matches
+    the target keeps rejecting is trusted less from then on."""
+
+    PRIOR = 8.0
+    HORIZON = 2000.0
+    scored: dict[str, float] = field(default_factory=dict)
+    accepted: dict[str, float] = field(default_factory=dict)
+
+    def factor(self, source: str) -> float:
+        return (self.accepted.get(source, 0.0) + self.PRIOR) / (self.scored.get(source, 0.0) + self.PRIOR)
+
+    def record(self, source: str, score: float, accepted: int) -> None:
+        scored = self.scored.get(source, 0.0) + score
+        got = self.accepted.get(source, 0.0) + accepted
+        if scored > self.HORIZON:
+            scored, got = scored / 2, got / 2
+        self.scored[source], self.accepted[source] = scored, got
+
+
 class SuffixProposer:
     """Suffix speculation over the request so far and the store of past responses: each round
     both are matched and the proposal with the higher score is used. Proposals cost no model
@@ -237,35 +261,51 @@ class SuffixProposer:
     name = "suffix"
     proposes_when_off = True
 
-    def __init__(self, store: SuffixStore | None, config: SuffixConfig, max_context: int, datastore=None):
+    def __init__(self, store: SuffixStore | None, config: SuffixConfig, max_context: int, datastore=None,
+                 calibration: SourceCalibration | None = None):
         """datastore: a datastore.Datastore (the artifact's corpus) or None."""
         self.store, self.config, self.max_context, self.datastore = store, config, max_context, datastore
+        self.calibration = calibration if calibration is not None else SourceCalibration()
         self.request = RequestSuffix()
         self.prompt_length = 0
+        self._last: tuple[str, float, int] | None = None  # (source, raw score, tokens) of the last retrieve
+        self._pending: tuple[str, float, int] | None = None  # the same, once its draft is verified
 
     def start(self, prompt: Sequence[int]) -> None:
         self.request.reset(prompt)
         self.prompt_length = len(prompt)
 
     def retrieve(self, committed: Sequence[int]) -> tuple[list[int], float, str]:
-        """(tokens, score, source) of the best-scoring source: 'request', 'store' or 'datastore'
-        (ties: in that order)."""
+        """(tokens, score, source) of the best source, 'request', 'store' or 'datastore' (ties: in
+        that order); the score is the source's own times its calibration factor."""
         room = max(0, self.max_context - len(committed))  # rows left after feeding `last`
-        best = self.request.propose(self.config, room)[:2] + ("request",)
         tail = committed[-self.config.max_depth :]
-        for name, source in (("store", self.store), ("datastore", self.datastore)):
-            if source is not None:
-                other = source.propose(tail, self.config, room)[:2] + (name,)
-                if other[1] > best[1]:
-                    best = other
-        return best
+        best: tuple[list[int], float, str, float] = ([], 0.0, "request", 0.0)  # (tokens, score, source, raw)
+        for name, source in (("request", self.request), ("store", self.store), ("datastore", self.datastore)):
+            if source is None:
+                continue
+            tokens, raw, _ = source.propose(self.config, room) if name == "request" else source.propose(tail, self.config, room)
+            score = raw * self.calibration.factor(name)
+            if tokens and score > best[1]:
+                best = (tokens, score, name, raw)
+        self._last = (best[2], best[3], len(best[0]))
+        return best[0], best[1], best[2]
+
+    def use_last(self) -> None:
+        """The last retrieved draft is verified this round: its acceptance updates the calibration."""
+        self._pending = self._last
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
         tokens, _, where = self.retrieve(committed)
+        self.use_last()
         # deterministic: q one-hot; no evidence on a draft model's acceptance or cost (lookup=True)
         return Proposal(tokens, None, lookup=True, source=f"suffix-{where}")
 
     def commit(self, committed, n_new) -> None:
+        if self._pending is not None and self._pending[2] > 0:  # a verified suffix draft: n_new - 1 accepted
+            source, raw, k = self._pending
+            self.calibration.record(source, raw, min(n_new - 1, k))
+        self._pending = None
         self.request.extend(committed[len(committed) - n_new :])
 
     def finish(self, output: Sequence[int]) -> None:
@@ -274,5 +314,5 @@ class SuffixProposer:
             self.store.add(output)
 
 
-__all__ = ["MAX_CANDIDATES", "SEP", "RequestSuffix", "SuffixConfig", "SuffixProposer", "SuffixStore", "draft_chain",
-           "longest_match"]
+__all__ = ["MAX_CANDIDATES", "SEP", "RequestSuffix", "SourceCalibration", "SuffixConfig", "SuffixProposer", "SuffixStore",
+           "draft_chain", "longest_match"]

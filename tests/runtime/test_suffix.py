@@ -231,3 +231,42 @@ def test_hybrid_with_suffix_retrieval_is_exact_and_uses_both(gens, kind):
     finally:
         gen.hybrid_retrieval = "lookup"
         gen.forget_history()
+
+
+def test_source_calibration_follows_what_the_target_accepts():
+    """A source whose drafts the target keeps rejecting is trusted less (its factor falls toward
+    accepted / scored), one that is borne out keeps a factor near 1; old rounds fade (HORIZON)."""
+    from specexport_runtime.suffix import SourceCalibration
+
+    cal = SourceCalibration()
+    assert cal.factor("datastore") == 1.0
+    for _ in range(200):
+        cal.record("datastore", 2.0, 0)  # claims 2 tokens, gets none
+        cal.record("request", 2.0, 2)
+    assert cal.factor("datastore") < 0.05 and cal.factor("request") == pytest.approx(1.0)
+    assert cal.scored["datastore"] <= SourceCalibration.HORIZON
+    for _ in range(2000):
+        cal.record("datastore", 2.0, 2)  # now it is right: the factor recovers
+    assert cal.factor("datastore") > 0.9
+
+
+def test_a_rejected_corpus_is_trusted_less_in_the_loop(gens):
+    """In the loop: a store full of text that contradicts the target is drafted from, rejected,
+    and its calibration factor falls below the request's; output stays exact."""
+    gen = gens("ngram")
+    gen.forget_history()
+    from specexport_runtime.suffix import SourceCalibration
+
+    gen.suffix_calibration = SourceCalibration()
+    rng = np.random.default_rng(3)
+    prompt = [7, 150, 33, 299, 12, 260, 5]
+    base = gen.generate(prompt, max_new_tokens=60, speculative=False).token_ids
+    wrong = {i: [int(t) for t in rng.integers(0, 300, size=6)] for i in range(len(base) - 1)}
+    for _ in range(5):  # every bigram of the target's answer, continued wrongly (always the same way: confident)
+        for i in range(len(base) - 1):
+            gen.suffix_store.add([base[i], base[i + 1]] + wrong[i])
+    # one request (its own answer joins the store at its end and would be drafted right later)
+    assert gen.generate(prompt, max_new_tokens=60, proposer="suffix", gamma=4).token_ids == base
+    cal = gen.suffix_calibration
+    assert cal.scored.get("store", 0) > 0 and cal.factor("store") < 0.5
+    gen.forget_history()
