@@ -5,11 +5,17 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from specexport_runtime.manifest import read_manifest, verify_files
+from specexport_runtime.manifest import SIGNATURE_NAME, read_manifest, verify_files
+from specexport_runtime.signing import verify as verify_signature
 
 
-def summarize(root: Path, verify: bool = True) -> dict:
-    """Manifest facts plus file sizes; raises ChecksumError/ArtifactError when verify fails."""
+def summarize(root: Path, verify: bool = True, trusted_keys=()) -> dict:
+    """Manifest facts plus file sizes; raises ChecksumError/ArtifactError when verify fails, and
+    SignatureError when trusted_keys are given and the signature does not verify."""
+    signature = "not signed" if not (Path(root) / SIGNATURE_NAME).is_file() else "present, not checked (no --trusted-key)"
+    if trusted_keys:
+        signature = f"verified (key {verify_signature(Path(root), trusted_keys)})"
+        verify = True
     manifest = read_manifest(root)
     if verify:
         verify_files(root, manifest)
@@ -23,6 +29,7 @@ def summarize(root: Path, verify: bool = True) -> dict:
         "files": len(manifest.files),
         "bytes": sum((root / rel).stat().st_size for rel in manifest.files),
         "checksums": "verified" if verify else "not checked",
+        "signature": signature,
         "eos_token_ids": list(manifest.tokenizer.eos_token_ids),
         "tools": manifest.tools,
     }

@@ -32,6 +32,7 @@ from .manifest import (
     verify_files,
 )
 from .paths import check_graph
+from .signing import verify as verify_signature
 from .proposers import (
     DraftModelProposer,
     HybridProposer,
@@ -258,15 +259,22 @@ class SpecGenerator:
 
 
 def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None, verify: bool = True,
-         shared_pool: bool = False) -> SpecGenerator:
+         shared_pool: bool = False, trusted_keys: Sequence[str | Path | bytes] | None = None) -> SpecGenerator:
     """Open an artifact: check manifest, contract version and checksums, create both sessions
     and allocate their KV buffers at max context.
 
     threads: intra-op threads (None: all cores). shared_pool: on CPU, target and draft share
     one process-wide thread pool (faster on few cores, but every other ONNX Runtime session of
     the process must then join it; see engine.SessionConfig); False (default) gives each
-    session its own pool, with spinning off for the target when a draft shares the cores."""
+    session its own pool, with spinning off for the target when a draft shares the cores.
+
+    trusted_keys: ed25519 public keys (PEM paths or bytes); when given, the artifact must carry a
+    manifest.sig by one of them (signing.py), checked before anything else, and its checksums are
+    verified whatever `verify` says (the signature covers the files through them)."""
     root = Path(artifact)
+    if trusted_keys is not None:
+        verify_signature(root, trusted_keys)
+        verify = True
     manifest, codec, calibration = open_artifact(root, verify)
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)

@@ -28,6 +28,18 @@ def _parser() -> argparse.ArgumentParser:
                                      " /health, /metrics (Prometheus). One generation at a time; the others wait in a"
                                      " bounded queue. Needs `pip install ./runtime[serve]`. See docs/serving.md.")
     add_serve_arguments(srv)
+    unp = sub.add_parser("unpack", help="install a .spx package atomically (a symlink switched to the new version)",
+                         description="Check a .spx package's members (regular files inside the artifact only), extract"
+                                     " it next to DIR, verify its signature (--trusted-key) and checksums, then switch"
+                                     " DIR (a symlink into DIR.versions/) to it atomically. docs/artifact.md.")
+    unp.add_argument("package", help="the .spx file written by `specexport pack`")
+    unp.add_argument("--into", required=True, help="the install path (a symlink this command manages)")
+    unp.add_argument("--keep", type=int, default=1, help="earlier versions kept for rollback (default 1)")
+    unp.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_KEY",
+                     help="an ed25519 public key (PEM); repeatable: the package must be signed by one of them")
+    rb = sub.add_parser("rollback", help="switch an unpacked install back to its previous version",
+                        description="Point DIR back at the newest version kept before the current one.")
+    rb.add_argument("into", help="the install path given to unpack --into")
     return parser
 
 
@@ -63,6 +75,9 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("--no-shared-pool", action="store_true",
                      help="give target and draft their own CPU thread pools (default: one shared pool)")
     srv.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
+    srv.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_KEY",
+                     help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
+                          " (specexport sign; needs pip install './runtime[sign]')")
     srv.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
                      help="uvicorn's log level (default info: one access line per request)")
 
@@ -82,7 +97,7 @@ def run_serve(args: argparse.Namespace) -> int:
                           drain_seconds=args.drain_seconds, stall_seconds=args.stall_seconds,
                           model_name=args.model_name, proposer=args.proposer)  # checked before the slow load
     gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
-               shared_pool=not args.no_shared_pool)
+               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key)
     serve(gen, config, log_level=args.log_level)
     return 0
 
@@ -113,6 +128,9 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     gen.add_argument("--domain", default=None, help="calibration profile to start gamma from")
     gen.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
+    gen.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_KEY",
+                     help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
+                          " (specexport sign; needs pip install './runtime[sign]')")
     gen.add_argument("--no-shared-pool", action="store_true",
                      help="give target and draft their own CPU thread pools (default: one shared pool)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -122,7 +140,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from .api import load
 
     gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
-               shared_pool=not args.no_shared_pool)
+               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, proposer=args.proposer, stop=tuple(args.stop),
@@ -161,6 +179,16 @@ def run_generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "unpack":
+            from .package import unpack
+
+            print(f"installed {unpack(args.package, args.into, args.trusted_key, args.keep)} at {args.into}")
+            return 0
+        if args.command == "rollback":
+            from .package import rollback
+
+            print(f"{args.into} -> {rollback(args.into)}")
+            return 0
         return run_serve(args) if args.command == "serve" else run_generate(args)
     except SpecExportError as exc:
         if args.debug:

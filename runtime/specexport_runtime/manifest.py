@@ -37,6 +37,7 @@ from .schema import check_manifest
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.sig"  # signing.py: never listed in files (it signs the manifest that lists them)
 PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix", "none")  # speculation.proposer values ("none": target only)
 SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix")  # what --proposer accepts
 DRAFT_MODEL_PROPOSERS = ("draft", "hybrid", "eagle")  # run the artifact's draft graph (a model, or an EAGLE-3 head)
@@ -275,7 +276,8 @@ def checksum_tree(root: Path) -> dict[str, str]:
     return {
         path.relative_to(root).as_posix(): sha256_file(path)
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.name != MANIFEST_NAME and not _is_temporary(path)
+        if path.is_file() and path.relative_to(root).as_posix() not in (MANIFEST_NAME, SIGNATURE_NAME)
+        and not _is_temporary(path)
     }
 
 

@@ -1,0 +1,156 @@
+"""Single-file artifacts (`.spx`) and their atomic installation on a device (issue 15).
+
+pack     a plain tar: manifest.json first, then manifest.sig when present, then every file the
+         manifest lists (sorted); nothing else from the folder (no stray files travel).
+unpack   into a versions folder next to the target and switch a symlink:
+
+    DIR                 -> DIR.versions/<version>     (a symlink, replaced with os.replace: atomic)
+    DIR.versions/<version>/...                       every installed version, newest `keep` + 1 kept
+
+         Members are checked before anything is written: regular files only (no links, devices,
+         FIFOs), relative paths inside the artifact (paths.confined rules), each at most once,
+         the manifest first. They are extracted into a temporary folder inside DIR.versions, whose
+         manifest (schema, paths), signature (when trusted keys are given) and checksums are then
+         verified; only then is the folder renamed to its version name and the symlink switched.
+         A crash at any point leaves DIR pointing at the previous complete version (or absent
+         on a first install): never at a mix. A temporary folder left by a crash is removed by
+         the next unpack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+from .errors import ArtifactError, InvalidArgument
+from .manifest import MANIFEST_NAME, SIGNATURE_NAME, read_manifest, verify_files
+from .paths import confined
+
+SUFFIX = ".spx"
+TMP_PREFIX = ".unpack-"
+
+
+class PackageError(ArtifactError):
+    """A package is malformed or holds a member that could escape the artifact."""
+
+
+def pack(root: Path, out: Path) -> Path:
+    """Write `out` (a .spx tar) from the artifact folder `root` (checksums verified first)."""
+    root, out = Path(root), Path(out)
+    manifest = read_manifest(root)
+    verify_files(root, manifest)
+    names = [MANIFEST_NAME] + ([SIGNATURE_NAME] if (root / SIGNATURE_NAME).is_file() else []) + sorted(manifest.files)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            info = tar.gettarinfo(str(root / name), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mode = 0o644
+            with open(root / name, "rb") as handle:
+                tar.addfile(info, handle)
+    os.replace(tmp, out)
+    return out
+
+
+def _check_member(member: tarfile.TarInfo, seen: set[str]) -> str:
+    name = member.name
+    if not member.isreg():
+        raise PackageError(f"package member {name!r} is not a regular file ({member.type!r}): links and devices are refused")
+    if name in seen:
+        raise PackageError(f"package member {name!r} appears twice")
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in name or not name:
+        raise PackageError(f"package member {name!r} would land outside the artifact")
+    seen.add(name)
+    return name
+
+
+def _versions(target: Path) -> Path:
+    return target.with_name(target.name + ".versions")
+
+
+def unpack(package: Path, target: Path, trusted_keys: Sequence[str | Path | bytes] | None = None,
+           keep: int = 1) -> Path:
+    """Install `package` at `target` (module docstring); returns the new version's folder."""
+    package, target = Path(package), Path(target)
+    if keep < 0:
+        raise InvalidArgument(f"keep must be >= 0, got {keep}")
+    if target.exists() and not target.is_symlink():
+        raise InvalidArgument(f"{str(target)!r} is a plain folder; unpack installs at a path it manages "
+                              f"(a symlink into {_versions(target).name}/): choose a new path")
+    versions = _versions(target)
+    versions.mkdir(parents=True, exist_ok=True)
+    for stale in versions.glob(TMP_PREFIX + "*"):  # a crashed earlier unpack
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = versions / f"{TMP_PREFIX}{os.getpid()}-{time.time_ns()}"
+    tmp.mkdir()
+    try:
+        try:
+            tar = tarfile.open(package, "r:")
+        except (OSError, tarfile.TarError) as exc:
+            raise PackageError(f"{str(package)!r} is not a readable .spx (tar) package: {exc}") from None
+        with tar:
+            seen: set[str] = set()
+            for i, member in enumerate(tar):
+                name = _check_member(member, seen)
+                if i == 0 and name != MANIFEST_NAME:
+                    raise PackageError(f"the package's first member is {name!r}; a .spx starts with {MANIFEST_NAME}")
+                dest = confined(tmp, name, "package member")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                with open(dest, "wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+        if trusted_keys is not None:
+            from .signing import verify as verify_signature
+
+            verify_signature(tmp, trusted_keys)
+        manifest = read_manifest(tmp)
+        verify_files(tmp, manifest)
+        unlisted = seen - set(manifest.files) - {MANIFEST_NAME, SIGNATURE_NAME}
+        if unlisted:
+            raise PackageError(f"package member {sorted(unlisted)[0]!r} is not listed in its manifest")
+        version = versions / f"{manifest.name}-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
+        os.rename(tmp, version)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    link = versions / f"{TMP_PREFIX}link-{os.getpid()}"
+    os.symlink(os.path.relpath(version, target.parent), link)
+    os.replace(link, target)  # the switch: atomic on POSIX
+    _prune(versions, version, keep)
+    return version
+
+
+def _prune(versions: Path, current: Path, keep: int) -> None:
+    """Keep the current version and the `keep` newest before it."""
+    old = sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX) and p != current),
+                 key=lambda p: p.stat().st_mtime, reverse=True)
+    for p in old[keep:]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def rollback(target: Path) -> Path:
+    """Point `target` back at the newest version before the current one."""
+    target = Path(target)
+    if not target.is_symlink():
+        raise InvalidArgument(f"{str(target)!r} was not installed by unpack (not a symlink)")
+    current = target.resolve()
+    versions = _versions(target)
+    older = sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
+                    and p.resolve() != current), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not older:
+        raise InvalidArgument(f"no earlier version of {str(target)!r} is kept in {versions.name}/")
+    link = versions / f"{TMP_PREFIX}link-{os.getpid()}"
+    os.symlink(os.path.relpath(older[0], target.parent), link)
+    os.replace(link, target)
+    return older[0]
+
+
+__all__ = ["SUFFIX", "PackageError", "pack", "rollback", "unpack"]
