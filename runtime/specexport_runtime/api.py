@@ -31,7 +31,7 @@ from .manifest import (
     read_manifest,
     verify_files,
 )
-from .paths import check_graph
+from .paths import check_graph, confined
 from .signing import verify as verify_signature
 from .proposers import (
     DraftModelProposer,
@@ -307,7 +307,7 @@ def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec,
             bos_text = added["content"]
     codec = TextCodec(root / tok.file, template, bos=bos_text, eos=eos_text)
     calibration = None
-    if (root / CALIBRATION_NAME).is_file():
+    if confined(root, CALIBRATION_NAME, "calibration file").is_file():  # a symlink leaving the folder is refused
         try:
             calibration = json.loads((root / CALIBRATION_NAME).read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:

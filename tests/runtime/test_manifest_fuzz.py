@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def base(tiny_artifacts, tmp_path_factory):
     return root, json.loads((root / "manifest.json").read_text())
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=500, deadline=timedelta(seconds=20),  # a load that hangs fails the deadline
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_manifests_raise_only_typed_errors(base, data):
     root, original = base

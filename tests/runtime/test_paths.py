@@ -120,3 +120,11 @@ def test_garbage_graph_is_a_typed_error(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"\x3a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff")
     with pytest.raises(ArtifactError, match="not a readable ONNX protobuf"):
         external_data_locations(tmp_path / "model.onnx")
+
+
+def test_calibration_symlink_out_is_refused(tiny_artifacts, tmp_path):
+    root = _copy(tiny_artifacts, tmp_path)
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.symlink(tmp_path / "elsewhere.json", root / "calibration.json")
+    with pytest.raises(PathError, match="calibration file 'calibration.json' resolves to"):
+        load(root)
