@@ -109,3 +109,16 @@ def test_cli_keygen_sign_inspect(tiny_artifacts, tmp_path):
     assert out.exit_code == 0, out.output
     out = runner.invoke(cli, ["inspect", str(root), "--trusted-key", str(tmp_path / "k" / "specexport.pub")])
     assert out.exit_code == 0 and "signature: verified" in out.output, out.output
+
+
+def test_runtime_cli_refuses_unsigned_with_trusted_key(tiny_artifacts, tmp_path, capsys):
+    """generate and serve take --trusted-key: an unsigned artifact stops before anything runs."""
+    from specexport_runtime.cli import main
+
+    _, public = keygen(tmp_path / "keys")
+    art = str(tiny_artifacts["ngram"])
+    assert main(["generate", art, "--prompt", "hi", "--trusted-key", str(public)]) == 2
+    assert "is not signed" in capsys.readouterr().err
+    pytest.importorskip("uvicorn")
+    assert main(["serve", art, "--port", "0", "--trusted-key", str(public)]) == 2
+    assert "is not signed" in capsys.readouterr().err
