@@ -32,15 +32,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import torch
 from onnx import TensorProto, helper
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
-from .export import DATA_NAME, GRAPH_NAME, ExportResult
+from .export import ExportResult
 from .formats.blocks import rtn_quantize
-from .fused import MS, OPSET, _activation, _Graph
+from .fused import MS, _activation, _Graph, save_graph
 from .nbits import gather_nbits, matmul_nbits
 
 HEAD_FEATURES, HEAD_HIDDEN, HEAD_HIDDEN_OUT = contract.HEAD_FEATURES, contract.HEAD_HIDDEN, contract.HEAD_HIDDEN_OUT
@@ -135,16 +134,5 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
         helper.make_tensor_value_info(contract.present_key(0), float_type, cache),
         helper.make_tensor_value_info(contract.present_value(0), float_type, cache),
     ]
-    graph = helper.make_graph(g.nodes, "specexport_eagle3_head", inputs, outputs, g.inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
-                              producer_name="specexport")
-    proto.ir_version = 8
-    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, contract.ROW_PADDING_VERSION))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / DATA_NAME).unlink(missing_ok=True)
-    path = out_dir / GRAPH_NAME
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME,
-                    size_threshold=1024)
-    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
-    return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)
+    return save_graph(g, "specexport_eagle3_head", inputs, outputs, spec, contract.ROW_PADDING_VERSION, out_dir, start)
 

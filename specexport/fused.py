@@ -359,12 +359,20 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     order_out = {n: k for k, n in enumerate(spec.output_names())}
     inputs.sort(key=lambda v: order_in[v.name])
     outputs.sort(key=lambda v: order_out[v.name])
-    graph = helper.make_graph(g.nodes, "specexport_fused", inputs, outputs, g.inits)
+    padded = pad or min_rows > 1 or feature_layers
+    return save_graph(g, "specexport_fused", inputs, outputs, spec, contract.ROW_PADDING_VERSION if padded else None,
+                      out_dir, start)
+
+
+def save_graph(g: _Graph, name: str, inputs: list, outputs: list, spec: GraphSpec, version: str | None,
+               out_dir: Path, start: float) -> ExportResult:
+    """Write g's nodes as out_dir/model.onnx with external data (model.onnx.data), its contract
+    metadata (`version`: the contract minor the graph needs, None for the layout's own)."""
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
                               producer_name="specexport")
     proto.ir_version = 8
-    padded = pad or min_rows > 1 or feature_layers
-    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, contract.ROW_PADDING_VERSION if padded else None))
+    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, version))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DATA_NAME).unlink(missing_ok=True)
     path = out_dir / GRAPH_NAME

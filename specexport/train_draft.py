@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import BuildError
-from .formats.eagle3 import Eagle3Config, Eagle3Head, TargetShape, write_eagle3_head
+from .formats.eagle3 import Eagle3Config, Eagle3Head, TargetShape, replace_folder, write_eagle3_head
 
 # ----------------------------------------------------------------------------------- constants
 
@@ -683,12 +683,10 @@ def _calibration_windows(tgt: _Target, config: TrainConfig, progress: Progress) 
             generated += 1
             if generated % 8 == 0:
                 _write_json(cache_path, cache)
-        ids = list(prompt_ids) + list(cache[key])
         answer_tokens += len(cache[key])
-        start = max(0, len(ids) - config.seq_len)  # keep the answer: drop the prompt's start if too long
-        first_row = max(0, len(prompt_ids) - 1 - start)
-        if len(ids) - start >= MIN_WINDOW and first_row < len(ids) - start - 1:
-            windows.append(Window(np.asarray(ids[start:], dtype=np.int64), first_row, "calibration"))
+        window = _sample_window(prompt_ids, cache[key], config.seq_len, "calibration")
+        if window is not None:
+            windows.append(window)
     if generated:
         _write_json(cache_path, cache)
     info = {"source": "calibration", "where": str(cache_path), "prompts": len(prompts), "prompts_held_out": len(held),
@@ -697,7 +695,8 @@ def _calibration_windows(tgt: _Target, config: TrainConfig, progress: Progress) 
 
 
 def _sample_window(prompt_ids: list[int], answer: list[int], seq_len: int, name: str) -> Window | None:
-    """prompt + answer as one window (the loss covers the answer); a long prompt loses its start."""
+    """prompt + answer as one window (the loss covers the answer from its first token on); a long
+    prompt loses its start, never the answer; None when too short to train on."""
     ids = list(prompt_ids) + list(answer)
     start = max(0, len(ids) - seq_len)
     first_row = max(0, len(prompt_ids) - 1 - start)
@@ -941,17 +940,6 @@ def _restore(model: Eagle3Draft, opt: torch.optim.Optimizer, tensors: dict, adam
                                 "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].clone()}
 
 
-def _replace_folder(new: Path, folder: Path) -> None:
-    if not folder.exists():
-        new.rename(folder)
-        return
-    old = folder.with_name(f".{folder.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    folder.rename(old)
-    new.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / REPORT_NAME).is_file())):
         raise TrainDraftError(f"out {str(out)!r} exists and is not a train-draft output (no {REPORT_NAME}); "
@@ -970,7 +958,7 @@ def _write_output(out: Path, head: Eagle3Head, report: dict, ckpt_tensors: dict,
         (staging / CHECKPOINT_DIR).mkdir()
         save_file({k: v.contiguous() for k, v in ckpt_tensors.items()}, str(staging / CHECKPOINT_DIR / CHECKPOINT_TENSORS))
         (staging / CHECKPOINT_DIR / CHECKPOINT_JSON).write_text(json.dumps(ckpt_meta, indent=2) + "\n", encoding="utf-8")
-        _replace_folder(staging, out)
+        replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -16,6 +16,7 @@ never restarting. Both arrays are memory-mapped, never read whole.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import bisect
 from pathlib import Path
 
 import numpy as np
@@ -62,21 +63,12 @@ class Datastore:
         if hi - lo <= VECTOR_RANGE:
             col = self._column(lo, hi, depth)
             return lo + int(np.searchsorted(col, token, "left")), lo + int(np.searchsorted(col, token, "right"))
-        a, b = lo, hi
-        while a < b:  # first index with column >= token
-            mid = (a + b) // 2
-            if self._token(mid, depth) < token:
-                a = mid + 1
-            else:
-                b = mid
-        first, b = a, hi
-        while a < b:  # first index with column > token
-            mid = (a + b) // 2
-            if self._token(mid, depth) <= token:
-                a = mid + 1
-            else:
-                b = mid
-        return first, a
+        column = range(lo, hi)  # sorted by the token at `depth` within [lo, hi): two binary searches
+
+        def key(i: int) -> int:
+            return self._token(i, depth)
+
+        return bisect.bisect_left(column, token, key=key) + lo, bisect.bisect_right(column, token, key=key) + lo
 
     def match(self, context: Sequence[int], max_depth: int) -> tuple[int, int, int]:
         """(m, lo, hi): the longest m <= max_depth with context[-m:] in the corpus, and the

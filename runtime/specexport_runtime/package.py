@@ -121,19 +121,24 @@ def unpack(package: Path, target: Path, trusted_keys: Sequence[str | Path | byte
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    link = versions / f"{TMP_PREFIX}link-{os.getpid()}"
-    os.symlink(os.path.relpath(version, target.parent), link)
-    os.replace(link, target)  # the switch: atomic on POSIX
-    _prune(versions, version, keep)
+    _switch(target, version)
+    for old in _older_versions(versions, version)[keep:]:  # keep the current one and `keep` before it
+        shutil.rmtree(old, ignore_errors=True)
     return version
 
 
-def _prune(versions: Path, current: Path, keep: int) -> None:
-    """Keep the current version and the `keep` newest before it."""
-    old = sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX) and p != current),
-                 key=lambda p: p.stat().st_mtime, reverse=True)
-    for p in old[keep:]:
-        shutil.rmtree(p, ignore_errors=True)
+def _switch(target: Path, version: Path) -> None:
+    """Point the symlink `target` at `version`: a new link renamed over the old one (atomic on POSIX)."""
+    link = _versions(target) / f"{TMP_PREFIX}link-{os.getpid()}"
+    os.symlink(os.path.relpath(version, target.parent), link)
+    os.replace(link, target)
+
+
+def _older_versions(versions: Path, current: Path) -> list[Path]:
+    """Complete installed versions other than `current`, newest first."""
+    current = current.resolve()
+    return sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
+                   and p.resolve() != current), key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def rollback(target: Path) -> Path:
@@ -141,15 +146,10 @@ def rollback(target: Path) -> Path:
     target = Path(target)
     if not target.is_symlink():
         raise InvalidArgument(f"{str(target)!r} was not installed by unpack (not a symlink)")
-    current = target.resolve()
-    versions = _versions(target)
-    older = sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
-                    and p.resolve() != current), key=lambda p: p.stat().st_mtime, reverse=True)
+    older = _older_versions(_versions(target), target)
     if not older:
-        raise InvalidArgument(f"no earlier version of {str(target)!r} is kept in {versions.name}/")
-    link = versions / f"{TMP_PREFIX}link-{os.getpid()}"
-    os.symlink(os.path.relpath(older[0], target.parent), link)
-    os.replace(link, target)
+        raise InvalidArgument(f"no earlier version of {str(target)!r} is kept in {_versions(target).name}/")
+    _switch(target, older[0])
     return older[0]
 
 

@@ -468,14 +468,16 @@ def write_eagle3_head(head: Eagle3Head, folder: str | Path) -> Path:
     try:
         (tmp / "config.json").write_text(json.dumps(head_config_json(head.config), indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / SAFETENSORS_NAME), metadata={"format": "pt"})
-        _replace_folder(tmp, folder)
+        replace_folder(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
 
 
-def _replace_folder(new: Path, folder: Path) -> None:
+def replace_folder(new: Path, folder: Path) -> None:
+    """Put the complete folder `new` where `folder` is (the old one is moved aside first, then
+    removed; a leftover aside copy of an earlier crash is cleared)."""
     if not folder.exists():
         new.rename(folder)
         return
@@ -483,7 +485,7 @@ def _replace_folder(new: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
     folder.rename(old)
     new.rename(folder)
-    shutil.rmtree(old)
+    shutil.rmtree(old, ignore_errors=True)  # the new folder is in place: a stale aside copy is no failure
 
 
 __all__ = [
@@ -496,5 +498,6 @@ __all__ = [
     "head_config_json",
     "load_eagle3_head",
     "parse_config",
+    "replace_folder",
     "write_eagle3_head",
 ]
