@@ -110,10 +110,13 @@ def _graph_locations(graph: bytes, out: list[str], depth: int) -> None:
 
 def external_data_locations(path: Path) -> list[str]:
     """The `location` of every external-data tensor in an ONNX file (main graph and subgraphs)."""
-    size = path.stat().st_size
-    if size > MAX_GRAPH_BYTES:
-        raise PathError(f"graph {path.name!r} is {size} bytes; a graph with external weights is expected to be smaller")
-    data = path.read_bytes()
+    try:
+        size = path.stat().st_size
+        if size > MAX_GRAPH_BYTES:
+            raise PathError(f"graph {path.name!r} is {size} bytes; a graph with external weights is expected to be smaller")
+        data = path.read_bytes()
+    except OSError as exc:  # missing, a folder, unreadable
+        raise ArtifactError(f"graph {str(path)!r} cannot be read: {exc.strerror or exc}") from None
     out: list[str] = []
     try:
         for number, wire, value in _fields(data):

@@ -52,8 +52,11 @@ def base(tiny_artifacts, tmp_path_factory):
     return root, json.loads((root / "manifest.json").read_text())
 
 
+# derandomize: the same 500 mutations on every run, so CI never fails on a case no one saw; explore
+# new ones by hand with `pytest tests/runtime/test_manifest_fuzz.py --hypothesis-seed=N `
+# after removing derandomize (8 seeds x 500 ran clean here after the missing-graph fix)
 @settings(max_examples=500, deadline=timedelta(seconds=20),  # a load that hangs fails the deadline
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_manifests_raise_only_typed_errors(base, data):
     root, original = base

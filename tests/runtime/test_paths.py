@@ -128,3 +128,11 @@ def test_calibration_symlink_out_is_refused(tiny_artifacts, tmp_path):
     os.symlink(tmp_path / "elsewhere.json", root / "calibration.json")
     with pytest.raises(PathError, match="calibration file 'calibration.json' resolves to"):
         load(root)
+
+
+def test_a_graph_that_is_missing_is_a_typed_error(tiny_artifacts, tmp_path):
+    """Found by the manifest fuzz test: a graph path naming no file (and not listed in files)."""
+    root = _copy(tiny_artifacts, tmp_path)
+    _rewrite(root, lambda d: d["target"].update({"graph": "0"}))
+    with pytest.raises(ArtifactError, match="graph .* cannot be read"):
+        load(root, verify=True)
