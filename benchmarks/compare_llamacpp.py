@@ -12,7 +12,10 @@ Every method gets the same prompt token ids (the first artifact's chat template)
 rotating order per prompt after one warm-up generation each.
 
 tok/s is decode only, (new tokens - 1) / seconds after the prefill, for both engines
-(llama: timings.predicted_per_second; specexport: stats.tokens_per_second). The table gives its
+(llama: timings.predicted_per_second; specexport: stats.tokens_per_second, or through the server
+the response's speculative.decode_tokens_per_second); e2e is new tokens / the request's wall time
+from the client's side (prefill and, for servers, HTTP included). --specexport-via server runs
+specexport as a server too (server to server: the same HTTP request path for both). The table gives its
 median over prompts, the ratio to llama.cpp's target-only and to its best mode of the reference
 type, the acceptance, and for speculative modes how many prompts gave the same tokens as the
 engine's own target-only run (up to the first EOS).
@@ -168,25 +171,30 @@ def bench_tg(bin_dir: Path, model: Path, n: int, threads: int) -> dict:
     reference row of llama.cpp's decode speed that needs no batched call, no prompt, no tokens."""
     out = _check(_bench(bin_dir, model, threads, 0, n) + ["-o", "json"], f"llama-bench on {model.name}").stdout
     tok_s = json.loads(out)[0]["avg_ts"]
-    return {"tokens": [], "tok_s": tok_s, "new_tokens": n, "drafted": 0, "accepted": 0, "calls": None}
+    return {"tokens": [], "tok_s": tok_s, "new_tokens": n, "wall_tok_s": tok_s, "drafted": 0, "accepted": 0,
+            "calls": None}
 
 
-class LlamaServer:
-    """One llama-server process on a free localhost port, its log in `log`."""
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
-    def __init__(self, name: str, bin_dir: Path, model: Path, extra: list[str], threads: int, ctx: int, log: Path):
-        with socket.socket() as sock:  # a free localhost port
-            sock.bind(("127.0.0.1", 0))
-            self.name, self.port, self.log = name, sock.getsockname()[1], log
-        t = str(threads)
-        cmd = [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-               "-t", t, "-tb", t, "-td", t, "-tbd", t, "-np", "1", "--jinja", "-c", str(ctx), *extra]
+
+class HttpServer:
+    """One server process on a free localhost port, its log in `log`; `post` times each request
+    from the client's side (wall seconds, HTTP and prefill included)."""
+
+    kind = "server"
+
+    def __init__(self, name: str, cmd: list[str], port: int, log: Path):
+        self.name, self.port, self.log = name, port, log
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
 
     def _fail(self, why: str) -> SystemExit:
         lines = self.log.read_text(errors="replace").strip().splitlines()
-        return SystemExit(f"error: llama-server {self.name}: {why}; last log line: {(lines or ['-'])[-1][:200]}")
+        return SystemExit(f"error: {self.kind} {self.name}: {why}; last log line: {(lines or ['-'])[-1][:200]}")
 
     def wait_ready(self, timeout: float = 300) -> None:
         """Poll /health until it answers 200 (the model is loaded)."""
@@ -203,24 +211,67 @@ class LlamaServer:
             time.sleep(0.5)
         raise self._fail(f"not ready after {timeout:.0f} s")
 
-    def complete(self, ids: list[int], n: int, seed: int) -> dict:
-        """Greedy /completion on token ids -> one run row (tokens include a final EOS)."""
-        body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": seed, "cache_prompt": False,
-                "return_tokens": True, "stream": False}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
+    def post(self, path: str, body: dict) -> tuple[dict, float]:
+        """POST a JSON body -> (response JSON, wall seconds)."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
+        start = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
                 res = json.load(r)
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise self._fail(f"/completion failed: {e}") from e
-        tm = res["timings"]  # draft_n / draft_n_accepted sit in timings, only when something was drafted
-        return {"tokens": res["tokens"], "tok_s": tm["predicted_per_second"], "new_tokens": tm["predicted_n"],
-                "drafted": tm.get("draft_n", 0), "accepted": tm.get("draft_n_accepted", 0), "calls": None}
+            raise self._fail(f"{path} failed: {e}") from e
+        return res, time.perf_counter() - start
 
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
+
+
+class LlamaServer(HttpServer):
+    """llama-server on one GGUF with the given extra flags (a --spec-type, a draft)."""
+
+    kind = "llama-server"
+
+    def __init__(self, name: str, bin_dir: Path, model: Path, extra: list[str], threads: int, ctx: int, log: Path):
+        port, t = free_port(), str(threads)
+        super().__init__(name, [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
+                                str(port), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-np", "1", "--jinja", "-c",
+                                str(ctx), *extra], port, log)
+
+    def complete(self, ids: list[int], n: int, seed: int) -> dict:
+        """Greedy /completion on token ids -> one run row (tokens include a final EOS)."""
+        body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": seed, "cache_prompt": False,
+                "return_tokens": True, "stream": False}
+        res, wall = self.post("/completion", body)
+        tm = res["timings"]  # draft_n / draft_n_accepted sit in timings, only when something was drafted
+        return {"tokens": res["tokens"], "tok_s": tm["predicted_per_second"], "new_tokens": tm["predicted_n"],
+                "wall_tok_s": tm["predicted_n"] / wall, "drafted": tm.get("draft_n", 0),
+                "accepted": tm.get("draft_n_accepted", 0), "calls": None}
+
+
+class SpecServer(HttpServer):
+    """`specexport serve ARTIFACT --proposer MODE` ('none' for target-only): the path a client of
+    the server takes. Unlike the worker it keeps what serving keeps between requests (the suffix
+    proposer's global tree of earlier answers, learned costs), as llama-server's ngram-mod keeps
+    its pool; each mode has its own server, so no mode sees another's answers."""
+
+    kind = "specexport serve"
+
+    def __init__(self, name: str, artifact: Path, mode: str, threads: int, log: Path):
+        port = free_port()
+        super().__init__(name, [sys.executable, "-m", "specexport_runtime.cli", "serve", str(artifact), "--port",
+                                str(port), "--threads", str(threads), "--proposer", "none" if mode == "off" else mode],
+                         port, log)
+
+    def complete(self, ids: list[int], n: int, seed: int) -> dict:
+        """Greedy /v1/completions on token ids -> one run row (decode tok/s as the server measured it)."""
+        body = {"prompt": ids, "max_tokens": n, "temperature": 0, "seed": seed, "return_token_ids": True}
+        res, wall = self.post("/v1/completions", body)
+        spec, new = res["speculative"], res["usage"]["completion_tokens"]
+        return {"tokens": res["choices"][0]["token_ids"], "tok_s": spec["decode_tokens_per_second"],
+                "new_tokens": new, "wall_tok_s": new / wall, "drafted": spec["drafted"],
+                "accepted": spec["accepted"], "calls": spec["rounds"] + spec["plain_steps"]}
 
 
 # ---- specexport worker ------------------------------------------------------------------------
@@ -260,9 +311,11 @@ class SpecWorker:
         raise SystemExit(f"error: specexport worker {self.name} died: {(lines or ['-'])[-1][:200]}")
 
     def generate(self, ids: list[int], mode: str, n: int) -> dict:
+        start = time.perf_counter()
         self.proc.stdin.write(json.dumps({"ids": ids, "mode": mode, "new": n}) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self._read())
+        row = json.loads(self._read())
+        return {**row, "wall_tok_s": row["new_tokens"] / (time.perf_counter() - start)}
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -298,6 +351,7 @@ def summarise(methods: list[dict], runs: list[dict], eos: set[int], types: list[
         calls = [r["calls"] for r in rs if r["calls"] is not None]
         row = {"method": m["name"], "engine": m["engine"], "mode": m["mode"], "target": m["type"], "ref": ref,
                "precision": m.get("precision"), "exactness": m.get("exactness"), "tok_s_median": med[m["name"]],
+               "wall_tok_s_median": statistics.median(r["wall_tok_s"] for r in rs),
                "vs_llama_off": med[m["name"]] / ref_off if ref_off else None,
                "vs_llama_best": med[m["name"]] / best if best else None,
                "acceptance": accepted / drafted if drafted else None,
@@ -314,10 +368,11 @@ def summarise(methods: list[dict], runs: list[dict], eos: set[int], types: list[
 def format_table(rows: list[dict]) -> str:
     def num(v, fmt=".2f"):
         return "-" if v is None else format(v, fmt)
-    head = (f"{'method':<34}{'target':>8}{'tok/s':>8}{'ref':>6}{'x off':>8}{'x best':>8}{'accept':>8}"
+    head = (f"{'method':<34}{'target':>8}{'tok/s':>8}{'e2e':>7}{'ref':>6}{'x off':>8}{'x best':>8}{'accept':>8}"
             f"{'acc.len':>8}{'on==off':>9}  exactness")
     return "\n".join([head] + [
-        f"{r['method']:<34}{r['target']:>8}{r['tok_s_median']:>8.1f}{r['ref']:>6}{num(r['vs_llama_off']):>7}x"
+        f"{r['method']:<34}{r['target']:>8}{r['tok_s_median']:>8.1f}{r['wall_tok_s_median']:>7.1f}{r['ref']:>6}"
+        f"{num(r['vs_llama_off']):>7}x"
         f"{num(r['vs_llama_best']):>7}x{num(r['acceptance']):>8}{num(r['mean_accepted_length']):>8}"
         f"{r['on_eq_off'] or '-':>9}  {r['exactness'] or '-'}" for r in rows])
 
@@ -349,6 +404,11 @@ def parse_args(argv):
     ap.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed sent to llama-server (greedy either way; default 0)")
+    ap.add_argument("--specexport-via", choices=("worker", "server"), default="worker",
+                    help="how specexport runs: 'worker' (default) calls the library in one process per artifact "
+                         "and forgets earlier answers before each run; 'server' starts `specexport serve` per "
+                         "artifact and mode and sends /v1/completions over HTTP, like llama-server's requests "
+                         "(what serving keeps between requests, it keeps)")
     ap.add_argument("--json", help="write the table rows and every raw run to this file")
     return ap.parse_args(argv)
 
@@ -357,8 +417,12 @@ def split(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[int]], set[int]]:
-    """specexport methods of every artifact, the prompt token ids (same for all artifacts) and EOS ids."""
+WARMUP = "Name three colours."  # the warm-up request's chat message, not one of the measured prompts
+
+
+def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[int]], set[int], list[int]]:
+    """specexport methods of every artifact, the prompt token ids (same for all artifacts), EOS ids
+    and the warm-up prompt's ids."""
     from types import SimpleNamespace
 
     from specexport_runtime.api import open_artifact
@@ -384,7 +448,7 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
         methods += [{"name": f"specexport {path.name} {mode}", "engine": "specexport", "group": ("spec", str(path)),
                      "mode": mode, "type": target.precision, "precision": target.precision, "artifact": path,
                      "exactness": getattr(target, "exactness", None)} for mode in modes]
-    return methods, ids, eos
+    return methods, ids, eos, codec.encode_chat([{"role": "user", "content": WARMUP}])
 
 
 def llama_methods(files: dict[str, Path], types: list[str], drafts: list[str], ngram: list[str],
@@ -405,14 +469,17 @@ def llama_methods(files: dict[str, Path], types: list[str], drafts: list[str], n
 
 
 def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, new: int, seed: int, logs: Path,
-                  closers: list) -> dict:
-    """Start every llama-server (all loading at once) and one specexport worker per artifact; they
-    stay up for the whole run. Returns method name -> run(ids); appends each engine's close to closers."""
+                  closers: list, via: str = "worker") -> dict:
+    """Start every llama-server (all loading at once) and, for specexport, one worker per artifact
+    (via 'worker') or one `specexport serve` per artifact and mode (via 'server'); they stay up for
+    the whole run. Returns method name -> run(ids); appends each engine's close to closers."""
     runners, servers, workers = {}, [], {}
     for m in methods:
         log = logs / f"{len(closers)}.log"
-        if m["engine"] == "llama":
-            servers.append(server := LlamaServer(m["name"], bin_dir, m["model"], m["args"], threads, ctx, log))
+        if m["engine"] == "llama" or (m["engine"] == "specexport" and via == "server"):
+            server = LlamaServer(m["name"], bin_dir, m["model"], m["args"], threads, ctx, log) \
+                if m["engine"] == "llama" else SpecServer(m["name"], m["artifact"], m["mode"], threads, log)
+            servers.append(server)
             closers.append(server.close)
             runners[m["name"]] = lambda ids, s=server: s.complete(ids, new, seed)
         elif m["engine"] == "llama-bench":
@@ -420,7 +487,7 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
     for server in servers:
         server.wait_ready()
     for m in methods:
-        if m["engine"] == "specexport":
+        if m["engine"] == "specexport" and via == "worker":
             if m["group"] not in workers:
                 workers[m["group"]] = SpecWorker(m["artifact"], threads, logs / f"{len(closers)}.log")
                 closers.append(workers[m["group"]].close)
@@ -428,11 +495,13 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
     return runners
 
 
-def run_all(methods: list[dict], runners: dict, prompts, ids: list[list[int]]) -> list[dict]:
-    """One warm-up generation per method, then prompt by prompt every method in a rotating order."""
+def run_all(methods: list[dict], runners: dict, prompts, ids: list[list[int]], warmup: list[int]) -> list[dict]:
+    """One warm-up generation per method (a prompt outside the set: engines that learn across
+    requests must not have seen a measured prompt's answer), then prompt by prompt every method in
+    a rotating order."""
     names = [m["name"] for m in methods]
     for name in names:
-        runners[name](ids[0])
+        runners[name](warmup)
     runs = []
     for i, (prompt, prompt_ids) in enumerate(zip(prompts, ids)):
         for name in names[i % len(names):] + names[: i % len(names)]:
@@ -471,7 +540,7 @@ def main(argv=None) -> int:
     from specexport.bench import resolve_prompts
 
     prompts = resolve_prompts(split(args.prompts), limit=args.limit)
-    spec, ids, eos = open_artifacts(args.artifacts, prompts)
+    spec, ids, eos, warmup = open_artifacts(args.artifacts, prompts)
     bin_dir = llama_binaries(args)
     llama, types, no_repack = llama_side(args, bin_dir)
     methods = llama + spec
@@ -480,8 +549,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="compare-llamacpp-") as logs:
         try:
             runners = start_engines(methods, bin_dir, args.threads, ctx, args.max_new_tokens, args.seed, Path(logs),
-                                    closers)
-            runs = run_all(methods, runners, prompts, ids)
+                                    closers, args.specexport_via)
+            runs = run_all(methods, runners, prompts, ids, warmup)
         finally:
             for close in reversed(closers):
                 close()

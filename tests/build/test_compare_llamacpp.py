@@ -49,7 +49,7 @@ def _methods():
 
 def _run(method, prompt, tok_s, tokens, drafted=0, accepted=0, calls=None):
     return {"method": method, "prompt": prompt, "tok_s": tok_s, "tokens": tokens, "new_tokens": len(tokens),
-            "drafted": drafted, "accepted": accepted, "calls": calls}
+            "wall_tok_s": tok_s / 2, "drafted": drafted, "accepted": accepted, "calls": calls}
 
 
 def test_summarise_ratios_acceptance_and_equality():
@@ -62,6 +62,7 @@ def test_summarise_ratios_acceptance_and_equality():
     rows = {r["method"]: r for r in cl.summarise(_methods(), runs, {0}, ["Q4_1"])}
     off, ngram, hybrid = rows["llama Q4_1 off"], rows["llama Q4_1 ngram-mod"], rows["spec a hybrid"]
     assert off["tok_s_median"] == 110.0 and off["vs_llama_off"] == 1.0 and off["on_eq_off"] is None
+    assert off["wall_tok_s_median"] == 55.0
     assert ngram["vs_llama_best"] == pytest.approx(85 / 110) and ngram["acceptance"] == pytest.approx(0.4)
     assert ngram["on_eq_off"] == "1/2"  # p1 equal up to EOS, p2 differs
     assert hybrid["ref"] == "Q4_1" and hybrid["vs_llama_off"] == pytest.approx(2.0)
@@ -69,3 +70,22 @@ def test_summarise_ratios_acceptance_and_equality():
     assert hybrid["on_eq_off"] == "2/2" and rows["spec a off"]["exactness"] == "bitwise"
     table = cl.format_table(list(rows.values()))
     assert "spec a hybrid" in table and "2/2" in table and len(table.splitlines()) == 5
+
+
+def test_spec_server_answers_like_the_library(tiny_artifacts, tmp_path):
+    """--specexport-via server: `specexport serve` per mode gives the tokens in-process generation
+    gives (greedy), with the server's figures in the run row."""
+    from specexport_runtime.api import load
+
+    art, ids = tiny_artifacts["self"], [5, 9, 14, 3, 7, 21]
+    want = list(load(art, threads=1).generate(ids, max_new_tokens=8, speculative=False).token_ids)
+    for mode in ("off", "draft"):
+        server = cl.SpecServer(f"spec {mode}", art, mode, 1, tmp_path / f"{mode}.log")
+        try:
+            server.wait_ready(120)
+            row = server.complete(ids, 8, 0)
+        finally:
+            server.close()
+        assert row["tokens"][:len(want)] == want and row["new_tokens"] == len(want)
+        assert row["wall_tok_s"] > 0 and row["calls"] >= 1
+        assert (row["drafted"] > 0) == (mode == "draft")
