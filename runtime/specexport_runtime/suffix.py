@@ -97,6 +97,11 @@ def draft_chain(seq: np.ndarray, ends: np.ndarray, stop: int, max_tokens: int, m
     tokens: list[int] = []
     p, score = 1.0, 0.0
     while len(tokens) < max_tokens and ends.size:
+        if ends.size == 1:  # one occurrence: its continuation up to SEP, at probability p throughout
+            start = int(ends[0]) + 1
+            run = seq[start : min(stop, start + max_tokens - len(tokens))].tolist()
+            run = run[: run.index(SEP)] if SEP in run else run
+            return tokens + run, score + p * len(run)
         nxt = ends + 1
         nxt = nxt[nxt < stop]
         values = seq[nxt]
@@ -104,15 +109,27 @@ def draft_chain(seq: np.ndarray, ends: np.ndarray, stop: int, max_tokens: int, m
         nxt, values = nxt[live], values[live]
         if values.size == 0:
             break
-        ids, counts = np.unique(values, return_counts=True)
-        best = int(counts.argmax())  # ties: the smallest token id (deterministic)
-        p *= counts[best] / ends.size  # occurrences that end here count in the parent, as in the tree
+        token, count = _mode(values)
+        p *= count / ends.size  # occurrences that end here count in the parent, as in the tree
         if p < min_prob:
             break
-        tokens.append(int(ids[best]))
+        tokens.append(token)
         score += p
-        ends = nxt[values == ids[best]]
+        ends = nxt[values == token]
     return tokens, score
+
+
+def _mode(values: np.ndarray) -> tuple[int, int]:
+    """(the most frequent value, its count); ties: the smallest value (deterministic)."""
+    if values.size <= 64:  # a dict count beats numpy's sort at the sizes most rounds see
+        counts: dict[int, int] = {}
+        for v in values.tolist():
+            counts[v] = counts.get(v, 0) + 1
+        best = max(counts.values())
+        return min(v for v, c in counts.items() if c == best), best
+    ids, counts = np.unique(values, return_counts=True)
+    best = int(counts.argmax())  # the first maximum: the smallest id
+    return int(ids[best]), int(counts[best])
 
 
 class RequestSuffix:
