@@ -91,9 +91,21 @@ def build(recipe: str, output: Path, force: bool, no_validate: bool, max_context
         click.echo(f"  {stage:<24} {seconds:8.1f} s")
     for role, val in report.validation.items():
         if val:
-            click.echo(f"  {role} validation: max |diff| {val['max_abs_diff']:.2e}, argmax agreement {val['argmax_agreement']:.1%}")
+            click.echo(f"  {role} validation: {_validation_line(val)}")
     total = sum(report.sizes.values())
     click.echo(f"  size {total / 1e6:.1f} MB in {len(report.sizes)} files")
+
+
+def _validation_line(val: dict) -> str:
+    """One line for a model's validation: a graph against its reference (max |diff|, argmax
+    agreement), or an EAGLE-3 head (its teacher-forced agreement with the target, its layer ids)."""
+    if "max_abs_diff" in val:
+        return f"max |diff| {val['max_abs_diff']:.2e}, argmax agreement {val['argmax_agreement']:.1%}"
+    parts = [f"head agrees with the target on {val['target_agreement']:.1%} of {val['probe_rows']} probe rows "
+             "(teacher forced)"] if "target_agreement" in val else []
+    if "layer_ids" in val:
+        parts.append(f"target features entering layers {val['layer_ids']}")
+    return "; ".join(parts) or "not validated"
 
 
 @cli.command("check-pair")

@@ -209,3 +209,16 @@ def test_bad_input_is_one_line(tmp_path, folders):
     assert_one_error_line(invoke("build", "no-such-recipe", "-o", str(tmp_path / "o")), "'no-such-recipe'")
     assert_one_error_line(invoke("inspect", str(tmp_path / "missing")), "does not exist")
     assert_one_error_line(invoke("inspect", str(tmp_path)), "manifest.json")
+
+
+def test_build_summary_line_for_a_graph_and_for_an_eagle_head():
+    """`specexport build` prints each model's validation; an EAGLE-3 head's has no max |diff| (it
+    reports agreement with the target), which once crashed the summary after a good build."""
+    from specexport.cli import _validation_line
+
+    assert _validation_line({"max_abs_diff": 2.5e-5, "argmax_agreement": 1.0}) == \
+        "max |diff| 2.50e-05, argmax agreement 100.0%"
+    head = {"layer_ids": [2, 15, 27], "layer_ids_source": "default", "target_agreement": 0.25, "probe_rows": 40}
+    line = _validation_line(head)
+    assert "25.0% of 40 probe rows" in line and "[2, 15, 27]" in line
+    assert _validation_line({"layer_ids": [1, 2, 3]}) == "target features entering layers [1, 2, 3]"
