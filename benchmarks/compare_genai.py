@@ -127,7 +127,6 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
 
     from specexport_runtime.api import open_artifact
     from specexport_runtime.errors import SpecExportError
-    from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
 
     from specexport.bench import prompt_ids
 
@@ -145,7 +144,7 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
             raise SystemExit(f"error: {path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
         ids, eos = these, eos | set(manifest.tokenizer.eos_token_ids)
         short = path.name if names.count(path.name) == 1 else str(path)
-        modes = ["off"] + [p for p in SPECULATIVE_PROPOSERS if manifest.draft or p not in DRAFT_MODEL_PROPOSERS]
+        modes = ["off", *manifest.speculative_proposers()]
         target = manifest.target
         methods += [{"name": f"specexport {short} {mode}", "engine": "specexport", "artifact": str(path), "mode": mode,
                      "off": f"specexport {short} off", "precision": target.precision,

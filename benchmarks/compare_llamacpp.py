@@ -426,8 +426,6 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
     from types import SimpleNamespace
 
     from specexport_runtime.api import open_artifact
-    from specexport_runtime.contract import EAGLE3_HEAD
-    from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
 
     from specexport.bench import prompt_ids
 
@@ -440,10 +438,7 @@ def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[in
         if ids is not None and these != ids:
             raise SystemExit(f"error: {path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
         ids, eos = these, set(manifest.tokenizer.eos_token_ids)
-        head = manifest.draft is not None and manifest.draft.kind == EAGLE3_HEAD
-        usable = {p for p in SPECULATIVE_PROPOSERS if manifest.draft or p not in DRAFT_MODEL_PROPOSERS}
-        usable -= {"draft"} if head else {"eagle"}  # an EAGLE-3 head drafts as 'eagle', a draft model as 'draft'
-        modes = ["off"] + [p for p in SPECULATIVE_PROPOSERS if p in usable]
+        modes = ["off", *manifest.speculative_proposers()]
         target = manifest.target
         methods += [{"name": f"specexport {path.name} {mode}", "engine": "specexport", "group": ("spec", str(path)),
                      "mode": mode, "type": target.precision, "precision": target.precision, "artifact": path,

@@ -23,6 +23,7 @@ from typing import Any
 from .contract import (
     CONTRACT_VERSION,
     DECODER,
+    EAGLE3_HEAD,
     GRAPH_KINDS,
     KV_LAYOUTS,
     TIME_MAJOR,
@@ -174,6 +175,13 @@ class Manifest:
         """Longest draft the runtime proposes (adaptive gamma's ceiling, n-gram lookup's length):
         generation.max_gamma (DEFAULT_MAX_GAMMA when absent), and never below speculation.gamma."""
         return max(int(self.generation.get("max_gamma") or DEFAULT_MAX_GAMMA), self.speculation.gamma)
+
+    def speculative_proposers(self) -> tuple[str, ...]:
+        """The SPECULATIVE_PROPOSERS this artifact can run: the draft-free ones always; 'draft'
+        with a draft model, 'eagle' with an EAGLE-3 head, 'hybrid' with either."""
+        kind = None if self.draft is None else self.draft.kind
+        return tuple(p for p in SPECULATIVE_PROPOSERS if p not in DRAFT_MODEL_PROPOSERS or (
+            kind is not None and (p == "hybrid" or (p in HEAD_PROPOSERS) == (kind == EAGLE3_HEAD))))
 
     def _check_layouts(self) -> "Manifest":
         proposer = self.speculation.proposer

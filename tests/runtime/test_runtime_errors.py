@@ -353,3 +353,26 @@ def test_write_manifest_is_atomic_and_ignores_leftover_temporaries(artifact_copy
     mf.write_manifest(artifact_copy, manifest)
     assert ".manifest.json.abc.tmp" not in mf.read_manifest(artifact_copy).files
     load(artifact_copy)  # still verifies
+
+
+def test_speculative_proposers_follow_the_draft(tiny_artifacts):
+    """What an artifact can run: draft-free proposers always, 'draft' with a draft model, 'eagle'
+    with an EAGLE-3 head, 'hybrid' with either; each listed one resolves, each other one is refused."""
+    from dataclasses import replace
+
+    from specexport_runtime.api import load, open_artifact
+    from specexport_runtime.contract import EAGLE3_HEAD
+    from specexport_runtime.manifest import SPECULATIVE_PROPOSERS
+
+    model, _, _ = open_artifact(tiny_artifacts["self"], verify=False)
+    assert model.speculative_proposers() == ("draft", "ngram", "hybrid", "suffix")
+    head = replace(model, draft=replace(model.draft, kind=EAGLE3_HEAD))
+    assert head.speculative_proposers() == ("ngram", "hybrid", "eagle", "suffix")
+    assert replace(model, draft=None).speculative_proposers() == ("ngram", "suffix")
+    gen = load(tiny_artifacts["self"], threads=1)
+    for name in SPECULATIVE_PROPOSERS:
+        if name in model.speculative_proposers():
+            assert gen.resolve_proposer(name) == name
+        else:
+            with pytest.raises(InvalidArgument):
+                gen.resolve_proposer(name)
