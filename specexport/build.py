@@ -131,9 +131,7 @@ def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, padd
     if recipe.graph == "fused":
         return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights,
                            min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0, feature_layers=features)
-    if features:
-        raise BuildError("target features (an EAGLE-3 head) need graph: fused")
-    return export_graph(model, out_dir, tie_lm_head=tie_lm_head)
+    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features)
 
 
 def _load_target(source: ModelSource, spec: ModelSpec) -> tuple[Any, dict]:

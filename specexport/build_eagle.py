@@ -14,6 +14,7 @@ from specexport_runtime import contract
 from specexport_runtime.manifest import ModelEntry
 
 from .eagle_graph import build_eagle3_head
+from .eagle_portable import build_portable_head
 from .errors import BuildError
 from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
 from .recipe import Recipe
@@ -51,7 +52,7 @@ def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source:
     """Write draft/model.onnx + the vocabulary map; with the target's ExportResult and the
     probe, also report the head's agreement with the target (validation)."""
     embedding = head.embed_tokens if head.embed_tokens is not None else target_embedding(reference)
-    result = build_eagle3_head(head, embedding, root / "draft", recipe.max_context, precision=recipe.draft.precision)
+    result = build_head_graph(head, embedding, root / "draft", recipe)
     np.save(root / VOCAB_MAP, head.draft_to_target(), allow_pickle=False)
     validation: dict = {"layer_ids": list(head.config.layer_ids), "layer_ids_source": head.config.layer_ids_source,
                         "layer_ids_reason": head.config.layer_ids_reason}
@@ -61,10 +62,18 @@ def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source:
     return ModelEntry(
         graph="draft/model.onnx", source=source.describe(), architecture="eagle3", num_layers=1,
         num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, vocab_size=vocab, embedding_rows=c.draft_vocab_size,
-        precision=recipe.draft.precision, kv_dtype=result.spec.kv_dtype, validation=validation, kv_layout=contract.HEAD_MAJOR_INPLACE,
+        precision=recipe.draft.precision, kv_dtype=result.spec.kv_dtype, validation=validation, kv_layout=result.spec.kv_layout,
         feature_width=result.spec.feature_width, kind=contract.EAGLE3_HEAD, hidden_width=c.hidden_size,
         vocab_map=VOCAB_MAP,
     )
+
+
+def build_head_graph(head: Eagle3Head, embedding: torch.Tensor, out_dir: Path, recipe: Recipe):
+    """The head graph in the recipe's form: fused (contrib ops, in-place head-major cache) or
+    portable (standard ops, time-major cache)."""
+    if recipe.graph == "fused":
+        return build_eagle3_head(head, embedding, out_dir, recipe.max_context, precision=recipe.draft.precision)
+    return build_portable_head(head, embedding, out_dir, precision=recipe.draft.precision)
 
 
 def agreement(result, head: Eagle3Head, target_graph, probe: list[int]) -> dict:

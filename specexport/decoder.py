@@ -1,10 +1,10 @@
 """The shared decoder: wraps a Hugging Face *ForCausalLM and exposes the graph contract.
 
 forward(input_ids, logits_index, past_key_0, past_value_0, ...) ->
-    (logits, new_key_0, new_value_0, ...)
-exactly as docs/graph-contract.md states. The HF model's norms and weights are used as they
-are; attention, rotary, the causal mask over [past, new] and the row-gathered output projection
-are written here once for every family.
+    (logits, [hidden_states,] new_key_0, new_value_0, ...)
+exactly as docs/graph-contract.md states (hidden_states only with feature_layers, contract 1.2).
+The HF model's norms and weights are used as they are; attention, rotary, the causal mask over
+[past, new] and the row-gathered output projection are written here once for every family.
 
 The traced graph is kept small because on a CPU, and more so for a quantized draft, per-node
 overhead rivals the matrix work (docs/performance.md): q|k|v and gate|up are one MatMul each,
@@ -45,9 +45,14 @@ def _linear_parts(*modules: nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
 
 
 class ContractDecoder(nn.Module):
-    def __init__(self, model: nn.Module, arch: ArchSpec | None = None, tie_lm_head: bool = True):
+    def __init__(self, model: nn.Module, arch: ArchSpec | None = None, tie_lm_head: bool = True,
+                 feature_layers: tuple[int, ...] = ()):
         """tie_lm_head=False stores the output projection as its own [hidden, V] MatMul weight,
-        so that weight-only quantizers (which act on MatMul) also compress it (drafts)."""
+        so that weight-only quantizers (which act on MatMul) also compress it (drafts).
+        feature_layers: indices i of the residual streams entering decoder layer i (transformers'
+        output_hidden_states[i], 0 <= i < layers), returned in that order as one more output
+        `hidden_states` [1, S, len * hidden] float32 for every input row (contract 1.2: what an
+        EAGLE-3 head reads; the fused graph's output of the same name)."""
         super().__init__()
         config = model.config
         self.arch = arch = arch or arch_for(config.model_type)
@@ -55,6 +60,10 @@ class ContractDecoder(nn.Module):
         base = _get(model, arch.decoder)
         self.embed = _get(base, arch.embed)
         self.layers = _get(base, arch.layers)
+        bad = [i for i in feature_layers if not 0 <= i < len(self.layers)]
+        if bad:
+            raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(self.layers) - 1}")
+        self.feature_layers = tuple(feature_layers)
         self.final_norm = _get(base, arch.final_norm)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -200,7 +209,9 @@ class ContractDecoder(nn.Module):
             x = x + self.pos_embed(q_pos)
 
         new_kv: list[torch.Tensor] = []
+        entering: dict[int, torch.Tensor] = {}  # layer i -> the residual stream entering it [S, hidden]
         for i, layer in enumerate(self.layers):
+            entering[i] = x
             attn = _get(layer, self.arch.attn)
             qkv = self._qkv(i, attn, _get(layer, self.arch.attn_norm)(x))  # [1, S, H + 2 H_kv, D]
             if self.arch.qk_norm:  # Qwen3: per-head RMSNorm of q and k before rotary
@@ -223,4 +234,8 @@ class ContractDecoder(nn.Module):
             logits = torch.matmul(rows, self.lm_weight_t)
             if self.lm_bias is not None:
                 logits = logits + self.lm_bias
-        return (logits.float().unsqueeze(0), *new_kv)
+        logits = logits.float().unsqueeze(0)  # [1, R, V]
+        if not self.feature_layers:
+            return (logits, *new_kv)
+        features = torch.cat([entering[i] for i in self.feature_layers], dim=-1)  # [S, F]: low | mid | high
+        return (logits, features.float().unsqueeze(0), *new_kv)  # hidden_states [1, S, F] float32

@@ -1,4 +1,5 @@
-"""The EAGLE-3 head as one fused ONNX graph (contract 1.2, docs/graph-contract.md).
+"""The EAGLE-3 head as one fused ONNX graph (contract 1.2, docs/graph-contract.md; its portable
+form, standard ops and a time-major cache, is eagle_portable.py).
 
 One graph serves the catch-up call (rows whose input is the target's features) and the chained
 draft steps (rows whose input is the head's own previous hidden state): the row input is
@@ -54,11 +55,12 @@ def _rotary(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np
     return freqs.cos().numpy(), freqs.sin().numpy()
 
 
-def head_spec(config, precision: str = "fp32") -> GraphSpec:
-    """The head graph's cache facts (one layer, the head's own KV heads)."""
+def head_spec(config, precision: str = "fp32", kv_layout: str = contract.HEAD_MAJOR_INPLACE) -> GraphSpec:
+    """The head graph's cache facts (one layer, the head's own KV heads); kv_layout: this fused
+    graph's, or time_major for the portable head (eagle_portable.py)."""
     kv_dtype = "float16" if precision == "fp16" else "float32"
     return GraphSpec(1, config.num_key_value_heads, config.head_dim, config.draft_vocab_size, kv_dtype,
-                     kv_layout=contract.HEAD_MAJOR_INPLACE, feature_width=3 * config.target_hidden_size,
+                     kv_layout=kv_layout, feature_width=3 * config.target_hidden_size,
                      kind=contract.EAGLE3_HEAD, hidden_width=config.hidden_size)
 
 

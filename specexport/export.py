@@ -46,6 +46,7 @@ def graph_spec(decoder: ContractDecoder, dtype: torch.dtype) -> GraphSpec:
         head_dim=decoder.head_dim,
         embedding_rows=decoder.embedding_rows,
         kv_dtype=_dtype_name(dtype),
+        feature_width=len(decoder.feature_layers) * decoder.hidden_size,
     )
 
 
@@ -62,6 +63,8 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype) -> tuple[torch.Tensor, .
 def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     axes: dict[str, dict[int, str]] = {contract.INPUT_IDS: {1: "seq"}, contract.LOGITS_INDEX: {0: "rows"}}
     axes[contract.LOGITS] = {1: "rows"}
+    if spec.feature_width:
+        axes[contract.HIDDEN_STATES] = {1: "seq"}
     for i in range(spec.num_layers):
         axes[contract.past_key(i)] = {1: "past"}
         axes[contract.past_value(i)] = {1: "past"}
@@ -70,33 +73,51 @@ def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     return axes
 
 
-def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True) -> ExportResult:
-    """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data)."""
+def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True,
+                 feature_layers: tuple[int, ...] = ()) -> ExportResult:
+    """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data).
+    feature_layers: add the `hidden_states` output of those entering layers (ContractDecoder)."""
     start = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    decoder = ContractDecoder(model, tie_lm_head=tie_lm_head).eval()
+    decoder = ContractDecoder(model, tie_lm_head=tie_lm_head, feature_layers=feature_layers).eval()
     spec = graph_spec(decoder, dtype)
+    proto = trace_module(decoder, example_inputs(spec, dtype), spec, dynamic_axes(spec), out_dir)
+    if tie_lm_head:
+        _share_tied_embedding(proto)
+    _fix_output_dims(proto, spec)
+    # a graph with target features needs contract 1.2 (a plain portable graph is 1.0's)
+    version = contract.ROW_PADDING_VERSION if spec.feature_width else None
+    return save_traced(proto, spec, version, out_dir, start)
+
+
+def trace_module(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], spec: GraphSpec,
+                 axes: dict[str, dict[int, str]], out_dir: Path) -> onnx.ModelProto:
+    """torch.onnx.export of `module` on `inputs`, named by the contract (spec's input and output
+    names); returns the loaded graph (weights inline)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about python ints are expected here
         raw = Path(tmp) / "raw.onnx"
         torch.onnx.export(
-            decoder,
-            example_inputs(spec, dtype),
+            module,
+            inputs,
             str(raw),
             input_names=spec.input_names(),
             output_names=spec.output_names(),
-            dynamic_axes=dynamic_axes(spec),
+            dynamic_axes=axes,
             opset_version=OPSET,
             do_constant_folding=True,
             dynamo=False,
         )
-        proto = onnx.load(str(raw))
-    if tie_lm_head:
-        _share_tied_embedding(proto)
-    _fix_output_dims(proto, spec)
+        return onnx.load(str(raw))
+
+
+def save_traced(proto: onnx.ModelProto, spec: GraphSpec, version: str | None, out_dir: Path,
+                start: float) -> ExportResult:
+    """Write a traced time-major graph as out_dir/model.onnx + model.onnx.data with its contract
+    metadata (`version`: the contract minor it needs, None for 1.0)."""
     proto.producer_name = "specexport"
-    onnx.helper.set_model_props(proto, contract.graph_metadata(contract.TIME_MAJOR))
+    onnx.helper.set_model_props(proto, contract.graph_metadata(contract.TIME_MAJOR, version))
     path = out_dir / GRAPH_NAME
     (out_dir / DATA_NAME).unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(
@@ -134,9 +155,17 @@ def _share_tied_embedding(proto: onnx.ModelProto) -> None:
 
 
 def _fix_output_dims(proto: onnx.ModelProto, spec: GraphSpec) -> None:
-    """Declare the contract's output shapes: logits [1, rows, V], new_* [1, seq, H_kv, D]
-    (the tracer names the split outputs' dims with free symbols)."""
+    """Declare the contract's output shapes: logits [1, rows, V], hidden_states [1, seq, F],
+    new_* [1, seq, H_kv, D] (the tracer names the split outputs' dims with free symbols)."""
     shapes = {contract.LOGITS: (1, "rows", spec.embedding_rows)}
+    if spec.feature_width:
+        shapes[contract.HIDDEN_STATES] = (1, "seq", spec.feature_width)
+    fix_output_dims(proto, shapes, spec)
+
+
+def fix_output_dims(proto: onnx.ModelProto, shapes: dict[str, tuple], spec: GraphSpec) -> None:
+    """Set each graph output's dims to `shapes` (int: fixed, str: symbolic) plus new_* [1, seq, H_kv, D]."""
+    shapes = dict(shapes)
     for i in range(spec.num_layers):
         for name in (contract.new_key(i), contract.new_value(i)):
             shapes[name] = (1, "seq", spec.num_kv_heads, spec.head_dim)

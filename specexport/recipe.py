@@ -115,6 +115,7 @@ _VALIDATION_KEYS = ("enabled", "prompt")
 _FROM_TARGET_KEYS = ("precision", "block_size")
 _EAGLE3_KEYS = ("model", "layers", "precision", "revision", "allow_pickle")
 EAGLE3_PRECISIONS = ("fp32", "fp16", "int8")  # eagle_graph.HEAD_PRECISIONS
+PORTABLE_EAGLE3_PRECISIONS = ("fp32", "fp16")  # eagle_portable.PORTABLE_HEAD_PRECISIONS (int8: MatMulNBits, fused only)
 # draft forms: kind -> (the key that selects the form, the keys allowed with it)
 _DRAFT_FORMS = {
     "model": ("model", _MODEL_KEYS),
@@ -636,9 +637,9 @@ class _Reader:
             raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
                             f" allowed values: {', '.join(allowed)}")
         graph = self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS)
-        if draft.kind == "eagle3" and graph != "fused":
-            raise self.fail(f"draft.eagle3 needs graph: fused (the head and the target's hidden_states output are"
-                            f" written for the fused form); graph = {graph!r}")
+        if draft.kind == "eagle3" and graph != "fused" and draft.precision not in PORTABLE_EAGLE3_PRECISIONS:
+            raise self.fail(f"draft.eagle3.precision = {draft.precision!r} needs graph: fused (MatMulNBits weights);"
+                            f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}")
         if target.precision in QUANTIZED_TARGETS and graph != "fused":
             raise self.fail(f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
                             f" fused graph form); graph = {graph!r}")

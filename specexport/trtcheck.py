@@ -2,7 +2,7 @@
 
     report = check_trt("artifact/target/model.onnx", trt_version="10.3")
     report.ok, report.errors, report.warnings, report.to_dict()
-    check_artifact("artifact")          # every graph of the manifest
+    check_artifact("artifact")          # every graph of the manifest (an EAGLE-3 head too)
 
 What is checked, for the declared TensorRT version:
   * every node's (domain, op_type) is in TensorRT's ONNX operator support matrix for that
@@ -213,6 +213,7 @@ class TrtReport:
     initializers: int = 0
     parameters: int = 0
     dynamic_dims: dict[str, list[str]] = field(default_factory=dict)  # dim name -> inputs using it
+    kind: str = contract.DECODER  # the manifest entry's graph kind (check_artifact): decoder or eagle3_head
 
     def error(self, message: str) -> None:
         self.errors.append(message)
@@ -225,6 +226,7 @@ class TrtReport:
             "op_counts": dict(self.op_counts), "unsupported": dict(self.unsupported),
             "dtype_counts": dict(self.dtype_counts), "initializers": self.initializers,
             "parameters": self.parameters, "dynamic_dims": {k: list(v) for k, v in self.dynamic_dims.items()},
+            "kind": self.kind,
         }
 
     def lines(self) -> list[str]:
@@ -258,7 +260,8 @@ class ArtifactTrtReport:
     def lines(self) -> list[str]:
         out = [f"{self.artifact}: {'OK' if self.ok else 'NOT BUILDABLE'} for TensorRT {self.trt_version}"]
         for name, report in self.graphs.items():
-            out += [f"[{name}] {report.lines()[0]}", *report.lines()[1:]]
+            label = f"{name}, EAGLE-3 head" if report.kind == contract.EAGLE3_HEAD else name
+            out += [f"[{label}] {report.lines()[0]}", *report.lines()[1:]]
         return out
 
 
@@ -492,5 +495,15 @@ def check_artifact(artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
     report = ArtifactTrtReport(artifact=str(root), trt_version=trt_version)
     for name, entry in (("target", manifest.target), ("draft", manifest.draft)):
         if entry is not None:
-            report.graphs[name] = check_trt(root / entry.graph, trt_version, profiles)
+            graph = report.graphs[name] = check_trt(root / entry.graph, trt_version, profiles)
+            graph.kind = entry.kind
+            if entry.kind == contract.EAGLE3_HEAD or entry.feature_width:
+                graph.warnings.append(NATIVE_FEATURES_NOTE)
     return report
+
+
+# an EAGLE-3 head's features / draft_hidden inputs and hidden_out output, and a target's
+# hidden_states output, are not bound by the native backend (trt_backend.TrtModel.forward)
+NATIVE_FEATURES_NOTE = ("EAGLE-3 tensors (features, draft_hidden, hidden_out, hidden_states): the ONNX Runtime TensorRT"
+                        " provider (--provider tensorrt) runs this graph; the native backend (trt_build / trt_backend)"
+                        " does not bind them yet")

@@ -243,3 +243,24 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -
     scores = scores.masked_fill(~visible, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v  # [heads, S, hd]
     return out.transpose(0, 1).reshape(S, heads * hd)
+
+
+def assert_head_follows_reference(model, target, info: dict, embed: torch.Tensor, ids: list[int], close,
+                                  n: int = 10, chained: int = 3) -> None:
+    """The head graph in `model` (a runtime OrtModel, either cache layout) against reference_step:
+    catch-up over n rows from the target's features, then `chained` steps from the head's own
+    hidden; close(got, want) asserts each logits and hidden_out block. The reference is fed its own
+    hidden and tokens, so a low-precision head's error does not compound."""
+    tensors, cfg = info["tensors"], info["config"]
+    feats = target_features(target, ids, info["layer_ids"])  # [S, F]
+    got = model.forward(ids[1 : n + 1], last_rows=n, features=feats[:n].numpy()).copy()
+    want, hidden, past = reference_step(tensors, cfg, embed, ids[1 : n + 1], reference_fc(tensors, feats[:n]), None, 0)
+    close(got, want.numpy())
+    close(model.hidden_out, hidden.numpy())
+    h_prev, token = hidden[-1:], int(want[-1].argmax())
+    for step in range(chained):
+        got = model.forward([token], hidden=h_prev.numpy()).copy()
+        want, h_new, past = reference_step(tensors, cfg, embed, [token], h_prev, past, n + step)
+        close(got, want.numpy())
+        close(model.hidden_out, h_new.numpy())
+        h_prev, token = h_new, int(want[-1].argmax())

@@ -113,7 +113,8 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
     precision ('int8', 'int4', 'fp16', ...); with a '-fused' suffix (e.g. 'noisy-fused') both graphs
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
-    EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary. A '-numerical' suffix (first) builds the
+    EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
+    the portable form. A '-numerical' suffix (first) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
     exactness bitwise needs. precision: the target's (and a draft model's) precision."""
     from specexport.build import build_artifact
@@ -137,11 +138,11 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
         draft = {"model": str(draft_dir), "precision": precision}
     elif draft_kind == "ngram":
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
-    elif draft_kind == "eagle3":  # a random EAGLE-3 head (tests/eagle_heads.py) on the fused target
+    elif draft_kind in ("eagle3", "eagle3-portable"):  # a random EAGLE-3 head (tests/eagle_heads.py)
         from eagle_heads import make_tiny_head_folder
 
         make_tiny_head_folder(workdir / "head", target, draft_vocab=160, seed=0)
-        draft, graph = {"eagle3": {"model": str(workdir / "head")}}, "fused"
+        draft, graph = {"eagle3": {"model": str(workdir / "head")}}, "fused" if draft_kind == "eagle3" else "portable"
     else:
         draft = {"from_target": {"precision": draft_kind}}
     recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=name,

@@ -73,14 +73,19 @@ Target features for a learned draft head (contract 1.2; a manifest entry's `feat
                                                    the entry's feature_layers (transformers'
                                                    output_hidden_states[i]) concatenated in that
                                                    order, F = len(feature_layers) * hidden
-    An EAGLE-3 head reads three of them (low | mid | high) per token.
+    An EAGLE-3 head reads three of them (low | mid | high) per token. Both layouts have it.
+
+EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
+(head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with
+the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
+hidden_out [1, R, H] after logits (GraphSpec.input_names / output_names).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONTRACT_VERSION = "1.2"
+CONTRACT_VERSION = "1.3"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0
@@ -88,6 +93,7 @@ HEAD_MAJOR_INPLACE = "head_major_inplace"  # contract 1.1
 KV_LAYOUTS = (TIME_MAJOR, HEAD_MAJOR_INPLACE)
 _LAYOUT_VERSION = {TIME_MAJOR: "1.0", HEAD_MAJOR_INPLACE: "1.1"}
 ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
+PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (the portable form)
 
 INPUT_IDS = "input_ids"
 LOGITS_INDEX = "logits_index"
@@ -129,12 +135,15 @@ def present_value(layer: int) -> str:
     return f"present_value_{layer}"
 
 
-def version_for(kv_layout: str, min_rows: int = 1) -> str:
+def version_for(kv_layout: str, min_rows: int = 1, head: bool = False) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
-    calls (what an artifact declares)."""
-    if min_rows > 1:
-        return max(_LAYOUT_VERSION[kv_layout], ROW_PADDING_VERSION, key=parse_version)
-    return _LAYOUT_VERSION[kv_layout]
+    calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major)."""
+    versions = [_LAYOUT_VERSION[kv_layout]]
+    if min_rows > 1 or head:
+        versions.append(ROW_PADDING_VERSION)
+    if head and kv_layout == TIME_MAJOR:
+        versions.append(PORTABLE_HEAD_VERSION)
+    return max(versions, key=parse_version)
 
 
 META_CONTRACT_VERSION = "specexport.contract_version"  # ONNX metadata_props keys of every graph
@@ -175,8 +184,8 @@ class GraphSpec:
             raise ValueError(f"feature_width / hidden_width must be >= 0, got {self.feature_width} / {self.hidden_width}")
         if self.kind not in GRAPH_KINDS:
             raise ValueError(f"kind {self.kind!r} is not one of {GRAPH_KINDS}")
-        if self.kind == EAGLE3_HEAD and not (self.in_place and self.feature_width and self.hidden_width):
-            raise ValueError("an eagle3_head graph is head_major_inplace with feature_width and hidden_width > 0")
+        if self.kind == EAGLE3_HEAD and not (self.feature_width and self.hidden_width):
+            raise ValueError("an eagle3_head graph has feature_width and hidden_width > 0")
 
     @property
     def in_place(self) -> bool:

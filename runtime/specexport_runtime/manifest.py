@@ -91,7 +91,7 @@ class ModelEntry:
     @property
     def required_version(self) -> str:
         """The lowest contract version that defines this entry's layout and fields."""
-        return version_for(self.kv_layout, 2 if self.padded or self.feature_width or self.kind != DECODER else 1)
+        return version_for(self.kv_layout, 2 if self.padded or self.feature_width else 1, head=self.kind == EAGLE3_HEAD)
 
     def json_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from eagle_heads import make_tiny_head_folder, reference_fc, reference_step, target_features
+from eagle_heads import (
+    assert_head_follows_reference,
+    make_tiny_head_folder,
+    reference_fc,
+    reference_step,
+    target_features,
+)
 from specexport.eagle_graph import build_eagle3_head
 from specexport.formats.eagle3 import TargetShape, load_eagle3_head
 from specexport.fused import build_fused
@@ -65,25 +71,12 @@ def test_head_graph_matches_the_reference_forward(pair, tmp_path, precision):
     the runtime's in-place cache: logits and hidden rows equal the reference's (the reference is
     fed its own hidden and tokens, so a low-precision head's error does not compound)."""
     target, info, head, t_graph, h_graph = pair
-    tensors, cfg = info["tensors"], info["config"]
     embed = target.get_input_embeddings().weight.detach().float()
     if precision != "fp32":
         h_graph = build_eagle3_head(head, embed, tmp_path / precision, 128, precision=precision)
         assert h_graph.spec.kv_dtype == ("float16" if precision == "fp16" else "float32")
-    feats = target_features(target, IDS, info["layer_ids"])  # [S, F]
-    n = 10
     model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
-    got = model.forward(IDS[1 : n + 1], last_rows=n, features=feats[:n].numpy()).copy()
-    want, hidden, past = reference_step(tensors, cfg, embed, IDS[1 : n + 1], reference_fc(tensors, feats[:n]), None, 0)
-    _close(got, want.numpy(), precision)
-    _close(model.hidden_out, hidden.numpy(), precision)
-    h_prev, token = hidden[-1:], int(want[-1].argmax())
-    for step in range(3):
-        got = model.forward([token], hidden=h_prev.numpy()).copy()
-        want, h_new, past = reference_step(tensors, cfg, embed, [token], h_prev, past, n + step)
-        _close(got, want.numpy(), precision)
-        _close(model.hidden_out, h_new.numpy(), precision)
-        h_prev, token = h_new, int(want[-1].argmax())
+    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: _close(got, want, precision))
 
 
 def test_low_precision_heads_are_smaller(pair, tmp_path):

@@ -184,6 +184,22 @@ def test_fused_recipe_says_where_its_graphs_run():
     assert not any("graph: fused" in n for n in portable.notes)
 
 
+def test_portable_eagle3_recipe_plans_the_same_head():
+    """An EAGLE-3 head sizes the same in either graph form (its weights, one-layer cache and call
+    memory do not depend on the form); the portable plan does not send the user to graph: fused,
+    and an int8 head, MatMulNBits, is refused with graph: portable."""
+    from specexport.recipe import RecipeError
+
+    recipe = load_recipe(resolve_recipe("llama-3.1-8b-instruct-eagle3"))
+    fused = plan(recipe, "agx-orin-32gb")
+    portable = plan(recipe.with_overrides({"graph": "portable"}), "agx-orin-32gb")
+    f_head, p_head = fused.models[1].to_dict(), portable.models[1].to_dict()
+    assert "EAGLE-3 head" in p_head["model"] and p_head == f_head
+    assert portable.fits and not any("graph: fused" in n for n in portable.notes)
+    with pytest.raises(RecipeError, match="draft.eagle3.precision = 'int8' needs graph: fused"):
+        recipe.with_overrides({"graph": "portable", "draft.eagle3.precision": "int8"})
+
+
 def test_quantized_target_weight_bytes():
     """int4 block 32 with fp16 scales: 0.5 + 2/32 bytes per linear weight, int8 head and
     embedding 1 + 2/32, fp16 norms; computed here from the Llama-3.1-8B shapes."""

@@ -764,10 +764,12 @@ def check_first_two_tokens_follow_target(gen, ids, proposer: str, N: int = 2000)
     assert tv <= tv_bound(binned(joint, pair_bins), N, DELTA), tv
 
 
-def test_sampling_with_an_eagle_head_follows_the_target(gens):
+@pytest.mark.parametrize("kind", ["eagle3", "eagle3-portable"])
+def test_sampling_with_an_eagle_head_follows_the_target(gens, kind):
     """The `eagle` proposer (a random EAGLE-3 head, draft vocabulary half the target's, so
-    q = 0 outside it) at temperature 1, gamma 3: the first two tokens against the exact target
-    law (chi-square, ALPHA as above) and against target-only samples (TV bound)."""
-    gen = gens("eagle3")
+    q = 0 outside it; fused and portable graph forms) at temperature 1, gamma 3: the first two
+    tokens against the exact target law (chi-square, ALPHA as above) and against target-only
+    samples (TV bound)."""
+    gen = gens(kind)
     check_first_two_tokens_follow_target(gen, gen.codec.encode("The quick brown fox"), "eagle")
     assert gen.last_stats is not None
