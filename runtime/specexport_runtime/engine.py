@@ -139,6 +139,9 @@ def check_layout_provider(spec: GraphSpec, provider: str) -> None:
         )
 
 
+_ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)"}  # kv_dtype -> ONNX Runtime type
+
+
 def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) -> None:
     inputs = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
@@ -148,6 +151,21 @@ def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) ->
             f"graph {name!r} does not follow contract {contract.CONTRACT_VERSION} for its manifest entry"
             f" ({spec.num_layers} layers): differing names {missing[:6]}"
         )
+    kv_type = _ORT_TYPES[spec.kv_dtype]
+    # static dims the manifest fixes: time_major past [1, P, H_kv, D]; head_major_inplace [1, H_kv, T, D]
+    want = {1: spec.num_kv_heads, 3: spec.head_dim} if spec.in_place else {2: spec.num_kv_heads, 3: spec.head_dim}
+    for arg in session.get_inputs():
+        if arg.name.startswith(("past_key_", "past_value_")):
+            dims = list(arg.shape)
+            bad = len(dims) != 4 or any(isinstance(dims[i], int) and dims[i] != n for i, n in want.items())
+            if bad or arg.type != kv_type:
+                raise ContractError(
+                    f"graph {name!r} input {arg.name} is {arg.type} {dims}, but its manifest entry says {kv_type}"
+                    f" with {spec.num_kv_heads} KV heads x {spec.head_dim} ({spec.kv_layout})")
+    logits = next(o for o in session.get_outputs() if o.name == contract.LOGITS)
+    if isinstance(logits.shape[-1], int) and logits.shape[-1] != spec.embedding_rows:
+        raise ContractError(f"graph {name!r} returns {logits.shape[-1]} logits per row, but its manifest entry says"
+                            f" embedding_rows {spec.embedding_rows}")
 
 
 @dataclass

@@ -376,3 +376,21 @@ def test_speculative_proposers_follow_the_draft(tiny_artifacts):
         else:
             with pytest.raises(InvalidArgument):
                 gen.resolve_proposer(name)
+
+
+@pytest.mark.parametrize("kind", ["self", "int8-fused"])
+@pytest.mark.parametrize("field, value, words", [
+    ("num_kv_heads", 1, "KV heads"), ("head_dim", 8, "KV heads x 8"), ("kv_dtype", "float16", "float16"),
+    ("embedding_rows", 7, "embedding_rows 7"),
+])
+def test_a_manifest_that_disagrees_with_its_graph_is_refused_at_load(tiny_artifacts, tmp_path, kind, field, value, words):
+    """Cache shape facts the manifest states but the graph contradicts (a hand-edited or mixed-up
+    manifest) are a typed ContractError when the session opens, not an ONNX Runtime error mid-generation."""
+    from specexport_runtime.errors import ContractError
+
+    root = Path(shutil.copytree(tiny_artifacts[kind], tmp_path / "a"))
+    raw = json.loads((root / "manifest.json").read_text())
+    raw["draft"][field] = value
+    (root / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match=words):
+        load(root, verify=False)
