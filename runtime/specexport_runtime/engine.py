@@ -56,6 +56,7 @@ class SessionConfig:
     optimization: str = "all"  # disable | basic | extended | all
     trt_cache_dir: str | None = None  # TensorRT EP engine/timing cache folder
     trt_fp16: bool = False
+    profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON at this prefix (end_profiling)
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -96,6 +97,9 @@ def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
         )
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if config.profile_prefix:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = config.profile_prefix
     opts.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -223,6 +227,21 @@ class CacheCursor:
         if not 0 <= length <= self.length:
             raise InvalidArgument(f"cannot truncate cache of length {self.length} to {length}")
         self.length = length
+
+    # read-only views for checks (scripts/devicecheck): where the caches and the logits live
+    @property
+    def cache_buffers(self) -> list:
+        """The 2 x num_layers cache buffers, allocated once: numpy arrays (CPU) or OrtValues (device)."""
+        return list(self._buffers)
+
+    @property
+    def logits_buffer(self) -> np.ndarray:
+        """The host buffer [1, max_rows, V] every call's logits rows land in."""
+        return self._logits
+
+    def bound_outputs(self) -> list:
+        """The OrtValues the last call's outputs were bound to."""
+        return self._io.get_outputs()
 
     def reset(self) -> None:
         self.length = 0

@@ -1,0 +1,5 @@
+import sys
+
+from devicecheck.main import main
+
+sys.exit(main())
