@@ -264,3 +264,14 @@ def assert_head_follows_reference(model, target, info: dict, embed: torch.Tensor
         close(got, want.numpy())
         close(model.hidden_out, h_new.numpy())
         h_prev, token = h_new, int(want[-1].argmax())
+
+
+def tiny_target_and_head(root: Path, draft_vocab: int = 160, seed: int = 0):
+    """(a tiny random llama target, its head folder's info, the head loaded by the loader under test)."""
+    from tiny import make_model
+
+    from specexport.formats.eagle3 import TargetShape, load_eagle3_head
+
+    target = make_model("llama")
+    info = make_tiny_head_folder(root / "head", target, draft_vocab=draft_vocab, seed=seed)
+    return target, info, load_eagle3_head(info["folder"], TargetShape.from_hf_config(target.config))

@@ -14,9 +14,9 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from eagle_heads import (
+    tiny_target_and_head,
     assert_head_follows_reference,
     make_tiny_head_folder,
     reference_fc,
@@ -24,7 +24,6 @@ from eagle_heads import (
     target_features,
 )
 from specexport.eagle_graph import build_eagle3_head
-from specexport.formats.eagle3 import TargetShape, load_eagle3_head
 from specexport.fused import build_fused
 from specexport.validate import FeedRunner
 from specexport_runtime.engine import OrtModel, SessionConfig
@@ -38,9 +37,7 @@ IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
 def pair(tmp_path_factory):
     """(target model, head folder info, loaded head, target graph, head graph)."""
     root = tmp_path_factory.mktemp("eagle")
-    target = make_model("llama")
-    info = make_tiny_head_folder(root / "head", target, draft_vocab=160, seed=0)
-    head = load_eagle3_head(info["folder"], TargetShape.from_hf_config(target.config))
+    target, info, head = tiny_target_and_head(root)
     assert head.config.layer_ids == tuple(info["layer_ids"])
     t_graph = build_fused(target, root / "target", 128, feature_layers=head.config.layer_ids, pad_attention=True)
     h_graph = build_eagle3_head(head, target.get_input_embeddings().weight.detach().float(), root / "draft", 128)

@@ -17,19 +17,17 @@ import numpy as np
 import onnx
 import pytest
 from eagle_heads import (
+    tiny_target_and_head,
     assert_head_follows_reference,
-    make_tiny_head_folder,
     reference_fc,
     reference_step,
     target_features,
 )
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig
-from tiny import make_model
 
 from specexport.eagle_portable import build_portable_head
 from specexport.export import export_graph
-from specexport.formats.eagle3 import TargetShape, load_eagle3_head
 from specexport.validate import FeedRunner
 
 TOL = 1e-4
@@ -41,9 +39,7 @@ IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
 def pair(tmp_path_factory):
     """(target model, head folder info, loaded head, the target's embedding [V, H])."""
     root = tmp_path_factory.mktemp("eagle-portable")
-    target = make_model("llama")
-    info = make_tiny_head_folder(root / "head", target, draft_vocab=160, seed=0)
-    head = load_eagle3_head(info["folder"], TargetShape.from_hf_config(target.config))
+    target, info, head = tiny_target_and_head(root)
     return target, info, head, target.get_input_embeddings().weight.detach().float()
 
 

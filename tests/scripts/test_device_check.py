@@ -261,14 +261,25 @@ def test_native_stderr_collects_onnxruntime_lines():
 
 
 def test_cuda_graph_failure_is_the_result(tmp_path):
-    """A session that cannot be made (here: no graph file) is reported with its error text."""
-    from specexport_runtime.contract import HEAD_MAJOR_INPLACE, GraphSpec
+    """A session that cannot be made (here: no graph file) is reported with its error text. Run in
+    a fresh interpreter, as the device check runs: in this process an earlier test may have made
+    ONNX Runtime's process-wide thread pool, which refuses every plain session with another error."""
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(REPO / "scripts")!r})
+from pathlib import Path
+from devicecheck import probe
+from specexport_runtime.contract import HEAD_MAJOR_INPLACE, GraphSpec
 
-    class Result:
-        path = tmp_path / "model.onnx"
-        spec = GraphSpec(1, 1, 8, 16, "float16", HEAD_MAJOR_INPLACE)
+class Result:
+    path = Path({str(tmp_path / "model.onnx")!r})
+    spec = GraphSpec(1, 1, 8, 16, "float16", HEAD_MAJOR_INPLACE)
 
-    out = probe.cuda_graph(Result(), "cpu", reference=None, prompt=[1, 2], steps=4, plain_ms=None)
+print(json.dumps(probe.cuda_graph(Result(), "cpu", reference=None, prompt=[1, 2], steps=4, plain_ms=None)))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-400:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["ok"] is False and out["error"].startswith("NoSuchFile: [ONNXRuntimeError] : 3 : NO_SUCHFILE : Load model")
     assert out["ort_log"] and "[I:onnxruntime:" in out["ort_log"][0]  # the INFO lines come with it
 
