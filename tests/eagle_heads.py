@@ -275,3 +275,18 @@ def tiny_target_and_head(root: Path, draft_vocab: int = 160, seed: int = 0):
     target = make_model("llama")
     info = make_tiny_head_folder(root / "head", target, draft_vocab=draft_vocab, seed=seed)
     return target, info, load_eagle3_head(info["folder"], TargetShape.from_hf_config(target.config))
+
+
+def assert_head_catches_up_after_rollback(model, target, info: dict, embed: torch.Tensor, ids: list[int],
+                                          atol: float) -> None:
+    """Rows written by chained steps are dropped by a cursor move (truncate); catching up again with
+    real features gives reference_step's rows: stale cache rows past the cursor are never read."""
+    tensors, cfg = info["tensors"], info["config"]
+    feats = target_features(target, ids, info["layer_ids"])  # [S, F]
+    model.forward(ids[1:7], last_rows=1, features=feats[:6].numpy())
+    for token in (5, 6, 7):  # chain rows 6, 7, 8 from own hidden: stale after the rollback
+        model.forward([token], hidden=model.hidden_out[-1:].copy())
+    model.truncate(6)
+    got = model.forward(ids[7:12], last_rows=5, features=feats[6:11].numpy()).copy()
+    want, _, _ = reference_step(tensors, cfg, embed, ids[1:12], reference_fc(tensors, feats[:11]), None, 0)
+    np.testing.assert_allclose(got, want[6:].numpy(), atol=atol, rtol=0)

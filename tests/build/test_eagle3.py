@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 
 from eagle_heads import (
+    assert_head_catches_up_after_rollback,
     tiny_target_and_head,
     assert_head_follows_reference,
     make_tiny_head_folder,
-    reference_fc,
-    reference_step,
     target_features,
 )
 from specexport.eagle_graph import build_eagle3_head
@@ -94,18 +93,10 @@ def test_low_precision_heads_are_smaller(pair, tmp_path):
 def test_head_graph_catches_up_after_rollback(pair):
     """Rows written by chained steps are dropped by a cursor move; catching up again with real
     features gives the reference's rows (stale cache rows past the cursor are never read)."""
-    target, info, head, t_graph, h_graph = pair
-    tensors, cfg = info["tensors"], info["config"]
+    target, _, _, _, h_graph = pair
     embed = target.get_input_embeddings().weight.detach().float()
-    feats = target_features(target, IDS, info["layer_ids"])
     model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
-    model.forward(IDS[1:7], last_rows=1, features=feats[:6].numpy())
-    for token in (5, 6, 7):  # chain rows 6, 7, 8 from own hidden: stale after the rollback
-        model.forward([token], hidden=model.hidden_out[-1:].copy())
-    model.truncate(6)
-    got = model.forward(IDS[7:12], last_rows=5, features=feats[6:11].numpy()).copy()
-    want, _, _ = reference_step(tensors, cfg, embed, IDS[1:12], reference_fc(tensors, feats[:11]), None, 0)
-    np.testing.assert_allclose(got, want[6:].numpy(), atol=TOL, rtol=0)
+    assert_head_catches_up_after_rollback(model, target, pair[1], embed, IDS, TOL)
 
 
 # --------------------------------------------------------------------------- the artifact

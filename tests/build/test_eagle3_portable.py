@@ -17,10 +17,9 @@ import numpy as np
 import onnx
 import pytest
 from eagle_heads import (
+    assert_head_catches_up_after_rollback,
     tiny_target_and_head,
     assert_head_follows_reference,
-    reference_fc,
-    reference_step,
     target_features,
 )
 from specexport_runtime import contract
@@ -104,17 +103,9 @@ def test_portable_head_catches_up_after_rollback(pair, heads):
     """Rows written by chained steps are dropped by a cursor move; catching up again with real
     features gives the reference's rows (stale cache rows past the cursor are never read)."""
     target, info, _, embed = pair
-    tensors, cfg = info["tensors"], info["config"]
-    feats = target_features(target, IDS, info["layer_ids"])
     graph = heads["fp32"]
     model = OrtModel(graph.path, graph.spec, 128, SessionConfig(threads=1))
-    model.forward(IDS[1:7], last_rows=1, features=feats[:6].numpy())
-    for token in (5, 6, 7):  # chain rows 6, 7, 8 from own hidden: stale after the rollback
-        model.forward([token], hidden=model.hidden_out[-1:].copy())
-    model.truncate(6)
-    got = model.forward(IDS[7:12], last_rows=5, features=feats[6:11].numpy()).copy()
-    want, _, _ = reference_step(tensors, cfg, embed, IDS[1:12], reference_fc(tensors, feats[:11]), None, 0)
-    np.testing.assert_allclose(got, want[6:].numpy(), atol=TOL, rtol=0)
+    assert_head_catches_up_after_rollback(model, target, info, embed, IDS, TOL)
 
 
 def test_portable_head_uses_standard_ops_and_the_contract_names(heads):
