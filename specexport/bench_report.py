@@ -52,7 +52,7 @@ class RunRecord:
     target_calls: dict[int, list]  # S -> [calls, seconds] in this run, prefill excluded
     draft_calls: dict[int, list]
     prompt_ids: list[int] = field(default_factory=list, repr=False)
-    lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup
+    lookup_rounds: int = 0  # rounds drafted without a model call (prompt lookup or suffix retrieval)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
 
     @property
@@ -128,7 +128,7 @@ class Acceptance:
     per_position: list[float]  # accepted at i / drafted at i
     per_position_conditional: list[float | None]  # P(accept i | accepted 0..i-1, i drafted)
     accepted_histogram: list[int]  # rounds that accepted n tokens, n = 0, 1, ...
-    lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest: draft model)
+    lookup_rounds: int = 0  # rounds drafted without a model call: prompt lookup or suffix retrieval (the rest: draft model)
     # per proposal source (draft, eagle, lookup, suffix-request, suffix-store): rounds, drafted,
     # accepted, acceptance rate and tokens per round (accepted + the target's own token)
     by_source: dict[str, dict] = field(default_factory=dict)
@@ -222,7 +222,7 @@ class BenchReport:
                 " " * 14 + f"acceptance {_f(a.acceptance_rate)} (alpha {_f(a.alpha)}), {_f(a.mean_accepted_per_round)} "
                 f"accepted/round, {a.tokens_per_target_call:.2f} tokens/target call ({a.rounds} rounds, "
                 f"{a.plain_steps} plain steps"
-                + (f", {a.lookup_rounds} by lookup" if a.lookup_rounds else "")
+                + (f", {a.lookup_rounds} by retrieval" if a.lookup_rounds else "")
                 + f"); by position {pos or 'n/a'}"
             )
             if len(a.by_source) > 1:
@@ -251,7 +251,7 @@ class BenchReport:
             lines.append(f"  memory      draft {mem['draft_bytes'] / 1e6:.1f} MB of {mem['total_bytes'] / 1e6:.1f} MB "
                          f"({mem['draft_share']:.0%}; static: graph files + KV buffers at max_context)")
         else:
-            lines.append("  memory      no draft model (n-gram lookup: no extra model memory)")
+            lines.append("  memory      no draft model (retrieval drafts: no extra model memory)")
         if self.quality_off is not None:
             lines.append("  quality off " + _quality_line(self.quality_off))
         for cav in self.caveats:
