@@ -202,10 +202,7 @@ def _lines(summary: dict) -> list[str]:
 @click.pass_context
 def generate(ctx: click.Context, args: tuple[str, ...]) -> None:
     """Generate from an artifact (same options as `specexport-runtime generate`; --help lists them)."""
-    from specexport_runtime.cli import main as runtime_main
-
-    debug = ["--debug"] if ctx.obj.get("debug") else []
-    sys.exit(runtime_main([*debug, "generate", *args]))
+    _runtime(ctx, "generate", args)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
@@ -213,10 +210,15 @@ def generate(ctx: click.Context, args: tuple[str, ...]) -> None:
 @click.pass_context
 def serve(ctx: click.Context, args: tuple[str, ...]) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API (same options as `specexport-runtime serve`; --help lists them)."""
+    _runtime(ctx, "serve", args)
+
+
+def _runtime(ctx: click.Context, command: str, args: tuple[str, ...]) -> None:
+    """Run `specexport-runtime COMMAND ARGS` (its own parser and --help), passing --debug on."""
     from specexport_runtime.cli import main as runtime_main
 
     debug = ["--debug"] if ctx.obj.get("debug") else []
-    sys.exit(runtime_main([*debug, "serve", *args]))
+    sys.exit(runtime_main([*debug, command, *args]))
 
 
 @cli.command("fetch-default")

@@ -27,6 +27,7 @@ from .manifest import (
     DRAFT_MODEL_PROPOSERS,
     HEAD_PROPOSERS,
     PROPOSERS,
+    SPECULATIVE_PROPOSERS,
     Manifest,
     read_manifest,
     verify_files,
@@ -96,16 +97,15 @@ class SpecGenerator:
         name = name or self.default_proposer
         if name not in PROPOSERS:
             raise InvalidArgument(f"proposer {name!r} is not one of {', '.join(map(repr, PROPOSERS))}")
-        if name in DRAFT_MODEL_PROPOSERS and self.draft is None:
+        if name not in SPECULATIVE_PROPOSERS or name in self.manifest.speculative_proposers():
+            return name
+        if self.draft is None:
             raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
-        head = self.draft is not None and self.draft.spec.is_head
-        if name in HEAD_PROPOSERS and not head:
+        if name in HEAD_PROPOSERS:
             raise InvalidArgument(f"proposer {name!r} needs an artifact with an EAGLE-3 draft head; this one has a draft"
                                   " model (use 'draft' or 'hybrid')")
-        if name == "draft" and head:
-            raise InvalidArgument("proposer 'draft' needs a draft model; this artifact's draft is an EAGLE-3 head"
-                                  " (use 'eagle' or 'hybrid')")
-        return name
+        raise InvalidArgument("proposer 'draft' needs a draft model; this artifact's draft is an EAGLE-3 head"
+                              " (use 'eagle' or 'hybrid')")
 
     def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
         name = self.resolve_proposer(name)

@@ -228,21 +228,6 @@ class CacheCursor:
             raise InvalidArgument(f"cannot truncate cache of length {self.length} to {length}")
         self.length = length
 
-    # read-only views for checks (scripts/devicecheck): where the caches and the logits live
-    @property
-    def cache_buffers(self) -> list:
-        """The 2 x num_layers cache buffers, allocated once: numpy arrays (CPU) or OrtValues (device)."""
-        return list(self._buffers)
-
-    @property
-    def logits_buffer(self) -> np.ndarray:
-        """The host buffer [1, max_rows, V] every call's logits rows land in."""
-        return self._logits
-
-    def bound_outputs(self) -> list:
-        """The OrtValues the last call's outputs were bound to."""
-        return self._io.get_outputs()
-
     def reset(self) -> None:
         self.length = 0
 
@@ -318,6 +303,21 @@ class OrtModel(CacheCursor):
             ):
                 io.bind_input(name_in, dev, self.config.device_id, dt, list(shape), ptr)
                 io.bind_output(name_out, dev, self.config.device_id, dt, list(shape), ptr)
+
+    # read-only views for checks (scripts/devicecheck): where the caches and the logits live
+    @property
+    def cache_buffers(self) -> list:
+        """The 2 x num_layers cache buffers, allocated once: numpy arrays (CPU) or OrtValues (device)."""
+        return list(self._buffers)
+
+    @property
+    def logits_buffer(self) -> np.ndarray:
+        """The host buffer [1, max_rows, V] every call's logits rows land in."""
+        return self._logits
+
+    def bound_outputs(self) -> list:
+        """The OrtValues the last call's outputs were bound to."""
+        return self._io.get_outputs()
 
     def forward(self, ids, last_rows: int = 1, features: np.ndarray | None = None,
                 hidden: np.ndarray | None = None) -> np.ndarray:
