@@ -202,18 +202,18 @@ def host_copies(artifact: Path, provider: str, ids: list[int]) -> dict:
     from specexport_runtime.engine import OrtModel, SessionConfig
     from specexport_runtime.manifest import read_manifest
 
-    folder = Path(tempfile.mkdtemp(prefix="device-check-profile-"))
     manifest = read_manifest(Path(artifact))
     entry = manifest.target
-    config = SessionConfig(provider=provider, profile_prefix=str(folder / "target"))
-    model = OrtModel(Path(artifact) / entry.graph, entry.graph_spec(), manifest.max_context, config,
-                     min_rows=entry.min_rows, cache_pad=entry.cache_pad)
-    model.reset()
-    model.forward(ids)
-    for token in (5, 6, 7):
-        model.forward([token])
-    model.forward([8, 9, 10, 11], last_rows=4)
-    result = parse_profile(Path(model.session.end_profiling()))
+    with tempfile.TemporaryDirectory(prefix="device-check-profile-") as folder:  # the profile JSON is parsed here
+        config = SessionConfig(provider=provider, profile_prefix=str(Path(folder) / "target"))
+        model = OrtModel(Path(artifact) / entry.graph, entry.graph_spec(), manifest.max_context, config,
+                         min_rows=entry.min_rows, cache_pad=entry.cache_pad)
+        model.reset()
+        model.forward(ids)
+        for token in (5, 6, 7):
+            model.forward([token])
+        model.forward([8, 9, 10, 11], last_rows=4)
+        result = parse_profile(Path(model.session.end_profiling()))
     result["note"] = "Memcpy nodes copy between host and device inside the graph; feeds/fetches bound by address are not nodes"
     return result
 

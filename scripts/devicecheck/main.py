@@ -113,13 +113,12 @@ def install(args: argparse.Namespace, report: Report) -> tuple[str, str | None, 
     return None
 
 
-def artifacts(args: argparse.Namespace, report: Report) -> dict[str, Path]:
-    """Given artifacts, else tiny ones built now (needs the build side: torch, transformers)."""
+def artifacts(args: argparse.Namespace, report: Report, work: Path) -> dict[str, Path]:
+    """Given artifacts, else tiny ones built now in `work` (needs the build side: torch, transformers)."""
     from devicecheck.checks import KINDS, build_artifact
 
     given = {"fp32": args.artifact, "fp16": args.fp16_artifact, "fused": args.fused_artifact}
     found, built = {}, {}
-    work = Path(tempfile.mkdtemp(prefix="device-check-"))
     for kind in KINDS:
         if given[kind]:
             found[kind] = given[kind]
@@ -170,9 +169,18 @@ def run(args: argparse.Namespace, provider: str, report: Report, budget: Budget)
 
 def correctness_and_probe(args: argparse.Namespace, provider: str, report: Report,
                           budget: Budget) -> tuple[str, str | None, int]:
+    work = Path(tempfile.mkdtemp(prefix="device-check-"))  # tiny artifacts built here; removed at the end
+    try:
+        return _correctness_and_probe(args, provider, report, budget, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _correctness_and_probe(args: argparse.Namespace, provider: str, report: Report, budget: Budget,
+                           work: Path) -> tuple[str, str | None, int]:
     from devicecheck.checks import KINDS, check_artifact, prompt_ids, tensorrt_native
 
-    found = artifacts(args, report)
+    found = artifacts(args, report, work)
     checks = report.data["checks"]
     if all("skipped" in checks.get(kind, {}) for kind in KINDS):
         return "error", checks["fp32"]["skipped"], 2

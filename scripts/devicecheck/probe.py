@@ -396,8 +396,11 @@ class Probe:
         return self.out[name]
 
     def run(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="device-check-probe-") as workdir:  # the 1B graph: GBs, removed after
+            self._run(Path(workdir))
+
+    def _run(self, workdir: Path) -> None:
         n = self.needs
-        workdir = Path(tempfile.mkdtemp(prefix="device-check-probe-"))
         built = {}
 
         def build() -> dict:

@@ -27,8 +27,11 @@ HAVE_GPU = shutil.which("nvidia-smi") is not None or os.path.exists("/etc/nv_teg
 no_gpu = pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: run scripts/device-check by hand")
 
 
-def device_check(*args, provider: str | None = "cpu", timeout: float = 300) -> subprocess.CompletedProcess:
+def device_check(*args, provider: str | None = "cpu", timeout: float = 300,
+                 tmpdir: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable}
+    if tmpdir is not None:  # where tempfile puts the script's work folders
+        env["TMPDIR"] = str(tmpdir)
     env.pop("DEVICE_CHECK_PROVIDER", None)
     if provider:
         env["DEVICE_CHECK_PROVIDER"] = provider
@@ -128,9 +131,13 @@ def test_skips_without_gpu(tmp_path):
 @no_gpu
 def test_whole_check_with_cpu_standing_in(tiny_artifacts, tmp_path):
     """DEVICE_CHECK_PROVIDER=cpu: every section runs with the CPU as the device (tests the script)."""
-    out, summary = tmp_path / "dc.json", tmp_path / "summary.md"
-    proc = device_check("--artifact", tiny_artifacts["noisy"], "--out", out, "--summary", summary, "--tokens", "16")
+    out, summary, scratch = tmp_path / "dc.json", tmp_path / "summary.md", tmp_path / "tmp"
+    scratch.mkdir()
+    proc = device_check("--artifact", tiny_artifacts["noisy"], "--out", out, "--summary", summary, "--tokens", "16",
+                        tmpdir=scratch)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("device-check"))
+    assert left == []  # its built artifacts, profiles and the probe's graph are removed
     data = json.loads(out.read_text())
     assert data["status"] == "ok" and data["simulated"] is True and data["skipped_for_time"] == []
     assert data["checks"]["smoke"]["session_providers"][0] == "CPUExecutionProvider"
