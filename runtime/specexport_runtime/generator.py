@@ -154,7 +154,8 @@ class SpeculativeLoop:
     def speculative_step(self, committed: list[int], gamma: int) -> list[int]:
         t0 = time.perf_counter()
         proposal = self.proposer.propose(committed, gamma, self.params, self.rng)  # draft k <= gamma
-        draft, k = proposal.tokens, len(proposal.tokens)
+        k = min(len(proposal.tokens), self.target.max_rows - 1)  # one verify call holds max_rows rows
+        draft = proposal.tokens[:k]
         t1 = time.perf_counter()
         self.stats.draft_seconds += t1 - t0
         if k == 0:
@@ -165,7 +166,7 @@ class SpeculativeLoop:
             n, token = verify_greedy(logits.argmax(-1), draft)
         else:
             p = probabilities(logits, self.params)  # [k+1, V]
-            q = proposal.q if proposal.q is not None else one_hot(draft, p.shape[1])
+            q = proposal.q[:k] if proposal.q is not None else one_hot(draft, p.shape[1])
             n, token = verify_sampled(p, q, draft, self.rng)
         self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
         t2 = time.perf_counter()

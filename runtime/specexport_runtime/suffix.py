@@ -50,7 +50,7 @@ class SuffixConfig:
     """SuffixDecoding's knobs (ArcticInference's names and defaults where they exist)."""
 
     max_depth: int = 24  # longest suffix matched
-    max_spec: int = 16  # most tokens per draft
+    max_spec: int = 16  # most tokens per draft (the loop verifies at most OrtModel.max_rows - 1 of them)
     factor: float = 1.0  # draft length limit: floor(factor * match_length + offset)
     offset: float = 0.0
     min_prob: float = 0.1  # stop drafting when the path probability falls below this

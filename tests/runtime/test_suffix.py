@@ -193,6 +193,27 @@ def test_later_requests_draft_from_earlier_answers(gens):
     gen.forget_history()
 
 
+def test_drafts_longer_than_a_verify_call_are_cut_to_fit(gens):
+    """max_spec above what one verify call holds (OrtModel.max_rows rows): the store drafts the
+    whole 150-token earlier answer at once, the loop verifies the first max_rows - 1 tokens of
+    it, and the output is the target's."""
+    gen = gens("ngram")
+    gen.forget_history()
+    saved = gen.suffix_config
+    try:
+        gen.suffix_config = SuffixConfig(max_spec=200, factor=64.0)
+        prompt = [7, 150, 33, 299, 12, 260, 5]
+        first = gen.generate(prompt, max_new_tokens=150, speculative=False)
+        gen.suffix_store.add(prompt[-4:] + first.token_ids)
+        second = gen.generate(prompt, max_new_tokens=150, proposer="suffix", gamma=4)
+    finally:
+        gen.suffix_config = saved
+        gen.forget_history()
+    assert second.token_ids == first.token_ids
+    rows = gen.target.max_rows
+    assert len(first.token_ids) > rows and len(second.stats.drafted_at) == rows - 1  # the longest round drafted
+
+
 def test_sampling_with_suffix_follows_the_target(gens):
     """Temperature 1 on a repetitive prompt (the request proposes at once) while the store fills
     with earlier samples' outputs: the first two tokens against the exact target law (chi-square)
