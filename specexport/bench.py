@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
-from specexport_runtime.suffix import SuffixStore
+from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
@@ -194,7 +194,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
               shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str = "lookup", sequential: bool = False) -> BenchReport:
+              progress: Progress | None = None, hybrid_retrieval: str = "lookup", sequential: bool = False,
+              suffix: SuffixConfig | None = None) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.
 
@@ -202,7 +203,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     the suffix proposer's store of earlier answers is kept from prompt to prompt (one store per
     configuration, so a run never sees another configuration's answer to the same prompt), which
     shows learning across requests; by_domain then reports the first and last third's speedup.
-    Otherwise every run starts with an empty store."""
+    Otherwise every run starts with an empty store. suffix: the suffix proposer's settings
+    (draft limit), set on the generator; None keeps its own."""
     from specexport_runtime.api import load
 
     if isinstance(prompts, (str, os.PathLike)):
@@ -225,6 +227,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     if hybrid_retrieval not in ("lookup", "suffix"):
         raise BenchError(f"hybrid_retrieval must be lookup or suffix, got {hybrid_retrieval!r}")
     gen.hybrid_retrieval = hybrid_retrieval
+    if suffix is not None:
+        gen.suffix_config = suffix
     if proposer not in SPECULATIVE_PROPOSERS:
         raise InvalidArgument(f"proposer must be one of {', '.join(SPECULATIVE_PROPOSERS)}, got {proposer!r}")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -284,6 +288,7 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
                                                  "bytes": _graph_bytes(gen.root, man, man.draft)},
         "proposer": proposer, "ngram_sizes": list(man.speculation.ngram_sizes), "gammas": list(gammas),
         "hybrid_retrieval": getattr(gen, "hybrid_retrieval", "lookup"), "sequential": sequential,
+        "suffix": {"factor": gen.suffix_config.factor, "max_spec": gen.suffix_config.max_spec},
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
         "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
         "threads": threads, "machine": {"platform": platform.platform(), "processor": platform.processor(),

@@ -196,6 +196,9 @@ class BenchReport:
             prop = f"{m['proposer']} (prompt lookup, n-gram sizes {m.get('ngram_sizes')})" if m["proposer"] == "ngram" else m["proposer"]
             if m["proposer"] == "hybrid" and m.get("hybrid_retrieval", "lookup") != "lookup":
                 prop += f" (retrieval: {m['hybrid_retrieval']} then lookup)"
+            uses_suffix = m["proposer"] == "suffix" or m.get("hybrid_retrieval") == "suffix"
+            if uses_suffix and m.get("suffix"):  # reports from before the field have none
+                prop += f"; suffix drafts up to min({m['suffix']['max_spec']}, {m['suffix']['factor']:g} x match)"
         lines.append(f"  proposer    {prop}")
         lines.append(f"  gamma       {', '.join(gamma_label(g) for g in m['gammas'])}")
         s = m["sampling"]

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import SPECULATIVE_PROPOSERS
+from specexport_runtime.suffix import SuffixConfig
 
 from .prompts import DOMAINS
 
@@ -73,6 +75,11 @@ class _Progress:
 @click.option("--hybrid-retrieval", type=click.Choice(["lookup", "suffix"]), default="lookup", show_default=True,
               help="What hybrid retrieves with besides its draft: n-gram prompt lookup, or suffix drafts (request"
                    " and earlier answers) where they score, then lookup.")
+@click.option("--suffix-factor", type=float, default=None,
+              help="Suffix proposer (alone or as hybrid's retrieval): draft up to this many tokens per matched token"
+                   " (default 1.0).")
+@click.option("--suffix-max-spec", type=int, default=None,
+              help="Suffix proposer: most tokens per draft (default 16; one verify call holds at most 63).")
 @click.option("--sequential", is_flag=True,
               help="Run each domain's prompts in order as one session: the suffix proposer keeps earlier answers"
                    " from prompt to prompt (learning across requests); reports the first and last third's speedup.")
@@ -95,8 +102,8 @@ class _Progress:
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Write PNG plots into this folder (needs matplotlib: pip install 'specexport[plot]').")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, hybrid_retrieval: str, sequential: bool,
-          gamma_text: str,
+def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, hybrid_retrieval: str,
+          suffix_factor: float | None, suffix_max_spec: int | None, sequential: bool, gamma_text: str,
           temperature: float,
           top_p: float, top_k: int, seed: int, repeats: int, max_new_tokens: int | None, limit: int | None,
           threads: int | None, json_out: Path | None, md_out: Path | None, plot_dir: Path | None, quiet: bool) -> None:
@@ -110,6 +117,11 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
     from .bench_report import BenchError
 
     gammas = parse_gammas(gamma_text)
+    given = {k: v for k, v in (("factor", suffix_factor), ("max_spec", suffix_max_spec)) if v is not None}
+    try:
+        suffix = SuffixConfig(**given) if given else None
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), param_hint="--suffix-factor / --suffix-max-spec") from None
     if limit is not None and limit < 1:
         raise click.BadParameter("must be >= 1", param_hint="--limit")
     if plot_dir is not None:
@@ -122,7 +134,8 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
     try:
         report = run_bench(artifact, prompts, proposer=proposer, gammas=gammas, temperature=temperature, top_p=top_p,
                            top_k=top_k, seed=seed, repeats=repeats, max_new_tokens=max_new_tokens, threads=threads, shared_pool=True,
-                           progress=bar, hybrid_retrieval=hybrid_retrieval, sequential=sequential)
+                           progress=bar, hybrid_retrieval=hybrid_retrieval, sequential=sequential,
+                           suffix=suffix)
     except BenchError as exc:
         raise click.UsageError(str(exc)) from None
     finally:

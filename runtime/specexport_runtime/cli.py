@@ -80,6 +80,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
                           " (specexport sign; needs pip install './runtime[sign]')")
     srv.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
                      help="uvicorn's log level (default info: one access line per request)")
+    add_suffix_arguments(srv)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -96,10 +97,31 @@ def run_serve(args: argparse.Namespace) -> int:
                           max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout,
                           drain_seconds=args.drain_seconds, stall_seconds=args.stall_seconds,
                           model_name=args.model_name, proposer=args.proposer)  # checked before the slow load
+    suffix = suffix_config(args)
     gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
                shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key)
+    if suffix is not None:
+        gen.suffix_config = suffix
     serve(gen, config, log_level=args.log_level)
     return 0
+
+
+def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
+    """The suffix proposer's draft limit: min(max_spec, floor(factor x match length)) tokens."""
+    p.add_argument("--suffix-factor", type=float, default=None,
+                   help="suffix proposer: draft up to this many tokens per matched token (default 1.0; longer drafts"
+                        " pay on targets whose verify rows are cheap, e.g. 2 for fp32 on a CPU: docs/proposers.md)")
+    p.add_argument("--suffix-max-spec", type=int, default=None,
+                   help="suffix proposer: most tokens per draft (default 16; one verify call holds at most 63)")
+
+
+def suffix_config(args: argparse.Namespace):
+    """A SuffixConfig from --suffix-factor / --suffix-max-spec (validated now, before the slow
+    load), or None when neither is given (the generator keeps its default)."""
+    from .suffix import SuffixConfig
+
+    given = {k: v for k, v in (("factor", args.suffix_factor), ("max_spec", args.suffix_max_spec)) if v is not None}
+    return SuffixConfig(**given) if given else None
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
@@ -134,13 +156,17 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--no-shared-pool", action="store_true",
                      help="give target and draft their own CPU thread pools (default: one shared pool)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_suffix_arguments(gen)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from .api import load
 
+    suffix = suffix_config(args)
     gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
                shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key)
+    if suffix is not None:
+        gen.suffix_config = suffix
     kwargs = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, proposer=args.proposer, stop=tuple(args.stop),

@@ -404,3 +404,21 @@ def test_calibrate_an_eagle_head(tiny_artifacts, tmp_path):
     assert prof["costs"]["draft_step_s"]["eagle"] > 0
     with pytest.raises(InvalidArgument, match="'draft' is not available"):
         calibrate(art, domains=("code",), proposers=["draft"], prompts=PROMPTS, max_new_tokens=NEW)
+
+
+def test_suffix_draft_limit_is_applied_and_reported(tiny_artifacts):
+    """run_bench(suffix=SuffixConfig(...)) drafts within the given limit, stays exact, and the
+    report carries the setting (meta and the proposer line); a bad value from the CLI is a usage error."""
+    from click.testing import CliRunner
+    from specexport_runtime.suffix import SuffixConfig
+
+    p = Prompt(id="rep", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b c", max_new_tokens=80)
+    report = run_bench(tiny_artifacts["ngram"], [p], proposer="suffix", gammas=[8], repeats=1,
+                       suffix=SuffixConfig(max_spec=3, factor=4.0))
+    on = [r for r in report.runs if r.mode == "on"]
+    assert report.configs[0].equivalence["share"] == 1.0
+    assert 1 <= max(len(r.drafted_at) for r in on) <= 3
+    assert report.meta["suffix"] == {"factor": 4.0, "max_spec": 3}
+    assert "suffix drafts up to min(3, 4 x match)" in "\n".join(report.summary_lines())
+    bad = CliRunner().invoke(bench_cmd, [str(tiny_artifacts["ngram"]), "--suffix-max-spec", "0"])
+    assert bad.exit_code == 2 and "max_spec" in bad.output

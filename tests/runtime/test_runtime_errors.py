@@ -394,3 +394,25 @@ def test_a_manifest_that_disagrees_with_its_graph_is_refused_at_load(tiny_artifa
     (root / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(ContractError, match=words):
         load(root, verify=False)
+
+
+def test_cli_suffix_draft_limit(tiny_artifacts, capsys):
+    """--suffix-max-spec / --suffix-factor reach the suffix proposer (no round drafts more than
+    max_spec tokens, the output stays the target's); a bad value is one error line, before the load."""
+    from specexport_runtime.cli import main
+
+    art = str(tiny_artifacts["ngram"])
+    prompt = ["--prompt", "a b c d e f g a b c d e f g a b c", "--max-new-tokens", "120", "--json"]  # it repeats
+
+    def run(*extra: str) -> dict:
+        assert main(["generate", art, *prompt, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    base = run("--no-speculation")
+    wide = run("--proposer", "suffix", "--gamma", "8")
+    capped = run("--proposer", "suffix", "--gamma", "8", "--suffix-max-spec", "2", "--suffix-factor", "4")
+    assert wide["token_ids"] == base["token_ids"] == capped["token_ids"]
+    assert len(wide["stats"]["drafted_at"]) > 2 and 1 <= len(capped["stats"]["drafted_at"]) <= 2
+    proc = run_cli("generate", str(tiny_artifacts["ngram"]), "--prompt", "hi", "--suffix-max-spec", "0")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "max_spec" in lines[0] and "0" in lines[0], proc.stderr
