@@ -198,7 +198,12 @@ class BenchReport:
                 prop += f" (retrieval: {m['hybrid_retrieval']} then lookup)"
             uses_suffix = m["proposer"] == "suffix" or m.get("hybrid_retrieval") == "suffix"
             if uses_suffix and m.get("suffix"):  # reports from before the field have none
-                prop += f"; suffix drafts up to min({m['suffix']['max_spec']}, {m['suffix']['factor']:g} x match)"
+                sx = m["suffix"]
+                prop += f"; suffix drafts up to min({sx['max_spec']}, {sx['factor']:g} x match)"
+                if len(sx.get("limit_scales", [1.0])) > 1:
+                    speed = sx.get("tuner", {}).get("tokens_per_second", {})
+                    prop += (f" scaled x{' / x'.join(f'{x:g}' for x in sx['limit_scales'])}, the fastest measured"
+                             + (f" ({', '.join(f'x{float(k):g} {v:g}' for k, v in speed.items())} tok/s)" if speed else ""))
         lines.append(f"  proposer    {prop}")
         lines.append(f"  gamma       {', '.join(gamma_label(g) for g in m['gammas'])}")
         s = m["sampling"]

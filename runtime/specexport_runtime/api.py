@@ -42,7 +42,7 @@ from .proposers import (
     Proposer,
 )
 from .sampling import SamplingParams
-from .suffix import SourceCalibration, SuffixConfig, SuffixProposer, SuffixStore
+from .suffix import LimitTuner, SourceCalibration, SuffixConfig, SuffixProposer, SuffixStore
 from .tokenizer import TextCodec
 
 Prompt = str | bytes | Sequence[int]
@@ -83,6 +83,7 @@ class SpecGenerator:
         # "suffix" (suffix drafts from the request and earlier answers, then lookup)
         self.hybrid_retrieval = "lookup"
         self.suffix_calibration = SourceCalibration()  # per-source score calibration, learned across requests
+        self.suffix_tuner = LimitTuner()  # which suffix draft limit pays on this target, learned across requests
         self.use_datastore = True  # the suffix proposer also drafts from the artifact's corpus datastore, if any
         self._datastore: Datastore | None = None
 
@@ -130,7 +131,8 @@ class SpecGenerator:
 
     def _suffix(self) -> SuffixProposer:
         return SuffixProposer(self.suffix_store, self.suffix_config, self.manifest.max_context,
-                              self.datastore if self.use_datastore else None, self.suffix_calibration)
+                              self.datastore if self.use_datastore else None, self.suffix_calibration,
+                              self.suffix_tuner)
 
     @property
     def datastore(self) -> Datastore | None:

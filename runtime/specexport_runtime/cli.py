@@ -109,19 +109,21 @@ def run_serve(args: argparse.Namespace) -> int:
 def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
     """The suffix proposer's draft limit: min(max_spec, floor(factor x match length)) tokens."""
     p.add_argument("--suffix-factor", type=float, default=None,
-                   help="suffix proposer: draft up to this many tokens per matched token (default 1.0; longer drafts"
-                        " pay on targets whose verify rows are cheap, e.g. 2 for fp32 on a CPU: docs/proposers.md)")
+                   help="suffix proposer: draft up to this many tokens per matched token, fixed (default: 1.0,"
+                        " scaled x0.5 / x1 / x2 by whichever measures fastest on this target: docs/proposers.md)")
     p.add_argument("--suffix-max-spec", type=int, default=None,
-                   help="suffix proposer: most tokens per draft (default 16; one verify call holds at most 63)")
+                   help="suffix proposer: most tokens per draft, fixed (default: 16, tuned like --suffix-factor;"
+                        " one verify call holds at most 63)")
 
 
 def suffix_config(args: argparse.Namespace):
     """A SuffixConfig from --suffix-factor / --suffix-max-spec (validated now, before the slow
-    load), or None when neither is given (the generator keeps its default)."""
+    load), with that limit fixed (no tuning); None when neither is given (the generator keeps its
+    default, whose limit the runtime tunes: suffix.LimitTuner)."""
     from .suffix import SuffixConfig
 
     given = {k: v for k, v in (("factor", args.suffix_factor), ("max_spec", args.suffix_max_spec)) if v is not None}
-    return SuffixConfig(**given) if given else None
+    return SuffixConfig(**given, limit_scales=(1.0,)) if given else None  # a limit given is kept as given
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:

@@ -32,9 +32,10 @@ distribution exactly, and greedy output equals target-only output.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -56,6 +57,9 @@ class SuffixConfig:
     min_prob: float = 0.1  # stop drafting when the path probability falls below this
     global_tokens: int = 200_000  # budget of the store of past responses (0: no store)
     hybrid_min_score: float = 1.0  # in `hybrid`: a suffix draft is used when its score reaches this
+    # the draft limit is scaled per round by one of these, the scale with the best measured
+    # throughput winning (LimitTuner); (1.0,): the limit exactly as configured
+    limit_scales: tuple[float, ...] = (0.5, 1.0, 2.0)
 
     def __post_init__(self) -> None:
         for name, lo, hi in (("max_depth", 1, 4096), ("max_spec", 1, 256), ("global_tokens", 0, 1 << 31)):
@@ -67,9 +71,18 @@ class SuffixConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
                 raise InvalidArgument(f"suffix {name} must be a number in [{lo}, {hi}], got {value!r}")
+        scales = self.limit_scales
+        if (not isinstance(scales, tuple) or not scales or len(set(scales)) != len(scales)
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.125 <= x <= 8.0 for x in scales)):
+            raise InvalidArgument(f"suffix limit_scales must be a tuple of distinct numbers in [0.125, 8], got {scales!r}")
 
     def limit(self, match_length: int) -> int:
         return max(0, min(self.max_spec, math.floor(self.factor * match_length + self.offset)))
+
+    def scaled(self, scale: float) -> "SuffixConfig":
+        """The same settings with the draft limit (factor, offset, max_spec) times `scale`."""
+        return replace(self, factor=min(64.0, self.factor * scale), offset=max(-64.0, min(64.0, self.offset * scale)),
+                       max_spec=max(1, min(256, round(self.max_spec * scale))), limit_scales=(1.0,))
 
 
 def longest_match(seq: np.ndarray, ends: np.ndarray, context: Sequence[int], max_depth: int) -> tuple[int, np.ndarray]:
@@ -269,6 +282,124 @@ class SourceCalibration:
         self.scored[source], self.accepted[source] = scored, got
 
 
+@dataclass
+class LimitTuner:
+    """Which draft limit pays on this target. SuffixDecoding's limit min(max_spec, factor x match)
+    was set for GPUs, where a verify call costs about the same for 2 rows or 30; on a CPU each row
+    costs a share of a decode step that depends on the target (about 5% for an fp32 135M model,
+    19% for its int4 build: docs/proposers.md), and so does the best limit. The configured limit
+    is scaled by one of the config's limit_scales, chosen from paired what-ifs:
+
+    - a probe round drafts at the largest scale (the first WARMUP rounds, then every
+      PROBE_EVERY-th, or every 4 x PROBE_EVERY-th while the largest scale's replays are more
+      than 5% slower than the best's): k tokens along one chain, n of them accepted, so n + 1
+      emitted;
+    - each scale replays that stretch (`replay`): it drafts what its own limit allows of the same
+      chain, emits what the target accepted of it plus one token, and goes on from there with
+      the match grown by what it emitted, until it has the same n + 1 tokens; its cost is its
+      calls and rows;
+    - every verified round adds (rows, seconds from its verified draft to the next commit: the
+      verify call and its host work) to a least-squares line seconds = a + b x rows;
+    - other rounds draft at the scale with the least a x calls + b x rows over the probes.
+
+    Every scale is judged on the same stretches of text, so the comparison needs far fewer rounds
+    than timing each scale on rounds of its own, and a short limit is credited with the rounds
+    that continue a fully accepted draft (judging it on the probe round alone would favour long
+    drafts). Sums halve past HORIZON probes (the line: rounds). Shared by the generator's
+    requests (like SourceCalibration). The choice never changes an output, only its speed:
+    drafts are verified."""
+
+    WARMUP = 16
+    PROBE_EVERY = 8
+    HORIZON = 1000.0
+    calls: dict[float, float] = field(default_factory=dict)  # scale -> target calls its replays took (shares of one)
+    rows: dict[float, float] = field(default_factory=dict)  # scale -> rows its replays verified
+    tokens: float = 0.0  # tokens emitted by the probes (the same for every scale)
+    probes: float = 0.0
+    fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, sum rows, sum rows^2, sum s, sum rows * s
+    _asked: int = 0
+
+    def choose(self, scales: tuple[float, ...]) -> float:
+        if len(scales) == 1:
+            return scales[0]
+        self._asked += 1
+        top = max(scales)
+        if self.probes < self.WARMUP:
+            return top
+        best = self.best(scales)
+        # probes cost where the largest scale is slow: then a quarter as often
+        every = self.PROBE_EVERY if self.seconds(top) <= 1.05 * self.seconds(best) else 4 * self.PROBE_EVERY
+        return top if self._asked % every == 0 else best
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) of seconds = a + b x rows (slope >= 0, intercept > 0); None until two call sizes are timed."""
+        n, sx, sxx, sy, sxy = self.fit
+        var = sxx - sx * sx / n if n else 0.0
+        if var <= 1e-9 * max(n, 1.0):
+            return None
+        b = max(0.0, (sxy - sx * sy / n) / var)
+        return max((sy - b * sx) / n, 1e-6), b
+
+    def seconds(self, scale: float) -> float:
+        a, b = self.line() or (1.0, 0.0)
+        return a * self.calls.get(scale, 0.0) + b * self.rows.get(scale, 0.0)
+
+    def best(self, scales: tuple[float, ...]) -> float:
+        """The scale whose replays took the least time (ties: the larger); the smallest while only
+        one call size is timed (its round times another size, which the line needs)."""
+        if self.line() is None:
+            return min(scales)
+        return min(sorted(scales, reverse=True), key=self.seconds)
+
+    @staticmethod
+    def replay(limit, match: int, drafted: int, accepted: int, open_end: bool) -> tuple[float, int]:
+        """(calls, rows) a draft limit `limit(match)` needs to emit the accepted + 1 tokens a
+        probe round emitted from `drafted` tokens of one chain (the chain is known that far).
+        open_end: the probe's draft was cut by its own limit and fully accepted, so the chain
+        goes on; a round that would draft past the known end then counts only for the share of
+        its tokens that falls inside the stretch (the rest starts the next stretch, whose cost
+        the next probe sees), so short limits are not charged a whole call for one token."""
+        calls, rows, pos = 0.0, 0, 0  # pos: tokens emitted so far
+        while pos <= accepted:
+            want = max(0, limit(match + pos))
+            j = min(want, drafted - pos)  # this round's draft, within the known chain
+            if open_end and j < want:
+                return calls + (j + 1) / (want + 1), rows + j + 1
+            calls, rows = calls + 1, rows + j + 1
+            pos += min(j, accepted - pos) + 1  # accepted drafted tokens, then the target's own
+        return calls, rows
+
+    def record(self, scale: float, drafted: int, accepted: int, seconds: float, match: int,
+               configs: dict[float, SuffixConfig]) -> None:
+        """A verified round: `drafted` tokens at `scale` after a match of `match` tokens,
+        `accepted` of them, `seconds` of verify. configs: scale -> its SuffixConfig. A probe
+        round (drafted at the largest scale) is replayed for every scale; others only time."""
+        rows = drafted + 1
+        for i, v in enumerate((1.0, rows, rows * rows, seconds, rows * seconds)):
+            self.fit[i] += v
+        if self.fit[0] > self.HORIZON:
+            self.fit = [v / 2 for v in self.fit]
+        if scale != max(configs):
+            return
+        open_end = accepted == drafted == configs[scale].limit(match)
+        for x, config in configs.items():
+            calls, rows = self.replay(lambda m, c=config: c.limit(min(m, c.max_depth)), match, drafted, accepted, open_end)
+            self.calls[x] = self.calls.get(x, 0.0) + calls
+            self.rows[x] = self.rows.get(x, 0.0) + rows
+        self.tokens += accepted + 1
+        self.probes += 1
+        if self.probes > self.HORIZON:
+            self.probes, self.tokens = self.probes / 2, self.tokens / 2
+            for sums in (self.calls, self.rows):
+                for x in sums:
+                    sums[x] /= 2
+
+    def describe(self) -> dict:
+        a, b = self.line() or (math.nan, math.nan)
+        return {"probes": round(self.probes), "seconds_per_call": round(a, 6), "seconds_per_row": round(b, 6),
+                "tokens_per_second": {str(x): round(self.tokens / max(self.seconds(x), 1e-12), 1) for x in sorted(self.calls)}}
+
+
 class SuffixProposer:
     """Suffix speculation over the request so far and the store of past responses: each round
     both are matched and the proposal with the higher score is used. Proposals cost no model
@@ -279,14 +410,17 @@ class SuffixProposer:
     proposes_when_off = True
 
     def __init__(self, store: SuffixStore | None, config: SuffixConfig, max_context: int, datastore=None,
-                 calibration: SourceCalibration | None = None):
+                 calibration: SourceCalibration | None = None, tuner: LimitTuner | None = None):
         """datastore: a datastore.Datastore (the artifact's corpus) or None."""
         self.store, self.config, self.max_context, self.datastore = store, config, max_context, datastore
         self.calibration = calibration if calibration is not None else SourceCalibration()
+        self.tuner = tuner if tuner is not None else LimitTuner()
+        self._scaled = {x: config.scaled(x) for x in config.limit_scales}
         self.request = RequestSuffix()
         self.prompt_length = 0
-        self._last: tuple[str, float, int] | None = None  # (source, raw score, tokens) of the last retrieve
-        self._pending: tuple[str, float, int] | None = None  # the same, once its draft is verified
+        self._last: tuple | None = None  # (source, raw score, tokens, scale, match length) of the last retrieve
+        self._pending: tuple | None = None  # the same, once its draft is verified
+        self._verify_start = 0.0
 
     def start(self, prompt: Sequence[int]) -> None:
         self.request.reset(prompt)
@@ -297,20 +431,24 @@ class SuffixProposer:
         that order); the score is the source's own times its calibration factor."""
         room = max(0, self.max_context - len(committed))  # rows left after feeding `last`
         tail = committed[-self.config.max_depth :]
-        best: tuple[list[int], float, str, float] = ([], 0.0, "request", 0.0)  # (tokens, score, source, raw)
+        scale = self.tuner.choose(self.config.limit_scales)
+        config = self._scaled[scale]
+        best: tuple[list[int], float, str, float, int] = ([], 0.0, "request", 0.0, 0)  # (tokens, score, source, raw, m)
         for name, source in (("request", self.request), ("store", self.store), ("datastore", self.datastore)):
             if source is None:
                 continue
-            tokens, raw, _ = source.propose(self.config, room) if name == "request" else source.propose(tail, self.config, room)
+            tokens, raw, m = source.propose(config, room) if name == "request" else source.propose(tail, config, room)
             score = raw * self.calibration.factor(name)
             if tokens and score > best[1]:
-                best = (tokens, score, name, raw)
-        self._last = (best[2], best[3], len(best[0]))
+                best = (tokens, score, name, raw, m)
+        self._last = (best[2], best[3], len(best[0]), scale, best[4])
         return best[0], best[1], best[2]
 
     def use_last(self) -> None:
-        """The last retrieved draft is verified this round: its acceptance updates the calibration."""
+        """The last retrieved draft is verified this round: its acceptance updates the calibration,
+        and the time until commit (the verify call) the limit tuner."""
         self._pending = self._last
+        self._verify_start = time.perf_counter()
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
         tokens, _, where = self.retrieve(committed)
@@ -320,8 +458,9 @@ class SuffixProposer:
 
     def commit(self, committed, n_new) -> None:
         if self._pending is not None and self._pending[2] > 0:  # a verified suffix draft: n_new - 1 accepted
-            source, raw, k = self._pending
+            source, raw, k, scale, match = self._pending
             self.calibration.record(source, raw, min(n_new - 1, k))
+            self.tuner.record(scale, k, min(n_new - 1, k), time.perf_counter() - self._verify_start, match, self._scaled)
         self._pending = None
         self.request.extend(committed[len(committed) - n_new :])
 
@@ -331,5 +470,5 @@ class SuffixProposer:
             self.store.add(output)
 
 
-__all__ = ["MAX_CANDIDATES", "SEP", "RequestSuffix", "SourceCalibration", "SuffixConfig", "SuffixProposer", "SuffixStore",
+__all__ = ["MAX_CANDIDATES", "SEP", "LimitTuner", "RequestSuffix", "SourceCalibration", "SuffixConfig", "SuffixProposer", "SuffixStore",
            "draft_chain", "longest_match"]

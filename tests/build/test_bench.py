@@ -213,6 +213,7 @@ def test_suffix_bench_sequential_learns_across_requests(tiny_artifacts):
     d = seq.configs[0].by_domain["agentic"]
     assert d["last_third_speedup"] > 0 and "first_third_speedup" in d
     assert "last third" in "\n".join(seq.summary_lines())
+    assert "scaled x0.5 / x1 / x2, the fastest measured (x0.5 " in "\n".join(seq.summary_lines())  # the tuned limit
     by_source = seq.configs[0].acceptance.by_source
     assert "suffix-store" in by_source and by_source["suffix-store"]["accepted"] > 0
 
@@ -414,11 +415,13 @@ def test_suffix_draft_limit_is_applied_and_reported(tiny_artifacts):
 
     p = Prompt(id="rep", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b c", max_new_tokens=80)
     report = run_bench(tiny_artifacts["ngram"], [p], proposer="suffix", gammas=[8], repeats=1,
-                       suffix=SuffixConfig(max_spec=3, factor=4.0))
+                       suffix=SuffixConfig(max_spec=3, factor=4.0, limit_scales=(1.0,)))
     on = [r for r in report.runs if r.mode == "on"]
     assert report.configs[0].equivalence["share"] == 1.0
     assert 1 <= max(len(r.drafted_at) for r in on) <= 3
-    assert report.meta["suffix"] == {"factor": 4.0, "max_spec": 3}
+    sx = report.meta["suffix"]
+    assert (sx["factor"], sx["max_spec"], sx["limit_scales"]) == (4.0, 3, [1.0])
+    assert list(sx["tuner"]["tokens_per_second"]) == ["1.0"]
     assert "suffix drafts up to min(3, 4 x match)" in "\n".join(report.summary_lines())
     bad = CliRunner().invoke(bench_cmd, [str(tiny_artifacts["ngram"]), "--suffix-max-spec", "0"])
     assert bad.exit_code == 2 and "max_spec" in bad.output
