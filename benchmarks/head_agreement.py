@@ -9,12 +9,18 @@ its top-1 agreement with the answer; then the same prompt with `--proposer eagle
 whose first-position acceptance is that same prediction made inside the loop (its output must
 equal the target-only answer). Close figures mean the runtime drafts what the head knows; a gap
 would point at the loop (features, alignment, rollback).
+
+--bigram JSON (a train-draft answer cache, e.g. ~/.cache/specexport/train-draft/instructions-*.json:
+token-id lists) adds a baseline on the same rows: the most frequent successor of token t+1 in
+those answers, as a guess for token t+2. A head near that figure has learned little beyond token
+statistics from the target's features.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +37,16 @@ def main() -> None:
     ap.add_argument("--prompts", default="code,chat,structured,copy_edit,creative", help="prompt sets (bench --prompts)")
     ap.add_argument("--limit", type=int, default=2, help="prompts per set")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="answer length")
+    ap.add_argument("--bigram", type=Path, default=None, help="a train-draft answer cache (JSON of token-id lists)"
+                    " whose bigram successors are the baseline")
     args = ap.parse_args()
+    successor = bigram_successors(args.bigram) if args.bigram else None
     gen = load(args.artifact)
     m = gen.manifest
     if m.draft is None or not m.draft.vocab_map:
         raise SystemExit(f"error: {args.artifact} has no EAGLE-3 head")
     d2t = np.load(args.artifact / m.draft.vocab_map)
-    total = {"hits": 0, "rows": 0, "accepted": 0, "drafted": 0}
+    total = {"hits": 0, "rows": 0, "accepted": 0, "drafted": 0, "bigram": 0}
     for p in resolve_prompts(args.prompts.split(","), limit=args.limit):
         ids = prompt_ids(gen, p)
         answer = gen.generate(ids, max_new_tokens=args.max_new_tokens, speculative=False).token_ids
@@ -50,6 +59,10 @@ def main() -> None:
         pred = d2t[head.forward(seq[1 : n + 1], last_rows=n, features=runner.features[:n]).argmax(-1)]
         first = len(ids) - 2  # rows predicting answer tokens
         ok = pred[first:] == np.asarray(seq[first + 2 :])
+        big = None
+        if successor is not None:  # token t+1 -> its most frequent successor, as the guess for t+2
+            big = np.asarray([successor.get(t, -1) for t in seq[first + 1 : n + 1]]) == np.asarray(seq[first + 2 :])
+            total["bigram"] += int(big.sum())
         loop = gen.generate(ids, max_new_tokens=args.max_new_tokens, proposer="eagle", gamma=1)
         st = loop.stats
         acc, drafted = (st.accepted_at[0], st.drafted_at[0]) if st.drafted_at else (0, 0)
@@ -57,11 +70,29 @@ def main() -> None:
         total["rows"] += ok.size
         total["accepted"] += acc
         total["drafted"] += drafted
-        print(json.dumps({"id": p.id, "teacher_forced": round(float(ok.mean()), 3),
-                          "in_loop_first": round(acc / drafted, 3) if drafted else None,
-                          "same_output": loop.token_ids == answer}))
-    print(json.dumps({"teacher_forced": round(total["hits"] / max(1, total["rows"]), 3),
-                      "in_loop_first": round(total["accepted"] / max(1, total["drafted"]), 3)}))
+        row = {"id": p.id, "teacher_forced": round(float(ok.mean()), 3),
+               "in_loop_first": round(acc / drafted, 3) if drafted else None, "same_output": loop.token_ids == answer}
+        if big is not None:
+            row["bigram_baseline"] = round(float(big.mean()), 3)
+        print(json.dumps(row))
+    summary = {"teacher_forced": round(total["hits"] / max(1, total["rows"]), 3),
+               "in_loop_first": round(total["accepted"] / max(1, total["drafted"]), 3)}
+    if successor is not None:
+        summary["bigram_baseline"] = round(total["bigram"] / max(1, total["rows"]), 3)
+    print(json.dumps(summary))
+
+
+def bigram_successors(path: Path) -> dict[int, int]:
+    """token -> its most frequent successor over the token-id lists of a JSON cache (a dict of
+    lists or a list of lists; other values are skipped)."""
+    data = json.loads(path.read_text())
+    seqs = data.values() if isinstance(data, dict) else data
+    counts: dict[int, Counter] = defaultdict(Counter)
+    for s in seqs:
+        if isinstance(s, list) and all(isinstance(t, int) for t in s):
+            for a, b in zip(s, s[1:]):
+                counts[a][b] += 1
+    return {a: c.most_common(1)[0][0] for a, c in counts.items()}
 
 
 if __name__ == "__main__":
