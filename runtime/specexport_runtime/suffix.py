@@ -13,7 +13,8 @@ keeps (memory: a few bytes per token instead of tree nodes per token):
             c in C (= the child with the largest count); its probability count / |C| multiplies
             into the path probability; C becomes the occurrences that continued with it. Stop
             when the path probability falls below `min_prob` or after
-            min(max_spec, floor(factor * m + offset)) tokens (`draft_chain`)
+            min(max_spec, floor(factor * m + offset)) tokens (`draft_chain`), a limit that
+            `LimitTuner` scales to what pays on the target
     score   the sum of the path probabilities of the drafted tokens (the expected number of
             accepted tokens if each were accepted with its path probability); the better-scoring
             source wins (`SuffixProposer.propose`)
@@ -404,7 +405,9 @@ class SuffixProposer:
     """Suffix speculation over the request so far and the store of past responses: each round
     both are matched and the proposal with the higher score is used. Proposals cost no model
     call, so they are made up to the proposer's own limit even when the gamma controller has
-    speculation off (like prompt lookup in `hybrid`)."""
+    speculation off (like prompt lookup in `hybrid`). That limit is the config's, scaled each
+    round by the tuner's choice among config.limit_scales (LimitTuner); the tuner, like the
+    score calibration, is the generator's and learns across requests."""
 
     name = "suffix"
     proposes_when_off = True
