@@ -194,7 +194,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
               shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str = "lookup", sequential: bool = False,
+              progress: Progress | None = None, hybrid_retrieval: str = "suffix", sequential: bool = False,
               suffix: SuffixConfig | None = None) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.

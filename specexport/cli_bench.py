@@ -69,10 +69,10 @@ class _Progress:
               help="Prompt set: a domain (" + ", ".join(DOMAINS) + "), 'all', or a prompt file: JSONL (messages, prompt"
                    " or text per line) or plain text (one prompt per line); repeatable or comma-separated.")
 @click.option("--proposer", type=click.Choice(SPECULATIVE_PROPOSERS), default=None,
-              help="Draft model, n-gram prompt lookup, hybrid (lookup when the text repeats, else the draft"
-                   " model), eagle (an EAGLE-3 head) or suffix (suffix matches in the request and in earlier answers;"
+              help="Draft model, n-gram prompt lookup, hybrid (retrieval when the text repeats, else the draft"
+                   " model; see --hybrid-retrieval), eagle (an EAGLE-3 head) or suffix (suffix matches in the request and in earlier answers;"
                    " its store of answers is emptied before every run); default: the artifact's.")
-@click.option("--hybrid-retrieval", type=click.Choice(["lookup", "suffix"]), default="lookup", show_default=True,
+@click.option("--hybrid-retrieval", type=click.Choice(["lookup", "suffix"]), default="suffix", show_default=True,
               help="What hybrid retrieves with besides its draft: n-gram prompt lookup, or suffix drafts (request"
                    " and earlier answers) where they score, then lookup.")
 @click.option("--suffix-factor", type=float, default=None,

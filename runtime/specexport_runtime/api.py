@@ -79,9 +79,10 @@ class SpecGenerator:
         # requests that finished), kept between calls: later requests draft from earlier answers
         self.suffix_config = SuffixConfig()
         self.suffix_store = SuffixStore(self.suffix_config.global_tokens)
-        # what `hybrid` retrieves with besides its draft: "lookup" (n-gram prompt lookup) or
-        # "suffix" (suffix drafts from the request and earlier answers, then lookup)
-        self.hybrid_retrieval = "lookup"
+        # what `hybrid` retrieves with besides its draft: "suffix" (suffix drafts from the request
+        # and earlier answers where they score, then lookup; the default: docs/proposers.md) or
+        # "lookup" (n-gram prompt lookup only)
+        self.hybrid_retrieval = "suffix"
         self.suffix_calibration = SourceCalibration()  # per-source score calibration, learned across requests
         self.suffix_tuner = LimitTuner()  # which suffix draft limit pays on this target, learned across requests
         self.use_datastore = True  # the suffix proposer also drafts from the artifact's corpus datastore, if any
@@ -223,7 +224,7 @@ class SpecGenerator:
     def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
         max_new_tokens, temperature, top_k, top_p, seed, gamma (None = adaptive), proposer
-        ('draft' | 'ngram' | 'hybrid' (lookup when the text repeats, else the draft) | 'eagle' | 'suffix' (suffix
+        ('draft' | 'ngram' | 'hybrid' (retrieval when the text repeats, else the draft: hybrid_retrieval) | 'eagle' | 'suffix' (suffix
         matches in this request and in earlier answers) | 'none'), stop (strings), speculative, domain (calibration profile),
         min_draft_prob (stop a draft round when the draft's top probability falls below it)."""
         return self._collect(self._prompt_ids(prompt), kwargs)

@@ -134,8 +134,9 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--stream", action="store_true", help="print text pieces as tokens are accepted")
     gen.add_argument("--no-speculation", action="store_true", help="target-only decoding (the baseline)")
     gen.add_argument("--proposer", choices=SPECULATIVE_PROPOSERS, default=None,
-                     help="draft model, n-gram prompt lookup, hybrid (lookup when the last 3 tokens occurred"
-                          " before, else the draft model), eagle (an EAGLE-3 head), or suffix (the most frequent"
+                     help="draft model, n-gram prompt lookup, hybrid (a suffix draft where it scores, else lookup"
+                          " when the last 3 tokens occurred before, else the draft model), eagle (an EAGLE-3 head),"
+                          " or suffix (the most frequent"
                           " continuation of the longest earlier match, in the request and in earlier answers)"
                           " (default: the artifact's)")
     gen.add_argument("--gamma", type=int, default=None, help="fixed draft length (default: adaptive)")

@@ -232,7 +232,7 @@ def test_hybrid_with_suffix_retrieval_is_exact_and_uses_both(gens, kind):
     the target's answers and contradicting ones; rounds are counted per source."""
     gen = gens(kind)
     gen.forget_history()
-    gen.hybrid_retrieval = "suffix"
+    assert gen.hybrid_retrieval == "suffix"  # the default
     try:
         rng = np.random.default_rng(2)
         for p in PROMPTS:
@@ -250,7 +250,7 @@ def test_hybrid_with_suffix_retrieval_is_exact_and_uses_both(gens, kind):
         with pytest.raises(InvalidArgument, match="hybrid_retrieval must be one of lookup, suffix, got 'tree'"):
             gen.generate(PROMPTS[0], max_new_tokens=4, proposer="hybrid")
     finally:
-        gen.hybrid_retrieval = "lookup"
+        gen.hybrid_retrieval = "suffix"
         gen.forget_history()
 
 
