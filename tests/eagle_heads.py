@@ -42,6 +42,20 @@ HEAD_HEADS, HEAD_KV_HEADS, HEAD_DIM, HEAD_INTERMEDIATE = 4, 2, 16, 128
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
 
+# The head tests' probe and tolerances (both graph forms): float32 graphs against float32 PyTorch
+# on the same weights, absolute (summation order only); lower precisions relative to the largest
+# |value| of the compared rows (fp16 weights, activations and cache; int8 weights and activations).
+PROBE_IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
+TOL = 1e-4
+HEAD_TOL = {"fp32": None, "fp16": 2e-2, "int8": 8e-2}  # relative to max |reference| (None: absolute TOL)
+
+
+def assert_close_at(got: np.ndarray, want: np.ndarray, precision: str) -> None:
+    """got against the reference within HEAD_TOL[precision] (module comment above)."""
+    rel = HEAD_TOL[precision]
+    atol = TOL if rel is None else rel * float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+
 
 # ------------------------------------------------------------------------------ head folder
 

@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 from eagle_heads import (
+    PROBE_IDS as IDS,
+    TOL,
+    assert_close_at,
     assert_head_catches_up_after_rollback,
     tiny_target_and_head,
     assert_head_follows_reference,
@@ -27,9 +30,6 @@ from specexport.fused import build_fused
 from specexport.validate import FeedRunner
 from specexport_runtime.engine import OrtModel, SessionConfig
 from tiny import make_model
-
-TOL = 1e-4
-IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +52,6 @@ def test_target_features_are_the_entering_residual_streams(pair):
     np.testing.assert_allclose(runner.features, want, atol=TOL, rtol=0)
 
 
-HEAD_TOL = {"fp32": None, "fp16": 2e-2, "int8": 8e-2}  # relative to max |reference| (None: absolute TOL)
-
-
-def _close(got: np.ndarray, want: np.ndarray, precision: str) -> None:
-    rel = HEAD_TOL[precision]
-    atol = TOL if rel is None else rel * float(np.abs(want).max())
-    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
-
-
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_head_graph_matches_the_reference_forward(pair, tmp_path, precision):
     """Catch-up over 10 rows from features, then 3 chained steps from the head's own hidden, on
@@ -72,7 +63,7 @@ def test_head_graph_matches_the_reference_forward(pair, tmp_path, precision):
         h_graph = build_eagle3_head(head, embed, tmp_path / precision, 128, precision=precision)
         assert h_graph.spec.kv_dtype == ("float16" if precision == "fp16" else "float32")
     model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
-    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: _close(got, want, precision))
+    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: assert_close_at(got, want, precision))
 
 
 def test_low_precision_heads_are_smaller(pair, tmp_path):

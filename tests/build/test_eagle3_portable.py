@@ -17,6 +17,9 @@ import numpy as np
 import onnx
 import pytest
 from eagle_heads import (
+    PROBE_IDS as IDS,
+    TOL,
+    assert_close_at,
     assert_head_catches_up_after_rollback,
     tiny_target_and_head,
     assert_head_follows_reference,
@@ -28,10 +31,6 @@ from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport.eagle_portable import build_portable_head
 from specexport.export import export_graph
 from specexport.validate import FeedRunner
-
-TOL = 1e-4
-FP16_REL = 2e-2
-IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +47,6 @@ def heads(pair, tmp_path_factory):
     _, _, head, embed = pair
     root = tmp_path_factory.mktemp("portable-heads")
     return {p: build_portable_head(head, embed, root / p, precision=p) for p in ("fp32", "fp16")}
-
-
-def _close(got: np.ndarray, want: np.ndarray, precision: str) -> None:
-    atol = TOL if precision == "fp32" else FP16_REL * float(np.abs(want).max())
-    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
 
 
 # --------------------------------------------------------------------------- target features
@@ -96,7 +90,7 @@ def test_portable_head_matches_the_reference_forward(pair, heads, precision):
     assert graph.spec.kv_layout == contract.TIME_MAJOR and graph.spec.is_head
     assert graph.spec.kv_dtype == ("float16" if precision == "fp16" else "float32")
     model = OrtModel(graph.path, graph.spec, 128, SessionConfig(threads=1))
-    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: _close(got, want, precision))
+    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: assert_close_at(got, want, precision))
 
 
 def test_portable_head_catches_up_after_rollback(pair, heads):
