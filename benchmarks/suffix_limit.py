@@ -5,7 +5,7 @@
 
 Each prompt runs target-only and then with the suffix proposer in every configuration, the order
 alternating by prompt, on one loaded generator. A configuration is FACTOR/MAX_SPEC (a fixed limit:
-SuffixConfig(factor, max_spec, limit_scales=(1.0,))) or `auto` (the default SuffixConfig, whose limit
+SuffixConfig.fixed_limit(factor, max_spec)) or `auto` (the default SuffixConfig, whose limit
 suffix.LimitTuner tunes). Every configuration gets its own tuner and an empty store of earlier
 answers for each prompt, so none learns from another. Reports, per configuration, the speedup over
 target-only as decode seconds summed over the prompts and as the median of the per-prompt ratios,
@@ -42,7 +42,7 @@ def config_of(spec: str) -> SuffixConfig:
     if spec == "auto":
         return SuffixConfig()
     factor, max_spec = spec.split("/")
-    return SuffixConfig(factor=float(factor), max_spec=int(max_spec), limit_scales=(1.0,))
+    return SuffixConfig.fixed_limit(float(factor), int(max_spec))
 
 
 def main() -> None:

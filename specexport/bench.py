@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS, SPECULATIVE_PROPOSERS
+from specexport_runtime.manifest import (DEFAULT_HYBRID_RETRIEVAL, DRAFT_MODEL_PROPOSERS, HYBRID_RETRIEVALS,
+                                        SPECULATIVE_PROPOSERS)
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
 from .bench_plots import write_plots
@@ -194,7 +195,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
               shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str = "suffix", sequential: bool = False,
+              progress: Progress | None = None, hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL, sequential: bool = False,
               suffix: SuffixConfig | None = None) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.
@@ -224,8 +225,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
-    if hybrid_retrieval not in ("lookup", "suffix"):
-        raise BenchError(f"hybrid_retrieval must be lookup or suffix, got {hybrid_retrieval!r}")
+    if hybrid_retrieval not in HYBRID_RETRIEVALS:
+        raise BenchError(f"hybrid_retrieval must be {' or '.join(HYBRID_RETRIEVALS)}, got {hybrid_retrieval!r}")
     gen.hybrid_retrieval = hybrid_retrieval
     if suffix is not None:
         gen.suffix_config = suffix

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.manifest import SPECULATIVE_PROPOSERS
+from specexport_runtime.manifest import DEFAULT_HYBRID_RETRIEVAL, HYBRID_RETRIEVALS, SPECULATIVE_PROPOSERS
 from specexport_runtime.suffix import SuffixConfig
 
 from .prompts import DOMAINS
@@ -72,7 +72,7 @@ class _Progress:
               help="Draft model, n-gram prompt lookup, hybrid (retrieval when the text repeats, else the draft"
                    " model; see --hybrid-retrieval), eagle (an EAGLE-3 head) or suffix (suffix matches in the request and in earlier answers;"
                    " its store of answers is emptied before every run); default: the artifact's.")
-@click.option("--hybrid-retrieval", type=click.Choice(["lookup", "suffix"]), default="suffix", show_default=True,
+@click.option("--hybrid-retrieval", type=click.Choice(HYBRID_RETRIEVALS), default=DEFAULT_HYBRID_RETRIEVAL, show_default=True,
               help="What hybrid retrieves with besides its draft: n-gram prompt lookup, or suffix drafts (request"
                    " and earlier answers) where they score, then lookup.")
 @click.option("--suffix-factor", type=float, default=None,
@@ -118,9 +118,8 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
     from .bench_report import BenchError
 
     gammas = parse_gammas(gamma_text)
-    given = {k: v for k, v in (("factor", suffix_factor), ("max_spec", suffix_max_spec)) if v is not None}
     try:
-        suffix = SuffixConfig(**given, limit_scales=(1.0,)) if given else None  # a limit given is kept as given
+        suffix = SuffixConfig.fixed_limit(suffix_factor, suffix_max_spec)
     except InvalidArgument as exc:
         raise click.BadParameter(str(exc), param_hint="--suffix-factor / --suffix-max-spec") from None
     if limit is not None and limit < 1:

@@ -24,8 +24,10 @@ from .generator import (
     validate_prompt_ids,
 )
 from .manifest import (
+    DEFAULT_HYBRID_RETRIEVAL,
     DRAFT_MODEL_PROPOSERS,
     HEAD_PROPOSERS,
+    HYBRID_RETRIEVALS,
     PROPOSERS,
     SPECULATIVE_PROPOSERS,
     Manifest,
@@ -46,7 +48,6 @@ from .suffix import LimitTuner, SourceCalibration, SuffixConfig, SuffixProposer,
 from .tokenizer import TextCodec
 
 Prompt = str | bytes | Sequence[int]
-HYBRID_RETRIEVALS = ("lookup", "suffix")  # SpecGenerator.hybrid_retrieval
 CALIBRATION_NAME = "calibration.json"
 
 
@@ -82,7 +83,7 @@ class SpecGenerator:
         # what `hybrid` retrieves with besides its draft: "suffix" (suffix drafts from the request
         # and earlier answers where they score, then lookup; the default: docs/proposers.md) or
         # "lookup" (n-gram prompt lookup only)
-        self.hybrid_retrieval = "suffix"
+        self.hybrid_retrieval = DEFAULT_HYBRID_RETRIEVAL
         self.suffix_calibration = SourceCalibration()  # per-source score calibration, learned across requests
         self.suffix_tuner = LimitTuner()  # which suffix draft limit pays on this target, learned across requests
         self.use_datastore = True  # the suffix proposer also drafts from the artifact's corpus datastore, if any

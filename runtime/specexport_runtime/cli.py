@@ -122,8 +122,7 @@ def suffix_config(args: argparse.Namespace):
     default, whose limit the runtime tunes: suffix.LimitTuner)."""
     from .suffix import SuffixConfig
 
-    given = {k: v for k, v in (("factor", args.suffix_factor), ("max_spec", args.suffix_max_spec)) if v is not None}
-    return SuffixConfig(**given, limit_scales=(1.0,)) if given else None  # a limit given is kept as given
+    return SuffixConfig.fixed_limit(args.suffix_factor, args.suffix_max_spec)
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:

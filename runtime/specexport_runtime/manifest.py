@@ -43,6 +43,8 @@ PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix", "none")  # speculati
 SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix")  # what --proposer accepts
 DRAFT_MODEL_PROPOSERS = ("draft", "hybrid", "eagle")  # run the artifact's draft graph (a model, or an EAGLE-3 head)
 HEAD_PROPOSERS = ("eagle",)  # need a draft head (kind eagle3_head); "draft" needs a draft model
+HYBRID_RETRIEVALS = ("lookup", "suffix")  # what `hybrid` retrieves with besides its draft (SpecGenerator.hybrid_retrieval)
+DEFAULT_HYBRID_RETRIEVAL = "suffix"  # docs/proposers.md, "In `hybrid`"
 DEFAULT_MAX_GAMMA = 8  # longest draft when the manifest's generation section names none
 # what the build measured of a target's rows (contract 1.2): "bitwise" = a row's logits are the
 # same bits whatever the number of rows in its call (greedy speculation == target-only, bit for

@@ -80,6 +80,13 @@ class SuffixConfig:
     def limit(self, match_length: int) -> int:
         return max(0, min(self.max_spec, math.floor(self.factor * match_length + self.offset)))
 
+    @classmethod
+    def fixed_limit(cls, factor: float | None = None, max_spec: int | None = None) -> "SuffixConfig | None":
+        """The settings for a draft limit a user gave (--suffix-factor / --suffix-max-spec): the
+        defaults with those values, kept as given (no tuning); None when neither was given."""
+        given = {k: v for k, v in (("factor", factor), ("max_spec", max_spec)) if v is not None}
+        return cls(**given, limit_scales=(1.0,)) if given else None
+
     def scaled(self, scale: float) -> "SuffixConfig":
         """The same settings with the draft limit (factor, offset, max_spec) times `scale`."""
         return replace(self, factor=min(64.0, self.factor * scale), offset=max(-64.0, min(64.0, self.offset * scale)),
@@ -327,10 +334,11 @@ class LimitTuner:
         top = max(scales)
         if self.probes < self.WARMUP:
             return top
-        best = self.best(scales)
+        costs = self.costs(scales)  # one fit per round
+        best = self._cheapest(scales, costs)
         # probes cost where the largest scale is slow: then a quarter as often
-        every = self.PROBE_EVERY if self.seconds(top) <= 1.05 * self.seconds(best) else 4 * self.PROBE_EVERY
-        return top if self._asked % every == 0 else best
+        slow = costs is not None and costs[top] > 1.05 * costs[best]
+        return top if self._asked % (4 * self.PROBE_EVERY if slow else self.PROBE_EVERY) == 0 else best
 
     def line(self) -> tuple[float, float] | None:
         """(a, b) of seconds = a + b x rows (slope >= 0, intercept > 0); None until two call sizes are timed."""
@@ -341,16 +349,21 @@ class LimitTuner:
         b = max(0.0, (sxy - sx * sy / n) / var)
         return max((sy - b * sx) / n, 1e-6), b
 
-    def seconds(self, scale: float) -> float:
-        a, b = self.line() or (1.0, 0.0)
-        return a * self.calls.get(scale, 0.0) + b * self.rows.get(scale, 0.0)
+    def costs(self, scales, line: tuple[float, float] | None = None) -> dict[float, float] | None:
+        """scale -> seconds its replays took by the fitted line (or `line`); None until it is fitted."""
+        a, b = line or self.line() or (None, None)
+        if a is None:
+            return None
+        return {x: a * self.calls.get(x, 0.0) + b * self.rows.get(x, 0.0) for x in scales}
 
     def best(self, scales: tuple[float, ...]) -> float:
         """The scale whose replays took the least time (ties: the larger); the smallest while only
         one call size is timed (its round times another size, which the line needs)."""
-        if self.line() is None:
-            return min(scales)
-        return min(sorted(scales, reverse=True), key=self.seconds)
+        return self._cheapest(scales, self.costs(scales))
+
+    @staticmethod
+    def _cheapest(scales: tuple[float, ...], costs: dict[float, float] | None) -> float:
+        return min(scales) if costs is None else min(sorted(scales, reverse=True), key=costs.__getitem__)
 
     @staticmethod
     def replay(limit, match: int, drafted: int, accepted: int, open_end: bool) -> tuple[float, int]:
@@ -396,9 +409,11 @@ class LimitTuner:
                     sums[x] /= 2
 
     def describe(self) -> dict:
-        a, b = self.line() or (math.nan, math.nan)
+        line = self.line()
+        a, b = line or (math.nan, math.nan)
+        costs = self.costs(sorted(self.calls), line or (1.0, 0.0))  # no line yet: calls alone
         return {"probes": round(self.probes), "seconds_per_call": round(a, 6), "seconds_per_row": round(b, 6),
-                "tokens_per_second": {str(x): round(self.tokens / max(self.seconds(x), 1e-12), 1) for x in sorted(self.calls)}}
+                "tokens_per_second": {str(x): round(self.tokens / max(c, 1e-12), 1) for x, c in costs.items()}}
 
 
 class SuffixProposer:

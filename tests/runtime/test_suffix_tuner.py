@@ -124,6 +124,9 @@ def test_scaled_config_and_bad_scales():
     d = c.scaled(2.0)
     assert (d.factor, d.max_spec, d.offset, d.limit_scales) == (3.0, 32, 2.0, (1.0,))
     assert c.scaled(0.5).max_spec == 8 and SuffixConfig(max_spec=200).scaled(2.0).max_spec == 256
+    assert SuffixConfig.fixed_limit() is None  # nothing given: the generator keeps its tuned default
+    f = SuffixConfig.fixed_limit(max_spec=3)
+    assert (f.factor, f.max_spec, f.limit_scales) == (1.0, 3, (1.0,))
     for bad in ((), (1.0, 1.0), (0.0,), (1.0, 9.0), [1.0, 2.0], (True,)):
         with pytest.raises(InvalidArgument, match="limit_scales"):
             SuffixConfig(limit_scales=bad)
