@@ -324,7 +324,8 @@ def train_draft_cmd(target: str, data: tuple[str, ...], out: Path, as_json: bool
 
     The head is written in the published format (config.json + model.safetensors), readable by
     specexport (recipe draft.eagle3), vLLM, SGLang and llama.cpp's converter; docs/training.md."""
-    from .train_draft import TrainConfig, parse_layer_ids, train_draft
+    from .train_config import TrainConfig, parse_layer_ids
+    from .train_draft import train_draft
 
     kwargs = {k: v for k, v in options.items() if v is not None}
     if layers is not None:

@@ -22,21 +22,24 @@ from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.cli import cli
 from specexport.formats.eagle3 import TargetShape, load_eagle3_head
-from specexport.train_draft import (
+from specexport.train_config import (
     CALIBRATE_PROMPTS_PER_DOMAIN,
-    Eagle3Draft,
     TrainConfig,
     TrainConfigError,
     TrainDraftError,
+)
+from specexport.train_data import (
     Window,
     choose_draft_vocab,
-    head_shape,
     held_out_prompt_ids,
-    init_from_target,
     load_target,
-    lr_at,
     make_batch,
-    train_draft,
+)
+from specexport.train_draft import lr_at, train_draft
+from specexport.train_head import (
+    Eagle3Draft,
+    head_shape,
+    init_from_target,
     ttt_forward,
     ttt_losses,
 )

@@ -11,7 +11,8 @@ import torch
 from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport import train_instructions as ti
-from specexport.train_draft import TrainConfig, TrainConfigError, train_draft
+from specexport.train_config import TrainConfig, TrainConfigError
+from specexport.train_draft import train_draft
 
 MODULE = textwrap.dedent('''
     """A module."""
