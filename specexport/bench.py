@@ -288,7 +288,7 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
         "draft": None if man.draft is None else {"source": man.draft.source, "precision": man.draft.precision,
                                                  "bytes": _graph_bytes(gen.root, man, man.draft)},
         "proposer": proposer, "ngram_sizes": list(man.speculation.ngram_sizes), "gammas": list(gammas),
-        "hybrid_retrieval": getattr(gen, "hybrid_retrieval", "lookup"), "sequential": sequential,
+        "hybrid_retrieval": gen.hybrid_retrieval, "sequential": sequential,
         "suffix": {"factor": gen.suffix_config.factor, "max_spec": gen.suffix_config.max_spec,
                    "limit_scales": list(gen.suffix_config.limit_scales), "tuner": gen.suffix_tuner.describe()},
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},

@@ -178,11 +178,11 @@ def test_rounds_are_counted_per_source(gens):
     """GenerationStats.by_source: each round under the source that drafted it (hybrid: lookup
     and draft both appear on a text that repeats in parts), summing to the run's totals."""
     gen = gens("noisy")
-    gen.hybrid_retrieval = "lookup"  # n-gram lookup as its retrieval (the default, suffix: test_suffix.py)
+    default, gen.hybrid_retrieval = gen.hybrid_retrieval, "lookup"  # n-gram lookup (suffix: test_suffix.py)
     try:
         result = gen.generate(PROMPTS[2], max_new_tokens=MAX_NEW, proposer="hybrid", gamma=3)
     finally:
-        gen.hybrid_retrieval = "suffix"
+        gen.hybrid_retrieval = default
     st = result.stats
     assert set(st.by_source) == {"lookup", "draft"}
     assert st.by_source["lookup"][0] == st.lookup_rounds
