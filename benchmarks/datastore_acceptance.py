@@ -26,6 +26,7 @@ from specexport_runtime.api import load
 from specexport_runtime.suffix import RequestSuffix, SuffixConfig
 
 from specexport.bench import prompt_ids, resolve_prompts
+from specexport.machine import cpu_model
 
 M_BUCKETS = ((1, 3), (3, 5), (5, 8), (8, 12), (12, 1 << 30))
 SCORE_BUCKETS = ((0.0, 1.0), (1.0, 2.0), (2.0, 4.0), (4.0, float("inf")))
@@ -77,12 +78,12 @@ def main() -> None:
                              "accepted": matched(draft, answer[i:]), "request_score": own_score})
             request.extend([token])
             context.append(token)
-    report = {"artifact": str(args.artifact), "datastore": store.describe(), "all": summary(rows),
+    report = {"artifact": str(args.artifact), "cpu": cpu_model(), "datastore": store.describe(), "all": summary(rows),
               "by_match_length": {f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+": summary([r for r in rows if lo <= r["m"] < hi])
                                   for lo, hi in M_BUCKETS},
               "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi]) for lo, hi in SCORE_BUCKETS},
               "where_request_has_no_draft": summary([r for r in rows if r["request_score"] < 1.0])}
-    print(f"{args.artifact}: datastore {report['datastore']}; drafts at {len(rows)} answer positions")
+    print(f"{args.artifact} ({report['cpu']}): datastore {report['datastore']}; drafts at {len(rows)} answer positions")
     for group in ("by_match_length", "by_score"):
         for key, s in report[group].items():
             print(f"  {group[3:]:13s} {key:8s} {s}")

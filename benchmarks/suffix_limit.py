@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 from pathlib import Path
 
@@ -25,17 +24,7 @@ from specexport_runtime.api import load
 from specexport_runtime.suffix import LimitTuner, SuffixConfig
 
 from specexport.bench import prompt_ids, resolve_prompts
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from specexport.machine import cpu_model
 
 
 def config_of(spec: str) -> SuffixConfig:

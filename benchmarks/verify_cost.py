@@ -30,6 +30,7 @@ import numpy as np
 from specexport_runtime.api import load
 
 from specexport.bench_stats import theoretical_speedup
+from specexport.machine import cpu_model
 
 MAX_GAMMA = 16
 
@@ -131,7 +132,7 @@ def main() -> None:
             if row["c"] is not None:
                 row["needed_alpha"][str(goal)]["draft"] = needed_alpha(goal, row["c"], costs)
         rows.append(row)
-    print(f"target calls at a {args.past}-token cache, {args.threads} threads; v(S) = S-row call / 1-row call")
+    print(f"{cpu_model()}: target calls at a {args.past}-token cache, {args.threads} threads; v(S) = S-row call / 1-row call")
     for row in rows:
         vs = " ".join(f"v({s})={x}" for s, x in row["v"].items() if s != "1")
         print(f"{row['artifact']}  [{row['precision']}]  decode {row['decode_ms']} ms  {vs}  r={row['r']}  c={row['c']}")
@@ -140,7 +141,7 @@ def main() -> None:
                      for k, n in need.items()]
             print(f"    {goal}x needs  " + ";  ".join(parts))
     if args.json:
-        args.json.write_text(json.dumps({"settings": vars(args) | {"artifacts": [str(a) for a in args.artifacts],
+        args.json.write_text(json.dumps({"cpu": cpu_model(), "settings": vars(args) | {"artifacts": [str(a) for a in args.artifacts],
                                                                     "json": str(args.json)}, "rows": rows}, indent=1))
 
 

@@ -32,7 +32,6 @@ draft overhead   time: draft seconds / total seconds of the on runs. Memory: a s
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +42,7 @@ from specexport_runtime.manifest import (DEFAULT_HYBRID_RETRIEVAL, DRAFT_MODEL_P
                                         SPECULATIVE_PROPOSERS)
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
+from . import machine
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
 from .bench_stats import (
@@ -293,8 +293,7 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
                    "limit_scales": list(gen.suffix_config.limit_scales), "tuner": gen.suffix_tuner.describe()},
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
         "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
-        "threads": threads, "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                                        "cpu_count": os.cpu_count()},
+        "threads": threads, "machine": machine.describe(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     try:

@@ -212,6 +212,9 @@ class BenchReport:
         lines.append(f"  sampling    {samp}")
         doms = ", ".join(f"{d} {n}" for d, n in m["domains"].items())
         lines.append(f"  prompts     {m['prompts']} ({doms}); repeats {m['repeats']}; threads {m['threads'] or 'default'}")
+        cpu = m.get("machine", {}).get("cpu")  # reports from before the field have none
+        if cpu:
+            lines.append(f"  machine     {cpu}, {m['machine'].get('cpu_count')} cores")
         lines.append(
             f"  lengths     input {L['input_tokens']['mean']:.0f} tokens mean (min {L['input_tokens']['min']}, "
             f"max {L['input_tokens']['max']}); output {L['output_tokens_off']['mean']:.1f} off / "

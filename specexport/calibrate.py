@@ -42,6 +42,7 @@ from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
 from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
+from . import machine
 from .bench import prompt_ids, run_one
 from .bench_stats import conditional_acceptance, verify_cost
 from .prompts import DOMAINS, Prompt, load_prompts
@@ -271,7 +272,7 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     }
     profile = {
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": {"platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+        "device": {**machine.describe(), "machine": platform.machine(),
                    "threads": threads},
         "settings": {"gammas": gammas, "measure_gamma": measure_g, "prompts_per_domain": prompts_per_domain,
                      "max_new_tokens": max_new_tokens, "proposers": proposers, "sampling": "greedy"},

@@ -159,6 +159,9 @@ def test_report_outputs(self_report):
     for word in ("target", "proposer", "gamma", "sampling", "prompts", "lengths", "acceptance", "per-token",
                  "draft overhead", "memory", "equivalence"):
         assert word in text, word
+    from specexport.machine import cpu_model
+
+    assert data["meta"]["machine"]["cpu"] == cpu_model() and f"machine     {cpu_model()}," in text  # closing notes name the CPU
     assert "| on[3] |" in self_report.to_markdown()
 
 
