@@ -31,8 +31,7 @@ from specexport_runtime.api import load
 
 from specexport.bench_stats import theoretical_speedup
 from specexport.machine import cpu_model
-
-MAX_GAMMA = 16
+from specexport.recipe import MAX_GAMMA
 
 
 def _timed(fn, calls: int) -> float:
@@ -84,9 +83,10 @@ class Probe:
 def needed_alpha(goal: float, c: float, costs: dict) -> dict:
     """The smallest alpha (to 0.01) whose best gamma reaches `goal` x, and that gamma; None when
     even alpha = 1 does not."""
+    costs = {**costs, "draft_step_s": c * costs["decode_s"]}
     for a in np.arange(0.0, 1.0001, 0.01):
-        best = max((theoretical_speedup(float(a), g, {**costs, "draft_step_s": c * costs["decode_s"]})
-                    for g in range(1, MAX_GAMMA + 1)), key=lambda r: r["speedup"] or 0.0)
+        best = max((theoretical_speedup(float(a), g, costs) for g in range(1, MAX_GAMMA + 1)),
+                   key=lambda r: r["speedup"] or 0.0)
         if (best["speedup"] or 0.0) >= goal:
             return {"alpha": round(float(a), 2), "gamma": best["gamma"]}
     return {"alpha": None, "gamma": None}
