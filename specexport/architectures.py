@@ -1,9 +1,13 @@
-"""Supported architectures: each is a small declarative difference over the shared decoder.
+"""Supported architectures: each family is one declarative row over the shared decoder.
 
-The shared decoder (decoder.py) runs the HF model's own norms and projections' weights and
-does attention, rotary, caching and logits itself. An ArchSpec only says where the pieces live and which
-attention variant the family uses. Register a new family in ARCHITECTURES and add it to the
-parity test table (tests/build/test_parity.py fails if a registered family has none).
+A row says where the pieces of the transformers model live, how its layer is wired (which norms
+surround attention and MLP, q/k norms, embedding scale), and `features`: the closed list of
+optional config features the family implements (model_config.FEATURE_OF_KEY names the config
+keys behind each). Both graph forms (decoder.py portable, fused.py) read these rows and the
+normalized config (model_config.py); nothing else derives family facts.
+
+Register a new family in ARCHITECTURES and give it a tiny config in tests/tiny.TINY_CONFIGS
+(the parity tests fail when one is missing).
 """
 
 from __future__ import annotations
@@ -26,8 +30,12 @@ class ArchSpec:
     layers: str = "layers"
     final_norm: str = "norm"
     attn: str = "self_attn"  # per layer
-    attn_norm: str = "input_layernorm"
-    mlp_norm: str = "post_attention_layernorm"
+    # norms per layer, relative to the layer; None: absent
+    #   x = x + attn_post_norm(attn(attn_norm(x)));  x = x + mlp_post_norm(mlp(mlp_norm(x)))
+    attn_norm: str | None = "input_layernorm"
+    attn_post_norm: str | None = None  # Gemma 2/3, OLMo 2
+    mlp_norm: str | None = "post_attention_layernorm"
+    mlp_post_norm: str | None = None  # Gemma 2/3, OLMo 2
     mlp: str = "mlp"
     mlp_kind: Literal["gated", "fused_gated", "module"] = "gated"
     # gated:       gate_proj/up_proj/down_proj + act_fn (fused here into one gate|up MatMul)
@@ -37,21 +45,42 @@ class ArchSpec:
     # separate: q_proj/k_proj/v_proj (nn.Linear, bias if the checkpoint has one: Qwen2)
     # fused:    qkv_proj with rows [q | k | v] (Phi-3)
     # conv1d:   c_attn, transformers Conv1D with columns [q | k | v] (GPT-2)
+    qkv_bias: bool = False  # q/k/v biases whatever the config says (Qwen2)
     out_proj: str = "o_proj"
-    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim of q and k before rotary
+    qk_norm: Literal["", "head", "full"] = ""  # RMSNorm of q and k before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
     positions: Literal["rope", "learned"] = "rope"
     position_embed: str = ""  # learned positions, relative to decoder (GPT-2: wpe)
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
     norm_offset: float = 0.0  # Gemma: RMSNorm scales by (offset + w); the fused graph folds it into w
-    sliding_window: bool = False  # Mistral: honour config.sliding_window in the mask
+    features: frozenset[str] = frozenset()  # optional config features implemented (model_config.FEATURE_OF_KEY)
+    text_config: bool = False  # a multimodal wrapper: the decoder's config is config.text_config
+
+    @property
+    def norms_per_layer(self) -> int:
+        return sum(n is not None for n in (self.attn_norm, self.attn_post_norm, self.mlp_norm, self.mlp_post_norm))
 
 
-LLAMA = ArchSpec("llama")
-MISTRAL = replace(LLAMA, model_type="mistral", sliding_window=True)
-QWEN2 = replace(LLAMA, model_type="qwen2")  # q/k/v biases live in the HF Linear modules
-QWEN3 = replace(LLAMA, model_type="qwen3", qk_norm=True)
-PHI3 = replace(LLAMA, model_type="phi3", qkv="fused", mlp_kind="fused_gated")
-GEMMA = replace(LLAMA, model_type="gemma", embed_scale=True, norm_offset=1.0)  # HF's GemmaRMSNorm: (1 + w)
+def _features(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+LLAMA = ArchSpec("llama", features=_features("attention_bias", "mlp_bias"))
+MISTRAL = ArchSpec("mistral", features=_features("sliding_window"))
+QWEN2 = ArchSpec("qwen2", qkv_bias=True, features=_features("sliding_window"))
+QWEN3 = ArchSpec("qwen3", qk_norm="head", features=_features("attention_bias", "sliding_window"))
+PHI3 = ArchSpec("phi3", qkv="fused", mlp_kind="fused_gated", features=_features("sliding_window", "partial_rotary"))
+GEMMA = ArchSpec("gemma", embed_scale=True, norm_offset=1.0, features=_features("attention_bias"))  # HF's GemmaRMSNorm: (1 + w)
+_SANDWICH = dict(attn_post_norm="post_attention_layernorm", mlp_norm="pre_feedforward_layernorm",
+                 mlp_post_norm="post_feedforward_layernorm")
+GEMMA2 = replace(GEMMA, model_type="gemma2", **_SANDWICH,
+                 features=_features("attention_bias", "sliding_window", "softcapping", "query_pre_attn_scalar"))
+GEMMA3_TEXT = replace(GEMMA2, model_type="gemma3_text", qk_norm="head",
+                      features=GEMMA2.features | {"rope_per_layer_type"})
+GEMMA3 = replace(GEMMA3_TEXT, model_type="gemma3", decoder="model.language_model", text_config=True)
+SMOLLM3 = ArchSpec("smollm3", features=_features("attention_bias", "mlp_bias", "sliding_window", "nope_layers"))
+GRANITE = ArchSpec("granite", features=_features("attention_bias", "mlp_bias", "multipliers"))
+OLMO2 = ArchSpec("olmo2", attn_norm=None, attn_post_norm="post_attention_layernorm", mlp_norm=None,
+                 mlp_post_norm="post_feedforward_layernorm", qk_norm="full", features=_features("attention_bias"))
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -69,14 +98,24 @@ GPT2 = ArchSpec(
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {
-    spec.model_type: spec for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA, GPT2)
+    spec.model_type: spec
+    for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA, GEMMA2, GEMMA3_TEXT, GEMMA3, SMOLLM3, GRANITE, OLMO2, GPT2)
 }
+
+
+def supported_list() -> str:
+    return ", ".join(sorted(ARCHITECTURES))
 
 
 def arch_for(model_type: str) -> ArchSpec:
     try:
         return ARCHITECTURES[model_type]
     except KeyError:
-        raise UnsupportedArchitecture(
-            f"architecture {model_type!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
-        ) from None
+        raise UnsupportedArchitecture(f"architecture {model_type!r} is not supported; supported: {supported_list()}") from None
+
+
+def module_at(root, path: str):
+    """root.a.b.c for path 'a.b.c'."""
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root

@@ -34,7 +34,8 @@ from .errors import BuildError
 from .build_eagle import export_head, load_head
 from .datastore import SUFFIX_ARRAY_NAME, TOKENS_NAME, build_datastore, corpus_files
 from .export import ExportResult, export_graph
-from .fused import build_fused
+from .fused import build_fused, fused_refusal
+from .model_config import NormalizedConfig, UnsupportedConfig, normalize, read_config
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
 from .quantized_target import QuantizedWeights
 from .recipe import BLOCK_SIZE, CHECKPOINT_TARGETS, QUANTIZED_TARGETS, ModelSpec, Recipe
@@ -125,13 +126,38 @@ BITWISE_FUSED = (Padding(cache_pad=1), Padding(min_rows=2))
 BITWISE_PORTABLE = (Padding(), Padding(min_rows=2))
 
 
+def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
+    """The model's normalized config from its config.json (a GGUF file's metadata) alone, before
+    any weight is read: an architecture, config feature or graph form the exporter does not
+    reproduce exactly is refused here with one line (model_config.normalize, fused_refusal)."""
+    source = _source(spec)
+    config = read_config(source.location, gguf_file=source.gguf_file, revision=source.revision,
+                         trust_remote_code=spec.trust_remote_code)
+    norm = normalize(config, recipe.max_context)
+    if recipe.graph == "fused":
+        problem = fused_refusal(norm)
+        if problem:
+            raise UnsupportedConfig(f"{spec.model}: {problem}")
+    return norm
+
+
+def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> NormalizedConfig:
+    """The loaded model's normalized config, which must be the one checked before loading."""
+    norm = normalize(model.config, max_context)
+    if norm != expected:
+        raise UnsupportedConfig(f"the loaded model's config ({norm.describe()}) differs from its config.json"
+                                f" ({expected.describe()})")
+    return norm
+
+
 def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, padding: Padding = Padding(),
-            weights=None, features: tuple[int, ...] = ()) -> ExportResult:
+            weights=None, features: tuple[int, ...] = (), norm: NormalizedConfig | None = None) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
     if recipe.graph == "fused":
         return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights,
-                           min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0, feature_layers=features)
-    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features)
+                           min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0, feature_layers=features,
+                           norm=norm)
+    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm)
 
 
 def _load_target(source: ModelSource, spec: ModelSpec) -> tuple[Any, dict]:
@@ -158,7 +184,8 @@ class TargetExport:
 
 
 def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe: list[int], validate: bool,
-                   progress: Progress = _quiet, features: tuple[int, ...] = ()) -> TargetExport:
+                   progress: Progress = _quiet, features: tuple[int, ...] = (),
+                   norm: NormalizedConfig | None = None) -> TargetExport:
     """Export the target, validate it against the float32 reference and measure its row
     invariance. exactness bitwise: the paddings of BITWISE_* in turn until one measures bitwise
     (the last is kept, measured numerical, when none does); numerical: no padding."""
@@ -168,10 +195,10 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
     model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
     tries = (Padding(),) if spec.exactness != "bitwise" else BITWISE_FUSED if recipe.graph == "fused" else BITWISE_PORTABLE
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
-        return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features),
-                            {}, None, tries[0])
+        return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features,
+                                    norm=norm), {}, None, tries[0])
     for padding in tries:
-        result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features)
+        result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
         if rows.bitwise:
             break
@@ -220,6 +247,7 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
         exactness=exactness,
         feature_layers=feature_layers,
         feature_width=result_spec.feature_width,
+        attention_windows=result_spec.windows,
     )
 
 
@@ -273,10 +301,16 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         seconds[name] = round(now - clock, 2)
         clock = now
 
+    progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
+    t_norm = check_config(recipe.target, recipe)
+    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" else None
+    progress(f"target: {t_norm.describe()}")
+    stage("check_config")
     progress(f"loading target {recipe.target.model}")
     t_src = _source(recipe.target)
     t_tok = load_tokenizer(t_src, recipe.target.trust_remote_code)
     reference, blocks = _load_target(t_src, recipe.target)
+    t_norm = _loaded_config(reference, t_norm, recipe.max_context)
     stage("load_target")
     probe = _probe_ids(t_tok, recipe)
     vocab = len(t_tok)
@@ -294,6 +328,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         d_src = _source(recipe.draft.model)
         d_tok = load_tokenizer(d_src, recipe.draft.model.trust_remote_code)
         draft_model = load_model(d_src, "float32", recipe.draft.model.trust_remote_code)
+        d_norm = _loaded_config(draft_model, d_norm, recipe.max_context)
         rows_t = reference.get_output_embeddings().weight.shape[0]
         rows_d = draft_model.get_output_embeddings().weight.shape[0]
         compat = check_pair(t_tok, d_tok, rows_t, rows_d)
@@ -303,7 +338,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
 
     progress(f"exporting target ({recipe.target.precision})")
     features = tuple(head.config.layer_ids) if head is not None else ()
-    target = _export_target(recipe, reference, blocks, root / "target", probe, validate, progress, features)
+    target = _export_target(recipe, reference, blocks, root / "target", probe, validate, progress, features, t_norm)
     del blocks
     stage("export_target" + ("+validate" if validate else ""))
     if validate and recipe.target.exactness == "bitwise" and target.exactness != "bitwise":
@@ -321,16 +356,17 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     elif recipe.draft.has_graph:
         precision = recipe.draft.precision
         base_model = draft_model if draft_model is not None else reference
+        base_norm = d_norm if draft_model is not None else t_norm
         draft_ref = base_model
         progress(f"making draft ({recipe.draft.kind}, {precision})")
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             if precision in QUANTIZED_PRECISIONS:
-                raw = _export(recipe, base_model, Path(scratch), tie_lm_head=False)
+                raw = _export(recipe, base_model, Path(scratch), tie_lm_head=False, norm=base_norm)
                 quantize_graph(raw.path, root / "draft", precision, recipe.draft.block_size or BLOCK_SIZE)
                 spec, tol = raw.spec, QUANTIZED
             else:
                 model = base_model if precision == "fp32" else copy.deepcopy(base_model).to(_dtype(precision))
-                res = _export(recipe, model, root / "draft")
+                res = _export(recipe, model, root / "draft", norm=base_norm)
                 spec, tol = res.spec, (FP16 if precision == "fp16" else FP32)
         d_val: dict = {}
         if validate:

@@ -17,6 +17,7 @@ from .eagle_graph import build_eagle3_head
 from .eagle_portable import build_portable_head
 from .errors import BuildError
 from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
+from .model_config import normalize, text_config
 from .recipe import Recipe
 from .sources import ModelSource, resolve_source, snapshot
 
@@ -37,14 +38,22 @@ def head_folder(recipe: Recipe) -> tuple[Path, ModelSource]:
 
 def load_head(recipe: Recipe, reference) -> tuple[Eagle3Head, ModelSource]:
     folder, source = head_folder(recipe)
-    shape = TargetShape.from_hf_config(reference.config)
+    shape = TargetShape.from_hf_config(text_config(reference.config))
     head = load_eagle3_head(folder, shape, allow_pickle=recipe.draft.allow_pickle, layers=recipe.draft.layers)
     return head, source
 
 
 def target_embedding(reference) -> torch.Tensor:
-    """The target's input embedding [V, H] in float32 (what the head embeds its tokens with)."""
-    return reference.get_input_embeddings().weight.detach().float()
+    """The target's input embedding [V, H] in float32 as its decoder sees it (what the head
+    embeds its tokens with; the trainer uses the same): the table times Gemma's sqrt(hidden) or
+    Granite's embedding_multiplier, which transformers applies after the lookup."""
+    table = reference.get_input_embeddings().weight.detach().float()
+    norm = normalize(reference.config)
+    if norm.arch.embed_scale:
+        table = table * torch.tensor(norm.hidden**0.5, dtype=torch.float32)
+    if norm.embedding_multiplier is not None:
+        table = table * norm.embedding_multiplier
+    return table
 
 
 def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source: ModelSource, vocab: int,

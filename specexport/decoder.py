@@ -3,13 +3,17 @@
 forward(input_ids, logits_index, past_key_0, past_value_0, ...) ->
     (logits, [hidden_states,] new_key_0, new_value_0, ...)
 exactly as docs/graph-contract.md states (hidden_states only with feature_layers, contract 1.2).
-The HF model's norms and weights are used as they are; attention, rotary, the causal mask over
-[past, new] and the row-gathered output projection are written here once for every family.
+The HF model's norms and weights are used as they are; attention, rotary, the causal (and
+per-layer sliding-window) mask over [past, new] and the row-gathered output projection are
+written here once for every family. What differs between families comes from the family's row
+(architectures.py) and the normalized config (model_config.py): the norms around attention and
+MLP, q/k norms, windows, one rotary table per layer type or none (NoPE layers), partial rotary,
+softcaps and multipliers.
 
 The traced graph is kept small because on a CPU, and more so for a quantized draft, per-node
 overhead rivals the matrix work (docs/performance.md): q|k|v and gate|up are one MatMul each,
 rotary is one [D, D] signed-permutation MatMul on q|k|v at once (cos = 1, sin = 0 on v heads,
-so v passes exactly), reshapes use constant shapes, and positions/mask are computed once.
+so v passes exactly), reshapes use constant shapes, and positions/masks are computed once.
 """
 
 from __future__ import annotations
@@ -17,21 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specexport_runtime.errors import SpecExportError
+from .architectures import module_at
+from .model_config import NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
 
-from .architectures import ArchSpec, arch_for
-
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-class UnsupportedConfig(SpecExportError):
-    """The model uses a feature the exporter does not reproduce exactly."""
-
-
-def _get(root: nn.Module, path: str) -> nn.Module:
-    for part in path.split("."):
-        root = getattr(root, part)
-    return root
+__all__ = ["ContractDecoder", "UnsupportedConfig", "rotary_inv_freq"]
 
 
 def _linear_parts(*modules: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -44,8 +37,28 @@ def _linear_parts(*modules: nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     return weight, bias
 
 
+def rotary_inv_freq(model: nn.Module, norm: NormalizedConfig) -> dict[str, tuple[torch.Tensor, float]]:
+    """rope key -> (inv_freq [rotary_dim / 2] float32, attention_scaling) as transformers' rotary
+    module holds them (its initial tables: bounded kinds equal them below their bound)."""
+    rotary = module_at(model, f"{norm.arch.decoder}.rotary_emb")
+    tables = {}
+    for key, _ in norm.ropes:
+        prefix = "" if key == "all" else f"{key}_"
+        inv = getattr(rotary, f"{prefix}original_inv_freq", None)
+        if inv is None:
+            inv = getattr(rotary, f"{prefix}inv_freq")
+        scale = getattr(rotary, f"{prefix}attention_scaling", None)
+        if scale is None:
+            scale = rotary.attention_scaling
+        inv = inv.detach().float().clone()
+        if 2 * inv.shape[0] != norm.rotary_dim:
+            raise UnsupportedConfig(f"rotary table {key!r} covers {2 * inv.shape[0]} dims; the config says {norm.rotary_dim}")
+        tables[key] = (inv, float(scale))
+    return tables
+
+
 class ContractDecoder(nn.Module):
-    def __init__(self, model: nn.Module, arch: ArchSpec | None = None, tie_lm_head: bool = True,
+    def __init__(self, model: nn.Module, norm: NormalizedConfig | None = None, tie_lm_head: bool = True,
                  feature_layers: tuple[int, ...] = ()):
         """tie_lm_head=False stores the output projection as its own [hidden, V] MatMul weight,
         so that weight-only quantizers (which act on MatMul) also compress it (drafts).
@@ -54,47 +67,40 @@ class ContractDecoder(nn.Module):
         `hidden_states` [1, S, len * hidden] float32 for every input row (contract 1.2: what an
         EAGLE-3 head reads; the fused graph's output of the same name)."""
         super().__init__()
-        config = model.config
-        self.arch = arch = arch or arch_for(config.model_type)
+        self.cfg = cfg = norm or normalize(model.config)
+        check_hf_modules(model, cfg)
+        self.arch = arch = cfg.arch
         self.model = model
-        base = _get(model, arch.decoder)
-        self.embed = _get(base, arch.embed)
-        self.layers = _get(base, arch.layers)
+        base = module_at(model, arch.decoder)
+        self.embed = module_at(base, arch.embed)
+        self.layers = module_at(base, arch.layers)
         bad = [i for i in feature_layers if not 0 <= i < len(self.layers)]
         if bad:
             raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(self.layers) - 1}")
         self.feature_layers = tuple(feature_layers)
-        self.final_norm = _get(base, arch.final_norm)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.hidden_size = config.hidden_size
+        self.final_norm = module_at(base, arch.final_norm)
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.hidden_size = cfg.hidden
         self.embedding_rows = self.embed.weight.shape[0]
         self.tie_lm_head = tie_lm_head
         head = model.get_output_embeddings()
         self.lm_weight, self.lm_bias = head.weight, getattr(head, "bias", None)  # [V, hidden]
         if not tie_lm_head:
             self.lm_weight_t = nn.Parameter(self.lm_weight.detach().t().contiguous(), requires_grad=False)
-        self.window = int(config.sliding_window) if arch.sliding_window and getattr(config, "sliding_window", None) else None
         self._fuse_weights()
-        self.rotary = arch.positions == "rope"
-        if self.rotary:
-            self._init_rotary(config, base)
-            scales = {self._scaling(_get(layer, arch.attn)) for layer in self.layers}
-            if len(scales) != 1:
-                raise UnsupportedConfig(f"per-layer attention scales {sorted(scales)} are not supported with rotary")
-            self.q_scale = scales.pop()
+        if arch.positions == "rope":
+            self._init_rotary(model)
         else:
-            self.pos_embed = _get(base, arch.position_embed)
+            self.pos_embed = module_at(base, arch.position_embed)
 
     # --- construction -------------------------------------------------------------------
     def _fuse_weights(self) -> None:
-        """Per layer: one q|k|v weight [(H + 2 H_kv) D, hidden] and one gate|up weight."""
+        """Per layer: one q|k|v weight [(H + 2 H_kv) D, hidden] (+ bias) and one gate|up weight (+ bias)."""
         self.qkv_w, self.qkv_b = nn.ParameterList(), nn.ParameterList()
-        self.gate_up_w = nn.ParameterList()
-        self._has_qkv_bias = False
+        self.gate_up_w, self.gate_up_b = nn.ParameterList(), nn.ParameterList()
+        self._has_qkv_bias = self._has_mlp_bias = False
         for layer in self.layers:
-            attn, mlp = _get(layer, self.arch.attn), _get(layer, self.arch.mlp)
+            attn, mlp = module_at(layer, self.arch.attn), module_at(layer, self.arch.mlp)
             if self.arch.qkv == "separate":
                 w, b = _linear_parts(attn.q_proj, attn.k_proj, attn.v_proj)
                 self.qkv_w.append(nn.Parameter(w, requires_grad=False))
@@ -103,23 +109,17 @@ class ContractDecoder(nn.Module):
                     self.qkv_b.append(nn.Parameter(b, requires_grad=False))
             if self.arch.mlp_kind == "gated":
                 w, b = _linear_parts(mlp.gate_proj, mlp.up_proj)
-                if b is not None:
-                    raise UnsupportedConfig("gated MLP projections with bias are not supported")
                 self.gate_up_w.append(nn.Parameter(w, requires_grad=False))
+                if b is not None:
+                    self._has_mlp_bias = True
+                    self.gate_up_b.append(nn.Parameter(b, requires_grad=False))
 
-    def _init_rotary(self, config, base: nn.Module) -> None:
-        rope = getattr(config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default")
-        if rope_type not in STATIC_ROPE_TYPES:
-            raise UnsupportedConfig(
-                f"rope_type {rope_type!r} is not supported (it depends on the sequence length); "
-                f"supported: {', '.join(STATIC_ROPE_TYPES)}"
-            )
-        rotary = _get(base, "rotary_emb")
-        inv_freq = rotary.inv_freq.detach().float()  # [rot / 2]; rot < D for partial rotary
-        rot, D = 2 * inv_freq.shape[0], self.head_dim
-        self.register_buffer("inv_freq", inv_freq.clone(), persistent=False)
-        self.rope_scale = float(rotary.attention_scaling)
+    def _init_rotary(self, model: nn.Module) -> None:
+        self.rope_keys = [key for key, _ in self.cfg.ropes]
+        for n, (key, (inv_freq, scale)) in enumerate(rotary_inv_freq(model, self.cfg).items()):
+            self.register_buffer(f"inv_freq_{n}", inv_freq, persistent=False)  # [rot / 2]
+            setattr(self, f"rope_scale_{n}", scale)
+        rot, D = self.cfg.rotary_dim, self.head_dim
         # rotate_half as a signed permutation: (x @ R)[j] = -x[j + rot/2] (j < rot/2), x[j - rot/2] (j < rot)
         R = torch.zeros(D, D)
         half = rot // 2
@@ -127,9 +127,6 @@ class ContractDecoder(nn.Module):
             R[j + half, j] = -1.0
             R[j, j + half] = 1.0
         self.register_buffer("rot_matrix", R, persistent=False)
-
-    def _scaling(self, attn: nn.Module) -> float:
-        return float(getattr(attn, "scaling", self.head_dim**-0.5))
 
     # --- pieces -------------------------------------------------------------------------
     def _qkv(self, i: int, attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -142,12 +139,24 @@ class ContractDecoder(nn.Module):
             qkv = attn.c_attn(x)
         return qkv.reshape(1, -1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
 
+    def _qk_norm(self, attn: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of q and k (HF's own modules): per head [1, S, heads, D], or over all heads [1, S, heads D]."""
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = qkv.split([H, Hkv, Hkv], dim=2)
+        if self.arch.qk_norm == "head":
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        else:
+            q = attn.q_norm(q.reshape(1, -1, H * D)).reshape(1, -1, H, D)
+            k = attn.k_norm(k.reshape(1, -1, Hkv * D)).reshape(1, -1, Hkv, D)
+        return torch.cat([q, k, v], dim=2)
+
     def _mlp(self, i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        mlp = _get(layer, self.arch.mlp)
+        mlp = module_at(layer, self.arch.mlp)
         if self.arch.mlp_kind == "module":
             return mlp(x)
         if self.arch.mlp_kind == "gated":
-            gate_up, act = nn.functional.linear(x, self.gate_up_w[i]), mlp.act_fn
+            bias = self.gate_up_b[i] if self._has_mlp_bias else None
+            gate_up, act = nn.functional.linear(x, self.gate_up_w[i], bias), mlp.act_fn
         else:
             gate_up, act = mlp.gate_up_proj(x), mlp.activation_fn
         gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)  # one Split node (chunk traces as 2 Slices)
@@ -168,63 +177,90 @@ class ContractDecoder(nn.Module):
         scores = torch.matmul(qg, kt).float()  # [H_kv, rep, S, T] fp32
         if scaling is not None:  # None: q arrives pre-scaled (folded into rotary)
             scores = scores * scaling
+        if self.cfg.attn_softcap is not None:
+            cap = self.cfg.attn_softcap
+            scores = torch.tanh(scores / cap) * cap
         scores = scores + mask
         probs = torch.softmax(scores, dim=-1).to(vg.dtype)
         out = torch.matmul(probs, vg)  # [H_kv, rep, S, D]
         return out.permute(2, 0, 1, 3).reshape(-1, self.num_heads * D)
 
+    def _rotary(self, q_pos: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """rope key -> (cos, sin) [S, H + 2 H_kv, D] (broadcast as [1, S, heads, D]): rotary on q and
+        k heads, identity on v heads and past rotary_dim; the attention scale folded into q's heads."""
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        is_qk = torch.cat([torch.ones(1, H + Hkv, 1), torch.zeros(1, Hkv, 1)], dim=1)  # [1, heads, 1]
+        q_scale = torch.cat([torch.full((1, H, 1), self.cfg.attn_scale), torch.ones(1, 2 * Hkv, 1)], dim=1)
+        tables = {}
+        for n, key in enumerate(self.rope_keys):
+            freqs = q_pos.float().unsqueeze(1) * getattr(self, f"inv_freq_{n}").unsqueeze(0)  # [S, rot/2]
+            scale = getattr(self, f"rope_scale_{n}")
+            emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [S, 1, rot]
+            cos, sin = emb.cos() * scale, emb.sin() * scale
+            pad = D - 2 * freqs.shape[1]
+            if pad:  # partial rotary: the pass-through dims get cos 1, sin 0
+                cos = torch.cat([cos, torch.ones_like(cos[..., :1]).expand(-1, -1, pad)], dim=-1)
+                sin = torch.cat([sin, torch.zeros_like(sin[..., :1]).expand(-1, -1, pad)], dim=-1)
+            tables[key] = (((cos * is_qk + (1 - is_qk)) * q_scale).to(dtype), (sin * is_qk * q_scale).to(dtype))
+        return tables
+
+    def _branch(self, layer: nn.Module, post: str | None, out: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP output as added to the residual stream: post-norm, multiplier."""
+        if post is not None:
+            out = module_at(layer, post)(out)
+        if self.cfg.residual_multiplier is not None:
+            out = out * self.cfg.residual_multiplier
+        return out
+
     # --- forward ------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, logits_index: torch.Tensor, *past: torch.Tensor):
         # input_ids: [1, S]; logits_index: [R]; past: 2 * L tensors [1, P, H_kv, D]
+        cfg, arch = self.cfg, self.arch
         ids = input_ids.reshape(-1)  # [S]
         H, Hkv = self.num_heads, self.num_kv_heads
         # Positions from shapes only, so the exported graph stays dynamic in S and P.
         past_pos = torch.cumsum(torch.ones_like(past[0][0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P]
         q_pos = torch.cumsum(torch.ones_like(ids), 0) - 1 + past_pos.numel()  # [S]: P .. P+S-1
         k_pos = torch.cat([past_pos, q_pos])  # [T]
-        allowed = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [S, T], T = P + S
-        if self.window is not None:
-            allowed = allowed & (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - self.window)
-        mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)  # [S, T] fp32
+        causal = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [S, T], T = P + S
+        masks = {None: torch.where(causal, 0.0, torch.finfo(torch.float32).min)}  # window -> [S, T] fp32
+        for window in cfg.windows:  # a query sees the `window` most recent keys, itself included
+            allowed = causal & (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - window)
+            masks[window] = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
         x = self.embed(ids)  # [S, hidden]
-        if self.arch.embed_scale and not hasattr(self.embed, "embed_scale"):
+        if arch.embed_scale and not hasattr(self.embed, "embed_scale"):
             # transformers >= 5 scales inside the embedding module (GemmaTextScaledWordEmbedding)
             x = x * torch.tensor(self.hidden_size**0.5, dtype=x.dtype)
-        if self.rotary:
-            freqs = q_pos.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)  # [S, rot/2]
-            pad = self.head_dim - 2 * freqs.shape[1]
-            emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [S, 1, rot]
-            cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-            if pad:  # partial rotary: the pass-through dims get cos 1, sin 0
-                cos = torch.cat([cos, torch.ones_like(cos[..., :1]).expand(-1, -1, pad)], dim=-1)
-                sin = torch.cat([sin, torch.zeros_like(sin[..., :1]).expand(-1, -1, pad)], dim=-1)
-            # [S, H + 2 H_kv, D] (broadcast as [1, S, heads, D]): rotary on q and k heads, identity on v
-            is_qk = torch.cat([torch.ones(1, H + Hkv, 1), torch.zeros(1, Hkv, 1)], dim=1)  # [1, heads, 1]
-            # the attention scale is folded into the q heads' cos/sin: one Mul fewer per layer
-            q_scale = torch.cat([torch.full((1, H, 1), self.q_scale), torch.ones(1, 2 * Hkv, 1)], dim=1)
-            cos_all = ((cos * is_qk + (1 - is_qk)) * q_scale).to(x.dtype)
-            sin_all = (sin * is_qk * q_scale).to(x.dtype)
+        if cfg.embedding_multiplier is not None:
+            x = x * cfg.embedding_multiplier
+        if arch.positions == "rope":
+            rotary = self._rotary(q_pos, x.dtype)
         else:
             x = x + self.pos_embed(q_pos)
 
         new_kv: list[torch.Tensor] = []
         entering: dict[int, torch.Tensor] = {}  # layer i -> the residual stream entering it [S, hidden]
         for i, layer in enumerate(self.layers):
+            spec = cfg.layers[i]
             entering[i] = x
-            attn = _get(layer, self.arch.attn)
-            qkv = self._qkv(i, attn, _get(layer, self.arch.attn_norm)(x))  # [1, S, H + 2 H_kv, D]
-            if self.arch.qk_norm:  # Qwen3: per-head RMSNorm of q and k before rotary
-                q, k, v = qkv.split([H, Hkv, Hkv], dim=2)
-                qkv = torch.cat([attn.q_norm(q), attn.k_norm(k), v], dim=2)
-            if self.rotary:
+            attn = module_at(layer, arch.attn)
+            h = module_at(layer, arch.attn_norm)(x) if arch.attn_norm else x
+            qkv = self._qkv(i, attn, h)  # [1, S, H + 2 H_kv, D]
+            if arch.qk_norm:
+                qkv = self._qk_norm(attn, qkv)
+            scaling = cfg.attn_scale
+            if spec.rope is not None:
+                cos_all, sin_all = rotary[spec.rope]
                 qkv = qkv * cos_all + torch.matmul(qkv, self.rot_matrix.to(qkv.dtype)) * sin_all
+                scaling = None  # folded into q by the rotary tables
             q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # k, v: [1, S, H_kv, D] = the new_* outputs
             k_all = torch.cat([past[2 * i], k], dim=1)  # [1, T, H_kv, D]
             v_all = torch.cat([past[2 * i + 1], v], dim=1)
-            a = self._attention(q, k_all, v_all, mask, None if self.rotary else self._scaling(attn))
-            x = x + getattr(attn, self.arch.out_proj)(a)
-            x = x + self._mlp(i, layer, _get(layer, self.arch.mlp_norm)(x))
+            a = self._attention(q, k_all, v_all, masks[spec.window], scaling)
+            x = x + self._branch(layer, arch.attn_post_norm, getattr(attn, arch.out_proj)(a))
+            h = module_at(layer, arch.mlp_norm)(x) if arch.mlp_norm else x
+            x = x + self._branch(layer, arch.mlp_post_norm, self._mlp(i, layer, h))
             new_kv += [k, v]
 
         rows = self.final_norm(x.index_select(0, logits_index))  # [R, hidden]
@@ -234,6 +270,10 @@ class ContractDecoder(nn.Module):
             logits = torch.matmul(rows, self.lm_weight_t)
             if self.lm_bias is not None:
                 logits = logits + self.lm_bias
+        if cfg.logits_divisor is not None:
+            logits = logits / cfg.logits_divisor
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         logits = logits.float().unsqueeze(0)  # [1, R, V]
         if not self.feature_layers:
             return (logits, *new_kv)

@@ -40,7 +40,7 @@ from specexport_runtime.contract import GraphSpec
 
 from .export import ExportResult
 from .formats.blocks import rtn_quantize
-from .fused import MS, _activation, _Graph, save_graph
+from .graph_writer import MS, Graph, activation, save_graph
 from .nbits import gather_nbits, matmul_nbits
 
 HEAD_FEATURES, HEAD_HIDDEN, HEAD_HIDDEN_OUT = contract.HEAD_FEATURES, contract.HEAD_HIDDEN, contract.HEAD_HIDDEN_OUT
@@ -73,7 +73,7 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
     start = time.perf_counter()
     c, w = head.config, head.weights
     H, Hq, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    g = _Graph(torch.float16 if precision == "fp16" else torch.float32)
+    g = Graph(torch.float16 if precision == "fp16" else torch.float32)
     spec = head_spec(c, precision)
     float_type = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
     cos, sin = _rotary(c.rope_theta, D, max_context)
@@ -108,7 +108,7 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
     (r,) = g.op("Add", [linear(a, "midlayer.self_attn.o_proj.weight"), h])
     y = rms(r, "midlayer.post_attention_layernorm.weight")
     gate, up = linear(y, "midlayer.mlp.gate_proj.weight"), linear(y, "midlayer.mlp.up_proj.weight")
-    (act,) = g.op("Mul", [_activation(g, gate, "silu"), up])
+    (act,) = g.op("Mul", [activation(g, gate, "silu"), up])
     (hidden,) = g.op("Add", [linear(act, "midlayer.mlp.down_proj.weight"), r])  # [1, S, H]
     (rows,) = g.op("Gather", [hidden, contract.LOGITS_INDEX], axis=1)  # [1, R, H]
     logits = linear(rms(rows, "norm.weight"), "lm_head.weight")  # [1, R, V_draft]

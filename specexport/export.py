@@ -74,12 +74,13 @@ def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
 
 
 def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True,
-                 feature_layers: tuple[int, ...] = ()) -> ExportResult:
+                 feature_layers: tuple[int, ...] = (), norm=None) -> ExportResult:
     """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data).
-    feature_layers: add the `hidden_states` output of those entering layers (ContractDecoder)."""
+    feature_layers: add the `hidden_states` output of those entering layers (ContractDecoder);
+    norm: the model's NormalizedConfig (default: normalized from model.config)."""
     start = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    decoder = ContractDecoder(model, tie_lm_head=tie_lm_head, feature_layers=feature_layers).eval()
+    decoder = ContractDecoder(model, norm, tie_lm_head=tie_lm_head, feature_layers=feature_layers).eval()
     spec = graph_spec(decoder, dtype)
     proto = trace_module(decoder, example_inputs(spec, dtype), spec, dynamic_axes(spec), out_dir)
     if tie_lm_head:

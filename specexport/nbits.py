@@ -32,7 +32,7 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0 unset (fp32), 1 fp32, 2 fp16
 
 
 def matmul_nbits(g, x: str, w: BlockQuantized, stem: str, accuracy_level: int) -> str:
-    """Nodes computing x [.., K] @ w^T -> [.., N] in graph writer `g` (fused._Graph)."""
+    """Nodes computing x [.., K] @ w^T -> [.., N] in graph writer `g` (graph_writer.Graph)."""
     w, perm = w.in_order()
     N, K = w.shape
     if perm is not None:  # act-order: x[..., perm] puts each block's inputs next to each other

@@ -21,7 +21,7 @@ import torch
 
 from .errors import BuildError
 from .formats.blocks import BlockQuantized, compatible, concat_rows, rtn_quantize
-from .fused import FloatWeights, Linear, _Graph
+from .graph_writer import FloatWeights, Graph, Linear
 from .nbits import gather_nbits, matmul_nbits
 
 RTN_PRECISIONS = ("int8", "int4")  # quantized here from float weights
@@ -68,11 +68,11 @@ class QuantizedWeights:
         source = self.float_weights.get(name, tensor)
         return rtn_quantize(source.detach().float().numpy(), bits, self.block_size)
 
-    def linear(self, g: _Graph, x: str, site: Linear) -> str:
+    def linear(self, g: Graph, x: str, site: Linear) -> str:
         parts = [self._layer(name, w) for name, w in site.parts]
         return self._stored(g, x, site, parts)
 
-    def _stored(self, g: _Graph, x: str, site: Linear, parts: list[BlockQuantized | None]) -> str:
+    def _stored(self, g: Graph, x: str, site: Linear, parts: list[BlockQuantized | None]) -> str:
         if all(p is not None for p in parts) and compatible(parts):  # one node for q|k|v, gate|up
             return matmul_nbits(g, x, concat_rows(parts), site.stem, self.accuracy_level)
         if all(p is None for p in parts):
@@ -83,7 +83,7 @@ class QuantizedWeights:
             outs.append(FloatWeights().linear(g, x, one) if p is None else matmul_nbits(g, x, p, one.stem, self.accuracy_level))
         return g.op("Concat", outs, axis=-1)[0]
 
-    def embedding(self, g: _Graph, ids: str, site: Linear) -> tuple[str, str | None]:
+    def embedding(self, g: Graph, ids: str, site: Linear) -> tuple[str, str | None]:
         name, w = site.parts[0]
         table = self._tensor(self.embedding_mode, name, w)
         if table is None or table.offset is not None or table.g_idx is not None:
@@ -92,7 +92,7 @@ class QuantizedWeights:
             return FloatWeights().embedding(g, ids, site)
         return gather_nbits(g, ids, table, site.stem), None
 
-    def head(self, g: _Graph, h: str, site: Linear, table: str | None) -> str:
+    def head(self, g: Graph, h: str, site: Linear, table: str | None) -> str:
         name, w = site.parts[0]
         stored = self._tensor(self.head_mode, name, w)
         if stored is None:

@@ -194,8 +194,9 @@ def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):
     where, kwargs = _pretrained_args(source, trust_remote_code)
     try:
         tok = AutoTokenizer.from_pretrained(where, **kwargs)
-    except OSError as exc:
-        raise ModelSourceError(f"could not load the tokenizer of {source.describe()!r}: {exc}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a folder without any tokenizer file
+        message = " ".join(str(exc).split())[:300]
+        raise ModelSourceError(f"could not load the tokenizer of {source.describe()!r}: {message}") from exc
     if not getattr(tok, "is_fast", False):
         raise ModelSourceError(f"the tokenizer of {source.describe()!r} has no fast (tokenizers) version")
     return tok

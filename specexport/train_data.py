@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .build_eagle import target_embedding
+from .model_config import text_config
 from .formats.eagle3 import (
     TargetShape,
 )
@@ -70,8 +72,8 @@ def load_target(target: str) -> FrozenTarget:
     model = load_model(source, "float32", trust)
     model.requires_grad_(False)
     tokenizer = load_tokenizer(source, trust)
-    shape = TargetShape.from_hf_config(model.config)
-    embed = model.get_input_embeddings().weight.detach().float()
+    shape = TargetShape.from_hf_config(text_config(model.config))
+    embed = target_embedding(model)
     if embed.shape[1] != shape.hidden_size:
         raise TrainDraftError(f"the target's embedding width {embed.shape[1]} != its hidden size {shape.hidden_size}: "
                               f"an EAGLE-3 head takes the target's embedding at its own width")

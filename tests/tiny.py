@@ -25,6 +25,8 @@ _COMMON = dict(
     eos_token_id=2,
     pad_token_id=0,
 )
+# One config per family (key = model_type) shaped like its real checkpoints, with windows of 16
+# tokens (the parity probes and generations are longer) and softcaps small enough to bite.
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(_COMMON, tie_word_embeddings=True),
     "mistral": dict(_COMMON, sliding_window=16),  # a window shorter than the tests' sequences
@@ -32,9 +34,68 @@ TINY_CONFIGS: dict[str, dict] = {
     "qwen3": dict(_COMMON, head_dim=32),  # q/k norm, head_dim != hidden / heads
     "phi3": dict(_COMMON),  # fused qkv and gate_up
     "gemma": dict(_COMMON, head_dim=32),  # embedding scale, (1 + w) norms, gelu
+    # alternating local/global layers, both softcaps, query_pre_attn_scalar != head_dim, sandwich norms
+    "gemma2": dict(_COMMON, head_dim=32, sliding_window=16, attn_logit_softcapping=5.0, final_logit_softcapping=8.0,
+                   query_pre_attn_scalar=24),
+    # the 5:1 local/global pattern, local theta 1e4 and a linear-scaled global theta 1e6, (1 + w) q/k norms
+    "gemma3_text": dict(_COMMON, head_dim=32, num_hidden_layers=6, sliding_window=16, query_pre_attn_scalar=24,
+                        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                            "rope_theta": 1000000.0}}),
+    "smollm3": dict(_COMMON, num_hidden_layers=4, no_rope_layer_interval=4),  # layer 3 is NoPE
+    "granite": dict(_COMMON, tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
+                    attention_multiplier=0.05, logits_scaling=8.0),
+    "olmo2": dict(_COMMON),  # post-norms only, q/k norm over all heads
     "gpt2": dict(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=512, initializer_range=0.2,
                  bos_token_id=1, eos_token_id=2),
 }
+# The multimodal Gemma 3 checkpoint (4B and up): the decoder is its language model.
+_TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                    patch_size=14)
+TINY_CONFIGS["gemma3"] = dict(text_config=dict(TINY_CONFIGS["gemma3_text"], model_type="gemma3_text"),
+                              vision_config=_TINY_VISION, mm_tokens_per_image=4, initializer_range=0.2)
+# Feature variants of a family: name -> (model_type, overrides of its TINY_CONFIGS entry).
+TINY_VARIANTS: dict[str, tuple[str, dict]] = {
+    "llama-llama3-rope": ("llama", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 64})),
+    "llama-yarn": ("llama", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                  "original_max_position_embeddings": 128})),
+    "llama-dynamic": ("llama", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
+    "llama-bias": ("llama", dict(attention_bias=True, mlp_bias=True)),  # q/k/v/o and MLP biases
+    "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1)),
+    "qwen3-window": ("qwen3", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1)),
+    "phi3-4k": ("phi3", dict(sliding_window=16)),  # Phi-3-mini-4k: a window on every layer
+    # Phi-4-mini: partial rotary 0.75, longrope below its original context, an inert huge window
+    "phi3-mini": ("phi3", dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,  # head_dim 64, rotary 48
+                               sliding_window=262144, max_position_embeddings=2048,
+                               original_max_position_embeddings=512,
+                               rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.75,
+                                                "short_factor": [1.0 + 0.1 * i for i in range(24)],
+                                                "long_factor": [2.0 + 0.5 * i for i in range(24)],
+                                                "original_max_position_embeddings": 512})),
+    "smollm3-window": ("smollm3", dict(use_sliding_window=True, sliding_window=16)),  # windows on its NoPE layers
+}
+
+
+def tiny_names() -> list[str]:
+    """Every family and every variant."""
+    return sorted(TINY_CONFIGS) + sorted(TINY_VARIANTS)
+
+
+def tiny_config(name: str, **overrides):
+    """The transformers config of a family (TINY_CONFIGS key) or variant (TINY_VARIANTS key)."""
+    from transformers import AutoConfig
+
+    arch, base = (name, {}) if name in TINY_CONFIGS else TINY_VARIANTS[name]
+    values = {**TINY_CONFIGS[arch], **base, **overrides}
+    if arch == "gemma3":
+        from transformers import Gemma3Config
+
+        return Gemma3Config(**values)
+    return AutoConfig.for_model(arch, **values)
+
 
 SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 CHAT_TEMPLATE = (
@@ -50,10 +111,12 @@ _CORPUS = [
 
 
 def make_model(arch: str = "llama", seed: int = 0, **overrides):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A random-init model of a family or variant (tiny_config), transformers' default attention
+    (eager where the family needs it for softcaps: Gemma 2)."""
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(arch, **{**TINY_CONFIGS[arch], **overrides})
+    config = tiny_config(arch, **overrides)
     return AutoModelForCausalLM.from_config(config).eval()
 
 

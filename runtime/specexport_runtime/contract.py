@@ -75,6 +75,14 @@ Target features for a learned draft head (contract 1.2; a manifest entry's `feat
                                                    order, F = len(feature_layers) * hidden
     An EAGLE-3 head reads three of them (low | mid | high) per token. Both layouts have it.
 
+Windowed attention in the fused layout (contract 1.4; a manifest entry's `attention_windows`)
+    A head_major_inplace graph of a sliding-window family (Mistral, Phi-3, Gemma 2/3, Qwen with
+    use_sliding_window) passes each layer's window W to GroupQueryAttention's local_window_size:
+    a query sees the W most recent keys, its own included, as transformers does. ONNX Runtime
+    counts it so since 1.24.1 (before, W + 1 keys: one key more on every row past the window), so
+    a runtime refuses such a graph on an older ONNX Runtime (window_runtime_error). The entry
+    lists the distinct windows. Portable graphs apply windows in their mask (no contract change).
+
 EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
 (head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
@@ -85,7 +93,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONTRACT_VERSION = "1.3"
+CONTRACT_VERSION = "1.4"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0
@@ -94,6 +102,8 @@ KV_LAYOUTS = (TIME_MAJOR, HEAD_MAJOR_INPLACE)
 _LAYOUT_VERSION = {TIME_MAJOR: "1.0", HEAD_MAJOR_INPLACE: "1.1"}
 ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
 PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (the portable form)
+WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention local windows
+WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
 LOGITS_INDEX = "logits_index"
@@ -135,15 +145,31 @@ def present_value(layer: int) -> str:
     return f"present_value_{layer}"
 
 
-def version_for(kv_layout: str, min_rows: int = 1, head: bool = False) -> str:
+def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
-    calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major)."""
+    calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
+    windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4)."""
     versions = [_LAYOUT_VERSION[kv_layout]]
     if min_rows > 1 or head:
         versions.append(ROW_PADDING_VERSION)
     if head and kv_layout == TIME_MAJOR:
         versions.append(PORTABLE_HEAD_VERSION)
+    if windowed and kv_layout == HEAD_MAJOR_INPLACE:
+        versions.append(WINDOW_VERSION)
     return max(versions, key=parse_version)
+
+
+def window_runtime_error(spec: "GraphSpec", ort_version: str) -> str | None:
+    """Why this ONNX Runtime must not run `spec` (its GroupQueryAttention windows would see one
+    key more than transformers), or None."""
+    if not (spec.in_place and spec.windows):
+        return None
+    have = tuple(int(p) for p in ort_version.split("+")[0].split(".")[:3] if p.isdigit())
+    if have >= WINDOW_MIN_ORT:
+        return None
+    need = ".".join(map(str, WINDOW_MIN_ORT))
+    return (f"this graph uses GroupQueryAttention windows {list(spec.windows)}, which onnxruntime {ort_version} counts"
+            f" one key wider than transformers; install onnxruntime >= {need} (or rebuild with `graph: portable`)")
 
 
 META_CONTRACT_VERSION = "specexport.contract_version"  # ONNX metadata_props keys of every graph
@@ -171,6 +197,7 @@ class GraphSpec:
     feature_width: int = 0
     kind: str = DECODER
     hidden_width: int = 0
+    windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (in_place only)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
@@ -186,6 +213,8 @@ class GraphSpec:
             raise ValueError(f"kind {self.kind!r} is not one of {GRAPH_KINDS}")
         if self.kind == EAGLE3_HEAD and not (self.feature_width and self.hidden_width):
             raise ValueError("an eagle3_head graph has feature_width and hidden_width > 0")
+        if any(w < 1 for w in self.windows):
+            raise ValueError(f"windows must be >= 1, got {list(self.windows)}")
 
     @property
     def in_place(self) -> bool:

@@ -132,7 +132,11 @@ def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
 
 def check_layout_provider(spec: GraphSpec, provider: str) -> None:
     """head_major_inplace graphs use GroupQueryAttention: ONNX Runtime runs it on the CPU (fp32,
-    fp16) and on CUDA for fp16 only; TensorRT implements no contrib op."""
+    fp16) and on CUDA for fp16 only; TensorRT implements no contrib op. Its windows need ONNX
+    Runtime >= contract.WINDOW_MIN_ORT."""
+    problem = contract.window_runtime_error(spec, ort.__version__)
+    if problem:
+        raise ProviderUnavailable(problem)
     if not spec.in_place or provider == "cpu":
         return
     if provider == "tensorrt" or spec.kv_dtype != "float16":

@@ -84,6 +84,8 @@ class ModelEntry:
     # its own key only for a padded entry (a contract-1.2 artifact anyway), so that 1.0 / 1.1
     # runtimes still read unpadded artifacts; read back from validation["rows"] otherwise.
     exactness: str | None = None
+    # contract 1.4: the distinct GroupQueryAttention windows of a head_major_inplace graph
+    attention_windows: tuple[int, ...] = ()
 
     @property
     def padded(self) -> bool:
@@ -93,7 +95,8 @@ class ModelEntry:
     @property
     def required_version(self) -> str:
         """The lowest contract version that defines this entry's layout and fields."""
-        return version_for(self.kv_layout, 2 if self.padded or self.feature_width else 1, head=self.kind == EAGLE3_HEAD)
+        return version_for(self.kv_layout, 2 if self.padded or self.feature_width else 1, head=self.kind == EAGLE3_HEAD,
+                           windowed=bool(self.attention_windows))
 
     def json_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -103,11 +106,14 @@ class ModelEntry:
             del data["feature_layers"], data["feature_width"]
         if self.kind == DECODER:
             del data["kind"], data["hidden_width"], data["vocab_map"]
+        if not self.attention_windows:
+            del data["attention_windows"]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ModelEntry":
-        data = {**data, "feature_layers": tuple(data.get("feature_layers", ()))}
+        data = {**data, "feature_layers": tuple(data.get("feature_layers", ())),
+                "attention_windows": tuple(data.get("attention_windows", ()))}
         entry = cls(**data)
         rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
         measured = rows.get("exactness") if isinstance(rows, dict) else None
@@ -126,6 +132,7 @@ class ModelEntry:
             feature_width=self.feature_width,
             kind=self.kind,
             hidden_width=self.hidden_width,
+            windows=self.attention_windows,
         )
 
 

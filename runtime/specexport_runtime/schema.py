@@ -42,6 +42,7 @@ ENTRY = {
     "kv_dtype": Field("str", choices=("float32", "float16")), "validation": Field("json"),
     "kv_layout": Field("str"), "min_rows": Field("int", lo=1, hi=16), "cache_pad": Field("int", lo=0, hi=16),
     "feature_layers": Field("ints", lo=0, hi=1024), "feature_width": Field("int", lo=0, hi=1 << 20),
+    "attention_windows": Field("ints", lo=1, hi=1 << 24),
     "kind": Field("str"), "hidden_width": Field("int", lo=0, hi=1 << 20), "vocab_map": Field("str", nullable=True),
     "exactness": Field("str", nullable=True, choices=("bitwise", "numerical")),
 }

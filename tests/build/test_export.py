@@ -21,7 +21,8 @@ import onnxruntime as ort
 import pytest
 
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture, arch_for
-from specexport.decoder import STATIC_ROPE_TYPES, ContractDecoder, UnsupportedConfig
+from specexport.decoder import ContractDecoder, UnsupportedConfig
+from specexport.model_config import normalize
 from specexport.errors import SpecExportError
 from specexport.export import DATA_NAME, GRAPH_NAME, export_graph
 from specexport.quantize import QUANTIZED_PRECISIONS, quantize_graph
@@ -173,16 +174,18 @@ def test_export_twice_into_one_folder_replaces_the_data(tmp_path):
 
 
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
-def test_unsupported_rope_type_is_refused(rope_type):
+def test_bounded_rope_types_are_refused_past_their_bound(rope_type):
+    """dynamic / longrope tables equal their static ones only up to the original context."""
     params = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}
     if rope_type == "longrope":
         params.update(short_factor=[1.0] * 8, long_factor=[2.0] * 8, original_max_position_embeddings=128)
-    model = make_model("llama", rope_parameters=params)
+    model = make_model("llama", rope_parameters=params, max_position_embeddings=512 if rope_type == "dynamic" else 256)
+    bound = 512 if rope_type == "dynamic" else 128
+    assert normalize(model.config, bound).rope("all").bound == bound  # accepted up to the bound
     with pytest.raises(UnsupportedConfig) as info:
-        ContractDecoder(model)
+        normalize(model.config, bound + 1)
     message = str(info.value)
-    assert repr(rope_type) in message
-    assert all(t in message for t in STATIC_ROPE_TYPES)
+    assert repr(rope_type) in message and str(bound) in message and str(bound + 1) in message
     assert isinstance(info.value, SpecExportError)
 
 
@@ -194,12 +197,6 @@ def test_supported_scaled_rope_is_accepted(tmp_path):
     res = export_graph(model, tmp_path)
     ids = np.random.default_rng(4).integers(3, 300, size=24).tolist()
     assert validate_export(model, res.path, res.spec, ids, FP32).max_abs_diff <= FP32.max_abs
-
-
-def test_gated_mlp_with_bias_is_refused():
-    model = make_model("llama", mlp_bias=True)
-    with pytest.raises(UnsupportedConfig, match="bias"):
-        ContractDecoder(model)
 
 
 def test_unsupported_architecture_lists_the_supported_ones():

@@ -26,11 +26,13 @@ from onnx import TensorProto, numpy_helper
 
 from specexport.architectures import ARCHITECTURES
 from specexport.export import DATA_NAME, GRAPH_NAME, export_graph
+from specexport.model_config import text_config
 from specexport.validate import FP16, FP32, ExportValidationError, FeedRunner, validate_export
 from specexport_runtime import contract
-from tiny import TINY_CONFIGS, make_model, perturbed_copy
+from tiny import TINY_CONFIGS, make_model, perturbed_copy, tiny_names
 
 ARCHS = sorted(TINY_CONFIGS)
+NAMES = tiny_names()  # families and their feature variants (tests/tiny.TINY_VARIANTS)
 N_PROBE = 40  # > the tiny Mistral window (16), so windowed attention is exercised
 CHUNKS = (13, 1, 26)  # uneven: a prefill, a single-token step, a long step on a 14-row past
 MEASURED: dict[str, dict[str, float]] = {}  # arch -> step -> max |diff|, printed at module end
@@ -106,7 +108,7 @@ def test_every_registered_architecture_has_a_parity_test():
     assert not unknown, f"TINY_CONFIGS has entries for unregistered architectures {unknown}"
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", NAMES)
 def test_validate_export_fp32(arch, exported):
     model, res = exported(arch)
     report = validate_export(model, res.path, res.spec, probe_ids(), FP32)
@@ -151,7 +153,7 @@ def test_plain_onnxruntime_three_uneven_chunks(arch, exported):
 def test_graph_interface_follows_the_contract(arch, exported):
     model, res = exported(arch)
     spec = res.spec
-    config = model.config
+    config = text_config(model.config)  # a multimodal wrapper's decoder config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -223,9 +225,9 @@ def _vocab_matrices(proto: onnx.ModelProto, rows: int, hidden: int) -> list[onnx
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tied_embedding_is_stored_once(arch, exported, tmp_path):
     model, res = exported(arch)
-    rows, hidden = res.spec.embedding_rows, model.config.hidden_size
+    rows, hidden = res.spec.embedding_rows, text_config(model.config).hidden_size
     tied = model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
-    assert tied == bool(model.config.tie_word_embeddings)
+    assert tied == bool(text_config(model.config).tie_word_embeddings)
     proto = onnx.load(str(res.path))
     mats = _vocab_matrices(proto, rows, hidden)
     assert len(mats) == (1 if tied else 2), [(t.name, list(t.dims)) for t in mats]

@@ -1,0 +1,145 @@
+"""Writing ONNX graphs directly (no tracing): a tiny node writer, how weights are stored, saving.
+
+Used by the fused decoder (fused.py), quantized targets (quantized_target.py) and the EAGLE-3
+head (eagle_graph.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
+
+from .export import DATA_NAME, GRAPH_NAME, ExportResult
+
+OPSET = 17
+MS = "com.microsoft"
+ONNX_DTYPE = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16}
+NP_DTYPE = {torch.float32: np.float32, torch.float16: np.float16}
+
+
+@dataclass
+class Graph:
+    """A tiny ONNX graph writer: unique names, initializers from numpy."""
+
+    dtype: torch.dtype
+    nodes: list = field(default_factory=list)
+    inits: list = field(default_factory=list)
+    _n: int = 0
+
+    def name(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_{self._n}"
+
+    def const(self, stem: str, array: np.ndarray) -> str:
+        name = self.name(stem)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def scalar(self, stem: str, value: float) -> str:
+        """A float constant in the graph dtype."""
+        return self.const(stem, np.array(value, self.np_dtype))
+
+    @property
+    def np_dtype(self) -> type:
+        """numpy dtype of the graph's float tensors (activations, scales)."""
+        return NP_DTYPE[self.dtype]
+
+    def weight(self, stem: str, tensor: torch.Tensor) -> str:
+        """A weight in the graph dtype."""
+        return self.const(stem, tensor.detach().to(self.dtype).cpu().numpy())
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
+        names = [self.name(op_type) for _ in range(outputs)] if isinstance(outputs, int) else outputs
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(f"n_{op_type}"), domain=domain or None, **attrs))
+        return names
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight of the graph: `parts` stacked along the output dimension (q|k|v, gate|up)."""
+
+    stem: str  # initializer name stem, e.g. "l3_qkv"
+    parts: tuple[tuple[str, torch.Tensor], ...]  # (Hugging Face parameter name, weight [N_i, K])
+
+    @property
+    def out_features(self) -> int:
+        return sum(w.shape[0] for _, w in self.parts)
+
+
+class WeightPlan(Protocol):
+    """How the graph stores its weights: float MatMuls (FloatWeights) or block-quantized
+    MatMulNBits (quantized_target.QuantizedWeights)."""
+
+    def linear(self, g: Graph, x: str, site: Linear) -> str:
+        """x [1, S, K] -> [1, S, N]."""
+
+    def embedding(self, g: Graph, ids: str, site: Linear) -> tuple[str, str | None]:
+        """ids [1, S] -> ([1, S, hidden], the float table's initializer name or None); `site`
+        holds the table [V, hidden]."""
+
+    def head(self, g: Graph, h: str, site: Linear, table: str | None) -> str:
+        """h [R, hidden] -> logits [R, V]; `table`: the float embedding initializer when the head
+        is tied to it (a plan may share it), else None."""
+
+
+class FloatWeights:
+    """Weights in the graph dtype: MatMul [K, N] per linear; a tied head is a Gemm on the
+    embedding table itself (stored once); an untied head its own [hidden, V] MatMul weight,
+    which weight-only quantizers of drafts compress (quantize.py)."""
+
+    def linear(self, g: Graph, x: str, site: Linear) -> str:
+        w = torch.cat([w.detach() for _, w in site.parts], 0)  # [N, K]
+        return g.op("MatMul", [x, g.weight(site.stem, w.t())])[0]
+
+    def embedding(self, g: Graph, ids: str, site: Linear) -> tuple[str, str | None]:
+        table = g.weight(site.stem, site.parts[0][1])
+        return g.op("Gather", [table, ids])[0], table
+
+    def head(self, g: Graph, h: str, site: Linear, table: str | None) -> str:
+        if table is not None:  # Gemm transB on the embedding itself: the tied matrix is stored once
+            return g.op("Gemm", [h, table], transB=1)[0]
+        return self.linear(g, h, site)
+
+
+def activation(g: Graph, x: str, act: str) -> str:
+    if act == "silu":  # x * sigmoid(x); ONNX Runtime fuses the pair
+        (s,) = g.op("Sigmoid", [x])
+        return g.op("Mul", [x, s])[0]
+    if act in ("gelu_pytorch_tanh", "gelu_new"):
+        return g.op("FastGelu", [x], domain=MS)[0]
+    return g.op("Gelu", [x], domain=MS)[0]  # exact (erf) GELU
+
+
+def softcap(g: Graph, x: str, cap: float) -> str:
+    """tanh(x / cap) * cap."""
+    (y,) = g.op("Div", [x, g.scalar("cap", cap)])
+    (y,) = g.op("Tanh", [y])
+    return g.op("Mul", [y, g.scalar("cap", cap)])[0]
+
+
+def save_graph(g: Graph, name: str, inputs: list, outputs: list, spec: GraphSpec, version: str | None,
+               out_dir: Path, start: float) -> ExportResult:
+    """Write g's nodes as out_dir/model.onnx with external data (model.onnx.data), its contract
+    metadata (`version`: the contract minor the graph needs, None for the layout's own)."""
+    graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
+                              producer_name="specexport")
+    proto.ir_version = 8
+    helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, version))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DATA_NAME).unlink(missing_ok=True)
+    path = out_dir / GRAPH_NAME
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME,
+                    size_threshold=1024)
+    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
+    return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)

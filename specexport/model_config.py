@@ -1,0 +1,423 @@
+"""One normalized view of a model's config: the facts every graph form, `plan` and the trainer read.
+
+    cfg = read_config(source)                        # config.json only: no weights are read
+    norm = normalize(cfg, max_context=4096)          # NormalizedConfig, or a one-line refusal
+
+transformers' own config class reads the checkpoint's config.json (so a transformers 4.x file with
+`rope_scaling` / `rope_theta` / `rope_local_base_freq` is standardized into `rope_parameters`, and
+derived keys such as Gemma's `layer_types` are filled in as the model will use them). normalize
+then checks every key that changes the computation against the family's closed list
+(architectures.ArchSpec.features, vocabulary FEATURE_OF_KEY below): a key that is set but not
+implemented is refused naming the key, its value and what the family implements. Keys no family
+reads (ids, dropout, metadata) are inert: transformers' modules never read them either.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from specexport_runtime.errors import SpecExportError
+
+from .architectures import ArchSpec, arch_for
+
+
+class UnsupportedConfig(SpecExportError):
+    """The model uses a feature the exporter does not reproduce exactly."""
+
+
+# --------------------------------------------------------------------------- the closed lists
+
+# config key -> the feature it expresses. A family implements a set of features (ArchSpec.features);
+# a key whose feature it lacks must be unset (None / its neutral value) or the config is refused.
+FEATURE_OF_KEY: dict[str, str] = {
+    "sliding_window": "sliding_window",
+    "use_sliding_window": "sliding_window",
+    "layer_types": "sliding_window",
+    "attn_logit_softcapping": "softcapping",
+    "final_logit_softcapping": "softcapping",
+    "query_pre_attn_scalar": "query_pre_attn_scalar",
+    "embedding_multiplier": "multipliers",
+    "residual_multiplier": "multipliers",
+    "attention_multiplier": "multipliers",
+    "logits_scaling": "multipliers",
+    "no_rope_layers": "nope_layers",
+    "partial_rotary_factor": "partial_rotary",
+    "attention_bias": "attention_bias",
+    "mlp_bias": "mlp_bias",
+    # implemented by no family: refused whenever set
+    "use_bidirectional_attention": "bidirectional_attention",
+    "attention_chunk_size": "chunked_attention",
+    "clip_qkv": "qkv_clipping",
+    "num_experts": "mixture_of_experts",
+    "num_local_experts": "mixture_of_experts",
+    "n_routed_experts": "mixture_of_experts",
+    "moe_intermediate_size": "mixture_of_experts",
+    "kv_lora_rank": "latent_attention",
+    "q_lora_rank": "latent_attention",
+    "use_qk_norm": "qk_norm_flag",
+    "qk_layernorm": "qk_norm_flag",
+    "parallel_attn": "parallel_residual",
+    "use_parallel_residual": "parallel_residual",
+    "scale_attn_by_inverse_layer_idx": "inverse_layer_scaling",
+    "scale_attn_weights": "unscaled_attention",
+    "add_cross_attention": "cross_attention",
+}
+# values that mean "not set" (besides None)
+NEUTRAL: dict[str, tuple] = {
+    "use_sliding_window": (False,),
+    "embedding_multiplier": (1.0,),
+    "residual_multiplier": (1.0,),
+    "logits_scaling": (1.0,),
+    "partial_rotary_factor": (1.0,),
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "use_bidirectional_attention": (False,),
+    "clip_qkv": (0,),
+    "num_experts": (0, 1),
+    "num_local_experts": (0, 1),
+    "n_routed_experts": (0, 1),
+    "use_qk_norm": (False,),
+    "qk_layernorm": (False,),
+    "parallel_attn": (False,),
+    "use_parallel_residual": (False,),
+    "scale_attn_by_inverse_layer_idx": (False,),
+    "scale_attn_weights": (True,),
+    "add_cross_attention": (False,),
+}
+# keys read as shapes or standard settings of every family (not features)
+SHAPE_KEYS = frozenset({
+    "vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers", "n_layer",
+    "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "hidden_act", "hidden_activation",
+    "activation_function", "max_position_embeddings", "n_positions", "original_max_position_embeddings",
+    "rms_norm_eps", "layer_norm_epsilon", "tie_word_embeddings", "rope_parameters",
+})
+# keys that only derive the ones above in transformers' config classes, or that no module reads
+INERT_KEYS = frozenset({
+    "max_window_layers", "no_rope_layer_interval", "sliding_window_pattern", "_sliding_window_pattern",
+    "cache_implementation", "initializer_range", "use_cache", "attention_dropout", "resid_pdrop", "embd_pdrop",
+    "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "pretraining_tp", "reorder_and_upcast_attn", "bos_token_id", "eos_token_id",
+    "pad_token_id",
+})
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
+# rope types whose tables do not depend on the sequence length, and those that do not below a bound
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+BOUNDED_ROPE_TYPES = ("dynamic", "longrope")  # exact while max_context <= the bound (rope_bound)
+
+
+def _is_set(key: str, value: Any) -> bool:
+    if value is None or value in NEUTRAL.get(key, ()):
+        return False
+    if key == "layer_types":
+        return any(t != "full_attention" for t in value)
+    if key == "no_rope_layers":
+        return not all(value)
+    return True
+
+
+# --------------------------------------------------------------------------- the normalized object
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One rotary table (a family has one, Gemma 3 one per layer type)."""
+
+    kind: str  # transformers' rope_type
+    theta: float
+    bound: int | None = None  # positions up to which a bounded kind equals its static tables
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    window: int | None  # a query sees this many keys, itself included (transformers' sliding_window); None: all
+    rope: str | None  # key of NormalizedConfig.ropes; None: no rotary in this layer (NoPE)
+
+
+@dataclass(frozen=True)
+class NormalizedConfig:
+    """Shapes and computation features of one decoder, as transformers computes it."""
+
+    family: str  # architectures.ARCHITECTURES key
+    layers: tuple[LayerSpec, ...]
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    activation: str
+    ropes: tuple[tuple[str, RopeSpec], ...]  # (key, table) pairs; empty for learned positions
+    rotary_dim: int  # rotated dims of each q/k head (partial rotary: < head_dim); 0: learned positions
+    attn_scale: float  # on q.k
+    attn_softcap: float | None = None  # scores -> tanh(scores / c) * c
+    final_softcap: float | None = None  # logits -> tanh(logits / c) * c
+    embedding_multiplier: float | None = None  # Granite: embeddings times m
+    residual_multiplier: float | None = None  # Granite: x + m * branch
+    logits_divisor: float | None = None  # Granite logits_scaling: logits / d
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    max_positions: int = 0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def arch(self) -> ArchSpec:
+        return arch_for(self.family)
+
+    def rope(self, key: str) -> RopeSpec:
+        return dict(self.ropes)[key]
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The distinct window sizes, smallest first."""
+        return tuple(sorted({l.window for l in self.layers if l.window is not None}))
+
+    @property
+    def head_rope_theta(self) -> float:
+        """The theta of the full-attention layers' rotary table (what an EAGLE-3 head copies)."""
+        full = [l.rope for l in self.layers if l.window is None and l.rope is not None]
+        key = full[0] if full else next((l.rope for l in self.layers if l.rope is not None), None)
+        return self.rope(key).theta if key is not None else 10000.0
+
+    def long_range_length(self, max_context: int) -> int:
+        """Tokens a probe needs to cross every window shorter than max_context (0: none is)."""
+        short = [w for w in self.windows if w < max_context]
+        return min(max_context, max(short) + 16) if short else 0
+
+    def describe(self) -> str:
+        parts = [self.family, f"{self.num_layers} layers", f"hidden {self.hidden}",
+                 f"heads {self.heads}/{self.kv_heads}x{self.head_dim}"]
+        if self.windows:
+            n = sum(l.window is not None for l in self.layers)
+            parts.append(f"window {'/'.join(map(str, self.windows))} on {n} layers")
+        if any(l.rope is None for l in self.layers) and self.rotary_dim:
+            parts.append(f"{sum(l.rope is None for l in self.layers)} NoPE layers")
+        if 0 < self.rotary_dim < self.head_dim:
+            parts.append(f"rotary {self.rotary_dim}/{self.head_dim}")
+        kinds = sorted({r.kind for _, r in self.ropes} - {"default"})
+        if kinds:
+            parts.append("rope " + "/".join(kinds))
+        if self.attn_softcap or self.final_softcap:
+            parts.append(f"softcaps {self.attn_softcap}/{self.final_softcap}")
+        return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def text_config(config) -> Any:
+    """The decoder's config: a multimodal wrapper's text_config (Gemma 3 4B+), else config."""
+    if arch_for(config.model_type).text_config:
+        return config.text_config
+    return config
+
+
+def normalize(config, max_context: int | None = None) -> NormalizedConfig:
+    """The NormalizedConfig of a transformers config object (from read_config or a loaded model).
+
+    max_context: the context the graphs are built for; rope kinds exact only below a bound
+    (dynamic, longrope) are refused above it. Raises UnsupportedArchitecture / UnsupportedConfig."""
+    arch = arch_for(config.model_type)
+    family = arch.model_type
+    raw = text_config(config).to_dict()
+    _check_features(raw, arch)
+    get = raw.get
+    hidden = int(get("hidden_size") or get("n_embd"))
+    heads = int(get("num_attention_heads") or get("n_head"))
+    kv_heads = int(get("num_key_value_heads") or heads)
+    head_dim = int(get("head_dim") or hidden // heads)
+    num_layers = int(get("num_hidden_layers") or get("n_layer"))
+    if heads % kv_heads:
+        raise UnsupportedConfig(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    activation = get("hidden_activation") or get("hidden_act") or get("activation_function")
+    if activation not in ACTIVATIONS:
+        raise UnsupportedConfig(f"config key 'hidden_act' = {activation!r} is not supported; supported: "
+                                f"{', '.join(ACTIVATIONS)}")
+    ropes, rotary_dim = (), 0
+    if arch.positions == "rope":
+        ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
+    layers = tuple(LayerSpec(_window(raw, i), _layer_rope(raw, i, ropes)) for i in range(num_layers))
+    attention_bias = bool(get("attention_bias"))
+    return NormalizedConfig(
+        family=family,
+        layers=layers,
+        hidden=hidden,
+        intermediate=int(get("intermediate_size") or get("n_inner") or 4 * hidden),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=int(get("vocab_size")),
+        tied=bool(get("tie_word_embeddings", True)),
+        activation=activation,
+        ropes=ropes,
+        rotary_dim=rotary_dim,
+        attn_scale=_attn_scale(raw, head_dim),
+        attn_softcap=_float_or_none(get("attn_logit_softcapping")),
+        final_softcap=_float_or_none(get("final_logit_softcapping")),
+        embedding_multiplier=_float_or_none(get("embedding_multiplier")),
+        residual_multiplier=_float_or_none(get("residual_multiplier")),
+        logits_divisor=_float_or_none(get("logits_scaling")),
+        qkv_bias=arch.qkv_bias or attention_bias or arch.qkv == "conv1d",
+        out_bias=attention_bias or arch.qkv == "conv1d",
+        mlp_bias=bool(get("mlp_bias")),
+        max_positions=int(get("max_position_embeddings") or get("n_positions") or 0),
+    )
+
+
+def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
+    for key, value in raw.items():
+        feature = FEATURE_OF_KEY.get(key)
+        if feature is None or feature in arch.features or not _is_set(key, value):
+            continue
+        raise UnsupportedConfig(
+            f"config key {key!r} = {_show(value)} is not implemented for {arch.model_type!r} ({feature.replace('_', ' ')});"
+            f" {arch.model_type} implements: {', '.join(sorted(arch.features)) or 'no optional features'}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _attn_scale(raw: Mapping[str, Any], head_dim: int) -> float:
+    if raw.get("attention_multiplier") is not None:  # Granite: replaces 1/sqrt(head_dim)
+        return float(raw["attention_multiplier"])
+    if raw.get("query_pre_attn_scalar") is not None:  # Gemma 2/3
+        return float(raw["query_pre_attn_scalar"]) ** -0.5
+    return head_dim**-0.5
+
+
+def _window(raw: Mapping[str, Any], i: int) -> int | None:
+    """Layer i's window as transformers applies it: config.sliding_window on the layers that
+    layer_types marks sliding (all layers when the family has no layer_types: Mistral, Phi-3),
+    unless use_sliding_window is false (Qwen2/3, SmolLM3)."""
+    window = raw.get("sliding_window")
+    if window is None or raw.get("use_sliding_window") is False:
+        return None
+    types = raw.get("layer_types")
+    if types is not None and types[i] != "sliding_attention":
+        return None
+    if int(window) < 1:
+        raise UnsupportedConfig(f"config key 'sliding_window' = {window!r} must be a positive number of keys")
+    return int(window)
+
+
+def _layer_rope(raw: Mapping[str, Any], i: int, ropes: tuple) -> str | None:
+    if not ropes:
+        return None
+    nope = raw.get("no_rope_layers")
+    if nope is not None and not nope[i]:
+        return None
+    keys = dict(ropes)
+    if "all" in keys:
+        return "all"
+    layer_type = raw["layer_types"][i]
+    if layer_type not in keys:
+        raise UnsupportedConfig(f"layer {i} has layer type {layer_type!r} but rope_parameters has only {sorted(keys)}")
+    return layer_type
+
+
+def _ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: int | None):
+    """((key, RopeSpec), ...), rotary_dim from transformers' standardized rope_parameters:
+    one flat dict, or (Gemma 3) one dict per layer type."""
+    params = raw.get("rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        raise UnsupportedConfig(f"config key 'rope_parameters' = {_show(params)} is not a mapping")
+    per_type = all(isinstance(v, Mapping) for v in params.values()) and bool(params)
+    if per_type and "rope_per_layer_type" not in arch.features:
+        raise UnsupportedConfig(f"config key 'rope_parameters' has one table per layer type ({sorted(params)}),"
+                                f" which {arch.model_type!r} does not implement")
+    tables = dict(params) if per_type else {"all": params}
+    factors = {float(t.get("partial_rotary_factor", 1.0)) for t in tables.values()}
+    factor = factors.pop()
+    if factors:
+        raise UnsupportedConfig(f"rotary tables with different partial_rotary_factor {sorted(factors | {factor})}")
+    if factor != 1.0 and "partial_rotary" not in arch.features:
+        raise UnsupportedConfig(f"config key 'partial_rotary_factor' = {factor} is not implemented for "
+                                f"{arch.model_type!r}; only families with partial rotary (phi3) take it")
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim % 2 or rotary_dim <= 0:
+        raise UnsupportedConfig(f"partial_rotary_factor {factor} gives {rotary_dim} rotary dims of {head_dim}; need an even number > 0")
+    out = []
+    for key, table in tables.items():
+        kind = table.get("rope_type", table.get("type", "default"))
+        theta = float(table.get("rope_theta", 10000.0))
+        bound = None
+        if kind in BOUNDED_ROPE_TYPES:
+            name = "original_max_position_embeddings" if kind == "longrope" else "max_position_embeddings"
+            value = table.get(name) or raw.get(name) or raw.get("max_position_embeddings")
+            bound = int(value)
+            if max_context is not None and max_context > bound:
+                raise UnsupportedConfig(
+                    f"rope_type {kind!r} switches its tables past {name} = {bound} positions and max_context is"
+                    f" {max_context}; build with max_context <= {bound} (exact there) or use another checkpoint")
+        elif kind not in STATIC_ROPE_TYPES:
+            raise UnsupportedConfig(
+                f"config key 'rope_parameters' (rope_scaling in transformers 4 files) has rope_type {kind!r}, which is"
+                f" not supported; supported: {', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}"
+                f" ({'/'.join(BOUNDED_ROPE_TYPES)} only up to their original context)")
+        out.append((key, RopeSpec(kind, theta, bound)))
+    return tuple(out), rotary_dim
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def read_config(location: str, *, gguf_file: str | None = None, revision: str | None = None,
+                trust_remote_code: bool = False):
+    """transformers' config object of a model folder, hub id (config.json only) or GGUF file
+    (its metadata), without reading any weight. Raises UnsupportedArchitecture for a model type
+    transformers does not know without remote code, UnsupportedConfig for an invalid config."""
+    from transformers import AutoConfig
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if revision:
+        kwargs["revision"] = revision
+    try:
+        return AutoConfig.from_pretrained(location, **kwargs)
+    except ValueError as exc:  # unknown model_type, or a config class validator's refusal
+        message = " ".join(str(exc).split())
+        if "model_type" in message or "does not recognize this architecture" in message:
+            from .architectures import UnsupportedArchitecture, supported_list
+
+            raise UnsupportedArchitecture(f"{location}: {message[:200]}; supported: {supported_list()}") from None
+        raise UnsupportedConfig(f"{location}: config.json is invalid: {message[:300]}") from None
+
+
+def config_from_dict(data: Mapping[str, Any]):
+    """A transformers config object from a config.json mapping (model_type inside)."""
+    from transformers import AutoConfig
+
+    data = dict(data)
+    model_type = data.pop("model_type", None)
+    arch_for(str(model_type))  # UnsupportedArchitecture before transformers is asked
+    try:
+        return AutoConfig.for_model(model_type, **data)
+    except ValueError as exc:
+        raise UnsupportedConfig(f"config is invalid: {' '.join(str(exc).split())[:300]}") from None
+
+
+def check_hf_modules(model, norm: NormalizedConfig) -> None:
+    """Cross-check the loaded modules against the normalized config (shapes, per-layer scale)."""
+    from .architectures import module_at
+
+    arch = norm.arch
+    layers = module_at(model, f"{arch.decoder}.{arch.layers}")
+    if len(layers) != norm.num_layers:
+        raise UnsupportedConfig(f"the model has {len(layers)} layers, its config {norm.num_layers}")
+    for i, layer in enumerate(layers):
+        scale = getattr(module_at(layer, arch.attn), "scaling", None)
+        if scale is not None and not math.isclose(float(scale), norm.attn_scale, rel_tol=1e-6):
+            raise UnsupportedConfig(f"layer {i} attention scale {float(scale)} differs from the config's {norm.attn_scale}")

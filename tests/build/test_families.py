@@ -1,0 +1,115 @@
+"""Every family and feature variant end to end: `specexport build` (the CLI) in both graph forms,
+then greedy generation past every window equals transformers' own greedy tokens, with
+speculation off and on.
+
+Each case saves a tiny random-init checkpoint shaped like the real one (tests/tiny.py: windows
+of 16 tokens, softcaps that bite, NoPE layers, multipliers, partial rotary, longrope, ...),
+builds it through the CLI with the n-gram proposer, and generates GENERATE tokens from a
+prompt; transformers' `generate` on the same saved checkpoint is the independent reference.
+Alongside: each feature changes transformers' own logits (so a graph that ignored it would
+fail here), and a windowed fused artifact declares contract 1.4 and its windows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specexport.cli import cli
+from specexport.fused import fused_supported
+from specexport_runtime.api import load
+from tiny import TINY_VARIANTS, make_model, make_tokenizer, save_hf_folder, tiny_names, write_recipe
+
+GENERATE = 72  # > every tiny window (16) + the prompt
+PROMPT = "def add(a, b):\n    return a + b\nfor i in range(10):\n"
+CASES = [(name, graph) for name in tiny_names() for graph in ("portable", "fused")
+         if graph == "portable" or fused_supported(TINY_VARIANTS.get(name, (name,))[0])]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
+
+
+EOS = 2  # the tiny tokenizer's <|im_end|>, the checkpoints' eos_token_id
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy tokens, up to (not including) the end of sequence as the runtime reports them."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=EOS, pad_token_id=0)
+    new = out[0, len(ids):].tolist()
+    return new[: new.index(EOS)] if EOS in new else new
+
+
+@pytest.mark.parametrize("name, graph", CASES, ids=[f"{n}-{g}" for n, g in CASES])
+def test_family_builds_and_generates_like_transformers(tmp_path, tokenizer, name, graph):
+    from transformers import AutoModelForCausalLM
+
+    folder = save_hf_folder(make_model(name), tmp_path / "hf", tokenizer)
+    recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph=graph,
+                          max_context=160, name=f"tiny-{name}")
+    out = tmp_path / "artifact"
+    result = CliRunner().invoke(cli, ["build", str(recipe), "-o", str(out), "--quiet", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"]["architecture"] == TINY_VARIANTS.get(name, (name,))[0]
+
+    ids = tokenizer(PROMPT)["input_ids"]
+    reference = AutoModelForCausalLM.from_pretrained(folder).eval()
+    want = _hf_greedy(reference, ids, GENERATE)
+    gen = load(out)
+    off = gen.generate(ids, max_new_tokens=GENERATE, speculative=False)
+    on = gen.generate(ids, max_new_tokens=GENERATE, proposer="ngram", gamma=4)
+    assert list(off.token_ids) == want, f"{name} {graph}: target-only differs from transformers"
+    assert list(on.token_ids) == want, f"{name} {graph}: speculative output differs from transformers"
+    assert on.stats.drafted > 0, "speculation never drafted: the verify path went untested"
+
+
+FEATURE_OFF = {  # name -> config overrides that remove its feature (the reference must change)
+    "mistral": dict(sliding_window=None),
+    "gemma2": dict(attn_logit_softcapping=None, final_logit_softcapping=None),
+    "gemma3_text": dict(sliding_window=100000),
+    "smollm3": dict(no_rope_layer_interval=100),
+    "granite": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),
+    "qwen2-window": dict(use_sliding_window=False),
+    "phi3-4k": dict(sliding_window=None),
+    "llama-llama3-rope": dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+    "llama-yarn": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "phi3-mini": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
+    "smollm3-window": dict(use_sliding_window=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FEATURE_OFF))
+def test_each_feature_changes_the_reference(name):
+    """The parity and generation tests can fail: without the feature transformers' own logits
+    move by far more than the FP32 tolerance past the windows."""
+    ids = np.random.default_rng(0).integers(3, 300, size=40).tolist()
+    with torch.no_grad():
+        a = make_model(name)(input_ids=torch.tensor([ids])).logits[0]
+        b = make_model(name, **FEATURE_OFF[name])(input_ids=torch.tensor([ids])).logits[0]
+    assert float((a - b).abs().max()) > 1e-2, name
+
+
+def test_windowed_fused_artifact_declares_its_windows(tmp_path, tokenizer):
+    folder = save_hf_folder(make_model("gemma2"), tmp_path / "hf", tokenizer)
+    recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph="fused",
+                          max_context=64)
+    for graph, version, windows in (("fused", "1.4", [16]), ("portable", None, None)):
+        text = recipe.read_text().replace("graph: fused", f"graph: {graph}")
+        path = tmp_path / f"{graph}.yaml"
+        path.write_text(text)
+        out = tmp_path / graph
+        assert CliRunner().invoke(cli, ["build", str(path), "-o", str(out), "--quiet"]).exit_code == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["target"].get("attention_windows") == windows
+        if version:
+            assert manifest["contract_version"] == version
+        else:  # portable graphs apply windows in their mask: no 1.4 requirement
+            assert manifest["contract_version"] != "1.4"
