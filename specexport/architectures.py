@@ -52,6 +52,7 @@ class ArchSpec:
     position_embed: str = ""  # learned positions, relative to decoder (GPT-2: wpe)
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
     norm_offset: float = 0.0  # Gemma: RMSNorm scales by (offset + w); the fused graph folds it into w
+    norm_bias: bool = False  # LayerNorm with a bias (GPT-2), not RMSNorm
     features: frozenset[str] = frozenset()  # optional config features implemented (model_config.FEATURE_OF_KEY)
     text_config: bool = False  # a multimodal wrapper: the decoder's config is config.text_config
 
@@ -95,6 +96,7 @@ GPT2 = ArchSpec(
     mlp_kind="module",
     positions="learned",
     position_embed="wpe",
+    norm_bias=True,
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {

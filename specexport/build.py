@@ -41,7 +41,7 @@ from .quantized_target import QuantizedWeights
 from .recipe import BLOCK_SIZE, CHECKPOINT_TARGETS, QUANTIZED_TARGETS, ModelSpec, Recipe
 from .sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source
 from .tokcheck import check_pair, tokenizer_hash
-from .validate import FP16, FP32, QUANTIZED, validate_export
+from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range
 
 DEFAULT_PROBE = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
@@ -204,15 +204,37 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
             break
         if spec.exactness == "bitwise":
             progress(f"target rows depend on the call size with {padding.describe()} (max |diff| {rows.max_abs_diff:.3g})")
-    tol = FP16 if spec.precision == "fp16" else QUANTIZED if weights is not None else FP32
+    tol_class = _target_tolerance(spec)
+    tol = QUANTIZED_TARGET[tol_class] if tol_class else FP16 if spec.precision == "fp16" else FP32
     report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
-    report["tolerance"] = tol.max_abs
+    report["tolerance"] = tol.to_dict()
+    length = max(norm.long_range_length(recipe.max_context) if norm else 0, min(recipe.max_context, LONG_PROBE_TOKENS))
+    if length > len(probe):  # past every window, within max_context
+        progress(f"validating the target over a {length}-token probe")
+        report["long_range"] = {"tokens": length,
+                                **validate_long_range(reference, result.path, result.spec, probe, length, tol).to_dict()}
     if weights is not None:
-        report["note"] = (f"{spec.precision} target against its float32 reference (the same weights dequantized):"
-                          " agreement is reported, not required")
+        source = ("the same weights dequantized" if tol_class == "checkpoint"
+                  else "the float weights it was quantized from")
+        report["note"] = (f"{spec.precision} target against its float32 reference ({source}): tolerance"
+                          f" {tol_class} (docs/validation.md), argmax agreement reported")
         report["weights"] = weights.describe()
     report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
     return TargetExport(result, report, rows.exactness, padding)
+
+
+LONG_PROBE_TOKENS = 256  # the long-range probe of a model without windows (within max_context)
+
+
+def _target_tolerance(spec: ModelSpec) -> str | None:
+    """The QUANTIZED_TARGET class of a quantized target (None: a float target): round-to-nearest
+    int4 anywhere (layers, head, embedding) makes it int4, then int8; else the checkpoint's own
+    blocks, compared with their exact dequantization."""
+    q = spec.quantization
+    if spec.precision not in QUANTIZED_TARGETS or q is None:
+        return None
+    modes = {spec.precision if spec.precision in ("int8", "int4") else "checkpoint", q.head, q.embedding}
+    return "int4" if "int4" in modes else "int8" if "int8" in modes else "checkpoint"
 
 
 def measure_rows(path: Path, spec, max_context: int, padding: Padding, probe: list[int]):

@@ -17,7 +17,7 @@ from .eagle_graph import build_eagle3_head
 from .eagle_portable import build_portable_head
 from .errors import BuildError
 from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
-from .model_config import normalize, text_config
+from .model_config import normalize
 from .recipe import Recipe
 from .sources import ModelSource, resolve_source, snapshot
 
@@ -38,7 +38,7 @@ def head_folder(recipe: Recipe) -> tuple[Path, ModelSource]:
 
 def load_head(recipe: Recipe, reference) -> tuple[Eagle3Head, ModelSource]:
     folder, source = head_folder(recipe)
-    shape = TargetShape.from_hf_config(text_config(reference.config))
+    shape = TargetShape.from_hf_config(reference.config)
     head = load_eagle3_head(folder, shape, allow_pickle=recipe.draft.allow_pickle, layers=recipe.draft.layers)
     return head, source
 

@@ -157,6 +157,7 @@ class NormalizedConfig:
     embedding_multiplier: float | None = None  # Granite: embeddings times m
     residual_multiplier: float | None = None  # Granite: x + m * branch
     logits_divisor: float | None = None  # Granite logits_scaling: logits / d
+    norm_eps: float = 1e-6
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
@@ -222,7 +223,9 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     """The NormalizedConfig of a transformers config object (from read_config or a loaded model).
 
     max_context: the context the graphs are built for; rope kinds exact only below a bound
-    (dynamic, longrope) are refused above it. Raises UnsupportedArchitecture / UnsupportedConfig."""
+    (dynamic, longrope) are refused above it, and a window of max_context keys or more is dropped
+    (it never excludes a key there: Phi-4-mini's 262144). Raises UnsupportedArchitecture /
+    UnsupportedConfig."""
     arch = arch_for(config.model_type)
     family = arch.model_type
     raw = text_config(config).to_dict()
@@ -242,7 +245,7 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     ropes, rotary_dim = (), 0
     if arch.positions == "rope":
         ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
-    layers = tuple(LayerSpec(_window(raw, i), _layer_rope(raw, i, ropes)) for i in range(num_layers))
+    layers = tuple(LayerSpec(_window(raw, i, max_context), _layer_rope(raw, i, ropes)) for i in range(num_layers))
     attention_bias = bool(get("attention_bias"))
     return NormalizedConfig(
         family=family,
@@ -263,9 +266,10 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         embedding_multiplier=_float_or_none(get("embedding_multiplier")),
         residual_multiplier=_float_or_none(get("residual_multiplier")),
         logits_divisor=_float_or_none(get("logits_scaling")),
+        norm_eps=float(get("rms_norm_eps") or get("layer_norm_epsilon") or 1e-6),
         qkv_bias=arch.qkv_bias or attention_bias or arch.qkv == "conv1d",
         out_bias=attention_bias or arch.qkv == "conv1d",
-        mlp_bias=bool(get("mlp_bias")),
+        mlp_bias=bool(get("mlp_bias")) or arch.mlp_kind == "module",
         max_positions=int(get("max_position_embeddings") or get("n_positions") or 0),
     )
 
@@ -297,7 +301,7 @@ def _attn_scale(raw: Mapping[str, Any], head_dim: int) -> float:
     return head_dim**-0.5
 
 
-def _window(raw: Mapping[str, Any], i: int) -> int | None:
+def _window(raw: Mapping[str, Any], i: int, max_context: int | None) -> int | None:
     """Layer i's window as transformers applies it: config.sliding_window on the layers that
     layer_types marks sliding (all layers when the family has no layer_types: Mistral, Phi-3),
     unless use_sliding_window is false (Qwen2/3, SmolLM3)."""
@@ -309,6 +313,8 @@ def _window(raw: Mapping[str, Any], i: int) -> int | None:
         return None
     if int(window) < 1:
         raise UnsupportedConfig(f"config key 'sliding_window' = {window!r} must be a positive number of keys")
+    if max_context is not None and int(window) >= max_context:
+        return None  # a query at position p < max_context sees all its p + 1 keys anyway
     return int(window)
 
 

@@ -7,11 +7,14 @@ An estimate from the model shapes, not a measurement: nothing here loads a model
 GPU. Its parts, per model (target, and the draft when it has a graph):
 
 weights   parameters x bytes per parameter of the graph's precision
-          parameters of a decoder (llama / mistral / qwen2 / phi3 / gemma layout; gpt2 has a plain MLP):
+          parameters of a decoder, from its normalized config (plan_sizes.py; every family of
+          architectures.py, the bundled recipes' models in plan_sizes.KNOWN_CONFIGS):
             per layer  attention  hidden*(heads*head_dim) [q] + 2*hidden*(kv_heads*head_dim) [k, v]
-                                  + (heads*head_dim)*hidden [o]   (+ q/k/v biases for qwen2)
+                                  + (heads*head_dim)*hidden [o]   (+ biases where the config has them)
                        MLP        3*hidden*intermediate  (gate, up, down; 2*... for a plain MLP)
-                       norms      2*hidden
+                       norms      hidden per norm: 2 (pre-norms), 4 (Gemma 2/3 sandwich), 2 (OLMo 2
+                                  post-norms); q/k norms 2*head_dim per head (Qwen3, Gemma 3) or
+                                  (heads + kv_heads)*head_dim (OLMo 2)
             embedding  vocab*hidden, plus vocab*hidden again for an untied output projection
             final norm hidden
           bytes per parameter: fp32 4, fp16 2. Quantized drafts (specexport.quantize) quantize the
@@ -31,7 +34,9 @@ weights   parameters x bytes per parameter of the graph's precision
             head, embedding: fp32 (f bytes: the graph's float dtype), int8, int4 as above, or
             checkpoint (as the layers for gguf; gptq / awq checkpoints keep them in float)
 kv cache  2 x layers x max_context x kv_heads x head_dim x bytes (4 for fp32 graphs and quantized
-          drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime allocates both caches at max context once (engine.py).
+          drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime allocates both caches at max context once (engine.py),
+          sliding-window layers (Gemma 2/3, Mistral, Phi-3) included; the report notes what a
+          ring-buffer cache would save on them.
 work      the peak working memory of one call, which the runtime's memory arena keeps:
             2 x heads x S x T x b   attention scores and probabilities (portable graphs; a fused graph's
                                     GroupQueryAttention runs flash attention on the CUDA provider for
@@ -62,8 +67,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecExportError
-from .recipe import MIN_CONTEXT, QUANTIZED_TARGETS, ModelSpec, QuantizationSpec, Recipe, load_recipe, resolve_recipe
+from .model_config import NormalizedConfig
+from .plan_sizes import (
+    KNOWN_CONFIGS,
+    PRECISION_BYTES,
+    PlanError,
+    activation_bytes,
+    call_bytes,
+    head_layer,
+    kv_bytes,
+    model_config,
+    parameters,
+    summary,
+    weight_bytes,
+    window_saving_bytes,
+)
+from .recipe import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Recipe, load_recipe, resolve_recipe
 
 GIB = 1 << 30
 RUNTIME_OVERHEAD_GIB = 1.0
@@ -72,11 +91,6 @@ TIGHT_FRACTION = 0.10
 JETSON_RESERVE_MIN_GIB = 1.5
 JETSON_RESERVE_FRACTION = 0.10
 WORKSTATION_RESERVE_GIB = 0.5
-MATMULNBITS_BLOCK = 32
-
-
-class PlanError(SpecExportError, ValueError):
-    """A model's shape is unknown, or plan arguments are out of range."""
 
 
 class UnknownDevice(PlanError, KeyError):
@@ -133,226 +147,12 @@ def get_device(name: str) -> Device:
     return DEVICES[key]
 
 
-# --------------------------------------------------------------------------- model shapes
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool = False
-    gated_mlp: bool = True
-
-    def linear_parameters(self) -> int:
-        """Parameters of the decoder layers' MatMul weights (what the quantizers rewrite)."""
-        q = self.heads * self.head_dim
-        kv = self.kv_heads * self.head_dim
-        attention = self.hidden * q + 2 * self.hidden * kv + q * self.hidden
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
-        return self.layers * (attention + mlp)
-
-    def small_parameters(self) -> int:
-        """Norm weights and q/k/v biases."""
-        bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
-        return self.layers * (2 * self.hidden + bias) + self.hidden
-
-    def embedding_parameters(self) -> int:
-        return self.vocab * self.hidden
-
-    def parameters(self) -> int:
-        """Parameters of the model as published (tied embeddings counted once)."""
-        head = 0 if self.tied else self.embedding_parameters()
-        return self.linear_parameters() + self.small_parameters() + self.embedding_parameters() + head
-
-
-# The models of the bundled recipes (their config.json values), so that a plan needs no download.
-_LLAMA31_8B = ModelConfig(32, 4096, 14336, 32, 8, 128, 128256, tied=False)
-_LLAMA32_1B = ModelConfig(16, 2048, 8192, 32, 8, 64, 128256, tied=True)
-_QWEN25_05B = ModelConfig(24, 896, 4864, 14, 2, 64, 151936, tied=True, qkv_bias=True)
-_QWEN25_15B = ModelConfig(28, 1536, 8960, 12, 2, 128, 151936, tied=True, qkv_bias=True)
-_QWEN25_3B = ModelConfig(36, 2048, 11008, 16, 2, 128, 151936, tied=True, qkv_bias=True)
-_QWEN25_7B = ModelConfig(28, 3584, 18944, 28, 4, 128, 152064, tied=False, qkv_bias=True)
-_TINYLLAMA = ModelConfig(22, 2048, 5632, 32, 4, 64, 32000, tied=False)
-_SMOLLM2_135M = ModelConfig(30, 576, 1536, 9, 3, 64, 49152, tied=True)
-
-KNOWN_CONFIGS: dict[str, ModelConfig] = {
-    "builtin:smollm2-135m-instruct": _SMOLLM2_135M,
-    "HuggingFaceTB/SmolLM2-135M-Instruct": _SMOLLM2_135M,
-    "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
-    "meta-llama/Meta-Llama-3.1-8B-Instruct": _LLAMA31_8B,
-    "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4": _LLAMA31_8B,
-    "meta-llama/Llama-3.2-1B-Instruct": _LLAMA32_1B,
-    "Qwen/Qwen2.5-0.5B-Instruct": _QWEN25_05B,
-    "Qwen/Qwen2.5-1.5B-Instruct": _QWEN25_15B,
-    "Qwen/Qwen2.5-3B-Instruct": _QWEN25_3B,
-    "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
-    "TinyLlama/TinyLlama-1.1B-Chat-v1.0": _TINYLLAMA,
-}
-_QKV_BIAS_TYPES = ("qwen2",)
-_PLAIN_MLP_TYPES = ("gpt2",)
-
-
-def config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """A ModelConfig from a Hugging Face config.json (llama-style or gpt2 key names)."""
-    def get(*keys, default=None):
-        for key in keys:
-            if data.get(key) is not None:
-                return data[key]
-        if default is None:
-            raise PlanError(f"config.json has none of {keys}; cannot size the model")
-        return default
-
-    layers = int(get("num_hidden_layers", "n_layer"))
-    hidden = int(get("hidden_size", "n_embd"))
-    heads = int(get("num_attention_heads", "n_head"))
-    model_type = str(data.get("model_type", ""))
-    return ModelConfig(
-        layers=layers,
-        hidden=hidden,
-        intermediate=int(get("intermediate_size", "n_inner", default=4 * hidden)),
-        heads=heads,
-        kv_heads=int(get("num_key_value_heads", default=heads)),
-        head_dim=int(get("head_dim", default=hidden // heads)),
-        vocab=int(get("vocab_size")),
-        tied=bool(data.get("tie_word_embeddings", True)),  # transformers' default
-        qkv_bias=bool(data.get("attention_bias", model_type in _QKV_BIAS_TYPES)),
-        gated_mlp=model_type not in _PLAIN_MLP_TYPES,
-    )
-
-
-def _config_from_gguf(path: Path) -> ModelConfig:
-    from gguf import GGUFReader  # noqa: PLC0415 - build-side dependency, only for GGUF sources
-
-    reader = GGUFReader(str(path))
-
-    def field_value(key: str):
-        item = reader.fields.get(key)
-        if item is None:
-            return None
-        return item.parts[item.data[0]].tolist()[0] if item.data else None
-
-    arch_field = reader.fields.get("general.architecture")
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else "llama"
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    names = {t.name for t in reader.tensors}
-    hidden = field_value(f"{arch}.embedding_length")
-    heads = field_value(f"{arch}.attention.head_count")
-    if hidden is None or heads is None:
-        raise PlanError(f"GGUF file {str(path)!r} lacks {arch}.embedding_length / attention.head_count")
-    return ModelConfig(
-        layers=int(field_value(f"{arch}.block_count")),
-        hidden=int(hidden),
-        intermediate=int(field_value(f"{arch}.feed_forward_length") or 4 * hidden),
-        heads=int(heads),
-        kv_heads=int(field_value(f"{arch}.attention.head_count_kv") or heads),
-        head_dim=int(field_value(f"{arch}.attention.key_length") or hidden // heads),
-        vocab=len(tokens.data) if tokens is not None else int(field_value(f"{arch}.vocab_size")),
-        tied="output.weight" not in names,
-        qkv_bias="blk.0.attn_q.bias" in names,
-    )
-
-
-def model_config(spec: ModelSpec, known: dict[str, ModelConfig] | None = None) -> tuple[ModelConfig, str]:
-    """(config, where it came from) for a recipe's model: the known table (hub ids of the bundled
-    recipes, builtin models), a local folder's config.json, or a local GGUF file."""
-    table = {**KNOWN_CONFIGS, **(known or {})}
-    if spec.model in table:
-        return table[spec.model], "known config"
-    path = Path(spec.model).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        return config_from_dict(json.loads((path / "config.json").read_text(encoding="utf-8"))), f"{path}/config.json"
-    gguf = path if path.suffix.lower() == ".gguf" else (path / spec.gguf_file if spec.gguf_file else None)
-    if gguf is not None and gguf.is_file():
-        return _config_from_gguf(gguf), str(gguf)
-    raise PlanError(
-        f"cannot size model {spec.model!r}: it is not in the known table ({len(KNOWN_CONFIGS)} models of the bundled"
-        " recipes) and is not a local folder with config.json or a local .gguf file; download it (or its config.json)"
-        " and give the folder"
-    )
-
-
-# --------------------------------------------------------------------------- estimates
-
-
-_QUANT_BYTES = {"int8": 1 + 4 / MATMULNBITS_BLOCK, "int4": 0.5 + 4 / MATMULNBITS_BLOCK, "dynamic-int8": 1.0}
-_FLOAT_BYTES = {"fp32": 4, "fp16": 2}
-PRECISION_BYTES = {**_FLOAT_BYTES, **_QUANT_BYTES}
-
-
-def _per_param(mode: str, precision: str, q: QuantizationSpec) -> float:
-    """Bytes per parameter of a quantized target's tensor stored as `mode` (module docstring)."""
-    f = 2 if q.dtype == "fp16" else 4
-    block = q.block_size or MATMULNBITS_BLOCK
-    if mode == "checkpoint":
-        mode = {"gguf": "gguf", "int8": "int8", "int4": "int4"}.get(precision, "fp32")  # gptq / awq: float
-    return {"fp32": float(f), "int8": 1 + f / block, "int4": 0.5 + f / block, "gguf": 0.5 + 2 * f / 32,
-            "gptq": 0.5 + (f + 0.5) / 32, "awq": 0.5 + (f + 0.5) / 32}[mode]
-
-
-def quantized_target_bytes(config: ModelConfig, precision: str, q: QuantizationSpec) -> int:
-    """Weight bytes of a quantized target: layers, head and embedding as `q` stores them."""
-    layers = config.linear_parameters() * _per_param(precision, precision, q)
-    embedding = config.embedding_parameters() * _per_param(q.embedding, precision, q)
-    head = config.embedding_parameters() * _per_param(q.head, precision, q)
-    if config.tied and q.head in ("fp32", "checkpoint") and q.embedding == q.head:
-        head = 0  # one float table serves both (the graph's Gemm on the embedding)
-    norms = config.small_parameters() * (2 if q.dtype == "fp16" else 4)
-    return int(layers + embedding + head + norms)
-
-
-def weight_bytes(config: ModelConfig, precision: str, quantization: QuantizationSpec | None = None) -> int:
-    if precision in QUANTIZED_TARGETS and quantization is not None:
-        return quantized_target_bytes(config, precision, quantization)
-    if precision in _FLOAT_BYTES:
-        return config.parameters() * _FLOAT_BYTES[precision]
-    if precision in _QUANT_BYTES:
-        quantized = config.linear_parameters() + config.embedding_parameters()  # untied output projection
-        floats = config.embedding_parameters() + config.small_parameters()  # embedding and norms stay fp32
-        return int(quantized * _QUANT_BYTES[precision]) + 4 * floats
-    raise PlanError(f"precision {precision!r} is not one of {', '.join(PRECISION_BYTES)}")
-
-
-def kv_dtype_bytes(precision: str, quantization: QuantizationSpec | None = None) -> int:
-    return 2 if precision == "fp16" or (quantization is not None and quantization.dtype == "fp16") else 4
-
-
-def kv_bytes(config: ModelConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None) -> int:
-    return 2 * config.layers * max_context * config.kv_heads * config.head_dim * kv_dtype_bytes(precision, quantization)
-
-
-def call_bytes(config: ModelConfig, precision: str, seq: int, total: int, rows: int,
-               quantization: QuantizationSpec | None = None, flash: bool = False) -> int:
-    """Working memory of one call with `seq` new tokens attending over `total` positions
-    (flash: fused attention that never materializes the scores)."""
-    b = kv_dtype_bytes(precision, quantization)
-    scores = 0 if flash else 2 * config.heads * seq * total * b
-    mlp = 3 * seq * config.intermediate * b
-    hidden = 4 * seq * config.hidden * b
-    kv_repeat = 2 * config.heads * total * config.head_dim * b
-    logits = rows * config.vocab * 4
-    return scores + mlp + hidden + kv_repeat + logits
-
-
-def activation_bytes(config: ModelConfig, precision: str, max_context: int, max_prompt: int, max_gamma: int,
-                     quantization: QuantizationSpec | None = None, flash: bool = False) -> int:
-    prefill = call_bytes(config, precision, max_prompt, max_prompt, 1, quantization, flash)
-    verify_s = min(max_gamma + 1, max_context)
-    verify = call_bytes(config, precision, verify_s, max_context, verify_s, quantization, flash)
-    return max(prefill, verify)
-
-
 @dataclass
 class ModelEstimate:
     role: str  # target | draft
     model: str
     precision: str
-    config: ModelConfig
+    config: NormalizedConfig
     config_source: str
     parameters: int
     weight_bytes: int
@@ -367,7 +167,7 @@ class ModelEstimate:
     def to_dict(self) -> dict[str, Any]:
         return {
             "role": self.role, "model": self.model, "precision": self.precision, "config_source": self.config_source,
-            "config": vars(self.config).copy(), "parameters": self.parameters, "weight_bytes": self.weight_bytes,
+            "config": summary(self.config), "parameters": self.parameters, "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes, "activation_bytes": self.activation_bytes,
             "logits_buffer_bytes": self.logits_buffer_bytes, "total_bytes": self.total_bytes,
         }
@@ -449,18 +249,18 @@ def _load(recipe: Recipe | str | Path) -> Recipe:
 
 @dataclass(frozen=True)
 class _Shapes:
-    target: tuple[ModelConfig, str]
-    draft: tuple[ModelConfig, str] | None
+    target: tuple[NormalizedConfig, str]
+    draft: tuple[NormalizedConfig, str] | None
 
 
-def _estimate(role: str, model: str, precision: str, shape: tuple[ModelConfig, str], max_context: int,
+def _estimate(role: str, model: str, precision: str, shape: tuple[NormalizedConfig, str], max_context: int,
               max_prompt: int, max_gamma: int, quantization: QuantizationSpec | None = None,
               flash: bool = False) -> ModelEstimate:
     config, source = shape
     label = precision if quantization is None or quantization.dtype == "fp32" else f"{precision}, {quantization.dtype}"
     return ModelEstimate(
         role=role, model=model, precision=label, config=config, config_source=source,
-        parameters=config.parameters(), weight_bytes=weight_bytes(config, precision, quantization),
+        parameters=parameters(config), weight_bytes=weight_bytes(config, precision, quantization),
         kv_bytes=kv_bytes(config, precision, max_context, quantization),
         activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma, quantization, flash),
         logits_buffer_bytes=HOST_LOGITS_ROWS * config.vocab * 4,
@@ -492,7 +292,7 @@ HEAD_BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0 + 4.0 / 32}  # int
 HEAD_COMPUTE = {"fp32": "fp32", "fp16": "fp16", "int8": "fp32"}  # activations and KV cache
 
 
-def _head_estimate(recipe: Recipe, target: ModelConfig, max_context: int) -> ModelEstimate:
+def _head_estimate(recipe: Recipe, target: NormalizedConfig, max_context: int) -> ModelEstimate:
     """An EAGLE-3 head at draft.eagle3.precision: fc [H, 3H], one layer whose q/k/v read 2H, its own
     lm_head [V_draft, H] and a copy of the target's embedding [V, H]; its KV cache has one layer.
     V_draft from the head's local config.json, else HEAD_DRAFT_VOCAB (capped at the target's)."""
@@ -502,7 +302,7 @@ def _head_estimate(recipe: Recipe, target: ModelConfig, max_context: int) -> Mod
         draft_vocab = int(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("draft_vocab_size", draft_vocab))
     H, q, kv = target.hidden, target.heads * target.head_dim, target.kv_heads * target.head_dim
     params = 3 * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * target.intermediate + draft_vocab * H + target.vocab * H
-    layer = ModelConfig(1, H, target.intermediate, target.heads, target.kv_heads, target.head_dim, draft_vocab, True)
+    layer = head_layer(target, draft_vocab)
     precision = recipe.draft.precision
     compute = HEAD_COMPUTE[precision]
     return ModelEstimate(role="draft", model=f"{recipe.draft.model.model} (EAGLE-3 head)", precision=precision,
@@ -596,23 +396,23 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
 
 
 def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = None, max_context: int | None = None,
-         known: dict[str, ModelConfig] | None = None) -> PlanReport:
+         known: dict[str, dict] | None = None) -> PlanReport:
     """Memory plan of `recipe` (a Recipe, a recipe file or a bundled recipe name) on `device`.
 
     max_prompt: longest prompt fed in one call (default: max_context, the worst case of the ONNX
     Runtime backend; TensorRT engines chunk prefill at their --max-prompt). max_context
-    overrides the recipe's. known: extra {model id: ModelConfig} for models without a local
-    config. Raises UnknownDevice (listing the devices) or PlanError."""
+    overrides the recipe's. known: extra {model id: config.json dict} for models without a
+    local config. Raises UnknownDevice (listing the devices) or PlanError."""
     dev = get_device(device)
     spec = _load(recipe)
     if max_context is not None:
         spec = spec.with_overrides({"max_context": max_context})
     if max_prompt is not None and max_prompt < 1:
         raise PlanError(f"max_prompt must be >= 1, got {max_prompt}")
-    target = model_config(spec.target, known)
+    target = model_config(spec.target, spec.max_context, known)
     draft = None
     if spec.draft.kind == "model":
-        draft = model_config(spec.draft.model, known)
+        draft = model_config(spec.draft.model, spec.max_context, known)
     elif spec.draft.kind == "from_target":
         draft = target
     shapes = _Shapes(target, draft)
@@ -623,6 +423,13 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
         report.notes.append(
             f"headroom under {TIGHT_FRACTION:.0%} of the budget: measure on the device (tegrastats / nvidia-smi)"
         )
+    tcfg = target[0]
+    if tcfg.windows:
+        layers = sum(l.window is not None for l in tcfg.layers)
+        saving = window_saving_bytes(tcfg, spec.target.precision, spec.max_context, spec.target.quantization)
+        report.notes.append(
+            f"{layers} of {tcfg.num_layers} target layers attend over a {'/'.join(map(str, tcfg.windows))}-token window;"
+            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {_gib(saving)})")
     if spec.graph == "fused":  # every device in DEVICES is a GPU
         fp16 = spec.target.precision == "fp16" or (spec.target.quantization is not None and spec.target.quantization.dtype == "fp16")
         gpu = "the ONNX Runtime CUDA provider" + ("" if fp16 else " only with an fp16 target (or quantization.dtype fp16)")
@@ -634,7 +441,6 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
 
 
 __all__ = [
-    "DEVICES", "Device", "KNOWN_CONFIGS", "ModelConfig", "ModelEstimate", "PlanError", "PlanReport", "UnknownDevice",
-    "activation_bytes", "config_from_dict", "get_device", "kv_bytes", "model_config", "plan",
-    "weight_bytes",
+    "DEVICES", "Device", "KNOWN_CONFIGS", "ModelEstimate", "PlanError", "PlanReport", "PRECISION_BYTES",
+    "UnknownDevice", "activation_bytes", "get_device", "kv_bytes", "model_config", "plan", "weight_bytes",
 ]

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from .build_eagle import target_embedding
-from .model_config import text_config
 from .formats.eagle3 import (
     TargetShape,
 )
@@ -72,7 +71,7 @@ def load_target(target: str) -> FrozenTarget:
     model = load_model(source, "float32", trust)
     model.requires_grad_(False)
     tokenizer = load_tokenizer(source, trust)
-    shape = TargetShape.from_hf_config(text_config(model.config))
+    shape = TargetShape.from_hf_config(model.config)
     embed = target_embedding(model)
     if embed.shape[1] != shape.hidden_size:
         raise TrainDraftError(f"the target's embedding width {embed.shape[1]} != its hidden size {shape.hidden_size}: "

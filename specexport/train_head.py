@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .model_config import normalize
 from .formats.eagle3 import (
     Eagle3Config,
     Eagle3Head,
 )
-from .train_config import TrainDraftError
+from .model_config import normalize
 
 # ---------------------------------------------------------------------------------- the head
 
@@ -207,22 +208,13 @@ def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
 
 def head_shape(config, draft_vocab: int) -> HeadShape:
     """One decoder layer's worth of the target (its heads, KV heads, head_dim, intermediate size),
-    at the target's hidden size; rope: the target's theta, unscaled."""
-    missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size") if getattr(config, k, None) is None]
-    if missing:
-        raise TrainDraftError(f"the target's config ({getattr(config, 'model_type', '?')}) has no {', '.join(missing)}: "
-                              f"train-draft sizes the head from a Llama-style decoder config")
-    H = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    params = getattr(config, "rope_parameters", None) or {}
-    theta = getattr(config, "rope_theta", None) or params.get("rope_theta") or 10000.0
+    at the target's hidden size, from its normalized config; rope: the theta of the target's
+    full-attention layers, unscaled."""
+    norm = normalize(config)
     return HeadShape(
-        hidden=H, target_hidden=H, heads=heads,
-        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(config, "head_dim", None) or H // heads),
-        intermediate=int(config.intermediate_size),
-        eps=float(getattr(config, "rms_norm_eps", None) or 1e-6),
-        rope_theta=float(theta), draft_vocab=draft_vocab)
+        hidden=norm.hidden, target_hidden=norm.hidden, heads=norm.heads, kv_heads=norm.kv_heads,
+        head_dim=norm.head_dim, intermediate=norm.intermediate, eps=norm.norm_eps,
+        rope_theta=norm.head_rope_theta, draft_vocab=draft_vocab)
 
 
 def init_from_target(model: Eagle3Draft, target, draft_ids: torch.Tensor, seed: int) -> str:

@@ -6,10 +6,15 @@ Three steps, each compared with an independent full-sequence transformers forwar
   rollback  the cache cursor moved back 2 positions, then one different token (decode).
 The ONNX side is run with plain feeds here (numpy concatenation), independent of the
 runtime's IO-binding engine, so a bug there cannot hide a bug in the graph.
+
+validate_long_range repeats prefill and verify on a probe longer than every sliding window of
+the model (within max_context), comparing the last rows: what only shows at long range (a window
+off by one key, a rotary table switching) cannot pass the short probe alone.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,15 +41,32 @@ class Tolerance:
     rel: float = 0.0
     near_tie: float = 0.0  # rows whose reference top-2 gap is below this may disagree on argmax
     require_argmax: bool = True
+    min_agreement: float = 0.0  # without require_argmax: the argmax agreement every step must reach
+
+    def to_dict(self) -> dict:
+        return {"max_abs": self.max_abs if math.isfinite(self.max_abs) else None, "rel": self.rel,
+                "near_tie": self.near_tie, "require_argmax": self.require_argmax, "min_agreement": self.min_agreement}
 
 
 # fp32: transformers' own fp32 forward is ~1e-4 from float64 on SmolLM2-135M (logits up to ~30),
 # so the bound grows with the logit scale: 1e-4 for tiny models (|logit| < 20), 1.5e-4 at 30.
 FP32 = Tolerance(max_abs=1e-4, rel=5e-6)
-# fp16 graphs are compared with the fp32 reference; documented in docs/validation.md
-FP16 = Tolerance(max_abs=5e-2, near_tie=5e-2)
+# fp16 graphs are compared with the fp32 reference (fp16 weights and activations): errors grow with
+# the attended length (tiny models: 0.01-0.04 over 40 tokens, up to 7% of the largest logit over 256
+# without windows), and argmax flips where the reference's top two are that close (docs/validation.md)
+FP16 = Tolerance(max_abs=5e-2, rel=0.08, require_argmax=False, min_agreement=0.85)
 # quantized drafts only need to run and agree often enough to be useful; agreement is reported
 QUANTIZED = Tolerance(max_abs=float("inf"), require_argmax=False)
+# quantized targets against their float32 reference (docs/validation.md has the measurements):
+# a checkpoint's own blocks (gguf / gptq / awq) against their exact dequantization, where only
+# int8 activations (accuracy level 4) and kernels differ; round-to-nearest int8 / int4 against
+# the float weights they were quantized from, where the weights differ too. Bounds catch a
+# broken graph (a wrong block layout agrees on ~1/V of the rows), not a weak quantization.
+QUANTIZED_TARGET = {
+    "checkpoint": Tolerance(max_abs=0.0, rel=0.15, require_argmax=False, min_agreement=0.75),
+    "int8": Tolerance(max_abs=0.0, rel=0.25, require_argmax=False, min_agreement=0.75),
+    "int4": Tolerance(max_abs=0.0, rel=1.0, require_argmax=False, min_agreement=0.3),
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,7 @@ class StepReport:
     rows: int
     max_abs_diff: float
     argmax_agreement: float
+    reference_scale: float = 0.0  # max |reference logit|: the rel bound's unit
 
 
 @dataclass(frozen=True)
@@ -74,6 +97,13 @@ class ValidationReport:
             "argmax_agreement": self.argmax_agreement,
             "steps": [asdict(s) for s in self.steps],
         }
+
+    def check_agreement(self, tol: Tolerance) -> "ValidationReport":
+        """Raise unless the argmax agreement over all rows reaches tol.min_agreement."""
+        if self.argmax_agreement < tol.min_agreement:
+            raise ExportValidationError("all", contract.LOGITS,
+                                        f"argmax agreement {self.argmax_agreement:.3f} < {tol.min_agreement}")
+        return self
 
 
 class FeedRunner:
@@ -124,10 +154,12 @@ class FeedRunner:
         self.cache = [np.ascontiguousarray(c[:, :keep] if self.axis == 1 else c[:, :, :keep]) for c in self.cache]
 
 
-def reference_logits(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
-    """Full-sequence transformers forward, no cache: [len(ids), V] float32."""
+def reference_logits(model: torch.nn.Module, ids: list[int], last: int = 0) -> np.ndarray:
+    """Full-sequence transformers forward, no cache: [len(ids), V] float32 (the last `last` rows
+    only when last > 0: a long probe's full logits would not fit)."""
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+        kwargs = {"logits_to_keep": last} if last else {}
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False, **kwargs)
     return out.logits[0].float().numpy()
 
 
@@ -137,7 +169,8 @@ def compare(step: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Step
     if not np.all(np.isfinite(got)):
         raise ExportValidationError(step, contract.LOGITS, "non-finite values")
     diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
-    bound = max(tol.max_abs, tol.rel * float(np.max(np.abs(ref))))
+    scale = float(np.max(np.abs(ref)))
+    bound = max(tol.max_abs, tol.rel * scale)
     if diff > bound:
         raise ExportValidationError(step, contract.LOGITS, f"max abs diff {diff:.3g} > tolerance {bound:.3g}")
     same = got.argmax(-1) == ref.argmax(-1)
@@ -153,7 +186,7 @@ def compare(step: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> Step
                 f"argmax differs at row {r}: graph {int(got[r].argmax())} vs reference {int(ref[r].argmax())}"
                 f" (reference top-2 gap {gap[r]:.3g})",
             )
-    return StepReport(step, got.shape[0], diff, float(same.mean()))
+    return StepReport(step, got.shape[0], diff, float(same.mean()), scale)
 
 
 def validate_export(
@@ -181,4 +214,18 @@ def validate_export(
     token = (probe_ids[len(keep)] + 1) % spec.embedding_rows  # a token the cache has not seen there
     ref = reference_logits(reference, keep + [token])[-1:]
     after = compare("rollback", runner.run([token], [0]), ref, tolerance)
-    return ValidationReport((prefill, verify, after))
+    return ValidationReport((prefill, verify, after)).check_agreement(tolerance)
+
+
+def validate_long_range(reference: torch.nn.Module, graph: Path, spec: GraphSpec, probe_ids: list[int], length: int,
+                        tolerance: Tolerance = FP32, verify_len: int = 5, rows: int = 16) -> ValidationReport:
+    """Prefill `length - verify_len` tokens (the probe repeated) and verify `verify_len` more,
+    comparing the prefill's last `rows` rows and every verify row with transformers'."""
+    tokens = (probe_ids * (length // len(probe_ids) + 1))[:length]
+    n0 = length - verify_len
+    rows = min(rows, n0)
+    runner = FeedRunner(graph, spec)
+    full = reference_logits(reference, tokens, last=rows + verify_len)  # [rows + verify_len, V]
+    prefill = compare("long prefill", runner.run(tokens[:n0], list(range(n0 - rows, n0))), full[:rows], tolerance)
+    verify = compare("long verify", runner.run(tokens[n0:], list(range(verify_len))), full[rows:], tolerance)
+    return ValidationReport((prefill, verify)).check_agreement(tolerance)

@@ -101,9 +101,11 @@ class TargetShape:
 
     @classmethod
     def from_hf_config(cls, config) -> TargetShape:
-        """From a transformers config (attributes hidden_size, num_hidden_layers, vocab_size)."""
-        return cls(hidden_size=int(config.hidden_size), num_layers=int(config.num_hidden_layers),
-                   vocab_size=int(config.vocab_size))
+        """From a transformers config (its normalized form: a multimodal wrapper's decoder)."""
+        from ..model_config import normalize
+
+        norm = normalize(config)
+        return cls(hidden_size=norm.hidden, num_layers=norm.num_layers, vocab_size=norm.vocab)
 
 
 @dataclass(frozen=True)

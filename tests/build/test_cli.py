@@ -73,7 +73,8 @@ def test_build_json(built):
     assert report["sizes"] == {k: v for k, v in files.items() if k in report["sizes"]}
     assert {"target/model.onnx.data", "draft/model.onnx.data", "tokenizer.json"} <= set(report["sizes"])
     val = report["validation"]
-    assert val["target"]["max_abs_diff"] <= 1e-4 and val["target"]["tolerance"] == 1e-4
+    assert val["target"]["max_abs_diff"] <= 1e-4 and val["target"]["tolerance"]["max_abs"] == 1e-4
+    assert val["target"]["long_range"]["tokens"] == 256 and val["target"]["long_range"]["max_abs_diff"] <= 1e-4
     assert 0 < val["draft"]["argmax_agreement"] <= 1 and "note" in val["draft"]
 
 

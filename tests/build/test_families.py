@@ -113,3 +113,53 @@ def test_windowed_fused_artifact_declares_its_windows(tmp_path, tokenizer):
             assert manifest["contract_version"] == version
         else:  # portable graphs apply windows in their mask: no 1.4 requirement
             assert manifest["contract_version"] != "1.4"
+
+
+def _export(name: str, graph: str, model, out, **kwargs):
+    from specexport.export import export_graph
+    from specexport.fused import build_fused
+
+    if graph == "fused":
+        return build_fused(model, out, 300, **kwargs)
+    return export_graph(model, out, **kwargs)
+
+
+@pytest.mark.parametrize("name, graph", CASES, ids=[f"{n}-{g}" for n, g in CASES])
+def test_fp16_graph_matches_the_fp32_reference_past_the_windows(tmp_path, name, graph):
+    """fp16 weights and activations (what CUDA runs) against the fp32 transformers model, on the
+    short probe and on a 256-token one (validate.FP16: the bound and the agreement it states)."""
+    import copy
+
+    from specexport.validate import FP16, validate_export, validate_long_range
+
+    model = make_model(name)
+    res = _export(name, graph, copy.deepcopy(model).half(), tmp_path)
+    assert res.spec.kv_dtype == "float16"
+    ids = np.random.default_rng(0).integers(3, 300, size=40).tolist()
+    short = validate_export(model, res.path, res.spec, ids, FP16)
+    long = validate_long_range(model, res.path, res.spec, ids, 256, FP16)
+    assert 0 < short.max_abs_diff and 0 < long.max_abs_diff  # fp16 really ran
+
+
+@pytest.mark.parametrize("name, graph", CASES, ids=[f"{n}-{g}" for n, g in CASES])
+def test_target_features_are_transformers_hidden_states(tmp_path, name, graph):
+    """The EAGLE-3 output `hidden_states`: the residual streams entering three layers, as
+    transformers' output_hidden_states[i], for every row of a prefill and of a verify step."""
+    from specexport.validate import FeedRunner
+
+    model = make_model(name)
+    layers = model.config.get_text_config().num_hidden_layers
+    feature_layers = (0, layers // 2, layers - 1)
+    res = _export(name, graph, model, tmp_path, feature_layers=feature_layers)
+    assert res.spec.feature_width == 3 * model.config.get_text_config().hidden_size
+    ids = np.random.default_rng(1).integers(3, 300, size=30).tolist()
+    runner = FeedRunner(res.path, res.spec)
+    runner.run(ids[:25], [24])
+    prefill = runner.features
+    runner.run(ids[25:], [0])
+    verify = runner.features
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    want = torch.cat([hidden[i][0] for i in feature_layers], dim=-1).numpy()  # [30, 3 H]
+    got = np.concatenate([prefill, verify])
+    assert float(np.abs(got - want).max()) <= 1e-4 * max(1.0, float(np.abs(want).max()))

@@ -13,15 +13,15 @@ from specexport.errors import SpecExportError
 from specexport.plan import (
     DEVICES,
     GIB,
-    KNOWN_CONFIGS,
     PlanError,
     UnknownDevice,
-    config_from_dict,
     plan,
     weight_bytes,
 )
+from specexport.model_config import config_from_dict, normalize
+from specexport.plan_sizes import known_config, parameters
 from specexport.recipe import bundled_recipes, load_recipe, parse_recipe, resolve_recipe
-from tiny import make_model
+from tiny import make_model, tiny_names
 
 # The device each bundled recipe is sized for (from its `notes`; the smollm2 recipes run anywhere,
 # the smallest module they are meant for is the Orin Nano 8GB).
@@ -38,6 +38,10 @@ RECIPE_DEVICES = {
     "llama-3.1-8b-instruct-awq-int4": "orin-nano-8gb",
     "llama-3.1-8b-instruct-eagle3": "agx-orin-32gb",
     "smollm2-135m-eagle3": "orin-nano-8gb",
+    "gemma-3-1b-it-gemma-3-270m-draft": "orin-nano-8gb",
+    "smollm3-3b-int4-self-draft": "orin-nx-16gb",
+    "granite-3.3-2b-instruct-int4-self-draft": "orin-nx-16gb",
+    "phi-4-mini-instruct-int4-self-draft": "agx-orin-32gb",
 }
 
 
@@ -106,17 +110,19 @@ def test_known_configs_match_published_sizes():
         "Qwen/Qwen2.5-0.5B-Instruct": 0.494e9, "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
         "Qwen/Qwen2.5-3B-Instruct": 3.09e9, "Qwen/Qwen2.5-7B-Instruct": 7.62e9,
         "TinyLlama/TinyLlama-1.1B-Chat-v1.0": 1.10e9, "builtin:smollm2-135m-instruct": 0.1345e9,
+        "google/gemma-3-1b-it": 1.00e9, "google/gemma-3-270m-it": 0.268e9, "HuggingFaceTB/SmolLM3-3B": 3.08e9,
+        "ibm-granite/granite-3.3-2b-instruct": 2.53e9, "microsoft/Phi-4-mini-instruct": 3.84e9,
     }
     for model, count in published.items():
-        assert KNOWN_CONFIGS[model].parameters() == pytest.approx(count, rel=0.01), model
+        assert parameters(known_config(model)) == pytest.approx(count, rel=0.01), model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", [a for a in tiny_names() if a != "gemma3"])  # gemma3: + a vision tower
 def test_formula_matches_a_real_model_from_its_config_json(tmp_path, arch):
     model = make_model(arch)
     model.config.save_pretrained(tmp_path)
-    config = config_from_dict(json.loads((tmp_path / "config.json").read_text()))
-    assert config.parameters() == sum(p.numel() for p in model.parameters())
+    config = normalize(config_from_dict(json.loads((tmp_path / "config.json").read_text())))
+    assert parameters(config) == sum(p.numel() for p in model.parameters())
     recipe = parse_recipe({"name": "local", "max_context": 256, "target": {"model": str(tmp_path)},
                            "draft": {"from_target": {"precision": "int4"}}})
     report = plan(recipe, "orin-nano-4gb")
@@ -203,10 +209,10 @@ def test_portable_eagle3_recipe_plans_the_same_head():
 def test_quantized_target_weight_bytes():
     """int4 block 32 with fp16 scales: 0.5 + 2/32 bytes per linear weight, int8 head and
     embedding 1 + 2/32, fp16 norms; computed here from the Llama-3.1-8B shapes."""
-    from specexport.plan import KNOWN_CONFIGS, weight_bytes
+    from specexport.plan import weight_bytes
     from specexport.recipe import QuantizationSpec
 
-    c = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
+    c = known_config("meta-llama/Llama-3.1-8B-Instruct")
     linear = 32 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336)
     table = 128256 * 4096
     norms = 32 * 2 * 4096 + 4096
@@ -214,6 +220,6 @@ def test_quantized_target_weight_bytes():
     expected = linear * (0.5 + 2 / 32) + 2 * table * (1 + 2 / 32) + 2 * norms
     assert weight_bytes(c, "int4", q) == int(expected)
     tied_float = QuantizationSpec(block_size=32, head="fp32", embedding="fp32", dtype="fp32")
-    smol = KNOWN_CONFIGS["builtin:smollm2-135m-instruct"]
+    smol = known_config("builtin:smollm2-135m-instruct")
     s_linear = 30 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536)
     assert weight_bytes(smol, "int8", tied_float) == int(s_linear * (1 + 4 / 32) + 49152 * 576 * 4 + 4 * (30 * 2 * 576 + 576))
