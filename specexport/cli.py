@@ -100,7 +100,12 @@ def _validation_line(val: dict) -> str:
     """One line for a model's validation: a graph against its reference (max |diff|, argmax
     agreement), or an EAGLE-3 head (its teacher-forced agreement with the target, its layer ids)."""
     if "max_abs_diff" in val:
-        return f"max |diff| {val['max_abs_diff']:.2e}, argmax agreement {val['argmax_agreement']:.1%}"
+        line = f"max |diff| {val['max_abs_diff']:.2e}, argmax agreement {val['argmax_agreement']:.1%}"
+        long = val.get("long_range")
+        if long:
+            line += (f"; over {long['tokens']} tokens max |diff| {long['max_abs_diff']:.2e},"
+                     f" agreement {long['argmax_agreement']:.1%}")
+        return line
     parts = [f"head agrees with the target on {val['target_agreement']:.1%} of {val['probe_rows']} probe rows "
              "(teacher forced)"] if "target_agreement" in val else []
     if "layer_ids" in val:
