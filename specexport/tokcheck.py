@@ -310,59 +310,72 @@ def check_pair(
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
             raise InvalidArgument(f"{label} = {rows!r}; expected a positive integer (the model's embedding rows)")
     t_json, d_json = _tokenizer_json(target_tok), _tokenizer_json(draft_tok)
-    t_model, d_model = t_json.get("model") or {}, d_json.get("model") or {}
     out = _Collector()
+    _compare_models(out, t_json.get("model") or {}, d_json.get("model") or {})
+    _compare_specials(out, target_tok, draft_tok)
+    _compare_pipeline(out, t_json, d_json)
+    out.record("probes", _probe_differences(_encoder(target_tok), _encoder(draft_tok), probe_texts))
+    pad_rows = 0
+    if target_rows is not None or draft_rows is not None:
+        lines, pad_rows = _compare_rows(_full_id_map(t_json), _full_id_map(d_json), target_rows, draft_rows)
+        out.record("embedding_rows", lines)
+    return CompatReport(
+        compatible=all(out.checks.values()),
+        differences=out.differences,
+        pad_rows=pad_rows,
+        checks=out.checks,
+        warnings=out.warnings,
+        target_rows=target_rows,
+        draft_rows=draft_rows,
+        target_hash=_json_hash(t_json),
+        draft_hash=_json_hash(d_json),
+    )
 
-    # model type and options (dropout, byte_fallback, unk_token, continuing_subword_prefix, ...)
+
+def _compare_models(out: _Collector, t_model: dict[str, Any], d_model: dict[str, Any]) -> None:
+    """Model type and options (dropout, byte_fallback, unk_token, ...), the vocabulary (id -> token
+    text), Unigram scores and merges (rank -> pair)."""
     t_type, d_type = t_model.get("type"), d_model.get("type")
     out.record("model_type", [] if t_type == d_type else [f"model_type: target {t_type!r} vs draft {d_type!r}"])
     out.record("model_options", _json_section("model_options", _model_options(t_model), _model_options(d_model)))
-
-    # vocabulary (id -> token text), Unigram scores, merges (rank -> pair)
     t_vocab, t_scores = _vocab_by_id(t_model)
     d_vocab, d_scores = _vocab_by_id(d_model)
     out.record("vocab", _diff_maps("vocab", t_vocab, d_vocab, "id") + _diff_maps("vocab score", t_scores, d_scores, "id"))
-    t_merges, d_merges = _merges(t_model), _merges(d_model)
-    out.record(
-        "merges",
-        _diff_maps(
-            "merges",
-            dict(enumerate(t_merges)),
-            dict(enumerate(d_merges)),
-            "rank",
-            fmt=lambda pair: repr(" ".join(pair)),
-        ),
-    )
+    out.record("merges", _diff_maps("merges", dict(enumerate(_merges(t_model))), dict(enumerate(_merges(d_model))),
+                                    "rank", fmt=lambda pair: repr(" ".join(pair))))
 
-    # special token roles (transformers wrapper only)
+
+def _compare_specials(out: _Collector, target_tok: Any, draft_tok: Any) -> None:
+    """Special token roles (the transformers wrapper only): BOS/EOS/UNK block, PAD warns."""
     specials = {role: (_special(target_tok, role), _special(draft_tok, role)) for role in (*_BLOCKING_SPECIALS, "pad")}
-    if all(t is not None and d is not None for t, d in specials.values()):
-        lines = []
-        for role, (t, d) in specials.items():
-            if t == d:
-                continue
-            line = f"{role}_token: target {_fmt_special(t)} vs draft {_fmt_special(d)}"
-            if role in _BLOCKING_SPECIALS:
-                lines.append(f"special_tokens {line}")
-            else:  # PAD never reaches the models during decoding
-                out.warnings.append(f"{line} (PAD is not used in decoding)")
-        out.record("special_tokens", lines)
-    else:
+    if not all(t is not None and d is not None for t, d in specials.values()):
         out.warnings.append("special tokens (BOS/EOS/UNK/PAD) not compared: a bare tokenizers.Tokenizer was given")
+        return
+    lines = []
+    for role, (t, d) in specials.items():
+        if t == d:
+            continue
+        line = f"{role}_token: target {_fmt_special(t)} vs draft {_fmt_special(d)}"
+        if role in _BLOCKING_SPECIALS:
+            lines.append(f"special_tokens {line}")
+        else:  # PAD never reaches the models during decoding
+            out.warnings.append(f"{line} (PAD is not used in decoding)")
+    out.record("special_tokens", lines)
 
-    # added tokens: id -> content and matching flags (special, lstrip, rstrip, normalized, single_word)
+
+def _compare_pipeline(out: _Collector, t_json: dict[str, Any], d_json: dict[str, Any]) -> None:
+    """Added tokens (id -> content and matching flags), normalizer and pre-tokenizer (which ids a
+    text maps to); post-processor and decoder only warn: the artifact ships the target's."""
     out.record("added_tokens", _diff_maps("added_tokens", _added_by_id(t_json), _added_by_id(d_json), "id"))
-
-    # normalizer and pre-tokenizer change which ids a text maps to
     out.record("normalizer", _json_section("normalizer", t_json.get("normalizer"), d_json.get("normalizer")))
     out.record("pre_tokenizer", _json_section("pre_tokenizer", t_json.get("pre_tokenizer"), d_json.get("pre_tokenizer")))
-    # post-processor and decoder: the artifact ships the target's tokenizer for both models
     for section in ("post_processor", "decoder"):
         for line in _json_section(section, t_json.get(section), d_json.get(section))[:1]:
             out.warnings.append(f"{line} (the artifact uses the target's)")
 
-    # the ids both tokenizers give the probe texts
-    t_enc, d_enc = _encoder(target_tok), _encoder(draft_tok)
+
+def _probe_differences(t_enc: "Tokenizer", d_enc: "Tokenizer", probe_texts) -> list[str]:
+    """The probe texts both tokenizers encode differently (the first MAX_SHOWN, where they part)."""
     lines, bad = [], 0
     for index, text in enumerate(probe_texts):
         a = t_enc.encode(text, add_special_tokens=False).ids
@@ -381,45 +394,26 @@ def check_pair(
         )
     if bad:
         lines.insert(0, f"probes: {bad} of {len(probe_texts)} probe texts encode differently")
-    out.record("probes", lines)
+    return lines
 
-    # embedding rows
-    pad_rows = 0
-    if target_rows is not None or draft_rows is not None:
-        lines = []
-        t_ids, d_ids = _full_id_map(t_json), _full_id_map(d_json)
-        for label, rows, ids in (("target", target_rows, t_ids), ("draft", draft_rows, d_ids)):
-            if rows is not None and ids and rows <= max(ids):
-                lines.append(
-                    f"embedding_rows: the {label} model has {rows} rows but its tokenizer uses ids up to {max(ids)}"
-                )
-        if target_rows is not None and draft_rows is not None and not lines:
-            gap = abs(target_rows - draft_rows)
-            if gap > MAX_ROW_DIFFERENCE:
-                lines.append(
-                    f"embedding_rows: target {target_rows} vs draft {draft_rows} differ by {gap}"
-                    f" (at most {MAX_ROW_DIFFERENCE} can be padded)"
-                )
-            elif gap:
-                shared = min(target_rows, draft_rows)
-                wrong = [i for i in sorted(set(t_ids) | set(d_ids)) if i < shared and t_ids.get(i) != d_ids.get(i)]
-                if wrong:
-                    lines.append(
-                        f"embedding_rows: target {target_rows} vs draft {draft_rows} could be padded, but"
-                        f" {len(wrong)} shared ids have different token text (first: id {wrong[0]})"
-                    )
-                else:
-                    pad_rows = gap
-        out.record("embedding_rows", lines)
 
-    return CompatReport(
-        compatible=all(out.checks.values()),
-        differences=out.differences,
-        pad_rows=pad_rows,
-        checks=out.checks,
-        warnings=out.warnings,
-        target_rows=target_rows,
-        draft_rows=draft_rows,
-        target_hash=_json_hash(t_json),
-        draft_hash=_json_hash(d_json),
-    )
+def _compare_rows(t_ids: dict[int, str], d_ids: dict[int, str], target_rows: int | None,
+                  draft_rows: int | None) -> tuple[list[str], int]:
+    """(differences, draft rows to pad): each model's embedding covers its tokenizer's ids; rows
+    that differ by at most MAX_ROW_DIFFERENCE are padded when the shared ids' texts agree."""
+    lines = []
+    for label, rows, ids in (("target", target_rows, t_ids), ("draft", draft_rows, d_ids)):
+        if rows is not None and ids and rows <= max(ids):
+            lines.append(f"embedding_rows: the {label} model has {rows} rows but its tokenizer uses ids up to {max(ids)}")
+    if target_rows is None or draft_rows is None or lines:
+        return lines, 0
+    gap = abs(target_rows - draft_rows)
+    if gap > MAX_ROW_DIFFERENCE:
+        return [f"embedding_rows: target {target_rows} vs draft {draft_rows} differ by {gap}"
+                f" (at most {MAX_ROW_DIFFERENCE} can be padded)"], 0
+    shared = min(target_rows, draft_rows)
+    wrong = [i for i in sorted(set(t_ids) | set(d_ids)) if i < shared and t_ids.get(i) != d_ids.get(i)]
+    if gap and wrong:
+        return [f"embedding_rows: target {target_rows} vs draft {draft_rows} could be padded, but"
+                f" {len(wrong)} shared ids have different token text (first: id {wrong[0]})"], 0
+    return [], gap
