@@ -7,4 +7,6 @@ from __future__ import annotations
 
 from specexport_runtime.registry import ProposerSpec
 
-TEST_PROPOSERS: tuple[ProposerSpec, ...] = ()
+TEST_PROPOSERS: tuple[ProposerSpec, ...] = (
+    ProposerSpec("repeat", "extra_proposers.repeat:build", "the last token again (test only)"),
+)
