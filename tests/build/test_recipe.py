@@ -476,3 +476,11 @@ def test_round_trip_property(name, max_context, target, draft, gamma, extra, ada
     assert parse_recipe(recipe.to_dict()) == recipe
     assert parse_recipe(yaml.safe_load(dump_recipe(recipe))) == recipe
     assert recipe.draft.kind in ("from_target", "model", "ngram")
+
+
+def test_speculation_hybrid_retrieval():
+    assert parse_recipe(MINIMAL).speculation.hybrid_retrieval == "suffix"  # the default
+    lookup = parse_recipe(with_(MINIMAL, "speculation", {"hybrid_retrieval": "lookup"}))
+    assert lookup.speculation.hybrid_retrieval == "lookup" and parse_recipe(lookup.to_dict()) == lookup
+    bad(with_(MINIMAL, "speculation", {"hybrid_retrieval": "tree"}), "speculation.hybrid_retrieval", "'tree'",
+        "lookup, suffix")
