@@ -98,7 +98,8 @@ class SpecGenerator:
     def build_proposer(self, name: str, config: GeneratorConfig) -> Proposer:
         """A fresh proposer `name` for one call (registry factory)."""
         spec = registry.check_available(name, self._draft_kind)
-        proposer = registry.resolve(spec.factory)(ProposerContext(self.target, self.draft, self.manifest, config, self))
+        context = ProposerContext(self.target, self.draft, self.manifest, config, self, corpus=spec.corpus)
+        proposer = registry.resolve(spec.factory)(context)
         if not isinstance(proposer, Proposer) or proposer.name != name:
             raise TypeError(f"the factory of proposer {name!r} returned {proposer!r}, not a Proposer named {name!r}")
         return proposer

@@ -79,6 +79,7 @@ class ProposerContext:
     manifest: Manifest
     config: GeneratorConfig
     host: Any = field(repr=False)
+    corpus: bool = False  # the registry says the proposer reads the artifact's corpus datastore
 
     def build(self, name: str) -> Proposer:
         """Another registered proposer, for the same call (composition)."""
@@ -93,8 +94,9 @@ class ProposerContext:
         return self.host.vocab_map()
 
     def datastore(self):
-        """The artifact's corpus datastore, or None (none, or config.use_datastore is False)."""
-        return self.host.datastore if self.config.use_datastore else None
+        """The artifact's corpus datastore, or None (none, not declared in the registry, or
+        config.use_datastore is False)."""
+        return self.host.datastore if self.corpus and self.config.use_datastore else None
 
 
 def sync(model: OrtModel, committed: Sequence[int]) -> None:

@@ -50,7 +50,9 @@ class ProposerSpec:
     recipe_default: bool = False  # the default speculation.proposer of the draft forms it runs with
     calibration: str | None = None  # whose calibration entry starts its gamma controller: a name, DRAFT_SIDE, None
     calibrate: str | None = None  # how `specexport calibrate` times its draft step (LOOP, MODEL_STEP); None: never
-    learns: str | Callable[..., Any] | None = None  # f(GeneratorConfig) -> state kept across a generator's requests
+    # f(GeneratorConfig) -> what it keeps across a generator's requests: an object whose forget()
+    # drops what it learned from earlier answers (SpecGenerator.learned / forget_history)
+    learns: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str) or self.name != self.name.strip().lower():
@@ -109,8 +111,7 @@ for _spec in (
                  recipe=True, recipe_default=True, calibration="ngram", calibrate=LOOP),
     ProposerSpec("hybrid", ".hybrid:build_hybrid",
                  "retrieval where the text repeats (suffix drafts, then prompt lookup), else the draft model or head",
-                 needs=(DECODER, EAGLE3_HEAD), corpus=True, free=False, recipe=True, calibration=DRAFT_SIDE,
-                 learns=".suffix:SuffixHistory.create"),
+                 needs=(DECODER, EAGLE3_HEAD), corpus=True, free=False, recipe=True, calibration=DRAFT_SIDE),
     ProposerSpec("eagle", ".eagle:build_eagle", "an EAGLE-3 head reading the target's hidden states",
                  needs=(EAGLE3_HEAD,), free=False, recipe=True, recipe_default=True, calibration="eagle",
                  calibrate=LOOP),
