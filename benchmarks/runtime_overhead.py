@@ -28,7 +28,7 @@ def measure(gen, speculative: bool, proposer: str | None, tokens: int) -> dict:
     count = 0
     run = gen.events(gen.codec.encode_chat([{"role": "user", "content": PROMPT}]), max_new_tokens=tokens,
                      speculative=speculative, proposer=proposer, gamma=None)
-    for piece in run.pieces():
+    for _ in run.pieces():
         count += 1
         rss.append(process.memory_info().rss)
     stats = run.stats

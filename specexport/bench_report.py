@@ -201,7 +201,8 @@ class BenchReport:
                 prop += f", n-gram sizes {m.get('ngram_sizes')}"
             if m["proposer"] == "hybrid":
                 prop += f"; retrieval: {'suffix then ' if m.get('hybrid_retrieval') == 'suffix' else ''}lookup"
-            uses_suffix = m["proposer"] == "suffix" or (m["proposer"] == "hybrid" and m.get("hybrid_retrieval") == "suffix")
+            hybrid_suffix = m["proposer"] == "hybrid" and m.get("hybrid_retrieval") == "suffix"
+            uses_suffix = m["proposer"] == "suffix" or hybrid_suffix
             if uses_suffix and m.get("suffix"):  # reports from before the field have none
                 sx = m["suffix"]
                 prop += f"; suffix drafts up to min({sx['max_spec']}, {sx['factor']:g} x match)"

@@ -192,7 +192,8 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     `costs` ({"decode_s", "verify_s": {S: s}, "draft_step_s": {proposer: s} or s}) replaces
     measured costs, entirely when complete."""
     gammas = sorted(set(gammas))
-    if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA for g in gammas):
+    if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA
+                         for g in gammas):
         raise CalibrationError(f"gammas must be integers in {MIN_GAMMA}..{MAX_GAMMA}, got {gammas}")
     if prompts_per_domain < 1 or max_new_tokens < 1:
         raise CalibrationError("prompts_per_domain and max_new_tokens must be >= 1")
@@ -230,7 +231,8 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     for d, plist in by_domain.items():
         for prop in proposers:
             for p in plist:
-                rec = run_one(gen, p, greedy.replace(proposer=prop, max_new_tokens=min(p.max_new_tokens, max_new_tokens)))
+                config = greedy.replace(proposer=prop, max_new_tokens=min(p.max_new_tokens, max_new_tokens))
+                rec = run_one(gen, p, config)
                 rounds.setdefault(d, {}).setdefault(prop, []).extend(rec.round_sizes + [(0, 0)] * rec.plain_steps)
                 if prop in in_loop:
                     in_loop[prop][0] += rec.draft_seconds

@@ -22,7 +22,14 @@ from .config import ADAPTIVE, GeneratorConfig
 from .datastore import Datastore
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
-from .generator import Generation, GenerationResult, GenerationStats, SpeculativeLoop, run_generation, validate_prompt_ids
+from .generator import (
+    Generation,
+    GenerationResult,
+    GenerationStats,
+    SpeculativeLoop,
+    run_generation,
+    validate_prompt_ids,
+)
 from .manifest import Manifest, read_manifest, verify_files
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext

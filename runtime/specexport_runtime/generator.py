@@ -112,7 +112,7 @@ class Generation:
                  config: GeneratorConfig, gamma_policy: str):
         self._rounds, self.stats, self.config, self.gamma_policy = rounds, stats, config, gamma_policy
 
-    def __iter__(self) -> "Generation":
+    def __iter__(self) -> Generation:
         return self
 
     def __next__(self) -> tuple[list[int], str, str | None]:

@@ -192,7 +192,8 @@ class Manifest:
         try:
             spec = registry.get(proposer)
         except InvalidArgument:
-            raise ArtifactError(f"speculation.proposer {proposer!r} is not one of {', '.join(registry.names())}") from None
+            known = ", ".join(registry.names())
+            raise ArtifactError(f"speculation.proposer {proposer!r} is not one of {known}") from None
         if spec.uses_draft and self.draft is None:
             raise ArtifactError(f"speculation.proposer {proposer!r} needs a draft graph; the manifest has none")
         for role, entry in (("target", self.target), ("draft", self.draft)):

@@ -52,14 +52,15 @@ class Proposer(ABC):
     def start(self, prompt: Sequence[int]) -> None: ...
 
     @abstractmethod
-    def propose(self, committed: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+    def propose(self, committed: Sequence[int], gamma: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
         """Up to gamma draft tokens after `committed` (prompt + accepted tokens)."""
 
     @abstractmethod
     def commit(self, committed: Sequence[int], n_new: int) -> None:
         """The round emitted committed[-n_new:] (accepted drafts, then the target's token)."""
 
-    def finish(self, output: Sequence[int]) -> None:
+    def finish(self, output: Sequence[int]) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """The request ended normally with `output` (accepted tokens only); an abandoned one never
         gets here. Proposers that learn across requests override it."""
 
@@ -164,7 +165,8 @@ class NgramLookupProposer(Proposer):
         sizes = self.index.ngram_sizes
         self.min_match = max(sizes) if min_match is None else min_match
         if not 1 <= self.min_match <= max(sizes):
-            raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}), got {self.min_match}")
+            raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}),"
+                                  f" got {self.min_match}")
         self.max_context = max_context
 
     def start(self, prompt: Sequence[int]) -> None:

@@ -104,10 +104,12 @@ def extended(*specs: ProposerSpec) -> Iterator[None]:
 
 
 for _spec in (
-    ProposerSpec("draft", ".proposers:build_draft", "a draft model (a smaller model, or a quantized copy of the target)",
+    ProposerSpec("draft", ".proposers:build_draft",
+                 "a draft model (a smaller model, or a quantized copy of the target)",
                  needs=(DECODER,), free=False, recipe=True, recipe_default=True, calibration="draft",
                  calibrate=MODEL_STEP),
-    ProposerSpec("ngram", ".proposers:build_ngram", "prompt lookup (what followed the last n-gram's earlier occurrence)",
+    ProposerSpec("ngram", ".proposers:build_ngram",
+                 "prompt lookup (what followed the last n-gram's earlier occurrence)",
                  recipe=True, recipe_default=True, calibration="ngram", calibrate=LOOP),
     ProposerSpec("hybrid", ".hybrid:build_hybrid",
                  "retrieval where the text repeats (suffix drafts, then prompt lookup), else the draft model or head",
@@ -204,7 +206,7 @@ def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     if callable(ref):
         return ref
     module, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(module, __package__) if module.startswith(".") else importlib.import_module(module)
+    obj: Any = importlib.import_module(module, __package__ if module.startswith(".") else None)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj

@@ -51,8 +51,10 @@ TOKENIZER = {
     "eos_token_ids": Field("ints", lo=0, hi=1 << 24), "bos_token_id": Field("int", hi=1 << 24, nullable=True),
     "add_bos": Field("bool"), "sha256": Field("str"),
 }
-SPECULATION = {"proposer": Field("str"), "gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA),
-               "ngram_sizes": Field("ints", lo=1, hi=MAX_NGRAM), "hybrid_retrieval": Field("str", choices=HYBRID_RETRIEVALS)}
+SPECULATION = {
+    "proposer": Field("str"), "gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA),
+    "ngram_sizes": Field("ints", lo=1, hi=MAX_NGRAM), "hybrid_retrieval": Field("str", choices=HYBRID_RETRIEVALS),
+}
 GENERATION = {
     "pad_draft_rows": Field("json"), "max_gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA, nullable=True),
     "adaptive": Field("bool"),

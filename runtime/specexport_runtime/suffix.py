@@ -504,7 +504,7 @@ class SuffixHistory:
     tuner: LimitTuner = field(default_factory=LimitTuner)
 
     @classmethod
-    def create(cls, config) -> "SuffixHistory":
+    def create(cls, config) -> SuffixHistory:
         """An empty history sized by a GeneratorConfig's suffix.global_tokens."""
         return cls(SuffixStore(config.suffix.global_tokens))
 

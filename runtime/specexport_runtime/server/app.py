@@ -106,8 +106,9 @@ class ServerState:
         except InvalidArgument as exc:
             raise bad_request(str(exc), "proposer") from None
         try:
-            config = self.gen.configure(self.base, proposer=proposer, max_new_tokens=max_tokens, temperature=s.temperature,
-                                        top_k=s.top_k, top_p=s.top_p, seed=s.seed, gamma=s.gamma, stop=s.stop)
+            config = self.gen.configure(self.base, proposer=proposer, max_new_tokens=max_tokens, gamma=s.gamma,
+                                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                                        stop=s.stop)
         except InvalidArgument as exc:  # schemas check the same ranges; this is the runtime's own word
             raise bad_request(str(exc), None) from None
         return Prepared(ids, config)

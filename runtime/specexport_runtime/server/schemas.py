@@ -6,8 +6,8 @@ change the output (user, metadata, ...) are accepted and ignored; any other fiel
 unrecognized, as OpenAI does. A JSON null means "absent" for every optional field.
 
 Extensions (not in OpenAI's API): `proposer` (a registered proposer, registry.names(); 'none' =
-target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive), `top_k`, `return_token_ids` (vLLM's name:
-the generated token ids in each choice or chunk).
+target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive),
+`top_k`, `return_token_ids` (vLLM's name: the generated token ids in each choice or chunk).
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
     if gamma is not None:
         gamma = _int(body, "gamma", 0)
         if not MIN_GAMMA <= gamma <= MAX_GAMMA:
-            raise bad_request(f"gamma must be an integer in {MIN_GAMMA}..{MAX_GAMMA} (absent = adaptive), got {gamma!r}",
-                              "gamma")
+            expected = f"an integer in {MIN_GAMMA}..{MAX_GAMMA} (absent = adaptive)"
+            raise bad_request(f"gamma must be {expected}, got {gamma!r}", "gamma")
     return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma)
 
 
