@@ -3,7 +3,7 @@
     python benchmarks/controller_ab.py ARTIFACT [--proposer hybrid] [--tolerances 0,0.03]
         [--fixed 8] [--prompts all] [--limit 3] [--max-new-tokens 128] [--repeats 1] [--threads 2]
 
-One generator per controller setting (`SpecGenerator.controller_options`, here gamma_tolerance:
+One generator per controller setting (GeneratorConfig.controller, here gamma_tolerance:
 0 takes the gamma of best expected speedup, t > 0 the longest gamma within t of it), all on the
 same ONNX Runtime sessions (generators loaded separately ran ~5% apart on this CPU, which once
 passed for a policy effect), each keeping its controllers between prompts as an application would;
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     first = load(args.artifact, threads=args.threads, shared_pool=True)
     gens = {}
     for tol in tolerances:  # the same sessions (a second load's sessions ran ~5% apart), own controllers
-        gen = SpecGenerator(first.root, first.manifest, first.codec, first.target, first.draft, first.calibration)
-        gen.controller_options = {"gamma_tolerance": tol}
+        gen = SpecGenerator(first.root, first.manifest, first.codec, first.target, first.draft, first.calibration,
+                            first.config.replace(controller={"gamma_tolerance": tol}))
         gens[f"tolerance {tol:g}"] = gen
     prompts = resolve_prompts([s for s in args.prompts.split(",") if s], limit=args.limit)
     settings = ["off"] + ([f"fixed {args.fixed}"] if args.fixed else []) + list(gens)

@@ -26,11 +26,12 @@ def measure(gen, speculative: bool, proposer: str | None, tokens: int) -> dict:
         if model is not None:
             model.stats.__init__()  # count this generation's calls only
     count = 0
-    for piece in gen.chat([{"role": "user", "content": PROMPT}], stream=True, max_new_tokens=tokens,
-                          speculative=speculative, proposer=proposer, gamma=None):
+    run = gen.events(gen.codec.encode_chat([{"role": "user", "content": PROMPT}]), max_new_tokens=tokens,
+                     speculative=speculative, proposer=proposer, gamma=None)
+    for _ in run.pieces():
         count += 1
         rss.append(process.memory_info().rss)
-    stats = gen.last_stats
+    stats = run.stats
     ort_seconds = gen.target.stats.seconds + (gen.draft.stats.seconds if gen.draft is not None else 0.0)
     total = stats.total_seconds
     early = rss[min(len(rss) - 1, 20)]

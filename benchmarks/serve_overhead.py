@@ -11,7 +11,7 @@ client (greedy, the same proposer, the same max tokens). The server is idle whil
 
 Both are timed the same way, from the caller's side: time to first token = call to the first
 non-empty text piece; decode tok/s = (tokens - 1) / (last piece - first piece), with the server's
-token count from its usage chunk and the in-process one from last_stats. Per prompt the median
+token count from its usage chunk and the in-process one from its Generation's stats. Per prompt the median
 over repeats, then the median over prompts. The issue's targets: decode tok/s through the server
 at most 5% below in-process, time to first token within 20 ms of it. Greedy outputs must match;
 a prompt whose texts differ is reported.
@@ -51,8 +51,8 @@ def timed(pieces, count) -> dict:
 
 
 def in_process(gen, messages, n, proposer) -> dict:
-    return timed(gen.chat(messages, stream=True, max_new_tokens=n, proposer=proposer),
-                 lambda: gen.last_stats.new_tokens)
+    run = gen.events(gen.codec.encode_chat(messages), max_new_tokens=n, proposer=proposer)
+    return timed(run.pieces(), lambda: run.stats.new_tokens)
 
 
 def through_server(client, model, messages, n, proposer) -> dict:

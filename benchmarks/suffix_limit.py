@@ -54,11 +54,12 @@ def main() -> None:
     for i, (p, x) in enumerate(zip(prompts, ids)):
         order = ["off", *specs] if i % 2 == 0 else ["off", *specs][::-1]
         for c in order:
+            settings = {}
             if c != "off":
-                gen.suffix_config, gen.suffix_tuner = configs[c], tuners[c]
+                gen.learned("suffix").tuner = tuners[c]
                 gen.forget_history()
-            r = gen.generate(x, max_new_tokens=p.max_new_tokens, speculative=c != "off",
-                             proposer=None if c == "off" else "suffix")
+                settings = {"suffix": configs[c], "proposer": "suffix"}
+            r = gen.generate(x, max_new_tokens=p.max_new_tokens, speculative=c != "off", **settings)
             runs[c].append((r.stats.total_seconds - r.stats.prefill_seconds, r.token_ids))
     base = runs["off"]
     result = {"artifact": str(args.artifact), "prompts": args.prompts, "count": len(prompts),

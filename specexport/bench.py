@@ -37,9 +37,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from specexport_runtime import registry
+from specexport_runtime.config import GeneratorConfig
+from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.manifest import (DEFAULT_HYBRID_RETRIEVAL, DRAFT_MODEL_PROPOSERS, HYBRID_RETRIEVALS,
-                                        SPECULATIVE_PROPOSERS)
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
 from . import machine
@@ -110,24 +111,23 @@ def prompt_ids(gen, prompt: Prompt) -> list[int]:
     return gen.codec.encode_chat(prompt.chat()) if prompt.is_chat else gen.codec.encode(prompt.text)
 
 
-def run_one(gen, prompt: Prompt, *, speculative: bool, gamma: int | None, proposer: str | None,
-            max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
-            repeat: int = 0, ids: list[int] | None = None, forget: bool = True) -> RunRecord:
+def run_one(gen, prompt: Prompt, config: GeneratorConfig, *, repeat: int = 0, ids: list[int] | None = None,
+            forget: bool = True) -> RunRecord:
     """One generation through the public API (gen.chat for chat prompts, gen.generate for
-    text), with the per-round log and the ONNX Runtime call timings of this run."""
-    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                  speculative=speculative)
-    if speculative:
-        kwargs.update(gamma=gamma, proposer=proposer, domain=prompt.domain)
+    text) with `config` (speculation off, or on with its proposer and gamma; the prompt's domain
+    is added when on), with the per-round log and the ONNX Runtime call timings of this run."""
+    if config.speculating:
+        config = config.replace(domain=prompt.domain)
     t_before, d_before = _calls_snapshot(gen.target), _calls_snapshot(gen.draft)
-    if forget and hasattr(gen, "forget_history"):  # runs are independent: no earlier answer (a repeat!) to copy
+    if forget:  # runs are independent: no earlier answer (a repeat!) to copy
         gen.forget_history()
-    result = gen.chat(prompt.chat(), **kwargs) if prompt.is_chat else gen.generate(prompt.text, **kwargs)
+    result = gen.chat(prompt.chat(), config=config) if prompt.is_chat else gen.generate(prompt.text, config)
     st = result.stats
-    used_draft_model = speculative and (proposer or gen.default_proposer) in DRAFT_MODEL_PROPOSERS
+    used_draft_model = config.speculating and registry.get(config.proposer).uses_draft
     return RunRecord(
-        prompt_id=prompt.id, domain=prompt.domain, mode="on" if speculative else "off",
-        gamma=gamma if speculative else None, repeat=repeat, seed=seed, prompt_tokens=st.prompt_tokens,
+        prompt_id=prompt.id, domain=prompt.domain, mode="on" if config.speculating else "off",
+        gamma=config.gamma if config.speculating else None, repeat=repeat, seed=config.seed,
+        prompt_tokens=st.prompt_tokens,
         new_tokens=st.new_tokens, finish_reason=result.finish_reason, total_seconds=st.total_seconds,
         prefill_seconds=st.prefill_seconds, draft_seconds=st.draft_seconds, target_seconds=st.target_seconds,
         rounds=st.rounds, plain_steps=st.plain_steps, drafted=st.drafted, accepted=st.accepted,
@@ -154,7 +154,7 @@ def memory_estimate(gen, proposer: str) -> dict:
     root, man = gen.root, gen.manifest
     target_bytes = _graph_bytes(root, man, man.target) + gen.target.kv_nbytes()
     draft_bytes = 0
-    if proposer in DRAFT_MODEL_PROPOSERS and gen.draft is not None:
+    if registry.get(proposer).uses_draft and gen.draft is not None:
         draft_bytes = _graph_bytes(root, man, man.draft) + gen.draft.kv_nbytes()
     total = target_bytes + draft_bytes
     return {"method": "static: graph files + KV buffers at max_context", "target_bytes": target_bytes,
@@ -195,7 +195,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
               shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL, sequential: bool = False,
+              progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
               suffix: SuffixConfig | None = None) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.
@@ -204,8 +204,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     the suffix proposer's store of earlier answers is kept from prompt to prompt (one store per
     configuration, so a run never sees another configuration's answer to the same prompt), which
     shows learning across requests; by_domain then reports the first and last third's speedup.
-    Otherwise every run starts with an empty store. suffix: the suffix proposer's settings
-    (draft limit), set on the generator; None keeps its own."""
+    Otherwise every run starts with an empty store. hybrid_retrieval, suffix: the hybrid and
+    suffix proposers' settings (GeneratorConfig); None keeps the generator's."""
     from specexport_runtime.api import load
 
     if isinstance(prompts, (str, os.PathLike)):
@@ -215,30 +215,28 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError("no prompts to benchmark")
     gammas = list(gammas) or [None]
     for g in gammas:
-        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 32):
-            raise BenchError(f"gamma must be an integer in 1..32 or None (adaptive), got {g!r}")
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA):
+            raise BenchError(f"gamma must be an integer in {MIN_GAMMA}..{MAX_GAMMA} or None (adaptive), got {g!r}")
     if len(set(gammas)) != len(gammas):
         raise BenchError(f"gammas repeat a value: {gammas}")
     if repeats < 1:
         raise BenchError(f"repeats must be >= 1, got {repeats}")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if hybrid_retrieval is not None and hybrid_retrieval not in HYBRID_RETRIEVALS:
+        raise BenchError(f"hybrid_retrieval must be {' or '.join(HYBRID_RETRIEVALS)}, got {hybrid_retrieval!r}")
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
-    if hybrid_retrieval not in HYBRID_RETRIEVALS:
-        raise BenchError(f"hybrid_retrieval must be {' or '.join(HYBRID_RETRIEVALS)}, got {hybrid_retrieval!r}")
-    gen.hybrid_retrieval = hybrid_retrieval
-    if suffix is not None:
-        gen.suffix_config = suffix
-    if proposer not in SPECULATIVE_PROPOSERS:
-        raise InvalidArgument(f"proposer must be one of {', '.join(SPECULATIVE_PROPOSERS)}, got {proposer!r}")
+    if not registry.get(proposer).speculative:
+        raise InvalidArgument(f"proposer must be one of {', '.join(registry.speculative_names())}, got {proposer!r}")
+    settings = {k: v for k, v in (("hybrid_retrieval", hybrid_retrieval), ("suffix", suffix)) if v is not None}
+    base = gen.configure(proposer=proposer, temperature=temperature, top_p=top_p, top_k=top_k, **settings)
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
 
     # warm-up: one short run each way (first-call allocations, ORT arena growth)
     warm = prompts[0]
     for spec in (False, True):
-        run_one(gen, warm, speculative=spec, gamma=None, proposer=proposer, max_new_tokens=WARMUP_TOKENS,
-                seed=seed, **sampling)
+        run_one(gen, warm, base.replace(speculative=spec, gamma=None, max_new_tokens=WARMUP_TOKENS, seed=seed))
 
     ids_of = {p.id: prompt_ids(gen, p) for p in prompts}
     configs: list[tuple[bool, int | None]] = [(False, None)] + [(True, g) for g in gammas]
@@ -250,8 +248,9 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
                   for d in dict.fromkeys(p.domain for p in prompts)]
     else:  # prompt -> repeats
         passes = [(r, [p]) for p in prompts for r in range(repeats)]
+    history = gen.learned("suffix")  # the suffix proposer's store of earlier answers (also hybrid's)
     for r, sequence in passes:
-        stores = {g: SuffixStore(gen.suffix_config.global_tokens) for _, g in configs} if sequential else {}
+        stores = {g: SuffixStore(history.store.max_tokens) for _, g in configs} if sequential else {}
         for p in sequence:
             i = index[p.id]
             n_new = max_new_tokens or p.max_new_tokens
@@ -259,23 +258,23 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
             run_seed = None if temperature == 0 else seed + 1000 * i + r
             for spec, g in order:
                 if sequential:
-                    gen.suffix_store = stores[g]
-                rec = run_one(gen, p, speculative=spec, gamma=g, proposer=proposer, max_new_tokens=n_new,
-                              seed=run_seed, repeat=r, ids=ids_of[p.id], forget=not sequential, **sampling)
+                    history.store = stores[g]
+                config = base.replace(speculative=spec, gamma=g if spec else None, max_new_tokens=n_new, seed=run_seed)
+                rec = run_one(gen, p, config, repeat=r, ids=ids_of[p.id], forget=not sequential)
                 runs.append(rec)
                 done += 1
                 if progress is not None:
                     progress(done, total, f"{p.id} {rec.label}")
     if sequential:
         gen.forget_history()
-    return build_report(gen, runs, prompts, proposer=proposer, gammas=gammas, seed=seed, repeats=repeats,
+    return build_report(gen, runs, prompts, base, gammas=gammas, seed=seed, repeats=repeats,
                         max_new_tokens=max_new_tokens, threads=threads, sequential=sequential, **sampling)
 
 
-def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, proposer: str, gammas, seed: int,
-                 repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
+def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,
+                 seed: int, repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
                  sequential: bool = False) -> BenchReport:
-    man = gen.manifest
+    man, proposer, suffix = gen.manifest, config.proposer, config.suffix
     off = [r for r in runs if r.mode == "off"]
     domains: dict[str, int] = {}
     for p in prompts:
@@ -287,10 +286,11 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], *, propo
                    "architecture": man.target.architecture},
         "draft": None if man.draft is None else {"source": man.draft.source, "precision": man.draft.precision,
                                                  "bytes": _graph_bytes(gen.root, man, man.draft)},
-        "proposer": proposer, "ngram_sizes": list(man.speculation.ngram_sizes), "gammas": list(gammas),
-        "hybrid_retrieval": gen.hybrid_retrieval, "sequential": sequential,
-        "suffix": {"factor": gen.suffix_config.factor, "max_spec": gen.suffix_config.max_spec,
-                   "limit_scales": list(gen.suffix_config.limit_scales), "tuner": gen.suffix_tuner.describe()},
+        "proposer": proposer, "proposer_label": registry.get(proposer).label,
+        "ngram_sizes": list(config.ngram_sizes), "gammas": list(gammas),
+        "hybrid_retrieval": config.hybrid_retrieval, "sequential": sequential,
+        "suffix": {"factor": suffix.factor, "max_spec": suffix.max_spec, "limit_scales": list(suffix.limit_scales),
+                   "tuner": gen.learned("suffix").tuner.describe()},
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
         "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
         "threads": threads, "machine": machine.describe(),

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from specexport_runtime import registry
 from specexport_runtime.errors import SpecExportError
 
 
@@ -189,14 +190,19 @@ class BenchReport:
         t = m["target"]
         lines = [f"specexport bench: {m['name']}  ({m['artifact']})"]
         lines.append(f"  target      {t['source']}  {t['precision']}, {t['bytes'] / 1e6:.1f} MB, max_context {m['max_context']}")
+        spec = registry.PROPOSERS.get(m["proposer"])
         if m["proposer"] == "draft" and m.get("draft"):
             d = m["draft"]
             prop = f"draft model {d['precision']}, {d['bytes'] / 1e6:.1f} MB ({d['source']})"
         else:
-            prop = f"{m['proposer']} (prompt lookup, n-gram sizes {m.get('ngram_sizes')})" if m["proposer"] == "ngram" else m["proposer"]
-            if m["proposer"] == "hybrid" and m.get("hybrid_retrieval", "lookup") != "lookup":
-                prop += f" (retrieval: {m['hybrid_retrieval']} then lookup)"
-            uses_suffix = m["proposer"] == "suffix" or m.get("hybrid_retrieval") == "suffix"
+            label = m.get("proposer_label") or (spec.label if spec is not None else None)
+            prop = m["proposer"] + (f" ({label})" if label else "")
+            if m["proposer"] == "ngram":
+                prop += f", n-gram sizes {m.get('ngram_sizes')}"
+            if m["proposer"] == "hybrid":
+                prop += f"; retrieval: {'suffix then ' if m.get('hybrid_retrieval') == 'suffix' else ''}lookup"
+            hybrid_suffix = m["proposer"] == "hybrid" and m.get("hybrid_retrieval") == "suffix"
+            uses_suffix = m["proposer"] == "suffix" or hybrid_suffix
             if uses_suffix and m.get("suffix"):  # reports from before the field have none
                 sx = m["suffix"]
                 prop += f"; suffix drafts up to min({sx['max_spec']}, {sx['factor']:g} x match)"

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from specexport_runtime import registry
+from specexport_runtime.constants import MAX_GAMMA
 
 from .bench_report import Acceptance, ModeStats, RunRecord
 
@@ -171,8 +173,9 @@ def measured_costs(off: Sequence[RunRecord], on: Sequence[RunRecord], proposer: 
     t_off, t_on = _pool(r.target_calls for r in off), _pool(r.target_calls for r in on)
     decode = t_off.get(1) or t_on.get(1)
     out: dict[str, Any] = {"decode_s": decode[1] / decode[0] if decode else None}
-    out["target_s"] = {s: sec / n for s, (n, sec) in sorted(t_on.items()) if 1 < s <= 33}  # verify: S = k + 1
-    if proposer == "draft":
+    # verify calls: S = k + 1
+    out["target_s"] = {s: sec / n for s, (n, sec) in sorted(t_on.items()) if 1 < s <= MAX_GAMMA + 1}
+    if registry.get(proposer).calibrate == registry.MODEL_STEP:  # a draft model's 1-token calls
         d = _pool(r.draft_calls for r in on).get(1)
         out["draft_step_s"] = d[1] / d[0] if d else None
     else:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from specexport_runtime import contract
+from specexport_runtime.constants import DEFAULT_NGRAM_SIZES
 from specexport_runtime.manifest import (
     Manifest,
     ModelEntry,
@@ -425,7 +426,8 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         speculation=SpeculationDefaults(
             proposer=recipe.proposer,
             gamma=recipe.speculation.gamma,
-            ngram_sizes=tuple(recipe.draft.ngram_sizes) or (3, 2, 1),
+            ngram_sizes=tuple(recipe.draft.ngram_sizes) or DEFAULT_NGRAM_SIZES,
+            hybrid_retrieval=recipe.speculation.hybrid_retrieval,
         ),
         generation={"pad_draft_rows": pad_rows, "max_gamma": recipe.speculation.max_gamma,
                     "adaptive": recipe.speculation.adaptive, "model_defaults": _sampling_defaults(reference)},

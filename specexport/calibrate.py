@@ -38,7 +38,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specexport_runtime import registry
 from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
+from specexport_runtime.constants import MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
@@ -190,14 +192,14 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     `costs` ({"decode_s", "verify_s": {S: s}, "draft_step_s": {proposer: s} or s}) replaces
     measured costs, entirely when complete."""
     gammas = sorted(set(gammas))
-    if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 32 for g in gammas):
-        raise CalibrationError(f"gammas must be integers in 1..32, got {gammas}")
+    if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA
+                         for g in gammas):
+        raise CalibrationError(f"gammas must be integers in {MIN_GAMMA}..{MAX_GAMMA}, got {gammas}")
     if prompts_per_domain < 1 or max_new_tokens < 1:
         raise CalibrationError("prompts_per_domain and max_new_tokens must be >= 1")
     root = Path(artifact)
     gen = load(root, threads=threads, shared_pool=shared_pool)  # verifies every checksum before anything is written
-    draft_name = None if gen.draft is None else "eagle" if gen.draft.spec.is_head else "draft"
-    allowed = ([draft_name] if draft_name else []) + ["ngram"]
+    allowed = list(registry.calibrated(gen.manifest.draft_kind))
     proposers = list(proposers) if proposers else allowed
     for p in proposers:
         if p not in allowed:
@@ -221,16 +223,16 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     total = sum(len(v) for v in by_domain.values()) * len(proposers)
     done = 0
     first = next(iter(by_domain.values()))[0]
-    run_one(gen, first, speculative=True, gamma=measure_g, proposer=proposers[0], max_new_tokens=8,
-            temperature=0.0, top_p=1.0, top_k=0, seed=None)  # warm-up
+    greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None)
+    run_one(gen, first, greedy.replace(proposer=proposers[0], max_new_tokens=8))  # warm-up
     rounds: dict[str, dict[str, list[tuple[int, int]]]] = {}
-    in_loop = {"ngram": [0.0, 0], "eagle": [0.0, 0]}  # proposers timed in the loop: seconds, drafted tokens
+    # proposers whose draft step is timed in the loop: seconds, drafted tokens
+    in_loop = {name: [0.0, 0] for name in proposers if registry.get(name).calibrate == registry.LOOP}
     for d, plist in by_domain.items():
         for prop in proposers:
             for p in plist:
-                rec = run_one(gen, p, speculative=True, gamma=measure_g, proposer=prop,
-                              max_new_tokens=min(p.max_new_tokens, max_new_tokens), temperature=0.0, top_p=1.0,
-                              top_k=0, seed=None)
+                config = greedy.replace(proposer=prop, max_new_tokens=min(p.max_new_tokens, max_new_tokens))
+                rec = run_one(gen, p, config)
                 rounds.setdefault(d, {}).setdefault(prop, []).extend(rec.round_sizes + [(0, 0)] * rec.plain_steps)
                 if prop in in_loop:
                     in_loop[prop][0] += rec.draft_seconds
@@ -243,9 +245,8 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
         cost_table = _merge_costs(None, costs)
     else:
         measured = measure_costs(gen, prompt_ids(gen, first), measure_g + 1)
-        for prop, (seconds, tokens) in in_loop.items():
-            if prop in proposers:  # lookup: seconds per drafted token; eagle: head calls (catch-up included) per token
-                measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0
+        for prop, (seconds, tokens) in in_loop.items():  # lookup: seconds per drafted token; eagle: head calls
+            measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0  # (catch-up included) per token
         cost_table = _merge_costs(measured, costs)
 
     profile_domains: dict[str, dict] = {}

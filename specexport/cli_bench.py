@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
+from specexport_runtime import registry
+from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.manifest import DEFAULT_HYBRID_RETRIEVAL, HYBRID_RETRIEVALS, SPECULATIVE_PROPOSERS
 from specexport_runtime.suffix import SuffixConfig
 
 from .prompts import DOMAINS
@@ -32,8 +33,8 @@ def parse_gammas(text: str) -> list[int | None]:
             g = int(part)
         except ValueError:
             raise click.BadParameter(f"{part!r} is neither an integer nor 'adaptive'", param_hint="--gamma") from None
-        if not 1 <= g <= 32:
-            raise click.BadParameter(f"gamma {g} is outside 1..32", param_hint="--gamma")
+        if not MIN_GAMMA <= g <= MAX_GAMMA:
+            raise click.BadParameter(f"gamma {g} is outside {MIN_GAMMA}..{MAX_GAMMA}", param_hint="--gamma")
         out.append(g)
     if not out:
         raise click.BadParameter("give at least one gamma or 'adaptive'", param_hint="--gamma")
@@ -68,13 +69,12 @@ class _Progress:
 @click.option("--prompts", "prompt_specs", multiple=True, default=("all",), show_default=True,
               help="Prompt set: a domain (" + ", ".join(DOMAINS) + "), 'all', or a prompt file: JSONL (messages, prompt"
                    " or text per line) or plain text (one prompt per line); repeatable or comma-separated.")
-@click.option("--proposer", type=click.Choice(SPECULATIVE_PROPOSERS), default=None,
-              help="Draft model, n-gram prompt lookup, hybrid (retrieval when the text repeats, else the draft"
-                   " model; see --hybrid-retrieval), eagle (an EAGLE-3 head) or suffix (suffix matches in the request and in earlier answers;"
-                   " its store of answers is emptied before every run); default: the artifact's.")
-@click.option("--hybrid-retrieval", type=click.Choice(HYBRID_RETRIEVALS), default=DEFAULT_HYBRID_RETRIEVAL, show_default=True,
+@click.option("--proposer", type=click.Choice(registry.speculative_names()), default=None,
+              help="; ".join(f"{n}: {registry.get(n).label}" for n in registry.speculative_names())
+                   + " (the suffix store of earlier answers is emptied before every run); default: the artifact's.")
+@click.option("--hybrid-retrieval", type=click.Choice(HYBRID_RETRIEVALS), default=None,
               help="What hybrid retrieves with besides its draft: n-gram prompt lookup, or suffix drafts (request"
-                   " and earlier answers) where they score, then lookup.")
+                   " and earlier answers) where they score, then lookup (default: the artifact's).")
 @click.option("--suffix-factor", type=float, default=None,
               help="Suffix proposer (alone or as hybrid's retrieval): draft up to this many tokens per matched token,"
                    " fixed (default: 1.0, scaled x0.5 / x1 / x2 by whichever measures fastest on the target).")
@@ -103,7 +103,7 @@ class _Progress:
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Write PNG plots into this folder (needs matplotlib: pip install 'specexport[plot]').")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, hybrid_retrieval: str,
+def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, hybrid_retrieval: str | None,
           suffix_factor: float | None, suffix_max_spec: int | None, sequential: bool, gamma_text: str,
           temperature: float,
           top_p: float, top_k: int, seed: int, repeats: int, max_new_tokens: int | None, limit: int | None,
@@ -162,7 +162,8 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
 @click.argument("artifact", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--domains", "domain_args", multiple=True, default=DOMAINS, show_default=True,
               help="Domains to calibrate (repeatable or comma-separated); 'default' pools them all.")
-@click.option("--proposer", "proposer_args", multiple=True, type=click.Choice(["draft", "ngram"]),
+@click.option("--proposer", "proposer_args", multiple=True,
+              type=click.Choice([n for n in registry.names() if registry.get(n).calibrate]),
               help="Proposers to calibrate (repeatable; default: every one the artifact allows).")
 @click.option("--prompts", "prompt_specs", multiple=True, default=(),
               help="Prompt sets to draw from instead of the shipped ones: a JSONL file, a domain or 'all' (repeatable).")

@@ -20,7 +20,19 @@ from typing import Any
 
 import yaml
 
-from specexport_runtime.manifest import DRAFT_MODEL_PROPOSERS
+from specexport_runtime import registry
+from specexport_runtime.constants import (
+    DEFAULT_GAMMA,
+    DEFAULT_HYBRID_RETRIEVAL,
+    DEFAULT_MAX_GAMMA,
+    DEFAULT_NGRAM_SIZES,
+    EXACTNESS,
+    HYBRID_RETRIEVALS,
+    MAX_GAMMA,
+    MAX_NGRAM,
+    MIN_GAMMA,
+)
+from specexport_runtime.contract import DECODER, EAGLE3_HEAD
 
 from .errors import RecipeError
 
@@ -28,7 +40,6 @@ __all__ = [
     "DEFAULT_RECIPE",
     "DRAFT_KINDS",
     "DRAFT_MODEL_PRECISIONS",
-    "DRAFT_PROPOSERS",
     "GRAPH_KINDS",
     "RECIPES_DIR",
     "SELF_DRAFT_PRECISIONS",
@@ -58,29 +69,21 @@ TARGET_PRECISIONS = FLOAT_TARGETS + QUANTIZED_TARGETS
 TENSOR_MODES = ("fp32", "int8", "int4", "checkpoint")  # how a quantized target stores its head / embedding
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0/1 fp32 activations, 2 fp16, 3 bf16, 4 int8
 DEFAULT_ACCURACY_LEVEL = 4
-# exactness: "bitwise" pads the target (its attention in a fused graph, else its calls to >= 2 rows;
-# contract 1.2) so a row never depends on its call's size; "numerical" leaves it unpadded
-EXACTNESS = ("bitwise", "numerical")
+# exactness (constants.EXACTNESS): "bitwise" pads the target (its attention in a fused graph, else its
+# calls to >= 2 rows; contract 1.2) so a row never depends on its call's size; "numerical" leaves it unpadded
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
 DRAFT_KINDS = ("model", "from_target", "ngram", "eagle3")
-HEAD_PROPOSERS = ("eagle", "hybrid")  # with an EAGLE-3 head: the head alone, or lookup + the head
+# the artifact's draft graph kind of each draft form (None: no draft graph); which proposers a
+# recipe may name with a form is the registry's answer for that kind (registry.recipe_choices)
+DRAFT_GRAPH_KINDS = {"model": DECODER, "from_target": DECODER, "ngram": None, "eagle3": EAGLE3_HEAD}
 # graph form of both models (docs/graph-contract.md): portable = ONNX standard ops, time-major
 # cache (any EP, TensorRT); fused = ONNX Runtime contrib ops, in-place head-major cache (CPU/CUDA EPs)
 GRAPH_KINDS = ("portable", "fused")
 DEFAULT_GRAPH = "portable"
-NGRAM_PROPOSERS = ("ngram",)
-# with a draft graph: the draft model alone, or hybrid (prompt lookup when the text repeats, else the draft)
-DRAFT_PROPOSERS = tuple(p for p in DRAFT_MODEL_PROPOSERS if p != "eagle")
 
 MIN_CONTEXT = 16
 MAX_CONTEXT = 131072
-MIN_GAMMA = 1
-MAX_GAMMA = 16
-DEFAULT_GAMMA = 4
-DEFAULT_MAX_GAMMA = 8
-MAX_NGRAM = 16
-DEFAULT_NGRAM_SIZES = (3, 2, 1)
 DEFAULT_SELF_DRAFT_PRECISION = "int8"
 BLOCKED_PRECISIONS = ("int8", "int4")  # weight-only MatMulNBits: one scale per block of input rows
 BLOCK_SIZE = 32  # default block: finest scales, highest agreement with the fp32 source
@@ -110,7 +113,7 @@ _MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code
 _TARGET_KEYS = _MODEL_KEYS + ("quantization", "exactness")
 _QUANTIZATION_KEYS = ("block_size", "accuracy_level", "head", "embedding", "dtype")
 QUANTIZED_DTYPES = ("fp32", "fp16")
-_SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer")
+_SPECULATION_KEYS = ("gamma", "max_gamma", "adaptive", "proposer", "hybrid_retrieval")
 _VALIDATION_KEYS = ("enabled", "prompt")
 _FROM_TARGET_KEYS = ("precision", "block_size")
 _EAGLE3_KEYS = ("model", "layers", "precision", "revision", "allow_pickle")
@@ -231,6 +234,11 @@ class DraftSpec:
         """Whether the artifact holds a draft ONNX graph (False for the n-gram proposer)."""
         return self.kind != "ngram"
 
+    @property
+    def graph_kind(self) -> str | None:
+        """The kind of the draft graph this form builds (contract.GRAPH_KINDS), None without one."""
+        return DRAFT_GRAPH_KINDS[self.kind]
+
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "model":
             return self.model.to_dict()
@@ -250,11 +258,13 @@ class DraftSpec:
 class SpeculationSpec:
     gamma: int = DEFAULT_GAMMA
     max_gamma: int = DEFAULT_MAX_GAMMA
-    adaptive: bool = True
-    proposer: str | None = None  # None: from the draft form ("ngram" for n-gram, else "draft")
+    adaptive: bool = True  # False: the runtime keeps gamma at its start (calibrated, else `gamma`)
+    proposer: str | None = None  # None: the draft form's default (registry.recipe_default)
+    hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL  # what `hybrid` retrieves with (constants.HYBRID_RETRIEVALS)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, "max_gamma": self.max_gamma, "adaptive": self.adaptive, "proposer": self.proposer}
+        return {"gamma": self.gamma, "max_gamma": self.max_gamma, "adaptive": self.adaptive, "proposer": self.proposer,
+                "hybrid_retrieval": self.hybrid_retrieval}
 
 
 @dataclass(frozen=True)
@@ -295,10 +305,11 @@ class Recipe:
 
     @property
     def proposer(self) -> str:
-        """The manifest's speculation.proposer: "draft", "hybrid", "eagle" or "ngram"."""
+        """The manifest's speculation.proposer: as given, else the draft form's default
+        (registry.recipe_default: "draft", "eagle" or "ngram")."""
         if self.speculation.proposer is not None:
             return self.speculation.proposer
-        return {"ngram": "ngram", "eagle3": "eagle"}.get(self.draft.kind, "draft")
+        return registry.recipe_default(self.draft.graph_kind)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, fully explicit dict (every default filled in); `parse_recipe(r.to_dict()) == r`."""
@@ -555,7 +566,7 @@ class _Reader:
                     raise self.fail(f"draft.from_target.block_size = {block!r} is not allowed;"
                                     f" allowed values: {', '.join(map(str, BLOCK_SIZES))}")
             return DraftSpec(kind="from_target", precision=precision, block_size=block)
-        self.string(data, "proposer", "draft", choices=NGRAM_PROPOSERS)
+        self.string(data, "proposer", "draft", choices=registry.recipe_choices(None))
         sizes = data.get("ngram_sizes")
         if sizes is None:
             sizes = list(DEFAULT_NGRAM_SIZES)
@@ -605,9 +616,13 @@ class _Reader:
                 f" allowed values: integers {gamma}..{MAX_GAMMA}"
             )
         adaptive = self.boolean(data, "adaptive", "speculation", default=True)
+        named = (registry.recipe_choices(kind) for kind in dict.fromkeys(DRAFT_GRAPH_KINDS.values()))
         proposer = self.string(data, "proposer", "speculation", default=None,
-                               choices=tuple(dict.fromkeys(DRAFT_PROPOSERS + HEAD_PROPOSERS + NGRAM_PROPOSERS)))
-        return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive, proposer=proposer)
+                               choices=tuple(dict.fromkeys(name for names in named for name in names)))
+        retrieval = self.string(data, "hybrid_retrieval", "speculation", default=DEFAULT_HYBRID_RETRIEVAL,
+                                choices=HYBRID_RETRIEVALS)
+        return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive, proposer=proposer,
+                               hybrid_retrieval=retrieval)
 
     def validation(self, value: Any) -> ValidationSpec:
         data = {} if value is None else self.mapping(value, "validation")
@@ -631,7 +646,7 @@ class _Reader:
         target = self.target(target_data)
         draft = self.draft(self.require(data, "draft", "", "exactly one draft form"))
         speculation = self.speculation(data.get("speculation"))
-        allowed = HEAD_PROPOSERS if draft.kind == "eagle3" else DRAFT_PROPOSERS if draft.has_graph else NGRAM_PROPOSERS
+        allowed = registry.recipe_choices(draft.graph_kind)
         if speculation.proposer is not None and speculation.proposer not in allowed:
             form = "an EAGLE-3 head" if draft.kind == "eagle3" else "a draft model" if draft.has_graph else "the n-gram proposer"
             raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from specexport_runtime.constants import default_feature_layers
 from torch import nn
 
 from .model_config import normalize
@@ -203,7 +204,7 @@ def agreement_counts(logits: Sequence[torch.Tensor], batch: TargetBatch, draft_i
 
 def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """formats/eagle3.py's default rule: entering layers (2, L // 2, L - 3)."""
-    return (2, num_layers // 2, num_layers - 3)
+    return default_feature_layers(num_layers)
 
 
 def head_shape(config, draft_vocab: int) -> HeadShape:

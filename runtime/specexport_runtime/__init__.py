@@ -4,14 +4,14 @@
     gen = specexport_runtime.load("artifact", provider="cpu", threads=2)
     result = gen.generate("def add(a, b):", max_new_tokens=64)
 
-`load` and the result types come from `specexport_runtime.api`, imported on first use so that
-the build side can read `specexport_runtime.contract` and `.manifest` without starting ONNX
-Runtime.
+`load`, GeneratorConfig and the result types come from `specexport_runtime.api`, imported on
+first use so that the build side can read `specexport_runtime.contract`, `.manifest`, `.registry`
+and `.constants` without starting ONNX Runtime.
 """
 
 from __future__ import annotations
 
-_API = ("load", "SpecGenerator", "GenerationResult")
+_API = ("load", "SpecGenerator", "GeneratorConfig", "GenerationResult")
 
 __all__ = list(_API)
 

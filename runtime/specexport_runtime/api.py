@@ -1,4 +1,10 @@
-"""Public entry point: `load(artifact)` returns a SpecGenerator."""
+"""Public entry point: `load(artifact)` returns a SpecGenerator.
+
+    gen = load("artifacts/smollm2-135m")                  # gen.config: the manifest's defaults
+    gen.generate("def fib(n):", max_new_tokens=64)        # per-call overrides of gen.config
+    gen.generate(prompt, config=gen.config.replace(proposer="ngram", gamma=4))
+    run = gen.events(prompt)                              # per round; run.stats is this run's
+"""
 
 from __future__ import annotations
 
@@ -10,41 +16,24 @@ from typing import Any
 
 import numpy as np
 
+from . import registry
 from .adaptive import GammaController
+from .config import ADAPTIVE, GeneratorConfig
 from .datastore import Datastore
-from .eagle import EagleProposer
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import (
-    GenerateOptions,
+    Generation,
     GenerationResult,
     GenerationStats,
     SpeculativeLoop,
     run_generation,
     validate_prompt_ids,
 )
-from .manifest import (
-    DEFAULT_HYBRID_RETRIEVAL,
-    DRAFT_MODEL_PROPOSERS,
-    HEAD_PROPOSERS,
-    HYBRID_RETRIEVALS,
-    PROPOSERS,
-    SPECULATIVE_PROPOSERS,
-    Manifest,
-    read_manifest,
-    verify_files,
-)
+from .manifest import Manifest, read_manifest, verify_files
 from .paths import check_graph, confined
+from .proposers import Proposer, ProposerContext
 from .signing import verify as verify_signature
-from .proposers import (
-    DraftModelProposer,
-    HybridProposer,
-    NgramLookupProposer,
-    NoProposer,
-    Proposer,
-)
-from .sampling import SamplingParams
-from .suffix import LimitTuner, SourceCalibration, SuffixConfig, SuffixProposer, SuffixStore
 from .tokenizer import TextCodec
 
 Prompt = str | bytes | Sequence[int]
@@ -61,80 +50,82 @@ def calibration_entry(doc: dict, domain: str | None, proposer: str, profile: str
 
 
 class SpecGenerator:
-    """Holds the sessions and KV buffers of one artifact (allocated once) and generates."""
+    """Holds the sessions and KV buffers of one artifact (allocated once) and generates.
+
+    `config` (a GeneratorConfig) is the default of every call; a call passes its own (`config=`)
+    and/or overrides of single fields as keyword arguments. What proposers learn across calls
+    (the gamma controllers, the suffix store of earlier answers) lives here too."""
 
     def __init__(self, root: Path, manifest: Manifest, codec: TextCodec, target: OrtModel, draft: OrtModel | None,
-                 calibration: dict | None = None):
+                 calibration: dict | None = None, config: GeneratorConfig | None = None):
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.eos = set(manifest.tokenizer.eos_token_ids)
-        # one controller per (proposer, domain), kept between calls: its costs are the machine's,
-        # its acceptance the pair's, and its on/off state and probe back-off carry on
-        self._controllers: dict[tuple[str, str | None], GammaController] = {}
-        # further GammaController fields (e.g. gamma_tolerance, probe_every) for the controllers
-        # created from now on; checked by GammaController, so a bad value fails at the next generate
-        self.controller_options: dict[str, Any] = {}
-        self.last_stats: GenerationStats | None = None
+        self._draft_kind = None if draft is None else draft.spec.kind
+        self._config = self.check(config if config is not None else GeneratorConfig.from_manifest(manifest))
+        # one controller per (proposer, domain, controller settings), kept between calls: its
+        # costs are the machine's, its acceptance the pair's, and its on/off state and probe
+        # back-off carry on
+        self._controllers: dict[tuple, GammaController] = {}
+        self._learned: dict[str, Any] = {}  # proposer name -> its state across requests (registry `learns`)
         self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
-        # the suffix proposer's settings and its store of past responses (accepted output of the
-        # requests that finished), kept between calls: later requests draft from earlier answers
-        self.suffix_config = SuffixConfig()
-        self.suffix_store = SuffixStore(self.suffix_config.global_tokens)
-        # what `hybrid` retrieves with besides its draft: "suffix" (suffix drafts from the request
-        # and earlier answers where they score, then lookup; the default: docs/proposers.md) or
-        # "lookup" (n-gram prompt lookup only)
-        self.hybrid_retrieval = DEFAULT_HYBRID_RETRIEVAL
-        self.suffix_calibration = SourceCalibration()  # per-source score calibration, learned across requests
-        self.suffix_tuner = LimitTuner()  # which suffix draft limit pays on this target, learned across requests
-        self.use_datastore = True  # the suffix proposer also drafts from the artifact's corpus datastore, if any
         self._datastore: Datastore | None = None
 
-    # --- proposers ----------------------------------------------------------------------
+    # --- configuration ------------------------------------------------------------------
+    @property
+    def config(self) -> GeneratorConfig:
+        """The default of every call (the manifest's defaults and load()'s config)."""
+        return self._config
+
     @property
     def default_proposer(self) -> str:
-        return self.manifest.speculation.proposer
+        return self._config.proposer
+
+    def configure(self, config: GeneratorConfig | None = None, **overrides: Any) -> GeneratorConfig:
+        """A call's config: `config` (default: self.config) with `overrides`, checked against
+        this artifact."""
+        return self.check((config if config is not None else self._config).replace(**overrides))
+
+    def check(self, config: GeneratorConfig) -> GeneratorConfig:
+        """`config` if this artifact runs its proposer, else InvalidArgument saying why."""
+        if not isinstance(config, GeneratorConfig):
+            raise TypeError(f"config must be a GeneratorConfig, got {type(config).__name__}")
+        if config.speculating:
+            self.resolve_proposer(config.proposer)
+        return config
 
     def resolve_proposer(self, name: str | None) -> str:
-        """`name` (None: the artifact's default) checked against this artifact: a known proposer,
-        and one that needs a draft model only when the artifact has one."""
+        """`name` (None: the default) checked against this artifact: a registered proposer whose
+        draft graph, if it needs one, the artifact has."""
         name = name or self.default_proposer
-        if name not in PROPOSERS:
-            raise InvalidArgument(f"proposer {name!r} is not one of {', '.join(map(repr, PROPOSERS))}")
-        if name not in SPECULATIVE_PROPOSERS or name in self.manifest.speculative_proposers():
-            return name
-        if self.draft is None:
-            raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use 'ngram')")
-        if name in HEAD_PROPOSERS:
-            raise InvalidArgument(f"proposer {name!r} needs an artifact with an EAGLE-3 draft head; this one has a draft"
-                                  " model (use 'draft' or 'hybrid')")
-        raise InvalidArgument("proposer 'draft' needs a draft model; this artifact's draft is an EAGLE-3 head"
-                              " (use 'eagle' or 'hybrid')")
+        registry.check_available(name, self._draft_kind)
+        return name
 
-    def _proposer(self, name: str | None, min_draft_prob: float = 0.0) -> Proposer:
-        name = self.resolve_proposer(name)
-        if name in DRAFT_MODEL_PROPOSERS:
-            if not 0.0 <= min_draft_prob < 1.0:
-                raise InvalidArgument(f"min_draft_prob must be in [0, 1), got {min_draft_prob!r}")
-            if self.draft.spec.is_head:
-                draft = EagleProposer(self.draft, self.target, self._vocab_map(), self.manifest.target.embedding_rows)
-            else:
-                draft = DraftModelProposer(self.draft, self.manifest.target.embedding_rows, min_draft_prob)
-            if name in ("draft", "eagle"):
-                return draft
-            if self.hybrid_retrieval not in HYBRID_RETRIEVALS:
-                raise InvalidArgument(f"hybrid_retrieval must be one of {', '.join(HYBRID_RETRIEVALS)}, got {self.hybrid_retrieval!r}")
-            suffix = self._suffix() if self.hybrid_retrieval == "suffix" else None
-            return HybridProposer(draft, self._lookup(), suffix=suffix)
-        if name == "ngram":
-            return self._lookup()
-        if name == "suffix":
-            return self._suffix()
-        return NoProposer()
+    # --- proposers ----------------------------------------------------------------------
+    def build_proposer(self, name: str, config: GeneratorConfig) -> Proposer:
+        """A fresh proposer `name` for one call (registry factory)."""
+        spec = registry.check_available(name, self._draft_kind)
+        context = ProposerContext(self.target, self.draft, self.manifest, config, self, corpus=spec.corpus)
+        proposer = registry.resolve(spec.factory)(context)
+        if not isinstance(proposer, Proposer) or proposer.name != name:
+            raise TypeError(f"the factory of proposer {name!r} returned {proposer!r}, not a Proposer named {name!r}")
+        return proposer
 
-    def _suffix(self) -> SuffixProposer:
-        return SuffixProposer(self.suffix_store, self.suffix_config, self.manifest.max_context,
-                              self.datastore if self.use_datastore else None, self.suffix_calibration,
-                              self.suffix_tuner)
+    def learned(self, name: str) -> Any:
+        """What proposer `name` learns across this generator's calls (created on first use from
+        the generator's config), e.g. learned("suffix").store, the answers of earlier calls."""
+        if name not in self._learned:
+            spec = registry.get(name)
+            if spec.learns is None:
+                raise InvalidArgument(f"proposer {name!r} keeps nothing across requests")
+            self._learned[name] = registry.resolve(spec.learns)(self._config)
+        return self._learned[name]
+
+    def forget_history(self) -> None:
+        """Forget what proposers learned from earlier answers (e.g. the suffix store, between
+        unrelated benchmark runs); what they measured of the target is kept."""
+        for state in self._learned.values():
+            state.forget()
 
     @property
     def datastore(self) -> Datastore | None:
@@ -144,11 +135,7 @@ class SpecGenerator:
             self._datastore = Datastore.open(self.root / entry.tokens, self.root / entry.suffix_array)
         return self._datastore
 
-    def forget_history(self) -> None:
-        """Empty the suffix proposer's store of past responses (e.g. between unrelated benchmark runs)."""
-        self.suffix_store = SuffixStore(self.suffix_config.global_tokens)
-
-    def _vocab_map(self) -> np.ndarray:
+    def vocab_map(self) -> np.ndarray:
         """The head's draft row -> target id map (manifest draft.vocab_map), read once."""
         if self._d2t is None:
             path = self.root / self.manifest.draft.vocab_map
@@ -163,26 +150,22 @@ class SpecGenerator:
             self._d2t = d2t
         return self._d2t
 
-    def _lookup(self) -> NgramLookupProposer:
-        return NgramLookupProposer(self.manifest.speculation.ngram_sizes, self.manifest.max_gamma)
-
-    def _controller(self, proposer: str, domain: str | None) -> GammaController:
-        key = (proposer, domain)
+    def _controller(self, proposer: str, config: GeneratorConfig) -> GammaController:
+        key = (proposer, config.domain, config.controller_key)
         if key not in self._controllers:
-            self._controllers[key] = self._new_controller(proposer, domain)
+            self._controllers[key] = self._new_controller(proposer, config)
         return self._controllers[key]
 
-    def _new_controller(self, proposer: str, domain: str | None) -> GammaController:
-        start, off, alpha = self.manifest.speculation.gamma, False, 0.6
-        # a hybrid's controller only sees its draft-model rounds: start from the draft's calibration
-        draft_side = "eagle" if self.draft is not None and self.draft.spec.is_head else "draft"
-        entry = calibration_entry(self.calibration, domain, draft_side if proposer == "hybrid" else proposer)
+    def _new_controller(self, proposer: str, config: GeneratorConfig) -> GammaController:
+        start, off, alpha = config.initial_gamma, False, 0.6
+        source = registry.calibration_name(proposer, self._draft_kind)  # hybrid: its draft side's
+        entry = calibration_entry(self.calibration, config.domain, source) if source else None
         if entry and entry.get("gamma") is not None:
             g = int(entry["gamma"])
             start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"
             alpha = min(1.0, max(0.0, float(entry.get("alpha", alpha))))
-        gamma_max = max(self.manifest.max_gamma, start)  # a calibrated start may lie above it
-        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, **self.controller_options)
+        gamma_max = max(config.max_gamma, start)  # a calibrated start may lie above it
+        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, **config.controller)
         if off:
             ctl.speculating = False  # starts off; probes may still switch it on
         return ctl
@@ -195,75 +178,62 @@ class SpecGenerator:
             ids = list(prompt)
         return validate_prompt_ids(ids, self.manifest.target.embedding_rows, self.manifest.max_context)
 
-    def _events(self, prompt_ids: list[int], *, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=None,
-                gamma=None, proposer=None, stop=(), speculative=True, domain=None, min_draft_prob=0.0):
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        options = GenerateOptions(max_new_tokens, params, gamma, speculative, stop)
-        prop = self._proposer(proposer if speculative else "none", min_draft_prob)
-        ctl = None
-        if speculative and gamma is None:
-            if seed is not None and not params.greedy:
-                # adaptive gamma follows wall-clock costs, which would change the random draws: a
-                # seeded sampling run uses the calibrated/manifest starting gamma, fixed, to be reproducible
-                start = self._new_controller(prop.name, domain)
-                options = replace(options, gamma=start.gamma if start.speculating else None)
-            else:
-                ctl = self._controller(prop.name, domain)
-                ctl.start_sequence()
+    def _start(self, prompt_ids: list[int], config: GeneratorConfig) -> Generation:
+        """Everything is checked and built here; the rounds run as the Generation is iterated."""
+        prop = self.build_proposer(config.proposer if config.speculating else registry.NONE, config)
+        policy, ctl, gamma = config.gamma_policy, None, config.gamma
+        if config.speculating and gamma is None:
+            if policy == ADAPTIVE:
+                ctl = self._controller(prop.name, config)
+            else:  # seeded sampling or a non-adaptive artifact: the calibrated (or manifest) start, fixed;
+                # adaptive gamma follows wall-clock costs, which would change a seeded run's random draws
+                start = self._new_controller(prop.name, config)
+                gamma = start.gamma if start.speculating else None
         stats = GenerationStats()
-        self.last_stats = stats
-        loop = SpeculativeLoop(self.target, prop, ctl, options, np.random.default_rng(seed), stats)
+        loop = SpeculativeLoop(self.target, prop, ctl, replace(config, gamma=gamma), np.random.default_rng(config.seed),
+                               stats)
+        return Generation(self._rounds(loop, prompt_ids, config, ctl), stats, config, policy)
+
+    def _rounds(self, loop: SpeculativeLoop, prompt_ids: list[int], config: GeneratorConfig, ctl):
+        if ctl is not None:
+            ctl.start_sequence()
         output: list[int] = []
-        for event in run_generation(loop, self.codec, prompt_ids, options, self.eos, self.manifest.max_context):
+        for event in run_generation(loop, self.codec, prompt_ids, config, self.eos, self.manifest.max_context):
             output += event[0]
             yield event
-        finish = getattr(prop, "finish", None)  # optional: proposers that learn across requests
-        if finish is not None:  # reached only when the generation ran to its end (not an abandoned stream)
-            finish(output)
+        loop.proposer.finish(output)  # reached only when the generation ran to its end (not an abandoned one)
 
-    def generate(self, prompt: Prompt, **kwargs) -> GenerationResult:
-        """Generate from a prompt (text, UTF-8 bytes or token ids). Keyword arguments:
-        max_new_tokens, temperature, top_k, top_p, seed, gamma (None = adaptive), proposer
-        ('draft' | 'ngram' | 'hybrid' (retrieval when the text repeats, else the draft: hybrid_retrieval) | 'eagle' | 'suffix' (suffix
-        matches in this request and in earlier answers) | 'none'), stop (strings), speculative, domain (calibration profile),
-        min_draft_prob (stop a draft round when the draft's top probability falls below it)."""
-        return self._collect(self._prompt_ids(prompt), kwargs)
+    def events(self, prompt: Prompt, config: GeneratorConfig | None = None, **overrides: Any) -> Generation:
+        """The generation behind generate and stream, round by round: a Generation yielding (new
+        token ids, new text, finish reason or None) per speculative round, with its own `stats`.
+        The prompt and the config are checked now; closing it early abandons the generation
+        after the round in progress (a proposer that learns across requests then learns nothing
+        from it). config: GeneratorConfig (default: self.config); overrides: its fields."""
+        ids = self._prompt_ids(prompt)
+        return self._start(ids, self.configure(config, **overrides))
 
-    def events(self, prompt: Prompt, **kwargs) -> Iterator[tuple[list[int], str, str | None]]:
-        """The per-round iterator behind generate and stream: yields (new token ids, new text,
-        finish reason or None) once per speculative round; the same keyword arguments as generate.
-        The prompt is checked now, the other arguments on the first next(); `last_stats` is this
-        generation's from then on. Closing the iterator early abandons the generation after the
-        round in progress (a proposer that learns across requests then learns nothing from it)."""
-        return self._events(self._prompt_ids(prompt), **kwargs)
+    def generate(self, prompt: Prompt, config: GeneratorConfig | None = None, **overrides: Any) -> GenerationResult:
+        """Generate from a prompt (text, UTF-8 bytes or token ids). config / overrides as in
+        events: max_new_tokens, temperature, top_k, top_p, seed, stop, proposer (registry.names()),
+        gamma (None: the gamma policy), speculative, domain, min_draft_prob, ... (config.py)."""
+        return self.events(prompt, config, **overrides).collect()
 
-    def stream(self, prompt: Prompt, **kwargs) -> Iterator[str]:
+    def stream(self, prompt: Prompt, config: GeneratorConfig | None = None, **overrides: Any) -> Iterator[str]:
         """Yield text pieces as tokens are accepted (never a split multi-byte character)."""
-        for _, piece, _ in self._events(self._prompt_ids(prompt), **kwargs):
-            if piece:
-                yield piece
+        return self.events(prompt, config, **overrides).pieces()
 
-    def chat(self, messages: Sequence[Mapping[str, str]], stream: bool = False, **kwargs):
+    def chat(self, messages: Sequence[Mapping[str, str]], stream: bool = False, config: GeneratorConfig | None = None,
+             **overrides: Any):
         """Apply the artifact's chat template (no transformers), then generate or stream."""
-        ids = validate_prompt_ids(self.codec.encode_chat(messages), self.manifest.target.embedding_rows, self.manifest.max_context)
-        if stream:
-            return (piece for _, piece, _ in self._events(ids, **kwargs) if piece)
-        return self._collect(ids, kwargs)
-
-    def _collect(self, ids: list[int], kwargs: dict) -> GenerationResult:
-        tokens: list[int] = []
-        text: list[str] = []
-        reason = "length"
-        for new, piece, why in self._events(ids, **kwargs):
-            tokens += new
-            text.append(piece)
-            reason = why or reason
-        return GenerationResult(tokens, "".join(text), reason, self.last_stats)
+        ids = validate_prompt_ids(self.codec.encode_chat(messages), self.manifest.target.embedding_rows,
+                                  self.manifest.max_context)
+        run = self._start(ids, self.configure(config, **overrides))
+        return run.pieces() if stream else run.collect()
 
 
 def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None, verify: bool = True,
-         shared_pool: bool = False, trusted_keys: Sequence[str | Path | bytes] | None = None) -> SpecGenerator:
+         shared_pool: bool = False, trusted_keys: Sequence[str | Path | bytes] | None = None,
+         config: GeneratorConfig | Mapping[str, Any] | None = None) -> SpecGenerator:
     """Open an artifact: check manifest, contract version and checksums, create both sessions
     and allocate their KV buffers at max context.
 
@@ -274,12 +244,20 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
 
     trusted_keys: ed25519 public keys (PEM paths or bytes); when given, the artifact must carry a
     manifest.sig by one of them (signing.py), checked before anything else, and its checksums are
-    verified whatever `verify` says (the signature covers the files through them)."""
+    verified whatever `verify` says (the signature covers the files through them).
+
+    config: the generator's default GeneratorConfig, or a mapping of overrides of the manifest's
+    defaults (e.g. {"suffix": SuffixConfig(...), "proposer": "ngram"}); checked against the
+    artifact before any session is created."""
     root = Path(artifact)
     if trusted_keys is not None:
         verify_signature(root, trusted_keys)
         verify = True
     manifest, codec, calibration = open_artifact(root, verify)
+    if not isinstance(config, GeneratorConfig):
+        config = GeneratorConfig.from_manifest(manifest, **dict(config or {}))
+    if config.speculating:  # the same check as SpecGenerator.check, before the slow part
+        registry.check_available(config.proposer, manifest.draft_kind)
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
@@ -291,7 +269,7 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
         draft = OrtModel(check_graph(root, manifest.draft.graph, "draft graph"), manifest.draft.graph_spec(),
                          manifest.max_context, base,
                          min_rows=manifest.draft.min_rows, cache_pad=manifest.draft.cache_pad)
-    return SpecGenerator(root, manifest, codec, target, draft, calibration)
+    return SpecGenerator(root, manifest, codec, target, draft, calibration, config)
 
 
 def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec, dict | None]:

@@ -12,8 +12,8 @@ import os
 import sys
 import traceback
 
+from . import registry
 from .errors import SpecExportError
-from .manifest import PROPOSERS, SPECULATIVE_PROPOSERS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
                           " environment variable; unset = no key). /health stays open")
     srv.add_argument("--max-queue", type=int, default=16,
                      help="requests that may wait behind the running one; one more gets 429 with Retry-After (default 16)")
-    srv.add_argument("--proposer", choices=PROPOSERS, default=None,
+    srv.add_argument("--proposer", choices=registry.names(), default=None,
                      help="proposer of requests that name none in their `proposer` field ('none': target only;"
                           " default: the artifact's)")
     srv.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")
@@ -97,11 +97,8 @@ def run_serve(args: argparse.Namespace) -> int:
                           max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout,
                           drain_seconds=args.drain_seconds, stall_seconds=args.stall_seconds,
                           model_name=args.model_name, proposer=args.proposer)  # checked before the slow load
-    suffix = suffix_config(args)
     gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
-               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key)
-    if suffix is not None:
-        gen.suffix_config = suffix
+               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key, config=suffix_overrides(args))
     serve(gen, config, log_level=args.log_level)
     return 0
 
@@ -116,13 +113,18 @@ def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
                         " one verify call holds at most 63)")
 
 
-def suffix_config(args: argparse.Namespace):
-    """A SuffixConfig from --suffix-factor / --suffix-max-spec (validated now, before the slow
-    load), with that limit fixed (no tuning); None when neither is given (the generator keeps its
-    default, whose limit the runtime tunes: suffix.LimitTuner)."""
+def suffix_overrides(args: argparse.Namespace) -> dict:
+    """{"suffix": a SuffixConfig} from --suffix-factor / --suffix-max-spec, with that limit fixed
+    (no tuning); {} when neither is given (the default, whose limit the runtime tunes:
+    suffix.LimitTuner)."""
     from .suffix import SuffixConfig
 
-    return SuffixConfig.fixed_limit(args.suffix_factor, args.suffix_max_spec)
+    suffix = SuffixConfig.fixed_limit(args.suffix_factor, args.suffix_max_spec)
+    return {} if suffix is None else {"suffix": suffix}
+
+
+def _proposer_help() -> str:
+    return "; ".join(f"{name}: {registry.get(name).label}" for name in registry.speculative_names())
 
 
 def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
@@ -132,12 +134,8 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--system", default=None, help="system message for --chat")
     gen.add_argument("--stream", action="store_true", help="print text pieces as tokens are accepted")
     gen.add_argument("--no-speculation", action="store_true", help="target-only decoding (the baseline)")
-    gen.add_argument("--proposer", choices=SPECULATIVE_PROPOSERS, default=None,
-                     help="draft model, n-gram prompt lookup, hybrid (a suffix draft where it scores, else lookup"
-                          " when the last 3 tokens occurred before, else the draft model), eagle (an EAGLE-3 head),"
-                          " or suffix (the most frequent"
-                          " continuation of the longest earlier match, in the request and in earlier answers)"
-                          " (default: the artifact's)")
+    gen.add_argument("--proposer", choices=registry.speculative_names(), default=None,
+                     help=f"{_proposer_help()} (default: the artifact's)")
     gen.add_argument("--gamma", type=int, default=None, help="fixed draft length (default: adaptive)")
     gen.add_argument("--min-draft-prob", type=float, default=0.0,
                      help="end a draft round early when the draft's top probability is below this (0 = never)")
@@ -164,37 +162,37 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from .api import load
 
-    suffix = suffix_config(args)
-    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
-               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key)
-    if suffix is not None:
-        gen.suffix_config = suffix
-    kwargs = dict(
+    config = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, gamma=args.gamma, proposer=args.proposer, stop=tuple(args.stop),
         speculative=not args.no_speculation, domain=args.domain, min_draft_prob=args.min_draft_prob,
+        **suffix_overrides(args),
     )
-    messages = None
+    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
+               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key, config=config)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
         ]
+        ids = gen.codec.encode_chat(messages)
+    else:
+        ids = args.prompt
+    run = gen.events(ids)
     if args.stream and not args.json:
-        pieces = gen.chat(messages, stream=True, **kwargs) if messages else gen.stream(args.prompt, **kwargs)
-        for piece in pieces:
+        for piece in run.pieces():
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        stats, text, reason = gen.last_stats, None, None
+        stats, reason = run.stats, None
     else:
-        result = gen.chat(messages, **kwargs) if messages else gen.generate(args.prompt, **kwargs)
-        stats, text, reason = result.stats, result.text, result.finish_reason
+        result = run.collect()
+        stats, reason = result.stats, result.finish_reason
         if args.json:
-            print(json.dumps({"text": text, "token_ids": result.token_ids, "finish_reason": reason,
+            print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": reason,
                               "stats": {k: v for k, v in stats.to_dict().items() if k != "token_times"}}))
             return 0
-        print(text)
-    mode = "target-only" if args.no_speculation else f"proposer={args.proposer or gen.default_proposer}"
+        print(result.text)
+    mode = "target-only" if not gen.config.speculating else f"proposer={gen.config.proposer}"
     print(
         f"[{mode}] {stats.new_tokens} new tokens, {stats.tokens_per_second:.1f} tok/s, "
         f"mean accepted length {stats.mean_accepted_length:.2f}, acceptance {stats.acceptance_rate:.1%}"

@@ -25,11 +25,11 @@ import numpy as np
 
 from .engine import OrtModel
 from .errors import InvalidArgument
-from .proposers import Proposal
+from .proposers import Proposal, Proposer, ProposerContext
 from .sampling import probabilities, sample
 
 
-class EagleProposer:
+class EagleProposer(Proposer):
     name = "eagle"
 
     def __init__(self, head: OrtModel, target: OrtModel, draft_to_target: np.ndarray, target_rows: int):
@@ -38,7 +38,6 @@ class EagleProposer:
             raise InvalidArgument(f"the target's features ({target.spec.feature_width} wide) do not match the"
                                   f" head's input ({head.spec.feature_width})")
         self.head, self.target, self.target_rows = head, target, target_rows
-        self.model = head  # the draft graph (HybridProposer reads its max_context)
         self.d2t = np.asarray(draft_to_target, np.int64)
         # features of every committed position the target has computed: [max_context, F]
         self.features = np.zeros((target.max_context, target.spec.feature_width), np.float32)
@@ -92,3 +91,7 @@ class EagleProposer:
             self.features[first:stop] = self.target.features[: stop - first]
             self.known = stop
         self.head.truncate(min(self.head.length, self.real, self.known))
+
+
+def build_eagle(ctx: ProposerContext) -> EagleProposer:
+    return EagleProposer(ctx.draft, ctx.target, ctx.vocab_map(), ctx.manifest.target.embedding_rows)

@@ -16,30 +16,14 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .adaptive import GammaController
+from .config import GeneratorConfig
 from .engine import OrtModel
-from .errors import InvalidArgument, PromptError
+from .errors import PromptError
 from .proposers import Proposer
-from .sampling import SamplingParams, one_hot, probabilities, sample, verify_greedy, verify_sampled
+from .sampling import one_hot, probabilities, sample, verify_greedy, verify_sampled
 from .tokenizer import IncrementalDecoder, TextCodec
 
 FINISH_REASONS = ("eos", "stop", "length")
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    max_new_tokens: int = 128
-    sampling: SamplingParams = SamplingParams()
-    gamma: int | None = None  # fixed draft length; None = adaptive (calibrated start)
-    speculative: bool = True
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise InvalidArgument(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.gamma is not None and (not isinstance(self.gamma, int) or not 1 <= self.gamma <= 32):
-            raise InvalidArgument(f"gamma must be an integer in 1..32 or None (adaptive), got {self.gamma!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidArgument(f"stop must be non-empty strings, got {self.stop!r}")
 
 
 @dataclass
@@ -117,15 +101,57 @@ class GenerationResult:
     stats: GenerationStats
 
 
+class Generation:
+    """One generation as it runs: iterating yields (new token ids, new text, finish reason or
+    None) once per speculative round. `stats` fills in round by round (this generation's own,
+    shared with nobody); `config` is the call's and `gamma_policy` how its gamma was chosen.
+    close() abandons it after the round in progress: a proposer that learns across requests
+    then learns nothing from it."""
+
+    def __init__(self, rounds: Iterator[tuple[list[int], str, str | None]], stats: GenerationStats,
+                 config: GeneratorConfig, gamma_policy: str):
+        self._rounds, self.stats, self.config, self.gamma_policy = rounds, stats, config, gamma_policy
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> tuple[list[int], str, str | None]:
+        return next(self._rounds)
+
+    def close(self) -> None:
+        self._rounds.close()
+
+    def pieces(self) -> Iterator[str]:
+        """The non-empty text pieces of the rounds left (never a split multi-byte character)."""
+        try:
+            for _, piece, _ in self:
+                if piece:
+                    yield piece
+        finally:
+            self.close()
+
+    def collect(self) -> GenerationResult:
+        """Run the rounds left and return the whole result."""
+        tokens: list[int] = []
+        text: list[str] = []
+        reason = "length"
+        for new, piece, why in self:
+            tokens += new
+            text.append(piece)
+            reason = why or reason
+        return GenerationResult(tokens, "".join(text), reason, self.stats)
+
+
 class SpeculativeLoop:
-    """Runs rounds for one generation; yields each round's new tokens."""
+    """Runs rounds for one generation; yields each round's new tokens. config.gamma is the
+    fixed draft length, or None for the controller's choice (no controller: plain steps)."""
 
     def __init__(self, target: OrtModel, proposer: Proposer, controller: GammaController | None,
-                 options: GenerateOptions, rng: np.random.Generator, stats: GenerationStats):
+                 config: GeneratorConfig, rng: np.random.Generator, stats: GenerationStats):
         self.target, self.proposer, self.controller = target, proposer, controller
-        self.options, self.params, self.rng, self.stats = options, options.sampling, rng, stats
-        # a proposer with free proposals (hybrid lookup) is asked even when the controller says gamma 0
-        self.ask_when_off = options.speculative and getattr(proposer, "proposes_when_off", False)  # optional attribute
+        self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
+        # a proposer with free proposals (hybrid's retrieval, suffix) is asked even when the controller says gamma 0
+        self.ask_when_off = config.speculating and proposer.proposes_when_off
 
     def pick(self, logits: np.ndarray) -> int:
         """One token from a logits row [V] of the target."""
@@ -195,10 +221,10 @@ class SpeculativeLoop:
             yield new
 
     def choose_gamma(self) -> int:
-        if not self.options.speculative:
+        if not self.config.speculating:
             return 0
-        if self.options.gamma is not None:
-            return self.options.gamma
+        if self.config.gamma is not None:
+            return self.config.gamma
         return self.controller.choose() if self.controller is not None else 0
 
 
@@ -246,9 +272,10 @@ def validate_prompt_ids(ids: Sequence[int], vocab: int, max_context: int) -> lis
     return [int(t) for t in ids]
 
 
-def run_generation(loop: SpeculativeLoop, codec: TextCodec, prompt_ids: list[int], options: GenerateOptions,
+def run_generation(loop: SpeculativeLoop, codec: TextCodec, prompt_ids: list[int], options: GeneratorConfig,
                    eos: set[int], max_context: int) -> Iterator[tuple[list[int], str, str | None]]:
-    """Drive the loop and apply the stops; yields (new ids, new text, finish reason or None)."""
+    """Drive the loop and apply the stops (options.stop, options.max_new_tokens); yields (new
+    ids, new text, finish reason or None)."""
     stats = loop.stats
     stats.prompt_tokens = len(prompt_ids)
     decoder, stops = IncrementalDecoder(codec), StopText(options.stop)

@@ -32,24 +32,15 @@ from .contract import (
     parse_version,
     version_for,
 )
-from .errors import ArtifactError, ChecksumError
+from . import registry
+from .constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES, EXACTNESS
+from .errors import ArtifactError, ChecksumError, InvalidArgument
 from .paths import confined
 from .schema import check_manifest
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"  # signing.py: never listed in files (it signs the manifest that lists them)
-PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix", "none")  # speculation.proposer values ("none": target only)
-SPECULATIVE_PROPOSERS = ("draft", "ngram", "hybrid", "eagle", "suffix")  # what --proposer accepts
-DRAFT_MODEL_PROPOSERS = ("draft", "hybrid", "eagle")  # run the artifact's draft graph (a model, or an EAGLE-3 head)
-HEAD_PROPOSERS = ("eagle",)  # need a draft head (kind eagle3_head); "draft" needs a draft model
-HYBRID_RETRIEVALS = ("lookup", "suffix")  # what `hybrid` retrieves with besides its draft (SpecGenerator.hybrid_retrieval)
-DEFAULT_HYBRID_RETRIEVAL = "suffix"  # docs/proposers.md, "In `hybrid`"
-DEFAULT_MAX_GAMMA = 8  # longest draft when the manifest's generation section names none
-# what the build measured of a target's rows (contract 1.2): "bitwise" = a row's logits are the
-# same bits whatever the number of rows in its call (greedy speculation == target-only, bit for
-# bit); "numerical" = they differ in low bits (max |diff| and argmax agreement in validation.rows)
-EXACTNESS = ("bitwise", "numerical")
 MAX_MIN_ROWS = 16
 
 
@@ -80,7 +71,7 @@ class ModelEntry:
     kind: str = DECODER
     hidden_width: int = 0
     vocab_map: str | None = None
-    # EXACTNESS as measured at build time (validation["rows"]); None: not measured. Written as
+    # constants.EXACTNESS as measured at build time (validation["rows"]); None: not measured. Written as
     # its own key only for a padded entry (a contract-1.2 artifact anyway), so that 1.0 / 1.1
     # runtimes still read unpadded artifacts; read back from validation["rows"] otherwise.
     exactness: str | None = None
@@ -159,9 +150,12 @@ class RetrievalEntry:
 
 @dataclass(frozen=True)
 class SpeculationDefaults:
-    proposer: str = "draft"
-    gamma: int = 4
-    ngram_sizes: tuple[int, ...] = (3, 2, 1)
+    proposer: str = "draft"  # a registered proposer (registry.py)
+    gamma: int = DEFAULT_GAMMA  # the gamma controller's start
+    ngram_sizes: tuple[int, ...] = DEFAULT_NGRAM_SIZES
+    # what `hybrid` retrieves with besides its draft (constants.HYBRID_RETRIEVALS); manifests
+    # written before the field retrieve with the default
+    hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL
 
 
 @dataclass(frozen=True)
@@ -185,18 +179,29 @@ class Manifest:
         generation.max_gamma (DEFAULT_MAX_GAMMA when absent), and never below speculation.gamma."""
         return max(int(self.generation.get("max_gamma") or DEFAULT_MAX_GAMMA), self.speculation.gamma)
 
+    @property
+    def adaptive(self) -> bool:
+        """generation.adaptive (absent: true): False fixes gamma at its start (config.py)."""
+        return bool(self.generation.get("adaptive", True))
+
+    @property
+    def draft_kind(self) -> str | None:
+        """The draft graph's kind (contract.GRAPH_KINDS), None without a draft graph."""
+        return None if self.draft is None else self.draft.kind
+
     def speculative_proposers(self) -> tuple[str, ...]:
-        """The SPECULATIVE_PROPOSERS this artifact can run: the draft-free ones always; 'draft'
-        with a draft model, 'eagle' with an EAGLE-3 head, 'hybrid' with either."""
-        kind = None if self.draft is None else self.draft.kind
-        return tuple(p for p in SPECULATIVE_PROPOSERS if p not in DRAFT_MODEL_PROPOSERS or (
-            kind is not None and (p == "hybrid" or (p in HEAD_PROPOSERS) == (kind == EAGLE3_HEAD))))
+        """The drafting proposers this artifact can run (registry.available): the draft-free ones
+        always, the others with a draft graph of a kind they run with."""
+        return registry.available(self.draft_kind)
 
     def _check_layouts(self) -> "Manifest":
         proposer = self.speculation.proposer
-        if proposer not in PROPOSERS:
-            raise ArtifactError(f"speculation.proposer {proposer!r} is not one of {', '.join(PROPOSERS)}")
-        if proposer in DRAFT_MODEL_PROPOSERS and self.draft is None:
+        try:
+            spec = registry.get(proposer)
+        except InvalidArgument:
+            known = ", ".join(registry.names())
+            raise ArtifactError(f"speculation.proposer {proposer!r} is not one of {known}") from None
+        if spec.uses_draft and self.draft is None:
             raise ArtifactError(f"speculation.proposer {proposer!r} needs a draft graph; the manifest has none")
         for role, entry in (("target", self.target), ("draft", self.draft)):
             if entry is None:
@@ -267,7 +272,7 @@ class Manifest:
                 draft=ModelEntry.from_json(data["draft"]) if data.get("draft") else None,
                 tokenizer=TokenizerEntry(**{**tok, "eos_token_ids": tuple(tok.get("eos_token_ids", ()))}),
                 speculation=SpeculationDefaults(
-                    **{**spec, "ngram_sizes": tuple(spec.get("ngram_sizes", (3, 2, 1)))}
+                    **{**spec, "ngram_sizes": tuple(spec.get("ngram_sizes", DEFAULT_NGRAM_SIZES))}
                 ),
                 generation=dict(data.get("generation", {})),
                 files=dict(data.get("files", {})),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numbers
 import operator
 
+from .constants import DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES
 from .errors import InvalidArgument
 
 
@@ -40,7 +41,7 @@ def _as_tokens(tokens, what: str) -> list[int]:
 class NgramProposer:
     """Proposes up to min(gamma, max_gamma) tokens by n-gram lookup in the history."""
 
-    def __init__(self, ngram_sizes=(3, 2, 1), max_gamma: int = 8) -> None:
+    def __init__(self, ngram_sizes=DEFAULT_NGRAM_SIZES, max_gamma: int = DEFAULT_MAX_GAMMA) -> None:
         sizes = tuple(ngram_sizes)
         if not sizes:
             raise InvalidArgument("ngram_sizes must name at least one n-gram size, got ()")

@@ -1,4 +1,6 @@
-"""Proposers behind one small interface: a draft model, n-gram prompt lookup, both, or none.
+"""The proposer interface (Proposer, Proposal, ProposerContext) and the simple proposers: a draft
+model, n-gram prompt lookup, none. The others live in modules of their own (eagle, suffix,
+hybrid); registry.py declares them all.
 
 Cache rule shared by every model in the loop: with `committed` the accepted tokens so far,
 a model's cache holds a prefix of committed[:-1]; before a call it feeds committed[cache:]
@@ -9,16 +11,22 @@ min(cache, len(committed) - 1), which drops exactly the rows of rejected draft t
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .constants import DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES
 from .engine import OrtModel
 from .errors import InvalidArgument
 from .ngram import NgramProposer as NgramIndex
 from .sampling import SamplingParams, pad_vocab, probabilities, sample
+
+if TYPE_CHECKING:
+    from .config import GeneratorConfig
+    from .manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -26,21 +34,70 @@ class Proposal:
     tokens: list[int]
     q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
     catchup_seconds: float = 0.0  # one-off cost of feeding the draft a backlog (its prefill), not per token
-    lookup: bool = False  # a hybrid round served by prompt lookup: no evidence on the draft model's acceptance or cost
+    lookup: bool = False  # a free retrieval round (lookup, suffix): no evidence on a draft model's acceptance or cost
     source: str = ""  # what drafted it (stats per source): draft, eagle, lookup, suffix-request, suffix-store
 
 
-class Proposer(Protocol):
-    name: str
-    # optional: True when propose() may return free tokens even at gamma 0 (the controller has
-    # turned drafting off); the loop then still asks it each step (HybridProposer's lookup)
-    proposes_when_off: bool
+class Proposer(ABC):
+    """A proposer, as the loop drives it: start(prompt) once, then per round propose(committed,
+    gamma) and commit(committed, n_new) with the round's emitted tokens, then finish(output) when
+    the request ended normally. `name` is its registry name (registry.py)."""
 
+    name: str = ""
+    # True when propose() may return free tokens even at gamma 0 (the controller has turned
+    # drafting off); the loop then still asks it each step (hybrid's retrieval, suffix)
+    proposes_when_off: bool = False
+
+    @abstractmethod
     def start(self, prompt: Sequence[int]) -> None: ...
 
-    def propose(self, committed: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator) -> Proposal: ...
+    @abstractmethod
+    def propose(self, committed: Sequence[int], gamma: int, params: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        """Up to gamma draft tokens after `committed` (prompt + accepted tokens)."""
 
-    def commit(self, committed: Sequence[int], n_new: int) -> None: ...
+    @abstractmethod
+    def commit(self, committed: Sequence[int], n_new: int) -> None:
+        """The round emitted committed[-n_new:] (accepted drafts, then the target's token)."""
+
+    def finish(self, output: Sequence[int]) -> None:  # noqa: B027 (an optional hook: nothing by default)
+        """The request ended normally with `output` (accepted tokens only); an abandoned one never
+        gets here. Proposers that learn across requests override it."""
+
+    def offer(self, committed: Sequence[int]) -> Proposal | None:
+        """A free proposal (no model call) good enough to use unasked, or None: what a composing
+        proposer (hybrid) tries before its draft model. Retrieval proposers override it."""
+        return None
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    """What a registered factory builds a proposer from: the artifact's models and manifest, the
+    call's GeneratorConfig, and the generator's shared resources (through `host`, a SpecGenerator)."""
+
+    target: OrtModel
+    draft: OrtModel | None
+    manifest: Manifest
+    config: GeneratorConfig
+    host: Any = field(repr=False)
+    corpus: bool = False  # the registry says the proposer reads the artifact's corpus datastore
+
+    def build(self, name: str) -> Proposer:
+        """Another registered proposer, for the same call (composition)."""
+        return self.host.build_proposer(name, self.config)
+
+    def learned(self, name: str) -> Any:
+        """The state `name` keeps across the generator's requests (registry.ProposerSpec.learns)."""
+        return self.host.learned(name)
+
+    def vocab_map(self) -> np.ndarray:
+        """An EAGLE-3 head's draft row -> target id map, int64 [V_draft]."""
+        return self.host.vocab_map()
+
+    def datastore(self):
+        """The artifact's corpus datastore, or None (none, not declared in the registry, or
+        config.use_datastore is False)."""
+        return self.host.datastore if self.corpus and self.config.use_datastore else None
 
 
 def sync(model: OrtModel, committed: Sequence[int]) -> None:
@@ -48,7 +105,7 @@ def sync(model: OrtModel, committed: Sequence[int]) -> None:
     model.truncate(min(model.length, len(committed) - 1))
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Drafts up to gamma tokens with a draft model; stops early in a round when the draft's top
     probability falls below min_confidence (0 = never), since such tokens are rarely accepted."""
 
@@ -95,11 +152,22 @@ class DraftModelProposer:
         sync(self.model, committed)
 
 
-class NgramLookupProposer:
+class NgramLookupProposer(Proposer):
+    """Prompt lookup. offer(): a match of at least `min_match` tokens (default: the longest
+    n-gram size), proposing up to max_gamma tokens whatever the round's gamma, within the rows
+    left before max_context (None: unbounded)."""
+
     name = "ngram"
 
-    def __init__(self, ngram_sizes: Sequence[int] = (3, 2, 1), max_gamma: int = 8):
+    def __init__(self, ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES, max_gamma: int = DEFAULT_MAX_GAMMA,
+                 min_match: int | None = None, max_context: int | None = None):
         self.index = NgramIndex(tuple(ngram_sizes), max_gamma)
+        sizes = self.index.ngram_sizes
+        self.min_match = max(sizes) if min_match is None else min_match
+        if not 1 <= self.min_match <= max(sizes):
+            raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}),"
+                                  f" got {self.min_match}")
+        self.max_context = max_context
 
     def start(self, prompt: Sequence[int]) -> None:
         self.index.reset(list(prompt))
@@ -107,65 +175,18 @@ class NgramLookupProposer:
     def propose(self, committed, gamma, params, rng) -> Proposal:
         return Proposal(self.index.propose(gamma), None, source="lookup")  # deterministic: q is one-hot
 
+    def offer(self, committed) -> Proposal | None:
+        limit = self.index.max_gamma
+        if self.max_context is not None:
+            limit = max(0, min(limit, self.max_context - len(committed)))  # rows left after feeding `last`
+        n, tokens = self.index.match(limit)
+        return Proposal(tokens, None, lookup=True, source="lookup") if n >= self.min_match else None
+
     def commit(self, committed, n_new) -> None:
         self.index.extend(committed[len(committed) - n_new :])
 
 
-class HybridProposer:
-    """Retrieval when it is likely to be accepted, the draft model otherwise. Retrieval is, in
-    order: a suffix draft (when a SuffixProposer is given) whose score (its expected accepted
-    tokens) reaches suffix.config.hybrid_min_score; prompt lookup when the history's last
-    `min_match` or more tokens occurred before. A lookup proposal costs no model call and, on text that copies its
-    input, is accepted for long stretches, so it always proposes up to the lookup's own maximum
-    (the room left in the context permitting) and is tried even when the gamma controller has
-    turned the draft model off (gamma 0); the draft model keeps the rounds where nothing repeats,
-    at the controller's gamma. The draft catches up on tokens accepted in lookup rounds in one
-    call (timed apart, like its prompt) the next time it drafts. Every proposal is verified as
-    usual, so the mix stays exact."""
-
-    name = "hybrid"
-    proposes_when_off = True  # the loop asks it even when the controller chose gamma 0
-
-    def __init__(self, draft: DraftModelProposer, lookup: NgramLookupProposer, min_match: int | None = None,
-                 suffix=None):
-        sizes = lookup.index.ngram_sizes
-        self.draft, self.lookup, self.suffix = draft, lookup, suffix  # suffix: suffix.SuffixProposer or None
-        self.min_match = max(sizes) if min_match is None else min_match  # default: the longest n-gram size
-        if not 1 <= self.min_match <= max(sizes):
-            raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}), got {self.min_match}")
-
-    def start(self, prompt: Sequence[int]) -> None:
-        self.draft.start(prompt)
-        self.lookup.start(prompt)
-        if self.suffix is not None:
-            self.suffix.start(prompt)
-
-    def propose(self, committed, gamma, params, rng) -> Proposal:
-        if self.suffix is not None:
-            tokens, score, where = self.suffix.retrieve(committed)
-            if tokens and score >= self.suffix.config.hybrid_min_score:
-                self.suffix.use_last()
-                return Proposal(tokens, None, lookup=True, source=f"suffix-{where}")
-        room = self.draft.model.max_context - len(committed)  # rows left after feeding `last`
-        n, tokens = self.lookup.index.match(max(0, min(self.lookup.index.max_gamma, room)))
-        if n >= self.min_match:
-            return Proposal(tokens, None, lookup=True, source="lookup")
-        if gamma == 0:
-            return Proposal([], None)  # the draft model is off: a plain step
-        return self.draft.propose(committed, gamma, params, rng)
-
-    def commit(self, committed, n_new) -> None:
-        self.draft.commit(committed, n_new)
-        self.lookup.commit(committed, n_new)
-        if self.suffix is not None:
-            self.suffix.commit(committed, n_new)
-
-    def finish(self, output: Sequence[int]) -> None:
-        if self.suffix is not None:
-            self.suffix.finish(output)
-
-
-class NoProposer:
+class NoProposer(Proposer):
     name = "none"
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -176,3 +197,16 @@ class NoProposer:
 
     def commit(self, committed, n_new) -> None:
         pass
+
+
+# --- factories (registry.py) --------------------------------------------------------------
+def build_draft(ctx: ProposerContext) -> DraftModelProposer:
+    return DraftModelProposer(ctx.draft, ctx.manifest.target.embedding_rows, ctx.config.min_draft_prob)
+
+
+def build_ngram(ctx: ProposerContext) -> NgramLookupProposer:
+    return NgramLookupProposer(ctx.config.ngram_sizes, ctx.config.max_gamma, max_context=ctx.manifest.max_context)
+
+
+def build_none(ctx: ProposerContext) -> NoProposer:
+    return NoProposer()

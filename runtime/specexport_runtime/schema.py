@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .constants import EXACTNESS, HYBRID_RETRIEVALS, MAX_GAMMA, MAX_NGRAM, MIN_GAMMA
 from .errors import ArtifactError
 
 MAX_FILES = 10_000  # files an artifact may list
@@ -44,16 +45,20 @@ ENTRY = {
     "feature_layers": Field("ints", lo=0, hi=1024), "feature_width": Field("int", lo=0, hi=1 << 20),
     "attention_windows": Field("ints", lo=1, hi=1 << 24),
     "kind": Field("str"), "hidden_width": Field("int", lo=0, hi=1 << 20), "vocab_map": Field("str", nullable=True),
-    "exactness": Field("str", nullable=True, choices=("bitwise", "numerical")),
+    "exactness": Field("str", nullable=True, choices=EXACTNESS),
 }
 TOKENIZER = {
     "file": Field("str", True), "chat_template": Field("str", nullable=True),
     "eos_token_ids": Field("ints", lo=0, hi=1 << 24), "bos_token_id": Field("int", hi=1 << 24, nullable=True),
     "add_bos": Field("bool"), "sha256": Field("str"),
 }
-SPECULATION = {"proposer": Field("str"), "gamma": Field("int", lo=0, hi=64), "ngram_sizes": Field("ints", lo=1, hi=64)}
+SPECULATION = {
+    "proposer": Field("str"), "gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA),
+    "ngram_sizes": Field("ints", lo=1, hi=MAX_NGRAM), "hybrid_retrieval": Field("str", choices=HYBRID_RETRIEVALS),
+}
 GENERATION = {
-    "pad_draft_rows": Field("json"), "max_gamma": Field("int", lo=1, hi=64, nullable=True), "adaptive": Field("bool"),
+    "pad_draft_rows": Field("json"), "max_gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA, nullable=True),
+    "adaptive": Field("bool"),
     "model_defaults": Field("json"),
 }
 RETRIEVAL = {"tokens": Field("str", True), "suffix_array": Field("str", True), "token_count": Field("int", True, 1),

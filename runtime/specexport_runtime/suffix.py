@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .errors import InvalidArgument
-from .proposers import Proposal
+from .proposers import Proposal, Proposer, ProposerContext
 
 SEP = -1  # between responses in a SuffixStore: no match or draft crosses it
 MAX_CANDIDATES = 512  # most recent occurrences considered per match (bounds the cost per round)
@@ -416,7 +416,7 @@ class LimitTuner:
                 "tokens_per_second": {str(x): round(self.tokens / max(c, 1e-12), 1) for x, c in costs.items()}}
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     """Suffix speculation over the request so far and the store of past responses: each round
     both are matched and the proposal with the higher score is used. Proposals cost no model
     call, so they are made up to the proposer's own limit even when the gamma controller has
@@ -437,6 +437,7 @@ class SuffixProposer:
         self.request = RequestSuffix()
         self.prompt_length = 0
         self._last: tuple | None = None  # (source, raw score, tokens, scale, match length) of the last retrieve
+        self._tokens: list[int] = []  # the last retrieve's draft
         self._pending: tuple | None = None  # the same, once its draft is verified
         self._verify_start = 0.0
 
@@ -459,20 +460,25 @@ class SuffixProposer:
             score = raw * self.calibration.factor(name)
             if tokens and score > best[1]:
                 best = (tokens, score, name, raw, m)
-        self._last = (best[2], best[3], len(best[0]), scale, best[4])
+        self._last, self._tokens = (best[2], best[3], len(best[0]), scale, best[4]), best[0]
         return best[0], best[1], best[2]
 
-    def use_last(self) -> None:
+    def use_last(self) -> Proposal:
         """The last retrieved draft is verified this round: its acceptance updates the calibration,
-        and the time until commit (the verify call) the limit tuner."""
+        and the time until commit (the verify call) the limit tuner. Deterministic: q one-hot; no
+        evidence on a draft model's acceptance or cost (lookup=True)."""
         self._pending = self._last
         self._verify_start = time.perf_counter()
+        return Proposal(self._tokens, None, lookup=True, source=f"suffix-{self._pending[0]}")
+
+    def offer(self, committed) -> Proposal | None:
+        """The best source's draft when its score reaches config.hybrid_min_score, else None."""
+        tokens, score, _ = self.retrieve(committed)
+        return self.use_last() if tokens and score >= self.config.hybrid_min_score else None
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
-        tokens, _, where = self.retrieve(committed)
-        self.use_last()
-        # deterministic: q one-hot; no evidence on a draft model's acceptance or cost (lookup=True)
-        return Proposal(tokens, None, lookup=True, source=f"suffix-{where}")
+        self.retrieve(committed)
+        return self.use_last()
 
     def commit(self, committed, n_new) -> None:
         if self._pending is not None and self._pending[2] > 0:  # a verified suffix draft: n_new - 1 accepted
@@ -488,5 +494,30 @@ class SuffixProposer:
             self.store.add(output)
 
 
-__all__ = ["MAX_CANDIDATES", "SEP", "LimitTuner", "RequestSuffix", "SourceCalibration", "SuffixConfig", "SuffixProposer", "SuffixStore",
-           "draft_chain", "longest_match"]
+@dataclass
+class SuffixHistory:
+    """What the suffix proposer learns across a generator's requests (registry: `learns`): the
+    store of past answers, the per-source score calibration and the draft-limit tuner."""
+
+    store: SuffixStore
+    calibration: SourceCalibration = field(default_factory=SourceCalibration)
+    tuner: LimitTuner = field(default_factory=LimitTuner)
+
+    @classmethod
+    def create(cls, config) -> SuffixHistory:
+        """An empty history sized by a GeneratorConfig's suffix.global_tokens."""
+        return cls(SuffixStore(config.suffix.global_tokens))
+
+    def forget(self) -> None:
+        """Empty the store of past answers (calibration and tuner describe the target: kept)."""
+        self.store = SuffixStore(self.store.max_tokens)
+
+
+def build_suffix(ctx: ProposerContext) -> SuffixProposer:
+    history = ctx.learned("suffix")
+    return SuffixProposer(history.store, ctx.config.suffix, ctx.manifest.max_context, ctx.datastore(),
+                          history.calibration, history.tuner)
+
+
+__all__ = ["MAX_CANDIDATES", "SEP", "LimitTuner", "RequestSuffix", "SourceCalibration", "SuffixConfig", "SuffixHistory",
+           "SuffixProposer", "SuffixStore", "build_suffix", "draft_chain", "longest_match"]

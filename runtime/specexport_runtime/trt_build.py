@@ -44,7 +44,7 @@ from typing import Any, Iterable, Sequence
 
 from . import contract
 from .errors import ArtifactError, InvalidArgument, ProviderUnavailable, SpecExportError
-from .manifest import DEFAULT_MAX_GAMMA  # the profiles cover at least the runtime's default longest draft
+from .constants import DEFAULT_MAX_GAMMA  # the profiles cover at least the runtime's default longest draft
 
 ENGINES_NAME = "engines.json"
 ENGINES_DIR = "engines"

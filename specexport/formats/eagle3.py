@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from specexport_runtime.constants import default_feature_layers
 
 from .blocks import FormatError
 from .hf_quantized import read_safetensors
@@ -293,7 +294,7 @@ def _layer_ids(raw: Mapping, L: int, layers: Sequence[int] | None) -> tuple[tupl
                           f"has no agreed convention (entering vs output of a layer): give the recipe's "
                           f"draft.eagle3.layers explicitly")
     else:
-        ids = (2, L // 2, L - 3)
+        ids = default_feature_layers(L)
         source, reason = "default", f"entering layers {list(ids)}: EAGLE-3 default (2, L//2, L-3) for L = {L}"
     bad = [i for i in ids if not 0 <= i < L]
     if bad:

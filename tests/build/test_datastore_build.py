@@ -66,9 +66,8 @@ def test_suffix_drafts_from_the_datastore_and_stays_exact(artifact):
                 sources.setdefault(s, [0, 0, 0])
                 sources[s] = [a + b for a, b in zip(sources[s], v)]
     assert sources["suffix-datastore"][1] > 0  # the corpus drafted
-    gen.use_datastore = False
     gen.forget_history()
-    off = gen.generate(PROMPTS[0], max_new_tokens=40, proposer="suffix")
+    off = gen.generate(PROMPTS[0], max_new_tokens=40, proposer="suffix", use_datastore=False)
     assert "suffix-datastore" not in off.stats.by_source
 
 

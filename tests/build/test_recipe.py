@@ -289,9 +289,9 @@ def test_bad_draft_model_precision():
     bad(data, "draft.precision", "'int2'", "fp32, fp16, int8, int4, dynamic-int8")
 
 
-@pytest.mark.parametrize("gamma", [0, -1, 17])
+@pytest.mark.parametrize("gamma", [0, -1, 33])
 def test_gamma_out_of_range(gamma):
-    bad(with_(MINIMAL, "speculation.gamma", gamma), "speculation.gamma", str(gamma), "1..16")
+    bad(with_(MINIMAL, "speculation.gamma", gamma), "speculation.gamma", str(gamma), "1..32")
 
 
 def test_max_gamma_below_gamma():
@@ -476,3 +476,11 @@ def test_round_trip_property(name, max_context, target, draft, gamma, extra, ada
     assert parse_recipe(recipe.to_dict()) == recipe
     assert parse_recipe(yaml.safe_load(dump_recipe(recipe))) == recipe
     assert recipe.draft.kind in ("from_target", "model", "ngram")
+
+
+def test_speculation_hybrid_retrieval():
+    assert parse_recipe(MINIMAL).speculation.hybrid_retrieval == "suffix"  # the default
+    lookup = parse_recipe(with_(MINIMAL, "speculation", {"hybrid_retrieval": "lookup"}))
+    assert lookup.speculation.hybrid_retrieval == "lookup" and parse_recipe(lookup.to_dict()) == lookup
+    bad(with_(MINIMAL, "speculation", {"hybrid_retrieval": "tree"}), "speculation.hybrid_retrieval", "'tree'",
+        "lookup, suffix")

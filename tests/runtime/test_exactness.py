@@ -17,8 +17,9 @@ import pytest
 from specexport_runtime.adaptive import GammaController
 from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.generator import GenerateOptions, GenerationStats, SpeculativeLoop
-from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal
+from specexport_runtime.config import GeneratorConfig
+from specexport_runtime.generator import GenerationStats, SpeculativeLoop
+from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal, Proposer
 from specexport_runtime.sampling import SamplingParams, probabilities
 
 KINDS = ("self", "noisy", "ngram", "int8", "noisy-fused", "int8-fused")  # -fused: head_major_inplace graphs
@@ -150,11 +151,11 @@ def test_hybrid_is_exact_and_uses_both_sources(gens, kind, prompt):
 def test_hybrid_round_sources(gens):
     """Which source serves a round: lookup exactly when the history's last 3 tokens occurred
     before (the n-gram index's own answer), the draft model otherwise."""
-    from specexport_runtime.proposers import HybridProposer
+    from specexport_runtime.hybrid import HybridProposer
 
     gen = gens("noisy")
-    prop = gen._proposer("hybrid")
-    assert isinstance(prop, HybridProposer) and prop.min_match == 3
+    prop = gen.build_proposer("hybrid", gen.config)
+    assert isinstance(prop, HybridProposer) and prop.retrievers[-1].min_match == 3
     params = SamplingParams()
     rng = np.random.default_rng(0)
     history = [40, 41, 42, 43, 44, 40, 41, 42]  # suffix 40 41 42 occurred before, followed by 43 44 40
@@ -171,18 +172,15 @@ def test_hybrid_round_sources(gens):
     # one catch-up call over the prompt backlog (fresh[:-1]), then one call per drafted token
     assert not out.lookup and len(out.tokens) == 3 and gen.draft.stats.calls - before == 1 + 3
     with pytest.raises(InvalidArgument, match="min_match"):
-        HybridProposer(prop.draft, prop.lookup, min_match=4)
+        NgramLookupProposer((3, 2, 1), min_match=4)
 
 
 def test_rounds_are_counted_per_source(gens):
     """GenerationStats.by_source: each round under the source that drafted it (hybrid: lookup
     and draft both appear on a text that repeats in parts), summing to the run's totals."""
     gen = gens("noisy")
-    default, gen.hybrid_retrieval = gen.hybrid_retrieval, "lookup"  # n-gram lookup (suffix: test_suffix.py)
-    try:
-        result = gen.generate(PROMPTS[2], max_new_tokens=MAX_NEW, proposer="hybrid", gamma=3)
-    finally:
-        gen.hybrid_retrieval = default
+    # n-gram lookup (suffix: test_suffix.py)
+    result = gen.generate(PROMPTS[2], max_new_tokens=MAX_NEW, proposer="hybrid", gamma=3, hybrid_retrieval="lookup")
     st = result.stats
     assert set(st.by_source) == {"lookup", "draft"}
     assert st.by_source["lookup"][0] == st.lookup_rounds
@@ -308,7 +306,7 @@ def test_context_limit_prefix_is_exact(gens):
 # ------------------------------------------------------------------ rollback / KV cursor
 
 
-class RandomProposer:
+class RandomProposer(Proposer):
     """Proposes random-length drafts: a random number of correct tokens (the target's greedy
     continuation, known from a target-only reference) followed by random wrong tokens, so
     every accept/reject pattern occurs; checks the cache cursor rule on every call."""
@@ -364,10 +362,11 @@ def run_loop(gen, proposer, prompt: list[int], n_tokens: int, gamma: int | None,
              params: SamplingParams = SamplingParams(), seed: int = 0):
     """Drive SpeculativeLoop directly (no truncation): returns (generated, stats, per-round (k, n)
     log, cursor after every round)."""
-    options = GenerateOptions(max_new_tokens=n_tokens, sampling=params, gamma=gamma, speculative=True)
+    config = GeneratorConfig(max_new_tokens=n_tokens, temperature=params.temperature, top_k=params.top_k,
+                             top_p=params.top_p, seed=params.seed, gamma=gamma)
     stats = GenerationStats()
     log = record_rounds(stats)
-    loop = SpeculativeLoop(gen.target, proposer, controller, options, np.random.default_rng(seed), stats)
+    loop = SpeculativeLoop(gen.target, proposer, controller, config, np.random.default_rng(seed), stats)
     out: list[int] = []
     cursors: list[tuple[int, int]] = []
     for new in loop.rounds(prompt, gen.manifest.max_context):
@@ -707,7 +706,7 @@ def test_seeded_sampling_reproducible_with_adaptive_gamma(gens):
     kw = dict(max_new_tokens=40, temperature=1.0, seed=11)
     outs = []
     for cost_draft in (1e-6, 1.0):
-        gen._controllers[("draft", None)] = GammaController(
+        gen._controllers[("draft", None, gen.config.controller_key)] = GammaController(
             cost_draft=cost_draft, cost_decode=1e-3, verify_costs={2: 1.1e-3, 5: 1.2e-3, 9: 1.4e-3})
         outs.append(gen.generate("def add(a, b):", **kw).token_ids)
     gen._controllers.clear()
@@ -733,24 +732,22 @@ def test_sampling_with_top_k_top_p_follows_target(gens):
 
 
 def test_controller_options_reach_new_controllers_and_keep_greedy_exact(gens):
-    """SpecGenerator.controller_options are passed to the controllers it creates from then on
-    (gamma_tolerance here, at both ends of its range), greedy output stays the target's, and a bad
-    value is the controller's typed error at the next generate."""
+    """GeneratorConfig.controller options are passed to the controllers created for them (one
+    per option set: gamma_tolerance here, at both ends of its range), greedy output stays the
+    target's, and a bad value is the controller's typed error before any model call."""
     gen = gens("noisy")
     ref = gen.generate("def add(a, b):", max_new_tokens=30, speculative=False).token_ids
     try:
         for tol in (0.0, 0.5):
-            gen._controllers.clear()
-            gen.controller_options = {"gamma_tolerance": tol}
-            assert gen.generate("def add(a, b):", max_new_tokens=30).token_ids == ref
-            assert gen._controllers[("draft", None)].gamma_tolerance == tol
-        gen._controllers.clear()
-        gen.controller_options = {"gamma_tolerance": 1.5}
+            config = gen.config.replace(controller={"gamma_tolerance": tol})
+            assert gen.generate("def add(a, b):", config, max_new_tokens=30).token_ids == ref
+            assert gen._controllers[("draft", None, config.controller_key)].gamma_tolerance == tol
         with pytest.raises(InvalidArgument, match="gamma_tolerance"):
-            gen.generate("def add(a, b):", max_new_tokens=5)
+            gen.generate("def add(a, b):", max_new_tokens=5, controller={"gamma_tolerance": 1.5})
+        with pytest.raises(InvalidArgument, match="controller option 'gamma'"):
+            gen.generate("def add(a, b):", max_new_tokens=5, controller={"gamma": 2})
     finally:
         gen._controllers.clear()
-        gen.controller_options = {}
 
 
 def check_first_two_tokens_follow_target(gen, ids, proposer: str, N: int = 2000) -> None:
@@ -775,5 +772,7 @@ def test_sampling_with_an_eagle_head_follows_the_target(gens, kind):
     tokens against the exact target law (chi-square, ALPHA as above) and against target-only
     samples (TV bound)."""
     gen = gens(kind)
-    check_first_two_tokens_follow_target(gen, gen.codec.encode("The quick brown fox"), "eagle")
-    assert gen.last_stats is not None
+    ids = gen.codec.encode("The quick brown fox")
+    check_first_two_tokens_follow_target(gen, ids, "eagle")
+    run = gen.events(ids, proposer="eagle", gamma=3, max_new_tokens=4)
+    assert run.collect().stats is run.stats and run.stats.prompt_tokens == len(ids)

@@ -362,7 +362,7 @@ def test_speculative_proposers_follow_the_draft(tiny_artifacts):
 
     from specexport_runtime.api import load, open_artifact
     from specexport_runtime.contract import EAGLE3_HEAD
-    from specexport_runtime.manifest import SPECULATIVE_PROPOSERS
+    from specexport_runtime.registry import speculative_names
 
     model, _, _ = open_artifact(tiny_artifacts["self"], verify=False)
     assert model.speculative_proposers() == ("draft", "ngram", "hybrid", "suffix")
@@ -370,7 +370,7 @@ def test_speculative_proposers_follow_the_draft(tiny_artifacts):
     assert head.speculative_proposers() == ("ngram", "hybrid", "eagle", "suffix")
     assert replace(model, draft=None).speculative_proposers() == ("ngram", "suffix")
     gen = load(tiny_artifacts["self"], threads=1)
-    for name in SPECULATIVE_PROPOSERS:
+    for name in speculative_names():
         if name in model.speculative_proposers():
             assert gen.resolve_proposer(name) == name
         else:

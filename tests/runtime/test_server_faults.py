@@ -178,7 +178,7 @@ def test_queued_request_past_its_timeout_gets_503(gen):
     async def scenario():
         worker = Worker(gen, ServerConfig(), Metrics("t"))
         now = time.monotonic()
-        job = Job(ids(gen, "too late"), {"max_new_tokens": 3}, "draft", "adaptive", now - 10, now - 5)
+        job = Job(ids(gen, "too late"), gen.configure(max_new_tokens=3), now - 10, now - 5)
         worker.submit(job)
         worker.start()
         event = await asyncio.wait_for(job.next_event(), 10)
@@ -204,8 +204,8 @@ def test_client_that_stops_reading_stalls_then_is_dropped(gen):
     async def scenario():
         worker = Worker(gen, ServerConfig(stall_seconds=0.2), metrics)
         now = time.monotonic()
-        job = Job(ids(gen, "nobody reads this"), {"max_new_tokens": 100, "temperature": 0.0, "proposer": "none",
-                                                  "speculative": False}, "none", "off", now, now + 60)
+        job = Job(ids(gen, "nobody reads this"), gen.configure(max_new_tokens=100, temperature=0.0, proposer="none"),
+                  now, now + 60)
         worker.submit(job)
         worker.start()
         while job.state in ("queued", "running"):
@@ -225,19 +225,24 @@ LAUNCHER = """
 import sys, time
 from specexport_runtime.api import load
 from specexport_runtime.server.config import ServerConfig
+from specexport_runtime.generator import Generation
 from specexport_runtime.server.run import serve
 
 gen = load(sys.argv[1], threads=1)
 inner = gen.events
 
-def slow_events(prompt, **kwargs):  # a slow model: 40 ms more per round
-    events = inner(prompt, **kwargs)
-    try:
-        for event in events:
-            time.sleep(0.04)
-            yield event
-    finally:
-        events.close()
+def slow_events(prompt, config=None, **kwargs):  # a slow model: 40 ms more per round
+    events = inner(prompt, config, **kwargs)
+
+    def rounds():
+        try:
+            for event in events:
+                time.sleep(0.04)
+                yield event
+        finally:
+            events.close()
+
+    return Generation(rounds(), events.stats, events.config, events.gamma_policy)
 
 gen.events = slow_events
 serve(gen, ServerConfig(port=int(sys.argv[2]), drain_seconds=float(sys.argv[3])), log_level="warning")

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from specexport_runtime.generator import Generation
 from specexport_runtime.server.config import ServerConfig
 from specexport_runtime.server.run import make_server
 
@@ -38,10 +39,10 @@ class Spy:
         self.delay = 0.0
         inner_events = gen.events
 
-        def events(prompt, **kwargs):
-            run = Run(list(prompt), kwargs, time.monotonic())
+        def events(prompt, config=None, **kwargs):
+            run = Run(list(prompt), {"config": config, **kwargs}, time.monotonic())
             self.runs.append(run)
-            inner = inner_events(prompt, **kwargs)
+            inner = inner_events(prompt, config, **kwargs)
 
             def rounds():
                 try:
@@ -55,7 +56,7 @@ class Spy:
                     inner.close()
                     run.closed = time.monotonic()
 
-            return rounds()
+            return Generation(rounds(), inner.stats, inner.config, inner.gamma_policy)
 
         gen.events = events
 

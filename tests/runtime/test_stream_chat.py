@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specexport_runtime.api import load
-from specexport_runtime.generator import GenerateOptions, GenerationStats, StopText, run_generation
+from specexport_runtime.config import GeneratorConfig
+from specexport_runtime.generator import GenerationStats, StopText, run_generation
 from specexport_runtime.tokenizer import REPLACEMENT, IncrementalDecoder, TextCodec
 
 MULTIBYTE = "héllo wörld — 😀 ñ 中文! café 👍🏽 ok"
@@ -43,8 +44,10 @@ def test_stream_joins_to_generate_text(gens, kind, prompt, kwargs):
     see test_exactness.test_seeded_sampling_reproducible_with_adaptive_gamma.)"""
     gen = gens(kind)
     result = gen.generate(prompt, max_new_tokens=60, **kwargs)
-    pieces = list(gen.stream(prompt, max_new_tokens=60, **kwargs))
-    assert gen.last_stats.new_tokens == len(result.token_ids)
+    run = gen.events(prompt, max_new_tokens=60, **kwargs)
+    pieces = list(run.pieces())
+    assert run.stats.new_tokens == len(result.token_ids)
+    assert "".join(gen.stream(prompt, max_new_tokens=60, **kwargs)) == "".join(pieces)
     assert "".join(pieces) == result.text
     assert result.text == gen.codec.decode(result.token_ids)  # incremental == one-shot decode
     assert all(pieces), "stream yielded an empty piece"
@@ -199,7 +202,7 @@ class ScriptedLoop:
 
 def scripted(codec, script, eos=frozenset({2}), max_new=100, stop=(), prompt=(5, 6), max_context=256):
     loop = ScriptedLoop(script)
-    options = GenerateOptions(max_new_tokens=max_new, stop=tuple(stop))
+    options = GeneratorConfig(max_new_tokens=max_new, stop=tuple(stop))
     events = list(run_generation(loop, codec, list(prompt), options, set(eos), max_context))
     tokens = [t for new, _, _ in events for t in new]
     text = "".join(piece for _, piece, _ in events)

@@ -147,7 +147,7 @@ def test_greedy_suffix_equals_target_only_with_a_contradicting_store(gens, kind)
     for i, p in enumerate(PROMPTS):  # contradicting answers: each prompt's continuation, corrupted
         ids = gen.codec.encode(p) if isinstance(p, str) else list(p)
         wrong = list(ids[-3:]) + [int(t) for t in rng.integers(0, 300, size=30)]
-        gen.suffix_store.add(wrong)
+        gen.learned("suffix").store.add(wrong)
     drafted = accepted = corrected = 0
     for gamma in (1, 4, None):
         for i, p in enumerate(PROMPTS):
@@ -168,7 +168,7 @@ def test_store_holds_only_finished_accepted_output(gens):
     for p in PROMPTS[:3]:
         r = gen.generate(p, max_new_tokens=40, proposer="suffix")
         outputs.append(r.token_ids)
-    store = gen.suffix_store
+    store = gen.learned("suffix").store
     held = store.buf[store.start - store.base : store.size].tolist()
     want = [t for out in outputs if len(out) >= 2 for t in out + [-1]]
     assert held == want
@@ -199,15 +199,13 @@ def test_drafts_longer_than_a_verify_call_are_cut_to_fit(gens):
     it, and the output is the target's."""
     gen = gens("ngram")
     gen.forget_history()
-    saved = gen.suffix_config
     try:
-        gen.suffix_config = SuffixConfig(max_spec=200, factor=64.0)
         prompt = [7, 150, 33, 299, 12, 260, 5]
         first = gen.generate(prompt, max_new_tokens=150, speculative=False)
-        gen.suffix_store.add(prompt[-4:] + first.token_ids)
-        second = gen.generate(prompt, max_new_tokens=150, proposer="suffix", gamma=4)
+        gen.learned("suffix").store.add(prompt[-4:] + first.token_ids)
+        second = gen.generate(prompt, max_new_tokens=150, proposer="suffix", gamma=4,
+                              suffix=SuffixConfig(max_spec=200, factor=64.0))
     finally:
-        gen.suffix_config = saved
         gen.forget_history()
     assert second.token_ids == first.token_ids
     rows = gen.target.max_rows
@@ -221,7 +219,7 @@ def test_sampling_with_suffix_follows_the_target(gens):
     gen = gens("ngram")
     gen.forget_history()
     check_first_two_tokens_follow_target(gen, [40, 41, 42, 43, 44] * 4, "suffix")
-    assert gen.suffix_store.added > 0
+    assert gen.learned("suffix").store.added > 0
     gen.forget_history()
 
 
@@ -232,12 +230,12 @@ def test_hybrid_with_suffix_retrieval_is_exact_and_uses_both(gens, kind):
     the target's answers and contradicting ones; rounds are counted per source."""
     gen = gens(kind)
     gen.forget_history()
-    assert gen.hybrid_retrieval == "suffix"  # the default
+    assert gen.config.hybrid_retrieval == "suffix"  # the default
     try:
         rng = np.random.default_rng(2)
         for p in PROMPTS:
             ids = gen.codec.encode(p) if isinstance(p, str) else list(p)
-            gen.suffix_store.add(list(ids[-2:]) + [int(t) for t in rng.integers(0, 300, size=20)])
+            gen.learned("suffix").store.add(list(ids[-2:]) + [int(t) for t in rng.integers(0, 300, size=20)])
         sources: set[str] = set()
         for gamma in (2, None):
             for p in PROMPTS:
@@ -246,11 +244,9 @@ def test_hybrid_with_suffix_retrieval_is_exact_and_uses_both(gens, kind):
                 assert result.token_ids == base, f"{kind} gamma={gamma} prompt {p!r}"
                 sources |= set(result.stats.by_source)
         assert "draft" in sources and {"suffix-request", "suffix-store"} & sources, sources
-        gen.hybrid_retrieval = "tree"
         with pytest.raises(InvalidArgument, match="hybrid_retrieval must be one of lookup, suffix, got 'tree'"):
-            gen.generate(PROMPTS[0], max_new_tokens=4, proposer="hybrid")
+            gen.generate(PROMPTS[0], max_new_tokens=4, proposer="hybrid", hybrid_retrieval="tree")
     finally:
-        gen.hybrid_retrieval = "suffix"
         gen.forget_history()
 
 
@@ -278,16 +274,16 @@ def test_a_rejected_corpus_is_trusted_less_in_the_loop(gens):
     gen.forget_history()
     from specexport_runtime.suffix import SourceCalibration
 
-    gen.suffix_calibration = SourceCalibration()
+    gen.learned("suffix").calibration = SourceCalibration()
     rng = np.random.default_rng(3)
     prompt = [7, 150, 33, 299, 12, 260, 5]
     base = gen.generate(prompt, max_new_tokens=60, speculative=False).token_ids
     wrong = {i: [int(t) for t in rng.integers(0, 300, size=6)] for i in range(len(base) - 1)}
     for _ in range(5):  # every bigram of the target's answer, continued wrongly (always the same way: confident)
         for i in range(len(base) - 1):
-            gen.suffix_store.add([base[i], base[i + 1]] + wrong[i])
+            gen.learned("suffix").store.add([base[i], base[i + 1]] + wrong[i])
     # one request (its own answer joins the store at its end and would be drafted right later)
     assert gen.generate(prompt, max_new_tokens=60, proposer="suffix", gamma=4).token_ids == base
-    cal = gen.suffix_calibration
+    cal = gen.learned("suffix").calibration
     assert cal.scored.get("store", 0) > 0 and cal.factor("store") < 0.5
     gen.forget_history()

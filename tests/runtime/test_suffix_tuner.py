@@ -138,12 +138,12 @@ def test_the_loop_feeds_the_tuner_and_stays_exact(gens):
     target's whatever scale it picks."""
     gen = gens("ngram")
     gen.forget_history()
-    gen.suffix_tuner = LimitTuner()
+    gen.learned("suffix").tuner = LimitTuner()
     prompt = "a b c d e f g a b c d e f g a b c"
     base = gen.generate(prompt, max_new_tokens=150, speculative=False)
     out = gen.generate(prompt, max_new_tokens=150, proposer="suffix", gamma=8)
     assert out.token_ids == base.token_ids
-    t = gen.suffix_tuner
+    t = gen.learned("suffix").tuner
     assert t.probes >= 1 and t.fit[0] == out.stats.rounds and set(t.calls) == set(SCALES)
     assert set(t.describe()["tokens_per_second"]) == {"0.5", "1.0", "2.0"}
     gen.forget_history()

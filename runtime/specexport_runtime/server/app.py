@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..config import GeneratorConfig
 from ..errors import InvalidArgument, PromptError
-from ..generator import GenerateOptions, validate_prompt_ids
-from ..sampling import SamplingParams
+from ..generator import validate_prompt_ids
 from .config import ServerConfig
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request
 from .metrics import CONTENT_TYPE, Metrics
@@ -43,9 +43,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 @dataclass(frozen=True)
 class Prepared:
     prompt_ids: list[int]
-    options: dict
-    proposer: str
-    gamma_policy: str
+    config: GeneratorConfig  # the request's, checked against the artifact
 
 
 class ServerState:
@@ -55,6 +53,8 @@ class ServerState:
         self.gen, self.config = gen, config
         self.model = config.model_name or gen.manifest.name
         self.default_proposer = gen.resolve_proposer(config.proposer)  # a bad --proposer fails at start
+        # a request's defaults: the generator's config with the server's default proposer
+        self.base = gen.configure(proposer=self.default_proposer)
         self.metrics = Metrics(self.model)
         self.worker = Worker(gen, config, self.metrics)
         self.created = int(time.time())
@@ -106,20 +106,12 @@ class ServerState:
         except InvalidArgument as exc:
             raise bad_request(str(exc), "proposer") from None
         try:
-            GenerateOptions(max_tokens, SamplingParams(s.temperature, s.top_k, s.top_p, s.seed), s.gamma, True, s.stop)
+            config = self.gen.configure(self.base, proposer=proposer, max_new_tokens=max_tokens, gamma=s.gamma,
+                                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                                        stop=s.stop)
         except InvalidArgument as exc:  # schemas check the same ranges; this is the runtime's own word
             raise bad_request(str(exc), None) from None
-        options = {"max_new_tokens": max_tokens, "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-                   "seed": s.seed, "gamma": s.gamma, "proposer": proposer, "stop": s.stop, "speculative": proposer != "none"}
-        if proposer == "none":
-            policy = "off"
-        elif s.gamma is not None:
-            policy = "fixed"
-        elif s.seed is not None and s.temperature > 0:
-            policy = "fixed (seeded sampling)"  # SpecGenerator keeps gamma fixed so a seed reproduces the draws
-        else:
-            policy = "adaptive"
-        return Prepared(ids, options, proposer, policy)
+        return Prepared(ids, config)
 
     async def drain(self, forced=lambda: False) -> None:
         """SIGTERM: refuse new requests (503), fail the queued ones, let the running one go on for
@@ -180,8 +172,7 @@ async def _generation(request: Request, parse):
     req = parse(await read_json(request, state.config.max_body_bytes))
     check_model(req.model, state.model)
     prepared = await run_in_threadpool(state.prepare, req)
-    job = Job(prepared.prompt_ids, prepared.options, prepared.proposer, prepared.gamma_policy, arrived,
-              arrived + state.config.request_timeout)
+    job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
     state.worker.submit(job)
     return GenerationResponse(state.worker, job, Renderer(req.kind, state.model, req.include_usage, req.return_token_ids),
                               req.stream)

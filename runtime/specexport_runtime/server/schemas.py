@@ -5,9 +5,9 @@ Every rejection is an ApiError 400 whose `param` names the field. Fields the ser
 change the output (user, metadata, ...) are accepted and ignored; any other field is rejected as
 unrecognized, as OpenAI does. A JSON null means "absent" for every optional field.
 
-Extensions (not in OpenAI's API): `proposer` (one of manifest.PROPOSERS; 'none' = target only),
-`gamma` (fixed draft length 1..32; absent = adaptive), `top_k`, `return_token_ids` (vLLM's name:
-the generated token ids in each choice or chunk).
+Extensions (not in OpenAI's API): `proposer` (a registered proposer, registry.names(); 'none' =
+target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive),
+`top_k`, `return_token_ids` (vLLM's name: the generated token ids in each choice or chunk).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..manifest import PROPOSERS
+from .. import registry
+from ..constants import MAX_GAMMA, MIN_GAMMA
 from .errors import ApiError, bad_request, unsupported
 
 CHAT, COMPLETION = "chat", "completion"
 ROLES = ("system", "developer", "user", "assistant")  # 'developer' is read as 'system' (OpenAI's newer name)
 MAX_STOPS = 4  # OpenAI's limit
-MAX_GAMMA = 32  # GenerateOptions' limit
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling; pass 0 for greedy
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: the rest of the context)
@@ -169,13 +169,15 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
         if not 0 <= seed < 1 << 64:
             raise bad_request(f"seed must be an integer in [0, 2**64), got {seed!r}", "seed")
     proposer = body.get("proposer")
-    if proposer is not None and proposer not in PROPOSERS:
-        raise bad_request(f"proposer must be one of {', '.join(map(repr, PROPOSERS))}, got {proposer!r}", "proposer")
+    if proposer is not None and proposer not in registry.names():
+        raise bad_request(f"proposer must be one of {', '.join(map(repr, registry.names()))}, got {proposer!r}",
+                          "proposer")
     gamma = body.get("gamma")
     if gamma is not None:
         gamma = _int(body, "gamma", 0)
-        if not 1 <= gamma <= MAX_GAMMA:
-            raise bad_request(f"gamma must be an integer in 1..{MAX_GAMMA} (absent = adaptive), got {gamma!r}", "gamma")
+        if not MIN_GAMMA <= gamma <= MAX_GAMMA:
+            expected = f"an integer in {MIN_GAMMA}..{MAX_GAMMA} (absent = adaptive)"
+            raise bad_request(f"gamma must be {expected}, got {gamma!r}", "gamma")
     return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma)
 
 

@@ -26,8 +26,8 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..config import GeneratorConfig
 from ..errors import SpecExportError
-from ..generator import GenerationStats
 from .config import ServerConfig
 from .errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError
 from .metrics import Metrics
@@ -68,9 +68,7 @@ class Job:
     """One request's generation. Created on the handler's event loop; `inbox` is read there only."""
 
     prompt_ids: list[int]
-    options: dict  # SpecGenerator.events keyword arguments
-    proposer: str
-    gamma_policy: str
+    config: GeneratorConfig  # the request's, checked against the artifact by the handler
     arrived: float  # time.monotonic() when the request arrived
     deadline: float  # arrived + request timeout
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
@@ -206,19 +204,18 @@ class Worker:
             return
         job.started = start
         job.post(Started(start))
-        stats: GenerationStats | None = None
         ttft = None
         finish, interrupted, gone = "length", None, None
         try:
-            events = self.gen.events(job.prompt_ids, **job.options)
-        except SpecExportError as exc:  # prompt checked by the handler already: a bug if this happens
+            events = self.gen.events(job.prompt_ids, job.config)
+        except SpecExportError as exc:  # prompt and config checked by the handler already: a bug if this happens
             self._fail(job, ApiError(400, str(exc), param="prompt", code="invalid_value"), "invalid")
             return
         try:
             for tokens, text, reason in events:
                 now = time.monotonic()
-                if stats is None:
-                    stats, ttft = self.gen.last_stats, now - job.arrived
+                if ttft is None:
+                    ttft = now - job.arrived
                 job.round_times.append(now)
                 finish = reason or finish
                 gone = self._deliver(job, Round(tokens, text))
@@ -239,15 +236,16 @@ class Worker:
         end = time.monotonic()
         job.ended = end
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - start)
-        stats = stats or GenerationStats()  # (a generation always yields a round first)
+        stats = events.stats  # this generation's own (SpecGenerator.events)
         self.metrics.record_generation(stats, start - job.arrived, ttft, end - job.arrived)
         if gone:
             job.state = "cancelled"
             self.metrics.cancelled.labels(self.metrics.model, gone).inc()
             return
         job.state = "finished"
-        outcome = Outcome(finish, stats, job.proposer, job.gamma_policy, job.options.get("gamma"), start - job.arrived,
-                          ttft, interrupted)
+        proposer = job.config.proposer if job.config.speculating else "none"
+        outcome = Outcome(finish, stats, proposer, events.gamma_policy, job.config.gamma, start - job.arrived, ttft,
+                          interrupted)
         self.metrics.success.labels(self.metrics.model, outcome.openai_finish_reason if not interrupted else interrupted).inc()
         job.post(Finished(outcome))
 
