@@ -72,7 +72,7 @@ def main() -> None:
         context = list(ids)
         for i, token in enumerate(answer):
             draft, score, m = store.propose(context[-config.max_depth:], config, args.max_new_tokens)
-            _, own_score, _ = request.propose(config, args.max_new_tokens)
+            _, own_score, _ = request.propose(context[-config.max_depth:], config, args.max_new_tokens)
             if draft:
                 rows.append({"prompt": p.id, "position": i, "m": m, "score": score, "drafted": len(draft),
                              "accepted": matched(draft, answer[i:]), "request_score": own_score})

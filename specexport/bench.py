@@ -290,7 +290,7 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: 
         "ngram_sizes": list(config.ngram_sizes), "gammas": list(gammas),
         "hybrid_retrieval": config.hybrid_retrieval, "sequential": sequential,
         "suffix": {"factor": suffix.factor, "max_spec": suffix.max_spec, "limit_scales": list(suffix.limit_scales),
-                   "tuner": gen.learned("suffix").tuner.describe()},
+                   "tuner": gen.learned("suffix").tuner.describe(gen.verify_cost.line())},
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
         "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
         "threads": threads, "machine": machine.describe(),

@@ -10,24 +10,23 @@ against cost_decode seconds per token of plain decoding:
 
 Protocol with the generator, once per round:
     g = ctl.choose()
-    g == 0: one plain decode step, then ctl.record_decode(seconds)
+    g == 0: one plain decode step, timed into ctl.cost (rows 1)
     g  > 0: draft up to g tokens (the proposer may return fewer, and a draft model may stop
             early when ctl.stop_drafting(q_max)); when d >= 1 tokens were drafted, verify
-            them and call ctl.record_round(d, n_accepted, draft_seconds, verify_seconds);
-            when none were, do a plain decode step and call record_decode.
-Time comparable things: verify_seconds and the decode seconds should both include the
-per-step host work (sampling, cache cursor moves), and the first (cold) target call should
-not be timed.
+            them, time the call into ctl.cost (rows d + 1) and call
+            ctl.record_round(d, n_accepted, draft_seconds); when none were, do a plain step.
+The target's costs live in a costs.VerifyCost that the generator shares between its controllers
+and the suffix proposer's tuner; the loop times every target call into it (verify seconds and
+decode seconds both include the per-step host work: sampling, cache cursor moves; the first,
+cold, target call is not timed).
 
 Warm-up: choose() first returns 0 until a plain decode step has been timed, then the initial
 gamma until one speculative round has been timed. After that it returns the gamma with the
 best expected speedup, or 0 (speculation off) when that is below 1; more exactly, the longest
 gamma whose expected speedup is within gamma_tolerance of the best. Near its top the curve is flat
 and its inputs are noisy EMAs, and what the model leaves out (per-round host work, the draft's
-catch-up call) favours fewer, longer rounds. On the development CPU (benchmarks/controller_ab.py,
-15 prompts, 128 tokens, one run each, same sessions) a tolerance of 0.03 ran the hybrid proposer
-at 1.70x against 1.61x for the plain best (fixed gamma 8: 1.71x) and the draft proposer at 1.42x
-against 1.38x (fixed 8: 1.47x); docs/performance.md has these and earlier runs. Switching back on needs
+catch-up call) favours fewer, longer rounds; a tolerance of 0.03 measured best on the
+development CPU (docs/performance.md, the adaptive gamma table). Switching back on needs
 1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
@@ -39,10 +38,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
-import numpy as np
-
+from .costs import VerifyCost, ema
 from .errors import InvalidArgument
 
 
@@ -57,14 +55,6 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _ema(old: float | None, obs: float, count: int, weight: float) -> float:
-    """EMA that starts as a running mean: the first observations are not dwarfed by `old`."""
-    if old is None:
-        return obs
-    w = max(weight, 1.0 / count)
-    return old + w * (obs - old)
-
-
 @dataclass
 class GammaController:
     gamma_min: int = 1
@@ -75,8 +65,10 @@ class GammaController:
     probe_smoothing: float = 0.25  # the same, for the tokens of a probe round
     cost_smoothing: float = 0.2  # EMA weight of one timing
     cost_draft: float | None = None  # seconds per draft token
-    cost_decode: float | None = None  # seconds per plain 1-token target call
-    verify_costs: dict[int, float] = field(default_factory=dict)  # s -> seconds of an s-token call
+    cost: VerifyCost | None = None  # the target's call costs (shared with the generator); None: its own
+    # seeds of a controller's own cost (tests, benchmarks): a plain step's seconds, s -> an s-row call's
+    cost_decode: InitVar[float | None] = None
+    verify_costs: InitVar[dict[int, float] | None] = None
     hysteresis: float = 0.05  # off -> on needs best expected speedup >= 1 + hysteresis
     probe_every: int = 16  # decode steps while off before the first probe
     probe_max: int = 256  # cap of the doubling probe interval
@@ -90,10 +82,8 @@ class GammaController:
     _off_rounds: int = field(default=0, init=False, repr=False)
     _probing: bool = field(default=False, init=False, repr=False)
     _n_draft: int = field(default=0, init=False, repr=False)
-    _n_decode: int = field(default=0, init=False, repr=False)
-    _n_verify: dict[int, int] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, cost_decode: float | None, verify_costs: dict[int, float] | None) -> None:
         if not _is_int(self.gamma_min) or self.gamma_min < 1:
             raise InvalidArgument(f"gamma_min must be an integer >= 1, got {self.gamma_min!r}")
         if not _is_int(self.gamma_max) or self.gamma_max < self.gamma_min:
@@ -110,15 +100,12 @@ class GammaController:
             v = getattr(self, name)
             if not _is_real(v) or not 0.0 < v <= 1.0:
                 raise InvalidArgument(f"{name} must be a number in (0, 1], got {v!r}")
-        for name in ("cost_draft", "cost_decode"):
-            v = getattr(self, name)
-            if v is not None and (not _is_real(v) or v < 0):
-                raise InvalidArgument(f"{name} must be None or a finite number >= 0, got {v!r}")
-        for s, v in self.verify_costs.items():
-            if not _is_int(s) or s < 1 or not _is_real(v) or v <= 0:
-                raise InvalidArgument(
-                    f"verify_costs must map sizes >= 1 to seconds > 0, got {s!r}: {v!r}"
-                )
+        if self.cost_draft is not None and (not _is_real(self.cost_draft) or self.cost_draft < 0):
+            raise InvalidArgument(f"cost_draft must be None or a finite number >= 0, got {self.cost_draft!r}")
+        if self.cost is None:
+            self.cost = VerifyCost(self.cost_smoothing)
+        for rows, seconds in {**(verify_costs or {}), **({1: cost_decode} if cost_decode is not None else {})}.items():
+            self.cost.record(rows, seconds)
         if not _is_real(self.hysteresis) or self.hysteresis < 0:
             raise InvalidArgument(f"hysteresis must be a finite number >= 0, got {self.hysteresis!r}")
         if not _is_int(self.probe_every) or self.probe_every < 1:
@@ -138,8 +125,6 @@ class GammaController:
         self._initial_gamma = self.gamma
         self._interval = self.probe_every
         self._n_draft = 0 if self.cost_draft is None else 1
-        self._n_decode = 0 if self.cost_decode is None else 1
-        self._n_verify = {s: 1 for s in self.verify_costs}
 
     # ----------------------------------------------------------------------------- model
 
@@ -152,28 +137,14 @@ class GammaController:
         return float(sum(self.alpha**i for i in range(gamma + 1)))
 
     def cost_verify(self, s: int) -> float:
-        """Seconds of a target call over s tokens: least-squares line a + b·s through the
-        timed sizes (plain decode counts as s = 1), slope clamped at >= 0 and never below the
-        cheapest timing; a single timed size is extrapolated flat. nan before any timing."""
-        pts = dict(self.verify_costs)
-        if self.cost_decode is not None:
-            pts.setdefault(1, self.cost_decode)
-        if not pts:
-            return math.nan
-        if len(pts) == 1:
-            return next(iter(pts.values()))
-        xs = np.fromiter(pts.keys(), dtype=np.float64)  # [m] sizes
-        cs = np.fromiter(pts.values(), dtype=np.float64)  # [m] seconds
-        dx = xs - xs.mean()
-        b = max(0.0, float(dx @ (cs - cs.mean()) / (dx @ dx)))
-        a = float(cs.mean()) - b * float(xs.mean())
-        return max(a + b * s, float(cs.min()))
+        """Seconds of a target call over s tokens (self.cost's line; nan before any timing)."""
+        return self.cost.seconds(s)
 
     def expected_speedup(self, gamma: int) -> float:
         """E[tokens per round] · cost_decode / (gamma·cost_draft + cost_verify(gamma+1)).
 
         1.0 for gamma = 0 (plain decoding); nan until the draft and verify costs are timed.
-        Without a timed plain decode step, cost_decode is cost_verify(1) of the fit.
+        The decode cost is cost_verify(1) (the timed plain steps, or the fit without them).
         """
         if not _is_int(gamma) or gamma < 0:
             raise InvalidArgument(f"gamma must be an integer >= 0, got {gamma!r}")
@@ -181,7 +152,7 @@ class GammaController:
             return 1.0
         if self.cost_draft is None:
             return math.nan
-        decode = self.cost_decode if self.cost_decode is not None else self.cost_verify(1)
+        decode = self.cost.by_rows.get(1, self.cost_verify(1))
         round_cost = gamma * self.cost_draft + self.cost_verify(gamma + 1)
         if not round_cost > 0:
             return math.nan
@@ -202,9 +173,9 @@ class GammaController:
     def choose(self) -> int:
         """Gamma for the next round; 0 means a plain decode step (see the module docstring)."""
         self._probing = False
-        if self.cost_decode is None:
+        if not self.cost.timed(1):
             return 0  # warm-up: time a plain decode step first
-        if self.cost_draft is None or not self.verify_costs:
+        if self.cost_draft is None or not self.cost.multi_row_timed:
             return self._initial_gamma  # warm-up: time one speculative round
         g, speedup = self.best()
         if self.speculating:
@@ -242,10 +213,10 @@ class GammaController:
             self._off_rounds = self._interval
 
     def _probe_is_cheap(self) -> bool:
-        if self.cost_decode is None or self.cost_draft is None:
+        if not self.cost.timed(1) or self.cost_draft is None:
             return False
         g = min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
-        return g * self.cost_draft + self.cost_verify(g + 1) <= CHEAP_PROBE * self.cost_decode
+        return g * self.cost_draft + self.cost_verify(g + 1) <= CHEAP_PROBE * self.cost.by_rows[1]
 
     def stop_drafting(self, q_max: float) -> bool:
         """True when a draft model should stop drafting this round: its own top probability
@@ -254,20 +225,16 @@ class GammaController:
 
     # ----------------------------------------------------------------------------- feedback
 
-    def record_round(
-        self, gamma: int, n_accepted: int, draft_seconds: float, verify_seconds: float
-    ) -> None:
+    def record_round(self, gamma: int, n_accepted: int, draft_seconds: float) -> None:
         """A round drafted `gamma` tokens (the number actually drafted, >= 1), accepted
-        n_accepted of them, spent draft_seconds drafting (0 is a real timing: n-gram lookup)
-        and verify_seconds in the target call over gamma + 1 tokens plus its host work
-        (0 means not timed and leaves the verify costs alone)."""
+        n_accepted of them and spent draft_seconds drafting (0 is a real timing: n-gram lookup);
+        its verify call is timed into self.cost by the loop."""
         if not _is_int(gamma) or gamma < 1:
             raise InvalidArgument(f"gamma must be an integer >= 1 (tokens drafted), got {gamma!r}")
         if not _is_int(n_accepted) or not 0 <= n_accepted <= gamma:
             raise InvalidArgument(f"n_accepted must be an integer in [0, {gamma}], got {n_accepted!r}")
-        for name, v in (("draft_seconds", draft_seconds), ("verify_seconds", verify_seconds)):
-            if not _is_real(v) or v < 0:
-                raise InvalidArgument(f"{name} must be a finite number >= 0, got {v!r}")
+        if not _is_real(draft_seconds) or draft_seconds < 0:
+            raise InvalidArgument(f"draft_seconds must be a finite number >= 0, got {draft_seconds!r}")
         # alpha: per-token Bernoulli EMA over the examined tokens, n successes then one
         # failure when a token was rejected (the MLE view of a truncated geometric).
         w = self.probe_smoothing if self._probing else self.alpha_smoothing
@@ -277,19 +244,5 @@ class GammaController:
         if n_accepted < gamma:
             alpha *= 1.0 - w
         self.alpha = min(1.0, max(0.0, alpha))
-        # costs
         self._n_draft += 1
-        w = self.cost_smoothing
-        self.cost_draft = _ema(self.cost_draft, draft_seconds / gamma, self._n_draft, w)
-        s = gamma + 1
-        if verify_seconds > 0:
-            self._n_verify[s] = self._n_verify.get(s, 0) + 1
-            old = self.verify_costs.get(s)
-            self.verify_costs[s] = _ema(old, verify_seconds, self._n_verify[s], w)
-
-    def record_decode(self, seconds: float) -> None:
-        """A plain 1-token target step (speculation off, or nothing to draft) took `seconds`."""
-        if not _is_real(seconds) or seconds <= 0:
-            raise InvalidArgument(f"seconds must be a finite number > 0, got {seconds!r}")
-        self._n_decode += 1
-        self.cost_decode = _ema(self.cost_decode, seconds, self._n_decode, self.cost_smoothing)
+        self.cost_draft = ema(self.cost_draft, draft_seconds / gamma, self._n_draft, self.cost_smoothing)

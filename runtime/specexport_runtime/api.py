@@ -18,6 +18,7 @@ import numpy as np
 
 from . import registry
 from .adaptive import GammaController
+from .costs import VerifyCost
 from .config import ADAPTIVE, GeneratorConfig
 from .datastore import Datastore
 from .engine import OrtModel, SessionConfig
@@ -67,6 +68,7 @@ class SpecGenerator:
         # costs are the machine's, its acceptance the pair's, and its on/off state and probe
         # back-off carry on
         self._controllers: dict[tuple, GammaController] = {}
+        self.verify_cost = VerifyCost()  # the target's call costs: every controller and the suffix tuner read it
         self._learned: dict[str, Any] = {}  # proposer name -> its state across requests (registry `learns`)
         self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
         self._datastore: Datastore | None = None
@@ -165,7 +167,7 @@ class SpecGenerator:
             start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"
             alpha = min(1.0, max(0.0, float(entry.get("alpha", alpha))))
         gamma_max = max(config.max_gamma, start)  # a calibrated start may lie above it
-        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, **config.controller)
+        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, cost=self.verify_cost, **config.controller)
         if off:
             ctl.speculating = False  # starts off; probes may still switch it on
         return ctl
@@ -191,7 +193,7 @@ class SpecGenerator:
                 gamma = start.gamma if start.speculating else None
         stats = GenerationStats()
         loop = SpeculativeLoop(self.target, prop, ctl, replace(config, gamma=gamma), np.random.default_rng(config.seed),
-                               stats)
+                               stats, self.verify_cost)
         return Generation(self._rounds(loop, prompt_ids, config, ctl), stats, config, policy)
 
     def _rounds(self, loop: SpeculativeLoop, prompt_ids: list[int], config: GeneratorConfig, ctl):

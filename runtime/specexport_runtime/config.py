@@ -45,7 +45,7 @@ from .suffix import SuffixConfig
 
 OFF, FIXED, SEEDED, ARTIFACT, ADAPTIVE = "off", "fixed", "fixed (seeded sampling)", "fixed (artifact)", "adaptive"
 # GammaController fields the generator sets itself (from the config and the calibration)
-_CONTROLLER_OWN = ("gamma", "gamma_max", "alpha")
+_CONTROLLER_OWN = ("gamma", "gamma_max", "alpha", "cost")
 
 
 def _int(value: Any) -> bool:

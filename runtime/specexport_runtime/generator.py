@@ -17,6 +17,7 @@ import numpy as np
 
 from .adaptive import GammaController
 from .config import GeneratorConfig
+from .costs import VerifyCost
 from .engine import OrtModel
 from .errors import PromptError
 from .proposers import Proposer
@@ -144,11 +145,15 @@ class Generation:
 
 class SpeculativeLoop:
     """Runs rounds for one generation; yields each round's new tokens. config.gamma is the
-    fixed draft length, or None for the controller's choice (no controller: plain steps)."""
+    fixed draft length, or None for the controller's choice (no controller: plain steps).
+    Every target call after the prefill is timed into `cost` (the generator's, which its
+    controllers and the suffix tuner read; default the controller's own)."""
 
     def __init__(self, target: OrtModel, proposer: Proposer, controller: GammaController | None,
-                 config: GeneratorConfig, rng: np.random.Generator, stats: GenerationStats):
+                 config: GeneratorConfig, rng: np.random.Generator, stats: GenerationStats,
+                 cost: VerifyCost | None = None):
         self.target, self.proposer, self.controller = target, proposer, controller
+        self.cost = cost or (controller.cost if controller is not None else VerifyCost())
         self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
         # a proposer with free proposals (hybrid's retrieval, suffix) is asked even when the controller says gamma 0
         self.ask_when_off = config.speculating and proposer.proposes_when_off
@@ -173,8 +178,8 @@ class SpeculativeLoop:
         seconds = time.perf_counter() - start
         self.stats.plain_steps += 1
         self.stats.target_seconds += seconds
-        if self.controller is not None:
-            self.controller.record_decode(seconds)
+        if seconds > 0:
+            self.cost.record(1, seconds)
         return [token]
 
     def speculative_step(self, committed: list[int], gamma: int) -> list[int]:
@@ -201,8 +206,10 @@ class SpeculativeLoop:
         self.stats.lookup_rounds += proposal.lookup
         per = self.stats.by_source.setdefault(proposal.source or self.proposer.name, [0, 0, 0])
         per[0], per[1], per[2] = per[0] + 1, per[1] + k, per[2] + n
-        if self.controller is not None and not proposal.lookup:
-            self.controller.record_round(k, n, t1 - t0 - proposal.catchup_seconds, t2 - t1)
+        if t2 > t1:
+            self.cost.record(k + 1, t2 - t1)
+        if self.controller is not None and not proposal.lookup:  # retrieval says nothing of a draft model
+            self.controller.record_round(k, n, t1 - t0 - proposal.catchup_seconds)
         return draft[:n] + [token]
 
     def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int]]:

@@ -94,6 +94,10 @@ class ProposerContext:
         """An EAGLE-3 head's draft row -> target id map, int64 [V_draft]."""
         return self.host.vocab_map()
 
+    def verify_cost(self):
+        """The target's costs.VerifyCost (the generator's, timed by the loop)."""
+        return self.host.verify_cost
+
     def datastore(self):
         """The artifact's corpus datastore, or None (none, not declared in the registry, or
         config.use_datastore is False)."""

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from specexport_runtime.adaptive import GammaController
+from specexport_runtime.costs import VerifyCost
 from specexport_runtime.errors import InvalidArgument
 
 
@@ -76,10 +77,12 @@ def test_low_acceptance_turns_off_then_probes_with_backoff():
     assert [ctl.choose() for _ in range(4)] == [0, 0, 0, 0]
     assert not ctl.speculating
     assert ctl.choose() == ctl.probe_gamma == 2  # a short probe round
-    ctl.record_round(2, 0, 0.01, 0.021)  # failed probe: interval doubles
+    ctl.cost.record(2 + 1, 0.021)
+    ctl.record_round(2, 0, 0.01)  # failed probe: interval doubles
     assert [ctl.choose() for _ in range(8)] == [0] * 8
     assert ctl.choose() == 2
-    ctl.record_round(2, 0, 0.01, 0.021)
+    ctl.cost.record(2 + 1, 0.021)
+    ctl.record_round(2, 0, 0.01)
     assert [ctl.choose() for _ in range(8)] == [0] * 8  # capped at probe_max
     assert ctl.choose() == 2
     assert calibrated(alpha=0.01, probe_every=1, probe_gamma=20).choose() in (0, 8)  # clamped to gamma_max
@@ -89,7 +92,8 @@ def test_successful_probe_turns_speculation_back_on():
     ctl = calibrated(alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=2)
     assert [ctl.choose() for _ in range(2)] == [0, 0]
     assert ctl.choose() == 2
-    ctl.record_round(2, 2, 0.01, 0.021)  # all accepted: probe tokens weigh probe_smoothing
+    ctl.cost.record(2 + 1, 0.021)
+    ctl.record_round(2, 2, 0.01)  # all accepted: probe tokens weigh probe_smoothing
     assert ctl.alpha == pytest.approx(1 - 0.75**2 * 0.99)
     g = ctl.choose()
     assert g > 0 and ctl.speculating
@@ -157,34 +161,37 @@ def test_without_hysteresis_it_would_flap():
 def test_warm_up_times_decode_then_one_round():
     ctl = GammaController(gamma=3, gamma_tolerance=0.0)
     assert ctl.choose() == 0
-    ctl.record_decode(0.02)
-    assert ctl.cost_decode == 0.02
+    ctl.cost.record(1, 0.02)  # the loop times the plain step into the shared cost
+    assert ctl.cost.by_rows == {1: 0.02}
     assert ctl.choose() == 3
-    ctl.record_round(3, 2, draft_seconds=0.006, verify_seconds=0.023)
+    ctl.cost.record(4, 0.023)
+    ctl.record_round(3, 2, draft_seconds=0.006)
     assert ctl.cost_draft == pytest.approx(0.002)
-    assert ctl.verify_costs == {4: 0.023}
+    assert ctl.cost.by_rows == {1: 0.02, 4: 0.023}
     assert ctl.choose() == ctl.best()[0]
 
 
 def test_record_round_updates_alpha_and_costs():
-    ctl = GammaController(alpha=0.6, alpha_smoothing=0.1, cost_smoothing=0.5)
-    ctl.record_round(4, 4, 0.004, 0.03)  # 4 successes
+    ctl = GammaController(alpha=0.6, alpha_smoothing=0.1, cost_smoothing=0.5, cost=VerifyCost(0.5))
+    ctl.cost.record(4 + 1, 0.03)
+    ctl.record_round(4, 4, 0.004)  # 4 successes
     a1 = 1 - 0.9**4 * 0.4
     assert ctl.alpha == pytest.approx(a1)
-    ctl.record_round(4, 1, 0.008, 0.05)  # 1 success then a rejection
+    ctl.cost.record(4 + 1, 0.05)
+    ctl.record_round(4, 1, 0.008)  # 1 success then a rejection
     a2 = (1 - 0.9 * (1 - a1)) * 0.9
     assert ctl.alpha == pytest.approx(a2)
     assert ctl.alpha < a1
-    ctl.record_round(2, 0, 0.002, 0.02)  # rejected at once
+    ctl.cost.record(2 + 1, 0.02)
+    ctl.record_round(2, 0, 0.002)  # rejected at once
     assert ctl.alpha == pytest.approx(a2 * 0.9)
     # costs: first timing taken as is, then a running mean while 1/count > smoothing, then EMA
     assert ctl.cost_draft == pytest.approx(((0.001 + 0.002) / 2 + 0.001) / 2)
-    assert ctl.verify_costs[5] == pytest.approx(0.04)
-    assert ctl.verify_costs[3] == pytest.approx(0.02)
-    ctl.record_decode(0.01)
-    ctl.record_decode(0.02)
-    ctl.record_decode(0.04)
-    assert ctl.cost_decode == pytest.approx(0.015 + 0.5 * (0.04 - 0.015))
+    assert ctl.cost.by_rows[5] == pytest.approx(0.04)
+    assert ctl.cost.by_rows[3] == pytest.approx(0.02)
+    for seconds in (0.01, 0.02, 0.04):
+        ctl.cost.record(1, seconds)
+    assert ctl.cost.by_rows[1] == pytest.approx(0.015 + 0.5 * (0.04 - 0.015))
 
 
 def test_stop_drafting():
@@ -203,7 +210,7 @@ def test_stop_drafting():
         ({"alpha": 1.5}, "1.5"),
         ({"alpha_smoothing": 0.0}, "alpha_smoothing"),
         ({"cost_draft": -1.0}, "cost_draft"),
-        ({"verify_costs": {0: 1.0}}, "verify_costs"),
+        ({"verify_costs": {0: 1.0}}, "rows"),
         ({"hysteresis": -0.1}, "hysteresis"),
         ({"probe_every": 0}, "probe_every"),
         ({"probe_max": 2}, "probe_max"),
@@ -220,13 +227,15 @@ def test_validation(kwargs, shown):
 def test_record_validation():
     ctl = GammaController()
     with pytest.raises(InvalidArgument, match="gamma"):
-        ctl.record_round(0, 0, 0.0, 0.1)
+        ctl.record_round(0, 0, 0.0)
     with pytest.raises(InvalidArgument, match="n_accepted"):
-        ctl.record_round(3, 4, 0.0, 0.1)
-    with pytest.raises(InvalidArgument, match="verify_seconds"):
-        ctl.record_round(3, 1, 0.0, float("nan"))
+        ctl.record_round(3, 4, 0.0)
+    with pytest.raises(InvalidArgument, match="draft_seconds"):
+        ctl.record_round(3, 1, float("nan"))
     with pytest.raises(InvalidArgument, match="seconds"):
-        ctl.record_decode(-1.0)
+        ctl.cost.record(1, -1.0)
+    with pytest.raises(InvalidArgument, match="rows"):
+        ctl.cost.record(0, 1.0)
     with pytest.raises(InvalidArgument, match="gamma"):
         ctl.expected_speedup(-1)
 
@@ -253,4 +262,5 @@ def test_cheap_probes_do_not_back_off():
     ctl = calibrated(alpha=0.0, cost_draft=0.0, cost_decode=0.02, verify_costs={3: 0.022, 5: 0.024}, probe_every=4)
     for _ in range(3):  # every probe fails, the interval stays at probe_every
         assert [ctl.choose() for _ in range(5)] == [0, 0, 0, 0, 2]
-        ctl.record_round(2, 0, 0.0, 0.022)
+        ctl.cost.record(2 + 1, 0.022)
+        ctl.record_round(2, 0, 0.0)

@@ -58,7 +58,7 @@ def test_request_matches_the_brute_force_reference(seed):
     req.reset(seq[:1])
     req.extend(seq[1:])
     room = rng.choice([0, 2, 100])
-    tokens, score, m = req.propose(config, room)
+    tokens, score, m = req.propose(seq[-config.max_depth:], config, room)
     want = reference([seq], seq, config, room)
     assert (tokens, m) == (want[0], want[2])
     assert score == pytest.approx(want[1])

@@ -1,10 +1,12 @@
-"""The suffix draft-limit tuner (suffix.LimitTuner): its replay of a probe round, its cost line,
-and its choice against a direct simulation of fixed limits on synthetic copy-and-edit text."""
+"""The suffix draft-limit tuner (suffix.LimitTuner): its replay of a probe round, the target's
+verify cost line it is priced by (costs.VerifyCost), and its choice against a direct simulation
+of fixed limits on synthetic copy-and-edit text."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from specexport_runtime.costs import VerifyCost
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import LimitTuner, SuffixConfig
 
@@ -33,14 +35,16 @@ def test_replay_counts_calls_and_rows(limit, match, drafted, accepted, open_end,
 
 
 def test_line_recovers_the_cost_of_a_call_and_of_a_row():
-    t = LimitTuner()
-    assert t.line() is None  # nothing timed
-    t.record(1.0, 4, 0, 0.0115, 2, {1.0: SuffixConfig()})
-    assert t.line() is None  # one size timed: no slope yet
+    cost = VerifyCost()
+    assert cost.line() is None  # nothing timed
+    cost.record(5, 0.0115)
+    assert cost.line() is None and cost.seconds(9) == 0.0115  # one size timed: no slope yet, flat
     for rows in (2, 9, 17, 3, 33):
-        t.record(1.0, rows - 1, 0, 0.004 + 0.0015 * rows, 2, {1.0: SuffixConfig()})
-    a, b = t.line()
+        cost.record(rows, 0.004 + 0.0015 * rows)
+    a, b = cost.line()
     assert a == pytest.approx(0.004) and b == pytest.approx(0.0015)
+    assert cost.seconds(40) == pytest.approx(0.004 + 0.0015 * 40)
+    assert cost.seconds(1) == pytest.approx(0.007)  # the line (0.0055) but never below the cheapest size timed
 
 
 def segments(seed: int, n: int = 400) -> list[int]:
@@ -63,17 +67,20 @@ def simulate(config: SuffixConfig, runs: list[int], a: float, b: float) -> float
     return tokens / seconds
 
 
-def drive(tuner: LimitTuner, configs: dict[float, SuffixConfig], runs: list[int], a: float, b: float) -> list[float]:
-    """The proposer's side of the protocol on the same text: choose, draft, record."""
+def drive(tuner: LimitTuner, cost: VerifyCost, configs: dict[float, SuffixConfig], runs: list[int], a: float,
+          b: float) -> list[float]:
+    """The proposer's and the loop's side of the protocol on the same text: choose, draft, time
+    the verify call into the cost, record."""
     chosen = []
     for copied in runs:
         pos = 0
         while pos <= copied:
-            scale = tuner.choose(SCALES)
+            scale = tuner.choose(SCALES, cost.line())
             match = min(2 + pos, configs[scale].max_depth)
             j = configs[scale].limit(match)
             accepted = min(j, copied - pos)
-            tuner.record(scale, j, accepted, a + b * (j + 1), match, configs)
+            cost.record(j + 1, a + b * (j + 1))
+            tuner.record(scale, j, accepted, match, configs)
             chosen.append(scale)
             pos += accepted + 1
     return chosen
@@ -88,10 +95,10 @@ def test_choice_follows_the_cost_of_a_row(seed):
     picks = {}
     for a, b in ((1.0, 0.05), (1.0, 0.3)):
         truth = {x: simulate(configs[x], runs, a, b) for x in SCALES}
-        tuner = LimitTuner()
-        chosen = drive(tuner, configs, runs, a, b)
+        tuner, cost = LimitTuner(), VerifyCost()
+        chosen = drive(tuner, cost, configs, runs, a, b)
         best = max(truth, key=truth.get)
-        assert tuner.best(SCALES) == best, (a, b, truth, tuner.describe())
+        assert tuner.best(SCALES, cost.line()) == best, (a, b, truth, tuner.describe(cost.line()))
         late = chosen[len(chosen) // 2:]
         assert late.count(best) >= 0.8 * len(late)  # it drafts with it, probes aside
         picks[b] = best
@@ -103,20 +110,21 @@ def test_probes_warm_up_then_one_in_probe_every(row_cost, probe_every):
     """Every draft is rejected, so shorter drafts are cheaper: after the warm-up (all at the
     largest scale) the smallest scale drafts, except the probes, which come every PROBE_EVERY-th
     round while the largest scale is within 5% of the best, four times rarer when it is slower."""
-    t = LimitTuner()
+    t, cost = LimitTuner(), VerifyCost()
     configs = {x: SuffixConfig().scaled(x) for x in SCALES}
     picks = []
     for _ in range(LimitTuner.WARMUP + 8 * LimitTuner.PROBE_EVERY):
-        x = t.choose(SCALES)
+        x = t.choose(SCALES, cost.line())
         picks.append(x)
         j = configs[x].limit(2)
-        t.record(x, j, 0, 0.001 + row_cost * (j + 1), 2, configs)
+        cost.record(j + 1, 0.001 + row_cost * (j + 1))
+        t.record(x, j, 0, 2, configs)
     assert picks[: LimitTuner.WARMUP] == [2.0] * LimitTuner.WARMUP
     rest = picks[LimitTuner.WARMUP :]
     probes = [i + LimitTuner.WARMUP + 1 for i, x in enumerate(rest) if x == 2.0]
     assert probes and all(n % probe_every == 0 for n in probes) and len(probes) == len(rest) // probe_every
     assert set(rest) == {0.5, 2.0}
-    assert t.choose((1.0,)) == 1.0  # one scale: nothing to choose
+    assert t.choose((1.0,), cost.line()) == 1.0  # one scale: nothing to choose
 
 
 def test_scaled_config_and_bad_scales():
@@ -134,16 +142,21 @@ def test_scaled_config_and_bad_scales():
 
 def test_the_loop_feeds_the_tuner_and_stays_exact(gens):
     """With the default config the generator's tuner sees every verified suffix round (probes
-    replayed, the cost line fitted from the loop's own timings), and greedy output is the
-    target's whatever scale it picks."""
+    replayed), priced by the verify cost the loop times into the generator (one sample per target
+    call), and greedy output is the target's whatever scale it picks."""
     gen = gens("ngram")
     gen.forget_history()
     gen.learned("suffix").tuner = LimitTuner()
+    gen.verify_cost.by_rows.clear()
+    gen.verify_cost.counts.clear()
     prompt = "a b c d e f g a b c d e f g a b c"
     base = gen.generate(prompt, max_new_tokens=150, speculative=False)
+    timed = sum(gen.verify_cost.counts.values())
+    assert timed == base.stats.plain_steps  # target-only: every plain step timed (rows 1)
     out = gen.generate(prompt, max_new_tokens=150, proposer="suffix", gamma=8)
     assert out.token_ids == base.token_ids
     t = gen.learned("suffix").tuner
-    assert t.probes >= 1 and t.fit[0] == out.stats.rounds and set(t.calls) == set(SCALES)
-    assert set(t.describe()["tokens_per_second"]) == {"0.5", "1.0", "2.0"}
+    assert sum(gen.verify_cost.counts.values()) - timed == out.stats.rounds + out.stats.plain_steps
+    assert t.probes >= 1 and set(t.calls) == set(SCALES) and gen.verify_cost.line() is not None
+    assert set(t.describe(gen.verify_cost.line())["tokens_per_second"]) == {"0.5", "1.0", "2.0"}
     gen.forget_history()

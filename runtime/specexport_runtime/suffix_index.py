@@ -1,0 +1,212 @@
+"""Suffix matching over token sequences, the data side of suffix speculation (suffix.py is the
+policy): the occurrence positions of what was said before, matched against the recent tokens
+and followed along the most frequent continuation.
+
+    match   the longest suffix s = context[-m:] (m <= max_depth) that occurred earlier: the set C
+            of positions where an occurrence of s ends, found by extending the occurrences of
+            context[-1] backwards one token at a time while any remain (`longest_match`)
+    draft   along the suffix-tree path below s: the next token is the most frequent seq[c + 1]
+            over c in C (= the child with the largest count); its probability count / |C|
+            multiplies into the path probability; C becomes the occurrences that continued with
+            it. Stop when the path probability falls below `min_prob` or after the draft limit
+            (`draft_chain`)
+    score   the sum of the path probabilities of the drafted tokens (the expected number of
+            accepted tokens if each were accepted with its path probability)
+
+A suffix tree answers the same questions; the positions themselves cost a few bytes per token
+instead of tree nodes per token. Sources, each with `propose(context, config, room) -> (tokens,
+score, match length)`:
+  RequestSuffix   prompt + accepted tokens of the current request (discarded at its end)
+  SuffixStore     previous responses (accepted text only), separated by SEP, bounded by a token
+                  budget with FIFO eviction of whole responses. Occurrence lists are indexed by
+                  the last two tokens.
+  Datastore       (datastore.py) the artifact's static corpus, memory-mapped, when it has one
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .suffix import SuffixConfig
+
+SEP = -1  # between responses in a SuffixStore: no match or draft crosses it
+MAX_CANDIDATES = 512  # most recent occurrences considered per match (bounds the cost per round)
+
+
+def longest_match(seq: np.ndarray, ends: np.ndarray, context: Sequence[int], max_depth: int) -> tuple[int, np.ndarray]:
+    """(m, C): the longest m <= max_depth such that context[-m:] == seq[c - m + 1 : c + 1] for
+    some c in `ends` (candidate end positions whose token is context[-1], possibly with more
+    already known to match), and C those c. (0, empty) when `ends` is empty.
+    seq: int32 [N]; a candidate never matches across SEP (context holds no SEP)."""
+    if ends.size == 0 or not context:
+        return 0, ends[:0]
+    m = 1
+    limit = min(max_depth, len(context))
+    while m < limit:
+        back = ends - m
+        ok = back >= 0
+        keep = ends[ok][seq[back[ok]] == context[-1 - m]]
+        if keep.size == 0:
+            break
+        ends, m = keep, m + 1
+    return m, ends
+
+
+def draft_chain(seq: np.ndarray, ends: np.ndarray, stop: int, max_tokens: int, min_prob: float) -> tuple[list[int], float]:
+    """(tokens, score): the most frequent continuation path after occurrences ending at `ends`
+    (positions < stop are readable; SEP ends a path), while the path probability stays >= min_prob."""
+    tokens: list[int] = []
+    p, score = 1.0, 0.0
+    while len(tokens) < max_tokens and ends.size:
+        if ends.size == 1:  # one occurrence: its continuation up to SEP, at probability p throughout
+            start = int(ends[0]) + 1
+            run = seq[start : min(stop, start + max_tokens - len(tokens))].tolist()
+            run = run[: run.index(SEP)] if SEP in run else run
+            return tokens + run, score + p * len(run)
+        nxt = ends + 1
+        nxt = nxt[nxt < stop]
+        values = seq[nxt]
+        live = values != SEP
+        nxt, values = nxt[live], values[live]
+        if values.size == 0:
+            break
+        token, count = _mode(values)
+        p *= count / ends.size  # occurrences that end here count in the parent, as in the tree
+        if p < min_prob:
+            break
+        tokens.append(token)
+        score += p
+        ends = nxt[values == token]
+    return tokens, score
+
+
+def _mode(values: np.ndarray) -> tuple[int, int]:
+    """(the most frequent value, its count); ties: the smallest value (deterministic)."""
+    if values.size <= 64:  # a dict count beats numpy's sort at the sizes most rounds see
+        counts: dict[int, int] = {}
+        for v in values.tolist():
+            counts[v] = counts.get(v, 0) + 1
+        best = max(counts.values())
+        return min(v for v, c in counts.items() if c == best), best
+    ids, counts = np.unique(values, return_counts=True)
+    best = int(counts.argmax())  # the first maximum: the smallest id
+    return int(ids[best]), int(counts[best])
+
+
+class RequestSuffix:
+    """The current request's tokens (prompt + accepted), searchable for earlier matches."""
+
+    def __init__(self, capacity: int = 1024):
+        self.seq = np.empty(max(16, capacity), np.int32)
+        self.length = 0
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self.length = 0
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        n = len(tokens)
+        if self.length + n > self.seq.size:
+            grown = np.empty(max(2 * self.seq.size, self.length + n), np.int32)
+            grown[: self.length] = self.seq[: self.length]
+            self.seq = grown
+        self.seq[self.length : self.length + n] = tokens
+        self.length += n
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        """(tokens, score, match length) for the request's last tokens (its own sequence ends with
+        `context`); earlier occurrences only."""
+        L = self.length
+        if L < 2:
+            return [], 0.0, 0
+        seq = self.seq[:L]
+        ends = np.flatnonzero(seq[: L - 1] == seq[L - 1])[-MAX_CANDIDATES:]  # earlier occurrences of the last token
+        context = seq[max(0, L - config.max_depth) :].tolist()
+        m, ends = longest_match(seq, ends, context, config.max_depth)
+        tokens, score = draft_chain(seq, ends, L, min(config.limit(m), room), config.min_prob)
+        return tokens, score, m
+
+
+class SuffixStore:
+    """Past responses, separated by SEP, at most `max_tokens` of them (FIFO: the oldest whole
+    responses leave first). Absolute positions grow forever; the buffer holds positions
+    base .. base + len - 1 and is compacted when the evicted prefix exceeds the budget, so its
+    size stays below 2 * max_tokens + the longest response."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.buf = np.empty(0, np.int32)
+        self.size = 0  # valid entries in buf
+        self.base = 0  # absolute position of buf[0]
+        self.start = 0  # absolute position of the oldest live token
+        self.index: dict[tuple[int, int], list[int]] = {}  # (a, b) -> absolute positions of b (after a)
+        self.responses: deque[tuple[int, int]] = deque()  # (absolute start, length incl. SEP)
+        self.tokens = 0  # live tokens (SEPs excluded)
+        self.added = 0  # responses ever added
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Append one finished response (accepted tokens only)."""
+        if self.max_tokens == 0 or len(tokens) < 2:
+            return
+        tokens = list(tokens)[-self.max_tokens :]
+        n = len(tokens) + 1
+        if self.size + n > self.buf.size:
+            grown = np.empty(max(2 * self.buf.size, self.size + n, 1024), np.int32)
+            grown[: self.size] = self.buf[: self.size]
+            self.buf = grown
+        first = self.base + self.size
+        self.buf[self.size : self.size + n - 1] = tokens
+        self.buf[self.size + n - 1] = SEP
+        self.size += n
+        for i in range(1, len(tokens)):
+            self.index.setdefault((tokens[i - 1], tokens[i]), []).append(first + i)
+        self.responses.append((first, n))
+        self.tokens += n - 1
+        self.added += 1
+        while self.tokens > self.max_tokens:
+            start, length = self.responses.popleft()
+            self.tokens -= length - 1
+            self.start = start + length
+        if self.start - self.base > self.max_tokens:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the evicted prefix from the buffer and the index."""
+        cut = self.start - self.base
+        self.buf = self.buf[cut : self.size].copy()
+        self.size -= cut
+        self.base = self.start
+        index = {}
+        for key, positions in self.index.items():
+            live = [p for p in positions if p >= self.start]
+            if live:
+                index[key] = live
+        self.index = index
+
+    def memory_bytes(self) -> int:
+        """Bytes held: the token buffer and the index (list slots, keys, small-int objects)."""
+        entries = sum(len(v) for v in self.index.values())
+        return int(self.buf.nbytes + entries * 8 + len(self.index) * (64 + 56 + 72))
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        if len(context) < 2 or not self.index:
+            return [], 0.0, 0
+        positions = self.index.get((int(context[-2]), int(context[-1])))
+        if not positions:
+            return [], 0.0, 0
+        ends = np.asarray(positions[-MAX_CANDIDATES:], np.int64)
+        ends = ends[ends >= self.start] - self.base  # buffer positions of live occurrences
+        seq = self.buf[: self.size]
+        # the bigram matched: extend from m = 2 (longest_match re-checks one token: cheap)
+        m, ends = longest_match(seq, ends, list(context[-config.max_depth :]), config.max_depth)
+        tokens, score = draft_chain(seq, ends, self.size, min(config.limit(m), room), config.min_prob)
+        return tokens, score, m
+
+    def describe(self) -> dict:
+        return {"responses": len(self.responses), "tokens": self.tokens, "max_tokens": self.max_tokens,
+                "responses_added": self.added, "memory_bytes": self.memory_bytes()}
