@@ -68,7 +68,7 @@ def _model(graphs: dict, way: str, provider: str, threads: int | None = None):
 
 def invariance(graphs: dict, way: str, provider: str, sequences: list[tuple[list[int], list[int]]]) -> dict:
     """row_invariance over every (prefix, tokens) pair, pooled."""
-    from specexport_runtime.rowcheck import row_invariance
+    from specexport.rowcheck import row_invariance
 
     model = _model(graphs, way, provider)
     reports = [row_invariance(model, prefix, tokens) for prefix, tokens in sequences]

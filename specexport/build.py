@@ -241,7 +241,7 @@ def _target_tolerance(spec: ModelSpec) -> str | None:
 def measure_rows(path: Path, spec, max_context: int, padding: Padding, probe: list[int]):
     """rowcheck.row_invariance of a graph on the CPU provider, as the runtime will call it."""
     from specexport_runtime.engine import OrtModel, SessionConfig
-    from specexport_runtime.rowcheck import DEFAULT_SIZES, row_invariance
+    from specexport.rowcheck import DEFAULT_SIZES, row_invariance
 
     n = max(DEFAULT_SIZES)
     tokens = (probe * (n // len(probe) + 1))[:n]  # the probe, repeated if short
@@ -272,13 +272,6 @@ def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, 
         feature_width=result_spec.feature_width,
         attention_windows=result_spec.windows,
     )
-
-
-def _sampling_defaults(model) -> dict:
-    """The checkpoint's own sampling suggestions (generation_config), recorded for users."""
-    gen = getattr(model, "generation_config", None)
-    keys = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
-    return {k: getattr(gen, k) for k in keys if gen is not None and getattr(gen, k, None) is not None}
 
 
 def _eos_ids(tokenizer, model) -> tuple[int, ...]:
@@ -314,94 +307,127 @@ def build_artifact(recipe: Recipe, output: Path, *, force: bool = False, validat
     return report
 
 
-def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) -> BuildReport:
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
+class _Clock:
+    """Seconds per build stage, in order."""
 
-    def stage(name: str) -> None:
-        nonlocal clock
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def stage(self, name: str) -> None:
         now = time.perf_counter()
-        seconds[name] = round(now - clock, 2)
-        clock = now
+        self.seconds[name] = round(now - self._last, 2)
+        self._last = now
 
+
+@dataclass
+class _Models:
+    """What the build loaded: the target (its float32 reference, the checkpoint's blocks, its
+    normalized config) and the draft side (a draft model, or an EAGLE-3 head) when it has one."""
+
+    source: ModelSource
+    tokenizer: Any
+    reference: Any
+    blocks: dict
+    norm: NormalizedConfig
+    draft_source: ModelSource | None = None
+    draft: Any = None  # a draft model (recipe draft.model)
+    draft_norm: NormalizedConfig | None = None
+    head: Any = None  # an EAGLE-3 head (recipe draft.eagle3)
+
+
+def _load(recipe: Recipe, progress: Progress, clock: _Clock) -> _Models:
+    """Configs first (refusals before any weight), then target, then the draft side."""
     progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
     t_norm = check_config(recipe.target, recipe)
     d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" else None
     progress(f"target: {t_norm.describe()}")
-    stage("check_config")
+    clock.stage("check_config")
     progress(f"loading target {recipe.target.model}")
-    t_src = _source(recipe.target)
-    t_tok = load_tokenizer(t_src, recipe.target.trust_remote_code)
-    reference, blocks = _load_target(t_src, recipe.target)
-    t_norm = _loaded_config(reference, t_norm, recipe.max_context)
-    stage("load_target")
-    probe = _probe_ids(t_tok, recipe)
-    vocab = len(t_tok)
-
-    draft_model = d_src = None
-    pad_rows = 0
-    head = None
+    source = _source(recipe.target)
+    tokenizer = load_tokenizer(source, recipe.target.trust_remote_code)
+    reference, blocks = _load_target(source, recipe.target)
+    m = _Models(source, tokenizer, reference, blocks, _loaded_config(reference, t_norm, recipe.max_context))
+    clock.stage("load_target")
     if recipe.draft.kind == "eagle3":
         progress(f"loading EAGLE-3 head {recipe.draft.model.model}")
-        head, d_src = load_head(recipe, reference)
-        progress(f"EAGLE-3 head: target features {head.config.layer_ids_reason}")
-        stage("load_draft")
-    if recipe.draft.kind == "model":
+        m.head, m.draft_source = load_head(recipe, reference)
+        progress(f"EAGLE-3 head: target features {m.head.config.layer_ids_reason}")
+        clock.stage("load_draft")
+    elif recipe.draft.kind == "model":
         progress(f"loading draft {recipe.draft.model.model}")
-        d_src = _source(recipe.draft.model)
-        d_tok = load_tokenizer(d_src, recipe.draft.model.trust_remote_code)
-        draft_model = load_model(d_src, "float32", recipe.draft.model.trust_remote_code)
-        d_norm = _loaded_config(draft_model, d_norm, recipe.max_context)
-        rows_t = reference.get_output_embeddings().weight.shape[0]
-        rows_d = draft_model.get_output_embeddings().weight.shape[0]
-        compat = check_pair(t_tok, d_tok, rows_t, rows_d)
-        compat.raise_if_incompatible()
-        pad_rows = compat.pad_rows
-        stage("load_draft")
+        m.draft_source = _source(recipe.draft.model)
+        d_tok = load_tokenizer(m.draft_source, recipe.draft.model.trust_remote_code)
+        m.draft = load_model(m.draft_source, "float32", recipe.draft.model.trust_remote_code)
+        m.draft_norm = _loaded_config(m.draft, d_norm, recipe.max_context)
+        compat = check_pair(tokenizer, d_tok, reference.get_output_embeddings().weight.shape[0],
+                            m.draft.get_output_embeddings().weight.shape[0])
+        compat.raise_if_incompatible()  # rows the draft lacks are padded at run time (proposers.DraftModelProposer)
+        clock.stage("load_draft")
+    return m
 
+
+def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) -> BuildReport:
+    clock = _Clock()
+    m = _load(recipe, progress, clock)
+    probe, vocab = _probe_ids(m.tokenizer, recipe), len(m.tokenizer)
     progress(f"exporting target ({recipe.target.precision})")
-    features = tuple(head.config.layer_ids) if head is not None else ()
-    target = _export_target(recipe, reference, blocks, root / "target", probe, validate, progress, features, t_norm)
-    del blocks
-    stage("export_target" + ("+validate" if validate else ""))
+    features = tuple(m.head.config.layer_ids) if m.head is not None else ()
+    target = _export_target(recipe, m.reference, m.blocks, root / "target", probe, validate, progress, features, m.norm)
+    m.blocks = {}
+    clock.stage("export_target" + ("+validate" if validate else ""))
     if validate and recipe.target.exactness == "bitwise" and target.exactness != "bitwise":
         progress(f"warning: target rows differ between call sizes (max |diff| {target.validation['rows']['max_abs_diff']:.3g});"
                  " the manifest records exactness 'numerical'")
-    t_res, t_val = target.result, target.validation
-    target_entry = _entry("target/model.onnx", t_src, reference, recipe.target.precision, t_res.spec, vocab, t_val,
-                          padding=target.padding, exactness=target.exactness, feature_layers=features)
-
+    target_entry = _entry("target/model.onnx", m.source, m.reference, recipe.target.precision, target.result.spec, vocab,
+                          target.validation, padding=target.padding, exactness=target.exactness, feature_layers=features)
     draft_entry = None
-    if head is not None:
+    if m.head is not None:
         progress("exporting the EAGLE-3 head")
-        draft_entry = export_head(head, reference, root, recipe, d_src, vocab, target.result if validate else None, probe)
-        stage("draft" + ("+validate" if validate else ""))
+        draft_entry = export_head(m.head, m.reference, root, recipe, m.draft_source, vocab,
+                                  target.result if validate else None, probe)
+        clock.stage("draft" + ("+validate" if validate else ""))
     elif recipe.draft.has_graph:
-        precision = recipe.draft.precision
-        base_model = draft_model if draft_model is not None else reference
-        base_norm = d_norm if draft_model is not None else t_norm
-        draft_ref = base_model
-        progress(f"making draft ({recipe.draft.kind}, {precision})")
-        with tempfile.TemporaryDirectory(dir=root) as scratch:
-            if precision in QUANTIZED_PRECISIONS:
-                raw = _export(recipe, base_model, Path(scratch), tie_lm_head=False, norm=base_norm)
-                quantize_graph(raw.path, root / "draft", precision, recipe.draft.block_size or BLOCK_SIZE)
-                spec, tol = raw.spec, QUANTIZED
-            else:
-                model = base_model if precision == "fp32" else copy.deepcopy(base_model).to(_dtype(precision))
-                res = _export(recipe, model, root / "draft", norm=base_norm)
-                spec, tol = res.spec, (FP16 if precision == "fp16" else FP32)
-        d_val: dict = {}
-        if validate:
-            d_val = validate_export(draft_ref, root / "draft" / "model.onnx", spec, probe, tol).to_dict()
-            if tol is QUANTIZED:
-                d_val["note"] = "quantized draft: agreement with its fp32 source is reported, not required"
-        draft_entry = _entry("draft/model.onnx", d_src or t_src, base_model, precision, spec, vocab, d_val)
-        stage("draft" + ("+validate" if validate else ""))
-
+        progress(f"making draft ({recipe.draft.kind}, {recipe.draft.precision})")
+        draft_entry = _export_draft(recipe, m, root, probe, vocab, validate)
+        clock.stage("draft" + ("+validate" if validate else ""))
     progress("packaging")
-    t_tok.backend_tokenizer.save(str(root / "tokenizer.json"))
-    template = getattr(t_tok, "chat_template", None)
+    manifest = _package(recipe, root, m, target_entry, draft_entry, progress, clock)
+    clock.stage("package")
+    sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+    validation = {"target": target.validation, **({"draft": draft_entry.validation} if draft_entry else {})}
+    return BuildReport(root, manifest, clock.seconds, sizes, validation)
+
+
+def _export_draft(recipe: Recipe, m: _Models, root: Path, probe: list[int], vocab: int, validate: bool) -> ModelEntry:
+    """A draft graph (a draft model, or a copy of the target) at the recipe's draft precision:
+    quantized ones are exported float, then quantized (their agreement is reported, not
+    required); float ones validated like a target."""
+    precision = recipe.draft.precision
+    base, norm = (m.draft, m.draft_norm) if m.draft is not None else (m.reference, m.norm)
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        if precision in QUANTIZED_PRECISIONS:
+            raw = _export(recipe, base, Path(scratch), tie_lm_head=False, norm=norm)
+            quantize_graph(raw.path, root / "draft", precision, recipe.draft.block_size or BLOCK_SIZE)
+            spec, tol = raw.spec, QUANTIZED
+        else:
+            model = base if precision == "fp32" else copy.deepcopy(base).to(_dtype(precision))
+            spec = _export(recipe, model, root / "draft", norm=norm).spec
+            tol = FP16 if precision == "fp16" else FP32
+    validation: dict = {}
+    if validate:
+        validation = validate_export(base, root / "draft" / "model.onnx", spec, probe, tol).to_dict()
+        if tol is QUANTIZED:
+            validation["note"] = "quantized draft: agreement with its fp32 source is reported, not required"
+    return _entry("draft/model.onnx", m.draft_source or m.source, base, precision, spec, vocab, validation)
+
+
+def _package(recipe: Recipe, root: Path, m: _Models, target_entry: ModelEntry, draft_entry: ModelEntry | None,
+             progress: Progress, clock: _Clock) -> Manifest:
+    """Tokenizer, chat template, recipe, datastore and the manifest beside the graphs."""
+    tok = m.tokenizer
+    tok.backend_tokenizer.save(str(root / "tokenizer.json"))
+    template = getattr(tok, "chat_template", None)
     if isinstance(template, str) and template:
         (root / "chat_template.jinja").write_text(template, encoding="utf-8")
     (root / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2), encoding="utf-8")
@@ -409,7 +435,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     if recipe.retrieval is not None:
         progress("datastore")
         retrieval = _datastore(recipe, root)
-        stage("datastore")
+        clock.stage("datastore")
     manifest = Manifest(
         name=recipe.name,
         max_context=recipe.max_context,
@@ -418,10 +444,10 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         tokenizer=TokenizerEntry(
             file="tokenizer.json",
             chat_template="chat_template.jinja" if (root / "chat_template.jinja").exists() else None,
-            eos_token_ids=_eos_ids(t_tok, reference),
-            bos_token_id=t_tok.bos_token_id,
-            add_bos=bool(t_tok("a")["input_ids"][:1] == [t_tok.bos_token_id]) if t_tok.bos_token_id is not None else False,
-            sha256=tokenizer_hash(t_tok),
+            eos_token_ids=_eos_ids(tok, m.reference),
+            bos_token_id=tok.bos_token_id,
+            add_bos=bool(tok("a")["input_ids"][:1] == [tok.bos_token_id]) if tok.bos_token_id is not None else False,
+            sha256=tokenizer_hash(tok),
         ),
         speculation=SpeculationDefaults(
             proposer=recipe.proposer,
@@ -429,17 +455,13 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
             ngram_sizes=tuple(recipe.draft.ngram_sizes) or DEFAULT_NGRAM_SIZES,
             hybrid_retrieval=recipe.speculation.hybrid_retrieval,
         ),
-        generation={"pad_draft_rows": pad_rows, "max_gamma": recipe.speculation.max_gamma,
-                    "adaptive": recipe.speculation.adaptive, "model_defaults": _sampling_defaults(reference)},
+        generation={"max_gamma": recipe.speculation.max_gamma, "adaptive": recipe.speculation.adaptive},
         tools=_tool_versions(),
         retrieval=retrieval,
         contract_version=_declared_version(target_entry, draft_entry),
     )
     write_manifest(root, manifest)
-    stage("package")
-    sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
-    validation = {"target": t_val, **({"draft": draft_entry.validation} if draft_entry else {})}
-    return BuildReport(root, manifest, seconds, sizes, validation)
+    return manifest
 
 
 def _datastore(recipe: Recipe, root: Path) -> RetrievalEntry:

@@ -18,7 +18,6 @@ from .formats.eagle3 import (
     Eagle3Config,
     Eagle3Head,
 )
-from .model_config import normalize
 
 # ---------------------------------------------------------------------------------- the head
 

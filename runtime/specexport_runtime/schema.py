@@ -4,7 +4,7 @@ Each section is a table key -> Field(kind, required, bounds); unknown keys are r
 manifest is written by `specexport build`, which writes only these), types are exact (a bool is
 not an int), numbers lie in stated ranges and lists and dicts have bounded sizes, so a damaged or
 hostile manifest gives one ArtifactError naming the key, never a traceback or a huge allocation.
-Free-form dicts (validation reports, tools, generation.model_defaults, retrieval.info) are
+Free-form dicts (validation reports, tools, retrieval.info) are
 checked for being JSON of bounded depth and size only: the runtime reads nothing from them that
 it does not check again where it uses it.
 """
@@ -57,9 +57,9 @@ SPECULATION = {
     "ngram_sizes": Field("ints", lo=1, hi=MAX_NGRAM), "hybrid_retrieval": Field("str", choices=HYBRID_RETRIEVALS),
 }
 GENERATION = {
-    "pad_draft_rows": Field("json"), "max_gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA, nullable=True),
-    "adaptive": Field("bool"),
-    "model_defaults": Field("json"),
+    "max_gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA, nullable=True), "adaptive": Field("bool"),
+    # written by older builds, read by no runtime: accepted so that those artifacts still load
+    "pad_draft_rows": Field("json"), "model_defaults": Field("json"),
 }
 RETRIEVAL = {"tokens": Field("str", True), "suffix_array": Field("str", True), "token_count": Field("int", True, 1),
              "info": Field("json")}

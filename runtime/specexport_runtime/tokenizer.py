@@ -28,10 +28,6 @@ class TextCodec:
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(chat_template)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return self._template is not None
-
     def encode(self, text: str | bytes, add_special_tokens: bool = True) -> list[int]:
         if isinstance(text, bytes):
             try:

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture, arch_for
-from specexport.decoder import ContractDecoder, UnsupportedConfig
+from specexport.decoder import UnsupportedConfig
 from specexport.model_config import normalize
 from specexport.errors import SpecExportError
 from specexport.export import DATA_NAME, GRAPH_NAME, export_graph

@@ -6,7 +6,6 @@ fault (dotted and indexed, e.g. `messages[1].role`) or is None when no field is.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 INVALID_REQUEST = "invalid_request_error"
@@ -31,9 +30,6 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def json_bytes(self) -> bytes:
-        return json.dumps(self.body()).encode()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:

@@ -14,7 +14,7 @@ from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig, plan_rows
 from specexport_runtime.errors import ArtifactError, InvalidArgument
 from specexport_runtime.manifest import read_manifest
-from specexport_runtime.rowcheck import row_invariance
+from specexport.rowcheck import row_invariance
 
 
 # --------------------------------------------------------------------------- plan_rows (pure)

@@ -6,7 +6,7 @@ comes out the same either way. `row_invariance` measures it on a model as the ru
 it (with its min_rows padding, contract 1.2): the rows of tokens fed one per call against
 the rows of the same tokens fed in one call of k rows, for several k, on the same cache.
 The build records the result in the manifest (`exactness`); run it on another provider to
-check that provider (scripts/device-check does on CUDA).
+check that provider.
 """
 
 from __future__ import annotations
