@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from .formats.eagle3 import Eagle3Head, replace_folder, write_eagle3_head
+from .model_config import normalize
 from .train_config import DEFAULT_DRAFT_VOCAB, Progress, TrainConfig, TrainDraftError
 from .train_data import (
     FrozenTarget,
@@ -230,13 +231,46 @@ def train_draft(config: TrainConfig, progress: Progress | None = None) -> TrainR
 
 
 def _train(config: TrainConfig, progress: Progress) -> TrainReport:
-    t_start = time.perf_counter()
-    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
     _check_out(config.out)
     resume = _read_checkpoint(config.resume) if config.resume is not None else None
-
     progress({"event": "stage", "message": "loading the target"})
     tgt = load_target(config.target)
+    layer_ids, reason = _layer_ids(tgt, config, resume)
+    seconds = {"load_target": time.perf_counter() - clock}
+    t0 = time.perf_counter()
+    windows, sources = build_windows(tgt, config, progress)
+    train_idx, held_idx = split_held_out(len(windows), config)
+    train, held = [windows[i] for i in train_idx], [windows[i] for i in held_idx]
+    fingerprint = hashlib.sha256(b"".join(w.ids.tobytes() + w.first_row.to_bytes(4, "little") for w in train)).hexdigest()[:16]
+    seconds["data"] = time.perf_counter() - t0
+    notes: list[str] = []
+    draft_ids, coverage = _draft_vocab(tgt, config, resume, train, fingerprint, notes)
+    run = _Session(config, tgt, layer_ids, draft_ids, progress, notes, resume, clock)
+    run.seconds.update(seconds)
+    t0 = time.perf_counter()
+    progress({"event": "stage", "message": f"target features of {len(held)} held-out windows"})
+    run.held_out(held)
+    run.seconds["held_out_features"] = time.perf_counter() - t0
+    run.meta = {"format": CHECKPOINT_FORMAT, "target": _target_meta(tgt), "layer_ids": list(layer_ids),
+                "layer_ids_reason": reason, "data_fingerprint": fingerprint, "init": run.init.split("; resumed")[0]}
+    run.data_info = {
+        "sources": sources,
+        "windows": len(windows), "seq_len": config.seq_len,
+        "train_windows": len(train), "train_tokens": int(sum(len(w.ids) for w in train)),
+        "held_out_windows": len(held), "held_out_tokens": int(sum(len(w.ids) for w in held)),
+        "benchmark_prompts_held_out": {"prompts": list(config.holdout_prompts), "limit": config.holdout_limit},
+        "fingerprint": fingerprint,
+    }
+    run.vocab_info = {"size": len(draft_ids), "target_vocab": tgt.shape.vocab_size,
+                      "coverage_of_train_tokens": round(coverage, 5), "eos_ids": list(tgt.eos_ids),
+                      "choice": "most frequent target tokens of the training windows, EOS ids always in"}
+    run.reason = reason
+    return run.fit(train)
+
+
+def _layer_ids(tgt: FrozenTarget, config: TrainConfig, resume) -> tuple[tuple[int, ...], str]:
+    """The three entering layers the head reads: the checkpoint's, the caller's, or EAGLE-3's default."""
     L = tgt.shape.num_layers
     if resume is not None:
         meta = resume[0]
@@ -255,164 +289,177 @@ def _train(config: TrainConfig, progress: Progress) -> TrainReport:
     if bad:
         raise TrainDraftError(f"layer ids {list(layer_ids)} are outside the target's entering layers 0..{L - 1} "
                               f"(L = {L}): {bad}; pass layers explicitly")
-    seconds["load_target"] = time.perf_counter() - t_start
+    return tuple(layer_ids), reason
 
-    t0 = time.perf_counter()
-    windows, sources = build_windows(tgt, config, progress)
-    train_idx, held_idx = split_held_out(len(windows), config)
-    train = [windows[i] for i in train_idx]
-    held = [windows[i] for i in held_idx]
-    fingerprint = hashlib.sha256(b"".join(w.ids.tobytes() + w.first_row.to_bytes(4, "little") for w in train)).hexdigest()[:16]
-    seconds["data"] = time.perf_counter() - t0
 
+def _draft_vocab(tgt: FrozenTarget, config: TrainConfig, resume, train: list[Window], fingerprint: str,
+                 notes: list[str]) -> tuple[torch.Tensor, float]:
+    """(draft ids int64 [V_draft], share of training tokens they cover): the checkpoint's, or the
+    most frequent tokens of the training windows."""
     V = tgt.shape.vocab_size
-    notes: list[str] = []
     if resume is not None:
         draft_ids = resume[1]["draft_ids"].to(torch.int64)
         if config.draft_vocab_size is not None and config.draft_vocab_size != len(draft_ids):
             raise TrainDraftError(f"draft_vocab_size {config.draft_vocab_size} differs from the checkpoint's {len(draft_ids)}")
-        coverage = _coverage(train, draft_ids.numpy(), V)
         if resume[0].get("data_fingerprint") != fingerprint:
             notes.append(f"the data differs from the checkpoint's (fingerprint {resume[0].get('data_fingerprint')} -> {fingerprint})")
-    else:
-        size = config.draft_vocab_size if config.draft_vocab_size is not None else min(DEFAULT_DRAFT_VOCAB, V)
-        if size > V:
-            raise TrainDraftError(f"draft_vocab_size {size} > the target's vocabulary {V}")
-        ids_np, coverage = choose_draft_vocab(train, size, V, tgt.eos_ids)
-        draft_ids = torch.from_numpy(ids_np)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[draft_ids] = True
+        return draft_ids, _coverage(train, draft_ids.numpy(), V)
+    size = config.draft_vocab_size if config.draft_vocab_size is not None else min(DEFAULT_DRAFT_VOCAB, V)
+    if size > V:
+        raise TrainDraftError(f"draft_vocab_size {size} > the target's vocabulary {V}")
+    ids_np, coverage = choose_draft_vocab(train, size, V, tgt.eos_ids)
+    return torch.from_numpy(ids_np), coverage
 
-    shape = head_shape(tgt.model.config, len(draft_ids))
-    rope = dict(getattr(tgt.model.config, "rope_parameters", None) or getattr(tgt.model.config, "rope_scaling", None) or {})
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        notes.append(f"the target's rope is {rope.get('rope_type', rope.get('type'))!r}; the head uses plain rope "
-                     f"(theta {shape.rope_theta:g}), the only kind the published format supports here")
-    if shape.heads % shape.kv_heads:
-        raise TrainDraftError(f"the target's {shape.heads} attention heads are not a multiple of its {shape.kv_heads} KV heads")
-    torch.manual_seed(config.seed)
-    model = Eagle3Draft(shape)
-    init = init_from_target(model, tgt.model, draft_ids, config.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
-    start_step, loss_history, agreement_history, trained_before, tokens_before = 0, [], [], 0.0, 0
-    per_step_history: list[list[float]] = []
-    if resume is not None:
-        meta = resume[0]
-        _restore(model, opt, resume[1], int(meta["adam_steps"]))
-        start_step = int(meta["step"])
-        loss_history = list(meta.get("loss_history", []))
-        per_step_history = [list(x) for x in meta.get("step_losses_history", [])]
-        agreement_history = list(meta.get("agreement_history", []))
-        trained_before = float(meta.get("train_seconds", 0.0))
-        tokens_before = int(meta.get("tokens_trained", 0))
-        init = meta.get("init", init) + f"; resumed at step {start_step}"
 
-    batches_per_epoch = math.ceil(len(train) / config.batch_size)
-    total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * batches_per_epoch)
-    if start_step >= total:
-        raise TrainDraftError(f"the checkpoint is at step {start_step}; steps {total} asks for no more (give steps > {start_step})")
+class _Session:
+    """One training run: the head, its optimizer and histories (carried on from a checkpoint),
+    held-out evaluation, the step loop and the atomic output."""
 
-    t0 = time.perf_counter()
-    progress({"event": "stage", "message": f"target features of {len(held)} held-out windows"})
-    by_source: dict[str, list[Window]] = {}
-    for w in held:
-        by_source.setdefault(w.source, []).append(w)
-    # (source, batch): batches never mix sources, so agreement is also reported per source (a mix of
-    # easy source code and chat answers hides how the head does on chat)
-    held_batches = [(src, make_batch(tgt, ws[i : i + config.batch_size], layer_ids, None))
-                    for src, ws in sorted(by_source.items()) for i in range(0, len(ws), config.batch_size)]
-    seconds["held_out_features"] = time.perf_counter() - t0
+    def __init__(self, config: TrainConfig, tgt: FrozenTarget, layer_ids: tuple[int, ...], draft_ids: torch.Tensor,
+                 progress: Progress, notes: list[str], resume, clock: float):
+        self.config, self.tgt, self.layer_ids, self.draft_ids = config, tgt, layer_ids, draft_ids
+        self.progress, self.notes, self.resume, self.clock = progress, notes, resume, clock
+        self.seconds: dict[str, float] = {}
+        self.t2d = torch.zeros(tgt.shape.vocab_size, dtype=torch.bool)
+        self.t2d[draft_ids] = True
+        shape = head_shape(tgt.model.config, len(draft_ids))
+        kinds = sorted({r.kind for _, r in normalize(tgt.model.config).ropes} - {"default"})
+        if kinds:
+            notes.append(f"the target's rope is {'/'.join(kinds)}; the head uses plain rope (theta {shape.rope_theta:g}),"
+                         " the only kind the published format supports here")
+        if shape.heads % shape.kv_heads:
+            raise TrainDraftError(f"the target's {shape.heads} attention heads are not a multiple of its {shape.kv_heads} KV heads")
+        torch.manual_seed(config.seed)
+        self.model = Eagle3Draft(shape)
+        self.init = init_from_target(self.model, tgt.model, draft_ids, config.seed)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.95),
+                                     weight_decay=config.weight_decay)
+        self.start_step, self.trained_before, self.tokens_before = 0, 0.0, 0
+        self.loss_history: list[float] = []
+        self.per_step_history: list[list[float]] = []  # per step: the loss of each ttt step
+        self.agreement_history: list[dict] = []
+        if resume is not None:
+            meta = resume[0]
+            _restore(self.model, self.opt, resume[1], int(meta["adam_steps"]))
+            self.start_step = int(meta["step"])
+            self.loss_history = list(meta.get("loss_history", []))
+            self.per_step_history = [list(x) for x in meta.get("step_losses_history", [])]
+            self.agreement_history = list(meta.get("agreement_history", []))
+            self.trained_before = float(meta.get("train_seconds", 0.0))
+            self.tokens_before = int(meta.get("tokens_trained", 0))
+            self.init = meta.get("init", self.init) + f"; resumed at step {self.start_step}"
+        self.held_batches: list = []
+        self.meta: dict = {}
+        self.data_info: dict = {}
+        self.vocab_info: dict = {}
+        self.reason = ""
 
-    def evaluate(step: int) -> list[float] | None:
-        if not held_batches:
+    def held_out(self, held: list[Window]) -> None:
+        """(source, batch) of the held-out windows: batches never mix sources, so agreement is also
+        reported per source (a mix of easy source code and chat answers hides how the head does on chat)."""
+        by_source: dict[str, list[Window]] = {}
+        for w in held:
+            by_source.setdefault(w.source, []).append(w)
+        size = self.config.batch_size
+        self.held_batches = [(src, make_batch(self.tgt, ws[i : i + size], self.layer_ids, None))
+                             for src, ws in sorted(by_source.items()) for i in range(0, len(ws), size)]
+
+    def evaluate(self, step: int) -> list[float] | None:
+        """Held-out top-1 agreement per ttt step (recorded in the history), None without held-out rows."""
+        if not self.held_batches:
             return None
-        model.eval()
-        hits = {src: np.zeros(config.ttt_steps) for src, _ in held_batches}
-        rows = {src: np.zeros(config.ttt_steps) for src, _ in held_batches}
+        steps = self.config.ttt_steps
+        self.model.eval()
+        hits = {src: np.zeros(steps) for src, _ in self.held_batches}
+        rows = {src: np.zeros(steps) for src, _ in self.held_batches}
         with torch.no_grad():
-            for src, b in held_batches:
-                logits = ttt_forward(model, tgt.embed, b.features, b.ids, config.ttt_steps)
-                for k, (h, n) in enumerate(agreement_counts(logits, b, draft_ids)):
+            for src, b in self.held_batches:
+                logits = ttt_forward(self.model, self.tgt.embed, b.features, b.ids, steps)
+                for k, (h, n) in enumerate(agreement_counts(logits, b, self.draft_ids)):
                     hits[src][k] += h
                     rows[src][k] += n
-        model.train()
+        self.model.train()
 
         def ratio(h, n) -> list[float]:
             return [round(float(a / c), 5) if c else 0.0 for a, c in zip(h, n)]
 
         agree = ratio(sum(hits.values()), sum(rows.values()))
-        agreement_history.append({"step": step, "agreement": agree,
-                                  "by_source": {src: ratio(hits[src], rows[src]) for src in sorted(hits)}})
-        progress({"event": "eval", "step": step, "agreement": agree})
+        self.agreement_history.append({"step": step, "agreement": agree,
+                                       "by_source": {src: ratio(hits[src], rows[src]) for src in sorted(hits)}})
+        self.progress({"event": "eval", "step": step, "agreement": agree})
         return agree
 
-    meta_base = {"format": CHECKPOINT_FORMAT, "target": _target_meta(tgt), "layer_ids": list(layer_ids),
-                 "layer_ids_reason": reason, "data_fingerprint": fingerprint, "init": init.split("; resumed")[0]}
-    data_info = {
-        "sources": sources,
-        "windows": len(windows), "seq_len": config.seq_len,
-        "train_windows": len(train), "train_tokens": int(sum(len(w.ids) for w in train)),
-        "held_out_windows": len(held), "held_out_tokens": int(sum(len(w.ids) for w in held)),
-        "benchmark_prompts_held_out": {"prompts": list(config.holdout_prompts), "limit": config.holdout_limit},
-        "fingerprint": fingerprint,
-    }
-    vocab_info = {"size": len(draft_ids), "target_vocab": V, "coverage_of_train_tokens": round(coverage, 5),
-                  "eos_ids": list(tgt.eos_ids), "choice": "most frequent target tokens of the training windows, EOS ids always in"}
+    def fit(self, train: list[Window]) -> TrainReport:
+        """The step loop from the start step to the total, evaluating and saving as configured."""
+        config = self.config
+        batches_per_epoch = math.ceil(len(train) / config.batch_size)
+        total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * batches_per_epoch)
+        if self.start_step >= total:
+            raise TrainDraftError(f"the checkpoint is at step {self.start_step}; steps {total} asks for no more"
+                                  f" (give steps > {self.start_step})")
+        self.total = total
+        history = self.agreement_history
+        agree = self.evaluate(self.start_step) if self.start_step == 0 else (history[-1]["agreement"] if history else None)
+        self.model.train()
+        t_train = time.perf_counter()
+        tokens = self.tokens_before
+        weights = [config.ttt_decay**k for k in range(config.ttt_steps)]
+        for step in range(self.start_step, total):
+            epoch, pos = divmod(step, batches_per_epoch)
+            perm = np.random.default_rng([config.seed, epoch]).permutation(len(train))
+            batch_windows = [train[i] for i in perm[pos * config.batch_size : (pos + 1) * config.batch_size]]
+            batch = make_batch(self.tgt, batch_windows, self.layer_ids, self.draft_ids)
+            lr = lr_at(step, total, config)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            logits = ttt_forward(self.model, self.tgt.embed, batch.features, batch.ids, config.ttt_steps)
+            losses = ttt_losses(logits, batch, self.t2d)
+            loss = sum(w * l for w, l in zip(weights, losses))
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+            self.opt.step()
+            tokens += int(batch.rows.sum())
+            self.loss_history.append(float(loss.detach()))
+            self.per_step_history.append([float(x.detach()) for x in losses])
+            done = step + 1
+            if done % config.eval_every == 0 or done == total:
+                agree = self.evaluate(done)
+            self.progress({"event": "step", "step": done, "total": total, "start": self.start_step,
+                           "loss": self.loss_history[-1], "losses": self.per_step_history[-1], "lr": lr,
+                           "agreement": agree})
+            if config.save_every and done % config.save_every == 0 and done < total:
+                self.save(done, agree, self.trained_before + time.perf_counter() - t_train, tokens)
+        self.progress({"event": "stage", "message": f"writing {config.out}"})
+        return self.save(total, agree, self.trained_before + time.perf_counter() - t_train, tokens)
 
-    def save(step: int, agree: list[float] | None, train_seconds: float, tokens: int) -> TrainReport:
-        window = per_step_history[-max(1, min(50, len(per_step_history) // 5 or 1)):]
+    def save(self, step: int, agree: list[float] | None, train_seconds: float, tokens: int) -> TrainReport:
+        """The head, training.json and the checkpoint at `step`, written atomically."""
+        config, steps = self.config, self.per_step_history
+        window = steps[-max(1, min(50, len(steps) // 5 or 1)):]
         final_losses = [float(np.mean([h[k] for h in window])) for k in range(config.ttt_steps)] if window else []
-        final_loss = float(np.mean(loss_history[-len(window):])) if window else float("nan")
-        elapsed = time.perf_counter() - t_start
+        final_loss = float(np.mean(self.loss_history[-len(window):])) if window else float("nan")
+        elapsed = time.perf_counter() - self.clock
         report = TrainReport(
-            out=config.out, target={"description": tgt.description, **_target_meta(tgt)}, layer_ids=tuple(layer_ids),
-            layer_ids_reason=reason, draft_vocab=vocab_info, data=data_info, init=init, start_step=start_step,
-            steps=step, tokens_trained=tokens, final_losses=final_losses, final_loss=final_loss, agreement=agree,
-            agreement_history=agreement_history, loss_history=[round(x, 5) for x in loss_history],
-            seconds={**{k: round(v, 2) for k, v in seconds.items()}, "train": round(train_seconds, 2), "total_this_run": round(elapsed, 2)},
-            tokens_per_second=round((tokens - tokens_before) / max(1e-9, train_seconds - trained_before), 1),
-            config=config.to_dict(), resumed_from=None if resume is None else str(resume[2]), notes=notes)
-        head = export_head(model, draft_ids, V, layer_ids, reason)
-        ckpt_meta = {**meta_base, "step": step, "adam_steps": int(_adam_steps(opt)), "lr": lr_at(min(step, total - 1), total, config),
-                     "loss_history": report.loss_history, "step_losses_history": [[round(x, 5) for x in h] for h in per_step_history],
-                     "agreement_history": agreement_history, "train_seconds": train_seconds, "tokens_trained": tokens,
-                     "config": config.to_dict()}
-        _write_output(config.out, head, report.to_dict(), _checkpoint_tensors(model, opt, draft_ids), ckpt_meta)
+            out=config.out, target={"description": self.tgt.description, **_target_meta(self.tgt)},
+            layer_ids=tuple(self.layer_ids), layer_ids_reason=self.reason, draft_vocab=self.vocab_info,
+            data=self.data_info, init=self.init, start_step=self.start_step, steps=step, tokens_trained=tokens,
+            final_losses=final_losses, final_loss=final_loss, agreement=agree, agreement_history=self.agreement_history,
+            loss_history=[round(x, 5) for x in self.loss_history],
+            seconds={**{k: round(v, 2) for k, v in self.seconds.items()}, "train": round(train_seconds, 2),
+                     "total_this_run": round(elapsed, 2)},
+            tokens_per_second=round((tokens - self.tokens_before) / max(1e-9, train_seconds - self.trained_before), 1),
+            config=config.to_dict(), resumed_from=None if self.resume is None else str(self.resume[2]), notes=self.notes)
+        head = export_head(self.model, self.draft_ids, self.tgt.shape.vocab_size, self.layer_ids, self.reason)
+        ckpt_meta = {**self.meta, "step": step, "adam_steps": int(_adam_steps(self.opt)),
+                     "lr": lr_at(min(step, self.total - 1), self.total, config), "loss_history": report.loss_history,
+                     "step_losses_history": [[round(x, 5) for x in h] for h in steps],
+                     "agreement_history": self.agreement_history, "train_seconds": train_seconds,
+                     "tokens_trained": tokens, "config": config.to_dict()}
+        _write_output(config.out, head, report.to_dict(), _checkpoint_tensors(self.model, self.opt, self.draft_ids),
+                      ckpt_meta)
         return report
-
-    agree = evaluate(start_step) if start_step == 0 else (agreement_history[-1]["agreement"] if agreement_history else None)
-    model.train()
-    t_train = time.perf_counter()
-    tokens = tokens_before
-    weights = [config.ttt_decay ** k for k in range(config.ttt_steps)]
-    for step in range(start_step, total):
-        epoch, pos = divmod(step, batches_per_epoch)
-        perm = np.random.default_rng([config.seed, epoch]).permutation(len(train))
-        batch_windows = [train[i] for i in perm[pos * config.batch_size : (pos + 1) * config.batch_size]]
-        batch = make_batch(tgt, batch_windows, layer_ids, draft_ids)
-        lr = lr_at(step, total, config)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        logits = ttt_forward(model, tgt.embed, batch.features, batch.ids, config.ttt_steps)
-        losses = ttt_losses(logits, batch, t2d)
-        loss = sum(w * l for w, l in zip(weights, losses))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        opt.step()
-        tokens += int(batch.rows.sum())
-        loss_history.append(float(loss.detach()))
-        per_step_history.append([float(x.detach()) for x in losses])
-        done = step + 1
-        if done % config.eval_every == 0 or done == total:
-            agree = evaluate(done)
-        progress({"event": "step", "step": done, "total": total, "start": start_step, "loss": loss_history[-1],
-                  "losses": per_step_history[-1], "lr": lr, "agreement": agree})
-        if config.save_every and done % config.save_every == 0 and done < total:
-            save(done, agree, trained_before + time.perf_counter() - t_train, tokens)
-    progress({"event": "stage", "message": f"writing {config.out}"})
-    return save(total, agree, trained_before + time.perf_counter() - t_train, tokens)
 
 
 def _coverage(windows: Sequence[Window], ids: np.ndarray, vocab: int) -> float:
