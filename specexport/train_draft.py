@@ -1,4 +1,4 @@
-"""`specexport train-draft`: train an EAGLE-3 head for a target on the CPU (issue 11, docs/training.md).
+"""`specexport train-draft`: train an EAGLE-3 head for a target on the CPU (docs/training.md).
 
 The head is written in the published format (specexport/formats/eagle3.py), so specexport,
 vLLM, SGLang and llama.cpp's converter read it. This module is the training loop, its report and

@@ -1,9 +1,9 @@
 """EAGLE-3 heads for tests: a random head folder in the published format and an independent
-PyTorch reference forward, written from issue 11's description with plain torch / json /
+PyTorch reference forward, written from the EAGLE-3 paper's description with plain torch / json /
 safetensors code (nothing here imports specexport, so the exporter and the loader are checked
 against it, not against themselves).
 
-One draft step over S rows (issue 11, "Forward of one draft step"), H the head's hidden size:
+One draft step over S rows, H the head's hidden size:
 
     e = embed(token)                                   [S, H]  the target's embedding (or the head's)
     h = fc(features)  or the head's previous hidden    [S, H]  features [S, 3 H_t] = low | mid | high

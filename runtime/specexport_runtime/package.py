@@ -1,4 +1,4 @@
-"""Single-file artifacts (`.spx`) and their atomic installation on a device (issue 15).
+"""Single-file artifacts (`.spx`) and their atomic installation on a device (docs/artifact.md).
 
 pack     a plain tar: manifest.json first, then manifest.sig when present, then every file the
          manifest lists (sorted); nothing else from the folder (no stray files travel).

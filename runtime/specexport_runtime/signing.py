@@ -1,4 +1,4 @@
-"""Detached ed25519 signatures over an artifact's manifest (issue 15).
+"""Detached ed25519 signatures over an artifact's manifest (docs/artifact.md).
 
 The manifest lists every file's sha256, so a signature over the manifest covers every file:
 `load(..., trusted_keys=[...])` checks the signature first, then the checksums. What is signed is

@@ -1,8 +1,8 @@
 """EAGLE-3 draft heads in their published format: loader, checks and writer.
 
 A head is one Llama decoder layer whose attention reads 2H inputs, plus an `fc` that mixes three
-of the target's hidden states and an lm_head over a reduced draft vocabulary (issue 11, "The
-published format"). A folder holds `config.json` and `model.safetensors` (or sharded
+of the target's hidden states and an lm_head over a reduced draft vocabulary (the format of
+the EAGLE reference code, SpecForge and vLLM). A folder holds `config.json` and `model.safetensors` (or sharded
 `*.safetensors` with `model.safetensors.index.json`; a `pytorch_model.bin` pickle only with
 allow_pickle=True, then read with torch.load(weights_only=True)). Its tensors:
 

@@ -1,5 +1,5 @@
 """Artifact paths stay inside the artifact (runtime/specexport_runtime/paths.py): every case of
-issue 15's confinement list gives a typed PathError, and nothing outside the folder is read."""
+the confinement rule of docs/artifact.md gives a typed PathError, and nothing outside the folder is read."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Signed artifacts (runtime/specexport_runtime/signing.py): sign -> verify, and every refusal
-issue 15 lists: a changed byte in any file, a changed manifest, a wrong key, a missing or
+of docs/artifact.md: a changed byte in any file, a changed manifest, a wrong key, a missing or
 malformed signature; without trusted keys nothing changes."""
 
 from __future__ import annotations
