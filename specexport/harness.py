@@ -222,8 +222,13 @@ class Run:
         return same, total
 
     def memory_notes(self) -> list[str]:
-        """One line per method that keeps anything across requests: what, and whether cleared."""
-        return [f"{m.name}: {m.memory}" for m in self.methods if m.memory != "none"]
+        """One line per statement of what methods keep across requests and whether it is
+        cleared: 'method, method: statement' (methods that keep nothing are left out)."""
+        by_note: dict[str, list[str]] = {}
+        for m in self.methods:
+            if m.memory != "none":
+                by_note.setdefault(m.memory, []).append(m.name)
+        return [f"{', '.join(names)}: {note}" for note, names in by_note.items()]
 
     def to_dict(self) -> dict:
         """The run as JSON data: methods (name, memory, info), cases, repeats, every sample."""
