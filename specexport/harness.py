@@ -98,9 +98,9 @@ def make_cases(codec, prompts: Sequence[Prompt], per_prompt_limit: bool = False)
             for p in prompts]
 
 
-def warmup_case(codec) -> Case:
+def warmup_case(codec, max_new_tokens: int | None = None) -> Case:
     """The warm-up prompt (WARMUP_MESSAGES through the codec's chat template)."""
-    return Case(WARMUP_ID, tuple(codec.encode_chat(list(WARMUP_MESSAGES))), WARMUP_ID)
+    return Case(WARMUP_ID, tuple(codec.encode_chat(list(WARMUP_MESSAGES))), WARMUP_ID, max_new_tokens)
 
 
 # --------------------------------------------------------------------------- methods and runs

@@ -104,3 +104,19 @@ def test_compare_genai_refuses_bad_input(tmp_path):
     with pytest.raises(HarnessError, match="want PRECISION=LABEL"):
         module.parse_pairs(["int4=nope"], ["fp32"])
     assert module.harness.cli(module.main, ["x", "--genai-model", "y", "--genai-python", str(tmp_path / "no")]) == 2
+
+
+def test_compare_transformers_runs_through_the_harness(tiny_artifacts, tmp_path, capsys):
+    """On a tiny artifact and the transformers folder it was built from: every method measured on
+    every prompt, hf greedy the reference, specexport's tokens equal to it."""
+    art = tiny_artifacts["self"]
+    out = tmp_path / "hf.json"
+    module = load_script(BENCHMARKS / "compare_transformers.py")
+    assert module.main([str(art), "--model", str(art.parent / "target-hf"), "--prompts", "code", "--limit", "2",
+                        "--max-new-tokens", "6", "--threads", "1", "--json", str(out)]) == 0
+    assert "machine:" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    rows = {r["method"]: r for r in doc["rows"]}
+    assert rows["hf greedy"]["ratio"] == 1.0 and rows["specexport off"]["identical"] == 2
+    assert {"specexport draft (gamma 4)", "specexport ngram (gamma 4)", "hf prompt lookup (10)"} <= set(rows)
+    assert len(doc["run"]["samples"]) == 2 * len(rows)
