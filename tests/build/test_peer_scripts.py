@@ -120,3 +120,15 @@ def test_compare_transformers_runs_through_the_harness(tiny_artifacts, tmp_path,
     assert rows["hf greedy"]["ratio"] == 1.0 and rows["specexport off"]["identical"] == 2
     assert {"specexport draft (gamma 4)", "specexport ngram (gamma 4)", "hf prompt lookup (10)"} <= set(rows)
     assert len(doc["run"]["samples"]) == 2 * len(rows)
+
+
+def test_serve_overhead_runs_through_the_harness(tiny_artifacts, tmp_path, capsys):
+    """Both paths on one tiny generator, the store emptied before each: same tokens."""
+    out = tmp_path / "serve.json"
+    module = load_script(BENCHMARKS / "serve_overhead.py")
+    assert module.main([str(tiny_artifacts["self"]), "--limit", "2", "--max-new-tokens", "6", "--repeats", "1",
+                        "--threads", "1", "--proposer", "hybrid", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["outputs_equal"] == "2/2" and doc["summary"]["proposer"] == "hybrid"
+    assert {s["method"] for s in doc["run"]["samples"]} == {"in_process", "server"}
+    assert "memory: in_process, server: suffix store" in capsys.readouterr().out
