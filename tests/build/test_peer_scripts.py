@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = sorted(p for p in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("experiments/*.py")] if p.stem != "__init__")
+SCRIPTS = sorted(BENCHMARKS.glob("*.py"))
 
 
 def load_script(path: Path):
