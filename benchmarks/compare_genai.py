@@ -164,10 +164,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parser():
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap = harness.script_parser(__doc__)
     ap.add_argument("artifacts", nargs="+", type=Path, metavar="ARTIFACT",
                     help="artifact folder(s) (specexport build); each runs target-only and with every proposer it supports")
     ap.add_argument("--genai-model", action="append", required=True, metavar="[LABEL=]DIR",

@@ -347,8 +347,7 @@ def format_table(rows: list[dict]) -> str:
 # ---- main -------------------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap = harness.script_parser(__doc__)
     ap.add_argument("artifacts", nargs="+", type=Path, help="specexport artifact folders (specexport build RECIPE -o DIR)")
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--llama-bin", help="folder holding llama-server, llama-bench and llama-quantize")

@@ -40,8 +40,7 @@ WARMUP_TOKENS = 8
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", help="artifact folder (specexport build)")
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct",
                     help="transformers source of the same target (folder, .gguf, hub id or builtin:NAME)")

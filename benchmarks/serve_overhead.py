@@ -71,8 +71,7 @@ def through_server(client, model: str, messages: list[dict], n: int, proposer: s
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", help="artifact folder (specexport build)")
     ap.add_argument("--proposer", default=None, help="the proposer of both paths (default: the artifact's)")
     harness.add_run_options(ap, prompts="chat", limit=5, max_new_tokens=128, repeats=3, threads=2)

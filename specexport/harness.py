@@ -379,6 +379,12 @@ def write_json(path: str | Path, doc: dict) -> None:
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
 
 
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser: its docstring's first paragraph as description, the rest as epilog."""
+    first, _, rest = doc.strip().partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_run_options(ap: argparse.ArgumentParser, prompts: str = "code", limit: int = 3, max_new_tokens: int = 128,
                     repeats: int = 1, threads: int = 2) -> None:
     """The options every measuring script shares: --prompts --limit --max-new-tokens --repeats
@@ -413,4 +419,4 @@ def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
 __all__ = ["BOOTSTRAP_SAMPLES", "Case", "HarnessError", "Method", "Run", "SETTLE_SECONDS", "Sample", "WARMUP_ID",
            "WARMUP_MESSAGES", "add_run_options", "bootstrap_ci", "check_run_options", "cli", "encode_prompt",
            "header", "load_prompt_set", "make_cases", "median_seconds", "percentiles", "ratio_ci", "rotated",
-           "run_interleaved", "run_metadata", "schedule", "until_eos", "wall_tok_s", "warmup_case", "write_json"]
+           "run_interleaved", "run_metadata", "schedule", "script_parser", "until_eos", "wall_tok_s", "warmup_case", "write_json"]
