@@ -385,26 +385,31 @@ def script_parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def add_run_options(ap: argparse.ArgumentParser, prompts: str = "code", limit: int = 3, max_new_tokens: int = 128,
-                    repeats: int = 1, threads: int = 2) -> None:
-    """The options every measuring script shares: --prompts --limit --max-new-tokens --repeats
-    --threads --json (check_run_options() validates them)."""
+def add_run_options(ap: argparse.ArgumentParser, prompts: str = "code", limit: int = 3,
+                    max_new_tokens: int | None = 128, repeats: int | None = 1, threads: int = 2) -> None:
+    """The options the measuring scripts share: --prompts --limit --max-new-tokens (None: each
+    prompt's own) --repeats (left out with repeats=None: a script that times nothing) --threads
+    --json; check_run_options() validates them."""
     ap.add_argument("--prompts", default=prompts,
                     help=f"comma-separated calibration domains, 'all', or JSONL/text prompt files (default {prompts})")
     ap.add_argument("--limit", type=int, default=limit, help=f"prompts per domain (default {limit})")
+    own = "each prompt's own max_new_tokens" if max_new_tokens is None else max_new_tokens
     ap.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
-                    help=f"new tokens per generation at most (default {max_new_tokens})")
-    ap.add_argument("--repeats", type=int, default=repeats,
-                    help=f"measurements of every prompt and method, interleaved (default {repeats})")
+                    help=f"new tokens per generation at most (default {own})")
+    if repeats is not None:
+        ap.add_argument("--repeats", type=int, default=repeats,
+                        help=f"measurements of every prompt and method, interleaved (default {repeats})")
     ap.add_argument("--threads", type=int, default=threads, help=f"intra-op threads of every engine (default {threads})")
     ap.add_argument("--json", default=None, metavar="OUT",
-                    help="write the machine, command, settings, table and every sample as JSON here")
+                    help="write the machine, command, settings and results as JSON here")
 
 
 def check_run_options(args: argparse.Namespace) -> None:
+    """HarnessError naming the first of the shared options below 1."""
     for name in ("limit", "max_new_tokens", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            raise HarnessError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise HarnessError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
 def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:

@@ -28,12 +28,14 @@ SPECEXPORT_MEMORY = ("suffix store of earlier answers: cleared before every gene
                      "acceptance (gamma controllers, suffix score calibration, draft-limit tuner) carry over")
 
 
-def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamma: int | None = None) -> dict:
+def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamma: int | None = None,
+                   **options) -> dict:
     """One greedy gen.generate from token ids; mode 'off' (target only) or a proposer name, gamma
-    None for the artifact's gamma policy. -> {"tokens": the new ids (EOS excluded), "new_tokens",
-    "seconds": wall seconds of the call, "first_seconds": its prefill, "tok_s": decode tokens/s
-    ((new - 1) / seconds after the prefill), "drafted", "accepted", "calls": target calls}."""
-    kw: dict = {"speculative": False} if mode == "off" else {"proposer": mode}
+    None for the artifact's gamma policy, options further generate arguments (e.g. domain). -> {"tokens": the new ids (EOS excluded), "new_tokens",
+    "seconds": wall seconds of the call, "first_seconds": its prefill, "decode_seconds": the
+    generation's seconds after the prefill, "tok_s": decode tokens/s ((new - 1) / decode_seconds),
+    "drafted", "accepted", "calls": target calls}."""
+    kw: dict = {"speculative": False} if mode == "off" else {"proposer": mode, **options}
     if gamma is not None and mode != "off":
         kw["gamma"] = gamma
     start = time.perf_counter()
@@ -41,7 +43,8 @@ def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamm
     seconds = time.perf_counter() - start
     st = res.stats
     return {"tokens": [int(t) for t in res.token_ids], "new_tokens": st.new_tokens, "seconds": seconds,
-            "first_seconds": st.prefill_seconds, "tok_s": st.tokens_per_second, "drafted": st.drafted,
+            "first_seconds": st.prefill_seconds, "decode_seconds": st.total_seconds - st.prefill_seconds,
+            "tok_s": st.tokens_per_second, "drafted": st.drafted,
             "accepted": st.accepted, "calls": st.rounds + st.plain_steps}
 
 

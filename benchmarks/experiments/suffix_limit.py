@@ -1,80 +1,109 @@
 """Which suffix draft limit pays on a target: fixed limits against the runtime's tuned one.
 
-    python benchmarks/suffix_limit.py ARTIFACT --prompts copy_edit --limit 32 \\
-        --configs 1/16,2/32,auto [--threads 2] [--json OUT]
+    python benchmarks/experiments/suffix_limit.py ARTIFACT --prompts copy_edit --limit 32 \\
+        --configs 1/16,2/32,auto [--repeats 1] [--threads 2] [--json OUT]
 
-Each prompt runs target-only and then with the suffix proposer in every configuration, the order
-alternating by prompt, on one loaded generator. A configuration is FACTOR/MAX_SPEC (a fixed limit:
+On one loaded generator, target-only and the suffix proposer in every configuration run as
+methods of a specexport.harness run: one warm-up generation each on a prompt outside the set,
+then prompt by prompt every method back to back in a rotated order, the store of earlier answers
+emptied before every generation. A configuration is FACTOR/MAX_SPEC (a fixed limit:
 SuffixConfig.fixed_limit(factor, max_spec)) or `auto` (the default SuffixConfig, whose limit
-suffix.LimitTuner tunes). Every configuration gets its own tuner and an empty store of earlier
-answers for each prompt, so none learns from another. Reports, per configuration, the speedup over
-target-only as decode seconds summed over the prompts and as the median of the per-prompt ratios,
-how many outputs equal target-only's (greedy: all must), and for `auto` the tuner's state
-(scale -> tokens per second of its replays, the fitted seconds per call and per row).
+suffix.LimitTuner tunes); each has its own tuner, kept across its generations, so none learns
+from another. Every prompt gets its prompt file's max_new_tokens unless --max-new-tokens is
+given. Reports, per configuration, the
+speedup over target-only as decode seconds summed over the prompts and as the median of the
+per-prompt ratios of decode tok/s (with its 95% bootstrap interval), how many outputs equal
+target-only's (greedy: all must), and for `auto` the tuner's state (scale -> tokens per second of
+its replays, the fitted seconds per call and per row).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
+import sys
 from pathlib import Path
 
-from specexport_runtime.api import load
-from specexport_runtime.suffix import LimitTuner, SuffixConfig
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport.bench import prompt_ids, resolve_prompts
-from specexport.machine import cpu_model
+from specexport import harness  # noqa: E402
 
 
-def config_of(spec: str) -> SuffixConfig:
+def config_of(spec: str):
+    from specexport_runtime.suffix import SuffixConfig
+
     if spec == "auto":
         return SuffixConfig()
-    factor, max_spec = spec.split("/")
-    return SuffixConfig.fixed_limit(float(factor), int(max_spec))
+    factor, sep, max_spec = spec.partition("/")
+    try:
+        return SuffixConfig.fixed_limit(float(factor), int(max_spec))
+    except ValueError as exc:
+        raise harness.HarnessError(f"--configs {spec!r}: want FACTOR/MAX_SPEC or auto ({exc})") from None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifact", type=Path)
-    ap.add_argument("--prompts", default="copy_edit", help="prompt sets, comma-separated (bench --prompts)")
-    ap.add_argument("--limit", type=int, default=32, help="prompts per set")
-    ap.add_argument("--configs", default="1/16,2/32,auto", help="FACTOR/MAX_SPEC or auto, comma-separated")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-    specs = args.configs.split(",")
-    configs = {c: config_of(c) for c in specs}  # validated before the load
+def parser():
+    ap = harness.script_parser(__doc__)
+    ap.add_argument("artifact", type=Path, help="artifact folder (specexport build)")
+    ap.add_argument("--configs", default="1/16,2/32,auto", help="FACTOR/MAX_SPEC or auto, comma-separated "
+                    "(default %(default)s)")
+    harness.add_run_options(ap, prompts="copy_edit", limit=32, max_new_tokens=None, repeats=1, threads=2)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    harness.check_run_options(args)
+    from specexport_runtime.api import load
+    from specexport_runtime.suffix import LimitTuner
+
+    from specexport.harness_workers import generation_row, inprocess_method
+    from specexport.prompts import DEFAULT_MAX_NEW_TOKENS
+
+    specs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    configs = {c: config_of(c) for c in specs}  # checked before the load
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     gen = load(args.artifact, threads=args.threads, shared_pool=True)
-    prompts = resolve_prompts(args.prompts.split(","), limit=args.limit)
-    ids = [prompt_ids(gen, p) for p in prompts]
-    gen.generate(ids[0], max_new_tokens=8, speculative=False)  # warm-up
+    prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
     tuners = {c: LimitTuner() for c in specs}
-    runs: dict[str, list[tuple[float, list[int]]]] = {c: [] for c in ["off", *specs]}
-    for i, (p, x) in enumerate(zip(prompts, ids)):
-        order = ["off", *specs] if i % 2 == 0 else ["off", *specs][::-1]
-        for c in order:
-            settings = {}
-            if c != "off":
-                gen.learned("suffix").tuner = tuners[c]
-                gen.forget_history()
-                settings = {"suffix": configs[c], "proposer": "suffix"}
-            r = gen.generate(x, max_new_tokens=p.max_new_tokens, speculative=c != "off", **settings)
-            runs[c].append((r.stats.total_seconds - r.stats.prefill_seconds, r.token_ids))
-    base = runs["off"]
-    result = {"artifact": str(args.artifact), "prompts": args.prompts, "count": len(prompts),
-              "cpu": cpu_model(), "configs": {}}
+    new = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS  # cases carry their own limit when it is None
+    learned = gen.learned("suffix")  # the store of earlier answers and the draft-limit tuner
+    default_tuner = learned.tuner
+
+    def suffix_run(spec: str):
+        def run(case: harness.Case) -> dict:
+            learned.tuner = tuners[spec]
+            try:
+                return generation_row(gen, case.ids, "suffix", case.max_new_tokens or new, suffix=configs[spec])
+            finally:
+                learned.tuner = default_tuner
+        return run
+
+    off = inprocess_method(gen, "off", "off", new)
+    methods = [off] + [harness.Method(c, suffix_run(c), off.reset, off.memory) for c in specs]
+    run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts, per_prompt_limit=args.max_new_tokens is None),
+                                  harness.warmup_case(gen.codec, 8), args.repeats)
+    decode = {m.name: sum(s.result["decode_seconds"] for s in run.samples_of(m.name)) for m in methods}
+    result = {"meta": meta, "artifact": str(args.artifact), "prompts": args.prompts, "count": len(prompts),
+              "memory": run.memory_notes(), "configs": {}}
     for c in specs:
+        ratio = run.ratio(c, "off", "tok_s")
+        same, total = run.same_tokens(c, "off")
         result["configs"][c] = {
-            "speedup": round(sum(b[0] for b in base) / sum(r[0] for r in runs[c]), 3),
-            "median_speedup": round(statistics.median(b[0] / r[0] for b, r in zip(base, runs[c])), 3),
-            "identical": sum(b[1] == r[1] for b, r in zip(base, runs[c])),
+            "speedup": round(decode["off"] / decode[c], 3), "median_speedup": round(ratio["median"], 3),
+            "median_speedup_ci95": ratio["ci95"], "identical": f"{same}/{total}",
             "tuner": tuners[c].describe() if len(configs[c].limit_scales) > 1 else None,
         }
-    print(json.dumps(result, indent=2))
+    print(harness.header(meta))
+    print(f"{len(prompts)} prompts ({args.prompts}), suffix proposer; speedup over target-only: summed decode seconds"
+          " and the median per-prompt ratio [95% CI]")
+    for c, r in result["configs"].items():
+        ci = "[{:.2f}-{:.2f}]".format(*r["median_speedup_ci95"]) if r["median_speedup_ci95"] else "-"
+        print(f"  {c:<10} {r['speedup']:.3f}x  median {r['median_speedup']:.3f}x {ci}  identical {r['identical']}"
+              + (f"  tuner {r['tuner']}" if r["tuner"] else ""))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        harness.write_json(args.json, {**result, "run": run.to_dict()})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.cli(main))

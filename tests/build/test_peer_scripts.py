@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPTS = sorted(BENCHMARKS.glob("*.py"))
+SCRIPTS = sorted([*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("experiments/*.py")])
 
 
 def load_script(path: Path):
