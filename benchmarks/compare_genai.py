@@ -82,7 +82,8 @@ def parse_genai_models(specs: list[str]) -> dict[str, Path]:
             why = "empty label" if not label else f"label {label!r} used twice (name each: LABEL=DIR)"
             raise harness.HarnessError(f"--genai-model {spec!r}: {why}")
         if not (path / "genai_config.json").is_file():
-            raise harness.HarnessError(f"--genai-model {spec!r}: {path} has no genai_config.json (a GenAI builder output?)")
+            raise harness.HarnessError(f"--genai-model {spec!r}: {path} has no genai_config.json "
+                                       "(a GenAI builder output?)")
         models[label] = path
     return models
 
@@ -95,29 +96,6 @@ def parse_pairs(specs: list[str], labels: list[str]) -> dict[str, str]:
             raise harness.HarnessError(f"--pair {spec!r}: want PRECISION=LABEL with LABEL one of {', '.join(labels)}")
         pairs[precision] = label
     return pairs
-
-
-def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list, harness.Case, list[int]]:
-    """specexport methods of every artifact (target only, then each proposer it supports), the
-    prompt cases (the same ids for all artifacts), the warm-up case and the EOS ids."""
-    from specexport_runtime.api import open_artifact
-
-    methods, cases, eos = [], None, set()
-    names = [p.name for p in paths]
-    for path in paths:
-        if not (path / "manifest.json").is_file():
-            raise harness.HarnessError(f"{path} is not an artifact folder (no manifest.json)")
-        manifest, codec, _ = open_artifact(path, verify=False)
-        these = harness.make_cases(codec, prompts)
-        if cases is not None and these != cases:
-            raise harness.HarnessError(f"{path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
-        cases, eos, warm = cases or these, eos | set(manifest.tokenizer.eos_token_ids), harness.warmup_case(codec)
-        short = path.name if names.count(path.name) == 1 else str(path)
-        target = manifest.target
-        methods += [{"name": f"specexport {short} {mode}", "artifact": path, "mode": mode,
-                     "off": f"specexport {short} off", "precision": target.precision,
-                     "exactness": getattr(target, "exactness", None)} for mode in ["off", *manifest.speculative_proposers()]]
-    return methods, cases, warm, sorted(eos)
 
 
 def metrics(eos: list[int]) -> dict:
@@ -166,31 +144,34 @@ def format_table(rows: list[dict]) -> str:
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifacts", nargs="+", type=Path, metavar="ARTIFACT",
-                    help="artifact folder(s) (specexport build); each runs target-only and with every proposer it supports")
+                    help="artifact folder(s) (specexport build); each runs target-only and with every proposer "
+                         "it supports")
     ap.add_argument("--genai-model", action="append", required=True, metavar="[LABEL=]DIR",
                     help="a GenAI model folder (its builder's output, genai_config.json inside), repeatable; "
-                         "LABEL names it (e.g. fp32, int8, int4: the labels artifacts are paired with); a bare DIR is 'genai'")
+                         "LABEL names it (e.g. fp32, int8, int4: the labels artifacts are paired with); "
+                         "a bare DIR is 'genai'")
     ap.add_argument("--genai-python", default=str(DEFAULT_GENAI_PYTHON),
                     help=f"a Python that imports onnxruntime_genai (default {DEFAULT_GENAI_PYTHON})")
     ap.add_argument("--pair", action="append", default=[], metavar="PRECISION=LABEL",
                     help="compare artifacts whose manifest target.precision is PRECISION with GenAI model LABEL "
-                         "(default: fp32->fp32, int8/dynamic-int8->int8, int4/gguf/gptq/awq->int4, else the first model)")
+                         "(default: fp32->fp32, int8/dynamic-int8->int8, int4/gguf/gptq/awq->int4, "
+                         "else the first model)")
     ap.add_argument("--gamma", type=int, default=0, help="fixed draft length for specexport (default 0: adaptive)")
     harness.add_run_options(ap, prompts="code", limit=3, max_new_tokens=128, repeats=3, threads=2)
     return ap
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     if not Path(args.genai_python).is_file():
         raise harness.HarnessError(f"--genai-python {args.genai_python} does not exist (see benchmarks/README.md)")
     models = parse_genai_models(args.genai_model)
     pairs = parse_pairs(args.pair, list(models))
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
-    spec, cases, warm, eos = open_artifacts(args.artifacts, prompts)
+    from specexport.harness_workers import SpecexportWorker, WorkerProcess, artifact_methods
+
+    spec, cases, warm, eos = artifact_methods(args.artifacts, prompts)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
-    from specexport.harness_workers import SpecexportWorker, WorkerProcess
 
     workers: list = []
     with tempfile.TemporaryDirectory(prefix="compare-genai-") as tmp:
@@ -200,8 +181,10 @@ def main(argv=None) -> int:
                 view = _genai_with_threads(folder, Path(tmp) / label, args.threads)
                 workers.append(WorkerProcess(f"genai {label}", [args.genai_python, "-c", _GENAI_WORKER, str(view)],
                                              Path(tmp) / f"genai-{label}.log"))
+                def generate(case, w=workers[-1]):
+                    return w.request({"ids": list(case.ids), "new": args.max_new_tokens})
                 methods.append(harness.Method(
-                    f"genai {label}", lambda case, w=workers[-1]: w.request({"ids": list(case.ids), "new": args.max_new_tokens}),
+                    f"genai {label}", generate,
                     info={"engine": "genai", "label": label, "precision": label, "model": str(folder), "off": None}))
             by_artifact: dict = {}
             for m in spec:
@@ -213,17 +196,16 @@ def main(argv=None) -> int:
                     m["name"], m["mode"], args.max_new_tokens, args.gamma or None, artifact=str(m["artifact"]),
                     precision=m["precision"], exactness=m["exactness"], off=m["off"]))
             tok_s = metrics(eos)["tok_s"]
-            run = harness.run_interleaved(methods, cases, warm, args.repeats, harness.SETTLE_SECONDS, progress=lambda s: print(
-                f"  {s.case:<20} repeat {s.repeat + 1}  {s.method:<36} {tok_s(s):6.1f} tok/s", file=sys.stderr))
+            def progress(s):
+                print(f"  {s.case:<20} repeat {s.repeat + 1}  {s.method:<36} {tok_s(s):6.1f} tok/s", file=sys.stderr)
+            run = harness.run_interleaved(methods, cases, warm, args.repeats, harness.SETTLE_SECONDS, progress)
         finally:
             for w in reversed(workers):
                 w.close()
     rows = summarize(run, pairs, list(models), eos)
-    print(harness.header(meta))
-    print(f"{len(cases)} prompts ({args.prompts}), {args.max_new_tokens} new tokens, greedy, {args.threads} threads, "
-          f"{args.repeats} repeats, interleaved prompt by prompt; end-to-end tok/s (prefill included), median over prompts")
-    for note in run.memory_notes():
-        print(f"memory: {note}")
+    print(harness.preamble(meta, run, f"{len(cases)} prompts ({args.prompts}), {args.max_new_tokens} new tokens, "
+                           f"greedy, {args.threads} threads, {args.repeats} repeats, interleaved prompt by prompt; "
+                           "end-to-end tok/s (prefill included), median over prompts"))
     print(format_table(rows))
     if args.json:
         harness.write_json(args.json, {"meta": meta, "pairs": pairs, "eos": eos, "rows": rows, "run": run.to_dict()})

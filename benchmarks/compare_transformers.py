@@ -51,8 +51,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
 
     import torch
     from specexport_runtime.api import load
@@ -91,29 +90,28 @@ def main(argv=None) -> int:
                                         args.gamma))
     methods.append(inprocess_method(gen, f"specexport ngram (gamma {args.gamma})", "ngram", args.max_new_tokens,
                                     args.gamma))
+    def progress(s: harness.Sample) -> None:
+        print(f"  {s.method:<28} {s.case:<16} {len(s.result['tokens']):4d} tokens", file=sys.stderr)
+
     run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts),
-                                  harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats,
-                                  progress=lambda s: print(f"  {s.method:<28} {s.case:<16} {len(s.result['tokens']):4d} "
-                                                           "tokens", file=sys.stderr))
+                                  harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats, progress=progress)
     rows = []
     for m in methods:
         ratio = run.ratio(m.name, "hf greedy", harness.wall_tok_s)
         same, total = run.same_tokens(m.name, "hf greedy")
         rows.append({"method": m.name, "tok_s": run.median(m.name, harness.wall_tok_s), "ratio": ratio["median"],
                      "ratio_ci95": ratio["ci95"], "identical": same, "prompts": total})
-    print(harness.header(meta))
-    print(f"{len(prompts)} prompts ({args.prompts}, {args.limit} per domain), greedy, max {args.max_new_tokens} new "
-          f"tokens, {args.threads} threads, {args.repeats} repeat(s), interleaved prompt by prompt; tok/s end to end "
-          "(prefill included), median over prompts")
-    for note in run.memory_notes():
-        print(f"memory: {note}")
+    print(harness.preamble(meta, run, f"{len(prompts)} prompts ({args.prompts}, {args.limit} per domain), greedy, "
+                           f"max {args.max_new_tokens} new tokens, {args.threads} threads, {args.repeats} repeat(s), "
+                           "interleaved prompt by prompt; tok/s end to end (prefill included), median over prompts"))
     print(f"{'method':<30} {'tok/s':>8} {'x hf greedy':>12}  {'[95% CI]':<13}  identical to hf greedy")
     for r in rows:
         ident = "yes" if r["identical"] == r["prompts"] else f"no ({r['identical']}/{r['prompts']} prompts)"
         ci = "[{:.2f}-{:.2f}]".format(*r["ratio_ci95"]) if r["ratio_ci95"] else "-"
         print(f"{r['method']:<30} {r['tok_s']:8.1f} {r['ratio']:11.2f}x  {ci:<13}  {ident}")
     if assistant is None:
-        print("(hf assisted: no PyTorch draft given; the artifact's draft is an ONNX int8 copy. Use --assistant MODEL.)")
+        print("(hf assisted: no PyTorch draft given; the artifact's draft is an ONNX int8 copy. "
+              "Use --assistant MODEL.)")
     if args.json:
         harness.write_json(args.json, {"meta": meta, "rows": rows, "run": run.to_dict()})
     return 0

@@ -61,8 +61,9 @@ def in_process(gen, case: harness.Case, n: int, proposer: str) -> dict:
 
 def through_server(client, model: str, messages: list[dict], n: int, proposer: str) -> dict:
     def pieces():
-        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0,
-                                                stream=True, extra_body={"proposer": proposer, "return_token_ids": True})
+        stream = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=n, temperature=0, stream=True,
+            extra_body={"proposer": proposer, "return_token_ids": True})
         for chunk in stream:
             if chunk.choices:
                 choice = chunk.choices[0]
@@ -79,8 +80,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     import numpy as np
     import openai
     from specexport_runtime.api import load
@@ -114,11 +114,13 @@ def main(argv=None) -> int:
                               SPECEXPORT_MEMORY),
                harness.Method("server", lambda c: through_server(client, server.state.model, messages(c), room(c),
                                                                  proposer), gen.forget_history, SPECEXPORT_MEMORY)]
+    def progress(s: harness.Sample) -> None:
+        print(f"  {s.case:<20} {s.method:<10} {s.result['decode_tps']:7.1f} tok/s  {s.result['ttft_ms']:6.1f} ms",
+              file=sys.stderr)
+
     try:
         run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts),
-                                      harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats,
-                                      progress=lambda s: print(f"  {s.case:<20} {s.method:<10} {s.result['decode_tps']:7.1f}"
-                                                               f" tok/s  {s.result['ttft_ms']:6.1f} ms", file=sys.stderr))
+                                      harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats, progress=progress)
     finally:
         server.should_exit = True
         thread.join(30)
@@ -130,14 +132,16 @@ def main(argv=None) -> int:
                **{f"{k}_decode_tps": run.median(k, "decode_tps") for k in ("in_process", "server")},
                **{f"{k}_ttft_ms": run.median(k, "ttft_ms") for k in ("in_process", "server")},
                "decode_ratio": ratio["median"], "decode_ratio_ci95": ratio["ci95"],
-               "ttft_extra_ms": statistics.median(extra), "ttft_extra_ms_ci95": harness.bootstrap_ci(extra, 0, stat=np.median),
+               "ttft_extra_ms": statistics.median(extra),
+               "ttft_extra_ms_ci95": harness.bootstrap_ci(extra, 0, stat=np.median),
                "outputs_equal": f"{same}/{total}"}
     summary["meets_targets"] = summary["decode_ratio"] >= 0.95 and summary["ttft_extra_ms"] <= 20
-    print(harness.header(meta))
-    for note in run.memory_notes():
-        print(f"memory: {note}")
+    print(harness.preamble(meta, run, f"{total} chat prompts ({args.prompts}), {args.repeats} repeat(s), proposer "
+                           f"{proposer}, streamed in-process and through the server, interleaved prompt by prompt"))
     for key, value in summary.items():
-        shown = "[{:.3f}, {:.3f}]".format(*value) if isinstance(value, tuple) else round(value, 3) if isinstance(value, float) else value
+        if isinstance(value, tuple):
+            value = "[{:.3f}, {:.3f}]".format(*value)
+        shown = round(value, 3) if isinstance(value, float) else value
         print(f"{key:<22} {shown}")
     if args.json:
         harness.write_json(args.json, {"meta": meta, "summary": summary, "run": run.to_dict()})

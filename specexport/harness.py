@@ -278,7 +278,7 @@ def run_interleaved(methods: Sequence[Method], cases: Sequence[Case], warmup: Ca
     run = Run(methods, cases, repeats)
     for m in methods:
         _call(run, m, warmup, "warm-up")
-    for k, (c, r, order) in enumerate(schedule(len(methods), len(cases), repeats)):
+    for c, r, order in schedule(len(methods), len(cases), repeats):
         for slot, i in enumerate(order):
             if settle > 0:
                 time.sleep(settle)
@@ -332,7 +332,8 @@ def bootstrap_ci(values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SA
     return float(lo), float(hi)
 
 
-def ratio_ci(num_tok, num_sec, den_tok, den_sec, seed: int, samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float] | None:
+def ratio_ci(num_tok, num_sec, den_tok, den_sec, seed: int,
+             samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float] | None:
     """95 % bootstrap interval over prompts of (sum num_tok / sum num_sec) / (sum den_tok / sum den_sec)."""
     arrays = [np.asarray(a, dtype=np.float64) for a in (num_tok, num_sec, den_tok, den_sec)]
     n = arrays[0].size
@@ -375,6 +376,13 @@ def header(meta: dict) -> str:
     return f"machine: {m['cpu']} ({m['cpu_count']} logical cores, {m['platform']}); command: {meta['command']}"
 
 
+def preamble(meta: dict, run: Run | None, settings: str) -> str:
+    """A report's first lines: header(meta), the run's settings in words, and one 'memory: ...'
+    line per run.memory_notes() entry."""
+    notes = run.memory_notes() if run is not None else []
+    return "\n".join([header(meta), settings, *(f"memory: {note}" for note in notes)])
+
+
 def write_json(path: str | Path, doc: dict) -> None:
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
 
@@ -399,9 +407,17 @@ def add_run_options(ap: argparse.ArgumentParser, prompts: str = "code", limit: i
     if repeats is not None:
         ap.add_argument("--repeats", type=int, default=repeats,
                         help=f"measurements of every prompt and method, interleaved (default {repeats})")
-    ap.add_argument("--threads", type=int, default=threads, help=f"intra-op threads of every engine (default {threads})")
+    ap.add_argument("--threads", type=int, default=threads,
+                    help=f"intra-op threads of every engine (default {threads})")
     ap.add_argument("--json", default=None, metavar="OUT",
                     help="write the machine, command, settings and results as JSON here")
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """ap.parse_args(argv), the shared options checked (check_run_options)."""
+    args = ap.parse_args(argv)
+    check_run_options(args)
+    return args
 
 
 def check_run_options(args: argparse.Namespace) -> None:
@@ -423,5 +439,6 @@ def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
 
 __all__ = ["BOOTSTRAP_SAMPLES", "Case", "HarnessError", "Method", "Run", "SETTLE_SECONDS", "Sample", "WARMUP_ID",
            "WARMUP_MESSAGES", "add_run_options", "bootstrap_ci", "check_run_options", "cli", "encode_prompt",
-           "header", "load_prompt_set", "make_cases", "median_seconds", "percentiles", "ratio_ci", "rotated",
-           "run_interleaved", "run_metadata", "schedule", "script_parser", "until_eos", "wall_tok_s", "warmup_case", "write_json"]
+           "header", "load_prompt_set", "make_cases", "median_seconds", "parse_args", "percentiles", "preamble",
+           "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule", "script_parser", "until_eos",
+           "wall_tok_s", "warmup_case", "write_json"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specexport_runtime.errors import SpecExportError
 
-from .harness import HarnessError, Method
+from .harness import Case, HarnessError, Method, make_cases, warmup_case
 
 # what specexport keeps across requests, as every harness method built here handles it
 SPECEXPORT_MEMORY = ("suffix store of earlier answers: cleared before every generation; learned costs and "
@@ -31,11 +31,12 @@ SPECEXPORT_MEMORY = ("suffix store of earlier answers: cleared before every gene
 def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamma: int | None = None,
                    **options) -> dict:
     """One greedy gen.generate from token ids; mode 'off' (target only) or a proposer name, gamma
-    None for the artifact's gamma policy, options further generate arguments (e.g. domain). -> {"tokens": the new ids (EOS excluded), "new_tokens",
-    "seconds": wall seconds of the call, "first_seconds": its prefill, "decode_seconds": the
-    generation's seconds after the prefill, "tok_s": decode tokens/s ((new - 1) / decode_seconds),
-    "drafted", "accepted", "calls": target calls}."""
-    kw: dict = {"speculative": False} if mode == "off" else {"proposer": mode, **options}
+    None for the artifact's gamma policy, options further generate arguments (e.g. domain).
+    -> {"tokens": the new ids (EOS excluded), "new_tokens", "seconds": wall seconds of the call,
+    "first_seconds": its prefill, "decode_seconds": the generation's seconds after the prefill,
+    "tok_s": decode tokens/s ((new - 1) / decode_seconds), "drafted", "accepted", "calls": target
+    calls}."""
+    kw: dict = {**options, **({"speculative": False} if mode == "off" else {"proposer": mode})}
     if gamma is not None and mode != "off":
         kw["gamma"] = gamma
     start = time.perf_counter()
@@ -44,8 +45,8 @@ def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamm
     st = res.stats
     return {"tokens": [int(t) for t in res.token_ids], "new_tokens": st.new_tokens, "seconds": seconds,
             "first_seconds": st.prefill_seconds, "decode_seconds": st.total_seconds - st.prefill_seconds,
-            "tok_s": st.tokens_per_second, "drafted": st.drafted,
-            "accepted": st.accepted, "calls": st.rounds + st.plain_steps}
+            "tok_s": st.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
+            "calls": st.rounds + st.plain_steps}
 
 
 def inprocess_method(gen, name: str, mode: str, max_new_tokens: int, gamma: int | None = None, **info) -> Method:
@@ -53,6 +54,33 @@ def inprocess_method(gen, name: str, mode: str, max_new_tokens: int, gamma: int 
     return Method(name, lambda case: generation_row(gen, case.ids, mode, case.max_new_tokens or max_new_tokens, gamma),
                   reset=gen.forget_history, memory=SPECEXPORT_MEMORY,
                   info={"engine": "specexport", "mode": mode, **info})
+
+
+def artifact_methods(paths: Sequence[Path], prompts) -> tuple[list[dict], list[Case], Case, list[int]]:
+    """Every artifact's specexport methods, target only and then each proposer it supports, as
+    {"name": "specexport NAME MODE", "artifact", "mode", "off": its target-only method's name,
+    "precision", "exactness"} (NAME: the folder's name, its path when two share one); the prompt
+    cases (every artifact must tokenize them alike); the warm-up case and the EOS ids of all."""
+    from specexport_runtime.api import open_artifact
+
+    methods: list[dict] = []
+    cases, eos, warm = None, set(), None
+    names = [Path(p).name for p in paths]
+    for path in map(Path, paths):
+        if not (path / "manifest.json").is_file():
+            raise HarnessError(f"{path} is not an artifact folder (no manifest.json)")
+        manifest, codec, _ = open_artifact(path, verify=False)
+        these = make_cases(codec, prompts)
+        if cases is not None and these != cases:
+            raise HarnessError(f"{path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
+        cases, eos, warm = cases or these, eos | set(manifest.tokenizer.eos_token_ids), warm or warmup_case(codec)
+        short = path.name if names.count(path.name) == 1 else str(path)
+        target = manifest.target
+        methods += [{"name": f"specexport {short} {mode}", "artifact": path, "mode": mode,
+                     "off": f"specexport {short} off", "precision": target.precision,
+                     "exactness": getattr(target, "exactness", None)}
+                    for mode in ["off", *manifest.speculative_proposers()]]
+    return methods, cases, warm, sorted(eos)
 
 
 def _import_roots() -> str:

@@ -39,8 +39,7 @@ def parser():
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     from specexport_runtime.api import SpecGenerator, load
 
     from specexport.harness_workers import SPECEXPORT_MEMORY, generation_row
@@ -65,25 +64,26 @@ def main(argv=None) -> int:
         methods.append(method(f"tolerance {tol:g}", gen, proposer))
     cases = harness.make_cases(first.codec, prompts)
     run = harness.run_interleaved(methods, cases, harness.warmup_case(first.codec, 8), args.repeats,
-                                  progress=lambda s: print(f"  {s.case:<20} {s.method:<16}", file=sys.stderr, flush=True))
+                                  progress=lambda s: print(f"  {s.case:<20} {s.method:<16}", file=sys.stderr))
     domain_of = {c.id: c.domain for c in cases}
     domains = list(dict.fromkeys(domain_of.values()))
     rows = []
     for m in methods[1:]:
         ratio = run.ratio(m.name, "off", harness.wall_tok_s)
-        by_domain = {d: statistics.median(r for c, r in ratio["per_case"].items() if domain_of[c] == d) for d in domains}
+        by_domain = {d: statistics.median(r for c, r in ratio["per_case"].items() if domain_of[c] == d)
+                     for d in domains}
         same, total = run.same_tokens(m.name, "off")
         rows.append({"setting": m.name, "speedup": ratio["median"], "ci95": ratio["ci95"], "by_domain": by_domain,
                      "identical": same, "prompts": total})
     mismatches = sum(r["prompts"] - r["identical"] for r in rows)
-    print(harness.header(meta))
-    print(f"{len(cases)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, greedy, proposer {proposer}; "
-          f"off {run.median('off', harness.wall_tok_s):.1f} tok/s; median per-prompt speedup over off; "
-          f"outputs differing from off: {mismatches}")
+    print(harness.preamble(meta, run, f"{len(cases)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, "
+                           f"greedy, proposer {proposer}; off {run.median('off', harness.wall_tok_s):.1f} tok/s; "
+                           f"median per-prompt speedup over off; outputs differing from off: {mismatches}"))
     print(f"{'setting':<16}{'all':>8}  {'[95% CI]':<13}" + "".join(f"{d:>12}" for d in domains))
     for r in rows:
         ci = "[{:.2f}-{:.2f}]".format(*r["ci95"]) if r["ci95"] else "-"
-        print(f"{r['setting']:<16}{r['speedup']:>7.2f}x  {ci:<13}" + "".join(f"{r['by_domain'][d]:>11.2f}x" for d in domains))
+        cells = "".join(f"{r['by_domain'][d]:>11.2f}x" for d in domains)
+        print(f"{r['setting']:<16}{r['speedup']:>7.2f}x  {ci:<13}{cells}")
     if args.json:
         harness.write_json(args.json, {"meta": meta, "rows": rows, "run": run.to_dict()})
     return 1 if mismatches else 0

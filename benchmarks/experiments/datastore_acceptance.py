@@ -57,8 +57,7 @@ def parser():
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     from specexport_runtime.api import load
     from specexport_runtime.suffix import RequestSuffix, SuffixConfig
 
@@ -84,9 +83,11 @@ def main(argv=None) -> int:
             request.extend([token])
             context.append(token)
     report = {"artifact": str(args.artifact), "datastore": store.describe(), "all": summary(rows),
-              "by_match_length": {f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+": summary([r for r in rows if lo <= r["m"] < hi])
+              "by_match_length": {f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+":
+                                  summary([r for r in rows if lo <= r["m"] < hi])
                                   for lo, hi in M_BUCKETS},
-              "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi]) for lo, hi in SCORE_BUCKETS},
+              "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi])
+                           for lo, hi in SCORE_BUCKETS},
               "where_request_has_no_draft": summary([r for r in rows if r["request_score"] < 1.0])}
     print(harness.header(meta))
     print(f"{args.artifact}: datastore {report['datastore']}; drafts at {len(rows)} answer positions")

@@ -44,8 +44,7 @@ def parser():
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     from specexport_runtime.api import load
     from specexport_runtime.engine import OrtModel, SessionConfig
 
@@ -108,7 +107,7 @@ def bigram_successors(path: Path) -> dict[int, int]:
     counts: dict[int, Counter] = defaultdict(Counter)
     for s in seqs:
         if isinstance(s, list) and all(isinstance(t, int) for t in s):
-            for a, b in zip(s, s[1:]):
+            for a, b in zip(s, s[1:], strict=False):
                 counts[a][b] += 1
     return {a: c.most_common(1)[0][0] for a, c in counts.items()}
 

@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     entry = manifest.target
     with tempfile.TemporaryDirectory(prefix="op-profile-") as folder:
         config = SessionConfig(threads=args.threads, profile_prefix=str(Path(folder) / "target"))
-        model = OrtModel(check_graph(args.artifact, entry.graph, "target graph"), entry.graph_spec(), manifest.max_context,
+        model = OrtModel(check_graph(args.artifact, entry.graph, "target graph"), entry.graph_spec(),
+                         manifest.max_context,
                          config, min_rows=entry.min_rows, cache_pad=entry.cache_pad)
         vocab = entry.vocab_size  # token ids: any in range (costs do not depend on the text)
         model.forward([(100 + i % 1000) % vocab for i in range(args.past)])

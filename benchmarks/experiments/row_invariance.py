@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     rows = []
     print(harness.header(meta))
     with tempfile.TemporaryDirectory() as tmp:
-        configs = {name: {pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad) for pad in (False, True)}
+        configs = {name: {pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad)
+                          for pad in (False, True)}
                    for name in args.configs.split(",") if name}
         costs = call_costs(configs, args.provider, args.past, args.repeats)
         for name, graphs in configs.items():
@@ -140,7 +141,8 @@ def main(argv=None) -> int:
             parts = []
             for way in WAYS:
                 row[way] = r = invariance(graphs, way, args.provider, sequences)
-                state = "bitwise" if r["bitwise"] else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})"
+                state = ("bitwise" if r["bitwise"]
+                         else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})")
                 ratio = costs[name][way] / costs[name]["unpadded"]
                 parts.append(f"{way}: {state}, {costs[name][way]:.2f} ms ({ratio:.2f}x)")
             rows.append(row)

@@ -5,15 +5,16 @@
 
 Synthetic token streams with text-like statistics (Zipf-distributed ids over a 49,152-token
 vocabulary, with repeated phrases so that matches exist): a request of --request tokens and a
-store of past responses filled to --store tokens. The request starts at --request tokens; each round appends the accepted tokens of the
-previous round (1-5) to the request, then times the proposer's work of a round: the commit of
-the previous one (request extended, score calibration and draft-limit tuner fed) and
-`SuffixProposer.retrieve` (request and store matched, the better draft chosen). Reports the median, p90 and p99 per round in ms, the share of
-rounds with a draft, and the store's token count and memory (`SuffixStore.describe`), plus the
-time to fill it. With --datastore (a folder holding retrieval/tokens.npy and
-retrieval/suffix_array.npy, e.g. an artifact built with a recipe `retrieval` section) the
-corpus is matched too, and the request is --text tokenized with --tokenizer (real text, so that
-the corpus has matches), its first --request tokens as the start.
+store of past responses filled to --store tokens. The request starts at --request tokens; each
+round appends the accepted tokens of the previous round (1-5) to the request, then times the
+proposer's work of a round: the commit of the previous one (request extended, score calibration
+and draft-limit tuner fed) and `SuffixProposer.retrieve` (request and store matched, the better
+draft chosen). Reports the median, p90 and p99 per round in ms, the share of rounds with a draft,
+and the store's token count and memory (`SuffixStore.describe`), plus the time to fill it. With
+--datastore (a folder holding retrieval/tokens.npy and retrieval/suffix_array.npy, e.g. an
+artifact built with a recipe `retrieval` section) the corpus is matched too, and the request is
+--text tokenized with --tokenizer (real text, so that the corpus has matches), its first
+--request tokens as the start.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def parser():
     ap.add_argument("--request", type=int, default=2048, help="request tokens at the start (it grows ~3 per round)")
     ap.add_argument("--store", type=int, default=200_000, help="tokens of past responses in the store")
     ap.add_argument("--rounds", type=int, default=2000, help="timed rounds")
-    ap.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the machine, command and figures as JSON")
+    ap.add_argument("--json", type=Path, default=None, metavar="OUT",
+                    help="write the machine, command and figures as JSON")
     ap.add_argument("--datastore", type=Path, default=None, help="folder with retrieval/tokens.npy + suffix_array.npy")
     ap.add_argument("--text", type=Path, default=None, help="with --datastore: the request's text")
     ap.add_argument("--tokenizer", type=Path, default=None, help="with --datastore: a tokenizers JSON file")

@@ -51,8 +51,7 @@ def parser():
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    harness.check_run_options(args)
+    args = harness.parse_args(parser(), argv)
     from specexport_runtime.api import load
     from specexport_runtime.suffix import LimitTuner
 
@@ -80,8 +79,8 @@ def main(argv=None) -> int:
 
     off = inprocess_method(gen, "off", "off", new)
     methods = [off] + [harness.Method(c, suffix_run(c), off.reset, off.memory) for c in specs]
-    run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts, per_prompt_limit=args.max_new_tokens is None),
-                                  harness.warmup_case(gen.codec, 8), args.repeats)
+    cases = harness.make_cases(gen.codec, prompts, per_prompt_limit=args.max_new_tokens is None)
+    run = harness.run_interleaved(methods, cases, harness.warmup_case(gen.codec, 8), args.repeats)
     decode = {m.name: sum(s.result["decode_seconds"] for s in run.samples_of(m.name)) for m in methods}
     result = {"meta": meta, "artifact": str(args.artifact), "prompts": args.prompts, "count": len(prompts),
               "memory": run.memory_notes(), "configs": {}}
@@ -93,9 +92,8 @@ def main(argv=None) -> int:
             "median_speedup_ci95": ratio["ci95"], "identical": f"{same}/{total}",
             "tuner": tuners[c].describe() if len(configs[c].limit_scales) > 1 else None,
         }
-    print(harness.header(meta))
-    print(f"{len(prompts)} prompts ({args.prompts}), suffix proposer; speedup over target-only: summed decode seconds"
-          " and the median per-prompt ratio [95% CI]")
+    print(harness.preamble(meta, run, f"{len(prompts)} prompts ({args.prompts}), suffix proposer; speedup over "
+                           "target-only: summed decode seconds and the median per-prompt ratio [95% CI]"))
     for c, r in result["configs"].items():
         ci = "[{:.2f}-{:.2f}]".format(*r["median_speedup_ci95"]) if r["median_speedup_ci95"] else "-"
         print(f"  {c:<10} {r['speedup']:.3f}x  median {r['median_speedup']:.3f}x {ci}  identical {r['identical']}"

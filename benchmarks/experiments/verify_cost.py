@@ -106,10 +106,11 @@ def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifacts", type=Path, nargs="+", help="artifact folders (specexport build)")
     ap.add_argument("--past", type=int, default=200, help="cache length of every timed call (default 200)")
-    ap.add_argument("--sizes", default="1,2,3,4,5,9", help="target call sizes S, comma list (1 = decode; default %(default)s)")
+    ap.add_argument("--sizes", default="1,2,3,4,5,9",
+                    help="target call sizes S, comma list (1 = decode; default %(default)s)")
     ap.add_argument("--draft-sizes", default="1", help="draft call sizes S, comma list (default 1: the draft step)")
-    ap.add_argument("--repeats", type=int, default=5, help="rounds over all artifacts and sizes; the best median is kept "
-                    "(default 5)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="rounds over all artifacts and sizes; the best median is kept (default 5)")
     ap.add_argument("--calls", type=int, default=20, help="timed calls per size and round (default 20)")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default 2)")
     ap.add_argument("--speedups", default="1.2,1.3,1.5", help="round speedups to find the needed acceptance of "
@@ -128,10 +129,11 @@ def main(argv=None) -> int:
     times: dict[tuple[int, str, int], list[float]] = {}  # (probe, role, S) -> median seconds per round
     for rep in range(args.repeats):
         for p in harness.rotated(probes, rep):
-            for s in target_sizes:
-                times.setdefault((id(p), "target", s), []).append(harness.median_seconds(lambda: p.target(s), args.calls))
-            for s in draft_sizes if p.gen.draft is not None else ():
-                times.setdefault((id(p), "draft", s), []).append(harness.median_seconds(lambda: p.draft(s), args.calls))
+            calls = [("target", s, p.target) for s in target_sizes]
+            calls += [("draft", s, p.draft) for s in draft_sizes] if p.gen.draft is not None else []
+            for role, s, fn in calls:
+                seconds = harness.median_seconds(lambda fn=fn, s=s: fn(s), args.calls)
+                times.setdefault((id(p), role, s), []).append(seconds)
     base = min(times[(id(probes[0]), "target", 1)])
     rows = []
     for p in probes:
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
         vs = " ".join(f"v({s})={x}" for s, x in row["v"].items() if s != "1")
         print(f"  {vs}  r={row['r']}  c={row['c']}")
         for goal, need in row["needed_alpha"].items():
-            parts = [f"{k}: alpha >= {n['alpha']} (gamma {n['gamma']})" if n["alpha"] is not None else f"{k}: unreachable"
+            parts = [f"{k}: unreachable" if n["alpha"] is None else f"{k}: alpha >= {n['alpha']} (gamma {n['gamma']})"
                      for k, n in need.items()]
             print(f"    {goal}x needs  " + ";  ".join(parts))
     if args.json:

@@ -44,13 +44,15 @@ def _run(results: dict[str, dict[str, dict]]) -> Run:
     llama = {f"llama Q4_1 {m}": {"engine": "llama", "group": ("llama", "Q4_1"), "mode": m, "type": "Q4_1"}
              for m in ("off", "ngram-mod")}
     spec = {f"spec a {m}": {"engine": "specexport", "group": ("spec", "a"), "mode": m, "type": "fp32",
-                            "precision": "fp32", "exactness": "bitwise" if m == "off" else None} for m in ("off", "hybrid")}
+                            "precision": "fp32", "exactness": "bitwise" if m == "off" else None}
+            for m in ("off", "hybrid")}
     run = Run([Method(name, lambda case: {}, info=info) for name, info in {**llama, **spec}.items()],
               [Case("p1", (1,)), Case("p2", (2,))], 1)
     for name, by_case in results.items():
         for case, r in by_case.items():
-            run.samples.append(Sample(name, case, 0, 0, len(r["tokens"]) / r["tok_s"] * 2 if r["tokens"] else 1.0,
-                                      {"new_tokens": len(r["tokens"]), "drafted": 0, "accepted": 0, "calls": None, **r}))
+            seconds = 2 * len(r["tokens"]) / r["tok_s"]  # wall tok/s: half the decode figure
+            result = {"new_tokens": len(r["tokens"]), "drafted": 0, "accepted": 0, "calls": None, **r}
+            run.samples.append(Sample(name, case, 0, 0, seconds, result))
     return run
 
 
@@ -59,7 +61,8 @@ def test_summarise_ratios_acceptance_and_equality():
         "llama Q4_1 off": {"p1": {"tok_s": 100.0, "tokens": [1, 2, 0, 9]}, "p2": {"tok_s": 120.0, "tokens": [3]}},
         "llama Q4_1 ngram-mod": {"p1": {"tok_s": 80.0, "tokens": [1, 2, 0], "drafted": 10, "accepted": 5},
                                  "p2": {"tok_s": 90.0, "tokens": [4], "drafted": 10, "accepted": 3}},
-        "spec a off": {"p1": {"tok_s": 60.0, "tokens": [1, 2], "calls": 2}, "p2": {"tok_s": 60.0, "tokens": [3], "calls": 1}},
+        "spec a off": {"p1": {"tok_s": 60.0, "tokens": [1, 2], "calls": 2},
+                       "p2": {"tok_s": 60.0, "tokens": [3], "calls": 1}},
         "spec a hybrid": {"p1": {"tok_s": 220.0, "tokens": [1, 2], "drafted": 8, "accepted": 6, "calls": 2},
                           "p2": {"tok_s": 220.0, "tokens": [3], "drafted": 4, "accepted": 4, "calls": 2}},
     })
@@ -104,7 +107,7 @@ def test_specexport_side_runs_through_the_harness(tiny_artifacts, tmp_path):
 
     prompts = [Prompt(id=f"q{i}", domain="chat", messages=(("user", text),), text=None, max_new_tokens=6)
                for i, text in enumerate(["a b c a b c a b", "def f(x): return x"])]
-    spec, cases, eos, warm = cl.open_artifacts([tiny_artifacts["self"]], prompts)
+    spec, cases, eos, warm = cl.spec_methods([tiny_artifacts["self"]], prompts)
     closers: list = []
     try:
         methods = cl.start_engines(spec, tmp_path / "no-llama", 1, 256, 6, 0, tmp_path, closers)

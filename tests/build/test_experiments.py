@@ -41,7 +41,8 @@ def test_verify_cost_times_both_graph_forms(tiny_artifacts, tmp_path):
                "--calls", "2", "--repeats", "1", "--sizes", "1,3", "--draft-sizes", "1,3", "--json", str(out))
     rows = read(out)["rows"]
     labels = [label for r in rows for label in r["calls"]]
-    assert len(labels) == 4 and any("time_major" in x for x in labels) and any("head_major_inplace" in x for x in labels)
+    assert len(labels) == 4
+    assert any("time_major" in x for x in labels) and any("head_major_inplace" in x for x in labels)
     assert all(set(r["calls"][x]) == {"1", "3"} and r["calls"][x]["1"]["ms"] > 0 for r in rows for x in r["calls"])
     assert rows[0]["calls"][labels[0]]["1"]["vs_first_decode"] == 1.0 and rows[0]["c"] > 0
 

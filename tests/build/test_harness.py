@@ -13,7 +13,8 @@ from specexport.harness import Case, HarnessError, Method, Run, Sample
 from specexport.harness_workers import SpecexportWorker, generation_row, inprocess_method
 from specexport.prompts import Prompt
 
-PROMPTS = [Prompt(id="p1", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b", max_new_tokens=12),
+PROMPTS = [Prompt(id="p1", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b",
+                  max_new_tokens=12),
            Prompt(id="p2", domain="code", messages=(("user", "def f(x): return x + 1"),), text=None, max_new_tokens=12)]
 MODES = ("off", "suffix", "hybrid")
 
@@ -80,7 +81,7 @@ def test_methods_interleave_prompt_by_prompt(gen):
     assert [{c for _, c in r} for r in rounds] == [{"p1"}, {"p1"}, {"p2"}, {"p2"}]  # prompts outer, one per round
     assert all(sorted(m for m, _ in r) == sorted(MODES) for r in rounds)  # every method once per round
     firsts = [r[0][0] for r in rounds]
-    assert all(a != b for a, b in zip(firsts, firsts[1:]))  # rotated: no method always first
+    assert all(a != b for a, b in zip(firsts, firsts[1:], strict=False))  # rotated: no method always first
     assert [s.slot for s in run.samples[: len(MODES)]] == [0, 1, 2]
 
 
@@ -103,7 +104,8 @@ def test_refusals(gen):
     kept = Method("server", off.run, None, "its n-gram pool, never cleared")
     with pytest.raises(HarnessError, match="cannot clear them"):
         harness.run_interleaved([kept], cases, harness.warmup_case(gen.codec), repeats=2)
-    assert "server: its n-gram pool" in harness.run_interleaved([kept], cases, harness.warmup_case(gen.codec)).memory_notes()[0]
+    notes = harness.run_interleaved([kept], cases, harness.warmup_case(gen.codec)).memory_notes()
+    assert notes == ["server: its n-gram pool, never cleared"]
     with pytest.raises(HarnessError, match="method names repeat"):
         harness.run_interleaved([off, off], cases, harness.warmup_case(gen.codec))
     with pytest.raises(HarnessError, match="no 'tokens' list"):
