@@ -25,7 +25,8 @@ from .harness import Case, HarnessError, Method, make_cases, warmup_case
 
 # what specexport keeps across requests, as every harness method built here handles it
 SPECEXPORT_MEMORY = ("suffix store of earlier answers: cleared before every generation; learned costs and "
-                     "acceptance (gamma controllers, suffix score calibration, draft-limit tuner) carry over")
+                     "acceptance (verify-cost model, gamma controllers, suffix score calibration, draft-limit tuner) "
+                     "carry over")
 
 
 def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamma: int | None = None,

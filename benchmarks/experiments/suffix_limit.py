@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         result["configs"][c] = {
             "speedup": round(decode["off"] / decode[c], 3), "median_speedup": round(ratio["median"], 3),
             "median_speedup_ci95": ratio["ci95"], "identical": f"{same}/{total}",
-            "tuner": tuners[c].describe() if len(configs[c].limit_scales) > 1 else None,
+            "tuner": tuners[c].describe(gen.verify_cost.line()) if len(configs[c].limit_scales) > 1 else None,
         }
     print(harness.preamble(meta, run, f"{len(prompts)} prompts ({args.prompts}), suffix proposer; speedup over "
                            "target-only: summed decode seconds and the median per-prompt ratio [95% CI]"))
