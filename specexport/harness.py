@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,13 +64,16 @@ class HarnessError(SpecExportError, ValueError):
 @dataclass(frozen=True)
 class Case:
     """One measured prompt: `ids` are its token ids (chat prompts through the artifact's
-    template); max_new_tokens None means each method's own limit."""
+    template); max_new_tokens None means each method's own limit. run_interleaved hands a method
+    the case with `repeat` set to the measurement's index (0 for the warm-up), e.g. for a
+    per-repeat sampling seed."""
 
     id: str
     ids: tuple[int, ...]
     domain: str = ""
     max_new_tokens: int | None = None
     prompt: Prompt | None = field(default=None, compare=False, repr=False)
+    repeat: int = field(default=0, compare=False)
 
 
 def load_prompt_set(spec: str | Sequence[str], limit: int | None = None) -> list[Prompt]:
@@ -282,7 +285,7 @@ def run_interleaved(methods: Sequence[Method], cases: Sequence[Case], warmup: Ca
         for slot, i in enumerate(order):
             if settle > 0:
                 time.sleep(settle)
-            result, seconds = _call(run, methods[i], cases[c], "measure")
+            result, seconds = _call(run, methods[i], replace(cases[c], repeat=r), "measure")
             run.samples.append(Sample(methods[i].name, cases[c].id, r, slot, seconds, result))
             if progress is not None:
                 progress(run.samples[-1])

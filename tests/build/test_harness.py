@@ -85,6 +85,13 @@ def test_methods_interleave_prompt_by_prompt(gen):
     assert [s.slot for s in run.samples[: len(MODES)]] == [0, 1, 2]
 
 
+def test_a_method_sees_which_repeat_it_measures():
+    seen = []
+    method = Method("m", lambda case: seen.append((case.id, case.repeat)) or {"tokens": []})
+    harness.run_interleaved([method], [Case("a", (1,)), Case("b", (2,))], Case("w", (3,)), repeats=2)
+    assert seen == [("w", 0), ("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+
+
 def test_the_store_check_fails_when_the_store_is_kept(gen):
     """The same run with a reset that does nothing: the second measurement of a prompt finds
     its own earlier answer in the store, which the check above would report."""
