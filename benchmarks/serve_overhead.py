@@ -5,89 +5,96 @@
 
 One process loads the artifact once and starts the real server (uvicorn + the app, on a random
 local port, no API key) on that same generator, so both paths use the same ONNX Runtime sessions.
-For every prompt and repeat it runs, in alternating order, (a) in-process streaming with
-SpecGenerator.chat(stream=True) and (b) a streaming chat completion through the official `openai`
-client (greedy, the same proposer, the same max tokens). The server is idle while (a) runs.
+The run follows specexport.harness: each path first streams a warm-up prompt outside the measured
+set; then prompt by prompt, each repeat runs (a) in-process streaming (SpecGenerator.events over
+the chat template's ids) and (b) a streaming chat completion through the official `openai` client
+(greedy, the same proposer and max tokens, token ids requested with return_token_ids), in
+alternating order. The server is idle while (a) runs. Both share one suffix store of earlier
+answers, emptied before every generation, so neither path drafts from the other's answer.
 
 Both are timed the same way, from the caller's side: time to first token = call to the first
-non-empty text piece; decode tok/s = (tokens - 1) / (last piece - first piece), with the server's
-token count from its usage chunk and the in-process one from its Generation's stats. Per prompt the median
-over repeats, then the median over prompts. The issue's targets: decode tok/s through the server
-at most 5% below in-process, time to first token within 20 ms of it. Greedy outputs must match;
-a prompt whose texts differ is reported.
+non-empty text piece; decode tok/s = (tokens - 1) / (last piece - first piece). Per prompt the
+median over repeats, then the median over prompts; decode ratio = the median over prompts of the
+per-prompt server / in-process ratio (95% bootstrap interval), extra first-token ms likewise of
+the differences. The targets: decode tok/s through the server at most 5% below in-process, time
+to first token within 20 ms of it. Greedy outputs must match token for token.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
-from specexport_runtime.api import load
-from specexport_runtime.server.config import ServerConfig
-from specexport_runtime.server.run import make_server
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport.prompts import load_prompts
+from specexport import harness  # noqa: E402
+
+WARMUP_TOKENS = 8
 
 
-def timed(pieces, count) -> dict:
-    """Times of a stream of text pieces; `count()` gives the generated tokens once it is consumed."""
+def timed(pieces) -> dict:
+    """Times of a stream of (token ids, text piece) pairs, from this call on."""
     start = time.perf_counter()
     first = last = None
-    text = []
-    for piece in pieces:
+    tokens: list[int] = []
+    for ids, piece in pieces:
+        tokens += ids
         if piece:
             now = time.perf_counter()
             first = first or now
             last = now
-            text.append(piece)
-    n = count()
+    n = len(tokens)
     decode = (n - 1) / (last - first) if first is not None and last > first and n > 1 else 0.0
-    return {"ttft_ms": 1000 * ((first or time.perf_counter()) - start), "decode_tps": decode, "tokens": n,
-            "text": "".join(text)}
+    return {"ttft_ms": 1000 * ((first or time.perf_counter()) - start), "decode_tps": decode, "tokens": tokens}
 
 
-def in_process(gen, messages, n, proposer) -> dict:
-    run = gen.events(gen.codec.encode_chat(messages), max_new_tokens=n, proposer=proposer)
-    return timed(run.pieces(), lambda: run.stats.new_tokens)
+def in_process(gen, case: harness.Case, n: int, proposer: str) -> dict:
+    return timed((new, piece) for new, piece, _ in gen.events(list(case.ids), max_new_tokens=n, proposer=proposer))
 
 
-def through_server(client, model, messages, n, proposer) -> dict:
-    usage = {}
-
+def through_server(client, model: str, messages: list[dict], n: int, proposer: str) -> dict:
     def pieces():
-        stream = client.chat.completions.create(model=model, messages=messages, max_tokens=n, temperature=0,
-                                                stream=True, stream_options={"include_usage": True},
-                                                extra_body={"proposer": proposer})
+        stream = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=n, temperature=0, stream=True,
+            extra_body={"proposer": proposer, "return_token_ids": True})
         for chunk in stream:
-            if chunk.usage is not None:
-                usage["n"] = chunk.usage.completion_tokens
             if chunk.choices:
-                yield chunk.choices[0].delta.content or ""
+                choice = chunk.choices[0]
+                yield (choice.model_extra or {}).get("token_ids") or [], choice.delta.content or ""
+    return timed(pieces())
 
-    return timed(pieces(), lambda: usage["n"])
+
+def parser() -> argparse.ArgumentParser:
+    ap = harness.script_parser(__doc__)
+    ap.add_argument("artifact", help="artifact folder (specexport build)")
+    ap.add_argument("--proposer", default=None, help="the proposer of both paths (default: the artifact's)")
+    harness.add_run_options(ap, prompts="chat", limit=5, max_new_tokens=128, repeats=3, threads=2)
+    return ap
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact")
-    parser.add_argument("--prompts", default="chat", help="a calibration domain or a prompt file (default chat)")
-    parser.add_argument("--limit", type=int, default=5, help="prompts used (default 5)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--proposer", default=None, help="default: the artifact's")
-    parser.add_argument("--json", default=None, help="write the per-prompt rows and the summary here")
-    args = parser.parse_args()
-
+def main(argv=None) -> int:
+    args = harness.parse_args(parser(), argv)
+    import numpy as np
     import openai
+    from specexport_runtime.api import load
+    from specexport_runtime.server.config import ServerConfig
+    from specexport_runtime.server.run import make_server
 
+    from specexport.harness_workers import SPECEXPORT_MEMORY
+
+    prompts = [p for p in harness.load_prompt_set(args.prompts, limit=args.limit) if p.is_chat]
+    if not prompts:
+        raise harness.HarnessError(f"--prompts {args.prompts!r} holds no chat prompts")
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     gen = load(args.artifact, threads=args.threads, shared_pool=True)
     proposer = gen.resolve_proposer(args.proposer)
-    prompts = [p for p in load_prompts(args.prompts) if p.messages][: args.limit]
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = make_server(gen, ServerConfig(port=sock.getsockname()[1]), log_level="warning", access_log=False)
@@ -96,48 +103,50 @@ def main() -> None:
     while not server.started:
         time.sleep(0.01)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none", max_retries=0)
-    model = server.state.model
-    rows = []
+
+    def room(case: harness.Case) -> int:
+        return min(case.max_new_tokens or args.max_new_tokens, gen.manifest.max_context - len(case.ids))
+
+    def messages(case: harness.Case) -> list[dict]:
+        return case.prompt.chat() if case.prompt is not None else list(harness.WARMUP_MESSAGES)
+
+    methods = [harness.Method("in_process", lambda c: in_process(gen, c, room(c), proposer), gen.forget_history,
+                              SPECEXPORT_MEMORY),
+               harness.Method("server", lambda c: through_server(client, server.state.model, messages(c), room(c),
+                                                                 proposer), gen.forget_history, SPECEXPORT_MEMORY)]
+    def progress(s: harness.Sample) -> None:
+        print(f"  {s.case:<20} {s.method:<10} {s.result['decode_tps']:7.1f} tok/s  {s.result['ttft_ms']:6.1f} ms",
+              file=sys.stderr)
+
     try:
-        warm = [{"role": "user", "content": "warm up"}]
-        in_process(gen, warm, 8, proposer)
-        through_server(client, model, warm, 8, proposer)
-        for i, prompt in enumerate(prompts):
-            messages = [{"role": role, "content": content} for role, content in prompt.messages]
-            room = gen.manifest.max_context - len(gen.codec.encode_chat(messages))
-            n = min(args.max_new_tokens, room)
-            runs = {"in_process": [], "server": []}
-            for r in range(args.repeats):
-                order = ("in_process", "server") if (i + r) % 2 == 0 else ("server", "in_process")
-                for path in order:
-                    runs[path].append(in_process(gen, messages, n, proposer) if path == "in_process"
-                                      else through_server(client, model, messages, n, proposer))
-            row = {"id": prompt.id, "tokens": runs["in_process"][0]["tokens"],
-                   "same_text": all(x["text"] == runs["in_process"][0]["text"] for v in runs.values() for x in v)}
-            for path, values in runs.items():
-                row[f"{path}_decode_tps"] = statistics.median(x["decode_tps"] for x in values)
-                row[f"{path}_ttft_ms"] = statistics.median(x["ttft_ms"] for x in values)
-            rows.append(row)
-            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts),
+                                      harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats, progress=progress)
     finally:
         server.should_exit = True
         thread.join(30)
-    summary = {
-        "prompts": len(rows), "repeats": args.repeats, "proposer": proposer,
-        "in_process_decode_tps": statistics.median(r["in_process_decode_tps"] for r in rows),
-        "server_decode_tps": statistics.median(r["server_decode_tps"] for r in rows),
-        "in_process_ttft_ms": statistics.median(r["in_process_ttft_ms"] for r in rows),
-        "server_ttft_ms": statistics.median(r["server_ttft_ms"] for r in rows),
-        "outputs_equal": all(r["same_text"] for r in rows),
-    }
-    summary["decode_ratio"] = summary["server_decode_tps"] / summary["in_process_decode_tps"]
-    summary["ttft_extra_ms"] = summary["server_ttft_ms"] - summary["in_process_ttft_ms"]
+    ratio = run.ratio("server", "in_process", "decode_tps")
+    ttft = {k: run.per_case(k, "ttft_ms") for k in ("server", "in_process")}
+    extra = [ttft["server"][c] - ttft["in_process"][c] for c in ttft["server"]]
+    same, total = run.same_tokens("server", "in_process")
+    summary = {"prompts": total, "repeats": args.repeats, "proposer": proposer,
+               **{f"{k}_decode_tps": run.median(k, "decode_tps") for k in ("in_process", "server")},
+               **{f"{k}_ttft_ms": run.median(k, "ttft_ms") for k in ("in_process", "server")},
+               "decode_ratio": ratio["median"], "decode_ratio_ci95": ratio["ci95"],
+               "ttft_extra_ms": statistics.median(extra),
+               "ttft_extra_ms_ci95": harness.bootstrap_ci(extra, 0, stat=np.median),
+               "outputs_equal": f"{same}/{total}"}
     summary["meets_targets"] = summary["decode_ratio"] >= 0.95 and summary["ttft_extra_ms"] <= 20
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}))
+    print(harness.preamble(meta, run, f"{total} chat prompts ({args.prompts}), {args.repeats} repeat(s), proposer "
+                           f"{proposer}, streamed in-process and through the server, interleaved prompt by prompt"))
+    for key, value in summary.items():
+        if isinstance(value, tuple):
+            value = "[{:.3f}, {:.3f}]".format(*value)
+        shown = round(value, 3) if isinstance(value, float) else value
+        print(f"{key:<22} {shown}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+        harness.write_json(args.json, {"meta": meta, "summary": summary, "run": run.to_dict()})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.cli(main))

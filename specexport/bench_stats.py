@@ -13,47 +13,7 @@ from specexport_runtime import registry
 from specexport_runtime.constants import MAX_GAMMA
 
 from .bench_report import Acceptance, ModeStats, RunRecord
-
-BOOTSTRAP_SAMPLES = 2000
-
-
-def percentiles(values: Iterable[float]) -> dict[str, float | None]:
-    vals = np.asarray(list(values), dtype=np.float64)
-    if vals.size == 0:
-        return {"p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(vals, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
-
-
-def bootstrap_ci(values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float] | None:
-    """95 % percentile-bootstrap interval of the mean (seeded)."""
-    vals = np.asarray(values, dtype=np.float64)
-    if vals.size == 0:
-        return None
-    if vals.size == 1:
-        return float(vals[0]), float(vals[0])
-    rng = np.random.default_rng(seed)
-    means = vals[rng.integers(0, vals.size, size=(samples, vals.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def ratio_ci(num_tok, num_sec, den_tok, den_sec, seed: int, samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float] | None:
-    """95 % bootstrap interval over prompts of (sum num_tok / sum num_sec) / (sum den_tok / sum den_sec)."""
-    arrays = [np.asarray(a, dtype=np.float64) for a in (num_tok, num_sec, den_tok, den_sec)]
-    n = arrays[0].size
-    if n == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(samples, n)) if n > 1 else np.zeros((1, 1), dtype=np.int64)
-    nt, ns, dt, ds = (a[idx].sum(axis=1) for a in arrays)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (nt / ns) / (dt / ds)
-    ratio = ratio[np.isfinite(ratio)]
-    if ratio.size == 0:
-        return None
-    lo, hi = np.percentile(ratio, [2.5, 97.5])
-    return float(lo), float(hi)
+from .harness import BOOTSTRAP_SAMPLES, bootstrap_ci, percentiles, ratio_ci  # noqa: F401  (bench imports ratio_ci from here)
 
 
 def tps(runs: Sequence[RunRecord]) -> float:

@@ -374,30 +374,6 @@ def test_cli_calibrate_smoke(tiny_artifacts, prompt_file, tmp_path):
                 assert param.help, f"{cmd.name} {param.name} has no help"
 
 
-def test_graph_forms_benchmark_times_both_layouts(tiny_artifacts, tmp_path):
-    """benchmarks/graph_forms.py runs on a portable and a fused artifact and reports every
-    (model, S) pair; run in a subprocess (it turns on the process-wide thread pool)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-    out = tmp_path / "forms.json"
-    proc = subprocess.run(
-        [sys.executable, str(repo / "benchmarks" / "graph_forms.py"), str(tiny_artifacts["noisy"]),
-         str(tiny_artifacts["int8-fused"]), "--past", "20", "--calls", "2", "--repeats", "1", "--seq", "1,3",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())
-    labels = {r["model"] for r in rows}
-    assert len(labels) == 4 and len(rows) == 8
-    assert any("time_major" in m for m in labels) and any("head_major_inplace" in m for m in labels)
-    assert all(r["ms_median"] > 0 for r in rows)
-    assert rows[0]["vs_first_target_decode"] == 1.0
-
-
 def test_calibrate_an_eagle_head(tiny_artifacts, tmp_path):
     """An artifact with an EAGLE-3 head calibrates the 'eagle' proposer (its step timed in the
     loop: head calls per drafted token) beside n-gram; 'draft' is not offered."""

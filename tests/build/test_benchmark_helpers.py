@@ -1,11 +1,11 @@
-"""Pure helpers of benchmarks/verify_cost.py and benchmarks/datastore_acceptance.py (no artifact)."""
+"""Pure helpers of benchmarks/experiments/verify_cost.py and datastore_acceptance.py (no artifact)."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[2] / "benchmarks"
+_ROOT = Path(__file__).resolve().parents[2] / "benchmarks" / "experiments"
 
 
 def _module(name: str):

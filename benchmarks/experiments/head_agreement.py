@@ -1,6 +1,7 @@
 """Is an EAGLE-3 head's in-loop acceptance what its teacher-forced quality predicts?
 
-    python benchmarks/head_agreement.py ARTIFACT [--prompts code,chat,...] [--limit 2] [--max-new-tokens 96]
+    python benchmarks/experiments/head_agreement.py ARTIFACT [--prompts code,chat,...] [--limit 2]
+        [--max-new-tokens 96] [--bigram JSON] [--threads 2] [--json OUT]
 
 For each prompt: the target's greedy answer (target-only, the runtime); then, teacher forced on
 prompt + answer, the head's step-0 prediction at every answer position from the fused target's
@@ -18,44 +19,56 @@ statistics from the target's features.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
-from specexport_runtime.api import load
-from specexport_runtime.engine import OrtModel, SessionConfig
 
-from specexport.bench import prompt_ids, resolve_prompts
-from specexport.validate import FeedRunner
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
+
+from specexport import harness  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser():
+    ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", type=Path, help="an artifact with an EAGLE-3 head (recipe draft.eagle3)")
-    ap.add_argument("--prompts", default="code,chat,structured,copy_edit,creative", help="prompt sets (bench --prompts)")
-    ap.add_argument("--limit", type=int, default=2, help="prompts per set")
-    ap.add_argument("--max-new-tokens", type=int, default=96, help="answer length")
     ap.add_argument("--bigram", type=Path, default=None, help="a train-draft answer cache (JSON of token-id lists)"
                     " whose bigram successors are the baseline")
-    args = ap.parse_args()
+    harness.add_run_options(ap, prompts="code,chat,structured,copy_edit,creative", limit=2, max_new_tokens=96,
+                            repeats=None, threads=2)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = harness.parse_args(parser(), argv)
+    from specexport_runtime.api import load
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    from specexport.validate import FeedRunner
+
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     successor = bigram_successors(args.bigram) if args.bigram else None
-    gen = load(args.artifact)
+    gen = load(args.artifact, threads=args.threads)
     m = gen.manifest
     if m.draft is None or not m.draft.vocab_map:
-        raise SystemExit(f"error: {args.artifact} has no EAGLE-3 head")
+        raise harness.HarnessError(f"{args.artifact} has no EAGLE-3 head")
     d2t = np.load(args.artifact / m.draft.vocab_map)
     total = {"hits": 0, "rows": 0, "accepted": 0, "drafted": 0, "bigram": 0}
-    for p in resolve_prompts(args.prompts.split(","), limit=args.limit):
-        ids = prompt_ids(gen, p)
+    rows = []
+    print(harness.header(meta))
+    for p in harness.load_prompt_set(args.prompts, limit=args.limit):
+        ids = harness.encode_prompt(gen.codec, p)
         answer = gen.generate(ids, max_new_tokens=args.max_new_tokens, speculative=False).token_ids
         seq = ids + answer
         runner = FeedRunner(args.artifact / m.target.graph, m.target.graph_spec())
         runner.run(seq, list(range(len(seq))))
         n = len(seq) - 2
-        head = OrtModel(args.artifact / m.draft.graph, m.draft.graph_spec(), len(seq) + 2, SessionConfig(provider="cpu"),
-                        max_rows=len(seq))
+        head = OrtModel(args.artifact / m.draft.graph, m.draft.graph_spec(), len(seq) + 2,
+                        SessionConfig(provider="cpu", threads=args.threads), max_rows=len(seq))
         pred = d2t[head.forward(seq[1 : n + 1], last_rows=n, features=runner.features[:n]).argmax(-1)]
         first = len(ids) - 2  # rows predicting answer tokens
         ok = pred[first:] == np.asarray(seq[first + 2 :])
@@ -74,12 +87,16 @@ def main() -> None:
                "in_loop_first": round(acc / drafted, 3) if drafted else None, "same_output": loop.token_ids == answer}
         if big is not None:
             row["bigram_baseline"] = round(float(big.mean()), 3)
+        rows.append(row)
         print(json.dumps(row))
     summary = {"teacher_forced": round(total["hits"] / max(1, total["rows"]), 3),
                "in_loop_first": round(total["accepted"] / max(1, total["drafted"]), 3)}
     if successor is not None:
         summary["bigram_baseline"] = round(total["bigram"] / max(1, total["rows"]), 3)
     print(json.dumps(summary))
+    if args.json:
+        harness.write_json(args.json, {"meta": meta, "rows": rows, "summary": summary})
+    return 0
 
 
 def bigram_successors(path: Path) -> dict[int, int]:
@@ -90,10 +107,10 @@ def bigram_successors(path: Path) -> dict[int, int]:
     counts: dict[int, Counter] = defaultdict(Counter)
     for s in seqs:
         if isinstance(s, list) and all(isinstance(t, int) for t in s):
-            for a, b in zip(s, s[1:]):
+            for a, b in zip(s, s[1:], strict=False):
                 counts[a][b] += 1
     return {a: c.most_common(1)[0][0] for a, c in counts.items()}
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.cli(main))

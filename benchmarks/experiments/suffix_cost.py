@@ -1,37 +1,36 @@
 """What does a suffix-proposer round cost on the CPU, and how big is its store?
 
-    python benchmarks/suffix_cost.py [--request 2048] [--store 200000] [--rounds 2000] [--json OUT]
+    python benchmarks/experiments/suffix_cost.py [--request 2048] [--store 200000] [--rounds 2000] [--json OUT]
         [--datastore ARTIFACT_OR_DIR --text FILE --tokenizer tokenizer.json]
 
 Synthetic token streams with text-like statistics (Zipf-distributed ids over a 49,152-token
 vocabulary, with repeated phrases so that matches exist): a request of --request tokens and a
-store of past responses filled to --store tokens. The request starts at --request tokens; each round appends the accepted tokens of the
-previous round (1-5) to the request, then times the proposer's work of a round: the commit of
-the previous one (request extended, score calibration and draft-limit tuner fed) and
-`SuffixProposer.retrieve` (request and store matched, the better draft chosen). Reports the median, p90 and p99 per round in ms, the share of
-rounds with a draft, and the store's token count and memory (`SuffixStore.describe`), plus the
-time to fill it. With --datastore (a folder holding retrieval/tokens.npy and
-retrieval/suffix_array.npy, e.g. an artifact built with a recipe `retrieval` section) the
-corpus is matched too, and the request is --text tokenized with --tokenizer (real text, so that
-the corpus has matches), its first --request tokens as the start.
+store of past responses filled to --store tokens. The request starts at --request tokens; each
+round appends the accepted tokens of the previous round (1-5) to the request, then times the
+proposer's work of a round: the commit of the previous one (request extended, score calibration
+and draft-limit tuner fed) and `SuffixProposer.retrieve` (request and store matched, the better
+draft chosen). Reports the median, p90 and p99 per round in ms, the share of rounds with a draft,
+and the store's token count and memory (`SuffixStore.describe`), plus the time to fill it. With
+--datastore (a folder holding retrieval/tokens.npy and retrieval/suffix_array.npy, e.g. an
+artifact built with a recipe `retrieval` section) the corpus is matched too, and the request is
+--text tokenized with --tokenizer (real text, so that the corpus has matches), its first
+--request tokens as the start.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport_runtime.datastore import Datastore
-from specexport_runtime.suffix import SuffixConfig, SuffixProposer, SuffixStore
+from specexport import harness  # noqa: E402
 
 VOCAB = 49_152
 
@@ -47,16 +46,29 @@ def text_like(rng: np.random.Generator, n: int, phrases: list[np.ndarray]) -> li
     return out[:n]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser():
+    ap = harness.script_parser(__doc__)
     ap.add_argument("--request", type=int, default=2048, help="request tokens at the start (it grows ~3 per round)")
     ap.add_argument("--store", type=int, default=200_000, help="tokens of past responses in the store")
     ap.add_argument("--rounds", type=int, default=2000, help="timed rounds")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
+    ap.add_argument("--json", type=Path, default=None, metavar="OUT",
+                    help="write the machine, command and figures as JSON")
     ap.add_argument("--datastore", type=Path, default=None, help="folder with retrieval/tokens.npy + suffix_array.npy")
     ap.add_argument("--text", type=Path, default=None, help="with --datastore: the request's text")
     ap.add_argument("--tokenizer", type=Path, default=None, help="with --datastore: a tokenizers JSON file")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.datastore is not None and (args.text is None or args.tokenizer is None):
+        raise harness.HarnessError("--datastore needs --text and --tokenizer")
+    if min(args.request, args.store, args.rounds) < 1:
+        raise harness.HarnessError("--request, --store and --rounds must be at least 1")
+    from specexport_runtime.datastore import Datastore
+    from specexport_runtime.suffix import SuffixConfig, SuffixProposer, SuffixStore
+
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     rng = np.random.default_rng(0)
     phrases = [(rng.zipf(1.3, size=int(rng.integers(4, 16))) % VOCAB) for _ in range(2000)]
     config = SuffixConfig(global_tokens=args.store)
@@ -96,19 +108,19 @@ def main() -> None:
         times.append(spent + time.perf_counter() - t)
         spent = 0.0
         drafted += bool(tokens)
-    ms = sorted(1e3 * x for x in times)
     result = {
-        "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "request_tokens_at_end": len(committed), "rounds": args.rounds,
-        "ms_per_round": {"median": statistics.median(ms), "p90": ms[int(0.9 * len(ms))], "p99": ms[int(0.99 * len(ms))]},
+        "meta": meta, "request_tokens_at_end": len(committed), "rounds": args.rounds,
+        "ms_per_round": harness.percentiles(1e3 * x for x in times),
         "rounds_with_a_draft": drafted / args.rounds,
         "store": store.describe(), "store_fill_seconds": round(fill, 2),
         "datastore": None if datastore is None else datastore.describe(),
     }
-    print(json.dumps(result, indent=2))
+    print(harness.header(meta))
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        harness.write_json(args.json, result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.cli(main))

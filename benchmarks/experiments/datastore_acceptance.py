@@ -1,7 +1,7 @@
 """How often would a corpus datastore's drafts be accepted, by match length and score?
 
-    python benchmarks/datastore_acceptance.py ARTIFACT [--prompts benchmarks/prompts/code_completion.jsonl]
-        [--limit 30] [--max-new-tokens 128] [--json OUT]
+    python benchmarks/experiments/datastore_acceptance.py ARTIFACT
+        [--prompts benchmarks/prompts/code_completion.jsonl] [--limit 30] [--max-new-tokens 128] [--json OUT]
 
 ARTIFACT must carry a datastore (recipe `retrieval`). For each prompt the target's greedy answer
 is generated (target-only); then at every answer position the datastore proposes a draft from the
@@ -13,20 +13,19 @@ are accepted often and that holds many positions is where corpus drafts could re
 model. Positions where the request itself offers a suffix draft of score >= 1 (the suffix
 proposer's own source) are counted apart, since there the datastore is not needed.
 
-Nothing is timed: this measures what the corpus could give, not its cost (benchmarks/suffix_cost.py).
+Nothing is timed: this measures what the corpus could give, not its cost (suffix_cost.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 from pathlib import Path
 
-from specexport_runtime.api import load
-from specexport_runtime.suffix import RequestSuffix, SuffixConfig
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport.bench import prompt_ids, resolve_prompts
-from specexport.machine import cpu_model
+from specexport import harness  # noqa: E402
 
 M_BUCKETS = ((1, 3), (3, 5), (5, 8), (8, 12), (12, 1 << 30))
 SCORE_BUCKETS = ((0.0, 1.0), (1.0, 2.0), (2.0, 4.0), (4.0, float("inf")))
@@ -49,23 +48,28 @@ def summary(rows: list[dict]) -> dict:
             "token_acceptance": round(accepted / drafted, 3) if drafted else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifact", type=Path)
-    ap.add_argument("--prompts", default="benchmarks/prompts/code_completion.jsonl", help="prompt sets (bench --prompts)")
-    ap.add_argument("--limit", type=int, default=30, help="prompts per set")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
+def parser():
+    ap = harness.script_parser(__doc__)
+    ap.add_argument("artifact", type=Path, help="an artifact with a corpus datastore (recipe retrieval)")
+    harness.add_run_options(ap, prompts=str(REPO / "benchmarks" / "prompts" / "code_completion.jsonl"), limit=30,
+                            max_new_tokens=128, repeats=None, threads=2)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = harness.parse_args(parser(), argv)
+    from specexport_runtime.api import load
+    from specexport_runtime.suffix import RequestSuffix, SuffixConfig
+
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     gen = load(args.artifact, threads=args.threads)
     store = gen.datastore
     if store is None:
-        raise SystemExit(f"error: {args.artifact} has no datastore (recipe retrieval)")
+        raise harness.HarnessError(f"{args.artifact} has no datastore (recipe retrieval)")
     config = SuffixConfig()
     rows = []
-    for p in resolve_prompts(args.prompts.split(","), limit=args.limit):
-        ids = prompt_ids(gen, p)
+    for p in harness.load_prompt_set(args.prompts, limit=args.limit):
+        ids = harness.encode_prompt(gen.codec, p)
         answer = gen.generate(ids, max_new_tokens=args.max_new_tokens, speculative=False).token_ids
         request = RequestSuffix()
         request.reset(ids)
@@ -78,20 +82,24 @@ def main() -> None:
                              "accepted": matched(draft, answer[i:]), "request_score": own_score})
             request.extend([token])
             context.append(token)
-    report = {"artifact": str(args.artifact), "cpu": cpu_model(), "datastore": store.describe(), "all": summary(rows),
-              "by_match_length": {f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+": summary([r for r in rows if lo <= r["m"] < hi])
+    report = {"artifact": str(args.artifact), "datastore": store.describe(), "all": summary(rows),
+              "by_match_length": {f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+":
+                                  summary([r for r in rows if lo <= r["m"] < hi])
                                   for lo, hi in M_BUCKETS},
-              "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi]) for lo, hi in SCORE_BUCKETS},
+              "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi])
+                           for lo, hi in SCORE_BUCKETS},
               "where_request_has_no_draft": summary([r for r in rows if r["request_score"] < 1.0])}
-    print(f"{args.artifact} ({report['cpu']}): datastore {report['datastore']}; drafts at {len(rows)} answer positions")
+    print(harness.header(meta))
+    print(f"{args.artifact}: datastore {report['datastore']}; drafts at {len(rows)} answer positions")
     for group in ("by_match_length", "by_score"):
         for key, s in report[group].items():
             print(f"  {group[3:]:13s} {key:8s} {s}")
     print(f"  {'all':22s} {report['all']}")
     print(f"  {'no request draft':22s} {report['where_request_has_no_draft']}")
     if args.json:
-        args.json.write_text(json.dumps({"report": report, "rows": rows}, indent=1))
+        harness.write_json(args.json, {"meta": meta, "report": report, "rows": rows})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.cli(main))

@@ -2,7 +2,7 @@
 and provider, unpadded, with padded calls and with padded attention (contract 1.2), plus what
 each padding costs.
 
-    python benchmarks/row_invariance.py [--model builtin:smollm2-135m-instruct]
+    python benchmarks/experiments/row_invariance.py [--model builtin:smollm2-135m-instruct]
         [--configs fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4] [--provider cpu]
         [--prompts chat,code] [--limit 2] [--past 200] [--repeats 5] [--json OUT]
 
@@ -17,23 +17,22 @@ each prompt as the cache, the next 17 as the tokens), three ways: unpadded (1-ro
 padded calls (min_rows 2: the runtime feeds every call at least 2 rows) and padded attention
 (a graph whose GroupQueryAttention gets one extra row, cache_pad 1); it reports whether every
 row is bitwise equal, the max |logit| difference and the argmax agreement. Costs: median ms of a
-1-row call at a --past-token cache each way, and of a 9-row verify call, interleaved across
-configurations.
+1-row call at a --past-token cache each way, and of a 9-row verify call, the models rotated each
+repeat so machine drift spreads over them (specexport.harness).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
+
+from specexport import harness  # noqa: E402
 
 DEFAULT_CONFIGS = "fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4"
 MAX_CONTEXT = 1024
@@ -51,7 +50,7 @@ def build_config(name: str, model, blocks, out: Path, pad_attention: bool):
         return build_fused(model, out, MAX_CONTEXT, min_rows=2, pad_attention=pad_attention)
     precision, level = name.split("-l")
     if precision == "gguf" and not blocks:
-        raise SystemExit(f"configuration {name!r} needs a GGUF --model")
+        raise harness.HarnessError(f"configuration {name!r} needs a GGUF --model")
     head = "checkpoint" if precision == "gguf" else "int8"
     weights = QuantizedWeights(precision, 32, int(level), head, "fp32", blocks if precision == "gguf" else {})
     return build_fused(model, out, MAX_CONTEXT, weights=weights, min_rows=2, pad_attention=pad_attention)
@@ -78,27 +77,27 @@ def invariance(graphs: dict, way: str, provider: str, sequences: list[tuple[list
 
 
 def call_costs(configs: dict, provider: str, past: int, repeats: int, calls: int = 20) -> dict:
-    """{name: {way: decode ms, ..., "verify9": ms}} medians, configurations interleaved."""
+    """{name: {way: decode ms, ..., "verify9": ms}}: medians over repeats of the median call, the
+    models rotated each repeat."""
     models = {(name, way): _model(graphs, way, provider, threads=2) for name, graphs in configs.items() for way in WAYS}
     times: dict = {key: [] for key in models} | {(name, "verify9"): [] for name in configs}
-    for _ in range(repeats):
-        for (name, way), model in models.items():
+    for rep in range(repeats):
+        for (name, way), model in harness.rotated(list(models.items()), rep):
             model.reset()
             model.forward(list(range(3, 3 + past)))
             for S, key in ((1, (name, way)),) + (((9, (name, "verify9")),) if way == "unpadded" else ()):
-                start = time.perf_counter()
-                for _ in range(calls):
+                def call(model=model, S=S):
                     model.truncate(past)
                     model.forward([5] * S, last_rows=S)
-                times[key].append((time.perf_counter() - start) / calls * 1000)
+                times[key].append(harness.median_seconds(call, calls) * 1000)
     out: dict = {name: {} for name in configs}
     for (name, key), values in times.items():
         out[name][key] = statistics.median(values)
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser():
+    ap = harness.script_parser(__doc__)
     ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="transformers source (a GGUF for gguf-lA)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma list (default {DEFAULT_CONFIGS})")
     ap.add_argument("--provider", default="cpu", help="ONNX Runtime provider: cpu or cuda (default cpu)")
@@ -106,11 +105,15 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=2, help="prompts per domain (default 2)")
     ap.add_argument("--past", type=int, default=200, help="cache length for the timed calls (default 200)")
     ap.add_argument("--repeats", type=int, default=5, help="timing repeats; medians are reported (default 5)")
-    ap.add_argument("--json", default=None, help="write the rows as JSON to this file")
-    args = ap.parse_args(argv)
+    ap.add_argument("--json", default=None, metavar="OUT", help="write the machine, command and rows as JSON here")
+    return ap
 
-    from specexport.bench import resolve_prompts
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     from specexport.sources import load_model, load_tokenizer, resolve_source
+
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
 
     source = resolve_source(args.model)
     model = load_model(source, "float32")
@@ -121,14 +124,16 @@ def main(argv=None) -> int:
         blocks = read_gguf_blocks(Path(source.location) / source.gguf_file)
     tok = load_tokenizer(source)
     sequences = []
-    for prompt in resolve_prompts([s for s in args.prompts.split(",") if s], limit=args.limit):
+    for prompt in harness.load_prompt_set(args.prompts, limit=args.limit):
         text = prompt.text if prompt.text is not None else "\n".join(content for _, content in prompt.messages)
         ids = tok(text)["input_ids"]
         ids = (ids * (40 // max(1, len(ids)) + 1))[:40]  # plain text: 23 tokens of cache, 17 to compare
         sequences.append((ids[:23], ids[23:40]))
     rows = []
+    print(harness.header(meta))
     with tempfile.TemporaryDirectory() as tmp:
-        configs = {name: {pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad) for pad in (False, True)}
+        configs = {name: {pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad)
+                          for pad in (False, True)}
                    for name in args.configs.split(",") if name}
         costs = call_costs(configs, args.provider, args.past, args.repeats)
         for name, graphs in configs.items():
@@ -136,15 +141,16 @@ def main(argv=None) -> int:
             parts = []
             for way in WAYS:
                 row[way] = r = invariance(graphs, way, args.provider, sequences)
-                state = "bitwise" if r["bitwise"] else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})"
+                state = ("bitwise" if r["bitwise"]
+                         else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})")
                 ratio = costs[name][way] / costs[name]["unpadded"]
                 parts.append(f"{way}: {state}, {costs[name][way]:.2f} ms ({ratio:.2f}x)")
             rows.append(row)
             print(f"{name:<9} " + "; ".join(parts) + f"; verify(9) {costs[name]['verify9']:.2f} ms", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+        harness.write_json(args.json, {"meta": meta, "rows": rows})
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(harness.cli(main))

@@ -1,0 +1,447 @@
+"""Measurement harness: how the benchmarks time, repeat, summarise and record a run.
+
+A run measures methods (`Method`: one engine in one configuration; `run(case)` generates once
+from a prompt case and returns a result dict) on prompt cases (`Case`: an id and token ids).
+It is honest by construction:
+
+warm-up   every method first generates once from WARMUP_MESSAGES, a prompt outside the
+          measured set (refused when its ids equal a measured prompt's); nothing of it is timed.
+memory    before every generation, warm-up included, each method's `reset` clears what its
+          engine keeps across requests (specexport: the suffix store of earlier answers). A
+          method that cannot clear it says what it keeps (`memory`), may measure each prompt
+          once only (repeats 1), and the run's notes state it.
+order     prompts are the outer loop, repeats the inner one; each round runs every method once,
+          back to back, in an order rotated by one from the round before, so machine drift
+          spreads over all methods instead of landing on whichever ran as a block.
+figures   per prompt the median over repeats, then the median over prompts; the ratio of two
+          methods is the median over prompts of their per-prompt ratio (both from the same
+          rounds), with a seeded 95% percentile-bootstrap interval over prompts.
+record    run_metadata() names the machine (machine.describe()), the exact command, the date and
+          the measuring libraries' versions; write_json() writes a run's document.
+
+Speed is measured here and in the benchmark scripts, never asserted by tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from specexport_runtime.errors import SpecExportError
+
+from . import machine
+from .prompts import Prompt
+
+# the warm-up request's chat: in no shipped prompt set, so no engine has seen a measured answer
+WARMUP_MESSAGES: tuple[dict[str, str], ...] = ({"role": "user", "content": "Name three colours."},)
+WARMUP_ID = "warm-up"
+# pause before each timed call of a run that switches between engine processes, so the previous
+# engine's spinning thread pool has gone idle
+SETTLE_SECONDS = 0.05
+BOOTSTRAP_SAMPLES = 2000
+# packages whose versions a run records when installed (looked up without importing them)
+VERSIONS = ("specexport", "specexport-runtime", "onnxruntime", "onnxruntime-genai", "numpy", "torch", "transformers")
+
+
+class HarnessError(SpecExportError, ValueError):
+    """Invalid measurement input: no prompts, a warm-up inside the measured set, a repeated name, ..."""
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured prompt: `ids` are its token ids (chat prompts through the artifact's
+    template); max_new_tokens None means each method's own limit. run_interleaved hands a method
+    the case with `repeat` set to the measurement's index (0 for the warm-up), e.g. for a
+    per-repeat sampling seed."""
+
+    id: str
+    ids: tuple[int, ...]
+    domain: str = ""
+    max_new_tokens: int | None = None
+    prompt: Prompt | None = field(default=None, compare=False, repr=False)
+    repeat: int = field(default=0, compare=False)
+
+
+def load_prompt_set(spec: str | Sequence[str], limit: int | None = None) -> list[Prompt]:
+    """Prompts of a comma-separated spec (calibration domains, 'all', JSONL or text files), the
+    first `limit` per domain; HarnessError when nothing is left."""
+    from .bench import resolve_prompts  # imported here: bench imports this module's statistics
+
+    specs = [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
+    if limit is not None and limit < 1:
+        raise HarnessError(f"limit must be >= 1, got {limit}")
+    prompts = resolve_prompts(specs, limit=limit)
+    if not prompts:
+        raise HarnessError(f"prompt set {spec!r} holds no prompts")
+    return prompts
+
+
+def encode_prompt(codec, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt: a chat prompt through the codec's chat template, a text as it is."""
+    return codec.encode_chat(prompt.chat()) if prompt.is_chat else codec.encode(prompt.text)
+
+
+def make_cases(codec, prompts: Sequence[Prompt], per_prompt_limit: bool = False) -> list[Case]:
+    """One Case per prompt; per_prompt_limit: each keeps its prompt file's max_new_tokens."""
+    return [Case(p.id, tuple(encode_prompt(codec, p)), p.domain, p.max_new_tokens if per_prompt_limit else None, p)
+            for p in prompts]
+
+
+def warmup_case(codec, max_new_tokens: int | None = None) -> Case:
+    """The warm-up prompt (WARMUP_MESSAGES through the codec's chat template)."""
+    return Case(WARMUP_ID, tuple(codec.encode_chat(list(WARMUP_MESSAGES))), WARMUP_ID, max_new_tokens)
+
+
+# --------------------------------------------------------------------------- methods and runs
+
+
+@dataclass
+class Method:
+    """One engine in one configuration.
+
+    run(case) generates once and returns a dict holding at least "tokens" (the new token ids)
+    and any figures of the engine's own. reset() clears what the engine keeps across requests;
+    None when it keeps nothing (memory "none") or cannot clear it (then memory says what it
+    keeps). info: report columns (engine, mode, precision, ...)."""
+
+    name: str
+    run: Callable[[Case], dict]
+    reset: Callable[[], None] | None = None
+    memory: str = "none"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def keeps_memory(self) -> bool:
+        return self.reset is None and self.memory != "none"
+
+
+@dataclass
+class Sample:
+    """One measured generation. seconds: wall seconds of run(), from the harness's side."""
+
+    method: str
+    case: str
+    repeat: int
+    slot: int  # the method's position in its round, 0 = first
+    seconds: float
+    result: dict
+
+    def value(self, metric: Metric) -> float:
+        if callable(metric):
+            return float(metric(self))
+        return float(self.seconds if metric == "seconds" else self.result[metric])
+
+
+Metric = str | Callable[[Sample], float]  # a key of Sample.result, "seconds", or a function
+
+
+def wall_tok_s(sample: Sample) -> float:
+    """New tokens per wall second of run() (prefill and any transport included)."""
+    return len(sample.result["tokens"]) / sample.seconds if sample.seconds > 0 else 0.0
+
+
+def rotated(items: Sequence, k: int) -> list:
+    """items rotated left by k (mod its length)."""
+    k = k % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])
+
+
+def schedule(n_methods: int, n_cases: int, repeats: int) -> list[tuple[int, int, list[int]]]:
+    """(case index, repeat, method indices in run order) per round: cases outer, repeats inner;
+    round k runs the methods rotated left by k."""
+    rounds = [(c, r) for c in range(n_cases) for r in range(repeats)]
+    return [(c, r, rotated(range(n_methods), k)) for k, (c, r) in enumerate(rounds)]
+
+
+@dataclass
+class Run:
+    """What run_interleaved measured. log: every call in order as (event, method, case id),
+    event 'reset', 'warm-up' or 'measure'."""
+
+    methods: list[Method]
+    cases: list[Case]
+    repeats: int
+    samples: list[Sample] = field(default_factory=list)
+    log: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def method(self, name: str) -> Method:
+        for m in self.methods:
+            if m.name == name:
+                return m
+        raise HarnessError(f"no method {name!r} in this run")
+
+    def samples_of(self, method: str, case: str | None = None) -> list[Sample]:
+        self.method(method)
+        return [s for s in self.samples if s.method == method and (case is None or s.case == case)]
+
+    def per_case(self, method: str, metric: Metric) -> dict[str, float]:
+        """case id -> the median over repeats of the metric, in case order."""
+        out = {}
+        for c in self.cases:
+            values = [s.value(metric) for s in self.samples_of(method, c.id)]
+            if values:
+                out[c.id] = statistics.median(values)
+        return out
+
+    def median(self, method: str, metric: Metric) -> float | None:
+        """The median over cases of per_case (None when nothing was measured)."""
+        values = list(self.per_case(method, metric).values())
+        return statistics.median(values) if values else None
+
+    def ratio(self, method: str, reference: str, metric: Metric, seed: int = 0) -> dict:
+        """{"median": median over cases of per-case method / reference, "ci95": its bootstrap
+        interval, "per_case": the ratios}; cases where the reference is 0 are left out."""
+        num, den = self.per_case(method, metric), self.per_case(reference, metric)
+        per = {c: num[c] / den[c] for c in num if den.get(c)}
+        vals = list(per.values())
+        return {"median": statistics.median(vals) if vals else None,
+                "ci95": bootstrap_ci(vals, seed, stat=np.median), "per_case": per}
+
+    def same_tokens(self, a: str, b: str, eos: Iterable[int] = ()) -> tuple[int, int]:
+        """(cases where every sample of `a` equals the first sample of `b` up to the first EOS,
+        cases both measured)."""
+        eos = set(eos)
+        same = total = 0
+        for c in self.cases:
+            sa, sb = self.samples_of(a, c.id), self.samples_of(b, c.id)
+            if sa and sb:
+                total += 1
+                ref = until_eos(sb[0].result["tokens"], eos)
+                same += all(until_eos(s.result["tokens"], eos) == ref for s in sa)
+        return same, total
+
+    def memory_notes(self) -> list[str]:
+        """One line per statement of what methods keep across requests and whether it is
+        cleared: 'method, method: statement' (methods that keep nothing are left out)."""
+        by_note: dict[str, list[str]] = {}
+        for m in self.methods:
+            if m.memory != "none":
+                by_note.setdefault(m.memory, []).append(m.name)
+        return [f"{', '.join(names)}: {note}" for note, names in by_note.items()]
+
+    def to_dict(self) -> dict:
+        """The run as JSON data: methods (name, memory, info), cases, repeats, every sample."""
+        return {"methods": [{"name": m.name, "memory": m.memory, "cleared": m.reset is not None, **m.info}
+                            for m in self.methods],
+                "cases": [{"id": c.id, "domain": c.domain, "prompt_tokens": len(c.ids)} for c in self.cases],
+                "repeats": self.repeats, "memory_notes": self.memory_notes(),
+                "samples": [{"method": s.method, "case": s.case, "repeat": s.repeat, "slot": s.slot,
+                             "seconds": s.seconds, **s.result} for s in self.samples]}
+
+
+Progress = Callable[[Sample], None]
+
+
+def _call(run: Run, method: Method, case: Case, event: str) -> tuple[dict, float]:
+    if method.reset is not None:
+        method.reset()
+        run.log.append(("reset", method.name, case.id))
+    run.log.append((event, method.name, case.id))
+    start = time.perf_counter()
+    result = method.run(case)
+    seconds = time.perf_counter() - start
+    if not isinstance(result, dict) or not isinstance(result.get("tokens"), list):
+        raise HarnessError(f"method {method.name!r} returned no 'tokens' list for {case.id!r}")
+    return result, seconds
+
+
+def run_interleaved(methods: Sequence[Method], cases: Sequence[Case], warmup: Case, repeats: int = 1,
+                    settle: float = 0.0, progress: Progress | None = None) -> Run:
+    """Warm every method up on `warmup`, then measure every case `repeats` times in the rounds
+    of schedule(); `settle` seconds of sleep precede each measured call (module docstring)."""
+    methods, cases = list(methods), list(cases)
+    if not methods or not cases:
+        raise HarnessError("a run needs at least one method and one prompt")
+    for what, names in (("method", [m.name for m in methods]), ("prompt", [c.id for c in cases])):
+        if len(set(names)) != len(names):
+            raise HarnessError(f"{what} names repeat: {names}")
+    if repeats < 1:
+        raise HarnessError(f"repeats must be >= 1, got {repeats}")
+    inside = [c.id for c in cases if c.ids == warmup.ids or c.id == warmup.id]
+    if inside:
+        raise HarnessError(f"the warm-up prompt is a measured prompt ({inside[0]!r}); warm up outside the set")
+    kept = [m.name for m in methods if m.keeps_memory]
+    if kept and repeats > 1:
+        raise HarnessError(f"{', '.join(kept)} keep(s) answers across requests and cannot clear them: a repeat "
+                           "would measure a prompt whose answer the engine holds; use repeats 1")
+    run = Run(methods, cases, repeats)
+    for m in methods:
+        _call(run, m, warmup, "warm-up")
+    for c, r, order in schedule(len(methods), len(cases), repeats):
+        for slot, i in enumerate(order):
+            if settle > 0:
+                time.sleep(settle)
+            result, seconds = _call(run, methods[i], replace(cases[c], repeat=r), "measure")
+            run.samples.append(Sample(methods[i].name, cases[c].id, r, slot, seconds, result))
+            if progress is not None:
+                progress(run.samples[-1])
+    return run
+
+
+def until_eos(tokens: Sequence[int], eos: Iterable[int]) -> list[int]:
+    """Tokens up to (not including) the first EOS."""
+    eos = set(eos)
+    cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return [int(t) for t in tokens[:cut]]
+
+
+def median_seconds(fn: Callable[[], Any], calls: int) -> float:
+    """Median wall seconds of `calls` calls of fn()."""
+    out = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return statistics.median(out)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentiles(values: Iterable[float]) -> dict[str, float | None]:
+    """{"p50", "p90", "p99"} of the values (None each when there are none)."""
+    vals = np.asarray(list(values), dtype=np.float64)
+    if vals.size == 0:
+        return {"p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(vals, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def bootstrap_ci(values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SAMPLES,
+                 stat: Callable = np.mean) -> tuple[float, float] | None:
+    """95 % percentile-bootstrap interval of stat (default the mean) over the values (seeded)."""
+    vals = np.asarray(values, dtype=np.float64)
+    if vals.size == 0:
+        return None
+    if vals.size == 1:
+        return float(vals[0]), float(vals[0])
+    rng = np.random.default_rng(seed)
+    stats = stat(vals[rng.integers(0, vals.size, size=(samples, vals.size))], axis=1)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def ratio_ci(num_tok, num_sec, den_tok, den_sec, seed: int,
+             samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float] | None:
+    """95 % bootstrap interval over prompts of (sum num_tok / sum num_sec) / (sum den_tok / sum den_sec)."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in (num_tok, num_sec, den_tok, den_sec)]
+    n = arrays[0].size
+    if n == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(samples, n)) if n > 1 else np.zeros((1, 1), dtype=np.int64)
+    nt, ns, dt, ds = (a[idx].sum(axis=1) for a in arrays)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (nt / ns) / (dt / ds)
+    ratio = ratio[np.isfinite(ratio)]
+    if ratio.size == 0:
+        return None
+    lo, hi = np.percentile(ratio, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+# --------------------------------------------------------------------------- records and scripts
+
+
+def run_metadata(argv: Sequence[str] | None = None, **settings: Any) -> dict:
+    """{"machine": machine.describe(), "command": the exact command line, "date", "python",
+    "versions": installed VERSIONS, "settings"}; argv defaults to sys.argv (script first)."""
+    versions = {}
+    for name in VERSIONS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {"machine": machine.describe(), "command": shlex.join(["python", *(sys.argv if argv is None else argv)]),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": sys.version.split()[0], "versions": versions,
+            "settings": {k: v if isinstance(v, (int, float, bool, str, type(None))) else str(v)
+                         for k, v in settings.items()}}
+
+
+def header(meta: dict) -> str:
+    """One line naming the machine and the command of a run_metadata() record."""
+    m = meta["machine"]
+    return f"machine: {m['cpu']} ({m['cpu_count']} logical cores, {m['platform']}); command: {meta['command']}"
+
+
+def preamble(meta: dict, run: Run | None, settings: str) -> str:
+    """A report's first lines: header(meta), the run's settings in words, and one 'memory: ...'
+    line per run.memory_notes() entry."""
+    notes = run.memory_notes() if run is not None else []
+    return "\n".join([header(meta), settings, *(f"memory: {note}" for note in notes)])
+
+
+def write_json(path: str | Path, doc: dict) -> None:
+    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser: its docstring's first paragraph as description, the rest as epilog."""
+    first, _, rest = doc.strip().partition("\n\n")
+    return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_run_options(ap: argparse.ArgumentParser, prompts: str = "code", limit: int = 3,
+                    max_new_tokens: int | None = 128, repeats: int | None = 1, threads: int = 2) -> None:
+    """The options the measuring scripts share: --prompts --limit --max-new-tokens (None: each
+    prompt's own) --repeats (left out with repeats=None: a script that times nothing) --threads
+    --json; check_run_options() validates them."""
+    ap.add_argument("--prompts", default=prompts,
+                    help=f"comma-separated calibration domains, 'all', or JSONL/text prompt files (default {prompts})")
+    ap.add_argument("--limit", type=int, default=limit, help=f"prompts per domain (default {limit})")
+    own = "each prompt's own max_new_tokens" if max_new_tokens is None else max_new_tokens
+    ap.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                    help=f"new tokens per generation at most (default {own})")
+    if repeats is not None:
+        ap.add_argument("--repeats", type=int, default=repeats,
+                        help=f"measurements of every prompt and method, interleaved (default {repeats})")
+    ap.add_argument("--threads", type=int, default=threads,
+                    help=f"intra-op threads of every engine (default {threads})")
+    ap.add_argument("--json", default=None, metavar="OUT",
+                    help="write the machine, command, settings and results as JSON here")
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """ap.parse_args(argv), the shared options checked (check_run_options)."""
+    args = ap.parse_args(argv)
+    check_run_options(args)
+    return args
+
+
+def check_run_options(args: argparse.Namespace) -> None:
+    """HarnessError naming the first of the shared options below 1."""
+    for name in ("limit", "max_new_tokens", "repeats", "threads"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise HarnessError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
+    """Run a script's main; a SpecExportError (bad input) ends it with one line 'error: ...', exit 2."""
+    try:
+        return int(main(argv) or 0)
+    except SpecExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["BOOTSTRAP_SAMPLES", "Case", "HarnessError", "Method", "Run", "SETTLE_SECONDS", "Sample", "WARMUP_ID",
+           "WARMUP_MESSAGES", "add_run_options", "bootstrap_ci", "check_run_options", "cli", "encode_prompt",
+           "header", "load_prompt_set", "make_cases", "median_seconds", "parse_args", "percentiles", "preamble",
+           "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule", "script_parser", "until_eos",
+           "wall_tok_s", "warmup_case", "write_json"]

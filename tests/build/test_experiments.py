@@ -1,0 +1,96 @@
+"""benchmarks/experiments/ run on tiny artifacts (a few calls each) and write the machine and the
+command beside their figures. Scripts that turn on ONNX Runtime's process-wide thread pool
+(load(shared_pool=True)) run in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "benchmarks" / "experiments"
+
+
+def run_script(name: str, *args: str) -> None:
+    proc = subprocess.run([sys.executable, str(EXPERIMENTS / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "machine:" in proc.stdout
+
+
+def read(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    assert doc["meta"]["machine"]["cpu"] and "experiments" in doc["meta"]["command"]
+    return doc
+
+
+@pytest.fixture
+def prompt_file(tmp_path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "domain": "copy_edit", "prompt": text, "max_new_tokens": 10})
+                            + "\n" for i, text in enumerate(["a b c d a b c d a b c", "x y z x y z x y"])))
+    return path
+
+
+def test_verify_cost_times_both_graph_forms(tiny_artifacts, tmp_path):
+    out = tmp_path / "cost.json"
+    run_script("verify_cost", str(tiny_artifacts["noisy"]), str(tiny_artifacts["int8-fused"]), "--past", "20",
+               "--calls", "2", "--repeats", "1", "--sizes", "1,3", "--draft-sizes", "1,3", "--json", str(out))
+    rows = read(out)["rows"]
+    labels = [label for r in rows for label in r["calls"]]
+    assert len(labels) == 4
+    assert any("time_major" in x for x in labels) and any("head_major_inplace" in x for x in labels)
+    assert all(set(r["calls"][x]) == {"1", "3"} and r["calls"][x]["1"]["ms"] > 0 for r in rows for x in r["calls"])
+    assert rows[0]["calls"][labels[0]]["1"]["vs_first_decode"] == 1.0 and rows[0]["c"] > 0
+
+
+def test_suffix_limit_and_controller_ab_stay_exact(tiny_artifacts, prompt_file, tmp_path):
+    out = tmp_path / "limit.json"
+    run_script("suffix_limit", str(tiny_artifacts["ngram"]), "--prompts", str(prompt_file), "--configs", "1/4,auto",
+               "--threads", "1", "--json", str(out))
+    doc = read(out)
+    assert {c: r["identical"] for c, r in doc["configs"].items()} == {"1/4": "2/2", "auto": "2/2"}
+    assert doc["configs"]["auto"]["tuner"] is not None and doc["configs"]["1/4"]["tuner"] is None
+    assert {s["method"] for s in doc["run"]["samples"]} == {"off", "1/4", "auto"}
+    out = tmp_path / "ab.json"
+    run_script("controller_ab", str(tiny_artifacts["self"]), "--prompts", str(prompt_file), "--tolerances", "0,0.03",
+               "--fixed", "4", "--max-new-tokens", "8", "--threads", "1", "--json", str(out))
+    rows = read(out)["rows"]
+    assert [r["setting"] for r in rows] == ["fixed 4", "tolerance 0", "tolerance 0.03"]
+    assert all(r["identical"] == r["prompts"] == 2 and r["speedup"] > 0 for r in rows)
+
+
+def test_op_profile_and_suffix_cost(tiny_artifacts, tmp_path):
+    out = tmp_path / "ops.json"
+    run_script("op_profile", str(tiny_artifacts["noisy"]), "--past", "10", "--steps", "3", "--threads", "1",
+               "--json", str(out))
+    doc = read(out)
+    assert doc["ops"] and abs(sum(r["share"] for r in doc["ops"]) - 1.0) < 0.3
+    out = tmp_path / "suffix.json"
+    run_script("suffix_cost", "--request", "64", "--store", "2000", "--rounds", "50", "--json", str(out))
+    doc = read(out)
+    assert doc["rounds"] == 50 and doc["ms_per_round"]["p50"] > 0 and doc["store"]["tokens"] > 0
+
+
+def test_runtime_overhead_and_head_agreement(tiny_artifacts, prompt_file, tmp_path):
+    out = tmp_path / "overhead.json"
+    run_script("runtime_overhead", str(tiny_artifacts["self"]), "--tokens", "30", "--threads", "1", "--json", str(out))
+    rows = read(out)["rows"]
+    assert [r["speculative"] for r in rows] == [False, True] and all(0 <= r["python_share"] < 1 for r in rows)
+    out = tmp_path / "head.json"
+    run_script("head_agreement", str(tiny_artifacts["eagle3"]), "--prompts", str(prompt_file), "--max-new-tokens",
+               "8", "--threads", "1", "--json", str(out))
+    doc = read(out)
+    assert len(doc["rows"]) == 2 and all(r["same_output"] for r in doc["rows"])
+    assert 0 <= doc["summary"]["teacher_forced"] <= 1
+
+
+def test_row_invariance_of_a_tiny_target(tiny_artifacts, tmp_path):
+    out = tmp_path / "rows.json"
+    run_script("row_invariance", "--model", str(tiny_artifacts["noisy"].parent / "target-hf"), "--configs", "fp32",
+               "--limit", "1", "--past", "20", "--repeats", "1", "--json", str(out))
+    (row,) = read(out)["rows"]
+    assert row["config"] == "fp32" and row["padded calls"]["bitwise"] and set(row["ms"]) >= {"unpadded", "verify9"}
