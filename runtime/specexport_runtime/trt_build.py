@@ -142,11 +142,14 @@ def select_profile(profiles: Sequence[Profile], seq: int, rows: int, past: int |
 
 
 def input_shapes(spec: contract.GraphSpec, seq: int, rows: int, past: int) -> dict[str, tuple[int, ...]]:
-    """The TensorRT input shapes of one call (set_input_shape)."""
+    """The TensorRT input shapes of one call (set_input_shape); an EAGLE-3 head's row inputs too."""
     shapes: dict[str, tuple[int, ...]] = {contract.INPUT_IDS: (1, seq), contract.LOGITS_INDEX: (rows,)}
+    if spec.is_head:
+        shapes[contract.HEAD_FEATURES] = (1, seq, spec.feature_width)
+        shapes[contract.HEAD_HIDDEN] = (1, seq, spec.hidden_width)
     for i in range(spec.num_layers):
-        shapes[contract.past_key(i)] = (1, past, spec.num_kv_heads, spec.head_dim)
-        shapes[contract.past_value(i)] = (1, past, spec.num_kv_heads, spec.head_dim)
+        shapes[contract.past_key(i)] = spec.layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
+        shapes[contract.past_value(i)] = spec.layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
     return shapes
 
 
@@ -354,7 +357,7 @@ def refuse_quantized(model: str, precision: str) -> None:
 
 
 def refuse_fused(model: str, kv_layout: str) -> None:
-    if kv_layout != contract.TIME_MAJOR:
+    if contract.layout_of(kv_layout).contrib_attention:
         raise EngineBuildError(
             f"the {model} graph uses the {kv_layout} layout (ONNX Runtime contrib ops such as GroupQueryAttention,"
             " which TensorRT does not implement): TensorRT cannot build it. Rebuild the artifact with"
