@@ -173,9 +173,10 @@ def max_rows(profiles: Sequence[Profile]) -> int:
     return max(p.rows[2] for p in profiles)
 
 
-def prefill_limit(profiles: Sequence[Profile]) -> int:
-    """Largest S a one-row (prefill-like) call can take."""
-    return max(p.seq[2] for p in profiles if p.rows[0] <= 1)
+def prefill_limit(profiles: Sequence[Profile], rows: int = 1) -> int:
+    """Largest S a prefill-like call can take: one asking for `rows` logits rows (a padded
+    graph's min_rows, contract 1.2; else 1)."""
+    return max(p.seq[2] for p in profiles if p.rows[0] <= rows <= p.rows[2])
 
 
 # --------------------------------------------------------------------------- CUDA helpers
@@ -281,7 +282,7 @@ class TrtModel(CacheCursor):
         self._kv = [self._dev(cache_bytes) for _ in range(2 * spec.num_layers)]
         self.max_seq, self.max_rows = max_seq(self.profiles), max_rows(self.profiles)
         self.check_min_rows(spec, min_rows, self.max_rows)
-        self.prefill_limit = prefill_limit(self.profiles)
+        self.prefill_limit = prefill_limit(self.profiles, min_rows)
         self._staging = ([self._dev(self.max_seq * self.row_bytes) for _ in range(2 * spec.num_layers)]
                          if needs_staging(spec) else None)
         # ids, rows and logits: device buffers plus pinned host buffers
@@ -345,25 +346,21 @@ class TrtModel(CacheCursor):
         if self.spec.is_head:
             rows_in = {contract.HEAD_FEATURES: head_rows(contract.HEAD_FEATURES, features, S, self.spec.feature_width),
                        contract.HEAD_HIDDEN: head_rows(contract.HEAD_HIDDEN, hidden, S, self.spec.hidden_width)}
-        if last_rows == 1 and S > self.prefill_limit:
-            start, parts = 0, []
-            for size in prefill_chunks(S, self.prefill_limit):
-                chunk = {name: None if v is None else v[start:start + size] for name, v in rows_in.items()}
-                out = self._run(ids[start:start + size], 1, inputs=chunk)
-                if self.features is not None:
-                    parts.append(self.features.copy())  # the next chunk overwrites the pinned rows
-                start += size
-            self.last_start = P
-            self.features = np.concatenate(parts) if parts else None
-            return out
-        call = plan_rows(ids[None], last_rows, self.min_rows)  # min_rows 1: the plain call
-        out = self._run(call.ids[0], call.count, call.first, rows_in)
-        self.length = P + S  # padding rows are overwritten by the next call
-        if self.features is not None:
-            self.features = self.features[:S]
+        sizes = prefill_chunks(S, self.prefill_limit) if last_rows == 1 and S > self.prefill_limit else [S]
+        start, parts = 0, []
+        for size in sizes:  # each call padded to min_rows (plan_rows; min_rows 1: the plain call)
+            call = plan_rows(ids[None, start:start + size], last_rows, self.min_rows)
+            chunk = {name: None if v is None else v[start:start + size] for name, v in rows_in.items()}
+            out = self._run(call.ids[0], call.count, call.first, chunk)[call.keep]
+            start += size
+            self.length = P + start  # padding rows are overwritten by the next call
+            if self.features is not None:  # the next chunk overwrites the pinned rows
+                parts.append(self.features[:size].copy() if len(sizes) > 1 else self.features[:size])
+        self.last_start = P
+        self.features = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else None
         if self.hidden_out is not None:
             self.hidden_out = self.hidden_out[call.keep]
-        return out[call.keep]
+        return out
 
     def _run(self, ids: np.ndarray, rows: int, first: int | None = None,
              inputs: dict[str, np.ndarray | None] | None = None) -> np.ndarray:

@@ -18,7 +18,7 @@ from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.errors import ContractError, InvalidArgument
 from specexport_runtime.manifest import read_manifest
 from specexport_runtime.model import Model
-from specexport_runtime.trt_backend import TrtModel, plan_row_tensors, prefill_chunks
+from specexport_runtime.trt_backend import TrtModel, plan_row_tensors, prefill_chunks, prefill_limit
 from specexport_runtime.trt_build import default_profiles, input_shapes, profile_shapes
 
 TOL = 1e-4  # the same float32 graph, prompt fed in chunks here and whole there
@@ -53,6 +53,15 @@ def test_head_engine_profiles_cover_its_row_inputs():
     for profile in default_profiles(64, max_prompt=16):
         assert set(profile_shapes(HEAD, profile)) == set(HEAD.input_names())
         assert set(profile_shapes(TARGET, profile)) == set(TARGET.input_names())
+
+
+def test_padded_graphs_get_a_two_row_prefill_profile():
+    """A graph with min_rows 2 asks every prefill call for 2 logits rows (contract 1.2)."""
+    decode, verify, prefill = default_profiles(256, max_prompt=64, max_gamma=8, min_rows=2)
+    assert (decode.rows, verify.rows, prefill.rows) == ((1, 1, 1), (1, 5, 9), (1, 2, 2))
+    assert prefill_limit([decode, verify, prefill], rows=2) == 64
+    assert prefill_limit(default_profiles(256, 64, 8), rows=2) == 9  # engines built unpadded: verify's S
+    assert prefill_limit(default_profiles(256, 64, 8)) == 64
 
 
 def test_fused_layout_is_refused_before_tensorrt_is_imported():
@@ -153,3 +162,18 @@ def test_eagle_generation_on_trt_models_equals_target_only(monkeypatch, tmp_path
     assert any(c["profile"] == 1 for c in trt.engines[0].calls)  # the target verified on the verify profile
     with pytest.raises(TypeError, match="model.Model"):
         SpecGenerator(portable, manifest, codec, object(), None, calibration)
+
+
+@pytest.mark.parametrize("prompt", [12, 20, 17])  # one prefill call; chunks of 16 + 4; 16 + 1
+def test_padded_prefill_matches_ort(monkeypatch, tmp_path, portable, prompt):
+    """A target with min_rows 2 (contract 1.2): every prefill call, each chunk too, gets >= 2 rows
+    and asks for 2 logits rows, as OrtModel's are; the prefill profile covers them."""
+    model, trt, _ = _trt(monkeypatch, tmp_path, portable, "target", max_prompt=16)
+    ref = _ort(portable, "target")
+    assert model.min_rows == ref.min_rows == 2
+    np.testing.assert_allclose(model.forward(IDS[:prompt]), ref.forward(IDS[:prompt]), atol=TOL, rtol=0)
+    np.testing.assert_allclose(model.features, ref.features, atol=TOL, rtol=0)
+    calls = trt.engines[0].calls
+    assert all(c[contract.INPUT_IDS][1] >= 2 and c[contract.LOGITS_INDEX] == (2,) for c in calls)
+    assert model.length == prompt
+    np.testing.assert_allclose(model.forward([42]), ref.forward([42]), atol=TOL, rtol=0)  # decode: [t, t], row 0 kept
