@@ -194,8 +194,9 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
     weights = _target_weights(spec, blocks, reference)
     fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
     model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
+    # padded attention is GroupQueryAttention's (the fused form)
     tries = ((Padding(),) if spec.exactness != "bitwise" else
-             BITWISE_FUSED if recipe.layout.contrib_attention else BITWISE_PORTABLE)  # padded attention: GroupQueryAttention
+             BITWISE_FUSED if recipe.layout.contrib_attention else BITWISE_PORTABLE)
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
         return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features,
                                     norm=norm), {}, None, tries[0])

@@ -62,7 +62,8 @@ class SpecGenerator:
                  calibration: dict | None = None, config: GeneratorConfig | None = None):
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and not isinstance(model, Model):
-                raise TypeError(f"the {role} must implement model.Model (OrtModel, TrtModel), got {type(model).__name__}")
+                raise TypeError(f"the {role} must implement model.Model (OrtModel, TrtModel),"
+                                f" got {type(model).__name__}")
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.eos = set(manifest.tokenizer.eos_token_ids)

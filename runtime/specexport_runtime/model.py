@@ -17,8 +17,9 @@ or cleared. Feature tensors (contract 1.2; docs/graph-contract.md, Draft heads):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

@@ -531,7 +531,8 @@ def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOp
     timing_cache = root / folder / "timing.cache"
     max_gamma = resolve_max_gamma(manifest, options)
     min_rows = max(e.min_rows for e in (manifest.target, manifest.draft) if e is not None)
-    profiles = default_profiles(manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma, min_rows)
+    profiles = default_profiles(manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma,
+                                min_rows)
     echo(f"GPU {gpu.name} (compute capability {gpu.compute_capability}), TensorRT {version}")
     records = []
     for model, entry in (("target", manifest.target), ("draft", manifest.draft)):
