@@ -135,7 +135,7 @@ def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
     config = read_config(source.location, gguf_file=source.gguf_file, revision=source.revision,
                          trust_remote_code=spec.trust_remote_code)
     norm = normalize(config, recipe.max_context)
-    if recipe.graph == "fused":
+    if recipe.layout.contrib_attention:  # what the fused exporter cannot write
         problem = fused_refusal(norm)
         if problem:
             raise UnsupportedConfig(f"{spec.model}: {problem}")
@@ -154,7 +154,7 @@ def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> Norma
 def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, padding: Padding = Padding(),
             weights=None, features: tuple[int, ...] = (), norm: NormalizedConfig | None = None) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
-    if recipe.graph == "fused":
+    if recipe.layout.contrib_attention:
         return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights,
                            min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0, feature_layers=features,
                            norm=norm)
@@ -194,7 +194,9 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
     weights = _target_weights(spec, blocks, reference)
     fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
     model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
-    tries = (Padding(),) if spec.exactness != "bitwise" else BITWISE_FUSED if recipe.graph == "fused" else BITWISE_PORTABLE
+    # padded attention is GroupQueryAttention's (the fused form)
+    tries = ((Padding(),) if spec.exactness != "bitwise" else
+             BITWISE_FUSED if recipe.layout.contrib_attention else BITWISE_PORTABLE)
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
         return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features,
                                     norm=norm), {}, None, tries[0])

@@ -80,7 +80,7 @@ def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source:
 def build_head_graph(head: Eagle3Head, embedding: torch.Tensor, out_dir: Path, recipe: Recipe):
     """The head graph in the recipe's form: fused (contrib ops, in-place head-major cache) or
     portable (standard ops, time-major cache)."""
-    if recipe.graph == "fused":
+    if recipe.layout.contrib_attention:
         return build_eagle3_head(head, embedding, out_dir, recipe.max_context, precision=recipe.draft.precision)
     return build_portable_head(head, embedding, out_dir, precision=recipe.draft.precision)
 

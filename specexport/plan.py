@@ -272,7 +272,7 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
     gamma = max(recipe.speculation.max_gamma, 8)
     q = recipe.target.quantization
     target_fp16 = recipe.target.precision == "fp16" or (q is not None and q.dtype == "fp16")
-    flash = recipe.graph == "fused" and target_fp16  # GroupQueryAttention on CUDA (fp16 only)
+    flash = recipe.layout.contrib_attention and target_fp16  # GroupQueryAttention on CUDA (fp16 only)
     models = [_estimate("target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma,
                         q, flash)]
     if recipe.draft.kind == "eagle3":
@@ -430,7 +430,7 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
         report.notes.append(
             f"{layers} of {tcfg.num_layers} target layers attend over a {'/'.join(map(str, tcfg.windows))}-token window;"
             f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {_gib(saving)})")
-    if spec.graph == "fused":  # every device in DEVICES is a GPU
+    if spec.layout.contrib_attention:  # every device in DEVICES is a GPU
         fp16 = spec.target.precision == "fp16" or (spec.target.quantization is not None and spec.target.quantization.dtype == "fp16")
         gpu = "the ONNX Runtime CUDA provider" + ("" if fp16 else " only with an fp16 target (or quantization.dtype fp16)")
         report.notes.append(

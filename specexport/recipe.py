@@ -32,7 +32,7 @@ from specexport_runtime.constants import (
     MAX_NGRAM,
     MIN_GAMMA,
 )
-from specexport_runtime.contract import DECODER, EAGLE3_HEAD
+from specexport_runtime.contract import DECODER, EAGLE3_HEAD, GRAPH_FORMS, KvLayout, layout_for_form
 
 from .errors import RecipeError
 
@@ -78,8 +78,9 @@ DRAFT_KINDS = ("model", "from_target", "ngram", "eagle3")
 # recipe may name with a form is the registry's answer for that kind (registry.recipe_choices)
 DRAFT_GRAPH_KINDS = {"model": DECODER, "from_target": DECODER, "ngram": None, "eagle3": EAGLE3_HEAD}
 # graph form of both models (docs/graph-contract.md): portable = ONNX standard ops, time-major
-# cache (any EP, TensorRT); fused = ONNX Runtime contrib ops, in-place head-major cache (CPU/CUDA EPs)
-GRAPH_KINDS = ("portable", "fused")
+# cache (any EP, TensorRT); fused = ONNX Runtime contrib ops, in-place head-major cache (CPU/CUDA EPs).
+# Each form is one contract.KvLayout (Recipe.layout)
+GRAPH_KINDS = GRAPH_FORMS
 DEFAULT_GRAPH = "portable"
 
 MIN_CONTEXT = 16
@@ -310,6 +311,11 @@ class Recipe:
         if self.speculation.proposer is not None:
             return self.speculation.proposer
         return registry.recipe_default(self.draft.graph_kind)
+
+    @property
+    def layout(self) -> KvLayout:
+        """The KV layout of the graphs this recipe's `graph` form builds (target and draft alike)."""
+        return layout_for_form(self.graph)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, fully explicit dict (every default filled in); `parse_recipe(r.to_dict()) == r`."""
@@ -652,10 +658,12 @@ class _Reader:
             raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
                             f" allowed values: {', '.join(allowed)}")
         graph = self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS)
-        if draft.kind == "eagle3" and graph != "fused" and draft.precision not in PORTABLE_EAGLE3_PRECISIONS:
+        # MatMulNBits weights are written only into the graphs built with ONNX Runtime's contrib ops (fused)
+        contrib = layout_for_form(graph).contrib_attention
+        if draft.kind == "eagle3" and not contrib and draft.precision not in PORTABLE_EAGLE3_PRECISIONS:
             raise self.fail(f"draft.eagle3.precision = {draft.precision!r} needs graph: fused (MatMulNBits weights);"
                             f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}")
-        if target.precision in QUANTIZED_TARGETS and graph != "fused":
+        if target.precision in QUANTIZED_TARGETS and not contrib:
             raise self.fail(f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
                             f" fused graph form); graph = {graph!r}")
         return Recipe(

@@ -52,7 +52,7 @@ def _in_one_call(model, prefix: Sequence[int], tokens: Sequence[int]) -> np.ndar
 
 
 def row_invariance(model, prefix: Sequence[int], tokens: Sequence[int], sizes: Sequence[int] = DEFAULT_SIZES) -> RowReport:
-    """model: an OrtModel/TrtModel (forward, reset); tokens: at least max(sizes) ids. Leaves the
+    """model: a model.Model (OrtModel, TrtModel); tokens: at least max(sizes) ids. Leaves the
     model's cache reset-able state dirty (call model.reset() before using it again)."""
     sizes = tuple(k for k in sizes if k <= len(tokens))
     if not sizes:
@@ -67,4 +67,4 @@ def row_invariance(model, prefix: Sequence[int], tokens: Sequence[int], sizes: S
         agree += int(np.sum(block.argmax(-1) == ref.argmax(-1)))
         rows += k
     model.reset()
-    return RowReport(getattr(model, "min_rows", 1), sizes, rows, same, max(diffs), agree / rows)
+    return RowReport(model.min_rows, sizes, rows, same, max(diffs), agree / rows)

@@ -465,7 +465,7 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
         report.error(f"unsupported operator {reasons[key]} ({counts[key]} node(s))")
 
     layout = {p.key: p.value for p in model.metadata_props}.get(contract.META_KV_LAYOUT, contract.TIME_MAJOR)
-    if layout != contract.TIME_MAJOR:  # the engine profiles describe time_major caches only
+    if layout not in contract.LAYOUTS or contract.LAYOUTS[layout].contrib_attention:  # GroupQueryAttention
         report.error(f"the graph uses the {layout} KV layout (a fused graph, ONNX Runtime contrib ops):"
                      " TensorRT builds portable graphs; rebuild the artifact with `graph: portable`")
     else:
@@ -503,7 +503,7 @@ def check_artifact(artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
 
 
 # an EAGLE-3 head's features / draft_hidden inputs and hidden_out output, and a target's
-# hidden_states output, are not bound by the native backend (trt_backend.TrtModel.forward)
-NATIVE_FEATURES_NOTE = ("EAGLE-3 tensors (features, draft_hidden, hidden_out, hidden_states): the ONNX Runtime TensorRT"
-                        " provider (--provider tensorrt) runs this graph; the native backend (trt_build / trt_backend)"
-                        " does not bind them yet")
+# hidden_states output: bound by the native backend (trt_backend.TrtModel.forward), never run on a GPU
+NATIVE_FEATURES_NOTE = ("EAGLE-3 tensors (features, draft_hidden, hidden_out, hidden_states): the native backend"
+                        " (trt_build / trt_backend) binds them but has not run on a GPU yet; the ONNX Runtime TensorRT"
+                        " provider (--provider tensorrt) runs this graph too")

@@ -119,10 +119,8 @@ class FeedRunner:
         self.session = make_session(path, SessionConfig(provider="cpu"))
         self.spec = spec
         dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
-        self.axis = 2 if spec.in_place else 1  # the time axis of the cache layout
-        shape = [1, spec.num_kv_heads, spec.head_dim]
-        shape.insert(self.axis, 0)
-        self.cache = [np.zeros(shape, dtype)] * (2 * spec.num_layers)
+        self.axis = spec.layout.time_axis  # of the cache buffers
+        self.cache = [np.zeros(spec.cache_shape(0), dtype)] * (2 * spec.num_layers)
 
     @property
     def past_len(self) -> int:
@@ -133,8 +131,8 @@ class FeedRunner:
             contract.INPUT_IDS: np.asarray([ids], np.int64),
             contract.LOGITS_INDEX: np.asarray(rows, np.int64),
         }
-        if self.spec.in_place:
-            total = self.past_len + len(ids)
+        total = self.past_len + len(ids)
+        if self.spec.layout.cursor_inputs:
             feeds[contract.SEQLENS_K] = np.asarray([total - 1], np.int32)
             feeds[contract.TOTAL_SEQUENCE_LENGTH] = np.asarray(total, np.int32)
         for i in range(self.spec.num_layers):
@@ -143,15 +141,15 @@ class FeedRunner:
         outputs = self.session.run(None, feeds)
         logits, kv = outputs[0], outputs[2:] if self.spec.feature_width else outputs[1:]
         self.features = outputs[1][0] if self.spec.feature_width else None  # [S, F]: contract 1.2
-        if self.spec.in_place:  # a graph with padded attention (contract 1.2) returns its padding row too
-            self.cache = [np.ascontiguousarray(c[:, :, : total]) for c in kv]
-        else:
-            self.cache = [np.concatenate([c, n], axis=1) for c, n in zip(self.cache, kv)]
+        if self.spec.layout.in_place:  # the whole cache (with padded attention, contract 1.2, one row more)
+            self.cache = [np.take(c, np.arange(total), axis=self.axis) for c in kv]
+        else:  # the S new rows
+            self.cache = [np.concatenate([c, n], axis=self.axis) for c, n in zip(self.cache, kv)]
         return logits[0]  # [R, V]
 
     def rollback(self, n: int) -> None:
         keep = self.past_len - n
-        self.cache = [np.ascontiguousarray(c[:, :keep] if self.axis == 1 else c[:, :, :keep]) for c in self.cache]
+        self.cache = [np.take(c, np.arange(keep), axis=self.axis) for c in self.cache]
 
 
 def reference_logits(model: torch.nn.Module, ids: list[int], last: int = 0) -> np.ndarray:

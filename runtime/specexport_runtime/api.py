@@ -32,6 +32,7 @@ from .generator import (
     validate_prompt_ids,
 )
 from .manifest import Manifest, read_manifest, verify_files
+from .model import Model
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext
 from .signing import verify as verify_signature
@@ -57,8 +58,12 @@ class SpecGenerator:
     and/or overrides of single fields as keyword arguments. What proposers learn across calls
     (the gamma controllers, the suffix store of earlier answers) lives here too."""
 
-    def __init__(self, root: Path, manifest: Manifest, codec: TextCodec, target: OrtModel, draft: OrtModel | None,
+    def __init__(self, root: Path, manifest: Manifest, codec: TextCodec, target: Model, draft: Model | None,
                  calibration: dict | None = None, config: GeneratorConfig | None = None):
+        for role, model in (("target", target), ("draft", draft)):
+            if model is not None and not isinstance(model, Model):
+                raise TypeError(f"the {role} must implement model.Model (OrtModel, TrtModel),"
+                                f" got {type(model).__name__}")
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.eos = set(manifest.tokenizer.eos_token_ids)

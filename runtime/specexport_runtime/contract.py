@@ -7,6 +7,9 @@ against it. Bump CONTRACT_VERSION on any change a runtime would notice.
 One graph serves prefill (S = prompt length), single-token decode (S = 1) and the
 multi-token verify (S = gamma + 1). Batch is fixed at 1. Two KV layouts exist; the manifest
 records each graph's (`kv_layout`), and the input/output names below say which a graph uses.
+`KvLayout` (LAYOUTS; a graph's GraphSpec.layout) holds each layout's facts: its buffer shape,
+the inputs that carry the cursor, whether the graph writes its cache in place, which recipe
+`graph:` form builds it, and whether it needs ONNX Runtime's GroupQueryAttention.
 
 Layout "time_major" (contract 1.0; portable: ONNX standard ops only, what TensorRT builds)
 Inputs
@@ -91,15 +94,13 @@ hidden_out [1, R, H] after logits (GraphSpec.input_names / output_names).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CONTRACT_VERSION = "1.4"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
-TIME_MAJOR = "time_major"  # contract 1.0
+TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
 HEAD_MAJOR_INPLACE = "head_major_inplace"  # contract 1.1
-KV_LAYOUTS = (TIME_MAJOR, HEAD_MAJOR_INPLACE)
-_LAYOUT_VERSION = {TIME_MAJOR: "1.0", HEAD_MAJOR_INPLACE: "1.1"}
 ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
 PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (the portable form)
 WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention local windows
@@ -145,24 +146,89 @@ def present_value(layer: int) -> str:
     return f"present_value_{layer}"
 
 
+@dataclass(frozen=True)
+class KvLayout:
+    """One KV cache layout of the contract: how a graph's K/V buffers are shaped, bound and
+    advanced. A graph's layout is chosen once (GraphSpec.layout, from the manifest's `kv_layout`
+    string; on the build side from the recipe's `graph:` form) and asked for these facts."""
+
+    name: str  # the kv_layout string of manifests and graph metadata
+    form: str  # the recipe's `graph:` value whose graphs use it
+    version: str  # the contract version that defined it
+    time_axis: int  # axis of the cache rows T in a K/V buffer: 1 for [1, T, H_kv, D], 2 for [1, H_kv, T, D]
+    # True: past_* and present_* are one buffer [1, H_kv, T, D], bound once, and the graph writes
+    # rows P .. P+S-1 itself. False: past_* is the prefix view [:, :P] and new_* the slot
+    # [:, P:P+S] of the buffer, bound per call.
+    in_place: bool
+    cursor_inputs: tuple[str, ...]  # inputs that carry the cursor P; () when positions come from the past length
+    # the cache is read and written by ONNX Runtime's GroupQueryAttention (a com.microsoft contrib
+    # op): CPU, or CUDA with fp16 caches; TensorRT never builds it
+    contrib_attention: bool
+    head_version: str  # the contract version that defined an eagle3_head graph in this layout
+    window_version: str | None  # the version attention windows need in this layout (None: windows live in the mask)
+
+    @property
+    def heads_axis(self) -> int:
+        """Axis of the H_kv heads in a K/V buffer (the one time_axis is not; D is always axis 3)."""
+        return 3 - self.time_axis
+
+    def cache_shape(self, rows: int, num_kv_heads: int, head_dim: int) -> tuple[int, int, int, int]:
+        """A K or V buffer of `rows` cache rows: [1, rows, H_kv, D] or [1, H_kv, rows, D]."""
+        shape = [1, 0, 0, head_dim]
+        shape[self.time_axis], shape[self.heads_axis] = rows, num_kv_heads
+        return tuple(shape)  # type: ignore[return-value]
+
+    def kv_outputs(self, layer: int) -> tuple[str, str]:
+        """Names of layer i's K and V outputs: present_* (the bound buffer) or new_* (the S new rows)."""
+        return (present_key(layer), present_value(layer)) if self.in_place else (new_key(layer), new_value(layer))
+
+
+LAYOUTS: dict[str, KvLayout] = {
+    TIME_MAJOR: KvLayout(TIME_MAJOR, form="portable", version="1.0", time_axis=1, in_place=False, cursor_inputs=(),
+                         contrib_attention=False, head_version=PORTABLE_HEAD_VERSION, window_version=None),
+    HEAD_MAJOR_INPLACE: KvLayout(HEAD_MAJOR_INPLACE, form="fused", version="1.1", time_axis=2, in_place=True,
+                                 cursor_inputs=(SEQLENS_K, TOTAL_SEQUENCE_LENGTH), contrib_attention=True,
+                                 head_version=ROW_PADDING_VERSION, window_version=WINDOW_VERSION),
+}
+KV_LAYOUTS = tuple(LAYOUTS)
+GRAPH_FORMS = tuple(layout.form for layout in LAYOUTS.values())  # a recipe's `graph:` values
+
+
+def layout_of(kv_layout: str) -> KvLayout:
+    """The layout a manifest entry's or graph's `kv_layout` string names (ValueError if none)."""
+    try:
+        return LAYOUTS[kv_layout]
+    except (KeyError, TypeError):
+        raise ValueError(f"kv_layout {kv_layout!r} is not one of {KV_LAYOUTS}") from None
+
+
+def layout_for_form(form: str) -> KvLayout:
+    """The layout of a recipe's graph form (`graph: portable | fused`)."""
+    for layout in LAYOUTS.values():
+        if layout.form == form:
+            return layout
+    raise ValueError(f"graph form {form!r} is not one of {GRAPH_FORMS}")
+
+
 def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4)."""
-    versions = [_LAYOUT_VERSION[kv_layout]]
+    layout = layout_of(kv_layout)
+    versions = [layout.version]
     if min_rows > 1 or head:
         versions.append(ROW_PADDING_VERSION)
-    if head and kv_layout == TIME_MAJOR:
-        versions.append(PORTABLE_HEAD_VERSION)
-    if windowed and kv_layout == HEAD_MAJOR_INPLACE:
-        versions.append(WINDOW_VERSION)
+    if head:
+        versions.append(layout.head_version)
+    if windowed and layout.window_version:
+        versions.append(layout.window_version)
     return max(versions, key=parse_version)
 
 
 def window_runtime_error(spec: "GraphSpec", ort_version: str) -> str | None:
     """Why this ONNX Runtime must not run `spec` (its GroupQueryAttention windows would see one
     key more than transformers), or None."""
-    if not (spec.in_place and spec.windows):
+    if not (spec.layout.contrib_attention and spec.windows):
         return None
     have = tuple(int(p) for p in ort_version.split("+")[0].split(".")[:3] if p.isdigit())
     if have >= WINDOW_MIN_ORT:
@@ -197,13 +263,13 @@ class GraphSpec:
     feature_width: int = 0
     kind: str = DECODER
     hidden_width: int = 0
-    windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (in_place only)
+    windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (contrib_attention only)
+    layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of {KV_DTYPES}")
-        if self.kv_layout not in KV_LAYOUTS:
-            raise ValueError(f"kv_layout {self.kv_layout!r} is not one of {KV_LAYOUTS}")
+        object.__setattr__(self, "layout", layout_of(self.kv_layout))
         for name in ("num_layers", "num_kv_heads", "head_dim", "embedding_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -217,17 +283,17 @@ class GraphSpec:
             raise ValueError(f"windows must be >= 1, got {list(self.windows)}")
 
     @property
-    def in_place(self) -> bool:
-        """The graph writes K/V into the bound buffer itself (head_major_inplace)."""
-        return self.kv_layout == HEAD_MAJOR_INPLACE
-
-    @property
     def is_head(self) -> bool:
         return self.kind == EAGLE3_HEAD
 
+    @property
+    def has_features(self) -> bool:
+        """A decoder with the hidden_states output [1, S, F] (a head's feature_width is its input's)."""
+        return bool(self.feature_width) and not self.is_head
+
     def input_names(self) -> list[str]:
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
-        names += [SEQLENS_K, TOTAL_SEQUENCE_LENGTH] if self.in_place else []
+        names += list(self.layout.cursor_inputs)
         for i in range(self.num_layers):
             names += [past_key(i), past_value(i)]
         return names
@@ -235,15 +301,13 @@ class GraphSpec:
     def output_names(self) -> list[str]:
         names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.feature_width else [])
         for i in range(self.num_layers):
-            names += [present_key(i), present_value(i)] if self.in_place else [new_key(i), new_value(i)]
+            names += self.layout.kv_outputs(i)
         return names
 
     def cache_shape(self, max_context: int) -> tuple[int, int, int, int]:
         """Shape of one preallocated K or V buffer: [1, T_max, H_kv, D] (time_major) or
         [1, H_kv, T_max, D] (head_major_inplace)."""
-        if self.in_place:
-            return (1, self.num_kv_heads, max_context, self.head_dim)
-        return (1, max_context, self.num_kv_heads, self.head_dim)
+        return self.layout.cache_shape(max_context, self.num_kv_heads, self.head_dim)
 
     def kv_bytes(self, max_context: int) -> int:
         """Bytes of all K and V buffers of this graph at max context."""

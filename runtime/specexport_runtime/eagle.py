@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .engine import OrtModel
 from .errors import InvalidArgument
+from .model import Model
 from .proposers import Proposal, Proposer, ProposerContext
 from .sampling import probabilities, sample
 
@@ -32,7 +32,7 @@ from .sampling import probabilities, sample
 class EagleProposer(Proposer):
     name = "eagle"
 
-    def __init__(self, head: OrtModel, target: OrtModel, draft_to_target: np.ndarray, target_rows: int):
+    def __init__(self, head: Model, target: Model, draft_to_target: np.ndarray, target_rows: int):
         """draft_to_target: int64 [V_draft], the target id of each draft-vocabulary row."""
         if not target.spec.feature_width or target.spec.feature_width != head.spec.feature_width:
             raise InvalidArgument(f"the target's features ({target.spec.feature_width} wide) do not match the"

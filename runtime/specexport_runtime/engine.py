@@ -10,13 +10,16 @@ again. On CUDA the buffers live on the device; only the requested logits rows re
 A head_major_inplace graph (contract 1.1) takes the whole [1, H_kv, T_max, D] buffer as both
 past_* and present_*, bound once for the life of the model; each call only passes the cursor
 (seqlens_k = P + S - 1, total_sequence_length = P + S) and the graph writes rows P..P+S-1.
+Which of the two a graph does is its spec's KvLayout (contract.py), read once here.
+
+OrtModel implements model.Model, the interface the speculative loop and the proposers use.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,10 @@ import onnxruntime as ort
 from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
+from .model import CacheCursor, CallRows, CallStats, head_rows, plan_rows
+
+__all__ = ["CacheCursor", "CallRows", "CallStats", "OrtModel", "SessionConfig", "available_providers",
+           "check_contract", "check_layout_provider", "make_session", "plan_rows"]
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -137,7 +144,7 @@ def check_layout_provider(spec: GraphSpec, provider: str) -> None:
     problem = contract.window_runtime_error(spec, ort.__version__)
     if problem:
         raise ProviderUnavailable(problem)
-    if not spec.in_place or provider == "cpu":
+    if not spec.layout.contrib_attention or provider == "cpu":
         return
     if provider == "tensorrt" or spec.kv_dtype != "float16":
         raise ContractError(
@@ -161,7 +168,7 @@ def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) ->
         )
     kv_type = _ORT_TYPES[spec.kv_dtype]
     # static dims the manifest fixes: time_major past [1, P, H_kv, D]; head_major_inplace [1, H_kv, T, D]
-    want = {1: spec.num_kv_heads, 3: spec.head_dim} if spec.in_place else {2: spec.num_kv_heads, 3: spec.head_dim}
+    want = {spec.layout.heads_axis: spec.num_kv_heads, 3: spec.head_dim}
     for arg in session.get_inputs():
         if arg.name.startswith(("past_key_", "past_value_")):
             dims = list(arg.shape)
@@ -176,74 +183,15 @@ def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) ->
                             f" embedding_rows {spec.embedding_rows}")
 
 
-@dataclass
-class CallStats:
-    calls: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    by_len: dict[int, list[float]] = field(default_factory=dict)  # S -> [calls, seconds]
-
-    def add(self, s: int, seconds: float) -> None:
-        self.calls += 1
-        self.tokens += s
-        self.seconds += seconds
-        entry = self.by_len.setdefault(s, [0, 0.0])
-        entry[0] += 1
-        entry[1] += seconds
-
-
-@dataclass(frozen=True)
-class CallRows:
-    """How S real tokens are fed to a graph that gets at least `min_rows` rows per call
-    (contract 1.2): the ids with padding after the real tokens, the logits rows asked for,
-    and where the caller's rows lie among them."""
-
-    ids: np.ndarray  # int64 [1, M], M = max(S, min_rows): real tokens, then copies of the last
-    first: int  # first logits row asked for (logits_index = first .. first + count - 1)
-    count: int  # logits rows asked for: max(last_rows, min(min_rows, M))
-    keep: slice  # the caller's last_rows rows within the `count` returned
-
-
-def plan_rows(ids: np.ndarray, last_rows: int, min_rows: int) -> CallRows:
-    """ids int64 [1, S] -> the padded call. With min_rows 1 this is the plain call."""
-    S = ids.shape[1]
-    M = max(S, min_rows)
-    if M > S:  # padding rows sit after the real ones, so causal attention keeps them unseen
-        ids = np.concatenate([ids, np.repeat(ids[:, -1:], M - S, axis=1)], axis=1)
-    count = max(last_rows, min(min_rows, M))
-    first = min(S - last_rows, M - count)  # the window [first, first + count) holds rows S-last_rows .. S-1
-    offset = S - last_rows - first
-    return CallRows(ids, first, count, slice(offset, offset + last_rows))
-
-
-class CacheCursor:
-    """The KV cache cursor shared by every backend: `length` valid rows of `max_context`."""
-
-    max_context: int
-    length: int
-
-    @property
-    def free(self) -> int:
-        return self.max_context - self.length
-
-    def truncate(self, length: int) -> None:
-        """Roll back to `length` valid rows (a cursor move; nothing is copied or cleared)."""
-        if not 0 <= length <= self.length:
-            raise InvalidArgument(f"cannot truncate cache of length {self.length} to {length}")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0
-
-
 class OrtModel(CacheCursor):
-    """A contract graph with its KV cache; `forward` appends S tokens at the cursor."""
+    """A contract graph with its KV cache on ONNX Runtime (a model.Model); `forward` appends S
+    tokens at the cursor."""
 
     def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64,
                  min_rows: int = 1, cache_pad: int = 0):
         self.spec, self.max_context, self.config = spec, max_context, config
-        if not 1 <= min_rows <= max_rows:
-            raise InvalidArgument(f"min_rows must be in 1..{max_rows}, got {min_rows!r}")
+        self.layout = spec.layout
+        self.check_min_rows(spec, min_rows, max_rows)
         if not 0 <= cache_pad <= max_rows:
             raise InvalidArgument(f"cache_pad must be in 0..{max_rows}, got {cache_pad!r}")
         self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (plan_rows)
@@ -273,23 +221,21 @@ class OrtModel(CacheCursor):
         self._logits = np.full((1, max_rows, spec.embedding_rows), 0, np.float32)
         # features (contract 1.2 hidden_states) of every input row: [1, max_rows, F] fp32, bound
         # for calls of up to max_rows rows; longer calls (a prefill) get a buffer from ONNX Runtime
-        has_features = spec.feature_width and not spec.is_head  # a head's feature_width is its input's
-        self._feature_buf = np.full((1, max_rows, spec.feature_width), 0, np.float32) if has_features else None
+        self._feature_buf = np.full((1, max_rows, spec.feature_width), 0, np.float32) if spec.has_features else None
         self.features: np.ndarray | None = None  # [S, F] of the last call (a view; the next call overwrites it)
         if spec.is_head:  # EAGLE-3 head (contract 1.2): zero rows for its unused input side, hidden_out rows
-            if min_rows != 1:
-                raise InvalidArgument("a head graph is never padded (min_rows 1)")
             self._zeros = {contract.HEAD_FEATURES: np.zeros((max_rows, spec.feature_width), np.float32),
                            contract.HEAD_HIDDEN: np.zeros((max_rows, spec.hidden_width), np.float32)}
             self._hidden_out = np.full((1, max_rows, spec.hidden_width), 0, np.float32)
         self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
         self._rows = np.arange(self.cache_rows, dtype=np.int64)  # logits_index views
         self._io = self.session.io_binding()
+        # (past K, K output, past V, V output) per layer: new_* (time_major) or present_* (in place)
         self._names = [
-            (contract.past_key(i), contract.new_key(i), contract.past_value(i), contract.new_value(i))
-            for i in range(spec.num_layers)
+            (contract.past_key(i), out_k, contract.past_value(i), out_v)
+            for i, (out_k, out_v) in enumerate(map(self.layout.kv_outputs, range(spec.num_layers)))
         ]
-        if spec.in_place:
+        if self.layout.in_place:
             self._bind_in_place(shape)
         self.length = 0  # cursor P: number of valid cache rows
         self.last_start = 0
@@ -300,11 +246,8 @@ class OrtModel(CacheCursor):
         io, dev, dt = self._io, self.device, self.dtype
         self._seqlens = np.zeros(1, np.int32)  # [1] = P + S - 1
         self._total = np.zeros((), np.int32)  # [] = P + S
-        for i in range(self.spec.num_layers):
-            for name_in, name_out, ptr in (
-                (contract.past_key(i), contract.present_key(i), self._ptrs[2 * i]),
-                (contract.past_value(i), contract.present_value(i), self._ptrs[2 * i + 1]),
-            ):
+        for i, (pk, ok, pv, ov) in enumerate(self._names):
+            for name_in, name_out, ptr in ((pk, ok, self._ptrs[2 * i]), (pv, ov, self._ptrs[2 * i + 1])):
                 io.bind_input(name_in, dev, self.config.device_id, dt, list(shape), ptr)
                 io.bind_output(name_out, dev, self.config.device_id, dt, list(shape), ptr)
 
@@ -331,18 +274,14 @@ class OrtModel(CacheCursor):
         Head graphs (contract 1.2) also take the rows' features [S, F] or own hidden [S, H] (the
         other side zero) and leave hidden_out [last_rows, H] in self.hidden_out.
         Returns a view [last_rows, V] into a buffer that the next call overwrites."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)  # [1, S]
+        ids = self.check_call(ids, last_rows)  # [1, S]
         S, P = ids.shape[1], self.length
-        if S < 1 or not 1 <= last_rows <= min(S, self.max_rows):
-            raise InvalidArgument(f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}")
-        if P + S > self.max_context:
-            raise InvalidArgument(f"{P} cached + {S} new tokens exceed max_context {self.max_context}")
         call = plan_rows(ids, last_rows, self.min_rows)
         M = call.ids.shape[1]
         io = self._io
         io.bind_cpu_input(contract.INPUT_IDS, call.ids)
         io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[call.first : call.first + call.count])
-        if self.spec.in_place:  # the cursor is all that changes; the cache stays bound
+        if self.layout.in_place:  # the cursor is all that changes; the cache stays bound
             self._seqlens[0], self._total[()] = P + M - 1, P + M
             io.bind_cpu_input(contract.SEQLENS_K, self._seqlens)
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, self._total)
@@ -367,16 +306,11 @@ class OrtModel(CacheCursor):
     def _bind_head(self, S: int, rows: int, features: np.ndarray | None, hidden: np.ndarray | None) -> None:
         """The head's row inputs: the given side as [1, S, width], zeros on the other."""
         for name, value in ((contract.HEAD_FEATURES, features), (contract.HEAD_HIDDEN, hidden)):
+            zeros = self._zeros[name]
+            value = head_rows(name, value, S, zeros.shape[1])
             if value is None:  # [S, width] rows of a 2-D buffer reshape with C strides (a [1, max, w] slice would not)
-                zeros = self._zeros[name]
-                value = (zeros[:S] if S <= self.max_rows else np.zeros((S, zeros.shape[1]), np.float32)).reshape(1, S, -1)
-            else:
-                value = np.ascontiguousarray(value, np.float32)
-                width = self._zeros[name].shape[1]
-                if value.size != S * width:
-                    raise InvalidArgument(f"{name} must hold {S} rows of {width} (one per token), got shape {list(value.shape)}")
-                value = value.reshape(1, S, width)
-            self._io.bind_cpu_input(name, value)
+                value = zeros[:S] if S <= self.max_rows else np.zeros((S, zeros.shape[1]), np.float32)
+            self._io.bind_cpu_input(name, value.reshape(1, S, -1))
         self._io.bind_output(contract.HEAD_HIDDEN_OUT, "cpu", 0, np.float32, [1, rows, self.spec.hidden_width],
                              self._hidden_out.ctypes.data)
 
@@ -407,9 +341,8 @@ class OrtModel(CacheCursor):
         layout (CPU buffers only; for inspection and tests)."""
         if self.device != "cpu":
             raise InvalidArgument("kv_rows reads host buffers; this model's cache is on the device")
-        if self.spec.in_place:  # [1, H_kv, T, D]
-            return [b[0, :, start:stop].transpose(1, 0, 2) for b in self._buffers]
-        return [b[0, start:stop] for b in self._buffers]
+        axis = self.layout.time_axis - 1  # of b[0]: [T, H_kv, D] or [H_kv, T, D]
+        return [np.moveaxis(b[0], axis, 0)[start:stop] for b in self._buffers]
 
     def kv_nbytes(self) -> int:
         return self.spec.kv_bytes(self.cache_rows)

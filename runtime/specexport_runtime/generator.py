@@ -18,8 +18,8 @@ import numpy as np
 from .adaptive import GammaController
 from .config import GeneratorConfig
 from .costs import VerifyCost
-from .engine import OrtModel
 from .errors import PromptError
+from .model import Model
 from .proposers import Proposer
 from .sampling import one_hot, probabilities, sample, verify_greedy, verify_sampled
 from .tokenizer import IncrementalDecoder, TextCodec
@@ -149,7 +149,7 @@ class SpeculativeLoop:
     Every target call after the prefill is timed into `cost` (the generator's, which its
     controllers and the suffix tuner read; default the controller's own)."""
 
-    def __init__(self, target: OrtModel, proposer: Proposer, controller: GammaController | None,
+    def __init__(self, target: Model, proposer: Proposer, controller: GammaController | None,
                  config: GeneratorConfig, rng: np.random.Generator, stats: GenerationStats,
                  cost: VerifyCost | None = None):
         self.target, self.proposer, self.controller = target, proposer, controller

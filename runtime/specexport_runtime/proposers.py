@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .constants import DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES
-from .engine import OrtModel
 from .errors import InvalidArgument
+from .model import Model
 from .ngram import NgramProposer as NgramIndex
 from .sampling import SamplingParams, pad_vocab, probabilities, sample
 
@@ -75,8 +75,8 @@ class ProposerContext:
     """What a registered factory builds a proposer from: the artifact's models and manifest, the
     call's GeneratorConfig, and the generator's shared resources (through `host`, a SpecGenerator)."""
 
-    target: OrtModel
-    draft: OrtModel | None
+    target: Model
+    draft: Model | None
     manifest: Manifest
     config: GeneratorConfig
     host: Any = field(repr=False)
@@ -104,7 +104,7 @@ class ProposerContext:
         return self.host.datastore if self.corpus and self.config.use_datastore else None
 
 
-def sync(model: OrtModel, committed: Sequence[int]) -> None:
+def sync(model: Model, committed: Sequence[int]) -> None:
     """Drop cache rows that are not committed tokens (the rule in the module docstring)."""
     model.truncate(min(model.length, len(committed) - 1))
 
@@ -115,7 +115,7 @@ class DraftModelProposer(Proposer):
 
     name = "draft"
 
-    def __init__(self, model: OrtModel, target_rows: int, min_confidence: float = 0.0):
+    def __init__(self, model: Model, target_rows: int, min_confidence: float = 0.0):
         self.model, self.target_rows, self.min_confidence = model, target_rows, min_confidence
 
     def start(self, prompt: Sequence[int]) -> None:

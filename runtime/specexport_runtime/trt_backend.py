@@ -5,8 +5,8 @@ Python parts (profile choice, address arithmetic, engine-record checks, chunking
 tested; the TensorRT / CUDA calls follow the TensorRT 10 and cuda-python APIs and have not
 been executed.
 
-`TrtModel` has the interface of engine.OrtModel (forward / truncate / reset / length / free /
-stats / kv_nbytes), so the speculative loop runs on it unchanged:
+`TrtModel` implements model.Model (forward / truncate / reset / length / free / stats /
+kv_nbytes, and the feature tensors of EAGLE-3), so the speculative loop runs on it unchanged:
 
   * KV buffers: one device buffer per layer and per K/V of shape [1, T_max, H_kv, D], allocated
     once with cudaMalloc. A call with S tokens at cursor P binds
@@ -22,6 +22,11 @@ stats / kv_nbytes), so the speculative loop runs on it unchanged:
     requested logits rows (R x V x 4 bytes) are copied back to a pinned host buffer.
   * Prompts longer than the prefill profile's max S are fed in chunks (the cursor moves, the
     positions stay right: positions come from the past length, docs/graph-contract.md).
+  * EAGLE-3 (contract 1.2; plan_row_tensors): a target's hidden_states [1, S, F] and a head's
+    hidden_out [1, R, H] are written to device buffers and copied back to pinned host buffers
+    after each call (`features`, `hidden_out`, as OrtModel leaves them); a head's features
+    [1, S, F] and draft_hidden [1, S, H] inputs go from pinned host buffers to the device, the
+    side not given as zeros. All four are float32 at every precision.
 
 `load_native(artifact)` returns an api.SpecGenerator whose target and draft are TrtModels.
 """
@@ -38,8 +43,8 @@ import numpy as np
 from .paths import confined
 from . import contract
 from .contract import GraphSpec
-from .engine import CacheCursor, CallStats, plan_rows
 from .errors import ContractError, InvalidArgument
+from .model import CacheCursor, CallStats, head_rows, plan_rows
 from .trt_build import (
     EngineMismatch,
     EngineRecord,
@@ -61,8 +66,8 @@ ALIGNMENT = 256  # TensorRT: "The pointer must have at least 256-byte alignment"
 _ITEMSIZE = {"float32": 4, "float16": 2}
 
 __all__ = [
-    "ALIGNMENT", "EngineMismatch", "KvBinding", "TensorRTUnavailable", "TrtModel", "load_native",
-    "plan_kv_bindings", "prefill_chunks", "slot_address",
+    "ALIGNMENT", "EngineMismatch", "KvBinding", "RowTensor", "TensorRTUnavailable", "TrtModel", "load_native",
+    "plan_kv_bindings", "plan_row_tensors", "prefill_chunks", "slot_address",
 ]
 
 
@@ -87,7 +92,8 @@ class KvBinding:
 def plan_kv_bindings(spec: GraphSpec, buffers: Sequence[int], past: int, seq: int,
                      staging: Sequence[int] | None = None, alignment: int = ALIGNMENT
                      ) -> tuple[list[KvBinding], list[tuple[int, int, int]]]:
-    """Bindings of the 4 * layers cache tensors for S=`seq` tokens at cursor P=`past`.
+    """Bindings of the 4 * layers cache tensors for S=`seq` tokens at cursor P=`past`, in a layout
+    that binds per call (not in place): past_* the prefix, the K/V outputs the slot at the cursor.
 
     buffers: device base addresses, [k_0, v_0, k_1, v_1, ...] (layout of engine.OrtModel).
     staging: aligned scratch buffers in the same order, used when a slot address is not
@@ -95,12 +101,16 @@ def plan_kv_bindings(spec: GraphSpec, buffers: Sequence[int], past: int, seq: in
     device moves from staging into the cache slot, to run after the engine."""
     if len(buffers) != 2 * spec.num_layers:
         raise InvalidArgument(f"need {2 * spec.num_layers} cache buffers, got {len(buffers)}")
+    layout = spec.layout
+    if layout.in_place or layout.time_axis != 1:  # slots at base + P * row need whole rows contiguous
+        raise ContractError(f"the native TensorRT backend binds time-major slots; this graph is {spec.kv_layout}")
     row = spec.num_kv_heads * spec.head_dim * _ITEMSIZE[spec.kv_dtype]
-    past_shape = (1, past, spec.num_kv_heads, spec.head_dim)
-    new_shape = (1, seq, spec.num_kv_heads, spec.head_dim)
+    past_shape = layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
+    new_shape = layout.cache_shape(seq, spec.num_kv_heads, spec.head_dim)
     names = []
     for i in range(spec.num_layers):
-        names += [(contract.past_key(i), contract.new_key(i)), (contract.past_value(i), contract.new_value(i))]
+        new_k, new_v = layout.kv_outputs(i)
+        names += [(contract.past_key(i), new_k), (contract.past_value(i), new_v)]
     bindings: list[KvBinding] = []
     copies: list[tuple[int, int, int]] = []
     for k, ((past_name, new_name), base) in enumerate(zip(names, buffers, strict=True)):
@@ -123,6 +133,30 @@ def needs_staging(spec: GraphSpec, alignment: int = ALIGNMENT) -> bool:
     return (spec.num_kv_heads * spec.head_dim * _ITEMSIZE[spec.kv_dtype]) % alignment != 0
 
 
+@dataclass(frozen=True)
+class RowTensor:
+    """A float32 tensor [1, n, width] with one row per fed token (inputs, hidden_states) or per
+    returned logits row (hidden_out), n <= capacity: a device buffer and a pinned host twin."""
+
+    name: str
+    capacity: int  # rows: the engine's max S (per token) or max R (per logits row)
+    width: int
+    is_input: bool
+    per_logits_row: bool = False  # one row per returned logits row (hidden_out), else per fed token
+
+
+def plan_row_tensors(spec: GraphSpec, max_seq: int, max_rows: int) -> list[RowTensor]:
+    """The EAGLE-3 tensors (contract 1.2) of a graph besides ids, logits and caches: a target's
+    hidden_states output, or a head's features and draft_hidden inputs and hidden_out output."""
+    if spec.is_head:
+        return [RowTensor(contract.HEAD_FEATURES, max_seq, spec.feature_width, True),
+                RowTensor(contract.HEAD_HIDDEN, max_seq, spec.hidden_width, True),
+                RowTensor(contract.HEAD_HIDDEN_OUT, max_rows, spec.hidden_width, False, per_logits_row=True)]
+    if spec.has_features:
+        return [RowTensor(contract.HIDDEN_STATES, max_seq, spec.feature_width, False)]
+    return []
+
+
 def prefill_chunks(seq: int, max_chunk: int) -> list[int]:
     """Sizes of the calls that feed `seq` tokens at most `max_chunk` at a time."""
     if seq < 1 or max_chunk < 1:
@@ -139,9 +173,10 @@ def max_rows(profiles: Sequence[Profile]) -> int:
     return max(p.rows[2] for p in profiles)
 
 
-def prefill_limit(profiles: Sequence[Profile]) -> int:
-    """Largest S a one-row (prefill-like) call can take."""
-    return max(p.seq[2] for p in profiles if p.rows[0] <= 1)
+def prefill_limit(profiles: Sequence[Profile], rows: int = 1) -> int:
+    """Largest S a prefill-like call can take: one asking for `rows` logits rows (a padded
+    graph's min_rows, contract 1.2; else 1)."""
+    return max(p.seq[2] for p in profiles if p.rows[0] <= rows <= p.rows[2])
 
 
 # --------------------------------------------------------------------------- CUDA helpers
@@ -196,11 +231,12 @@ def _host_array(ptr: int, count: int, dtype) -> np.ndarray:
 
 
 class TrtModel(CacheCursor):
-    """A contract graph's TensorRT engine with its KV cache; `forward` appends S tokens at the cursor."""
+    """A contract graph's TensorRT engine with its KV cache (a model.Model); `forward` appends S
+    tokens at the cursor."""
 
     def __init__(self, engine_path: str | Path, spec: GraphSpec, max_context: int, profiles: Sequence[Profile],
                  device_id: int = 0, min_rows: int = 1):
-        if spec.kv_layout != contract.TIME_MAJOR:
+        if spec.layout.contrib_attention or spec.layout.in_place:
             raise ContractError(f"the native TensorRT backend runs time_major graphs; this graph is {spec.kv_layout}")
         trt = import_tensorrt()
         self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
@@ -245,7 +281,8 @@ class TrtModel(CacheCursor):
         cache_bytes = (max_context + min_rows - 1) * self.row_bytes  # + padding rows past the last position
         self._kv = [self._dev(cache_bytes) for _ in range(2 * spec.num_layers)]
         self.max_seq, self.max_rows = max_seq(self.profiles), max_rows(self.profiles)
-        self.prefill_limit = prefill_limit(self.profiles)
+        self.check_min_rows(spec, min_rows, self.max_rows)
+        self.prefill_limit = prefill_limit(self.profiles, min_rows)
         self._staging = ([self._dev(self.max_seq * self.row_bytes) for _ in range(2 * spec.num_layers)]
                          if needs_staging(spec) else None)
         # ids, rows and logits: device buffers plus pinned host buffers
@@ -259,7 +296,14 @@ class TrtModel(CacheCursor):
         self._h_ids = _host_array(self._host(self.max_seq * self._ids_dtype.itemsize), self.max_seq, self._ids_dtype)
         self._h_rows = _host_array(self._host(self.max_rows * self._rows_dtype.itemsize), self.max_rows, self._rows_dtype)
         self._h_logits = _host_array(self._host(self.max_rows * V * 4), self.max_rows * V, np.float32).reshape(self.max_rows, V)
-        self.length = 0
+        # EAGLE-3 tensors: name -> (its plan, device buffer, pinned host [capacity, width] float32)
+        self._row_tensors = {t.name: (t, self._dev(t.capacity * t.width * 4),
+                                      _host_array(self._host(t.capacity * t.width * 4), t.capacity * t.width,
+                                                  np.float32).reshape(t.capacity, t.width))
+                             for t in plan_row_tensors(spec, self.max_seq, self.max_rows)}
+        self.length = self.last_start = 0
+        self.features: np.ndarray | None = None  # a target's [S, F] of the last call (a view)
+        self.hidden_out: np.ndarray | None = None  # a head's [last_rows, H] of the last call (a view)
         self.stats = CallStats()
 
     # -- allocation bookkeeping
@@ -283,37 +327,45 @@ class TrtModel(CacheCursor):
         if np.dtype(kv) != np.dtype(self.spec.kv_dtype):
             raise ContractError(f"engine KV dtype {np.dtype(kv)} differs from the manifest's {self.spec.kv_dtype}")
 
-    # -- OrtModel interface (free, truncate, reset come from CacheCursor)
+    # -- model.Model (free, truncate, reset and the call checks come from CacheCursor)
 
     def kv_nbytes(self) -> int:
         return self.spec.kv_bytes(self.max_context)
 
-    def forward(self, ids, last_rows: int = 1) -> np.ndarray:
+    def forward(self, ids, last_rows: int = 1, features: np.ndarray | None = None,
+                hidden: np.ndarray | None = None) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
 
+        With min_rows > 1 a shorter call is padded (plan_rows) and the cursor still advances by S.
+        Head graphs also take the rows' features [S, F] or own hidden [S, H] (the other side
+        zero) and leave hidden_out [last_rows, H]; a target with features leaves features [S, F].
         Returns a view [last_rows, V] into a pinned buffer that the next call overwrites."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = self.check_call(ids, last_rows)[0]  # [S]
         S, P = ids.size, self.length
-        if S < 1 or not 1 <= last_rows <= min(S, self.max_rows):
-            raise InvalidArgument(
-                f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}")
-        if P + S > self.max_context:
-            raise InvalidArgument(f"{P} cached + {S} new tokens exceed max_context {self.max_context}")
-        if last_rows == 1 and S > self.prefill_limit:
-            start = 0
-            for size in prefill_chunks(S, self.prefill_limit):
-                out = self._run(ids[start:start + size], 1)
-                start += size
-            return out
-        if self.min_rows > 1:
-            call = plan_rows(ids[None], last_rows, self.min_rows)
-            out = self._run(call.ids[0], call.count, call.first)
-            self.length = P + S  # padding rows are overwritten by the next call
-            return out[call.keep]
-        return self._run(ids, last_rows)
+        rows_in = {}
+        if self.spec.is_head:
+            rows_in = {contract.HEAD_FEATURES: head_rows(contract.HEAD_FEATURES, features, S, self.spec.feature_width),
+                       contract.HEAD_HIDDEN: head_rows(contract.HEAD_HIDDEN, hidden, S, self.spec.hidden_width)}
+        sizes = prefill_chunks(S, self.prefill_limit) if last_rows == 1 and S > self.prefill_limit else [S]
+        start, parts = 0, []
+        for size in sizes:  # each call padded to min_rows (plan_rows; min_rows 1: the plain call)
+            call = plan_rows(ids[None, start:start + size], last_rows, self.min_rows)
+            chunk = {name: None if v is None else v[start:start + size] for name, v in rows_in.items()}
+            out = self._run(call.ids[0], call.count, call.first, chunk)[call.keep]
+            start += size
+            self.length = P + start  # padding rows are overwritten by the next call
+            if self.features is not None:  # the next chunk overwrites the pinned rows
+                parts.append(self.features[:size].copy() if len(sizes) > 1 else self.features[:size])
+        self.last_start = P
+        self.features = (parts[0] if len(parts) == 1 else np.concatenate(parts)) if parts else None
+        if self.hidden_out is not None:
+            self.hidden_out = self.hidden_out[call.keep]
+        return out
 
-    def _run(self, ids: np.ndarray, rows: int, first: int | None = None) -> np.ndarray:
-        """One engine call on ids [S]; logits rows first .. first + rows - 1 (default: the last rows)."""
+    def _run(self, ids: np.ndarray, rows: int, first: int | None = None,
+             inputs: dict[str, np.ndarray | None] | None = None) -> np.ndarray:
+        """One engine call on ids [S]; logits rows first .. first + rows - 1 (default: the last
+        rows). inputs: a head's row inputs, [S, width] each, None for zeros."""
         S, P, cuda = ids.size, self.length, self.cuda
         first = S - rows if first is None else first
         ctx = self.contexts[select_profile(self.profiles, S, rows, P)]
@@ -331,6 +383,13 @@ class TrtModel(CacheCursor):
             if b.is_input:
                 ok = ok and ctx.set_input_shape(b.name, b.shape)
             ok = ok and ctx.set_tensor_address(b.name, b.address)
+        for tensor, device, host in self._row_tensors.values():
+            if tensor.is_input:
+                value = (inputs or {}).get(tensor.name)
+                host[:S] = 0 if value is None else value
+                cuda.h2d(device, host.ctypes.data, S * tensor.width * 4)
+                ok = ok and ctx.set_input_shape(tensor.name, (1, S, tensor.width))
+            ok = ok and ctx.set_tensor_address(tensor.name, device)
         if not ok:
             raise InvalidArgument(f"TensorRT refused the shapes/addresses of a call with S={S}, R={rows}, P={P}")
         if not ctx.execute_async_v3(cuda.handle):
@@ -339,9 +398,17 @@ class TrtModel(CacheCursor):
             cuda.d2d(dst, src, nbytes)
         V = self.spec.embedding_rows
         cuda.d2h(self._h_logits.ctypes.data, self._d_logits, rows * V * 4)
+        returned = {}  # output name -> its rows on the host
+        for tensor, device, host in self._row_tensors.values():
+            if not tensor.is_input:
+                n = rows if tensor.per_logits_row else S
+                cuda.d2h(host.ctypes.data, device, n * tensor.width * 4)
+                returned[tensor.name] = host[:n]
         cuda.sync()
         self.stats.add(S, time.perf_counter() - start)
-        self.length = P + S
+        self.length, self.last_start = P + S, P
+        self.features = returned.get(contract.HIDDEN_STATES)
+        self.hidden_out = returned.get(contract.HEAD_HIDDEN_OUT)
         return self._h_logits[:rows]
 
     def close(self) -> None:

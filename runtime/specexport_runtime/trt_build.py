@@ -13,7 +13,7 @@ dimensions of the graph contract (docs/graph-contract.md; batch is fixed at 1):
     profile   seq S                 past P             rows R
     decode    1                     0 .. max_context-1  1
     verify    2 .. max_gamma+1      0 .. max_context-1  1 .. max_gamma+1
-    prefill   1 .. max_prompt       0 .. max_context-1  1
+    prefill   1 .. max_prompt       0 .. max_context-1  1 (1 .. min_rows for a padded graph, contract 1.2)
 
 TensorRT sizes an engine's scratch memory for the largest shapes of a profile, and the attention
 scores of one call hold H x S x (P + S) values, so the prefill profile is capped at `max_prompt`
@@ -107,8 +107,9 @@ class Profile:
 
 
 def default_profiles(max_context: int, max_prompt: int = DEFAULT_MAX_PROMPT, max_gamma: int = DEFAULT_MAX_GAMMA,
-                     gamma: int = 4) -> list[Profile]:
-    """decode, verify, prefill (in the order the backend tries them; see the module docstring)."""
+                     gamma: int = 4, min_rows: int = 1) -> list[Profile]:
+    """decode, verify, prefill (in the order the backend tries them; see the module docstring).
+    min_rows: a padded graph's (contract 1.2), whose prefill asks for min_rows logits rows."""
     if max_context < 2:
         raise InvalidArgument(f"max_context must be >= 2, got {max_context}")
     if not 1 <= max_gamma < max_context:
@@ -122,7 +123,8 @@ def default_profiles(max_context: int, max_prompt: int = DEFAULT_MAX_PROMPT, max
     profiles = [
         Profile("decode", seq=(1, 1, 1), past=(0, p_opt, p_max), rows=(1, 1, 1)),
         Profile("verify", seq=(2, gamma + 1, max_gamma + 1), past=(0, p_opt, p_max), rows=(1, gamma + 1, max_gamma + 1)),
-        Profile("prefill", seq=(1, min(128, max_prompt), max_prompt), past=(0, 0, p_max), rows=(1, 1, 1)),
+        Profile("prefill", seq=(1, min(128, max_prompt), max_prompt), past=(0, 0, p_max),
+                rows=(1, max(1, min_rows), max(1, min_rows))),
     ]
     return profiles
 
@@ -142,11 +144,14 @@ def select_profile(profiles: Sequence[Profile], seq: int, rows: int, past: int |
 
 
 def input_shapes(spec: contract.GraphSpec, seq: int, rows: int, past: int) -> dict[str, tuple[int, ...]]:
-    """The TensorRT input shapes of one call (set_input_shape)."""
+    """The TensorRT input shapes of one call (set_input_shape); an EAGLE-3 head's row inputs too."""
     shapes: dict[str, tuple[int, ...]] = {contract.INPUT_IDS: (1, seq), contract.LOGITS_INDEX: (rows,)}
+    if spec.is_head:
+        shapes[contract.HEAD_FEATURES] = (1, seq, spec.feature_width)
+        shapes[contract.HEAD_HIDDEN] = (1, seq, spec.hidden_width)
     for i in range(spec.num_layers):
-        shapes[contract.past_key(i)] = (1, past, spec.num_kv_heads, spec.head_dim)
-        shapes[contract.past_value(i)] = (1, past, spec.num_kv_heads, spec.head_dim)
+        shapes[contract.past_key(i)] = spec.layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
+        shapes[contract.past_value(i)] = spec.layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
     return shapes
 
 
@@ -354,7 +359,7 @@ def refuse_quantized(model: str, precision: str) -> None:
 
 
 def refuse_fused(model: str, kv_layout: str) -> None:
-    if kv_layout != contract.TIME_MAJOR:
+    if contract.layout_of(kv_layout).contrib_attention:
         raise EngineBuildError(
             f"the {model} graph uses the {kv_layout} layout (ONNX Runtime contrib ops such as GroupQueryAttention,"
             " which TensorRT does not implement): TensorRT cannot build it. Rebuild the artifact with"
@@ -525,7 +530,9 @@ def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOp
     (root / folder).mkdir(parents=True, exist_ok=True)
     timing_cache = root / folder / "timing.cache"
     max_gamma = resolve_max_gamma(manifest, options)
-    profiles = default_profiles(manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma)
+    min_rows = max(e.min_rows for e in (manifest.target, manifest.draft) if e is not None)
+    profiles = default_profiles(manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma,
+                                min_rows)
     echo(f"GPU {gpu.name} (compute capability {gpu.compute_capability}), TensorRT {version}")
     records = []
     for model, entry in (("target", manifest.target), ("draft", manifest.draft)):

@@ -183,7 +183,7 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", [40, 41, 42, 43, 44] * 4]
 @pytest.mark.parametrize("proposer", ["eagle", "hybrid"])
 def test_greedy_portable_eagle_equals_target_only(gens, proposer):
     gen = gens("eagle3-portable")
-    assert not gen.target.spec.in_place and not gen.draft.spec.in_place and gen.draft.spec.is_head
+    assert not gen.target.spec.layout.in_place and not gen.draft.spec.layout.in_place and gen.draft.spec.is_head
     corrections = 0
     for prompt in PROMPTS:
         base = gen.generate(prompt, max_new_tokens=40, speculative=False)

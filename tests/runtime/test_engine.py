@@ -66,7 +66,7 @@ def test_truncate_then_forward_matches_fresh_run(target):
 
 def ref_rows(ref, spec) -> list[np.ndarray]:
     """The reference runner's caches as [P, H_kv, D] (its layout follows the graph's)."""
-    return [c[0].transpose(1, 0, 2) if spec.in_place else c[0] for c in ref.cache]
+    return [c[0].transpose(1, 0, 2) if spec.layout.in_place else c[0] for c in ref.cache]
 
 
 def test_rows_written_in_place_at_cursor(target, feed_runner):
