@@ -19,6 +19,7 @@ import numpy as np
 from . import registry
 from .adaptive import GammaController
 from .costs import VerifyCost
+from .structured import ConstraintEngine, Guide
 from .config import ADAPTIVE, GeneratorConfig
 from .datastore import Datastore
 from .engine import OrtModel, SessionConfig
@@ -77,6 +78,7 @@ class SpecGenerator:
         self._learned: dict[str, Any] = {}  # proposer name -> its state across requests (registry `learns`)
         self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
         self._datastore: Datastore | None = None
+        self._constraints: ConstraintEngine | None = None
 
     # --- configuration ------------------------------------------------------------------
     @property
@@ -197,9 +199,18 @@ class SpecGenerator:
                 start = self._new_controller(prop.name, config)
                 gamma = start.gamma if start.speculating else None
         stats = GenerationStats()
+        guide = Guide(self.constraints().matcher(config.grammar)) if config.grammar is not None else None
         loop = SpeculativeLoop(self.target, prop, ctl, replace(config, gamma=gamma), np.random.default_rng(config.seed),
-                               stats, self.verify_cost)
-        return Generation(self._rounds(loop, prompt_ids, config, ctl), stats, config, policy)
+                               stats, self.verify_cost, guide, registry.get(prop.name).free)
+        return Generation(self._rounds(loop, prompt_ids, config, ctl), stats, config, policy, loop.logprobs)
+
+    def constraints(self) -> ConstraintEngine:
+        """The artifact's grammar engine (structured.py), built on first use (about a second for
+        a large vocabulary): llguidance's view of tokenizer.json."""
+        if self._constraints is None:
+            text = (self.root / self.manifest.tokenizer.file).read_text(encoding="utf-8")
+            self._constraints = ConstraintEngine(text, self.manifest.target.embedding_rows, sorted(self.eos))
+        return self._constraints
 
     def _rounds(self, loop: SpeculativeLoop, prompt_ids: list[int], config: GeneratorConfig, ctl):
         if ctl is not None:

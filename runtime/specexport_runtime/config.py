@@ -40,7 +40,8 @@ from .constants import (
     MIN_GAMMA,
 )
 from .errors import InvalidArgument
-from .sampling import SamplingParams
+from .sampling import MAX_TOP_LOGPROBS, SamplingParams
+from .structured import Grammar
 from .suffix import SuffixConfig
 
 OFF, FIXED, SEEDED, ARTIFACT, ADAPTIVE = "off", "fixed", "fixed (seeded sampling)", "fixed (artifact)", "adaptive"
@@ -74,6 +75,8 @@ class GeneratorConfig:
     top_p: float = 1.0  # 1 = off
     seed: int | None = None  # None: fresh entropy
     stop: tuple[str, ...] = ()  # a str is read as one stop string
+    grammar: Grammar | None = None  # constrained decoding (structured.py; the `structured` extra)
+    logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives (0..20)
     # proposer settings
     ngram_sizes: tuple[int, ...] = DEFAULT_NGRAM_SIZES  # prompt lookup, longest tried first
     hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL  # constants.HYBRID_RETRIEVALS
@@ -100,6 +103,10 @@ class GeneratorConfig:
         if not _int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise _fail("max_new_tokens", self.max_new_tokens, "an integer >= 1")
         SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # its own checks
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise _fail("grammar", self.grammar, "a structured.Grammar (Grammar.json_schema(...), .regex, .lark, .json_object())")
+        if self.logprobs is not None and (not _int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise _fail("logprobs", self.logprobs, f"None or an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per token)")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or any(not isinstance(s, str) or not s for s in stop):
             raise _fail("stop", self.stop, "non-empty strings")

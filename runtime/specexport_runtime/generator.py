@@ -20,8 +20,9 @@ from .config import GeneratorConfig
 from .costs import VerifyCost
 from .errors import PromptError
 from .model import Model
-from .proposers import Proposer
-from .sampling import one_hot, probabilities, sample, verify_greedy, verify_sampled
+from .proposers import Proposal, Proposer
+from .sampling import one_hot, probabilities, residual, sample, token_logprobs, verify_greedy, verify_sampled
+from .structured import Guide
 from .tokenizer import IncrementalDecoder, TextCodec
 
 FINISH_REASONS = ("eos", "stop", "length")
@@ -33,8 +34,11 @@ class GenerationStats:
     new_tokens: int = 0
     rounds: int = 0  # speculative rounds (one target verify call each)
     plain_steps: int = 0  # 1-token target steps (speculation off or nothing drafted)
-    drafted: int = 0
+    drafted: int = 0  # by the proposer (forced tokens apart)
     accepted: int = 0
+    forced: int = 0  # drafted because a grammar forces them (structured output): free proposals
+    forced_accepted: int = 0
+    grammar_cut: int = 0  # proposer tokens a grammar forbade, cut before verification
     corrections: int = 0  # rounds ending with a rejected draft token
     bonus: int = 0  # rounds where every draft token was accepted
     lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest by the draft model)
@@ -56,7 +60,7 @@ class GenerationStats:
     def mean_accepted_length(self) -> float:
         """Tokens emitted per target call (speculative rounds and plain steps)."""
         calls = self.rounds + self.plain_steps
-        return (self.accepted + calls) / calls if calls else 0.0
+        return (self.accepted + self.forced_accepted + calls) / calls if calls else 0.0
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -67,9 +71,14 @@ class GenerationStats:
         decode = self.total_seconds - self.prefill_seconds
         return (self.new_tokens - 1) / decode if decode > 0 and self.new_tokens > 1 else 0.0
 
-    def record_round(self, k: int, n: int) -> None:
+    def record_round(self, k: int, n: int, forced: int = 0) -> None:
+        """A round verified k drafted tokens, the first `forced` of them forced by a grammar, and
+        accepted n; the per-position counts are the proposer's (after the forced run)."""
         self.round_sizes.append((k, n))
         self.rounds += 1
+        self.forced += forced
+        self.forced_accepted += min(n, forced)
+        k, n = k - forced, max(0, n - forced)
         self.drafted += k
         self.accepted += n
         if n < k:
@@ -100,6 +109,7 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: GenerationStats
+    logprobs: list[dict] | None = None  # per token (sampling.token_logprobs), when the config asked
 
 
 class Generation:
@@ -110,8 +120,9 @@ class Generation:
     then learns nothing from it."""
 
     def __init__(self, rounds: Iterator[tuple[list[int], str, str | None]], stats: GenerationStats,
-                 config: GeneratorConfig, gamma_policy: str):
+                 config: GeneratorConfig, gamma_policy: str, logprobs: list[dict] | None = None):
         self._rounds, self.stats, self.config, self.gamma_policy = rounds, stats, config, gamma_policy
+        self.logprobs = logprobs  # grows round by round: one entry per emitted token (config.logprobs)
 
     def __iter__(self) -> Generation:
         return self
@@ -140,77 +151,124 @@ class Generation:
             tokens += new
             text.append(piece)
             reason = why or reason
-        return GenerationResult(tokens, "".join(text), reason, self.stats)
+        logprobs = None if self.logprobs is None else self.logprobs[: len(tokens)]
+        return GenerationResult(tokens, "".join(text), reason, self.stats, logprobs)
 
 
 class SpeculativeLoop:
     """Runs rounds for one generation; yields each round's new tokens. config.gamma is the
     fixed draft length, or None for the controller's choice (no controller: plain steps).
     Every target call after the prefill is timed into `cost` (the generator's, which its
-    controllers and the suffix tuner read; default the controller's own)."""
+    controllers and the suffix tuner read; default the controller's own). With a grammar
+    (`guide`, structured.py) every target row is masked as the grammar stands, drafts start
+    with the tokens it forces and end before the first it forbids, and the emitted tokens are
+    committed to it. `logprobs`: the (masked) log-probabilities of every emitted token, when
+    config.logprobs asks for them."""
 
     def __init__(self, target: Model, proposer: Proposer, controller: GammaController | None,
                  config: GeneratorConfig, rng: np.random.Generator, stats: GenerationStats,
-                 cost: VerifyCost | None = None):
-        self.target, self.proposer, self.controller = target, proposer, controller
+                 cost: VerifyCost | None = None, guide: Guide | None = None, free: bool = False):
+        """free: the proposer's drafts are a function of the committed tokens (registry `free`)."""
+        self.target, self.proposer, self.controller, self.guide = target, proposer, controller, guide
         self.cost = cost or (controller.cost if controller is not None else VerifyCost())
         self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
-        # a proposer with free proposals (hybrid's retrieval, suffix) is asked even when the controller says gamma 0
-        self.ask_when_off = config.speculating and proposer.proposes_when_off
+        self.free = free
+        # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
+        self.ask_when_off = config.speculating and (proposer.proposes_when_off or guide is not None)
+        self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
 
-    def pick(self, logits: np.ndarray) -> int:
-        """One token from a logits row [V] of the target."""
+    def rows(self, logits: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
+        """The target's logits rows [R, V] of a call on [last, draft] as decoding sees them."""
+        return self.guide.masked(logits, draft) if self.guide is not None else logits
+
+    def pick(self, row: np.ndarray, cut_q: np.ndarray | None = None) -> int:
+        """One token from a logits row [V]; cut_q: a drawn draft token's distribution that a
+        grammar cut, so the token is its correction (sampling.verify_sampled)."""
         if self.params.greedy:
-            return int(logits.argmax())
-        return sample(probabilities(logits[None], self.params)[0], self.rng)
+            return int(row.argmax())
+        p = probabilities(row[None], self.params)[0]
+        return sample(p if cut_q is None else residual(p, cut_q), self.rng)
+
+    def emit(self, tokens: list[int], rows: np.ndarray) -> list[int]:
+        """tokens: emitted by this call; rows [len(tokens), V]: the logits each was chosen from."""
+        if self.guide is not None:
+            self.guide.commit(tokens)
+        if self.logprobs is not None:
+            self.logprobs.extend(token_logprobs(rows, tokens, self.config.logprobs))
+        return tokens
 
     def prefill(self, prompt: Sequence[int]) -> list[int]:
         self.target.reset()
         self.proposer.start(prompt)
         start = time.perf_counter()
-        token = self.pick(self.target.forward(prompt)[0])
+        logits = self.rows(self.target.forward(prompt))
+        token = self.pick(logits[0])
         self.stats.prefill_seconds = time.perf_counter() - start
-        return [token]
+        return self.emit([token], logits)
 
-    def plain_step(self, committed: list[int]) -> list[int]:
+    def plain_step(self, committed: list[int], cut_q: np.ndarray | None = None) -> list[int]:
         start = time.perf_counter()
-        token = self.pick(self.target.forward(committed[self.target.length :])[0])
+        logits = self.rows(self.target.forward(committed[self.target.length :]))
+        token = self.pick(logits[0], cut_q)
         seconds = time.perf_counter() - start
         self.stats.plain_steps += 1
         self.stats.target_seconds += seconds
         if seconds > 0:
             self.cost.record(1, seconds)
-        return [token]
+        return self.emit([token], logits)
 
-    def speculative_step(self, committed: list[int], gamma: int) -> list[int]:
+    def draft(self, committed: list[int], gamma: int, room: int) -> Proposal:
+        """The round's draft: the proposer's (up to gamma tokens), and with a grammar its forced
+        run first; at most what one verify call holds and `room` allows."""
+        limit = min(room, self.target.max_rows - 1)
+        forced = self.guide.forced(limit) if self.guide is not None else []
+        # a proposer that draws from a distribution is not asked when the grammar forces tokens
+        ask = (gamma > 0 or self.proposer.proposes_when_off) and (not forced or self.params.greedy or self.free)
+        proposal = self.proposer.propose(committed, min(gamma, limit), self.params, self.rng) if ask else None
+        if self.guide is not None:
+            return self.guide.shape(proposal, forced, limit)
+        proposal = proposal or Proposal([], None)
+        return Proposal(proposal.tokens[:limit], proposal.q, proposal.catchup_seconds, proposal.lookup,
+                        proposal.source)
+
+    def speculative_step(self, committed: list[int], gamma: int, room: int) -> list[int]:
         t0 = time.perf_counter()
-        proposal = self.proposer.propose(committed, gamma, self.params, self.rng)  # draft k <= gamma
-        k = min(len(proposal.tokens), self.target.max_rows - 1)  # one verify call holds max_rows rows
-        draft = proposal.tokens[:k]
+        proposal = self.draft(committed, gamma, room)
+        draft, k = proposal.tokens, len(proposal.tokens)
         t1 = time.perf_counter()
         self.stats.draft_seconds += t1 - t0
         if k == 0:
-            return self.plain_step(committed)
+            self.stats.grammar_cut += proposal.cut
+            return self.plain_step(committed, proposal.cut_q)
         # one target call on [last, d1..dk] -> k+1 rows
-        logits = self.target.forward(committed[self.target.length :] + draft, last_rows=k + 1)
-        if self.params.greedy:
-            n, token = verify_greedy(logits.argmax(-1), draft)
-        else:
-            p = probabilities(logits, self.params)  # [k+1, V]
-            q = proposal.q[:k] if proposal.q is not None else one_hot(draft, p.shape[1])
-            n, token = verify_sampled(p, q, draft, self.rng)
+        logits = self.rows(self.target.forward(committed[self.target.length :] + draft, last_rows=k + 1), draft)
+        n, token = self.verify(logits, proposal)
         self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
-        t2 = time.perf_counter()
+        self.account(proposal, n, t0, t1, time.perf_counter())
+        return self.emit(draft[:n] + [token], logits[: n + 1])
+
+    def verify(self, logits: np.ndarray, proposal: Proposal) -> tuple[int, int]:
+        """(accepted, next token) of a draft against the target's rows [k+1, V]."""
+        draft = proposal.tokens
+        if self.params.greedy:
+            return verify_greedy(logits.argmax(-1), draft)
+        p = probabilities(logits, self.params)  # [k+1, V]
+        q = proposal.q[: len(draft)] if proposal.q is not None else one_hot(draft, p.shape[1])
+        return verify_sampled(p, q, draft, self.rng, proposal.cut_q)
+
+    def account(self, proposal: Proposal, n: int, t0: float, t1: float, t2: float) -> None:
+        """Stats, the verify cost and the controller's evidence of one verified round."""
+        k, f = len(proposal.tokens), proposal.forced
         self.stats.target_seconds += t2 - t1
-        self.stats.record_round(k, n)
+        self.stats.record_round(k, n, f)
         self.stats.lookup_rounds += proposal.lookup
+        self.stats.grammar_cut += proposal.cut
         per = self.stats.by_source.setdefault(proposal.source or self.proposer.name, [0, 0, 0])
         per[0], per[1], per[2] = per[0] + 1, per[1] + k, per[2] + n
         if t2 > t1:
             self.cost.record(k + 1, t2 - t1)
-        if self.controller is not None and not proposal.lookup:  # retrieval says nothing of a draft model
-            self.controller.record_round(k, n, t1 - t0 - proposal.catchup_seconds)
-        return draft[:n] + [token]
+        if self.controller is not None and not proposal.lookup and k > f:  # retrieval says nothing of a draft model
+            self.controller.record_round(k - f, max(0, n - f), t1 - t0 - proposal.catchup_seconds)
 
     def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int]]:
         committed = list(prompt) + self.prefill(prompt)
@@ -220,7 +278,7 @@ class SpeculativeLoop:
             room = max_context - len(committed)  # rows left after feeding `last`
             gamma = self.choose_gamma()
             if (gamma > 0 or self.ask_when_off) and room > 0:
-                new = self.speculative_step(committed, min(gamma, room))
+                new = self.speculative_step(committed, min(gamma, room), room)
             else:
                 new = self.plain_step(committed)
             committed += new

@@ -252,7 +252,7 @@ def verify_greedy(target_argmax, draft_tokens) -> tuple[int, int]:
 
 
 def verify_sampled(
-    p: np.ndarray, q: np.ndarray, draft_tokens, rng: np.random.Generator
+    p: np.ndarray, q: np.ndarray, draft_tokens, rng: np.random.Generator, cut_q: np.ndarray | None = None
 ) -> tuple[int, int]:
     """Exact rejection sampling of one speculative round.
 
@@ -263,6 +263,10 @@ def verify_sampled(
     Accepts d_i with probability min(1, p_i(d_i) / q_i(d_i)) (one uniform per examined
     token); on the first rejection returns a correction sampled from residual(p_i, q_i);
     when all gamma are accepted returns a bonus token sampled from p[gamma].
+    cut_q: [V] the distribution of a draft token d_gamma that was drawn but cut before
+    verification (a grammar forbids it, so p_gamma(d_gamma) = 0 and it is rejected with
+    certainty): the token after the gamma accepted ones is then the correction
+    residual(p[gamma], cut_q), exactly what verifying d_gamma would have given.
     Returns (n_accepted, next_token).
     """
     p = np.asarray(p)
@@ -274,10 +278,36 @@ def verify_sampled(
     V = p.shape[1]
     if q.shape != (gamma, V):
         raise InvalidArgument(f"q must have shape [gamma, V] = {(gamma, V)}, got {q.shape}")
+    if cut_q is not None and np.shape(cut_q) != (V,):
+        raise InvalidArgument(f"cut_q must have shape [V] = {(V,)}, got {np.shape(cut_q)}")
     if gamma and (d.min() < 0 or d.max() >= V):
         raise InvalidArgument(f"draft tokens must lie in [0, {V}), got {d.tolist()}")
     for i in range(gamma):
         x = int(d[i])
         if rng.random() >= accept_probability(p[i, x], q[i, x]):
             return i, sample(residual(p[i], q[i]), rng)
-    return gamma, sample(p[gamma], rng)
+    return gamma, sample(p[gamma] if cut_q is None else residual(p[gamma], cut_q), rng)
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
+
+def token_logprobs(logits: np.ndarray, tokens, top: int) -> list[dict]:
+    """Log-probabilities of emitted tokens under the target's distribution (softmax of the rows
+    as decoding saw them: masked by a grammar, no temperature, top-k or top-p).
+
+    logits: [R, V]; tokens: [R] the token emitted from each row; top: how many alternatives
+    per row (0..MAX_TOP_LOGPROBS), most probable first (ties: the smaller id).
+    -> [{"token": id, "logprob": float, "top": [(id, logprob), ...]}] per row."""
+    x = np.asarray(logits, dtype=np.float64)  # [R, V]
+    m = x.max(axis=1, keepdims=True)  # [R, 1]
+    lp = x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))  # [R, V] log-softmax; -inf stays -inf
+    out = []
+    for r, token in enumerate(tokens):
+        entry = {"token": int(token), "logprob": float(lp[r, token]), "top": []}
+        if top:
+            idx = np.argpartition(-lp[r], top - 1)[:top] if top < lp.shape[1] else np.arange(lp.shape[1])
+            order = sorted(idx.tolist(), key=lambda i: (-lp[r, i], i))
+            entry["top"] = [(int(i), float(lp[r, i])) for i in order]
+        out.append(entry)
+    return out
