@@ -85,7 +85,7 @@ def test_runtime_declares_only_lean_dependencies():
 
 
 # optional extras ([tensorrt]: tensorrt, cuda-python) may only be imported inside functions
-OPTIONAL = {"tensorrt", "cuda", "cryptography"}  # lazy: TensorRT extras, the [sign] extra
+OPTIONAL = {"tensorrt", "cuda", "cryptography", "llguidance"}  # lazy: TensorRT extras, the [sign] and [structured] extras
 SERVE = {"uvicorn", "starlette", "prometheus_client"}  # the [serve] extra: only in specexport_runtime/server/
 
 
