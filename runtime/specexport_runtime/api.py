@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ import numpy as np
 from . import registry
 from .adaptive import GammaController
 from .costs import VerifyCost
-from .structured import ConstraintEngine, Guide
+from .structured import ConstraintEngine, Grammar, Guide
+from .tools import ToolPlan
 from .config import ADAPTIVE, GeneratorConfig
 from .datastore import Datastore
 from .engine import OrtModel, SessionConfig
@@ -240,14 +241,38 @@ class SpecGenerator:
         """Yield text pieces as tokens are accepted (never a split multi-byte character)."""
         return self.events(prompt, config, **overrides).pieces()
 
-    def chat(self, messages: Sequence[Mapping[str, str]], stream: bool = False, config: GeneratorConfig | None = None,
-             **overrides: Any):
-        """Apply the artifact's chat template (no transformers), then generate or stream."""
-        ids = validate_prompt_ids(self.codec.encode_chat(messages), self.manifest.target.embedding_rows,
-                                  self.manifest.max_context)
+    def chat(self, messages: Sequence[Mapping[str, Any]], stream: bool = False, config: GeneratorConfig | None = None,
+             tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None, **overrides: Any):
+        """Apply the artifact's chat template (no transformers), then generate (a GenerationResult
+        whose tool_calls holds the calls the answer made) or stream text pieces. tools /
+        tool_choice: OpenAI's (tools.py); the answer is then constrained to a tool call or, with
+        tool_choice 'auto', plain content."""
+        prepared = self.prepare_chat(messages, tools, tool_choice)
+        ids = validate_prompt_ids(prepared.ids, self.manifest.target.embedding_rows, self.manifest.max_context)
+        if prepared.grammar is not None:
+            if overrides.get("grammar") is not None or (config is not None and config.grammar is not None):
+                raise InvalidArgument("grammar and tools cannot be combined: tools constrain the answer themselves")
+            overrides["grammar"] = prepared.grammar
         run = self._start(ids, self.configure(config, **overrides))
-        return run.pieces() if stream else run.collect()
+        if stream:
+            return run.pieces()
+        result = run.collect()
+        content, calls = prepared.plan.parse(result.text)
+        return replace(result, tool_calls=calls)
 
+    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools=None, tool_choice=None) -> PreparedChat:
+        """The prompt ids of a conversation (not checked against the context yet) and, with tools,
+        its ToolPlan and answer grammar; tools.ToolError names a bad tool field."""
+        plan = ToolPlan.create(tools, tool_choice, self.codec.reads_tools)
+        ids = self.codec.encode_chat(plan.messages(messages), tools=plan.template_tools)
+        return PreparedChat(ids, plan, plan.grammar())
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    ids: list[int]
+    plan: ToolPlan
+    grammar: Grammar | None
 
 def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None, verify: bool = True,
          shared_pool: bool = False, trusted_keys: Sequence[str | Path | bytes] | None = None,

@@ -110,6 +110,7 @@ class GenerationResult:
     finish_reason: str
     stats: GenerationStats
     logprobs: list[dict] | None = None  # per token (sampling.token_logprobs), when the config asked
+    tool_calls: tuple = ()  # tools.ToolCall of a chat answer that called tools (SpecGenerator.chat)
 
 
 class Generation:

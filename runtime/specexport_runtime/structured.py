@@ -110,6 +110,13 @@ class Grammar:
             return llg.LLMatcher.grammar_from_regex(self.source)
         return llg.LLMatcher.grammar_from_lark(self.source)
 
+    def check(self) -> Grammar:
+        """self, or GrammarError (one line) when it does not compile; no tokenizer needed."""
+        problem = _llguidance().LLMatcher.validate_grammar(self.compiled())
+        if problem and not problem.startswith("WARNING"):
+            raise GrammarError(f"{self.kind}: {' '.join(problem.split())[:300]}")
+        return self
+
     def describe(self) -> str:
         text = self.source if len(self.source) <= 60 else self.source[:57] + "..."
         return f"{self.kind} {text}"

@@ -23,6 +23,8 @@ class TextCodec:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.bos_token, self.eos_token = bos, eos
         self._template = None
+        # the template renders tool definitions itself (a `tools` variable): tools.ToolPlan.native
+        self.reads_tools = bool(chat_template) and "tools" in chat_template
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
@@ -43,7 +45,10 @@ class TextCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def render_chat(self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """The template's text of `messages` ({'role', 'content'} each); tools: OpenAI tool
+        definitions for a template that reads them (tools.ToolPlan.template_tools)."""
         if self._template is None:
             raise InvalidArgument("this artifact has no chat template; pass a plain prompt instead of messages")
         messages = [dict(m) for m in messages]
@@ -53,18 +58,20 @@ class TextCodec:
         if not messages:
             raise PromptError("messages is empty (expected at least one message)")
         try:
+            extra = {"tools": tools} if tools else {}
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                **extra,
             )
         except TemplateError as exc:
             raise InvalidArgument(f"chat template rejected the messages: {exc}") from exc
 
-    def encode_chat(self, messages: Iterable[Mapping[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Iterable[Mapping[str, str]], tools: list[dict] | None = None) -> list[int]:
         # like transformers' apply_chat_template: the template writes the special tokens itself
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools=tools), add_special_tokens=False)
 
 
 class IncrementalDecoder:

@@ -27,6 +27,8 @@ from starlette.routing import Route
 from ..config import GeneratorConfig
 from ..errors import InvalidArgument, PromptError
 from ..generator import validate_prompt_ids
+from ..structured import Grammar, GrammarError, StructuredUnavailable
+from ..tools import ToolError, ToolPlan
 from .config import ServerConfig
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request
 from .metrics import CONTENT_TYPE, Metrics
@@ -44,6 +46,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 class Prepared:
     prompt_ids: list[int]
     config: GeneratorConfig  # the request's, checked against the artifact
+    plan: ToolPlan | None = None  # chat: how tool calls are read from the answer
 
 
 class ServerState:
@@ -77,15 +80,22 @@ class ServerState:
         tokenizers are thread-safe, and the generator's mutable state is not touched)."""
         codec, manifest = self.gen.codec, self.gen.manifest
         param = "messages" if req.kind == CHAT else "prompt"
+        plan = grammar = None
         try:
             if req.kind == CHAT:
-                ids = codec.encode_chat(req.messages)
+                chat = self.gen.prepare_chat(req.messages, req.tools, req.tool_choice)
+                ids, plan, grammar = chat.ids, chat.plan, chat.grammar
             elif isinstance(req.prompt, str):
                 ids = codec.encode(req.prompt)
             else:
                 ids = list(req.prompt)
+        except ToolError as exc:
+            raise bad_request(str(exc), exc.param) from None
+        except StructuredUnavailable as exc:
+            raise bad_request(str(exc), "tools") from None
         except (InvalidArgument, PromptError) as exc:
             raise bad_request(str(exc), param) from None
+        grammar = self._grammar(req, grammar)
         context = manifest.max_context
         if len(ids) >= context:
             raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context} and at least"
@@ -108,10 +118,30 @@ class ServerState:
         try:
             config = self.gen.configure(self.base, proposer=proposer, max_new_tokens=max_tokens, gamma=s.gamma,
                                         temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                                        stop=s.stop)
+                                        stop=s.stop, grammar=grammar, logprobs=req.logprobs)
         except InvalidArgument as exc:  # schemas check the same ranges; this is the runtime's own word
             raise bad_request(str(exc), None) from None
-        return Prepared(ids, config)
+        return Prepared(ids, config, plan)
+
+    def _grammar(self, req: GenerationRequest, tool_grammar: Grammar | None) -> Grammar | None:
+        """The request's grammar (tools', or response_format's), compiled once here so that a
+        schema llguidance refuses is a 400 naming its field."""
+        fmt, param = req.response_format, "tools" if tool_grammar is not None else "response_format"
+        if fmt is not None and tool_grammar is not None:
+            raise bad_request("response_format and tools with tool_choice other than 'none' cannot be combined",
+                              "response_format")
+        try:
+            grammar = tool_grammar
+            if fmt is not None:
+                grammar = Grammar.json_object() if fmt["type"] == "json_object" else Grammar.json_schema(
+                    fmt["schema"], strict=fmt["strict"])
+            if grammar is not None:
+                self.gen.constraints().matcher(grammar)
+        except StructuredUnavailable as exc:
+            raise bad_request(str(exc), param) from None
+        except GrammarError as exc:
+            raise bad_request(f"{param}: {exc}", param if param == "tools" else "response_format") from None
+        return grammar
 
     async def drain(self, forced=lambda: False) -> None:
         """SIGTERM: refuse new requests (503), fail the queued ones, let the running one go on for
@@ -174,8 +204,9 @@ async def _generation(request: Request, parse):
     prepared = await run_in_threadpool(state.prepare, req)
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
     state.worker.submit(job)
-    return GenerationResponse(state.worker, job, Renderer(req.kind, state.model, req.include_usage, req.return_token_ids),
-                              req.stream)
+    renderer = Renderer(req.kind, state.model, req.include_usage, req.return_token_ids, prepared.plan,
+                        state.gen.codec if req.logprobs is not None else None)
+    return GenerationResponse(state.worker, job, renderer, req.stream)
 
 
 def _model_entry(state: ServerState) -> dict:
@@ -301,13 +332,16 @@ class GenerationResponse:
     async def _whole(self, send) -> None:
         text: list[str] = []
         tokens: list[int] = []
+        logprobs: list[dict] = []
         while True:
             event = await self.job.next_event()
             if isinstance(event, Round):
                 text.append(event.text)
                 tokens += event.tokens
+                logprobs += event.logprobs
             elif isinstance(event, Finished):
-                await _send_json(send, 200, self.renderer.completion("".join(text), tokens, event.outcome))
+                body = self.renderer.completion("".join(text), tokens, event.outcome, logprobs)
+                await _send_json(send, 200, body)
                 return
             elif isinstance(event, Failed):
                 await _send_json(send, event.error.status, event.error.body(), event.error.headers)
@@ -328,7 +362,7 @@ class GenerationResponse:
             while True:
                 event = await self.job.next_event()
                 if isinstance(event, Round):
-                    chunk = self.renderer.content_chunk(event.text, event.tokens)
+                    chunk = self.renderer.content_chunk(event.text, event.tokens, event.logprobs)
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     continue

@@ -1,9 +1,15 @@
 """Request bodies of /v1/chat/completions and /v1/completions, validated into dataclasses.
 
 Every rejection is an ApiError 400 whose `param` names the field. Fields the server cannot honour
-(n > 1, logprobs, tools, penalties, ...) are rejected, never silently ignored; fields that do not
+(n > 1, penalties, logit_bias, ...) are rejected, never silently ignored; fields that do not
 change the output (user, metadata, ...) are accepted and ignored; any other field is rejected as
 unrecognized, as OpenAI does. A JSON null means "absent" for every optional field.
+
+Structured output (structured.py, tools.py): `response_format` ({"type": "text"},
+{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+"description"}}), `tools` and `tool_choice` are read here and compiled by the handler (a schema
+llguidance refuses is a 400 naming the field); `logprobs` / `top_logprobs` (chat, up to 20) and
+`logprobs` (completions, an integer up to 5) return the target's (masked) log-probabilities.
 
 Extensions (not in OpenAI's API): `proposer` (a registered proposer, registry.names(); 'none' =
 target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive),
@@ -12,6 +18,7 @@ target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +28,16 @@ from ..constants import MAX_GAMMA, MIN_GAMMA
 from .errors import ApiError, bad_request, unsupported
 
 CHAT, COMPLETION = "chat", "completion"
-ROLES = ("system", "developer", "user", "assistant")  # 'developer' is read as 'system' (OpenAI's newer name)
+ROLES = ("system", "developer", "user", "assistant", "tool")  # 'developer' is read as 'system' (OpenAI's newer name)
+MESSAGE_EXTRAS = {"assistant": ("tool_calls", "refusal"), "tool": ("tool_call_id",)}  # fields beyond role/content/name
 MAX_STOPS = 4  # OpenAI's limit
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling; pass 0 for greedy
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: the rest of the context)
 
 IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls")
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's bound)
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs (OpenAI's bound)
 COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
           "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
           "proposer", "gamma", "top_k", "return_token_ids", *IGNORED)
@@ -56,29 +66,65 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
-    messages: tuple[dict[str, str], ...] = ()  # chat: {'role', 'content'} with roles in system/user/assistant
+    messages: tuple[dict, ...] = ()  # chat: {'role', 'content'} (+ an assistant's tool_calls, a tool's tool_call_id)
     prompt: str | tuple[int, ...] | None = None  # completion: text or token ids
     max_tokens_param: str = "max_tokens"  # the field that set sampling.max_tokens (for errors)
+    response_format: dict | None = None  # chat: json_object / json_schema (None: text)
+    tools: tuple | None = None  # chat: OpenAI tool definitions, checked by tools.ToolPlan
+    tool_choice: Any = None
+    logprobs: int | None = None  # alternatives per token when log-probabilities are asked for (None: not asked)
 
 
 def parse_chat(body: Any) -> GenerationRequest:
     body = _object(body)
     _check_fields(body, CHAT_FIELDS)
-    for name in ("tools", "functions"):
-        if _given(body, name) and body[name] != []:
-            raise unsupported(name, "tool and function calling are not implemented")
-    if _given(body, "tool_choice") and body["tool_choice"] != "none":
-        raise unsupported("tool_choice", "tool calling is not implemented")
-    if _given(body, "function_call") and body["function_call"] != "none":
-        raise unsupported("function_call", "function calling is not implemented")
-    if _given(body, "top_logprobs"):
-        raise unsupported("top_logprobs", "log probabilities are not returned")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise unsupported("response_format", "only {'type': 'text'} (structured output is not implemented)")
+    if _given(body, "functions"):
+        raise unsupported("functions", "the deprecated functions field: use tools")
+    if _given(body, "function_call"):
+        raise unsupported("function_call", "the deprecated function_call field: use tool_choice")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request(f"tools must be a list of tool objects, got {_kind(tools)}", "tools", "invalid_type")
+    logprobs = _bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None:
+        top = _int(body, "top_logprobs", 0)
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top!r}", "top_logprobs")
+        if not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     max_tokens, param = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
     return GenerationRequest(CHAT, _model(body), _sampling(body, max_tokens), *_streaming(body),
-                             messages=_messages(body), max_tokens_param=param)
+                             messages=_messages(body), max_tokens_param=param, response_format=_response_format(body),
+                             tools=None if not tools else tuple(tools), tool_choice=body.get("tool_choice"),
+                             logprobs=(top or 0) if logprobs else None)
+
+
+def _response_format(body: dict) -> dict | None:
+    """None (text), or the json_object / json_schema format, its shape checked (the schema itself
+    is compiled by the handler)."""
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}, got"
+                          f" {_kind(fmt)}", "response_format")
+    extra = sorted(set(fmt) - {"type", "json_schema"})
+    if extra:
+        raise bad_request(f"response_format has unknown field {extra[0]!r}", f"response_format.{extra[0]}",
+                          "unknown_parameter")
+    if fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise bad_request("response_format.json_schema must be an object with a 'schema' object", "response_format.json_schema")
+    extra = sorted(set(spec) - {"name", "schema", "strict", "description"})
+    if extra:
+        raise bad_request(f"response_format.json_schema has unknown field {extra[0]!r}",
+                          f"response_format.json_schema.{extra[0]}", "unknown_parameter")
+    return {"type": "json_schema", "schema": spec["schema"], "strict": bool(spec.get("strict") or False)}
 
 
 def parse_completion(body: Any) -> GenerationRequest:
@@ -93,8 +139,13 @@ def parse_completion(body: Any) -> GenerationRequest:
     max_tokens, _ = _max_tokens(body, ("max_tokens",))
     if max_tokens is None:
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        logprobs = _int(body, "logprobs", 0)
+        if not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise bad_request(f"logprobs must be an integer in 0..{MAX_COMPLETION_LOGPROBS}, got {logprobs!r}", "logprobs")
     return GenerationRequest(COMPLETION, _model(body), _sampling(body, max_tokens), *_streaming(body),
-                             prompt=_prompt(body))
+                             prompt=_prompt(body), logprobs=logprobs)
 
 
 # --- fields --------------------------------------------------------------------------------
@@ -147,8 +198,6 @@ def _streaming(body: dict) -> tuple[bool, bool, bool]:
 def _sampling(body: dict, max_tokens: int | None) -> Sampling:
     if not _absent_or(body.get("n"), 1):
         raise unsupported("n", f"one choice per request (n must be 1, got {body['n']!r})")
-    if not _absent_or(body.get("logprobs"), False):
-        raise unsupported("logprobs", "log probabilities are not returned")
     for name in ("presence_penalty", "frequency_penalty"):
         if not _absent_or(body.get(name), 0, 0.0):
             raise unsupported(name, "penalties would change the target's distribution (only 0 is accepted)")
@@ -209,7 +258,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _messages(body: dict) -> tuple[dict[str, str], ...]:
+def _messages(body: dict) -> tuple[dict, ...]:
     messages = body.get("messages")
     if messages is None:
         raise bad_request("messages is required", "messages", "missing_required_parameter")
@@ -222,21 +271,52 @@ def _messages(body: dict) -> tuple[dict[str, str], ...]:
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise bad_request(f"{where} must be an object, got {_kind(message)}", where, "invalid_type")
-        for key in message:
-            if key in ("tool_calls", "function_call", "tool_call_id"):
-                raise unsupported(f"{where}.{key}", "tool and function calling are not implemented")
-            if key not in ("role", "content", "name"):
-                raise bad_request(f"unrecognized message field {key!r} (known: role, content, name)", f"{where}.{key}",
-                                  "unknown_parameter")
         role = message.get("role")
-        if role in ("tool", "function"):
-            raise unsupported(f"{where}.role", f"role {role!r}: tool and function calling are not implemented")
+        if role == "function":
+            raise unsupported(f"{where}.role", "the deprecated role 'function': use 'tool'")
         if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"{where}.role must be one of {', '.join(map(repr, ROLES))}, got {role!r}", f"{where}.role")
+        known = ("role", "content", "name") + MESSAGE_EXTRAS.get(role, ())
+        for key in message:
+            if key not in known:
+                raise bad_request(f"unrecognized message field {key!r} for role {role!r} (known: {', '.join(known)})",
+                                  f"{where}.{key}", "unknown_parameter")
         if "name" in message and not isinstance(message["name"], str):
             raise bad_request(f"{where}.name must be a string, got {_kind(message['name'])}", f"{where}.name", "invalid_type")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)})
+        entry: dict = {"role": "system" if role == "developer" else role}
+        calls = message.get("tool_calls")
+        if role == "assistant" and calls:
+            entry["tool_calls"] = _tool_calls(calls, where)
+            entry["content"] = _content(message["content"], where) if message.get("content") is not None else ""
+        else:
+            entry["content"] = _content(message.get("content"), where)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad_request(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id", "invalid_type")
+            entry["tool_call_id"] = call_id
+        out.append(entry)
     return tuple(out)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict]:
+    """An assistant turn's earlier tool calls: [{id, type: function, function: {name, arguments}}]."""
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be a list, got {_kind(calls)}", f"{where}.tool_calls", "invalid_type")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise bad_request(f"{at} must be {{'id', 'type': 'function', 'function': {{'name': str, 'arguments': str}}}}",
+                              at, "invalid_type")
+        try:
+            json.loads(fn["arguments"] or "{}")
+        except ValueError:
+            raise bad_request(f"{at}.function.arguments is not JSON", f"{at}.function.arguments") from None
+        out.append({"id": str(call.get("id", "")), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+    return out
 
 
 def _utf8(text: str, param: str) -> str:

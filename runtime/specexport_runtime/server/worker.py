@@ -48,6 +48,7 @@ class Started:
 class Round:
     tokens: list[int]
     text: str
+    logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked (sampling.token_logprobs)
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class Worker:
         except SpecExportError as exc:  # prompt and config checked by the handler already: a bug if this happens
             self._fail(job, ApiError(400, str(exc), param="prompt", code="invalid_value"), "invalid")
             return
+        delivered = 0  # tokens handed over: the offset of the next round's logprobs
         try:
             for tokens, text, reason in events:
                 now = time.monotonic()
@@ -218,7 +220,9 @@ class Worker:
                     ttft = now - job.arrived
                 job.round_times.append(now)
                 finish = reason or finish
-                gone = self._deliver(job, Round(tokens, text))
+                lp = events.logprobs[delivered : delivered + len(tokens)] if events.logprobs is not None else []
+                delivered += len(tokens)
+                gone = self._deliver(job, Round(tokens, text, lp))
                 if gone:
                     break
                 if reason is None:  # after the last round the iterator must run out, so the proposer learns
