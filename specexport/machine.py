@@ -1,5 +1,5 @@
-"""What machine a measurement ran on, for reports (closing notes compare ratios within a run and
-name the CPU: hosts differ about 2x)."""
+"""What machine a measurement ran on, for reports: compare ratios within a run and name the CPU,
+since hosts of one kind differ in speed (docs/performance.md, "How to read these figures")."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ cannot hold, which is exact in float32 arithmetic:
 
     sum_k x_k offset[n, b(k)] = blocksum(x) @ offset^T     blocksum(x): [1, S, nb]
 
-(MatMulNBits with float zero points would hold it too, but runs ~20x slower on the CPU
-provider: docs/performance.md). With act-order (GPTQ g_idx) the inputs are gathered into
+(MatMulNBits with float zero points would hold it too, but runs far slower on the CPU
+provider: docs/performance.md, "Quantized targets"). With act-order (GPTQ g_idx) the inputs are gathered into
 block order first. Embeddings use GatherBlockQuantized.
 
 Scales and offsets are stored in the graph's float dtype (MatMulNBits needs A's): exact for

@@ -25,8 +25,8 @@ gamma until one speculative round has been timed. After that it returns the gamm
 best expected speedup, or 0 (speculation off) when that is below 1; more exactly, the longest
 gamma whose expected speedup is within gamma_tolerance of the best. Near its top the curve is flat
 and its inputs are noisy EMAs, and what the model leaves out (per-round host work, the draft's
-catch-up call) favours fewer, longer rounds; a tolerance of 0.03 measured best on the
-development CPU (docs/performance.md, the adaptive gamma table). Switching back on needs
+catch-up call) favours fewer, longer rounds; the default tolerance, 0.03, is what measured best
+(docs/performance.md, "Adaptive gamma and draft length"). Switching back on needs
 1 + hysteresis, so a borderline pair does not flap. While off, every `interval` decode steps
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each

@@ -47,8 +47,7 @@ class SessionConfig:
 
     shared_pool (CPU): target and draft run one after the other, so they share the process-wide
     ONNX Runtime thread pool instead of two pools whose spinning threads fight for the cores
-    (measured on 2 cores: a 4-draft + 1-verify round 90 ms shared vs 104 ms with spinning off
-    and 125 ms with spinning on in two pools, docs/performance.md). The pool is process-wide
+    (docs/performance.md, "Where the time goes": thread pools). The pool is process-wide
     and ONNX Runtime cannot mix it with per-session pools: once created (by the first CPU
     session with shared_pool), every later CPU session of the process joins it, whatever its
     own threads/spinning say, and a plain onnxruntime.InferenceSession made elsewhere in the

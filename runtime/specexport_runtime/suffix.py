@@ -96,8 +96,8 @@ class SourceCalibration:
 class LimitTuner:
     """Which draft limit pays on this target. SuffixDecoding's limit min(max_spec, factor x match)
     was set for GPUs, where a verify call costs about the same for 2 rows or 30; on a CPU each row
-    costs a share of a decode step that depends on the target (README: 0.06 of a step for the
-    fp32 135M model, 0.26 for its int4 build), and so does the best limit. The configured limit is
+    costs a share of a decode step that depends on the target (docs/performance.md, "Quantized
+    targets"), and so does the best limit (docs/proposers.md, "Suffix draft length"). The configured limit is
     scaled by one of the config's limit_scales, chosen from paired what-ifs:
 
     - a probe round drafts at the largest scale (the first WARMUP rounds, then every

@@ -1,6 +1,6 @@
 """Native TensorRT backend: a contract graph's engine with its KV cache in device memory.
 
-NOT RUN IN THIS PROJECT'S CI OR SESSIONS SO FAR: no GPU was available (docs/gpu.md). The pure
+NOT RUN ON A GPU YET: no GPU has been available to this project (docs/gpu.md). The pure
 Python parts (profile choice, address arithmetic, engine-record checks, chunking) are unit
 tested; the TensorRT / CUDA calls follow the TensorRT 10 and cuda-python APIs and have not
 been executed.

@@ -2,7 +2,7 @@
 
     python -m specexport_runtime.trt_build ARTIFACT [--fp16] [--max-prompt N] [--max-gamma N]
 
-NOT RUN IN THIS PROJECT'S CI OR SESSIONS SO FAR: no GPU was available (docs/gpu.md). The pure
+NOT RUN ON A GPU YET: no GPU has been available to this project (docs/gpu.md). The pure
 Python parts (profiles, engine records, compatibility checks) are unit tested; the TensorRT calls
 follow the TensorRT 10 Python API (IBuilder / IOnnxParser / IBuilderConfig / optimization
 profiles / timing cache / IProgressMonitor) and have not been executed.
