@@ -12,8 +12,9 @@ and `.constants` without starting ONNX Runtime.
 from __future__ import annotations
 
 _API = ("load", "SpecGenerator", "GeneratorConfig", "GenerationResult")
+_STRUCTURED = ("Grammar",)  # structured.py: constrained decoding (the `structured` extra for llguidance)
 
-__all__ = list(_API)
+__all__ = list(_API + _STRUCTURED)
 
 
 def __getattr__(name: str):
@@ -21,4 +22,8 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in _STRUCTURED:
+        from . import structured
+
+        return getattr(structured, name)
     raise AttributeError(f"module 'specexport_runtime' has no attribute {name!r}")

@@ -178,7 +178,7 @@ class Matcher:
         else:
             fill_next_token_bitmask(self.inner, bits)
         allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.engine.vocab_rows]
-        return allowed.astype(bool)
+        return allowed.view(bool)  # 0/1 bytes read as bools, no copy
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens were emitted (accepted drafts and the target's own); they must be allowed.

@@ -94,3 +94,19 @@ def test_row_invariance_of_a_tiny_target(tiny_artifacts, tmp_path):
                "--limit", "1", "--past", "20", "--repeats", "1", "--json", str(out))
     (row,) = read(out)["rows"]
     assert row["config"] == "fp32" and row["padded calls"]["bitwise"] and set(row["ms"]) >= {"unpadded", "verify9"}
+
+
+def test_constraint_cost_times_the_grammar_apart(tiny_artifacts, tmp_path):
+    pytest.importorskip("llguidance")
+    prompts = tmp_path / "schema.jsonl"
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    prompts.write_text(json.dumps({"id": "s1", "messages": [{"role": "user", "content": "a number"}],
+                                   "max_new_tokens": 12, "schema": schema}) + "\n")
+    out = tmp_path / "constraint.json"
+    run_script("constraint_cost", str(tiny_artifacts["ngram"]), "--prompts", str(prompts), "--threads", "1",
+               "--json", str(out))
+    result = read(out)["result"]
+    assert result["tokens"] > 0 and result["grammar_ms_per_token"] > 0
+    parts = sum(result[f"{k}_ms_per_token"] for k in ("masks", "apply", "commit"))
+    assert parts == pytest.approx(result["grammar_ms_per_token"], abs=1e-3)
+    assert 0 < result["grammar_share_of_step"] < 1
