@@ -57,12 +57,12 @@ from .bench_stats import (
     theoretical_speedup,
     tps,
 )
-from .prompts import Prompt, load_prompts
+from .harness import encode_prompt, load_prompt_set
+from .prompts import Prompt
 
 # public names of the bench API kept here (the report, its errors and plots live in bench_report
 # and bench_plots; the statistics in bench_stats)
-__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "build_report", "prompt_ids", "resolve_prompts",
-           "run_bench", "run_one", "target_exactness", "write_plots"]
+__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "build_report", "run_bench", "run_one", "target_exactness", "write_plots"]
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in total, label of the run just done)
 WARMUP_TOKENS = 8
@@ -105,10 +105,6 @@ def _calls_delta(model, before: dict[int, tuple[int, float]], prefill_len: int |
 
 
 # --------------------------------------------------------------------------- one run
-
-
-def prompt_ids(gen, prompt: Prompt) -> list[int]:
-    return gen.codec.encode_chat(prompt.chat()) if prompt.is_chat else gen.codec.encode(prompt.text)
 
 
 def run_one(gen, prompt: Prompt, config: GeneratorConfig, *, repeat: int = 0, ids: list[int] | None = None,
@@ -169,28 +165,6 @@ def target_exactness(entry) -> dict:
             "rows": dict(rows) if rows else None}
 
 
-def resolve_prompts(specs: Sequence[str | os.PathLike] | str, limit: int | None = None) -> list[Prompt]:
-    """Load prompt sets (domain names, 'all' or JSONL paths); keep the first `limit` per domain."""
-    if isinstance(specs, (str, os.PathLike)):
-        specs = [specs]
-    prompts: list[Prompt] = []
-    seen = set()
-    for spec in specs:
-        for p in load_prompts(spec):
-            if p.id not in seen:
-                seen.add(p.id)
-                prompts.append(p)
-    if limit is not None:
-        counts: dict[str, int] = {}
-        kept = []
-        for p in prompts:
-            if counts.get(p.domain, 0) < limit:
-                counts[p.domain] = counts.get(p.domain, 0) + 1
-                kept.append(p)
-        prompts = kept
-    return prompts
-
-
 def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
               gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
@@ -209,7 +183,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     from specexport_runtime.api import load
 
     if isinstance(prompts, (str, os.PathLike)):
-        prompts = resolve_prompts(prompts)
+        prompts = load_prompt_set(prompts)
     prompts = list(prompts)
     if not prompts:
         raise BenchError("no prompts to benchmark")
@@ -238,7 +212,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     for spec in (False, True):
         run_one(gen, warm, base.replace(speculative=spec, gamma=None, max_new_tokens=WARMUP_TOKENS, seed=seed))
 
-    ids_of = {p.id: prompt_ids(gen, p) for p in prompts}
+    ids_of = {p.id: encode_prompt(gen.codec, p) for p in prompts}
     configs: list[tuple[bool, int | None]] = [(False, None)] + [(True, g) for g in gammas]
     total, done = len(prompts) * repeats * len(configs), 0
     runs: list[RunRecord] = []

@@ -45,8 +45,9 @@ from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
 from . import machine
-from .bench import prompt_ids, run_one
+from .bench import run_one
 from .bench_stats import conditional_acceptance, verify_cost
+from .harness import encode_prompt
 from .prompts import DOMAINS, Prompt, load_prompts
 
 CALIBRATION_VERSION = 1
@@ -244,7 +245,7 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     if _costs_complete(costs, proposers):
         cost_table = _merge_costs(None, costs)
     else:
-        measured = measure_costs(gen, prompt_ids(gen, first), measure_g + 1)
+        measured = measure_costs(gen, encode_prompt(gen.codec, first), measure_g + 1)
         for prop, (seconds, tokens) in in_loop.items():  # lookup: seconds per drafted token; eagle: head calls
             measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0  # (catch-up included) per token
         cost_table = _merge_costs(measured, costs)
