@@ -123,17 +123,11 @@ def run_one(gen, prompt: Prompt, config: GeneratorConfig, *, repeat: int = 0, id
     return RunRecord(
         prompt_id=prompt.id, domain=prompt.domain, mode="on" if config.speculating else "off",
         gamma=config.gamma if config.speculating else None, repeat=repeat, seed=config.seed,
-        prompt_tokens=st.prompt_tokens,
-        new_tokens=st.new_tokens, finish_reason=result.finish_reason, total_seconds=st.total_seconds,
-        prefill_seconds=st.prefill_seconds, draft_seconds=st.draft_seconds, target_seconds=st.target_seconds,
-        rounds=st.rounds, plain_steps=st.plain_steps, drafted=st.drafted, accepted=st.accepted,
-        corrections=st.corrections, bonus=st.bonus, drafted_at=list(st.drafted_at), accepted_at=list(st.accepted_at),
-        round_sizes=list(st.round_sizes), token_ids=list(result.token_ids), token_times=list(st.token_times),
+        finish_reason=result.finish_reason, token_ids=list(result.token_ids),
+        prompt_ids=list(ids) if ids is not None else [], stats=st,
         target_calls=_calls_delta(gen.target, t_before, st.prompt_tokens, st.prefill_seconds),
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},
-        prompt_ids=list(ids) if ids is not None else [],
-        lookup_rounds=st.lookup_rounds, by_source={k: list(v) for k, v in st.by_source.items()},
     )
 
 

@@ -163,6 +163,22 @@ def test_report_outputs(self_report):
 
     assert data["meta"]["machine"]["cpu"] == cpu_model() and f"machine     {cpu_model()}," in text  # closing notes name the CPU
     assert "| on[3] |" in self_report.to_markdown()
+    assert list(data["runs"][0]) == [
+        "prompt_id", "domain", "mode", "gamma", "repeat", "seed", "prompt_tokens", "new_tokens", "finish_reason",
+        "total_seconds", "prefill_seconds", "draft_seconds", "target_seconds", "tokens_per_second", "rounds",
+        "plain_steps", "drafted", "accepted", "corrections", "bonus", "lookup_rounds", "by_source"]
+
+
+def test_run_records_wrap_the_generation_stats(self_report):
+    """A RunRecord keeps its generation's GenerationStats and reads the counters from it."""
+    from specexport_runtime.generator import GenerationStats
+
+    for r in self_report.runs:
+        assert isinstance(r.stats, GenerationStats)
+        assert (r.new_tokens, r.drafted, r.round_sizes) == (r.stats.new_tokens, r.stats.drafted, r.stats.round_sizes)
+        assert r.summary()["tokens_per_second"] == r.stats.tokens_per_second
+    with pytest.raises(AttributeError):
+        self_report.runs[0].new_tokens = 0  # a view of the stats, not a copy to edit
 
 
 def test_sampling_quality(tiny_artifacts):
