@@ -1,10 +1,11 @@
 """`specexport bench`: speculation off versus on, over prompt sets, with honest statistics.
 
-run_bench() loads an artifact once, warms it up, then for every prompt and repeat runs the
-target alone (speculation off) and with speculation on (each requested gamma; None =
-adaptive), alternating the order (off-on, then on-off) so slow drift of the machine (thermal,
-other load) does not favour one side. It returns a BenchReport; see docs/benchmarking.md for
-what every figure means. In short:
+run_bench() loads an artifact once and measures on the harness (specexport.harness): every
+configuration warms up on a prompt outside the measured set, then for every prompt and repeat
+runs the target alone (speculation off) and with speculation on (each requested gamma; None =
+adaptive) with the suffix store of earlier answers emptied first, the order rotated by one each
+round so slow drift of the machine (thermal, other load) does not favour one side. It returns a
+BenchReport; see docs/benchmarking.md for what every figure means. In short:
 
 tokens/s         decode tokens per decode second: (new tokens - 1) / (total - prefill), the
                  prefill and the first token being identical off and on. Aggregates are
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,7 +45,7 @@ from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
-from . import machine
+from . import harness, machine
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
 from .bench_stats import (
@@ -57,7 +59,8 @@ from .bench_stats import (
     theoretical_speedup,
     tps,
 )
-from .harness import encode_prompt, load_prompt_set
+from .harness import Case, Method, load_prompt_set, make_cases, warmup_case
+from .harness_workers import SPECEXPORT_MEMORY
 from .prompts import Prompt
 
 # public names of the bench API kept here (the report, its errors and plots live in bench_report
@@ -107,24 +110,24 @@ def _calls_delta(model, before: dict[int, tuple[int, float]], prefill_len: int |
 # --------------------------------------------------------------------------- one run
 
 
-def run_one(gen, prompt: Prompt, config: GeneratorConfig, *, repeat: int = 0, ids: list[int] | None = None,
-            forget: bool = True) -> RunRecord:
-    """One generation through the public API (gen.chat for chat prompts, gen.generate for
-    text) with `config` (speculation off, or on with its proposer and gamma; the prompt's domain
-    is added when on), with the per-round log and the ONNX Runtime call timings of this run."""
+def run_one(gen, case: Case, config: GeneratorConfig, *, forget: bool = True) -> RunRecord:
+    """One generation from the case's token ids (chat prompts through the artifact's chat
+    template) with `config` (speculation off, or on with its proposer and gamma; the case's domain
+    is added when on), with the per-round log and the ONNX Runtime call timings of this run.
+    forget: empty the suffix store of earlier answers first (a harness method's reset does it
+    instead)."""
     if config.speculating:
-        config = config.replace(domain=prompt.domain)
+        config = config.replace(domain=case.domain)
     t_before, d_before = _calls_snapshot(gen.target), _calls_snapshot(gen.draft)
     if forget:  # runs are independent: no earlier answer (a repeat!) to copy
         gen.forget_history()
-    result = gen.chat(prompt.chat(), config=config) if prompt.is_chat else gen.generate(prompt.text, config)
+    result = gen.generate(list(case.ids), config)
     st = result.stats
     used_draft_model = config.speculating and registry.get(config.proposer).uses_draft
     return RunRecord(
-        prompt_id=prompt.id, domain=prompt.domain, mode="on" if config.speculating else "off",
-        gamma=config.gamma if config.speculating else None, repeat=repeat, seed=config.seed,
-        finish_reason=result.finish_reason, token_ids=list(result.token_ids),
-        prompt_ids=list(ids) if ids is not None else [], stats=st,
+        prompt_id=case.id, domain=case.domain, mode="on" if config.speculating else "off",
+        gamma=config.gamma if config.speculating else None, repeat=case.repeat, seed=config.seed,
+        finish_reason=result.finish_reason, token_ids=list(result.token_ids), prompt_ids=list(case.ids), stats=st,
         target_calls=_calls_delta(gen.target, t_before, st.prompt_tokens, st.prefill_seconds),
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},
@@ -159,29 +162,10 @@ def target_exactness(entry) -> dict:
             "rows": dict(rows) if rows else None}
 
 
-def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
-              gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-              seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
-              shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
-              suffix: SuffixConfig | None = None) -> BenchReport:
-    """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
-    already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.
-
-    sequential: each domain's prompts run in order as one session per repeat and configuration:
-    the suffix proposer's store of earlier answers is kept from prompt to prompt (one store per
-    configuration, so a run never sees another configuration's answer to the same prompt), which
-    shows learning across requests; by_domain then reports the first and last third's speedup.
-    Otherwise every run starts with an empty store. hybrid_retrieval, suffix: the hybrid and
-    suffix proposers' settings (GeneratorConfig); None keeps the generator's."""
-    from specexport_runtime.api import load
-
-    if isinstance(prompts, (str, os.PathLike)):
-        prompts = load_prompt_set(prompts)
-    prompts = list(prompts)
+def _check_arguments(prompts, gammas: list, repeats: int, max_new_tokens: int | None,
+                     hybrid_retrieval: str | None) -> None:
     if not prompts:
         raise BenchError("no prompts to benchmark")
-    gammas = list(gammas) or [None]
     for g in gammas:
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA):
             raise BenchError(f"gamma must be an integer in {MIN_GAMMA}..{MAX_GAMMA} or None (adaptive), got {g!r}")
@@ -193,50 +177,119 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if hybrid_retrieval is not None and hybrid_retrieval not in HYBRID_RETRIEVALS:
         raise BenchError(f"hybrid_retrieval must be {' or '.join(HYBRID_RETRIEVALS)}, got {hybrid_retrieval!r}")
+
+
+def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], cases: Sequence[Case],
+                  seed: int) -> list[Method]:
+    """One harness Method per configuration: 'off', then on with each gamma (named by its
+    label). run(case) is run_one with the case's limit and, when sampling, the seed
+    seed + 1000 i + repeat (i: the case's index; the warm-up gets `seed`); reset empties the
+    suffix store of earlier answers."""
+    index = {c.id: i for i, c in enumerate(cases)}
+
+    def method(speculative: bool, gamma: int | None) -> Method:
+        def run(case: Case) -> dict:
+            i = index.get(case.id)
+            run_seed = seed if i is None else None if base.temperature == 0 else seed + 1000 * i + case.repeat
+            config = base.replace(speculative=speculative, gamma=gamma, max_new_tokens=case.max_new_tokens,
+                                  seed=run_seed)
+            record = run_one(gen, case, config, forget=False)
+            return {"tokens": record.token_ids, "record": record}
+
+        name = gamma_label(gamma) if speculative else "off"
+        return Method(name, run, reset=gen.forget_history, memory=SPECEXPORT_MEMORY, info={"mode": name})
+
+    return [method(False, None)] + [method(True, g) for g in gammas]
+
+
+def _measure(methods: list[Method], cases: list[Case], warm: Case, repeats: int,
+             progress: Progress | None) -> list[RunRecord]:
+    """harness.run_interleaved: warm-up on `warm`, the store emptied before every generation,
+    methods rotated round by round; the records in the order they ran."""
+    runs: list[RunRecord] = []
+    total = len(cases) * repeats * len(methods)
+
+    def record(sample) -> None:
+        runs.append(sample.result["record"])
+        if progress is not None:
+            progress(len(runs), total, f"{sample.case} {sample.method}")
+
+    harness.run_interleaved(methods, cases, warm, repeats=repeats, progress=record)
+    return runs
+
+
+def _measure_sequential(gen, methods: list[Method], cases: list[Case], warm: Case, repeats: int,
+                        progress: Progress | None) -> list[RunRecord]:
+    """Each domain's cases in order as one session per repeat and method, with the store of
+    earlier answers kept from case to case (one store per method and session, so a run never sees
+    another method's answer to the same prompt). Not run_interleaved, which empties the store
+    before every generation; warm-up and the rotated order are the same as there."""
+    for m in methods:
+        m.reset()
+        m.run(warm)
+    history = gen.learned("suffix")  # the suffix proposer's store of earlier answers (also hybrid's)
+    index = {c.id: i for i, c in enumerate(cases)}
+    runs: list[RunRecord] = []
+    total = len(cases) * repeats * len(methods)
+    for r in range(repeats):
+        for domain in dict.fromkeys(c.domain for c in cases):
+            stores = {m.name: SuffixStore(history.store.max_tokens) for m in methods}
+            for case in (c for c in cases if c.domain == domain):
+                for m in harness.rotated(methods, index[case.id] * repeats + r):
+                    history.store = stores[m.name]
+                    runs.append(m.run(replace(case, repeat=r))["record"])
+                    if progress is not None:
+                        progress(len(runs), total, f"{case.id} {m.name}")
+    gen.forget_history()
+    return runs
+
+
+def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
+              gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+              seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
+              shared_pool: bool = False,
+              progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
+              suffix: SuffixConfig | None = None) -> BenchReport:
+    """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
+    already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec
+    (harness.load_prompt_set).
+
+    The run is harness.run_interleaved over bench_methods: every configuration first generates
+    from harness.warmup_case (a prompt outside the measured set), the suffix store of earlier
+    answers is emptied before every generation, and each round (one prompt, one repeat) runs the
+    configurations in an order rotated by one from the round before.
+
+    sequential: bench's own loop instead. Each domain's prompts run in order as one session per
+    repeat and configuration, and the suffix proposer's store of earlier answers is deliberately
+    kept from prompt to prompt (one store per configuration, so a run never sees another
+    configuration's answer to the same prompt), which shows learning across requests; by_domain
+    then reports the first and last third's speedup. hybrid_retrieval, suffix: the hybrid and
+    suffix proposers' settings (GeneratorConfig); None keeps the generator's."""
+    from specexport_runtime.api import load
+
+    if isinstance(prompts, (str, os.PathLike)):
+        prompts = load_prompt_set(prompts)
+    prompts, gammas = list(prompts), list(gammas) or [None]
+    _check_arguments(prompts, gammas, repeats, max_new_tokens, hybrid_retrieval)
     gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
     proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
     if not registry.get(proposer).speculative:
         raise InvalidArgument(f"proposer must be one of {', '.join(registry.speculative_names())}, got {proposer!r}")
     settings = {k: v for k, v in (("hybrid_retrieval", hybrid_retrieval), ("suffix", suffix)) if v is not None}
     base = gen.configure(proposer=proposer, temperature=temperature, top_p=top_p, top_k=top_k, **settings)
-    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
 
-    # warm-up: one short run each way (first-call allocations, ORT arena growth)
-    warm = prompts[0]
-    for spec in (False, True):
-        run_one(gen, warm, base.replace(speculative=spec, gamma=None, max_new_tokens=WARMUP_TOKENS, seed=seed))
-
-    ids_of = {p.id: encode_prompt(gen.codec, p) for p in prompts}
-    configs: list[tuple[bool, int | None]] = [(False, None)] + [(True, g) for g in gammas]
-    total, done = len(prompts) * repeats * len(configs), 0
-    runs: list[RunRecord] = []
-    index = {p.id: i for i, p in enumerate(prompts)}
-    if sequential:  # repeat -> domain -> prompts in order (one store per domain pass and configuration)
-        passes = [(r, [p for p in prompts if p.domain == d]) for r in range(repeats)
-                  for d in dict.fromkeys(p.domain for p in prompts)]
-    else:  # prompt -> repeats
-        passes = [(r, [p]) for p in prompts for r in range(repeats)]
-    history = gen.learned("suffix")  # the suffix proposer's store of earlier answers (also hybrid's)
-    for r, sequence in passes:
-        stores = {g: SuffixStore(history.store.max_tokens) for _, g in configs} if sequential else {}
-        for p in sequence:
-            i = index[p.id]
-            n_new = max_new_tokens or p.max_new_tokens
-            order = configs if (i * repeats + r) % 2 == 0 else configs[::-1]
-            run_seed = None if temperature == 0 else seed + 1000 * i + r
-            for spec, g in order:
-                if sequential:
-                    history.store = stores[g]
-                config = base.replace(speculative=spec, gamma=g if spec else None, max_new_tokens=n_new, seed=run_seed)
-                rec = run_one(gen, p, config, repeat=r, ids=ids_of[p.id], forget=not sequential)
-                runs.append(rec)
-                done += 1
-                if progress is not None:
-                    progress(done, total, f"{p.id} {rec.label}")
+    cases = make_cases(gen.codec, prompts, per_prompt_limit=True)
+    if max_new_tokens is not None:
+        cases = [replace(c, max_new_tokens=max_new_tokens) for c in cases]
+    warm = warmup_case(gen.codec, WARMUP_TOKENS)  # first-call allocations, ORT arena growth
+    methods = bench_methods(gen, base, gammas, cases, seed)
     if sequential:
-        gen.forget_history()
+        runs = _measure_sequential(gen, methods, cases, warm, repeats, progress)
+    else:
+        runs = _measure(methods, cases, warm, repeats, progress)
     return build_report(gen, runs, prompts, base, gammas=gammas, seed=seed, repeats=repeats,
-                        max_new_tokens=max_new_tokens, threads=threads, sequential=sequential, **sampling)
+                        max_new_tokens=max_new_tokens, threads=threads, sequential=sequential,
+                        temperature=temperature, top_p=top_p, top_k=top_k)
 
 
 def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,

@@ -47,7 +47,7 @@ from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_m
 from . import machine
 from .bench import run_one
 from .bench_stats import conditional_acceptance, verify_cost
-from .harness import encode_prompt
+from .harness import make_cases
 from .prompts import DOMAINS, Prompt, load_prompts
 
 CALIBRATION_VERSION = 1
@@ -223,29 +223,30 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     measure_g = max(gammas)
     total = sum(len(v) for v in by_domain.values()) * len(proposers)
     done = 0
-    first = next(iter(by_domain.values()))[0]
+    cases = {d: make_cases(gen.codec, plist, per_prompt_limit=True) for d, plist in by_domain.items()}
+    first = next(iter(cases.values()))[0]
     greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None)
     run_one(gen, first, greedy.replace(proposer=proposers[0], max_new_tokens=8))  # warm-up
     rounds: dict[str, dict[str, list[tuple[int, int]]]] = {}
     # proposers whose draft step is timed in the loop: seconds, drafted tokens
     in_loop = {name: [0.0, 0] for name in proposers if registry.get(name).calibrate == registry.LOOP}
-    for d, plist in by_domain.items():
+    for d, dcases in cases.items():
         for prop in proposers:
-            for p in plist:
-                config = greedy.replace(proposer=prop, max_new_tokens=min(p.max_new_tokens, max_new_tokens))
-                rec = run_one(gen, p, config)
+            for case in dcases:
+                config = greedy.replace(proposer=prop, max_new_tokens=min(case.max_new_tokens, max_new_tokens))
+                rec = run_one(gen, case, config)
                 rounds.setdefault(d, {}).setdefault(prop, []).extend(rec.round_sizes + [(0, 0)] * rec.plain_steps)
                 if prop in in_loop:
                     in_loop[prop][0] += rec.draft_seconds
                     in_loop[prop][1] += rec.drafted
                 done += 1
                 if progress is not None:
-                    progress(done, total, f"{d} {prop} {p.id}")
+                    progress(done, total, f"{d} {prop} {case.id}")
 
     if _costs_complete(costs, proposers):
         cost_table = _merge_costs(None, costs)
     else:
-        measured = measure_costs(gen, encode_prompt(gen.codec, first), measure_g + 1)
+        measured = measure_costs(gen, first.ids, measure_g + 1)
         for prop, (seconds, tokens) in in_loop.items():  # lookup: seconds per drafted token; eagle: head calls
             measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0  # (catch-up included) per token
         cost_table = _merge_costs(measured, costs)

@@ -80,9 +80,43 @@ def _copy(artifact: Path, tmp_path: Path) -> Path:
 def test_run_counts_and_order(self_report):
     runs = self_report.runs
     assert len(runs) == len(PROMPTS) * 2 * 3  # prompts x repeats x (off + 2 gammas)
-    first = [r.label for r in runs[:3]]
-    second = [r.label for r in runs[3:6]]
-    assert first == ["off", "adaptive", "3"] and second == ["3", "adaptive", "off"]  # order alternates
+    rounds = [[r.label for r in runs[i : i + 3]] for i in range(0, len(runs), 3)]
+    # prompts outer, repeats inner; every configuration once per round, rotated by one each round
+    assert [(r.prompt_id, r.repeat) for r in runs[::3]] == [(p.id, rep) for p in PROMPTS for rep in (0, 1)]
+    assert all({(r.prompt_id, r.repeat) for r in runs[i : i + 3]} == {(runs[i].prompt_id, runs[i].repeat)}
+               for i in range(0, len(runs), 3))
+    assert rounds[:4] == [["off", "adaptive", "3"], ["adaptive", "3", "off"], ["3", "off", "adaptive"],
+                          ["off", "adaptive", "3"]]
+
+
+def test_warm_up_is_outside_the_set_and_every_run_starts_with_an_empty_store(tiny_artifacts):
+    """Every generation of a bench run, as the generator sees it: the first ones (one per
+    configuration) are the harness's warm-up prompt, no measured prompt; the suffix store of
+    earlier answers is empty before each, although generations fill it (with repeats, a kept
+    store would hand a prompt its own earlier answer)."""
+    from specexport.harness import warmup_case
+
+    gen = load(tiny_artifacts["ngram"])
+    store = gen.learned("suffix")
+    calls = []
+    generate = gen.generate
+
+    def observed(prompt, config=None, **overrides):
+        before = len(store.store.responses)
+        result = generate(prompt, config, **overrides)
+        calls.append((tuple(prompt), before, len(store.store.responses)))
+        return result
+
+    gen.generate = observed
+    copy = Prompt(id="t-rep", domain="copy_edit", messages=None, text="40 41 42 43 44 " * 4, max_new_tokens=NEW)
+    report = run_bench(gen, [copy, PROMPTS[1]], proposer="suffix", gammas=[None, 3], repeats=2)
+    warm = warmup_case(gen.codec).ids
+    measured = {tuple(r.prompt_ids) for r in report.runs}
+    assert len(measured) == 2 and warm not in measured
+    assert [ids for ids, _, _ in calls[:3]] == [warm] * 3  # off, adaptive, 3
+    assert [ids for ids, _, _ in calls[3:]] == [tuple(r.prompt_ids) for r in report.runs]
+    assert all(before == 0 for _, before, _ in calls), [c[1] for c in calls]
+    assert any(after > 0 for _, _, after in calls[3:])  # the store does fill: the check above can fail
 
 
 def test_counting_invariants(self_report):
