@@ -32,7 +32,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -329,6 +329,20 @@ def median_seconds(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(out)
 
 
+def interleaved_seconds(calls: Mapping[Hashable, Callable[[], Any]], rounds: int) -> dict[Hashable, float]:
+    """Median wall seconds of each of `calls`: one untimed warm-up round, then `rounds` rounds
+    that call each once, in an order rotated by one from the round before (machine drift spreads
+    over all of them instead of landing on whichever ran first)."""
+    keys = list(calls)
+    for key in keys:
+        calls[key]()
+    times: dict[Hashable, list[float]] = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in rotated(keys, r):
+            times[key].append(median_seconds(calls[key], 1))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -462,6 +476,6 @@ def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
 
 __all__ = ["BOOTSTRAP_SAMPLES", "Case", "HarnessError", "Method", "Run", "SETTLE_SECONDS", "Sample", "WARMUP_ID",
            "WARMUP_MESSAGES", "add_run_options", "bootstrap_ci", "check_run_options", "cli", "encode_prompt",
-           "header", "load_prompt_set", "make_cases", "median_seconds", "parse_args", "percentiles", "preamble",
-           "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule", "script_parser", "until_eos",
-           "wall_tok_s", "warmup_case", "write_json"]
+           "header", "interleaved_seconds", "load_prompt_set", "make_cases", "median_seconds", "parse_args",
+           "percentiles", "preamble", "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule",
+           "script_parser", "until_eos", "wall_tok_s", "warmup_case", "write_json"]

@@ -374,6 +374,31 @@ def test_calibrate_self_picks_largest_gamma(tiny_artifacts, tmp_path):
     assert load(art).calibration == json.loads((art / CALIBRATION_NAME).read_text())
 
 
+def test_calibrate_warms_up_outside_the_calibrated_prompts(tiny_artifacts, monkeypatch):
+    """The first generation is the harness's warm-up prompt, in no calibrated domain; the rest are
+    the calibrated prompts; the profile names this machine."""
+    from specexport import calibrate as calibrate_module
+    from specexport.harness import WARMUP_ID, warmup_case
+    from specexport.machine import cpu_model
+
+    seen = []
+    run_one = calibrate_module.run_one
+
+    def observed(gen, case, config, **kw):
+        seen.append(case)
+        return run_one(gen, case, config, **kw)
+
+    monkeypatch.setattr(calibrate_module, "run_one", observed)
+    doc = calibrate(tiny_artifacts["self"], domains=("code", "chat"), proposers=["draft"], prompts=PROMPTS,
+                    max_new_tokens=NEW, device_name="devW", costs=CHEAP_DRAFT, write=False)
+    warm, measured = seen[0], seen[1:]
+    assert warm.id == WARMUP_ID and warm.ids == warmup_case(load(tiny_artifacts["self"]).codec).ids
+    assert [c.id for c in measured] == ["t-code-1", "t-code-2", "t-chat-1"]
+    assert warm.ids not in {c.ids for c in measured}
+    device = doc["profiles"]["devW"]["device"]
+    assert set(device) == {"platform", "cpu", "cpu_count", "machine", "threads"} and device["cpu"] == cpu_model()
+
+
 def test_calibrate_disagreeing_draft_picks_zero(far_artifact, tmp_path):
     art = _copy(far_artifact, tmp_path)
     doc = calibrate(art, domains=("code", "chat", "copy_edit"), proposers=["draft"], prompts=PROMPTS,

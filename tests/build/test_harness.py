@@ -167,6 +167,13 @@ def test_statistics_helpers():
     assert bench_stats.ratio_ci is harness.ratio_ci and bench_stats.bootstrap_ci is harness.bootstrap_ci
 
 
+def test_interleaved_seconds_warms_up_then_rotates():
+    order = []
+    seconds = harness.interleaved_seconds({k: (lambda k=k: order.append(k)) for k in "abc"}, 3)
+    assert "".join(order) == "abc" + "abc" + "bca" + "cab"  # an untimed round, then rotated rounds
+    assert set(seconds) == set("abc") and all(v >= 0 for v in seconds.values())
+
+
 def test_metadata_names_the_machine_and_the_command(tmp_path):
     meta = harness.run_metadata(["benchmarks/x.py", "A B", "--json", "o.json"], limit=3, path=tmp_path)
     assert meta["command"] == "python benchmarks/x.py 'A B' --json o.json"
