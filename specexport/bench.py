@@ -33,10 +33,11 @@ draft overhead   time: draft seconds / total seconds of the on runs. Memory: a s
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from specexport_runtime import registry
@@ -45,7 +46,7 @@ from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
-from . import harness, machine
+from . import harness
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
 from .bench_stats import (
@@ -292,30 +293,79 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
                         temperature=temperature, top_p=top_p, top_k=top_k)
 
 
-def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,
-                 seed: int, repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
-                 sequential: bool = False) -> BenchReport:
-    man, proposer, suffix = gen.manifest, config.proposer, config.suffix
-    off = [r for r in runs if r.mode == "off"]
-    domains: dict[str, int] = {}
-    for p in prompts:
-        domains[p.domain] = domains.get(p.domain, 0) + 1
-    target_bytes = _graph_bytes(gen.root, man, man.target)
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """What every configuration's figures are computed against: the off runs, the prompts, ..."""
+
+    gen: Any
+    prompts: Sequence[Prompt]
+    off: list[RunRecord]
+    proposer: str
+    greedy: bool
+    seed: int
+    sequential: bool
+    quality_off: dict | None
+
+
+@dataclass(frozen=True)
+class _Paired:
+    """One configuration's on runs and the off runs, each by prompt id."""
+
+    on: dict[str, list[RunRecord]]
+    off: dict[str, list[RunRecord]]
+
+    @classmethod
+    def of(cls, on: list[RunRecord], off: list[RunRecord], prompts: Sequence[Prompt]) -> _Paired:
+        return cls(*({p.id: [r for r in runs if r.prompt_id == p.id] for p in prompts} for runs in (on, off)))
+
+    def runs(self, ids: Sequence[str]) -> tuple[list[RunRecord], list[RunRecord]]:
+        return [r for i in ids for r in self.on[i]], [r for i in ids for r in self.off[i]]
+
+    def speedup_ci(self, ids: Sequence[str], seed: int) -> tuple[float, float] | None:
+        """ratio_ci over these prompts of their summed decode tokens and seconds, on over off."""
+        sums = [[sum(getattr(r, key) for r in side[i]) for i in ids]
+                for side in (self.on, self.off) for key in ("decode_tokens", "decode_seconds")]
+        return ratio_ci(*sums, seed=seed)
+
+
+def _speedup(on: Sequence[RunRecord], off: Sequence[RunRecord]) -> float:
+    off_tps = tps(off)
+    return tps(on) / off_tps if off_tps > 0 else 0.0
+
+
+def _drafted_per_round(acc, default: int) -> int:
+    """Tokens actually drafted per round (the fixed gamma for a draft model; n-gram lookup and
+    the adaptive controller draft a varying number)."""
+    return max(1, round(acc.drafted / acc.rounds)) if acc.rounds else default
+
+
+def _length_stats(values: list) -> dict:
+    return {"mean": float(np.mean(values)) if values else 0.0, "min": min(values, default=0),
+            "max": max(values, default=0)}
+
+
+def _meta(gen, prompts: Sequence[Prompt], config: GeneratorConfig, gammas, settings: dict) -> dict:
+    """The report's meta: the artifact, the proposer's settings, the run's settings, the machine."""
+    man, suffix = gen.manifest, config.suffix
+    run = harness.run_metadata()
     meta = {
         "artifact": str(gen.root), "name": man.name, "max_context": man.max_context,
-        "target": {"source": man.target.source, "precision": man.target.precision, "bytes": target_bytes,
-                   "architecture": man.target.architecture},
+        "target": {"source": man.target.source, "precision": man.target.precision,
+                   "bytes": _graph_bytes(gen.root, man, man.target), "architecture": man.target.architecture},
         "draft": None if man.draft is None else {"source": man.draft.source, "precision": man.draft.precision,
                                                  "bytes": _graph_bytes(gen.root, man, man.draft)},
-        "proposer": proposer, "proposer_label": registry.get(proposer).label,
+        "proposer": config.proposer, "proposer_label": registry.get(config.proposer).label,
         "ngram_sizes": list(config.ngram_sizes), "gammas": list(gammas),
-        "hybrid_retrieval": config.hybrid_retrieval, "sequential": sequential,
+        "hybrid_retrieval": config.hybrid_retrieval, "sequential": settings["sequential"],
         "suffix": {"factor": suffix.factor, "max_spec": suffix.max_spec, "limit_scales": list(suffix.limit_scales),
                    "tuner": gen.learned("suffix").tuner.describe(gen.verify_cost.line())},
-        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
-        "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
-        "threads": threads, "machine": machine.describe(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sampling": {key: settings[key] for key in ("temperature", "top_p", "top_k", "seed")},
+        "prompts": len(prompts), "domains": dict(Counter(p.domain for p in prompts)),
+        **{key: settings[key] for key in ("repeats", "max_new_tokens", "threads")},
+        "machine": run["machine"], "date": run["date"],
     }
     try:
         import onnxruntime
@@ -323,97 +373,99 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: 
         meta["onnxruntime"] = onnxruntime.__version__
     except ImportError:  # pragma: no cover
         pass
-    input_tokens = [r.prompt_tokens for r in off]
+    return meta
 
-    def length_stats(vals):
-        return {"mean": float(np.mean(vals)) if vals else 0.0, "min": min(vals, default=0), "max": max(vals, default=0)}
 
-    lengths = {"input_tokens": length_stats(input_tokens), "output_tokens_off": length_stats([r.new_tokens for r in off]),
-               "output_tokens_on": {}}
-    caveats = []
+def _caveats(target, greedy: bool, exactness: dict) -> list[str]:
+    if greedy and exactness["class"] != "bitwise" and target.precision in QUANTIZED_PRECISIONS:
+        return [QUANT_CAVEAT.format(precision=target.precision, exactness=exactness["class"] or "not measured")]
+    return []
+
+
+def _theoretical(acc, gamma: int | None, costs: dict) -> dict:
+    """theoretical_speedup at the acceptance's alpha and tokens drafted per round, with the costs."""
+    g = _drafted_per_round(acc, gamma or 1)
+    theo = theoretical_speedup(acc.alpha, g, costs) if acc.alpha is not None else {
+        "gamma": g, "alpha": None, "expected_tokens": None, "c": None, "v": None, "speedup": None}
+    return {**theo, "gamma_source": "mean drafted per round", "costs": costs}
+
+
+def _domain_entry(basis: _Basis, paired: _Paired, ids: list[str], costs: dict, seed: int) -> dict:
+    """One domain's figures: the domain's own acceptance with the run's costs."""
+    on, off = paired.runs(ids)
+    acc = acceptance(on)
+    speedup = _speedup(on, off)
+    theo = None
+    if acc.alpha is not None and acc.rounds:
+        theo = theoretical_speedup(acc.alpha, _drafted_per_round(acc, 1), costs)["speedup"]
+    entry = {
+        "prompts": len(ids), "off_tps": tps(off), "on_tps": tps(on), "speedup": speedup,
+        "theoretical": theo, "efficiency": speedup / theo if theo else None,
+        "identical_share": equivalence(off, on)["share"] if basis.greedy else None,
+        "speedup_ci95": paired.speedup_ci(ids, seed), "acceptance_rate": acc.acceptance_rate,
+        "alpha": acc.alpha, "tokens_per_target_call": acc.tokens_per_target_call,
+        "mean_accepted_per_round": acc.mean_accepted_per_round, "per_position": acc.per_position,
+    }
+    if basis.sequential:  # learning across requests: the first and the last third of the sequence
+        third = max(1, len(ids) // 3)
+        for name, part in (("first_third", ids[:third]), ("last_third", ids[-third:])):
+            entry[f"{name}_speedup"] = _speedup(*paired.runs(part))
+    return entry
+
+
+def _prompt_entry(prompt: Prompt, paired: _Paired) -> dict:
+    on, off = paired.runs([prompt.id])
+    acc = acceptance(on)
+    return {"domain": prompt.domain, "off_tps": tps(off), "on_tps": tps(on), "speedup": _speedup(on, off),
+            "acceptance_rate": acc.acceptance_rate, "mean_accepted_per_round": acc.mean_accepted_per_round,
+            "tokens_per_target_call": acc.tokens_per_target_call}
+
+
+def _config_result(basis: _Basis, k: int, gamma: int | None, on: list[RunRecord]) -> ConfigResult:
+    """Speculation on with `gamma` (the k-th configuration) against the off runs."""
+    label, prompts, seed = gamma_label(gamma), basis.prompts, basis.seed + k
+    paired = _Paired.of(on, basis.off, prompts)
+    acc, speedup = acceptance(on), _speedup(on, basis.off)
+    costs = measured_costs(basis.off, on, basis.proposer)
+    theo = _theoretical(acc, gamma, costs)
+    total_on = sum(r.total_seconds for r in on)
+    domains = dict.fromkeys(p.domain for p in prompts)
+    res = ConfigResult(
+        gamma=gamma, label=label, on=mode_stats(f"on[{label}]", on), acceptance=acc, speedup=speedup,
+        speedup_ci95=paired.speedup_ci([p.id for p in prompts], seed), theoretical=theo,
+        efficiency=speedup / theo["speedup"] if theo.get("speedup") else None,
+        draft_time_share=sum(r.draft_seconds for r in on) / total_on if total_on > 0 else 0.0,
+        by_domain={d: _domain_entry(basis, paired, [p.id for p in prompts if p.domain == d], costs, seed)
+                   for d in domains},
+        by_prompt={p.id: _prompt_entry(p, paired) for p in prompts},
+    )
+    if basis.greedy:
+        res.equivalence = equivalence(basis.off, on)
+    else:
+        res.quality = quality(basis.gen, on, seed + 1)
+        res.quality.update(quality_verdict(res.quality, basis.quality_off, seed + 101))
+    return res
+
+
+def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,
+                 seed: int, repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
+                 sequential: bool = False) -> BenchReport:
+    """The BenchReport of a run's records (module docstring): off against each gamma's on runs."""
+    settings = {"seed": seed, "repeats": repeats, "max_new_tokens": max_new_tokens, "threads": threads,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "sequential": sequential}
+    meta = _meta(gen, prompts, config, gammas, settings)
+    off = [r for r in runs if r.mode == "off"]
+    on = {g: [r for r in runs if r.mode == "on" and r.gamma == g] for g in gammas}
     greedy = temperature == 0
-    exactness = target_exactness(man.target)
-    if greedy and exactness["class"] != "bitwise" and man.target.precision in QUANTIZED_PRECISIONS:
-        caveats.append(QUANT_CAVEAT.format(precision=man.target.precision,
-                                           exactness=exactness["class"] or "not measured"))
-    off_by_prompt = {p.id: [r for r in off if r.prompt_id == p.id] for p in prompts}
-    quality_off = quality(gen, off, seed) if not greedy else None
-    configs = []
-    for k, g in enumerate(gammas):
-        on = [r for r in runs if r.mode == "on" and r.gamma == g]
-        label = gamma_label(g)
-        lengths["output_tokens_on"][label] = length_stats([r.new_tokens for r in on])
-        on_by_prompt = {p.id: [r for r in on if r.prompt_id == p.id] for p in prompts}
-        acc = acceptance(on)
-        on_tps, off_tps = tps(on), tps(off)
-        speedup = on_tps / off_tps if off_tps > 0 else 0.0
-
-        def sums(ids):
-            return ([sum(r.decode_tokens for r in on_by_prompt[i]) for i in ids],
-                    [sum(r.decode_seconds for r in on_by_prompt[i]) for i in ids],
-                    [sum(r.decode_tokens for r in off_by_prompt[i]) for i in ids],
-                    [sum(r.decode_seconds for r in off_by_prompt[i]) for i in ids])
-
-        ci = ratio_ci(*sums([p.id for p in prompts]), seed=seed + k)
-        costs = measured_costs(off, on, proposer)
-        # g: tokens actually drafted per round (= the fixed gamma for a draft model; n-gram
-        # lookup and the adaptive controller draft a varying number)
-        g_eff = max(1, round(acc.drafted / acc.rounds)) if acc.rounds else (g or 1)
-        theo = theoretical_speedup(acc.alpha, g_eff, costs) if acc.alpha is not None else {
-            "gamma": g_eff, "alpha": None, "expected_tokens": None, "c": None, "v": None, "speedup": None}
-        theo["gamma_source"] = "mean drafted per round"
-        efficiency = speedup / theo["speedup"] if theo.get("speedup") else None
-        total_on = sum(r.total_seconds for r in on)
-        by_domain = {}
-        for d in domains:
-            ids = [p.id for p in prompts if p.domain == d]
-            d_on = [r for i in ids for r in on_by_prompt[i]]
-            d_off = [r for i in ids for r in off_by_prompt[i]]
-            d_acc = acceptance(d_on)
-            d_off_tps = tps(d_off)
-            d_speedup = tps(d_on) / d_off_tps if d_off_tps > 0 else 0.0
-            d_theo = None
-            if d_acc.alpha is not None and d_acc.rounds:  # the domain's acceptance, the run's costs
-                d_theo = theoretical_speedup(d_acc.alpha, max(1, round(d_acc.drafted / d_acc.rounds)), costs)["speedup"]
-            by_domain[d] = {
-                "prompts": len(ids), "off_tps": d_off_tps, "on_tps": tps(d_on), "speedup": d_speedup,
-                "theoretical": d_theo, "efficiency": d_speedup / d_theo if d_theo else None,
-                "identical_share": equivalence(d_off, d_on)["share"] if greedy else None,
-                "speedup_ci95": ratio_ci(*sums(ids), seed=seed + k), "acceptance_rate": d_acc.acceptance_rate,
-                "alpha": d_acc.alpha, "tokens_per_target_call": d_acc.tokens_per_target_call,
-                "mean_accepted_per_round": d_acc.mean_accepted_per_round, "per_position": d_acc.per_position,
-            }
-            if sequential:  # learning across requests: the first and the last third of the sequence
-                third = max(1, len(ids) // 3)
-                for name, part in (("first_third", ids[:third]), ("last_third", ids[-third:])):
-                    p_on = [r for i in part for r in on_by_prompt[i]]
-                    p_off_tps = tps([r for i in part for r in off_by_prompt[i]])
-                    by_domain[d][f"{name}_speedup"] = tps(p_on) / p_off_tps if p_off_tps > 0 else 0.0
-        by_prompt = {}
-        for p in prompts:
-            p_on, p_off = on_by_prompt[p.id], off_by_prompt[p.id]
-            p_acc = acceptance(p_on)
-            by_prompt[p.id] = {
-                "domain": p.domain, "off_tps": tps(p_off), "on_tps": tps(p_on),
-                "speedup": tps(p_on) / tps(p_off) if tps(p_off) > 0 else 0.0,
-                "acceptance_rate": p_acc.acceptance_rate, "mean_accepted_per_round": p_acc.mean_accepted_per_round,
-                "tokens_per_target_call": p_acc.tokens_per_target_call,
-            }
-        res = ConfigResult(
-            gamma=g, label=label, on=mode_stats(f"on[{label}]", on), acceptance=acc, speedup=speedup, speedup_ci95=ci,
-            theoretical={**theo, "costs": costs}, efficiency=efficiency,
-            draft_time_share=sum(r.draft_seconds for r in on) / total_on if total_on > 0 else 0.0,
-            by_domain=by_domain, by_prompt=by_prompt,
-        )
-        if greedy:
-            res.equivalence = equivalence(off, on)
-        else:
-            q = quality(gen, on, seed + 1 + k)
-            q.update(quality_verdict(q, quality_off, seed + 101 + k))
-            res.quality = q
-        configs.append(res)
-    costs_all = measured_costs(off, [r for r in runs if r.mode == "on"], proposer)
+    basis = _Basis(gen, prompts, off, config.proposer, greedy, seed, sequential,
+                   quality(gen, off, seed) if not greedy else None)
+    configs = [_config_result(basis, k, g, on[g]) for k, g in enumerate(gammas)]
+    lengths = {"input_tokens": _length_stats([r.prompt_tokens for r in off]),
+               "output_tokens_off": _length_stats([r.new_tokens for r in off]),
+               "output_tokens_on": {gamma_label(g): _length_stats([r.new_tokens for r in on[g]]) for g in gammas}}
+    exactness = target_exactness(gen.manifest.target)
     return BenchReport(meta=meta, lengths=lengths, off=mode_stats("off", off), configs=configs,
-                       memory=memory_estimate(gen, proposer), costs=costs_all, quality_off=quality_off,
-                       caveats=caveats, exactness=exactness, runs=runs)
-
+                       memory=memory_estimate(gen, config.proposer),
+                       costs=measured_costs(off, [r for r in runs if r.mode == "on"], config.proposer),
+                       quality_off=basis.quality_off, caveats=_caveats(gen.manifest.target, greedy, exactness),
+                       exactness=exactness, runs=runs)
