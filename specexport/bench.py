@@ -66,7 +66,8 @@ from .prompts import Prompt
 
 # public names of the bench API kept here (the report, its errors and plots live in bench_report
 # and bench_plots; the statistics in bench_stats)
-__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "build_report", "run_bench", "run_one", "target_exactness", "write_plots"]
+__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "bench_methods", "build_report", "run_bench",
+           "run_one", "target_exactness", "write_plots"]
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in total, label of the run just done)
 WARMUP_TOKENS = 8
@@ -191,7 +192,10 @@ def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], case
     def method(speculative: bool, gamma: int | None) -> Method:
         def run(case: Case) -> dict:
             i = index.get(case.id)
-            run_seed = seed if i is None else None if base.temperature == 0 else seed + 1000 * i + case.repeat
+            if i is None:  # the warm-up
+                run_seed = seed
+            else:
+                run_seed = None if base.temperature == 0 else seed + 1000 * i + case.repeat
             config = base.replace(speculative=speculative, gamma=gamma, max_new_tokens=case.max_new_tokens,
                                   seed=run_seed)
             record = run_one(gen, case, config, forget=False)
@@ -272,7 +276,9 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         prompts = load_prompt_set(prompts)
     prompts, gammas = list(prompts), list(gammas) or [None]
     _check_arguments(prompts, gammas, repeats, max_new_tokens, hybrid_retrieval)
-    gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
+    gen = artifact  # a loaded SpecGenerator, or a folder:
+    if isinstance(artifact, (str, os.PathLike)):
+        gen = load(artifact, threads=threads, shared_pool=shared_pool)
     proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
     if not registry.get(proposer).speculative:
         raise InvalidArgument(f"proposer must be one of {', '.join(registry.speculative_names())}, got {proposer!r}")
