@@ -1,10 +1,11 @@
 """`specexport bench`: speculation off versus on, over prompt sets, with honest statistics.
 
-run_bench() loads an artifact once, warms it up, then for every prompt and repeat runs the
-target alone (speculation off) and with speculation on (each requested gamma; None =
-adaptive), alternating the order (off-on, then on-off) so slow drift of the machine (thermal,
-other load) does not favour one side. It returns a BenchReport; see docs/benchmarking.md for
-what every figure means. In short:
+run_bench() loads an artifact once and measures on the harness (specexport.harness): every
+configuration warms up on a prompt outside the measured set, then for every prompt and repeat
+runs the target alone (speculation off) and with speculation on (each requested gamma; None =
+adaptive) with the suffix store of earlier answers emptied first, the order rotated by one each
+round so slow drift of the machine (thermal, other load) does not favour one side. It returns a
+BenchReport; see docs/benchmarking.md for what every figure means. In short:
 
 tokens/s         decode tokens per decode second: (new tokens - 1) / (total - prefill), the
                  prefill and the first token being identical off and on. Aggregates are
@@ -32,9 +33,11 @@ draft overhead   time: draft seconds / total seconds of the on runs. Memory: a s
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from specexport_runtime import registry
@@ -43,7 +46,7 @@ from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
-from . import machine
+from . import harness
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
 from .bench_stats import (
@@ -57,12 +60,14 @@ from .bench_stats import (
     theoretical_speedup,
     tps,
 )
-from .prompts import Prompt, load_prompts
+from .harness import Case, Method, load_prompt_set, make_cases, warmup_case
+from .harness_workers import SPECEXPORT_MEMORY
+from .prompts import Prompt
 
 # public names of the bench API kept here (the report, its errors and plots live in bench_report
 # and bench_plots; the statistics in bench_stats)
-__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "build_report", "prompt_ids", "resolve_prompts",
-           "run_bench", "run_one", "target_exactness", "write_plots"]
+__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "bench_methods", "build_report", "run_bench",
+           "run_one", "target_exactness", "write_plots"]
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in total, label of the run just done)
 WARMUP_TOKENS = 8
@@ -107,37 +112,27 @@ def _calls_delta(model, before: dict[int, tuple[int, float]], prefill_len: int |
 # --------------------------------------------------------------------------- one run
 
 
-def prompt_ids(gen, prompt: Prompt) -> list[int]:
-    return gen.codec.encode_chat(prompt.chat()) if prompt.is_chat else gen.codec.encode(prompt.text)
-
-
-def run_one(gen, prompt: Prompt, config: GeneratorConfig, *, repeat: int = 0, ids: list[int] | None = None,
-            forget: bool = True) -> RunRecord:
-    """One generation through the public API (gen.chat for chat prompts, gen.generate for
-    text) with `config` (speculation off, or on with its proposer and gamma; the prompt's domain
-    is added when on), with the per-round log and the ONNX Runtime call timings of this run."""
+def run_one(gen, case: Case, config: GeneratorConfig, *, forget: bool = True) -> RunRecord:
+    """One generation from the case's token ids (chat prompts through the artifact's chat
+    template) with `config` (speculation off, or on with its proposer and gamma; the case's domain
+    is added when on), with the per-round log and the ONNX Runtime call timings of this run.
+    forget: empty the suffix store of earlier answers first (a harness method's reset does it
+    instead)."""
     if config.speculating:
-        config = config.replace(domain=prompt.domain)
+        config = config.replace(domain=case.domain)
     t_before, d_before = _calls_snapshot(gen.target), _calls_snapshot(gen.draft)
     if forget:  # runs are independent: no earlier answer (a repeat!) to copy
         gen.forget_history()
-    result = gen.chat(prompt.chat(), config=config) if prompt.is_chat else gen.generate(prompt.text, config)
+    result = gen.generate(list(case.ids), config)
     st = result.stats
     used_draft_model = config.speculating and registry.get(config.proposer).uses_draft
     return RunRecord(
-        prompt_id=prompt.id, domain=prompt.domain, mode="on" if config.speculating else "off",
-        gamma=config.gamma if config.speculating else None, repeat=repeat, seed=config.seed,
-        prompt_tokens=st.prompt_tokens,
-        new_tokens=st.new_tokens, finish_reason=result.finish_reason, total_seconds=st.total_seconds,
-        prefill_seconds=st.prefill_seconds, draft_seconds=st.draft_seconds, target_seconds=st.target_seconds,
-        rounds=st.rounds, plain_steps=st.plain_steps, drafted=st.drafted, accepted=st.accepted,
-        corrections=st.corrections, bonus=st.bonus, drafted_at=list(st.drafted_at), accepted_at=list(st.accepted_at),
-        round_sizes=list(st.round_sizes), token_ids=list(result.token_ids), token_times=list(st.token_times),
+        prompt_id=case.id, domain=case.domain, mode="on" if config.speculating else "off",
+        gamma=config.gamma if config.speculating else None, repeat=case.repeat, seed=config.seed,
+        finish_reason=result.finish_reason, token_ids=list(result.token_ids), prompt_ids=list(case.ids), stats=st,
         target_calls=_calls_delta(gen.target, t_before, st.prompt_tokens, st.prefill_seconds),
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},
-        prompt_ids=list(ids) if ids is not None else [],
-        lookup_rounds=st.lookup_rounds, by_source={k: list(v) for k, v in st.by_source.items()},
     )
 
 
@@ -169,51 +164,10 @@ def target_exactness(entry) -> dict:
             "rows": dict(rows) if rows else None}
 
 
-def resolve_prompts(specs: Sequence[str | os.PathLike] | str, limit: int | None = None) -> list[Prompt]:
-    """Load prompt sets (domain names, 'all' or JSONL paths); keep the first `limit` per domain."""
-    if isinstance(specs, (str, os.PathLike)):
-        specs = [specs]
-    prompts: list[Prompt] = []
-    seen = set()
-    for spec in specs:
-        for p in load_prompts(spec):
-            if p.id not in seen:
-                seen.add(p.id)
-                prompts.append(p)
-    if limit is not None:
-        counts: dict[str, int] = {}
-        kept = []
-        for p in prompts:
-            if counts.get(p.domain, 0) < limit:
-                counts[p.domain] = counts.get(p.domain, 0) + 1
-                kept.append(p)
-        prompts = kept
-    return prompts
-
-
-def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
-              gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-              seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
-              shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
-              suffix: SuffixConfig | None = None) -> BenchReport:
-    """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
-    already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec.
-
-    sequential: each domain's prompts run in order as one session per repeat and configuration:
-    the suffix proposer's store of earlier answers is kept from prompt to prompt (one store per
-    configuration, so a run never sees another configuration's answer to the same prompt), which
-    shows learning across requests; by_domain then reports the first and last third's speedup.
-    Otherwise every run starts with an empty store. hybrid_retrieval, suffix: the hybrid and
-    suffix proposers' settings (GeneratorConfig); None keeps the generator's."""
-    from specexport_runtime.api import load
-
-    if isinstance(prompts, (str, os.PathLike)):
-        prompts = resolve_prompts(prompts)
-    prompts = list(prompts)
+def _check_arguments(prompts, gammas: list, repeats: int, max_new_tokens: int | None,
+                     hybrid_retrieval: str | None) -> None:
     if not prompts:
         raise BenchError("no prompts to benchmark")
-    gammas = list(gammas) or [None]
     for g in gammas:
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA):
             raise BenchError(f"gamma must be an integer in {MIN_GAMMA}..{MAX_GAMMA} or None (adaptive), got {g!r}")
@@ -225,76 +179,199 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         raise BenchError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if hybrid_retrieval is not None and hybrid_retrieval not in HYBRID_RETRIEVALS:
         raise BenchError(f"hybrid_retrieval must be {' or '.join(HYBRID_RETRIEVALS)}, got {hybrid_retrieval!r}")
-    gen = load(artifact, threads=threads, shared_pool=shared_pool) if isinstance(artifact, (str, os.PathLike)) else artifact
+
+
+def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], cases: Sequence[Case],
+                  seed: int) -> list[Method]:
+    """One harness Method per configuration: 'off', then on with each gamma (named by its
+    label). run(case) is run_one with the case's limit and, when sampling, the seed
+    seed + 1000 i + repeat (i: the case's index; the warm-up gets `seed`); reset empties the
+    suffix store of earlier answers."""
+    index = {c.id: i for i, c in enumerate(cases)}
+
+    def method(speculative: bool, gamma: int | None) -> Method:
+        def run(case: Case) -> dict:
+            i = index.get(case.id)
+            if i is None:  # the warm-up
+                run_seed = seed
+            else:
+                run_seed = None if base.temperature == 0 else seed + 1000 * i + case.repeat
+            config = base.replace(speculative=speculative, gamma=gamma, max_new_tokens=case.max_new_tokens,
+                                  seed=run_seed)
+            record = run_one(gen, case, config, forget=False)
+            return {"tokens": record.token_ids, "record": record}
+
+        name = gamma_label(gamma) if speculative else "off"
+        return Method(name, run, reset=gen.forget_history, memory=SPECEXPORT_MEMORY, info={"mode": name})
+
+    return [method(False, None)] + [method(True, g) for g in gammas]
+
+
+def _measure(methods: list[Method], cases: list[Case], warm: Case, repeats: int,
+             progress: Progress | None) -> list[RunRecord]:
+    """harness.run_interleaved: warm-up on `warm`, the store emptied before every generation,
+    methods rotated round by round; the records in the order they ran."""
+    runs: list[RunRecord] = []
+    total = len(cases) * repeats * len(methods)
+
+    def record(sample) -> None:
+        runs.append(sample.result["record"])
+        if progress is not None:
+            progress(len(runs), total, f"{sample.case} {sample.method}")
+
+    harness.run_interleaved(methods, cases, warm, repeats=repeats, progress=record)
+    return runs
+
+
+def _measure_sequential(gen, methods: list[Method], cases: list[Case], warm: Case, repeats: int,
+                        progress: Progress | None) -> list[RunRecord]:
+    """Each domain's cases in order as one session per repeat and method, with the store of
+    earlier answers kept from case to case (one store per method and session, so a run never sees
+    another method's answer to the same prompt). Not run_interleaved, which empties the store
+    before every generation; warm-up and the rotated order are the same as there."""
+    for m in methods:
+        m.reset()
+        m.run(warm)
+    history = gen.learned("suffix")  # the suffix proposer's store of earlier answers (also hybrid's)
+    index = {c.id: i for i, c in enumerate(cases)}
+    runs: list[RunRecord] = []
+    total = len(cases) * repeats * len(methods)
+    for r in range(repeats):
+        for domain in dict.fromkeys(c.domain for c in cases):
+            stores = {m.name: SuffixStore(history.store.max_tokens) for m in methods}
+            for case in (c for c in cases if c.domain == domain):
+                for m in harness.rotated(methods, index[case.id] * repeats + r):
+                    history.store = stores[m.name]
+                    runs.append(m.run(replace(case, repeat=r))["record"])
+                    if progress is not None:
+                        progress(len(runs), total, f"{case.id} {m.name}")
+    gen.forget_history()
+    return runs
+
+
+def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
+              gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+              seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
+              shared_pool: bool = False,
+              progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
+              suffix: SuffixConfig | None = None) -> BenchReport:
+    """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
+    already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec
+    (harness.load_prompt_set).
+
+    The run is harness.run_interleaved over bench_methods: every configuration first generates
+    from harness.warmup_case (a prompt outside the measured set), the suffix store of earlier
+    answers is emptied before every generation, and each round (one prompt, one repeat) runs the
+    configurations in an order rotated by one from the round before.
+
+    sequential: bench's own loop instead. Each domain's prompts run in order as one session per
+    repeat and configuration, and the suffix proposer's store of earlier answers is deliberately
+    kept from prompt to prompt (one store per configuration, so a run never sees another
+    configuration's answer to the same prompt), which shows learning across requests; by_domain
+    then reports the first and last third's speedup. hybrid_retrieval, suffix: the hybrid and
+    suffix proposers' settings (GeneratorConfig); None keeps the generator's."""
+    from specexport_runtime.api import load
+
+    if isinstance(prompts, (str, os.PathLike)):
+        prompts = load_prompt_set(prompts)
+    prompts, gammas = list(prompts), list(gammas) or [None]
+    _check_arguments(prompts, gammas, repeats, max_new_tokens, hybrid_retrieval)
+    gen = artifact  # a loaded SpecGenerator, or a folder:
+    if isinstance(artifact, (str, os.PathLike)):
+        gen = load(artifact, threads=threads, shared_pool=shared_pool)
     proposer = gen.resolve_proposer(proposer)  # before any work: unknown, or a draft proposer without a draft
     if not registry.get(proposer).speculative:
         raise InvalidArgument(f"proposer must be one of {', '.join(registry.speculative_names())}, got {proposer!r}")
     settings = {k: v for k, v in (("hybrid_retrieval", hybrid_retrieval), ("suffix", suffix)) if v is not None}
     base = gen.configure(proposer=proposer, temperature=temperature, top_p=top_p, top_k=top_k, **settings)
-    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
 
-    # warm-up: one short run each way (first-call allocations, ORT arena growth)
-    warm = prompts[0]
-    for spec in (False, True):
-        run_one(gen, warm, base.replace(speculative=spec, gamma=None, max_new_tokens=WARMUP_TOKENS, seed=seed))
-
-    ids_of = {p.id: prompt_ids(gen, p) for p in prompts}
-    configs: list[tuple[bool, int | None]] = [(False, None)] + [(True, g) for g in gammas]
-    total, done = len(prompts) * repeats * len(configs), 0
-    runs: list[RunRecord] = []
-    index = {p.id: i for i, p in enumerate(prompts)}
-    if sequential:  # repeat -> domain -> prompts in order (one store per domain pass and configuration)
-        passes = [(r, [p for p in prompts if p.domain == d]) for r in range(repeats)
-                  for d in dict.fromkeys(p.domain for p in prompts)]
-    else:  # prompt -> repeats
-        passes = [(r, [p]) for p in prompts for r in range(repeats)]
-    history = gen.learned("suffix")  # the suffix proposer's store of earlier answers (also hybrid's)
-    for r, sequence in passes:
-        stores = {g: SuffixStore(history.store.max_tokens) for _, g in configs} if sequential else {}
-        for p in sequence:
-            i = index[p.id]
-            n_new = max_new_tokens or p.max_new_tokens
-            order = configs if (i * repeats + r) % 2 == 0 else configs[::-1]
-            run_seed = None if temperature == 0 else seed + 1000 * i + r
-            for spec, g in order:
-                if sequential:
-                    history.store = stores[g]
-                config = base.replace(speculative=spec, gamma=g if spec else None, max_new_tokens=n_new, seed=run_seed)
-                rec = run_one(gen, p, config, repeat=r, ids=ids_of[p.id], forget=not sequential)
-                runs.append(rec)
-                done += 1
-                if progress is not None:
-                    progress(done, total, f"{p.id} {rec.label}")
+    cases = make_cases(gen.codec, prompts, per_prompt_limit=True)
+    if max_new_tokens is not None:
+        cases = [replace(c, max_new_tokens=max_new_tokens) for c in cases]
+    warm = warmup_case(gen.codec, WARMUP_TOKENS)  # first-call allocations, ORT arena growth
+    methods = bench_methods(gen, base, gammas, cases, seed)
     if sequential:
-        gen.forget_history()
+        runs = _measure_sequential(gen, methods, cases, warm, repeats, progress)
+    else:
+        runs = _measure(methods, cases, warm, repeats, progress)
     return build_report(gen, runs, prompts, base, gammas=gammas, seed=seed, repeats=repeats,
-                        max_new_tokens=max_new_tokens, threads=threads, sequential=sequential, **sampling)
+                        max_new_tokens=max_new_tokens, threads=threads, sequential=sequential,
+                        temperature=temperature, top_p=top_p, top_k=top_k)
 
 
-def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,
-                 seed: int, repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
-                 sequential: bool = False) -> BenchReport:
-    man, proposer, suffix = gen.manifest, config.proposer, config.suffix
-    off = [r for r in runs if r.mode == "off"]
-    domains: dict[str, int] = {}
-    for p in prompts:
-        domains[p.domain] = domains.get(p.domain, 0) + 1
-    target_bytes = _graph_bytes(gen.root, man, man.target)
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """What every configuration's figures are computed against: the off runs, the prompts, ..."""
+
+    gen: Any
+    prompts: Sequence[Prompt]
+    off: list[RunRecord]
+    proposer: str
+    greedy: bool
+    seed: int
+    sequential: bool
+    quality_off: dict | None
+
+
+@dataclass(frozen=True)
+class _Paired:
+    """One configuration's on runs and the off runs, each by prompt id."""
+
+    on: dict[str, list[RunRecord]]
+    off: dict[str, list[RunRecord]]
+
+    @classmethod
+    def of(cls, on: list[RunRecord], off: list[RunRecord], prompts: Sequence[Prompt]) -> _Paired:
+        return cls(*({p.id: [r for r in runs if r.prompt_id == p.id] for p in prompts} for runs in (on, off)))
+
+    def runs(self, ids: Sequence[str]) -> tuple[list[RunRecord], list[RunRecord]]:
+        return [r for i in ids for r in self.on[i]], [r for i in ids for r in self.off[i]]
+
+    def speedup_ci(self, ids: Sequence[str], seed: int) -> tuple[float, float] | None:
+        """ratio_ci over these prompts of their summed decode tokens and seconds, on over off."""
+        sums = [[sum(getattr(r, key) for r in side[i]) for i in ids]
+                for side in (self.on, self.off) for key in ("decode_tokens", "decode_seconds")]
+        return ratio_ci(*sums, seed=seed)
+
+
+def _speedup(on: Sequence[RunRecord], off: Sequence[RunRecord]) -> float:
+    off_tps = tps(off)
+    return tps(on) / off_tps if off_tps > 0 else 0.0
+
+
+def _drafted_per_round(acc, default: int) -> int:
+    """Tokens actually drafted per round (the fixed gamma for a draft model; n-gram lookup and
+    the adaptive controller draft a varying number)."""
+    return max(1, round(acc.drafted / acc.rounds)) if acc.rounds else default
+
+
+def _length_stats(values: list) -> dict:
+    return {"mean": float(np.mean(values)) if values else 0.0, "min": min(values, default=0),
+            "max": max(values, default=0)}
+
+
+def _meta(gen, prompts: Sequence[Prompt], config: GeneratorConfig, gammas, settings: dict) -> dict:
+    """The report's meta: the artifact, the proposer's settings, the run's settings, the machine."""
+    man, suffix = gen.manifest, config.suffix
+    run = harness.run_metadata()
     meta = {
         "artifact": str(gen.root), "name": man.name, "max_context": man.max_context,
-        "target": {"source": man.target.source, "precision": man.target.precision, "bytes": target_bytes,
-                   "architecture": man.target.architecture},
+        "target": {"source": man.target.source, "precision": man.target.precision,
+                   "bytes": _graph_bytes(gen.root, man, man.target), "architecture": man.target.architecture},
         "draft": None if man.draft is None else {"source": man.draft.source, "precision": man.draft.precision,
                                                  "bytes": _graph_bytes(gen.root, man, man.draft)},
-        "proposer": proposer, "proposer_label": registry.get(proposer).label,
+        "proposer": config.proposer, "proposer_label": registry.get(config.proposer).label,
         "ngram_sizes": list(config.ngram_sizes), "gammas": list(gammas),
-        "hybrid_retrieval": config.hybrid_retrieval, "sequential": sequential,
+        "hybrid_retrieval": config.hybrid_retrieval, "sequential": settings["sequential"],
         "suffix": {"factor": suffix.factor, "max_spec": suffix.max_spec, "limit_scales": list(suffix.limit_scales),
                    "tuner": gen.learned("suffix").tuner.describe(gen.verify_cost.line())},
-        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed},
-        "prompts": len(prompts), "domains": domains, "repeats": repeats, "max_new_tokens": max_new_tokens,
-        "threads": threads, "machine": machine.describe(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sampling": {key: settings[key] for key in ("temperature", "top_p", "top_k", "seed")},
+        "prompts": len(prompts), "domains": dict(Counter(p.domain for p in prompts)),
+        **{key: settings[key] for key in ("repeats", "max_new_tokens", "threads")},
+        "machine": run["machine"], "date": run["date"],
     }
     try:
         import onnxruntime
@@ -302,97 +379,99 @@ def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: 
         meta["onnxruntime"] = onnxruntime.__version__
     except ImportError:  # pragma: no cover
         pass
-    input_tokens = [r.prompt_tokens for r in off]
+    return meta
 
-    def length_stats(vals):
-        return {"mean": float(np.mean(vals)) if vals else 0.0, "min": min(vals, default=0), "max": max(vals, default=0)}
 
-    lengths = {"input_tokens": length_stats(input_tokens), "output_tokens_off": length_stats([r.new_tokens for r in off]),
-               "output_tokens_on": {}}
-    caveats = []
+def _caveats(target, greedy: bool, exactness: dict) -> list[str]:
+    if greedy and exactness["class"] != "bitwise" and target.precision in QUANTIZED_PRECISIONS:
+        return [QUANT_CAVEAT.format(precision=target.precision, exactness=exactness["class"] or "not measured")]
+    return []
+
+
+def _theoretical(acc, gamma: int | None, costs: dict) -> dict:
+    """theoretical_speedup at the acceptance's alpha and tokens drafted per round, with the costs."""
+    g = _drafted_per_round(acc, gamma or 1)
+    theo = theoretical_speedup(acc.alpha, g, costs) if acc.alpha is not None else {
+        "gamma": g, "alpha": None, "expected_tokens": None, "c": None, "v": None, "speedup": None}
+    return {**theo, "gamma_source": "mean drafted per round", "costs": costs}
+
+
+def _domain_entry(basis: _Basis, paired: _Paired, ids: list[str], costs: dict, seed: int) -> dict:
+    """One domain's figures: the domain's own acceptance with the run's costs."""
+    on, off = paired.runs(ids)
+    acc = acceptance(on)
+    speedup = _speedup(on, off)
+    theo = None
+    if acc.alpha is not None and acc.rounds:
+        theo = theoretical_speedup(acc.alpha, _drafted_per_round(acc, 1), costs)["speedup"]
+    entry = {
+        "prompts": len(ids), "off_tps": tps(off), "on_tps": tps(on), "speedup": speedup,
+        "theoretical": theo, "efficiency": speedup / theo if theo else None,
+        "identical_share": equivalence(off, on)["share"] if basis.greedy else None,
+        "speedup_ci95": paired.speedup_ci(ids, seed), "acceptance_rate": acc.acceptance_rate,
+        "alpha": acc.alpha, "tokens_per_target_call": acc.tokens_per_target_call,
+        "mean_accepted_per_round": acc.mean_accepted_per_round, "per_position": acc.per_position,
+    }
+    if basis.sequential:  # learning across requests: the first and the last third of the sequence
+        third = max(1, len(ids) // 3)
+        for name, part in (("first_third", ids[:third]), ("last_third", ids[-third:])):
+            entry[f"{name}_speedup"] = _speedup(*paired.runs(part))
+    return entry
+
+
+def _prompt_entry(prompt: Prompt, paired: _Paired) -> dict:
+    on, off = paired.runs([prompt.id])
+    acc = acceptance(on)
+    return {"domain": prompt.domain, "off_tps": tps(off), "on_tps": tps(on), "speedup": _speedup(on, off),
+            "acceptance_rate": acc.acceptance_rate, "mean_accepted_per_round": acc.mean_accepted_per_round,
+            "tokens_per_target_call": acc.tokens_per_target_call}
+
+
+def _config_result(basis: _Basis, k: int, gamma: int | None, on: list[RunRecord]) -> ConfigResult:
+    """Speculation on with `gamma` (the k-th configuration) against the off runs."""
+    label, prompts, seed = gamma_label(gamma), basis.prompts, basis.seed + k
+    paired = _Paired.of(on, basis.off, prompts)
+    acc, speedup = acceptance(on), _speedup(on, basis.off)
+    costs = measured_costs(basis.off, on, basis.proposer)
+    theo = _theoretical(acc, gamma, costs)
+    total_on = sum(r.total_seconds for r in on)
+    domains = dict.fromkeys(p.domain for p in prompts)
+    res = ConfigResult(
+        gamma=gamma, label=label, on=mode_stats(f"on[{label}]", on), acceptance=acc, speedup=speedup,
+        speedup_ci95=paired.speedup_ci([p.id for p in prompts], seed), theoretical=theo,
+        efficiency=speedup / theo["speedup"] if theo.get("speedup") else None,
+        draft_time_share=sum(r.draft_seconds for r in on) / total_on if total_on > 0 else 0.0,
+        by_domain={d: _domain_entry(basis, paired, [p.id for p in prompts if p.domain == d], costs, seed)
+                   for d in domains},
+        by_prompt={p.id: _prompt_entry(p, paired) for p in prompts},
+    )
+    if basis.greedy:
+        res.equivalence = equivalence(basis.off, on)
+    else:
+        res.quality = quality(basis.gen, on, seed + 1)
+        res.quality.update(quality_verdict(res.quality, basis.quality_off, seed + 101))
+    return res
+
+
+def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,
+                 seed: int, repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
+                 sequential: bool = False) -> BenchReport:
+    """The BenchReport of a run's records (module docstring): off against each gamma's on runs."""
+    settings = {"seed": seed, "repeats": repeats, "max_new_tokens": max_new_tokens, "threads": threads,
+                "temperature": temperature, "top_p": top_p, "top_k": top_k, "sequential": sequential}
+    meta = _meta(gen, prompts, config, gammas, settings)
+    off = [r for r in runs if r.mode == "off"]
+    on = {g: [r for r in runs if r.mode == "on" and r.gamma == g] for g in gammas}
     greedy = temperature == 0
-    exactness = target_exactness(man.target)
-    if greedy and exactness["class"] != "bitwise" and man.target.precision in QUANTIZED_PRECISIONS:
-        caveats.append(QUANT_CAVEAT.format(precision=man.target.precision,
-                                           exactness=exactness["class"] or "not measured"))
-    off_by_prompt = {p.id: [r for r in off if r.prompt_id == p.id] for p in prompts}
-    quality_off = quality(gen, off, seed) if not greedy else None
-    configs = []
-    for k, g in enumerate(gammas):
-        on = [r for r in runs if r.mode == "on" and r.gamma == g]
-        label = gamma_label(g)
-        lengths["output_tokens_on"][label] = length_stats([r.new_tokens for r in on])
-        on_by_prompt = {p.id: [r for r in on if r.prompt_id == p.id] for p in prompts}
-        acc = acceptance(on)
-        on_tps, off_tps = tps(on), tps(off)
-        speedup = on_tps / off_tps if off_tps > 0 else 0.0
-
-        def sums(ids):
-            return ([sum(r.decode_tokens for r in on_by_prompt[i]) for i in ids],
-                    [sum(r.decode_seconds for r in on_by_prompt[i]) for i in ids],
-                    [sum(r.decode_tokens for r in off_by_prompt[i]) for i in ids],
-                    [sum(r.decode_seconds for r in off_by_prompt[i]) for i in ids])
-
-        ci = ratio_ci(*sums([p.id for p in prompts]), seed=seed + k)
-        costs = measured_costs(off, on, proposer)
-        # g: tokens actually drafted per round (= the fixed gamma for a draft model; n-gram
-        # lookup and the adaptive controller draft a varying number)
-        g_eff = max(1, round(acc.drafted / acc.rounds)) if acc.rounds else (g or 1)
-        theo = theoretical_speedup(acc.alpha, g_eff, costs) if acc.alpha is not None else {
-            "gamma": g_eff, "alpha": None, "expected_tokens": None, "c": None, "v": None, "speedup": None}
-        theo["gamma_source"] = "mean drafted per round"
-        efficiency = speedup / theo["speedup"] if theo.get("speedup") else None
-        total_on = sum(r.total_seconds for r in on)
-        by_domain = {}
-        for d in domains:
-            ids = [p.id for p in prompts if p.domain == d]
-            d_on = [r for i in ids for r in on_by_prompt[i]]
-            d_off = [r for i in ids for r in off_by_prompt[i]]
-            d_acc = acceptance(d_on)
-            d_off_tps = tps(d_off)
-            d_speedup = tps(d_on) / d_off_tps if d_off_tps > 0 else 0.0
-            d_theo = None
-            if d_acc.alpha is not None and d_acc.rounds:  # the domain's acceptance, the run's costs
-                d_theo = theoretical_speedup(d_acc.alpha, max(1, round(d_acc.drafted / d_acc.rounds)), costs)["speedup"]
-            by_domain[d] = {
-                "prompts": len(ids), "off_tps": d_off_tps, "on_tps": tps(d_on), "speedup": d_speedup,
-                "theoretical": d_theo, "efficiency": d_speedup / d_theo if d_theo else None,
-                "identical_share": equivalence(d_off, d_on)["share"] if greedy else None,
-                "speedup_ci95": ratio_ci(*sums(ids), seed=seed + k), "acceptance_rate": d_acc.acceptance_rate,
-                "alpha": d_acc.alpha, "tokens_per_target_call": d_acc.tokens_per_target_call,
-                "mean_accepted_per_round": d_acc.mean_accepted_per_round, "per_position": d_acc.per_position,
-            }
-            if sequential:  # learning across requests: the first and the last third of the sequence
-                third = max(1, len(ids) // 3)
-                for name, part in (("first_third", ids[:third]), ("last_third", ids[-third:])):
-                    p_on = [r for i in part for r in on_by_prompt[i]]
-                    p_off_tps = tps([r for i in part for r in off_by_prompt[i]])
-                    by_domain[d][f"{name}_speedup"] = tps(p_on) / p_off_tps if p_off_tps > 0 else 0.0
-        by_prompt = {}
-        for p in prompts:
-            p_on, p_off = on_by_prompt[p.id], off_by_prompt[p.id]
-            p_acc = acceptance(p_on)
-            by_prompt[p.id] = {
-                "domain": p.domain, "off_tps": tps(p_off), "on_tps": tps(p_on),
-                "speedup": tps(p_on) / tps(p_off) if tps(p_off) > 0 else 0.0,
-                "acceptance_rate": p_acc.acceptance_rate, "mean_accepted_per_round": p_acc.mean_accepted_per_round,
-                "tokens_per_target_call": p_acc.tokens_per_target_call,
-            }
-        res = ConfigResult(
-            gamma=g, label=label, on=mode_stats(f"on[{label}]", on), acceptance=acc, speedup=speedup, speedup_ci95=ci,
-            theoretical={**theo, "costs": costs}, efficiency=efficiency,
-            draft_time_share=sum(r.draft_seconds for r in on) / total_on if total_on > 0 else 0.0,
-            by_domain=by_domain, by_prompt=by_prompt,
-        )
-        if greedy:
-            res.equivalence = equivalence(off, on)
-        else:
-            q = quality(gen, on, seed + 1 + k)
-            q.update(quality_verdict(q, quality_off, seed + 101 + k))
-            res.quality = q
-        configs.append(res)
-    costs_all = measured_costs(off, [r for r in runs if r.mode == "on"], proposer)
+    basis = _Basis(gen, prompts, off, config.proposer, greedy, seed, sequential,
+                   quality(gen, off, seed) if not greedy else None)
+    configs = [_config_result(basis, k, g, on[g]) for k, g in enumerate(gammas)]
+    lengths = {"input_tokens": _length_stats([r.prompt_tokens for r in off]),
+               "output_tokens_off": _length_stats([r.new_tokens for r in off]),
+               "output_tokens_on": {gamma_label(g): _length_stats([r.new_tokens for r in on[g]]) for g in gammas}}
+    exactness = target_exactness(gen.manifest.target)
     return BenchReport(meta=meta, lengths=lengths, off=mode_stats("off", off), configs=configs,
-                       memory=memory_estimate(gen, proposer), costs=costs_all, quality_off=quality_off,
-                       caveats=caveats, exactness=exactness, runs=runs)
-
+                       memory=memory_estimate(gen, config.proposer),
+                       costs=measured_costs(off, [r for r in runs if r.mode == "on"], config.proposer),
+                       quality_off=basis.quality_off, caveats=_caveats(gen.manifest.target, greedy, exactness),
+                       exactness=exactness, runs=runs)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from specexport_runtime import registry
 from specexport_runtime.errors import SpecExportError
+from specexport_runtime.generator import GenerationStats
 
 
 class BenchError(SpecExportError, ValueError):
@@ -21,10 +22,16 @@ def gamma_label(gamma: int | None) -> str:
     return "adaptive" if gamma is None else str(gamma)
 
 
+def _stat(name: str) -> property:
+    """A read-only view of the run's stats.<name> (GenerationStats documents each)."""
+    return property(lambda self: getattr(self.stats, name), doc=f"stats.{name}")
+
 
 @dataclass
 class RunRecord:
-    """One generation: speculation off, or on with one gamma (None = adaptive)."""
+    """One generation: speculation off, or on with one gamma (None = adaptive). `stats` is the
+    generation's own GenerationStats; target_calls / draft_calls: S -> [calls, seconds] of the
+    ONNX Runtime calls it made (prefill excluded for the target)."""
 
     prompt_id: str
     domain: str
@@ -32,29 +39,32 @@ class RunRecord:
     gamma: int | None
     repeat: int
     seed: int | None
-    prompt_tokens: int
-    new_tokens: int
     finish_reason: str
-    total_seconds: float
-    prefill_seconds: float
-    draft_seconds: float
-    target_seconds: float
-    rounds: int
-    plain_steps: int
-    drafted: int
-    accepted: int
-    corrections: int
-    bonus: int
-    drafted_at: list[int]
-    accepted_at: list[int]
-    round_sizes: list[tuple[int, int]]  # (drafted k, accepted n) per speculative round
     token_ids: list[int]
-    token_times: list[float]
-    target_calls: dict[int, list]  # S -> [calls, seconds] in this run, prefill excluded
+    prompt_ids: list[int] = field(repr=False)
+    stats: GenerationStats = field(repr=False)
+    target_calls: dict[int, list]
     draft_calls: dict[int, list]
-    prompt_ids: list[int] = field(default_factory=list, repr=False)
-    lookup_rounds: int = 0  # rounds drafted without a model call (prompt lookup or suffix retrieval)
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+
+    prompt_tokens = _stat("prompt_tokens")
+    new_tokens = _stat("new_tokens")
+    total_seconds = _stat("total_seconds")
+    prefill_seconds = _stat("prefill_seconds")
+    draft_seconds = _stat("draft_seconds")
+    target_seconds = _stat("target_seconds")
+    rounds = _stat("rounds")
+    plain_steps = _stat("plain_steps")
+    drafted = _stat("drafted")
+    accepted = _stat("accepted")
+    corrections = _stat("corrections")
+    bonus = _stat("bonus")
+    lookup_rounds = _stat("lookup_rounds")  # rounds drafted without a model call (lookup or suffix retrieval)
+    drafted_at = _stat("drafted_at")
+    accepted_at = _stat("accepted_at")
+    round_sizes = _stat("round_sizes")  # (drafted k, accepted n) per speculative round
+    token_times = _stat("token_times")
+    by_source = _stat("by_source")  # source -> [rounds, drafted, accepted]
+    tokens_per_second = _stat("tokens_per_second")  # decode tokens / decode seconds
 
     @property
     def label(self) -> str:
@@ -67,10 +77,6 @@ class RunRecord:
     @property
     def decode_seconds(self) -> float:
         return max(0.0, self.total_seconds - self.prefill_seconds)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 and self.decode_tokens else 0.0
 
     def token_latencies(self) -> list[float]:
         """Per-token latency, tokens of one emission event sharing its gap evenly (module doc)."""
@@ -100,7 +106,6 @@ class RunRecord:
             "corrections": self.corrections, "bonus": self.bonus, "lookup_rounds": self.lookup_rounds,
             "by_source": self.by_source,
         }
-
 
 
 @dataclass

@@ -31,12 +31,8 @@ import json
 import os
 import platform
 import re
-import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
-
-import numpy as np
 
 from specexport_runtime import registry
 from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
@@ -44,10 +40,11 @@ from specexport_runtime.constants import MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
-from . import machine
-from .bench import prompt_ids, run_one
+from . import harness
+from .bench import WARMUP_TOKENS, run_one
 from .bench_stats import conditional_acceptance, verify_cost
-from .prompts import DOMAINS, Prompt, load_prompts
+from .harness import Case, load_prompt_set, make_cases, warmup_case
+from .prompts import DOMAINS, Prompt
 
 CALIBRATION_VERSION = 1
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
@@ -72,7 +69,8 @@ def measure_costs(gen, ids: Sequence[int], max_s: int, repeats: int = TIMING_REP
     """Median seconds of target calls over S = 1..max_s tokens and of a draft-model step,
     each after the same real prompt prefix (the cache is rolled back after every call; the
     argmax over the returned rows is included, like the loop's host work). Sizes are
-    interleaved within each repeat so drift spreads evenly."""
+    interleaved within each repeat, in an order rotated from repeat to repeat
+    (harness.interleaved_seconds), so drift spreads evenly."""
     ids = [int(t) for t in ids]
     if len(ids) + max_s + 1 > gen.manifest.max_context:
         raise CalibrationError(f"the timing prompt ({len(ids)} tokens) leaves no room for {max_s} tokens")
@@ -80,34 +78,31 @@ def measure_costs(gen, ids: Sequence[int], max_s: int, repeats: int = TIMING_REP
     target = gen.target
     target.reset()
     target.forward(ids)
-    base = target.length
-    times: dict[int, list[float]] = {s: [] for s in range(1, max_s + 1)}
-    for _ in range(repeats + 1):  # first pass: warm-up, discarded
-        for s in range(1, max_s + 1):
-            t0 = time.perf_counter()
-            target.forward(filler[:s], last_rows=s).argmax(-1)
-            times[s].append(time.perf_counter() - t0)
-            target.truncate(base)
+    calls = {s: _timed_call(target, target.length, filler[:s]) for s in range(1, max_s + 1)}
+    seconds = harness.interleaved_seconds(calls, repeats)
     target.reset()
-    out = {"decode_s": float(np.median(times[1][1:])),
-           "verify_s": {s: float(np.median(v[1:])) for s, v in times.items() if s > 1},
-           "draft_step_s": {}}
+    out = {"decode_s": seconds[1], "verify_s": {s: v for s, v in seconds.items() if s > 1}, "draft_step_s": {}}
     if gen.draft is not None and not gen.draft.spec.is_head:  # a head's step is timed in the loop (calibrate)
         draft = gen.draft
         draft.reset()
         draft.forward(ids)
-        base = draft.length
-        steps = []
-        for _ in range(3 * repeats + 1):
-            t0 = time.perf_counter()
-            draft.forward(filler[:1]).argmax(-1)
-            steps.append(time.perf_counter() - t0)
-            draft.truncate(base)
+        step = _timed_call(draft, draft.length, filler[:1])
+        step()  # warm-up, not timed
+        out["draft_step_s"]["draft"] = harness.median_seconds(step, 3 * repeats)
         draft.reset()
-        out["draft_step_s"]["draft"] = float(np.median(steps[1:]))
     out["method"] = (f"median of {repeats} timed calls (argmax included) after a {len(ids)}-token prompt; "
                      "n-gram step: lookup seconds per drafted token in the acceptance runs")
     return out
+
+
+def _timed_call(model, base: int, ids: list[int]) -> Callable[[], None]:
+    """One call of `model` over `ids` after its first `base` cached tokens (the cache rolled back
+    first, a cursor move), the argmax over the returned rows included."""
+    def call() -> None:
+        model.truncate(base)
+        model.forward(ids, last_rows=len(ids)).argmax(-1)
+
+    return call
 
 
 def _merge_costs(measured: dict | None, override: dict | None) -> dict:
@@ -208,60 +203,94 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     if not re.fullmatch(r"[A-Za-z0-9_.:-]+", device):
         raise CalibrationError(f"device name {device!r} must use letters, digits and _ . : - only")
 
-    by_domain: dict[str, list[Prompt]] = {}
-    for d in domains:
-        if prompts is not None:
-            sel = [p for p in prompts if p.domain == d]
-        else:
-            sel = load_prompts(d)
-        if sel:
-            by_domain[d] = sel[:prompts_per_domain]
+    by_domain = _prompts_by_domain(domains, prompts, prompts_per_domain)
+    measure_g = max(gammas)
+    cases = {d: make_cases(gen.codec, plist, per_prompt_limit=True) for d, plist in by_domain.items()}
+    greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None)
+    # warm-up on a prompt outside the calibrated set (first-call allocations, ORT arena growth)
+    run_one(gen, warmup_case(gen.codec), greedy.replace(proposer=proposers[0], max_new_tokens=WARMUP_TOKENS))
+    rounds, in_loop = _observe(gen, cases, proposers, greedy, max_new_tokens, progress)
+
+    if _costs_complete(costs, proposers):
+        cost_table = _merge_costs(None, costs)
+    else:
+        measured = measure_costs(gen, next(iter(cases.values()))[0].ids, measure_g + 1)
+        for prop, (seconds, tokens) in in_loop.items():  # lookup: seconds per drafted token; eagle: head calls
+            measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0  # (catch-up included) per token
+        cost_table = _merge_costs(measured, costs)
+
+    meta = harness.run_metadata()
+    profile = {
+        "measured_at": meta["date"],
+        "device": {**meta["machine"], "machine": platform.machine(), "threads": threads},
+        "settings": {"gammas": gammas, "measure_gamma": measure_g, "prompts_per_domain": prompts_per_domain,
+                     "max_new_tokens": max_new_tokens, "proposers": proposers, "sampling": "greedy"},
+        "costs": _costs_record(cost_table),
+        "domains": _choices(rounds, {d: len(v) for d, v in by_domain.items()}, gammas, cost_table),
+    }
+    doc = _read_existing(root)
+    doc["profiles"][device] = profile
+    if set_default or not doc.get("default_profile") or doc["default_profile"] not in doc["profiles"]:
+        doc["default_profile"] = device
+    if write:
+        write_calibration(root, doc)
+    return doc
+
+
+def _prompts_by_domain(domains: Sequence[str], prompts: Sequence[Prompt] | None,
+                       per_domain: int) -> dict[str, list[Prompt]]:
+    """The first `per_domain` prompts of each domain, from `prompts` or else from the shipped sets
+    (harness.load_prompt_set); domains without a prompt are left out."""
+    if prompts is None:
+        prompts = load_prompt_set(list(domains), limit=per_domain) if domains else []
+    by_domain = {d: [p for p in prompts if p.domain == d][:per_domain] for d in domains}
+    by_domain = {d: sel for d, sel in by_domain.items() if sel}
     if not by_domain:
         raise CalibrationError(f"no prompts for domains {list(domains)}")
+    return by_domain
 
-    measure_g = max(gammas)
-    total = sum(len(v) for v in by_domain.values()) * len(proposers)
-    done = 0
-    first = next(iter(by_domain.values()))[0]
-    greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None)
-    run_one(gen, first, greedy.replace(proposer=proposers[0], max_new_tokens=8))  # warm-up
+
+def _observe(gen, cases: dict[str, list[Case]], proposers: list[str], greedy, max_new_tokens: int,
+             progress: Progress | None) -> tuple[dict[str, dict[str, list[tuple[int, int]]]], dict[str, list]]:
+    """Generate every case with every proposer at the measuring gamma. -> (domain -> proposer ->
+    rounds (k, n), a plain step counting as (0, 0); proposer -> [draft seconds, drafted tokens] for
+    the proposers whose draft step is timed in the loop)."""
     rounds: dict[str, dict[str, list[tuple[int, int]]]] = {}
-    # proposers whose draft step is timed in the loop: seconds, drafted tokens
     in_loop = {name: [0.0, 0] for name in proposers if registry.get(name).calibrate == registry.LOOP}
-    for d, plist in by_domain.items():
+    total, done = sum(len(v) for v in cases.values()) * len(proposers), 0
+    for d, dcases in cases.items():
         for prop in proposers:
-            for p in plist:
-                config = greedy.replace(proposer=prop, max_new_tokens=min(p.max_new_tokens, max_new_tokens))
-                rec = run_one(gen, p, config)
+            for case in dcases:
+                config = greedy.replace(proposer=prop, max_new_tokens=min(case.max_new_tokens, max_new_tokens))
+                rec = run_one(gen, case, config)
                 rounds.setdefault(d, {}).setdefault(prop, []).extend(rec.round_sizes + [(0, 0)] * rec.plain_steps)
                 if prop in in_loop:
                     in_loop[prop][0] += rec.draft_seconds
                     in_loop[prop][1] += rec.drafted
                 done += 1
                 if progress is not None:
-                    progress(done, total, f"{d} {prop} {p.id}")
+                    progress(done, total, f"{d} {prop} {case.id}")
+    return rounds, in_loop
 
-    if _costs_complete(costs, proposers):
-        cost_table = _merge_costs(None, costs)
-    else:
-        measured = measure_costs(gen, prompt_ids(gen, first), measure_g + 1)
-        for prop, (seconds, tokens) in in_loop.items():  # lookup: seconds per drafted token; eagle: head calls
-            measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0  # (catch-up included) per token
-        cost_table = _merge_costs(measured, costs)
 
-    profile_domains: dict[str, dict] = {}
-    for d, per_prop in rounds.items():
-        profile_domains[d] = {prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": len(by_domain[d])}
-                              for prop, r in per_prop.items()}
+def _choices(rounds: dict[str, dict[str, list[tuple[int, int]]]], prompts: dict[str, int], gammas: list[int],
+             cost_table: dict) -> dict[str, dict]:
+    """domain -> proposer -> choose_gamma's entry and its prompt count; "default" pools every domain."""
+    out = {d: {prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": prompts[d]}
+               for prop, r in per_prop.items()} for d, per_prop in rounds.items()}
     pooled: dict[str, list[tuple[int, int]]] = {}
     for per_prop in rounds.values():
         for prop, r in per_prop.items():
             pooled.setdefault(prop, []).extend(r)
-    profile_domains["default"] = {prop: {**choose_gamma(r, gammas, cost_table, prop),
-                                         "prompts": sum(len(v) for v in by_domain.values())}
-                                  for prop, r in pooled.items()}
+    out["default"] = {prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": sum(prompts.values())}
+                      for prop, r in pooled.items()}
+    return out
+
+
+def _costs_record(cost_table: dict) -> dict:
+    """The costs as calibration.json stores them: seconds, and ratios to the decode step."""
     decode = cost_table["decode_s"]
-    costs_out = {
+    return {
         "decode_s": decode,
         "verify_s": {str(s): v for s, v in sorted(cost_table["verify_s"].items())},
         "draft_step_s": dict(cost_table["draft_step_s"]),
@@ -271,22 +300,6 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
         },
         "method": cost_table.get("method", ""),
     }
-    profile = {
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": {**machine.describe(), "machine": platform.machine(),
-                   "threads": threads},
-        "settings": {"gammas": gammas, "measure_gamma": measure_g, "prompts_per_domain": prompts_per_domain,
-                     "max_new_tokens": max_new_tokens, "proposers": proposers, "sampling": "greedy"},
-        "costs": costs_out,
-        "domains": profile_domains,
-    }
-    doc = _read_existing(root)
-    doc["profiles"][device] = profile
-    if set_default or not doc.get("default_profile") or doc["default_profile"] not in doc["profiles"]:
-        doc["default_profile"] = device
-    if write:
-        write_calibration(root, doc)
-    return doc
 
 
 def _read_existing(root: Path) -> dict:

@@ -113,9 +113,10 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
     Prints acceptance, tokens/s and speedup with a 95% CI, latency percentiles, draft
     overhead and output equivalence (greedy) or quality (sampling); docs/benchmarking.md
     explains every figure."""
-    from .bench import resolve_prompts, run_bench
+    from .bench import run_bench
     from .bench_plots import write_plots
     from .bench_report import BenchError
+    from .harness import load_prompt_set
 
     gammas = parse_gammas(gamma_text)
     try:
@@ -129,7 +130,7 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
             import matplotlib  # noqa: F401
         except ImportError:
             raise click.UsageError("--plot needs matplotlib: pip install 'specexport[plot]'") from None
-    prompts = resolve_prompts(_split(prompt_specs), limit=limit)
+    prompts = load_prompt_set(_split(prompt_specs), limit=limit)
     bar = _Progress(not quiet, "run")
     try:
         report = run_bench(artifact, prompts, proposer=proposer, gammas=gammas, temperature=temperature, top_p=top_p,
@@ -184,9 +185,9 @@ def calibrate(artifact: Path, domain_args: tuple[str, ...], proposer_args: tuple
               no_default: bool, dry_run: bool, as_json: bool, quiet: bool) -> None:
     """Measure acceptance per domain and this machine's costs, pick gamma per domain and
     proposer, and store it in ARTIFACT/calibration.json (checksum added to the manifest)."""
-    from .bench import resolve_prompts
     from .calibrate import calibrate as run_calibration
     from .calibrate import default_device_name
+    from .harness import load_prompt_set
 
     domains = _split(domain_args)
     bad = [d for d in domains if d not in DOMAINS]
@@ -196,7 +197,7 @@ def calibrate(artifact: Path, domain_args: tuple[str, ...], proposer_args: tuple
     if not gammas:
         raise click.BadParameter("give integer gammas", param_hint="--gammas")
     device = device_name or default_device_name()
-    prompts = resolve_prompts(_split(prompt_specs)) if prompt_specs else None
+    prompts = load_prompt_set(_split(prompt_specs)) if prompt_specs else None
     bar = _Progress(not quiet and not as_json, "run")
     try:
         doc = run_calibration(artifact, domains=domains, proposers=list(proposer_args) or None, gammas=gammas,

@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,7 +42,7 @@ import numpy as np
 from specexport_runtime.errors import SpecExportError
 
 from . import machine
-from .prompts import Prompt
+from .prompts import Prompt, load_prompts
 
 # the warm-up request's chat: in no shipped prompt set, so no engine has seen a measured answer
 WARMUP_MESSAGES: tuple[dict[str, str], ...] = ({"role": "user", "content": "Name three colours."},)
@@ -76,15 +77,34 @@ class Case:
     repeat: int = field(default=0, compare=False)
 
 
-def load_prompt_set(spec: str | Sequence[str], limit: int | None = None) -> list[Prompt]:
-    """Prompts of a comma-separated spec (calibration domains, 'all', JSONL or text files), the
-    first `limit` per domain; HarnessError when nothing is left."""
-    from .bench import resolve_prompts  # imported here: bench imports this module's statistics
-
-    specs = [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
+def load_prompt_set(spec: str | os.PathLike | Sequence[str | os.PathLike], limit: int | None = None) -> list[Prompt]:
+    """Prompts of a spec: calibration domains, 'all', JSONL or text files, given as one
+    comma-separated string, one path or a sequence of them. A prompt id met again in a later
+    spec is kept once (the first); `limit` keeps the first `limit` prompts of each domain.
+    HarnessError when nothing is left."""
+    if isinstance(spec, os.PathLike):
+        specs: list = [spec]
+    elif isinstance(spec, str):
+        specs = [s.strip() for s in spec.split(",") if s.strip()]
+    else:
+        specs = list(spec)
     if limit is not None and limit < 1:
         raise HarnessError(f"limit must be >= 1, got {limit}")
-    prompts = resolve_prompts(specs, limit=limit)
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    for one in specs:
+        for p in load_prompts(one):
+            if p.id not in seen:
+                seen.add(p.id)
+                prompts.append(p)
+    if limit is not None:
+        counts: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            counts[p.domain] = counts.get(p.domain, 0) + 1
+            if counts[p.domain] <= limit:
+                kept.append(p)
+        prompts = kept
     if not prompts:
         raise HarnessError(f"prompt set {spec!r} holds no prompts")
     return prompts
@@ -309,6 +329,20 @@ def median_seconds(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(out)
 
 
+def interleaved_seconds(calls: Mapping[Hashable, Callable[[], Any]], rounds: int) -> dict[Hashable, float]:
+    """Median wall seconds of each of `calls`: one untimed warm-up round, then `rounds` rounds
+    that call each once, in an order rotated by one from the round before (machine drift spreads
+    over all of them instead of landing on whichever ran first)."""
+    keys = list(calls)
+    for key in keys:
+        calls[key]()
+    times: dict[Hashable, list[float]] = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in rotated(keys, r):
+            times[key].append(median_seconds(calls[key], 1))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -442,6 +476,6 @@ def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
 
 __all__ = ["BOOTSTRAP_SAMPLES", "Case", "HarnessError", "Method", "Run", "SETTLE_SECONDS", "Sample", "WARMUP_ID",
            "WARMUP_MESSAGES", "add_run_options", "bootstrap_ci", "check_run_options", "cli", "encode_prompt",
-           "header", "load_prompt_set", "make_cases", "median_seconds", "parse_args", "percentiles", "preamble",
-           "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule", "script_parser", "until_eos",
-           "wall_tok_s", "warmup_case", "write_json"]
+           "header", "interleaved_seconds", "load_prompt_set", "make_cases", "median_seconds", "parse_args",
+           "percentiles", "preamble", "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule",
+           "script_parser", "until_eos", "wall_tok_s", "warmup_case", "write_json"]

@@ -180,10 +180,10 @@ def _windows_of_texts(texts: list[str], tok: FrozenTarget, seq_len: int, name: s
 
 
 def held_out_prompt_ids(specs: Sequence[str], limit: int | None) -> list[str]:
-    """The benchmark's prompt ids (bench.resolve_prompts with the same --prompts / --limit)."""
-    from .bench import resolve_prompts
+    """The benchmark's prompt ids (harness.load_prompt_set with the same --prompts / --limit)."""
+    from .harness import load_prompt_set
 
-    return [p.id for p in resolve_prompts(list(specs), limit=limit)] if specs else []
+    return [p.id for p in load_prompt_set(list(specs), limit=limit)] if specs else []
 
 
 def _calibration_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progress) -> tuple[list[Window], dict]:

@@ -80,9 +80,43 @@ def _copy(artifact: Path, tmp_path: Path) -> Path:
 def test_run_counts_and_order(self_report):
     runs = self_report.runs
     assert len(runs) == len(PROMPTS) * 2 * 3  # prompts x repeats x (off + 2 gammas)
-    first = [r.label for r in runs[:3]]
-    second = [r.label for r in runs[3:6]]
-    assert first == ["off", "adaptive", "3"] and second == ["3", "adaptive", "off"]  # order alternates
+    rounds = [[r.label for r in runs[i : i + 3]] for i in range(0, len(runs), 3)]
+    # prompts outer, repeats inner; every configuration once per round, rotated by one each round
+    assert [(r.prompt_id, r.repeat) for r in runs[::3]] == [(p.id, rep) for p in PROMPTS for rep in (0, 1)]
+    assert all({(r.prompt_id, r.repeat) for r in runs[i : i + 3]} == {(runs[i].prompt_id, runs[i].repeat)}
+               for i in range(0, len(runs), 3))
+    assert rounds[:4] == [["off", "adaptive", "3"], ["adaptive", "3", "off"], ["3", "off", "adaptive"],
+                          ["off", "adaptive", "3"]]
+
+
+def test_warm_up_is_outside_the_set_and_every_run_starts_with_an_empty_store(tiny_artifacts):
+    """Every generation of a bench run, as the generator sees it: the first ones (one per
+    configuration) are the harness's warm-up prompt, no measured prompt; the suffix store of
+    earlier answers is empty before each, although generations fill it (with repeats, a kept
+    store would hand a prompt its own earlier answer)."""
+    from specexport.harness import warmup_case
+
+    gen = load(tiny_artifacts["ngram"])
+    store = gen.learned("suffix")
+    calls = []
+    generate = gen.generate
+
+    def observed(prompt, config=None, **overrides):
+        before = len(store.store.responses)
+        result = generate(prompt, config, **overrides)
+        calls.append((tuple(prompt), before, len(store.store.responses)))
+        return result
+
+    gen.generate = observed
+    copy = Prompt(id="t-rep", domain="copy_edit", messages=None, text="40 41 42 43 44 " * 4, max_new_tokens=NEW)
+    report = run_bench(gen, [copy, PROMPTS[1]], proposer="suffix", gammas=[None, 3], repeats=2)
+    warm = warmup_case(gen.codec).ids
+    measured = {tuple(r.prompt_ids) for r in report.runs}
+    assert len(measured) == 2 and warm not in measured
+    assert [ids for ids, _, _ in calls[:3]] == [warm] * 3  # off, adaptive, 3
+    assert [ids for ids, _, _ in calls[3:]] == [tuple(r.prompt_ids) for r in report.runs]
+    assert all(before == 0 for _, before, _ in calls), [c[1] for c in calls]
+    assert any(after > 0 for _, _, after in calls[3:])  # the store does fill: the check above can fail
 
 
 def test_counting_invariants(self_report):
@@ -163,6 +197,22 @@ def test_report_outputs(self_report):
 
     assert data["meta"]["machine"]["cpu"] == cpu_model() and f"machine     {cpu_model()}," in text  # closing notes name the CPU
     assert "| on[3] |" in self_report.to_markdown()
+    assert list(data["runs"][0]) == [
+        "prompt_id", "domain", "mode", "gamma", "repeat", "seed", "prompt_tokens", "new_tokens", "finish_reason",
+        "total_seconds", "prefill_seconds", "draft_seconds", "target_seconds", "tokens_per_second", "rounds",
+        "plain_steps", "drafted", "accepted", "corrections", "bonus", "lookup_rounds", "by_source"]
+
+
+def test_run_records_wrap_the_generation_stats(self_report):
+    """A RunRecord keeps its generation's GenerationStats and reads the counters from it."""
+    from specexport_runtime.generator import GenerationStats
+
+    for r in self_report.runs:
+        assert isinstance(r.stats, GenerationStats)
+        assert (r.new_tokens, r.drafted, r.round_sizes) == (r.stats.new_tokens, r.stats.drafted, r.stats.round_sizes)
+        assert r.summary()["tokens_per_second"] == r.stats.tokens_per_second
+    with pytest.raises(AttributeError):
+        self_report.runs[0].new_tokens = 0  # a view of the stats, not a copy to edit
 
 
 def test_sampling_quality(tiny_artifacts):
@@ -322,6 +372,31 @@ def test_calibrate_self_picks_largest_gamma(tiny_artifacts, tmp_path):
     assert set(doc2["profiles"]["devB"]["domains"]["code"]) == {"draft", "ngram"}
     verify_files(art, read_manifest(art))
     assert load(art).calibration == json.loads((art / CALIBRATION_NAME).read_text())
+
+
+def test_calibrate_warms_up_outside_the_calibrated_prompts(tiny_artifacts, monkeypatch):
+    """The first generation is the harness's warm-up prompt, in no calibrated domain; the rest are
+    the calibrated prompts; the profile names this machine."""
+    from specexport import calibrate as calibrate_module
+    from specexport.harness import WARMUP_ID, warmup_case
+    from specexport.machine import cpu_model
+
+    seen = []
+    run_one = calibrate_module.run_one
+
+    def observed(gen, case, config, **kw):
+        seen.append(case)
+        return run_one(gen, case, config, **kw)
+
+    monkeypatch.setattr(calibrate_module, "run_one", observed)
+    doc = calibrate(tiny_artifacts["self"], domains=("code", "chat"), proposers=["draft"], prompts=PROMPTS,
+                    max_new_tokens=NEW, device_name="devW", costs=CHEAP_DRAFT, write=False)
+    warm, measured = seen[0], seen[1:]
+    assert warm.id == WARMUP_ID and warm.ids == warmup_case(load(tiny_artifacts["self"]).codec).ids
+    assert [c.id for c in measured] == ["t-code-1", "t-code-2", "t-chat-1"]
+    assert warm.ids not in {c.ids for c in measured}
+    device = doc["profiles"]["devW"]["device"]
+    assert set(device) == {"platform", "cpu", "cpu_count", "machine", "threads"} and device["cpu"] == cpu_model()
 
 
 def test_calibrate_disagreeing_draft_picks_zero(far_artifact, tmp_path):

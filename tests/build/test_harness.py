@@ -121,6 +121,17 @@ def test_refusals(gen):
         harness.load_prompt_set("code", limit=0)
 
 
+def test_prompt_sets_load_from_paths_lists_and_comma_specs(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("one\ntwo\nthree\n")
+    b.write_text("four\n")
+    assert [p.id for p in harness.load_prompt_set(a)] == ["a-1", "a-2", "a-3"]  # one path
+    assert [p.id for p in harness.load_prompt_set(f"{a},{b}", limit=2)] == ["a-1", "a-2", "b-1"]  # per domain
+    assert [p.id for p in harness.load_prompt_set([a, b, a])] == ["a-1", "a-2", "a-3", "b-1"]  # an id once
+    code = harness.load_prompt_set("code", limit=2)
+    assert len(code) == 2 and {p.domain for p in code} == {"code"}
+
+
 def _sample(method, case, seconds, tokens, repeat=0):
     return Sample(method, case, repeat, 0, seconds, {"tokens": tokens, "tok_s": 10 / seconds})
 
@@ -154,6 +165,13 @@ def test_statistics_helpers():
     from specexport import bench_stats
 
     assert bench_stats.ratio_ci is harness.ratio_ci and bench_stats.bootstrap_ci is harness.bootstrap_ci
+
+
+def test_interleaved_seconds_warms_up_then_rotates():
+    order = []
+    seconds = harness.interleaved_seconds({k: (lambda k=k: order.append(k)) for k in "abc"}, 3)
+    assert "".join(order) == "abc" + "abc" + "bca" + "cab"  # an untimed round, then rotated rounds
+    assert set(seconds) == set("abc") and all(v >= 0 for v in seconds.values())
 
 
 def test_metadata_names_the_machine_and_the_command(tmp_path):
