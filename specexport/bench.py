@@ -46,7 +46,7 @@ from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import SuffixConfig, SuffixStore
 
-from . import harness
+from . import bench_constrained, harness
 from .bench_plots import write_plots
 from .bench_report import BenchError, BenchReport, ConfigResult, RunRecord, gamma_label
 from .bench_stats import (
@@ -182,11 +182,12 @@ def _check_arguments(prompts, gammas: list, repeats: int, max_new_tokens: int | 
 
 
 def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], cases: Sequence[Case],
-                  seed: int) -> list[Method]:
+                  seed: int, grammars: dict | None = None) -> list[Method]:
     """One harness Method per configuration: 'off', then on with each gamma (named by its
-    label). run(case) is run_one with the case's limit and, when sampling, the seed
-    seed + 1000 i + repeat (i: the case's index; the warm-up gets `seed`); reset empties the
-    suffix store of earlier answers."""
+    label). run(case) is run_one with the case's limit, its grammar (grammars: case id ->
+    structured.Grammar, --constrained) and, when sampling, the seed seed + 1000 i + repeat (i:
+    the case's index; the warm-up gets `seed`); reset empties the suffix store of earlier answers."""
+    grammars = grammars or {}
     index = {c.id: i for i, c in enumerate(cases)}
 
     def method(speculative: bool, gamma: int | None) -> Method:
@@ -197,7 +198,7 @@ def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], case
             else:
                 run_seed = None if base.temperature == 0 else seed + 1000 * i + case.repeat
             config = base.replace(speculative=speculative, gamma=gamma, max_new_tokens=case.max_new_tokens,
-                                  seed=run_seed)
+                                  seed=run_seed, grammar=grammars.get(case.id))
             record = run_one(gen, case, config, forget=False)
             return {"tokens": record.token_ids, "record": record}
 
@@ -254,7 +255,7 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
               seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
               shared_pool: bool = False,
               progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
-              suffix: SuffixConfig | None = None) -> BenchReport:
+              suffix: SuffixConfig | None = None, constrained: bool = False) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec
     (harness.load_prompt_set).
@@ -269,7 +270,8 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     kept from prompt to prompt (one store per configuration, so a run never sees another
     configuration's answer to the same prompt), which shows learning across requests; by_domain
     then reports the first and last third's speedup. hybrid_retrieval, suffix: the hybrid and
-    suffix proposers' settings (GeneratorConfig); None keeps the generator's."""
+    suffix proposers' settings (GeneratorConfig); None keeps the generator's. constrained: both
+    modes decode under each prompt's constraint (bench_constrained.py)."""
     from specexport_runtime.api import load
 
     if isinstance(prompts, (str, os.PathLike)):
@@ -289,14 +291,18 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
     if max_new_tokens is not None:
         cases = [replace(c, max_new_tokens=max_new_tokens) for c in cases]
     warm = warmup_case(gen.codec, WARMUP_TOKENS)  # first-call allocations, ORT arena growth
-    methods = bench_methods(gen, base, gammas, cases, seed)
+    grammars = bench_constrained.grammars(gen.codec, cases) if constrained else {}
+    methods = bench_methods(gen, base, gammas, cases, seed, grammars)
     if sequential:
         runs = _measure_sequential(gen, methods, cases, warm, repeats, progress)
     else:
         runs = _measure(methods, cases, warm, repeats, progress)
-    return build_report(gen, runs, prompts, base, gammas=gammas, seed=seed, repeats=repeats,
-                        max_new_tokens=max_new_tokens, threads=threads, sequential=sequential,
-                        temperature=temperature, top_p=top_p, top_k=top_k)
+    report = build_report(gen, runs, prompts, base, gammas=gammas, seed=seed, repeats=repeats,
+                          max_new_tokens=max_new_tokens, threads=threads, sequential=sequential,
+                          temperature=temperature, top_p=top_p, top_k=top_k)
+    if constrained:
+        report.constrained = bench_constrained.summarize(gen.codec, runs, cases)
+    return report
 
 
 # --------------------------------------------------------------------------- the report

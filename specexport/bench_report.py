@@ -171,6 +171,7 @@ class BenchReport:
     caveats: list[str] = field(default_factory=list)
     exactness: dict | None = None  # the target's exactness class and rows measurement (bench.target_exactness)
     runs: list[RunRecord] = field(default_factory=list, repr=False)
+    constrained: dict | None = None  # --constrained: per configuration, valid answers and forced tokens
 
     def config(self, gamma: int | None) -> ConfigResult:
         for c in self.configs:
@@ -183,6 +184,7 @@ class BenchReport:
             "meta": self.meta, "lengths": self.lengths, "off": asdict(self.off),
             "configs": [asdict(c) for c in self.configs], "memory": self.memory, "costs": self.costs,
             "quality_off": self.quality_off, "caveats": list(self.caveats), "exactness": self.exactness,
+            "constrained": self.constrained,
         }
         if include_runs:
             data["runs"] = [r.summary() for r in self.runs]
@@ -268,6 +270,10 @@ class BenchReport:
                              f"({e['share']:.0%}){div}; {exactness_text(self.exactness)}")
             if c.quality is not None:
                 lines.append(" " * 14 + "quality: " + _quality_line(c.quality))
+        if self.constrained:
+            from .bench_constrained import lines as constrained_lines
+
+            lines += constrained_lines(self.constrained)
         mem = self.memory
         if mem.get("draft_bytes"):
             lines.append(f"  memory      draft {mem['draft_bytes'] / 1e6:.1f} MB of {mem['total_bytes'] / 1e6:.1f} MB "

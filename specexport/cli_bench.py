@@ -84,6 +84,9 @@ class _Progress:
 @click.option("--sequential", is_flag=True,
               help="Run each domain's prompts in order as one session: the suffix proposer keeps earlier answers"
                    " from prompt to prompt (learning across requests); reports the first and last third's speedup.")
+@click.option("--constrained", is_flag=True,
+              help="Decode under each prompt's constraint (its 'schema' or 'tools', e.g. benchmarks/prompts/"
+                   "structured_json.jsonl) with speculation off and on; reports valid answers and forced tokens.")
 @click.option("--gamma", "gamma_text", default="adaptive", show_default=True,
               help="Draft lengths to compare with speculation off: a comma list such as 2,4,8, and/or 'adaptive'.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
@@ -104,7 +107,7 @@ class _Progress:
               help="Write PNG plots into this folder (needs matplotlib: pip install 'specexport[plot]').")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, hybrid_retrieval: str | None,
-          suffix_factor: float | None, suffix_max_spec: int | None, sequential: bool, gamma_text: str,
+          suffix_factor: float | None, suffix_max_spec: int | None, sequential: bool, constrained: bool, gamma_text: str,
           temperature: float,
           top_p: float, top_k: int, seed: int, repeats: int, max_new_tokens: int | None, limit: int | None,
           threads: int | None, json_out: Path | None, md_out: Path | None, plot_dir: Path | None, quiet: bool) -> None:
@@ -136,7 +139,7 @@ def bench(artifact: Path, prompt_specs: tuple[str, ...], proposer: str | None, h
         report = run_bench(artifact, prompts, proposer=proposer, gammas=gammas, temperature=temperature, top_p=top_p,
                            top_k=top_k, seed=seed, repeats=repeats, max_new_tokens=max_new_tokens, threads=threads, shared_pool=True,
                            progress=bar, hybrid_retrieval=hybrid_retrieval, sequential=sequential,
-                           suffix=suffix)
+                           suffix=suffix, constrained=constrained)
     except BenchError as exc:
         raise click.UsageError(str(exc)) from None
     finally:

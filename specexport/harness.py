@@ -111,8 +111,21 @@ def load_prompt_set(spec: str | os.PathLike | Sequence[str | os.PathLike], limit
 
 
 def encode_prompt(codec, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt: a chat prompt through the codec's chat template, a text as it is."""
-    return codec.encode_chat(prompt.chat()) if prompt.is_chat else codec.encode(prompt.text)
+    """Token ids of a prompt: a chat prompt through the codec's chat template (with its tools, as
+    SpecGenerator.chat renders them), a text as it is."""
+    if not prompt.is_chat:
+        return codec.encode(prompt.text)
+    if prompt.tools is None:
+        return codec.encode_chat(prompt.chat())
+    plan = tool_plan(codec, prompt)
+    return codec.encode_chat(plan.messages(prompt.chat()), tools=plan.template_tools)
+
+
+def tool_plan(codec, prompt: Prompt):
+    """A tools prompt's tools.ToolPlan (how the answer's tool calls are read)."""
+    from specexport_runtime.tools import ToolPlan
+
+    return ToolPlan.create(list(prompt.tools), prompt.tool_choice, codec.reads_tools)
 
 
 def make_cases(codec, prompts: Sequence[Prompt], per_prompt_limit: bool = False) -> list[Case]:

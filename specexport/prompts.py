@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from specexport_runtime.errors import SpecExportError
 
-DOMAINS: tuple[str, ...] = ("code", "chat", "structured", "copy_edit", "creative", "agentic", "rag")
+DOMAINS: tuple[str, ...] = ("code", "chat", "structured", "copy_edit", "creative", "agentic", "rag", "structured_json")
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibration"
 ROLES = ("system", "user", "assistant")
 MAX_NEW_TOKENS_RANGE = (1, 4096)
@@ -38,7 +39,9 @@ DEFAULT_MAX_NEW_TOKENS = 128
 JSONL_SUFFIXES = frozenset((".jsonl", ".json", ".ndjson"))
 
 _PROMPT_KEYS = ("messages", "prompt", "text")  # exactly one per line
-_ALLOWED = frozenset(("id", "domain", "max_new_tokens") + _PROMPT_KEYS)
+# a chat prompt's constraint (bench --constrained): a JSON Schema, or OpenAI tools (+ tool_choice)
+_CONSTRAINT_KEYS = ("schema", "tools", "tool_choice")
+_ALLOWED = frozenset(("id", "domain", "max_new_tokens") + _PROMPT_KEYS + _CONSTRAINT_KEYS)
 _MESSAGE_KEYS = frozenset(("role", "content"))
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what editors count as lines (not str.splitlines)
 
@@ -71,6 +74,13 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] | None
     text: str | None
     max_new_tokens: int
+    schema: dict | None = field(default=None, compare=False)  # the answer's JSON Schema
+    tools: tuple | None = field(default=None, compare=False)  # OpenAI tool definitions the answer may call
+    tool_choice: Any = field(default=None, compare=False)
+
+    @property
+    def constrained(self) -> bool:
+        return self.schema is not None or self.tools is not None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
@@ -243,7 +253,19 @@ def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None,
         text = obj[key]
         if not isinstance(text, str) or not text.strip():
             raise fail(f"must be a non-empty string, got {_show(text)}", key)
-    return Prompt(id=pid, domain=domain, messages=messages, text=text, max_new_tokens=mnt)
+    schema, tools = obj.get("schema"), obj.get("tools")
+    if schema is not None and not isinstance(schema, dict):
+        raise fail(f"must be a JSON Schema object, got {_show(schema)}", "schema")
+    if tools is not None and (not isinstance(tools, list) or not tools or not all(isinstance(t, dict) for t in tools)):
+        raise fail(f"must be a non-empty list of tool objects, got {_show(tools)}", "tools")
+    if schema is not None and tools is not None:
+        raise fail("give schema or tools, not both", "tools")
+    if "tool_choice" in obj and tools is None:
+        raise fail("needs tools", "tool_choice")
+    if (schema is not None or tools is not None) and messages is None:
+        raise fail("a constrained prompt must be chat messages", "schema" if schema is not None else "tools")
+    return Prompt(id=pid, domain=domain, messages=messages, text=text, max_new_tokens=mnt, schema=schema,
+                  tools=None if tools is None else tuple(tools), tool_choice=obj.get("tool_choice"))
 
 
 def _parse_messages(value, fail) -> tuple[tuple[str, str], ...]:

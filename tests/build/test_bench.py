@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from specexport.bench import QUANT_CAVEAT, run_bench
+from specexport.bench_constrained import ConstrainedError
 from specexport.bench_plots import write_plots
 from specexport.bench_report import BenchReport
 from specexport.calibrate import calibrate, profile_gamma
@@ -479,3 +480,36 @@ def test_suffix_draft_limit_is_applied_and_reported(tiny_artifacts):
     assert "suffix drafts up to min(3, 4 x match)" in "\n".join(report.summary_lines())
     bad = CliRunner().invoke(bench_cmd, [str(tiny_artifacts["ngram"]), "--suffix-max-spec", "0"])
     assert bad.exit_code == 2 and "max_spec" in bad.output
+
+
+def test_constrained_bench_checks_validity_and_counts_forced_tokens(tmp_path):
+    """--constrained: both modes decode under each prompt's schema or tools; greedy outputs stay
+    identical, every answer is checked (json + jsonschema, tool calls), forced tokens are counted.
+    (A self-draft artifact with room for the tools' system message.)"""
+    pytest.importorskip("llguidance")
+    from tiny import build_tiny_artifact
+
+    artifact = build_tiny_artifact(tmp_path / "art", "self", max_context=1024)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "ping", "parameters": {
+        "type": "object", "properties": {"host": {"enum": ["a", "b"]}}, "required": ["host"], "additionalProperties": False}}}
+    path = tmp_path / "schema.jsonl"
+    lines = [{"id": "s1", "domain": "structured_json", "messages": [{"role": "user", "content": "give json"}],
+              "max_new_tokens": 30, "schema": schema},
+             {"id": "t1", "domain": "structured_json", "messages": [{"role": "user", "content": "ping a"}],
+              "max_new_tokens": 40, "tools": [tool], "tool_choice": "required"}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report = run_bench(artifact, str(path), proposer="draft", gammas=[4], repeats=1, constrained=True)
+    c = report.constrained
+    assert set(c) == {"off", "4"} and c["off"]["runs"] == c["4"]["runs"] == 2
+    assert c["off"]["valid"] == c["4"]["valid"]  # the same outputs, the same verdicts
+    assert c["4"]["forced_accepted"] > 0 and c["off"]["forced"] == 0
+    assert 0 < c["4"]["forced_share"] <= 1
+    assert report.config(4).equivalence["share"] == 1.0
+    assert any(line.startswith("  constrained") for line in report.summary_lines())
+    assert report.to_dict()["constrained"]["4"]["valid"] == c["4"]["valid"]
+    free = tmp_path / "free.jsonl"
+    free.write_text(json.dumps({"id": "f1", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ConstrainedError, match="'f1'"):
+        run_bench(artifact, str(free), proposer="draft", gammas=[4], repeats=1, constrained=True)
