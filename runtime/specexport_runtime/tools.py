@@ -160,7 +160,7 @@ class ToolPlan:
     def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict]:
         """The conversation as the chat template renders it: tool turns in the generic format
         and, unless the template renders the tools, a system message describing them."""
-        out = [_generic_turn(m) for m in messages]
+        out = [_generic_turn(i, m) for i, m in enumerate(messages)]
         if not self.active or self.native:
             return out
         when = WHEN["named"].format(name=self.choice) if self.choice not in WHEN else WHEN[self.choice]
@@ -204,13 +204,29 @@ class ToolPlan:
         return None, calls
 
 
-def _generic_turn(message: Mapping[str, Any]) -> dict:
-    """An earlier turn in the generic format: an assistant's tool calls as their JSON, a tool's
-    result as a user message naming the call."""
-    role, content = message.get("role"), message.get("content") or ""
-    if role == "assistant" and message.get("tool_calls"):
-        calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}
-                 for c in message["tool_calls"]]
+# keys a turn may carry beside 'role', by role (any other role: 'content' only)
+TURN_KEYS = {"assistant": {"content", "tool_calls"}, "tool": {"content", "tool_call_id"}}
+
+
+def _generic_turn(i: int, message: Any) -> dict:
+    """Turn i checked, in the generic format: an assistant's tool calls as their JSON, a tool's
+    result as a user message naming the call; InvalidArgument names the turn."""
+    shape = ("{'role': str, 'content': str} (an assistant's may carry tool_calls instead of content, a tool's"
+             " tool_call_id)")
+    if not isinstance(message, Mapping):
+        raise InvalidArgument(f"message {i} must be {shape}, got {type(message).__name__}")
+    role, content = message.get("role"), message.get("content")
+    calls = message.get("tool_calls") if role == "assistant" else None
+    if (not isinstance(role, str) or set(message) - {"role", *TURN_KEYS.get(role, {"content"})}
+            or not (isinstance(content, str) or (content is None and calls))):
+        raise InvalidArgument(f"message {i} must be {shape}, got keys {sorted(message)}")
+    if calls:
+        try:
+            calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}
+                     for c in calls]
+        except (KeyError, TypeError, json.JSONDecodeError):
+            raise InvalidArgument(f"message {i}: tool_calls must be [{{'id', 'type': 'function', 'function': "
+                                  "{'name': str, 'arguments': JSON text}}, ...]") from None
         return {"role": "assistant", "content": json.dumps({"tool_calls": calls})}
     if role == "tool":
         return {"role": "user", "content": f"Result of tool call {message.get('tool_call_id', '')}: {content}"}

@@ -346,13 +346,15 @@ class RandomProposer(Proposer):
 
 
 def record_rounds(stats: GenerationStats) -> list[tuple[int, int]]:
-    """Wrap stats.record_round to log (k, n) of every round."""
+    """Wrap stats.record_round to log (k, n) of every round (k: drafted tokens, forced ones
+    included; no grammar here, so none are forced)."""
     log: list[tuple[int, int]] = []
     original = stats.record_round
 
-    def record(k, n):
+    def record(k, n, forced=0):
+        assert forced == 0
         log.append((k, n))
-        original(k, n)
+        original(k, n, forced)
 
     stats.record_round = record
     return log

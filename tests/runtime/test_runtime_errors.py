@@ -269,6 +269,11 @@ def test_bad_chat_messages(gen):
         gen.chat([{"role": "user", "content": "hi", "name": "x"}], max_new_tokens=4)
     with pytest.raises(InvalidArgument, match="message 0"):
         gen.chat([{"role": "user", "content": 3}], max_new_tokens=4)
+    with pytest.raises(InvalidArgument, match="message 1: tool_calls"):
+        gen.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+                                                       "tool_calls": [{"function": {"name": "f"}}]}], max_new_tokens=4)
+    with pytest.raises(InvalidArgument, match="message 0 .*tool_call_id"):
+        gen.chat([{"role": "user", "content": "hi", "tool_call_id": "c1"}], max_new_tokens=4)
     assert no_model_calls(gen) == before
 
 
