@@ -15,7 +15,7 @@ What is checked, for the declared TensorRT version:
     string, complex, 16-bit and unsigned integer tensors are errors; bfloat16/float8/int4 need
     TensorRT >= 9 / 9 / 10;
   * dynamic dimensions: every symbolic input dimension must be one the engine profiles define
-    (seq S, past P, rows R; trt_build.default_profiles), batch is fixed at 1, and no input
+    (seq S, past P, rows R; trt_engines.default_profiles), batch is fixed at 1, and no input
     dimension may be unnamed (-1 without a name).
 
 INT64: TensorRT 8.x casts INT64 tensors to INT32 (clamping to +-INT32_MAX); since 9.0 INT64 is
@@ -40,7 +40,8 @@ from onnx import TensorProto, numpy_helper
 
 from specexport_runtime import contract
 from specexport_runtime.manifest import read_manifest
-from specexport_runtime.trt_build import DIMS, BuildOptions, Profile, default_profiles, resolve_max_gamma
+from specexport_runtime.trt_build import BuildOptions, resolve_max_gamma
+from specexport_runtime.trt_engines import DIMS, Profile, default_profiles
 
 from .errors import SpecExportError
 
@@ -416,7 +417,7 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
               profiles: Sequence[Profile] | None = None) -> TrtReport:
     """Check one ONNX graph against TensorRT `trt_version` (see the module docstring).
 
-    profiles: the engine optimization profiles (trt_build.Profile); None means the defaults
+    profiles: the engine optimization profiles (trt_engines.Profile); None means the defaults
     trt_build uses (their dimension names are what matters here: seq, past, rows)."""
     version = parse_trt_version(trt_version)
     path = Path(graph_path)

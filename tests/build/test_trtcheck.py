@@ -24,7 +24,7 @@ from specexport.trtcheck import (
     op_support,
 )
 from specexport_runtime.manifest import Manifest, ModelEntry, TokenizerEntry, write_manifest
-from specexport_runtime.trt_build import Profile
+from specexport_runtime.trt_engines import Profile
 from tiny import make_model
 
 
