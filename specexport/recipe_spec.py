@@ -17,28 +17,6 @@ from specexport_runtime.contract import DECODER, EAGLE3_HEAD, GRAPH_FORMS, KvLay
 
 from .errors import RecipeError
 
-__all__ = [
-    "BLOCK_SIZE",
-    "BLOCK_SIZES",
-    "BLOCKED_PRECISIONS",
-    "CHECKPOINT_TARGETS",
-    "DRAFT_KINDS",
-    "DRAFT_MODEL_PRECISIONS",
-    "GRAPH_KINDS",
-    "MAX_CONTEXT",
-    "MIN_CONTEXT",
-    "QUANTIZED_TARGETS",
-    "SELF_DRAFT_PRECISIONS",
-    "TARGET_PRECISIONS",
-    "DraftSpec",
-    "ModelSpec",
-    "QuantizationSpec",
-    "Recipe",
-    "RetrievalSpec",
-    "SpeculationSpec",
-    "ValidationSpec",
-]
-
 BUILTIN_PREFIX = "builtin:"
 
 FLOAT_TARGETS = ("fp32", "fp16")
