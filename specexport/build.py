@@ -39,7 +39,7 @@ from .fused import build_fused, fused_refusal
 from .model_config import NormalizedConfig, UnsupportedConfig, normalize, read_config
 from .quantize import QUANTIZED_PRECISIONS, quantize_graph
 from .quantized_target import QuantizedWeights
-from .recipe import BLOCK_SIZE, CHECKPOINT_TARGETS, QUANTIZED_TARGETS, ModelSpec, Recipe
+from .recipe_spec import BLOCK_SIZE, CHECKPOINT_TARGETS, QUANTIZED_TARGETS, ModelSpec, Recipe
 from .sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source
 from .tokcheck import check_pair, tokenizer_hash
 from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range

@@ -18,7 +18,7 @@ from .eagle_portable import build_portable_head
 from .errors import BuildError
 from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
 from .model_config import normalize
-from .recipe import Recipe
+from .recipe_spec import Recipe
 from .sources import ModelSource, resolve_source, snapshot
 
 VOCAB_MAP = "draft/vocab_map.npy"  # int64 [V_draft]: the target id of each draft row

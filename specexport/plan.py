@@ -82,7 +82,8 @@ from .plan_sizes import (
     weight_bytes,
     window_saving_bytes,
 )
-from .recipe import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Recipe, load_recipe, resolve_recipe
+from .recipe import load_recipe, resolve_recipe
+from .recipe_spec import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Recipe
 
 GIB = 1 << 30
 RUNTIME_OVERHEAD_GIB = 1.0

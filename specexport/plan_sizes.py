@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import SpecExportError
 from .model_config import LayerSpec, NormalizedConfig, config_from_dict, normalize, read_config
-from .recipe import QUANTIZED_TARGETS, ModelSpec, QuantizationSpec
+from .recipe_spec import QUANTIZED_TARGETS, ModelSpec, QuantizationSpec
 
 MATMULNBITS_BLOCK = 32
 

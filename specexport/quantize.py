@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 
 from .export import DATA_NAME, GRAPH_NAME
-from .recipe import BLOCK_SIZE, BLOCK_SIZES, BLOCKED_PRECISIONS
+from .recipe_spec import BLOCK_SIZE, BLOCK_SIZES, BLOCKED_PRECISIONS
 
 QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")
 # accuracy_level 4: int8 activations inside MatMulNBits (its fast path also for S >= 2 rows)

@@ -63,7 +63,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .formats.eagle3 import Eagle3Head, replace_folder, write_eagle3_head
+from .formats.eagle3 import Eagle3Head
+from .formats.eagle3_writer import replace_folder, write_eagle3_head
 from .model_config import normalize
 from .train_config import DEFAULT_DRAFT_VOCAB, Progress, TrainConfig, TrainDraftError
 from .train_data import (

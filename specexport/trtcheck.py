@@ -15,7 +15,7 @@ What is checked, for the declared TensorRT version:
     string, complex, 16-bit and unsigned integer tensors are errors; bfloat16/float8/int4 need
     TensorRT >= 9 / 9 / 10;
   * dynamic dimensions: every symbolic input dimension must be one the engine profiles define
-    (seq S, past P, rows R; trt_build.default_profiles), batch is fixed at 1, and no input
+    (seq S, past P, rows R; trt_engines.default_profiles), batch is fixed at 1, and no input
     dimension may be unnamed (-1 without a name).
 
 INT64: TensorRT 8.x casts INT64 tensors to INT32 (clamping to +-INT32_MAX); since 9.0 INT64 is
@@ -25,7 +25,7 @@ positions stay far below 2**31, so int64 inputs and initializers are reported as
 The check reads the graph structure only (external weight data is not loaded), so it takes well
 under a second for any model size. It does not replace building the engine on the device
 (`python -m specexport_runtime.trt_build ARTIFACT`): TensorRT can still refuse a node for a
-reason not modelled here, and the matrix below is the documented one, not the parser's code.
+reason not modelled here, and the matrix (trt_ops.py) is the documented one, not the parser's code.
 """
 
 from __future__ import annotations
@@ -40,115 +40,24 @@ from onnx import TensorProto, numpy_helper
 
 from specexport_runtime import contract
 from specexport_runtime.manifest import read_manifest
-from specexport_runtime.trt_build import DIMS, BuildOptions, Profile, default_profiles, resolve_max_gamma
+from specexport_runtime.trt_build import BuildOptions, resolve_max_gamma
+from specexport_runtime.trt_engines import DIMS, Profile, default_profiles
 
 from .errors import SpecExportError
+from .trt_ops import (
+    CONSTANT_INPUTS,
+    CONTRIB_NOTES,
+    DTYPE_ERRORS,
+    DTYPE_NAMES,
+    DTYPE_SINCE,
+    KNOWN_VERSIONS,
+    OPSET_RANGES,
+    SUPPORTED_OPS,
+    SUPPORTED_SINCE,
+    UNSUPPORTED_OPS,
+)
 
 DEFAULT_TRT_VERSION = "10.3"  # JetPack 6.1/6.2 (Orin; 6.0 has 8.6); Jetson Thor / JetPack 7 ships a newer 10.x
-
-# --------------------------------------------------------------------------- the support matrix (data)
-#
-# Source: onnx/onnx-tensorrt, docs/operators.md ("Supported ONNX Operators", the operator support
-# matrix of TensorRT's ONNX parser; https://github.com/onnx/onnx-tensorrt/blob/main/docs/operators.md),
-# read at its TensorRT 10.15 revision, with the per-release additions from the same repository's
-# docs/Changelog.md (TensorRT 8.6 .. 10.15). The release branches (release/10.3-GA, ...) hold the
-# matrix of each version; re-check there when a version matters.
-#
-# Opset ranges stated by that document: TensorRT 8.6 "up to opset 17"; 10.0 "opset 9 to opset 20";
-# 10.15 "opset 9 to opset 24". For 10.1 .. 10.14 we keep 20 (the last range we could confirm).
-
-_OPSET_RANGES: dict[tuple[int, int], tuple[int, int]] = {
-    (8, 6): (9, 17),
-    (10, 0): (9, 20),
-    (10, 15): (9, 24),
-}
-KNOWN_VERSIONS = ("8.6", "10.0", "10.1", "10.2", "10.3", "10.4", "10.5", "10.6", "10.7", "10.8", "10.9", "10.10",
-                  "10.11", "10.12", "10.13", "10.14", "10.15")
-
-# Every operator the matrix marks "Y". Ops absent from the TensorRT 8.6 parser carry the first
-# version whose matrix / changelog lists them (SUPPORTED_SINCE); all others are taken as
-# supported from 8.6 on (8.6 is the JetPack 6.0 version and only a secondary target here).
-SUPPORTED_OPS = frozenset("""
-Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh Attention AveragePool BatchNormalization
-BlackmanWindow Cast CastLike Ceil Celu Clip Concat Constant ConstantOfShape Conv ConvTranspose Cos Cosh
-CumSum DeformConv DepthToSpace DequantizeLinear Div Dropout Einsum Elu Equal Erf Exp Expand EyeLike Flatten
-Floor Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater
-GreaterOrEqual GridSample GroupNormalization GRU HammingWindow HannWindow HardSigmoid HardSwish Hardmax
-Identity If ImageScaler InstanceNormalization IsInf IsNaN LayerNormalization LeakyRelu Less LessOrEqual Log
-LogSoftmax Loop LRN LSTM LpNormalization LpPool MatMul Max MaxPool Mean MeanVarianceNormalization Min Mish
-Mod Mul Neg NonMaxSuppression NonZero Not OneHot Or Pad ParametricSoftplus Pow PRelu QuantizeLinear
-RandomNormal RandomNormalLike RandomUniform RandomUniformLike Range Reciprocal ReduceL1 ReduceL2 ReduceLogSum
-ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize
-ReverseSequence RMSNormalization RNN RoiAlign RotaryEmbedding Round STFT ScaledTanh Scan Scatter
-ScatterElements ScatterND Selu Shape Shrink Sigmoid Sign Sin Sinh Size Slice Softmax Softplus Softsign
-SpaceToDepth Split Sqrt Squeeze Sub Sum Tan Tanh TensorScatter ThresholdedRelu Tile TopK Transpose Trilu
-Unsqueeze Upsample Where Xor
-""".split())
-
-SUPPORTED_SINCE: dict[str, str] = {
-    "Hardmax": "9.2",
-    "CastLike": "10.0", "Gelu": "10.0", "Mish": "10.0",  # opset 15-20 ops, first seen in the 10.0 matrix
-    "DeformConv": "10.1",
-    "BlackmanWindow": "10.4", "HammingWindow": "10.4", "HannWindow": "10.4",
-    "STFT": "10.5",
-    "Attention": "10.14",
-    "RotaryEmbedding": "10.15", "RMSNormalization": "10.15", "TensorScatter": "10.15",
-}
-
-# Operators the matrix marks "N" (with its note where it gives one).
-UNSUPPORTED_OPS: dict[str, str] = {
-    "DynamicQuantizeLinear": "not supported by TensorRT (its IDynamicQuantize is only reachable through a model"
-                             " local function); dynamic-int8 graphs cannot be built",
-    "MatMulInteger": "not supported by TensorRT (dynamic-int8 graphs); quantize with Q/DQ nodes instead",
-    "ConvInteger": "not supported by TensorRT",
-    "QLinearConv": "not supported by TensorRT (use Q/DQ nodes)",
-    "QLinearMatMul": "not supported by TensorRT (use Q/DQ nodes)",
-    **{op: "not supported by TensorRT" for op in """
-        AffineGrid Bernoulli BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Col2Im CenterCropPad Compress
-        ConcatFromSequence DFT Det ImageDecoder MaxRoiPool MaxUnpool MelWeightMatrix Multinomial
-        NegativeLogLikelihoodLoss Optional OptionalGetElement OptionalHasElement RegexFullMatch SequenceAt
-        SequenceConstruct SequenceEmpty SequenceErase SequenceInsert SequenceLength SequenceMap
-        SoftmaxCrossEntropyLoss SplitToSequence StringConcat StringNormalizer StringSplit TfIdfVectorizer Unique
-    """.split()},
-}
-
-# Contrib operators ONNX Runtime's quantizers and fusions emit; none is a TensorRT ONNX operator.
-CONTRIB_NOTES: dict[str, str] = {
-    "MatMulNBits": "ONNX Runtime contrib op (weight-only int8/int4 from specexport's int8/int4 drafts): not a"
-                   " TensorRT operator; use an fp16 draft for TensorRT, or the ONNX Runtime CUDA provider",
-    "GroupQueryAttention": "ONNX Runtime contrib op: not a TensorRT operator",
-    "MultiHeadAttention": "ONNX Runtime contrib op: not a TensorRT operator",
-    "SkipLayerNormalization": "ONNX Runtime contrib op: not a TensorRT operator",
-    "SimplifiedLayerNormalization": "ONNX Runtime contrib op: not a TensorRT operator (use RMSNormalization,"
-                                    " TensorRT >= 10.15, or plain ops)",
-    "RotaryEmbedding": "ONNX Runtime contrib op: not a TensorRT operator",
-}
-
-# Ops whose listed input must be a build-time constant (initializer or Constant output) before
-# a version: (input index, name, version from which a tensor is accepted or None).
-_CONSTANT_INPUTS: dict[str, tuple[int, str, str | None]] = {
-    "Slice": (3, "axes", "10.3"),  # changelog 10.3: tensor axes inputs for Slice
-    "CumSum": (1, "axis", "10.8"),  # changelog 10.8: dynamic axes for CumSum
-    "Squeeze": (1, "axes", "10.7"),  # changelog 10.7: dynamic axes for Squeeze / Unsqueeze
-    "Unsqueeze": (1, "axes", "10.7"),
-    "TopK": (1, "K", None),
-    "OneHot": (1, "depth", None),
-    **{op: (1, "axes", None) for op in ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
-                                         "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare")},
-}
-
-_DTYPE_ERRORS = {
-    TensorProto.STRING: "string", TensorProto.COMPLEX64: "complex64", TensorProto.COMPLEX128: "complex128",
-    TensorProto.INT16: "int16", TensorProto.UINT16: "uint16", TensorProto.UINT32: "uint32",
-    TensorProto.UINT64: "uint64",
-}
-_DTYPE_SINCE = {
-    TensorProto.BFLOAT16: ("bfloat16", "9.0"),
-    TensorProto.FLOAT8E4M3FN: ("float8e4m3fn", "9.0"),
-    TensorProto.INT4: ("int4", "10.0"),
-}
-_DTYPE_NAMES = {v: k.lower() for k, v in TensorProto.DataType.items()}
-
 BATCH = 1
 
 
@@ -176,8 +85,8 @@ def _v(text: str) -> tuple[int, int]:
 
 
 def opset_range(version: tuple[int, int]) -> tuple[int, int]:
-    best = max(k for k in _OPSET_RANGES if k <= version)
-    return _OPSET_RANGES[best]
+    best = max(k for k in OPSET_RANGES if k <= version)
+    return OPSET_RANGES[best]
 
 
 def op_support(domain: str, op_type: str, version: tuple[int, int]) -> str | None:
@@ -337,17 +246,17 @@ def _check_types(report: TrtReport, model: onnx.ModelProto, version: tuple[int, 
             for attr in node.attribute:
                 if attr.name == "value" and attr.HasField("t"):
                     typed[node.output[0]] = attr.t.data_type
-    counts = Counter(_DTYPE_NAMES.get(t, str(t)) for t in typed.values() if t)
+    counts = Counter(DTYPE_NAMES.get(t, str(t)) for t in typed.values() if t)
     report.dtype_counts = dict(sorted(counts.items()))
     by_type: dict[int, list[str]] = {}
     for name, elem in typed.items():
         if name not in skip:
             by_type.setdefault(elem, []).append(name)
-    for elem, label in _DTYPE_ERRORS.items():
+    for elem, label in DTYPE_ERRORS.items():
         if elem in by_type:
             names = by_type[elem]
             report.error(f"{len(names)} {label} tensor(s), a type TensorRT does not support (e.g. {names[0]!r})")
-    for elem, (label, since) in _DTYPE_SINCE.items():
+    for elem, (label, since) in DTYPE_SINCE.items():
         if elem in by_type and version < _v(since):
             report.error(f"{len(by_type[elem])} {label} tensor(s): TensorRT supports {label} from {since}")
     if TensorProto.DOUBLE in by_type:
@@ -386,7 +295,7 @@ def _check_restrictions(report: TrtReport, graph: onnx.GraphProto, version: tupl
     for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
-        rule = _CONSTANT_INPUTS.get(node.op_type)
+        rule = CONSTANT_INPUTS.get(node.op_type)
         if rule is not None:
             index, what, since = rule
             if len(node.input) > index and node.input[index] and node.input[index] not in constants:
@@ -416,7 +325,7 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
               profiles: Sequence[Profile] | None = None) -> TrtReport:
     """Check one ONNX graph against TensorRT `trt_version` (see the module docstring).
 
-    profiles: the engine optimization profiles (trt_build.Profile); None means the defaults
+    profiles: the engine optimization profiles (trt_engines.Profile); None means the defaults
     trt_build uses (their dimension names are what matters here: seq, past, rows)."""
     version = parse_trt_version(trt_version)
     path = Path(graph_path)

@@ -4,7 +4,7 @@ contract graph through its own bindings without a GPU.
 "Device" and "pinned host" memory are numpy byte blocks addressed by their real addresses, kept in
 two separate pools, so every copy is checked for its direction and bounds. An engine file holds
 JSON naming an ONNX graph and the (min, max) input shapes of each optimization profile, as
-trt_build.profile_shapes gives them; an execution context checks that every input shape lies in
+trt_engines.profile_shapes gives them; an execution context checks that every input shape lies in
 its profile and every address in an allocated block, reads the inputs at their addresses, runs
 the graph on ONNX Runtime's CPU provider and writes each output at its bound address. This tests
 the binding logic (names, shapes, addresses, copies, profile choice), not TensorRT: nothing here
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specexport_runtime.engine import SessionConfig, make_session
-from specexport_runtime.trt_build import Profile, profile_shapes
+from specexport_runtime.trt_engines import Profile, profile_shapes
 
 _ORT_TYPES = {"tensor(int64)": np.dtype(np.int64), "tensor(int32)": np.dtype(np.int32),
               "tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16)}

@@ -17,7 +17,7 @@ kv_nbytes, and the feature tensors of EAGLE-3), so the speculative loop runs on 
     go to an aligned staging buffer and one device-to-device copy moves them into the slot.
   * One CUDA stream; one execution context per optimization profile (decode, verify, prefill),
     all sharing one scratch allocation (ExecutionContextAllocationStrategy.USER_MANAGED), each
-    bound to its profile once; a call picks the context by S (trt_build.select_profile).
+    bound to its profile once; a call picks the context by S (trt_engines.select_profile).
   * input_ids / logits_index go through pinned host buffers; after execute_async_v3 only the R
     requested logits rows (R x V x 4 bytes) are copied back to a pinned host buffer.
   * Prompts longer than the prefill profile's max S are fed in chunks (the cursor moves, the
@@ -45,21 +45,16 @@ from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument
 from .model import CacheCursor, CallStats, head_rows, plan_rows
-from .trt_build import (
+from .trt_build import TensorRTUnavailable, cuda_check, gpu_info, import_cudart, import_tensorrt, trt_version_of
+from .trt_engines import (
     EngineMismatch,
     EngineRecord,
     GpuInfo,
     Profile,
-    TensorRTUnavailable,
-    cuda_check,
     find_record,
-    gpu_info,
-    import_cudart,
-    import_tensorrt,
     read_records,
     rebuild_command,
     select_profile,
-    trt_version_of,
 )
 
 ALIGNMENT = 256  # TensorRT: "The pointer must have at least 256-byte alignment" (IExecutionContext::setTensorAddress)

@@ -24,13 +24,8 @@ from safetensors.torch import load_file, save_file
 from tiny import make_model
 
 from specexport.formats.blocks import FormatError
-from specexport.formats.eagle3 import (
-    ARCHITECTURE,
-    Eagle3Head,
-    TargetShape,
-    load_eagle3_head,
-    write_eagle3_head,
-)
+from specexport.formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
+from specexport.formats.eagle3_writer import ARCHITECTURE, write_eagle3_head
 
 DRAFT_VOCAB = 96
 

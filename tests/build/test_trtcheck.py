@@ -15,16 +15,10 @@ from specexport.cli import _Group
 from specexport.cli_gpu import check_trt_cmd
 from specexport.export import export_graph
 from specexport.quantize import quantize_graph
-from specexport.trtcheck import (
-    SUPPORTED_OPS,
-    UNSUPPORTED_OPS,
-    TrtCheckError,
-    check_artifact,
-    check_trt,
-    op_support,
-)
+from specexport.trt_ops import SUPPORTED_OPS, UNSUPPORTED_OPS
+from specexport.trtcheck import TrtCheckError, check_artifact, check_trt, op_support
 from specexport_runtime.manifest import Manifest, ModelEntry, TokenizerEntry, write_manifest
-from specexport_runtime.trt_build import Profile
+from specexport_runtime.trt_engines import Profile
 from tiny import make_model
 
 

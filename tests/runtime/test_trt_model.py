@@ -19,7 +19,7 @@ from specexport_runtime.errors import ContractError, InvalidArgument
 from specexport_runtime.manifest import read_manifest
 from specexport_runtime.model import Model
 from specexport_runtime.trt_backend import TrtModel, plan_row_tensors, prefill_chunks, prefill_limit
-from specexport_runtime.trt_build import default_profiles, input_shapes, profile_shapes
+from specexport_runtime.trt_engines import default_profiles, input_shapes, profile_shapes
 
 TOL = 1e-4  # the same float32 graph, prompt fed in chunks here and whole there
 IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3, 91, 27, 150, 64]
