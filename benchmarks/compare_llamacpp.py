@@ -24,6 +24,14 @@ specexport as a server too (server to server: the same HTTP request path for bot
 median over prompts, the ratio to llama.cpp's target-only and to its best mode of the reference
 type (medians over prompts of per-prompt ratios), the acceptance, and for speculative modes how
 many prompts gave the same tokens as the engine's own target-only run (up to the first EOS).
+
+--constrained decodes every prompt under its JSON Schema (prompts with a 'schema', or tools with
+tool_choice 'required' or a named function: the tool-call object's schema, tools.ToolPlan), e.g.
+--prompts structured_json: llama-server gets it as /completion's json_schema (its own GBNF
+conversion, its own whitespace rules), specexport as the same structured.Grammar that `bench
+--constrained` uses (as response_format through --specexport-via server). The table then adds
+how many answers parse and validate against the prompt's schema (jsonschema); 'on==off' compares
+each engine's constrained speculation with its own constrained target-only run.
 """
 
 from __future__ import annotations
@@ -157,10 +165,13 @@ class LlamaServer(HttpServer):
                                 str(port), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-np", "1", "--jinja", "-c",
                                 str(ctx), *extra], port, log)
 
-    def complete(self, ids: list[int], n: int, seed: int) -> dict:
-        """Greedy /completion on token ids -> one run row (tokens include a final EOS)."""
+    def complete(self, ids: list[int], n: int, seed: int, schema: dict | None = None) -> dict:
+        """Greedy /completion on token ids, under `schema` when given -> one run row (tokens
+        include a final EOS)."""
         body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": seed, "cache_prompt": False,
                 "return_tokens": True, "stream": False}
+        if schema is not None:
+            body["json_schema"] = schema
         res, _ = self.post("/completion", body)
         tm = res["timings"]  # draft_n / draft_n_accepted sit in timings, only when something was drafted
         return {"tokens": res["tokens"], "tok_s": tm["predicted_per_second"], "new_tokens": tm["predicted_n"],
@@ -181,9 +192,13 @@ class SpecServer(HttpServer):
                                 str(port), "--threads", str(threads), "--proposer", "none" if mode == "off" else mode],
                          port, log)
 
-    def complete(self, ids: list[int], n: int, seed: int) -> dict:
-        """Greedy /v1/completions on token ids -> one run row (decode tok/s as the server measured it)."""
+    def complete(self, ids: list[int], n: int, seed: int, schema: dict | None = None) -> dict:
+        """Greedy /v1/completions on token ids, under `schema` when given -> one run row (decode
+        tok/s as the server measured it)."""
         body = {"prompt": ids, "max_tokens": n, "temperature": 0, "seed": seed, "return_token_ids": True}
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "schema": schema, "strict": True}}
         res, _ = self.post("/v1/completions", body)
         spec = res["speculative"]
         return {"tokens": res["choices"][0]["token_ids"], "tok_s": spec["decode_tokens_per_second"],
@@ -213,9 +228,11 @@ def e2e_tok_s(sample: harness.Sample) -> float:
     return sample.result["new_tokens"] / sample.seconds if sample.seconds > 0 else 0.0
 
 
-def summarise(run: harness.Run, eos: set[int], types: list[str]) -> list[dict]:
+def summarise(run: harness.Run, eos: set[int], types: list[str], valid=None) -> list[dict]:
     """One table row per method of the run; a method's info holds engine, group, mode, type,
-    precision and exactness; its samples' results tokens, tok_s, new_tokens, drafted, accepted, calls."""
+    precision and exactness; its samples' results tokens, tok_s, new_tokens, drafted, accepted, calls.
+    valid(case id, tokens up to the first EOS) -> bool, when given, fills 'valid' ('k/n' answers
+    that meet their constraint; llama-bench rows, which decode no prompt, get None)."""
     info = {m.name: m.info for m in run.methods}
     med = {name: run.median(name, "tok_s") for name in info}
     off = {i["group"]: name for name, i in info.items() if i["mode"] == "off"}
@@ -237,6 +254,11 @@ def summarise(run: harness.Run, eos: set[int], types: list[str]) -> list[dict]:
                "new_tokens_mean": sum(r["new_tokens"] for r in rs) / len(rs), "on_eq_off": None}
         if m["mode"] != "off" and m["group"] in off:
             row["on_eq_off"] = "{}/{}".format(*run.same_tokens(name, off[m["group"]], eos))
+        row["valid"] = None
+        if valid is not None and m["engine"] != "llama-bench":
+            samples = run.samples_of(name)
+            ok = sum(valid(s.case, harness.until_eos(s.result["tokens"], eos)) for s in samples)
+            row["valid"] = f"{ok}/{len(samples)}"
         rows.append(row)
     return rows
 
@@ -244,13 +266,15 @@ def summarise(run: harness.Run, eos: set[int], types: list[str]) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     def num(v, fmt=".2f"):
         return "-" if v is None else format(v, fmt)
+    valid = any(r.get("valid") for r in rows)  # a constrained run: one more column
     head = (f"{'method':<34}{'target':>8}{'tok/s':>8}{'e2e':>7}{'ref':>6}{'x off':>8}{'x best':>8}{'accept':>8}"
-            f"{'acc.len':>8}{'on==off':>9}  exactness")
+            f"{'acc.len':>8}{'on==off':>9}" + (f"{'valid':>8}" if valid else "") + "  exactness")
     return "\n".join([head] + [
         f"{r['method']:<34}{r['target']:>8}{r['tok_s_median']:>8.1f}{r['wall_tok_s_median']:>7.1f}{r['ref']:>6}"
         f"{num(r['vs_llama_off']):>7}x"
         f"{num(r['vs_llama_best']):>7}x{num(r['acceptance']):>8}{num(r['mean_accepted_length']):>8}"
-        f"{r['on_eq_off'] or '-':>9}  {r['exactness'] or '-'}" for r in rows])
+        f"{r['on_eq_off'] or '-':>9}" + (f"{r.get('valid') or '-':>8}" if valid else "") +
+        f"  {r['exactness'] or '-'}" for r in rows])
 
 
 # ---- main -------------------------------------------------------------------------------------
@@ -283,6 +307,10 @@ def parser() -> argparse.ArgumentParser:
                          "and empties its suffix store before each generation; 'server' starts `specexport serve` "
                          "per artifact and mode and sends /v1/completions over HTTP, like llama-server's requests "
                          "(what serving keeps between requests, it keeps)")
+    ap.add_argument("--constrained", action="store_true",
+                    help="decode every prompt under its JSON Schema (prompts carrying 'schema', or 'tools' with "
+                         "tool_choice 'required' or a named function; e.g. --prompts structured_json "
+                         "--max-new-tokens 256) and report how many answers validate")
     harness.add_run_options(ap, prompts="chat,code", limit=3, max_new_tokens=128, repeats=1, threads=2)
     return ap
 
@@ -323,13 +351,14 @@ INFO_KEYS = ("engine", "group", "mode", "type", "precision", "exactness")  # met
 
 
 def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, new: int, seed: int, logs: Path,
-                  closers: list, via: str = "worker") -> list[harness.Method]:
+                  closers: list, via: str = "worker", grammars: dict | None = None) -> list[harness.Method]:
     """Start every llama-server (all loading at once) and, for specexport, one worker per artifact
     (via 'worker') or one `specexport serve` per artifact and mode (via 'server'); they stay up for
-    the whole run. Returns the harness methods in the given order; appends each engine's close to
-    closers."""
+    the whole run. grammars: case id -> the structured.Grammar (a JSON Schema) it decodes under.
+    Returns the harness methods in the given order; appends each engine's close to closers."""
     from specexport.harness_workers import SpecexportWorker
 
+    schemas = {cid: llama_schema(g) for cid, g in (grammars or {}).items()}
     runners, servers, workers = {}, [], {}
     for m in methods:
         log = logs / f"{len(closers)}.log"
@@ -343,7 +372,8 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
                 memory = SPEC_SERVER_MEMORY
             elif m["engine"] == "llama" and m["mode"].startswith("ngram"):
                 memory = LLAMA_NGRAM_MEMORY
-            runners[m["name"]] = (lambda case, s=server: s.complete(list(case.ids), new, seed), memory)
+            runners[m["name"]] = (lambda case, s=server: s.complete(list(case.ids), new, seed, schemas.get(case.id)),
+                                  memory)
         elif m["engine"] == "llama-bench":
             runners[m["name"]] = (lambda case, model=m["model"]: bench_tg(bin_dir, model, new, threads), "none")
     for server in servers:
@@ -356,11 +386,37 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
                 workers[m["group"]] = SpecexportWorker(m["artifact"], threads, logs / f"{len(closers)}.log")
                 closers.append(workers[m["group"]].close)
             extra = {k: v for k, v in info.items() if k not in ("engine", "mode")}  # the worker sets both
-            out.append(workers[m["group"]].method(m["name"], m["mode"], new, **extra))
+            out.append(workers[m["group"]].method(m["name"], m["mode"], new, grammars=grammars, **extra))
         else:
             run, memory = runners[m["name"]]
             out.append(harness.Method(m["name"], run, None, memory, info))
     return out
+
+
+def llama_schema(grammar) -> dict:
+    """The JSON Schema of a json_schema Grammar, as a server request carries it (llguidance's
+    x-guidance options left out: each engine keeps its own whitespace rules)."""
+    if grammar.kind != "json_schema":
+        raise harness.HarnessError(f"--constrained: llama-server takes a JSON Schema, not a {grammar.kind} grammar "
+                                   "(tools with tool_choice 'auto' are not comparable)")
+    schema = json.loads(grammar.source)
+    schema.pop("x-guidance", None)
+    return schema
+
+
+def constraints(args, cases: list[harness.Case]) -> tuple[dict, object]:
+    """--constrained: (case id -> Grammar, valid(case id, tokens) -> bool); ({}, None) otherwise."""
+    if not args.constrained:
+        return {}, None
+    from specexport import bench_constrained
+    from specexport_runtime.api import open_artifact
+
+    _, codec, _ = open_artifact(args.artifacts[0], verify=False)
+    grammars = bench_constrained.grammars(codec, cases)
+    for g in grammars.values():
+        llama_schema(g)  # every one must be a JSON Schema before any server starts
+    prompts = {c.id: c.prompt for c in cases}
+    return grammars, lambda cid, tokens: bench_constrained.valid(codec, prompts[cid], tokens)
 
 
 def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
@@ -391,6 +447,7 @@ def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
     spec, cases, eos, warm = spec_methods(args.artifacts, prompts)
+    grammars, valid = constraints(args, cases)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     bin_dir = llama_binaries(args)
     llama, types, no_repack = llama_side(args, bin_dir)
@@ -400,19 +457,20 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="compare-llamacpp-") as logs:
         try:
             methods = start_engines(llama + spec, bin_dir, args.threads, ctx, args.max_new_tokens, args.seed,
-                                    Path(logs), closers, args.specexport_via)
+                                    Path(logs), closers, args.specexport_via, grammars)
             run = harness.run_interleaved(methods, cases, warm, args.repeats, harness.SETTLE_SECONDS,
                                           progress=lambda s: print(f"  {s.case:<24} {s.method:<34} "
                                                                    f"{s.result['tok_s']:7.1f} tok/s", file=sys.stderr))
         finally:
             for close in reversed(closers):
                 close()
-    rows = summarise(run, eos, types)
+    rows = summarise(run, eos, types, valid)
     print(harness.preamble(meta, run, f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), "
                            f"{args.max_new_tokens} new tokens, greedy, {args.threads} threads, interleaved prompt by "
                            "prompt; decode tok/s (prefill excluded), median over prompts; x off / x best: median "
                            "per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
-                           "bench-tg: llama-bench tg, no prompt"))
+                           "bench-tg: llama-bench tg, no prompt" + ("; constrained: each prompt under its JSON Schema, "
+                                                                    "valid = answers that validate" if grammars else "")))
     if no_repack:
         print(f"llama-server ran {', '.join(sorted(no_repack))} with --no-repack: its batched call crashed with "
               "repacking (llama-bench probe); bench-tg shows the decode speed with it")

@@ -30,7 +30,7 @@ def grammars(codec, cases: Sequence[harness.Case]) -> dict[str, Grammar]:
         p = case.prompt
         if p is None or not p.constrained:
             raise ConstrainedError(f"--constrained: prompt {case.id!r} carries no 'schema' or 'tools'"
-                                   " (benchmarks/prompts/structured_json.jsonl has 32 that do)")
+                                   " (the structured_json set has 32 that do)")
         out[case.id] = Grammar.json_schema(p.schema) if p.schema is not None else harness.tool_plan(codec, p).grammar()
     return out
 

@@ -85,8 +85,8 @@ class _Progress:
               help="Run each domain's prompts in order as one session: the suffix proposer keeps earlier answers"
                    " from prompt to prompt (learning across requests); reports the first and last third's speedup.")
 @click.option("--constrained", is_flag=True,
-              help="Decode under each prompt's constraint (its 'schema' or 'tools', e.g. benchmarks/prompts/"
-                   "structured_json.jsonl) with speculation off and on; reports valid answers and forced tokens.")
+              help="Decode under each prompt's constraint (its 'schema' or 'tools', e.g. --prompts"
+                   " structured_json) with speculation off and on; reports valid answers and forced tokens.")
 @click.option("--gamma", "gamma_text", default="adaptive", show_default=True,
               help="Draft lengths to compare with speculation off: a comma list such as 2,4,8, and/or 'adaptive'.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,

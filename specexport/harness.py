@@ -125,7 +125,7 @@ def tool_plan(codec, prompt: Prompt):
     """A tools prompt's tools.ToolPlan (how the answer's tool calls are read)."""
     from specexport_runtime.tools import ToolPlan
 
-    return ToolPlan.create(list(prompt.tools), prompt.tool_choice, codec.reads_tools)
+    return ToolPlan.create(list(prompt.tools), prompt.tool_choice, codec.reads_tools, prompt.parallel_tool_calls)
 
 
 def make_cases(codec, prompts: Sequence[Prompt], per_prompt_limit: bool = False) -> list[Case]:

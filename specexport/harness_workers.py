@@ -7,10 +7,12 @@ ARTIFACT THREADS` is specexport's worker: it loads the artifact once (shared_poo
 ONNX Runtime's process-wide thread pool is this process's alone) and answers
     {"op": "forget"}                                       -> {} after gen.forget_history()
     {"op": "generate", "ids", "mode", "new", "gamma"}      -> generation_row(...)
+        (+ "grammar": {"kind", "source", "strict"}: decode under that structured.Grammar)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -138,11 +140,18 @@ class SpecexportWorker(WorkerProcess):
                          [sys.executable, "-m", "specexport.harness_workers", str(artifact), str(threads)], log,
                          env={**os.environ, "PYTHONPATH": _import_roots()})
 
-    def method(self, name: str, mode: str, max_new_tokens: int, gamma: int | None = None, **info) -> Method:
-        """A Method generating in this worker; reset is a forget request."""
+    def method(self, name: str, mode: str, max_new_tokens: int, gamma: int | None = None,
+               grammars: dict | None = None, **info) -> Method:
+        """A Method generating in this worker; reset is a forget request. grammars: case id ->
+        the structured.Grammar that case decodes under (absent: free)."""
+        grammars = grammars or {}
+
         def run(case) -> dict:
-            return self.request({"op": "generate", "ids": list(case.ids), "mode": mode,
-                                 "new": case.max_new_tokens or max_new_tokens, "gamma": gamma})
+            body = {"op": "generate", "ids": list(case.ids), "mode": mode, "new": case.max_new_tokens or max_new_tokens,
+                    "gamma": gamma}
+            if case.id in grammars:
+                body["grammar"] = dataclasses.asdict(grammars[case.id])
+            return self.request(body)
         return Method(name, run, reset=lambda: self.request({"op": "forget"}), memory=SPECEXPORT_MEMORY,
                       info={"engine": "specexport", "mode": mode, **info})
 
@@ -151,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The worker loop: ARTIFACT THREADS."""
     artifact, threads = list(sys.argv[1:] if argv is None else argv)
     from specexport_runtime.api import load
+    from specexport_runtime.structured import Grammar
 
     gen = load(artifact, threads=int(threads), shared_pool=True)
     print("@@ready", flush=True)
@@ -161,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 gen.forget_history()
                 out: dict = {}
             else:
-                out = generation_row(gen, req["ids"], req["mode"], int(req["new"]), req.get("gamma"))
+                options = {"grammar": Grammar(**req["grammar"])} if req.get("grammar") else {}
+                out = generation_row(gen, req["ids"], req["mode"], int(req["new"]), req.get("gamma"), **options)
         except (SpecExportError, KeyError, ValueError) as exc:
             out = {"error": f"{type(exc).__name__}: {exc}"}
         print("@@" + json.dumps(out), flush=True)

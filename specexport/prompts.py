@@ -40,7 +40,7 @@ JSONL_SUFFIXES = frozenset((".jsonl", ".json", ".ndjson"))
 
 _PROMPT_KEYS = ("messages", "prompt", "text")  # exactly one per line
 # a chat prompt's constraint (bench --constrained): a JSON Schema, or OpenAI tools (+ tool_choice)
-_CONSTRAINT_KEYS = ("schema", "tools", "tool_choice")
+_CONSTRAINT_KEYS = ("schema", "tools", "tool_choice", "parallel_tool_calls")
 _ALLOWED = frozenset(("id", "domain", "max_new_tokens") + _PROMPT_KEYS + _CONSTRAINT_KEYS)
 _MESSAGE_KEYS = frozenset(("role", "content"))
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what editors count as lines (not str.splitlines)
@@ -77,6 +77,7 @@ class Prompt:
     schema: dict | None = field(default=None, compare=False)  # the answer's JSON Schema
     tools: tuple | None = field(default=None, compare=False)  # OpenAI tool definitions the answer may call
     tool_choice: Any = field(default=None, compare=False)
+    parallel_tool_calls: bool = field(default=True, compare=False)  # False: one tool call per answer
 
     @property
     def constrained(self) -> bool:
@@ -260,12 +261,17 @@ def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None,
         raise fail(f"must be a non-empty list of tool objects, got {_show(tools)}", "tools")
     if schema is not None and tools is not None:
         raise fail("give schema or tools, not both", "tools")
-    if "tool_choice" in obj and tools is None:
-        raise fail("needs tools", "tool_choice")
+    for key in ("tool_choice", "parallel_tool_calls"):
+        if key in obj and tools is None:
+            raise fail("needs tools", key)
+    parallel = obj.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise fail(f"must be true or false, got {_show(parallel)}", "parallel_tool_calls")
     if (schema is not None or tools is not None) and messages is None:
         raise fail("a constrained prompt must be chat messages", "schema" if schema is not None else "tools")
     return Prompt(id=pid, domain=domain, messages=messages, text=text, max_new_tokens=mnt, schema=schema,
-                  tools=None if tools is None else tuple(tools), tool_choice=obj.get("tool_choice"))
+                  tools=None if tools is None else tuple(tools), tool_choice=obj.get("tool_choice"),
+                  parallel_tool_calls=parallel)
 
 
 def _parse_messages(value, fail) -> tuple[tuple[str, str], ...]:

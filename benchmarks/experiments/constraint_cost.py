@@ -1,6 +1,6 @@
 """What a grammar costs per token in constrained target-only decoding.
 
-    python benchmarks/experiments/constraint_cost.py ARTIFACT [--prompts benchmarks/prompts/structured_json.jsonl]
+    python benchmarks/experiments/constraint_cost.py ARTIFACT [--prompts calibration/structured_json.jsonl]
         [--limit 20] [--threads 2] [--json OUT]
 
 For each prompt that carries a JSON Schema, one constrained target-only generation (greedy) with
@@ -65,7 +65,7 @@ def measure(gen, rows: list[dict]) -> dict:
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", help="artifact folder (specexport build)")
-    ap.add_argument("--prompts", default=str(REPO / "benchmarks" / "prompts" / "structured_json.jsonl"),
+    ap.add_argument("--prompts", default=str(REPO / "calibration" / "structured_json.jsonl"),
                     help="a JSONL file of chat prompts; those with a 'schema' are measured")
     ap.add_argument("--limit", type=int, default=20, help="prompts with a schema to measure (default 20)")
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")

@@ -242,12 +242,14 @@ class SpecGenerator:
         return self.events(prompt, config, **overrides).pieces()
 
     def chat(self, messages: Sequence[Mapping[str, Any]], stream: bool = False, config: GeneratorConfig | None = None,
-             tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None, **overrides: Any):
+             tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+             parallel_tool_calls: bool = True, **overrides: Any):
         """Apply the artifact's chat template (no transformers), then generate (a GenerationResult
         whose tool_calls holds the calls the answer made) or stream text pieces. tools /
-        tool_choice: OpenAI's (tools.py); the answer is then constrained to a tool call or, with
-        tool_choice 'auto', plain content."""
-        prepared = self.prepare_chat(messages, tools, tool_choice)
+        tool_choice / parallel_tool_calls: OpenAI's (tools.py); the answer is then constrained to
+        tool calls (one when parallel_tool_calls is False) or, with tool_choice 'auto', plain
+        content."""
+        prepared = self.prepare_chat(messages, tools, tool_choice, parallel_tool_calls)
         ids = validate_prompt_ids(prepared.ids, self.manifest.target.embedding_rows, self.manifest.max_context)
         if prepared.grammar is not None:
             if overrides.get("grammar") is not None or (config is not None and config.grammar is not None):
@@ -260,10 +262,11 @@ class SpecGenerator:
         content, calls = prepared.plan.parse(result.text)
         return replace(result, tool_calls=calls)
 
-    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools=None, tool_choice=None) -> PreparedChat:
+    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools=None, tool_choice=None,
+                     parallel_tool_calls: bool = True) -> PreparedChat:
         """The prompt ids of a conversation (not checked against the context yet) and, with tools,
         its ToolPlan and answer grammar; tools.ToolError names a bad tool field."""
-        plan = ToolPlan.create(tools, tool_choice, self.codec.reads_tools)
+        plan = ToolPlan.create(tools, tool_choice, self.codec.reads_tools, parallel_tool_calls)
         ids = self.codec.encode_chat(plan.messages(messages), tools=plan.template_tools)
         return PreparedChat(ids, plan, plan.grammar())
 

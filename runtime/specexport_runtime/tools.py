@@ -129,12 +129,15 @@ class ToolPlan:
     tools: tuple[Tool, ...]
     choice: str  # 'none' | 'auto' | 'required' | a tool's name
     native: bool  # the chat template renders `tools` itself
+    parallel: bool = True  # OpenAI's parallel_tool_calls: False allows one call per answer
 
     @classmethod
-    def create(cls, tools: Any, tool_choice: Any, template_reads_tools: bool) -> ToolPlan:
+    def create(cls, tools: Any, tool_choice: Any, template_reads_tools: bool, parallel: Any = True) -> ToolPlan:
         parsed = parse_tools(tools) if tools is not None else ()
         choice = _choice(tool_choice, parsed)
-        plan = cls(parsed, choice, template_reads_tools)
+        if not isinstance(parallel, bool):
+            raise ToolError(f"parallel_tool_calls must be true or false, got {parallel!r}", "parallel_tool_calls")
+        plan = cls(parsed, choice, template_reads_tools, parallel)
         for i, tool in enumerate(parsed):  # each parameters schema must compile (checked with the grammar)
             try:
                 Grammar.json_schema(tool.parameters, strict=tool.strict).check()
@@ -177,7 +180,7 @@ class ToolPlan:
                   "required": ["name", "arguments"], "additionalProperties": False} for t in self.offered]
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         array = {"type": "array", "items": items, "minItems": 1}
-        if self.choice not in TOOL_CHOICES:  # a named function: exactly one call
+        if self.choice not in TOOL_CHOICES or not self.parallel:  # a named function, or no parallel calls: one
             array["maxItems"] = 1
         return {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],
                 "additionalProperties": False, "x-guidance": JSON_OPTIONS}

@@ -120,3 +120,64 @@ def test_specexport_side_runs_through_the_harness(tiny_artifacts, tmp_path):
     name = tiny_artifacts["self"].name
     assert rows[f"specexport {name} hybrid"]["on_eq_off"] == "2/2"
     assert rows[f"specexport {name} off"]["vs_llama_off"] is None and rows[f"specexport {name} off"]["ref"] == "F32"
+
+
+def test_constrained_rows_count_valid_answers():
+    run = _run({
+        "llama Q4_1 off": {"p1": {"tok_s": 100.0, "tokens": [1, 2, 0, 9]}, "p2": {"tok_s": 120.0, "tokens": [3]}},
+        "llama Q4_1 ngram-mod": {"p1": {"tok_s": 80.0, "tokens": [1, 2, 0]}, "p2": {"tok_s": 90.0, "tokens": [4]}},
+        "spec a off": {"p1": {"tok_s": 60.0, "tokens": [1, 2]}, "p2": {"tok_s": 60.0, "tokens": [3]}},
+        "spec a hybrid": {"p1": {"tok_s": 220.0, "tokens": [1, 2]}, "p2": {"tok_s": 220.0, "tokens": [3]}},
+    })
+    seen = []
+
+    def valid(case_id, tokens):  # p1 is valid when its answer is [1, 2] (the EOS 0 and what follows cut)
+        seen.append((case_id, tuple(tokens)))
+        return case_id == "p1" and tokens == [1, 2]
+
+    rows = {r["method"]: r for r in cl.summarise(run, {0}, ["Q4_1"], valid)}
+    assert rows["llama Q4_1 off"]["valid"] == "1/2" and rows["spec a hybrid"]["valid"] == "1/2"
+    assert ("p1", (1, 2)) in seen and ("p1", (1, 2, 0, 9)) not in seen
+    table = cl.format_table(list(rows.values()))
+    assert table.splitlines()[0].split()[-2] == "valid" and "1/2" in table
+    assert "valid" not in cl.format_table(cl.summarise(run, {0}, ["Q4_1"]))
+
+
+def test_llama_schema_is_the_grammars_json_schema():
+    from specexport_runtime.structured import JSON_OPTIONS, Grammar
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "x-guidance": JSON_OPTIONS}
+    assert cl.llama_schema(Grammar.json_schema(schema)) == {"type": "object", "properties": {"a": {"type": "integer"}}}
+    with pytest.raises(HarnessError, match="lark"):
+        cl.llama_schema(Grammar.lark("start: /[a-z]+/"))
+
+
+def test_constrained_needs_constrained_prompts(tiny_artifacts):
+    from specexport.bench_constrained import ConstrainedError
+    from specexport.prompts import Prompt
+
+    free = [Prompt(id="q0", domain="chat", messages=(("user", "hi"),), text=None, max_new_tokens=6)]
+    _, cases, _, _ = cl.spec_methods([tiny_artifacts["self"]], free)
+    args = cl.parser().parse_args([str(tiny_artifacts["self"]), "--llama-bin", "x", "--constrained"])
+    with pytest.raises(ConstrainedError, match="'q0'"):
+        cl.constraints(args, cases)
+    assert cl.constraints(cl.parser().parse_args([str(tiny_artifacts["self"]), "--llama-bin", "x"]), cases) == ({}, None)
+
+
+def test_spec_server_decodes_under_the_schema(tiny_artifacts, tmp_path):
+    """--constrained --specexport-via server: response_format on /v1/completions gives the
+    library's constrained tokens."""
+    from specexport_runtime.api import load
+    from specexport_runtime.structured import Grammar
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    art, ids = tiny_artifacts["self"], [5, 9, 14, 3, 7, 21]
+    want = list(load(art, threads=1).generate(ids, max_new_tokens=12, speculative=False,
+                                              grammar=Grammar.json_schema(schema)).token_ids)
+    server = cl.SpecServer("spec draft", art, "draft", 1, tmp_path / "draft.log")
+    try:
+        server.wait_ready(120)
+        row = server.complete(ids, 12, 0, schema)
+    finally:
+        server.close()
+    assert row["tokens"][:len(want)] == want and row["new_tokens"] == len(want)

@@ -198,3 +198,22 @@ def test_worker_process_answers_like_the_library(gen, tiny_artifacts, tmp_path):
             worker.request({"op": "generate"})
     finally:
         worker.close()
+
+
+def test_worker_decodes_under_a_cases_grammar(gen, tiny_artifacts, tmp_path):
+    """A grammar given per case id reaches the worker's generation: its tokens are the library's
+    constrained target-only tokens (greedy), and a case without one decodes free."""
+    from specexport_runtime.structured import Grammar
+
+    grammar = Grammar.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    ids = [5, 9, 14, 3, 7, 21]
+    want = [int(t) for t in gen.generate(ids, max_new_tokens=12, speculative=False, grammar=grammar).token_ids]
+    free = generation_row(gen, ids, "off", 12)["tokens"]
+    assert want != free
+    worker = SpecexportWorker(tiny_artifacts["self"], 1, tmp_path / "worker.log")
+    try:
+        method = worker.method("w hybrid", "hybrid", 12, grammars={"x": grammar})
+        assert method.run(Case("x", tuple(ids)))["tokens"] == want
+        assert method.run(Case("y", tuple(ids)))["tokens"] == free
+    finally:
+        worker.close()

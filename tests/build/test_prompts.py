@@ -21,7 +21,7 @@ from specexport_runtime.errors import SpecExportError
 # ~350 tokens. Without a tokenizer here, bound characters (~3 chars/token for code).
 MAX_PROMPT_CHARS = 1100
 # agentic conversations carry the earlier output they edit, rag prompts their document: longer
-LIMITS = {"agentic": (2400, 320), "rag": (2400, 256)}  # domain -> (max characters, max max_new_tokens)
+LIMITS = {"agentic": (2400, 320), "rag": (2400, 256), "structured_json": (1100, 640)}  # domain -> (max characters, max max_new_tokens)
 
 
 def _body(p: Prompt) -> str:
@@ -151,6 +151,16 @@ BAD_CASES = {
                                        {"role": "assistant", "content": "y"}]),
         "messages[1].role", "last message"),
     "empty_text": (_with(id="chat-002", messages=_DROP, text=""), "text", "non-empty"),
+    "schema_not_object": (_with(id="chat-002", schema=[1]), "schema", "JSON Schema object"),
+    "schema_and_tools": (_with(id="chat-002", schema={"type": "object"}, tools=[{"type": "function"}]), "tools",
+                         "not both"),
+    "tool_choice_without_tools": (_with(id="chat-002", tool_choice="required"), "tool_choice", "needs tools"),
+    "parallel_without_tools": (_with(id="chat-002", parallel_tool_calls=False), "parallel_tool_calls",
+                               "needs tools"),
+    "parallel_not_bool": (_with(id="chat-002", tools=[{"type": "function"}], parallel_tool_calls="no"),
+                          "parallel_tool_calls", "true or false"),
+    "schema_on_raw_text": (_with(id="chat-002", messages=_DROP, text="x", schema={"type": "object"}), "schema",
+                           "chat messages"),
 }
 
 
@@ -249,13 +259,19 @@ def test_shipped_sets_load_exactly_as_written(domain):
         if not line.strip():
             continue
         rec = json.loads(line)
-        assert set(rec) in ({"id", "domain", "messages", "max_new_tokens"},
-                            {"id", "domain", "text", "max_new_tokens"}), rec.get("id")
+        constraint = set(rec) & {"schema", "tools", "tool_choice", "parallel_tool_calls"}
+        assert set(rec) - constraint in ({"id", "domain", "messages", "max_new_tokens"},
+                                         {"id", "domain", "text", "max_new_tokens"}), rec.get("id")
         msgs = (tuple((m["role"], m["content"]) for m in rec["messages"])
                 if "messages" in rec else None)
-        expected.append(Prompt(rec["id"], rec["domain"], msgs, rec.get("text"),
-                               rec["max_new_tokens"]))
-    assert load_prompts(domain) == expected
+        tools = tuple(rec["tools"]) if "tools" in rec else None
+        expected.append(Prompt(rec["id"], rec["domain"], msgs, rec.get("text"), rec["max_new_tokens"],
+                               rec.get("schema"), tools, rec.get("tool_choice"), rec.get("parallel_tool_calls", True)))
+    loaded = load_prompts(domain)
+    assert loaded == expected
+    # the constraint fields are left out of equality: compare them apart
+    constraints = [(p.schema, p.tools, p.tool_choice, p.parallel_tool_calls) for p in expected]
+    assert [(p.schema, p.tools, p.tool_choice, p.parallel_tool_calls) for p in loaded] == constraints
     assert load_prompts(CALIBRATION_DIR / f"{domain}.jsonl") == expected
     # a caller's default for missing max_new_tokens changes nothing here
     assert load_prompts(domain, max_new_tokens=7) == expected

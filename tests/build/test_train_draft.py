@@ -248,7 +248,7 @@ def test_calibration_data_holds_out_the_benchmark_prompts(setup, tmp_path):
     info = report.data["sources"][0]
     total = len(held_out_prompt_ids(["all"], None))
     assert info["prompts_held_out"] == len(held) and info["prompts"] == total - len(held)
-    assert len(held) == sum(min(31, n) for n in (33, 32, 32, 32, 32, 32, 30))  # first 31 of each domain
+    assert len(held) == sum(min(31, n) for n in (33, 32, 32, 32, 32, 32, 30, 32))  # first 31 of each domain
     assert info["answers_generated"] == info["prompts"] and list((tmp_path / "cache").glob("answers-*.json"))
     cached = json.loads(next((tmp_path / "cache").glob("answers-*.json")).read_text())
     assert not {key.split("|")[0] for key in cached} & set(held)

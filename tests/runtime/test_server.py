@@ -319,6 +319,8 @@ BAD = {
                                            tool_choice={"type": "function", "function": {"name": "g"}}), None, 400,
                                      "tool_choice.function.name", "invalid_value"),
     "tool_choice_without_tools": (_chat(tool_choice="required"), None, 400, "tool_choice", "invalid_value"),
+    "parallel_tool_calls_not_bool": (_chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                           parallel_tool_calls="no"), None, 400, "parallel_tool_calls", "invalid_type"),
     "tool_message_without_call_id": ({"messages": [{"role": "tool", "content": "x"}]}, None, 400,
                                      "messages[0].tool_call_id", "invalid_type"),
     "response_format_unknown_type": (_chat(response_format={"type": "xml"}), None, 400, "response_format",
@@ -364,6 +366,9 @@ BAD_COMPLETION = {
     "echo": ({"prompt": "a", "echo": True}, 400, "echo", "unsupported_parameter"),
     "max_completion_tokens_is_chat_only": ({"prompt": "a", "max_completion_tokens": 3}, 400, "max_completion_tokens",
                                            "unknown_parameter"),
+    "response_format_invalid_schema": ({"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}, 400, "response_format",
+        "invalid_value"),
 }
 
 

@@ -123,6 +123,16 @@ def test_tool_calls_come_back_as_tool_calls(client, served, tool_choice):
         assert [c.function.name for c in choice.message.tool_calls] == ["add"]
 
 
+def test_parallel_tool_calls_false_gives_one_call_as_in_process(client, served, ref):
+    r = client.chat.completions.create(model=served.state.model, messages=msgs("What is 2 + 3?"), max_tokens=200,
+                                       temperature=0, tools=[WEATHER, ADD], tool_choice="required",
+                                       parallel_tool_calls=False, extra_body={"return_token_ids": True})
+    mine = ref.chat(msgs("What is 2 + 3?"), max_new_tokens=200, tools=[WEATHER, ADD], tool_choice="required",
+                    parallel_tool_calls=False, speculative=False)
+    assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls) == 1
+    assert r.choices[0].model_extra["token_ids"] == list(mine.token_ids) and len(mine.tool_calls) == 1
+
+
 def test_tool_calls_stream_in_the_openai_shape(client, served):
     stream = client.chat.completions.create(model=served.state.model, messages=msgs("Weather in Oslo?"), max_tokens=120,
                                             temperature=0, tools=[WEATHER],

@@ -83,7 +83,7 @@ class ServerState:
         plan = grammar = None
         try:
             if req.kind == CHAT:
-                chat = self.gen.prepare_chat(req.messages, req.tools, req.tool_choice)
+                chat = self.gen.prepare_chat(req.messages, req.tools, req.tool_choice, req.parallel_tool_calls)
                 ids, plan, grammar = chat.ids, chat.plan, chat.grammar
             elif isinstance(req.prompt, str):
                 ids = codec.encode(req.prompt)

@@ -13,7 +13,8 @@ llguidance refuses is a 400 naming the field); `logprobs` / `top_logprobs` (chat
 
 Extensions (not in OpenAI's API): `proposer` (a registered proposer, registry.names(); 'none' =
 target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive),
-`top_k`, `return_token_ids` (vLLM's name: the generated token ids in each choice or chunk).
+`top_k`, `return_token_ids` (vLLM's name: the generated token ids in each choice or chunk),
+`response_format` on /v1/completions (as vLLM and llama-server accept it).
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling; pass 0 for greedy
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: the rest of the context)
 
-IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "parallel_tool_calls")
+IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's bound)
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs (OpenAI's bound)
 COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
           "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
           "proposer", "gamma", "top_k", "return_token_ids", *IGNORED)
-CHAT_FIELDS = (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
+CHAT_FIELDS = (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+               "parallel_tool_calls", "functions",
                "function_call", "response_format")
-COMPLETION_FIELDS = (*COMMON, "prompt", "echo", "best_of", "suffix")
+COMPLETION_FIELDS = (*COMMON, "prompt", "echo", "best_of", "suffix", "response_format")
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,10 @@ class GenerationRequest:
     messages: tuple[dict, ...] = ()  # chat: {'role', 'content'} (+ an assistant's tool_calls, a tool's tool_call_id)
     prompt: str | tuple[int, ...] | None = None  # completion: text or token ids
     max_tokens_param: str = "max_tokens"  # the field that set sampling.max_tokens (for errors)
-    response_format: dict | None = None  # chat: json_object / json_schema (None: text)
+    response_format: dict | None = None  # json_object / json_schema (None: text)
     tools: tuple | None = None  # chat: OpenAI tool definitions, checked by tools.ToolPlan
     tool_choice: Any = None
+    parallel_tool_calls: bool = True  # False: at most one tool call per answer
     logprobs: int | None = None  # alternatives per token when log-probabilities are asked for (None: not asked)
 
 
@@ -97,6 +100,7 @@ def parse_chat(body: Any) -> GenerationRequest:
     return GenerationRequest(CHAT, _model(body), _sampling(body, max_tokens), *_streaming(body),
                              messages=_messages(body), max_tokens_param=param, response_format=_response_format(body),
                              tools=None if not tools else tuple(tools), tool_choice=body.get("tool_choice"),
+                             parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
                              logprobs=(top or 0) if logprobs else None)
 
 
@@ -145,7 +149,7 @@ def parse_completion(body: Any) -> GenerationRequest:
         if not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
             raise bad_request(f"logprobs must be an integer in 0..{MAX_COMPLETION_LOGPROBS}, got {logprobs!r}", "logprobs")
     return GenerationRequest(COMPLETION, _model(body), _sampling(body, max_tokens), *_streaming(body),
-                             prompt=_prompt(body), logprobs=logprobs)
+                             prompt=_prompt(body), logprobs=logprobs, response_format=_response_format(body))
 
 
 # --- fields --------------------------------------------------------------------------------
