@@ -31,12 +31,14 @@ tool_choice 'required' or a named function: the tool-call object's schema, tools
 conversion, its own whitespace rules), specexport as the same structured.Grammar that `bench
 --constrained` uses (as response_format through --specexport-via server). The table then adds
 how many answers parse and validate against the prompt's schema (jsonschema); 'on==off' compares
-each engine's constrained speculation with its own constrained target-only run.
+each engine's constrained speculation with its own constrained target-only run. Each prompt keeps
+its own max_new_tokens (an answer needs room to close); --max-new-tokens applies to the warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import socket
 import subprocess
@@ -372,8 +374,8 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
                 memory = SPEC_SERVER_MEMORY
             elif m["engine"] == "llama" and m["mode"].startswith("ngram"):
                 memory = LLAMA_NGRAM_MEMORY
-            runners[m["name"]] = (lambda case, s=server: s.complete(list(case.ids), new, seed, schemas.get(case.id)),
-                                  memory)
+            runners[m["name"]] = (lambda case, s=server: s.complete(list(case.ids), case.max_new_tokens or new, seed,
+                                                                    schemas.get(case.id)), memory)
         elif m["engine"] == "llama-bench":
             runners[m["name"]] = (lambda case, model=m["model"]: bench_tg(bin_dir, model, new, threads), "none")
     for server in servers:
@@ -404,10 +406,11 @@ def llama_schema(grammar) -> dict:
     return schema
 
 
-def constraints(args, cases: list[harness.Case]) -> tuple[dict, object]:
-    """--constrained: (case id -> Grammar, valid(case id, tokens) -> bool); ({}, None) otherwise."""
+def constraints(args, cases: list[harness.Case]) -> tuple[list[harness.Case], dict, object]:
+    """--constrained: (the cases, each with its prompt's own max_new_tokens: an answer needs room
+    to close; case id -> Grammar; valid(case id, tokens) -> bool); (cases, {}, None) otherwise."""
     if not args.constrained:
-        return {}, None
+        return cases, {}, None
     from specexport import bench_constrained
     from specexport_runtime.api import open_artifact
 
@@ -416,7 +419,8 @@ def constraints(args, cases: list[harness.Case]) -> tuple[dict, object]:
     for g in grammars.values():
         llama_schema(g)  # every one must be a JSON Schema before any server starts
     prompts = {c.id: c.prompt for c in cases}
-    return grammars, lambda cid, tokens: bench_constrained.valid(codec, prompts[cid], tokens)
+    cases = [dataclasses.replace(c, max_new_tokens=c.prompt.max_new_tokens) for c in cases]
+    return cases, grammars, lambda cid, tokens: bench_constrained.valid(codec, prompts[cid], tokens)
 
 
 def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
@@ -447,12 +451,12 @@ def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
     spec, cases, eos, warm = spec_methods(args.artifacts, prompts)
-    grammars, valid = constraints(args, cases)
+    cases, grammars, valid = constraints(args, cases)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     bin_dir = llama_binaries(args)
     llama, types, no_repack = llama_side(args, bin_dir)
     # llama-server -c: a multiple of 256 above the longest prompt plus the new tokens
-    ctx = -(-(max(len(c.ids) for c in cases) + args.max_new_tokens + 64) // 256) * 256
+    ctx = -(-(max(len(c.ids) + (c.max_new_tokens or args.max_new_tokens) for c in cases) + 64) // 256) * 256
     closers: list = []
     with tempfile.TemporaryDirectory(prefix="compare-llamacpp-") as logs:
         try:

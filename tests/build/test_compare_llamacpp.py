@@ -161,7 +161,13 @@ def test_constrained_needs_constrained_prompts(tiny_artifacts):
     args = cl.parser().parse_args([str(tiny_artifacts["self"]), "--llama-bin", "x", "--constrained"])
     with pytest.raises(ConstrainedError, match="'q0'"):
         cl.constraints(args, cases)
-    assert cl.constraints(cl.parser().parse_args([str(tiny_artifacts["self"]), "--llama-bin", "x"]), cases) == ({}, None)
+    free_args = cl.parser().parse_args([str(tiny_artifacts["self"]), "--llama-bin", "x"])
+    assert cl.constraints(free_args, cases) == (cases, {}, None)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    held = [Prompt(id="q1", domain="chat", messages=(("user", "hi"),), text=None, max_new_tokens=9, schema=schema)]
+    _, cases, _, _ = cl.spec_methods([tiny_artifacts["self"]], held)
+    cases, grammars, valid = cl.constraints(args, cases)
+    assert [c.max_new_tokens for c in cases] == [9] and grammars["q1"].kind == "json_schema"
 
 
 def test_spec_server_decodes_under_the_schema(tiny_artifacts, tmp_path):
