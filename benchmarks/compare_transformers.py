@@ -42,8 +42,11 @@ WARMUP_TOKENS = 8
 def parser() -> argparse.ArgumentParser:
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", help="artifact folder (specexport build)")
-    ap.add_argument("--model", default="builtin:smollm2-135m-instruct",
-                    help="transformers source of the same target (folder, .gguf, hub id or builtin:NAME)")
+    ap.add_argument(
+        "--model",
+        default="builtin:smollm2-135m-instruct",
+        help="transformers source of the same target (folder, .gguf, hub id or builtin:NAME)",
+    )
     ap.add_argument("--assistant", default=None, help="PyTorch draft model for hf assisted generation (optional)")
     ap.add_argument("--gamma", type=int, default=4, help="specexport draft length (default 4)")
     harness.add_run_options(ap, prompts="code,copy_edit", limit=3, max_new_tokens=96, repeats=1, threads=2)
@@ -54,11 +57,11 @@ def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
 
     import torch
-    from specexport_runtime.api import load
     from transformers import GenerationConfig
 
     from specexport.harness_workers import inprocess_method
     from specexport.sources import load_model, load_tokenizer, resolve_source
+    from specexport_runtime.api import load
 
     torch.set_num_threads(args.threads)
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
@@ -74,11 +77,17 @@ def main(argv=None) -> int:
     def hf(name: str, options=None, **kwargs) -> harness.Method:
         def run(case: harness.Case) -> dict:
             x = torch.tensor([case.ids], dtype=torch.long)
-            config = GenerationConfig(max_new_tokens=case.max_new_tokens or args.max_new_tokens, do_sample=False,
-                                      eos_token_id=sorted(eos), pad_token_id=pad, **(options or {}))
+            config = GenerationConfig(
+                max_new_tokens=case.max_new_tokens or args.max_new_tokens,
+                do_sample=False,
+                eos_token_id=sorted(eos),
+                pad_token_id=pad,
+                **(options or {}),
+            )
             with torch.inference_mode():
                 out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, **kwargs)
-            return {"tokens": harness.until_eos(out[0, x.shape[1]:].tolist(), eos)}
+            return {"tokens": harness.until_eos(out[0, x.shape[1] :].tolist(), eos)}
+
         return harness.Method(name, run, info={"engine": "transformers"})
 
     methods = [hf("hf greedy"), hf("hf prompt lookup (10)", {"prompt_lookup_num_tokens": 10})]
@@ -86,32 +95,55 @@ def main(argv=None) -> int:
         methods.append(hf("hf assisted", assistant_model=assistant))
     methods.append(inprocess_method(gen, "specexport off", "off", args.max_new_tokens))
     if gen.draft is not None:
-        methods.append(inprocess_method(gen, f"specexport draft (gamma {args.gamma})", "draft", args.max_new_tokens,
-                                        args.gamma))
-    methods.append(inprocess_method(gen, f"specexport ngram (gamma {args.gamma})", "ngram", args.max_new_tokens,
-                                    args.gamma))
+        methods.append(
+            inprocess_method(gen, f"specexport draft (gamma {args.gamma})", "draft", args.max_new_tokens, args.gamma)
+        )
+    methods.append(
+        inprocess_method(gen, f"specexport ngram (gamma {args.gamma})", "ngram", args.max_new_tokens, args.gamma)
+    )
+
     def progress(s: harness.Sample) -> None:
         print(f"  {s.method:<28} {s.case:<16} {len(s.result['tokens']):4d} tokens", file=sys.stderr)
 
-    run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts),
-                                  harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats, progress=progress)
+    run = harness.run_interleaved(
+        methods,
+        harness.make_cases(gen.codec, prompts),
+        harness.warmup_case(gen.codec, WARMUP_TOKENS),
+        args.repeats,
+        progress=progress,
+    )
     rows = []
     for m in methods:
         ratio = run.ratio(m.name, "hf greedy", harness.wall_tok_s)
         same, total = run.same_tokens(m.name, "hf greedy")
-        rows.append({"method": m.name, "tok_s": run.median(m.name, harness.wall_tok_s), "ratio": ratio["median"],
-                     "ratio_ci95": ratio["ci95"], "identical": same, "prompts": total})
-    print(harness.preamble(meta, run, f"{len(prompts)} prompts ({args.prompts}, {args.limit} per domain), greedy, "
-                           f"max {args.max_new_tokens} new tokens, {args.threads} threads, {args.repeats} repeat(s), "
-                           "interleaved prompt by prompt; tok/s end to end (prefill included), median over prompts"))
+        rows.append(
+            {
+                "method": m.name,
+                "tok_s": run.median(m.name, harness.wall_tok_s),
+                "ratio": ratio["median"],
+                "ratio_ci95": ratio["ci95"],
+                "identical": same,
+                "prompts": total,
+            }
+        )
+    print(
+        harness.preamble(
+            meta,
+            run,
+            f"{len(prompts)} prompts ({args.prompts}, {args.limit} per domain), greedy, "
+            f"max {args.max_new_tokens} new tokens, {args.threads} threads, {args.repeats} repeat(s), "
+            "interleaved prompt by prompt; tok/s end to end (prefill included), median over prompts",
+        )
+    )
     print(f"{'method':<30} {'tok/s':>8} {'x hf greedy':>12}  {'[95% CI]':<13}  identical to hf greedy")
     for r in rows:
         ident = "yes" if r["identical"] == r["prompts"] else f"no ({r['identical']}/{r['prompts']} prompts)"
         ci = "[{:.2f}-{:.2f}]".format(*r["ratio_ci95"]) if r["ratio_ci95"] else "-"
         print(f"{r['method']:<30} {r['tok_s']:8.1f} {r['ratio']:11.2f}x  {ci:<13}  {ident}")
     if assistant is None:
-        print("(hf assisted: no PyTorch draft given; the artifact's draft is an ONNX int8 copy. "
-              "Use --assistant MODEL.)")
+        print(
+            "(hf assisted: no PyTorch draft given; the artifact's draft is an ONNX int8 copy. Use --assistant MODEL.)"
+        )
     if args.json:
         harness.write_json(args.json, {"meta": meta, "rows": rows, "run": run.to_dict()})
     return 0

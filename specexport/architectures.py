@@ -47,7 +47,9 @@ class ArchSpec:
     # conv1d:   c_attn, transformers Conv1D with columns [q | k | v] (GPT-2)
     qkv_bias: bool = False  # q/k/v biases whatever the config says (Qwen2)
     out_proj: str = "o_proj"
-    qk_norm: Literal["", "head", "full"] = ""  # RMSNorm of q and k before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
+    qk_norm: Literal["", "head", "full"] = (
+        ""  # RMSNorm of q and k before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
+    )
     positions: Literal["rope", "learned"] = "rope"
     position_embed: str = ""  # learned positions, relative to decoder (GPT-2: wpe)
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
@@ -70,18 +72,35 @@ MISTRAL = ArchSpec("mistral", features=_features("sliding_window"))
 QWEN2 = ArchSpec("qwen2", qkv_bias=True, features=_features("sliding_window"))
 QWEN3 = ArchSpec("qwen3", qk_norm="head", features=_features("attention_bias", "sliding_window"))
 PHI3 = ArchSpec("phi3", qkv="fused", mlp_kind="fused_gated", features=_features("sliding_window", "partial_rotary"))
-GEMMA = ArchSpec("gemma", embed_scale=True, norm_offset=1.0, features=_features("attention_bias"))  # HF's GemmaRMSNorm: (1 + w)
-_SANDWICH = dict(attn_post_norm="post_attention_layernorm", mlp_norm="pre_feedforward_layernorm",
-                 mlp_post_norm="post_feedforward_layernorm")
-GEMMA2 = replace(GEMMA, model_type="gemma2", **_SANDWICH,
-                 features=_features("attention_bias", "sliding_window", "softcapping", "query_pre_attn_scalar"))
-GEMMA3_TEXT = replace(GEMMA2, model_type="gemma3_text", qk_norm="head",
-                      features=GEMMA2.features | {"rope_per_layer_type"})
+GEMMA = ArchSpec(
+    "gemma", embed_scale=True, norm_offset=1.0, features=_features("attention_bias")
+)  # HF's GemmaRMSNorm: (1 + w)
+_SANDWICH = dict(
+    attn_post_norm="post_attention_layernorm",
+    mlp_norm="pre_feedforward_layernorm",
+    mlp_post_norm="post_feedforward_layernorm",
+)
+GEMMA2 = replace(
+    GEMMA,
+    model_type="gemma2",
+    **_SANDWICH,
+    features=_features("attention_bias", "sliding_window", "softcapping", "query_pre_attn_scalar"),
+)
+GEMMA3_TEXT = replace(
+    GEMMA2, model_type="gemma3_text", qk_norm="head", features=GEMMA2.features | {"rope_per_layer_type"}
+)
 GEMMA3 = replace(GEMMA3_TEXT, model_type="gemma3", decoder="model.language_model", text_config=True)
 SMOLLM3 = ArchSpec("smollm3", features=_features("attention_bias", "mlp_bias", "sliding_window", "nope_layers"))
 GRANITE = ArchSpec("granite", features=_features("attention_bias", "mlp_bias", "multipliers"))
-OLMO2 = ArchSpec("olmo2", attn_norm=None, attn_post_norm="post_attention_layernorm", mlp_norm=None,
-                 mlp_post_norm="post_feedforward_layernorm", qk_norm="full", features=_features("attention_bias"))
+OLMO2 = ArchSpec(
+    "olmo2",
+    attn_norm=None,
+    attn_post_norm="post_attention_layernorm",
+    mlp_norm=None,
+    mlp_post_norm="post_feedforward_layernorm",
+    qk_norm="full",
+    features=_features("attention_bias"),
+)
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -113,7 +132,9 @@ def arch_for(model_type: str) -> ArchSpec:
     try:
         return ARCHITECTURES[model_type]
     except KeyError:
-        raise UnsupportedArchitecture(f"architecture {model_type!r} is not supported; supported: {supported_list()}") from None
+        raise UnsupportedArchitecture(
+            f"architecture {model_type!r} is not supported; supported: {supported_list()}"
+        ) from None
 
 
 def module_at(root, path: str):

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from specexport_runtime import registry
 from specexport_runtime.config import GeneratorConfig
 from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
@@ -66,8 +67,18 @@ from .prompts import Prompt
 
 # public names of the bench API kept here (the report, its errors and plots live in bench_report
 # and bench_plots; the statistics in bench_stats)
-__all__ = ["BenchError", "BenchReport", "Progress", "RunRecord", "bench_methods", "build_report", "run_bench",
-           "run_one", "target_exactness", "write_plots"]
+__all__ = [
+    "BenchError",
+    "BenchReport",
+    "Progress",
+    "RunRecord",
+    "bench_methods",
+    "build_report",
+    "run_bench",
+    "run_one",
+    "target_exactness",
+    "write_plots",
+]
 
 Progress = Callable[[int, int, str], None]  # (runs done, runs in total, label of the run just done)
 WARMUP_TOKENS = 8
@@ -87,8 +98,9 @@ def _calls_snapshot(model) -> dict[int, tuple[int, float]]:
     return {} if model is None else {s: (int(v[0]), float(v[1])) for s, v in model.stats.by_len.items()}
 
 
-def _calls_delta(model, before: dict[int, tuple[int, float]], prefill_len: int | None,
-                 prefill_seconds: float | None) -> dict[int, list]:
+def _calls_delta(
+    model, before: dict[int, tuple[int, float]], prefill_len: int | None, prefill_seconds: float | None
+) -> dict[int, list]:
     """Calls and seconds per call length S made since `before`, minus the run's prefill call
     (S = prefill_len). prefill_seconds (when known) is what that call took at most; else the
     entry's mean is removed."""
@@ -127,9 +139,16 @@ def run_one(gen, case: Case, config: GeneratorConfig, *, forget: bool = True) ->
     st = result.stats
     used_draft_model = config.speculating and registry.get(config.proposer).uses_draft
     return RunRecord(
-        prompt_id=case.id, domain=case.domain, mode="on" if config.speculating else "off",
-        gamma=config.gamma if config.speculating else None, repeat=case.repeat, seed=config.seed,
-        finish_reason=result.finish_reason, token_ids=list(result.token_ids), prompt_ids=list(case.ids), stats=st,
+        prompt_id=case.id,
+        domain=case.domain,
+        mode="on" if config.speculating else "off",
+        gamma=config.gamma if config.speculating else None,
+        repeat=case.repeat,
+        seed=config.seed,
+        finish_reason=result.finish_reason,
+        token_ids=list(result.token_ids),
+        prompt_ids=list(case.ids),
+        stats=st,
         target_calls=_calls_delta(gen.target, t_before, st.prompt_tokens, st.prefill_seconds),
         # the draft's first call of a run (its prefill, S > 1) stays in; only S = 1 is used
         draft_calls=_calls_delta(gen.draft, d_before, None, None) if used_draft_model else {},
@@ -141,8 +160,11 @@ def run_one(gen, case: Case, config: GeneratorConfig, *, forget: bool = True) ->
 
 def _graph_bytes(root: Path, manifest, entry) -> int:
     graph = Path(entry.graph)
-    return sum((root / rel).stat().st_size for rel in manifest.files
-               if Path(rel).parent == graph.parent and Path(rel).name.startswith(graph.name))
+    return sum(
+        (root / rel).stat().st_size
+        for rel in manifest.files
+        if Path(rel).parent == graph.parent and Path(rel).name.startswith(graph.name)
+    )
 
 
 def memory_estimate(gen, proposer: str) -> dict:
@@ -152,20 +174,30 @@ def memory_estimate(gen, proposer: str) -> dict:
     if registry.get(proposer).uses_draft and gen.draft is not None:
         draft_bytes = _graph_bytes(root, man, man.draft) + gen.draft.kv_nbytes()
     total = target_bytes + draft_bytes
-    return {"method": "static: graph files + KV buffers at max_context", "target_bytes": target_bytes,
-            "draft_bytes": draft_bytes, "total_bytes": total, "draft_share": draft_bytes / total if total else 0.0}
+    return {
+        "method": "static: graph files + KV buffers at max_context",
+        "target_bytes": target_bytes,
+        "draft_bytes": draft_bytes,
+        "total_bytes": total,
+        "draft_share": draft_bytes / total if total else 0.0,
+    }
 
 
 def target_exactness(entry) -> dict:
     """The target's exactness class as the manifest records it (None: not measured) and the
     build's row-invariance measurement (validation.rows; None when absent)."""
     rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
-    return {"class": entry.exactness, "min_rows": entry.min_rows, "cache_pad": entry.cache_pad,
-            "rows": dict(rows) if rows else None}
+    return {
+        "class": entry.exactness,
+        "min_rows": entry.min_rows,
+        "cache_pad": entry.cache_pad,
+        "rows": dict(rows) if rows else None,
+    }
 
 
-def _check_arguments(prompts, gammas: list, repeats: int, max_new_tokens: int | None,
-                     hybrid_retrieval: str | None) -> None:
+def _check_arguments(
+    prompts, gammas: list, repeats: int, max_new_tokens: int | None, hybrid_retrieval: str | None
+) -> None:
     if not prompts:
         raise BenchError("no prompts to benchmark")
     for g in gammas:
@@ -181,8 +213,14 @@ def _check_arguments(prompts, gammas: list, repeats: int, max_new_tokens: int | 
         raise BenchError(f"hybrid_retrieval must be {' or '.join(HYBRID_RETRIEVALS)}, got {hybrid_retrieval!r}")
 
 
-def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], cases: Sequence[Case],
-                  seed: int, grammars: dict | None = None) -> list[Method]:
+def bench_methods(
+    gen,
+    base: GeneratorConfig,
+    gammas: Sequence[int | None],
+    cases: Sequence[Case],
+    seed: int,
+    grammars: dict | None = None,
+) -> list[Method]:
     """One harness Method per configuration: 'off', then on with each gamma (named by its
     label). run(case) is run_one with the case's limit, its grammar (grammars: case id ->
     structured.Grammar, --constrained) and, when sampling, the seed seed + 1000 i + repeat (i:
@@ -197,8 +235,13 @@ def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], case
                 run_seed = seed
             else:
                 run_seed = None if base.temperature == 0 else seed + 1000 * i + case.repeat
-            config = base.replace(speculative=speculative, gamma=gamma, max_new_tokens=case.max_new_tokens,
-                                  seed=run_seed, grammar=grammars.get(case.id))
+            config = base.replace(
+                speculative=speculative,
+                gamma=gamma,
+                max_new_tokens=case.max_new_tokens,
+                seed=run_seed,
+                grammar=grammars.get(case.id),
+            )
             record = run_one(gen, case, config, forget=False)
             return {"tokens": record.token_ids, "record": record}
 
@@ -208,8 +251,9 @@ def bench_methods(gen, base: GeneratorConfig, gammas: Sequence[int | None], case
     return [method(False, None)] + [method(True, g) for g in gammas]
 
 
-def _measure(methods: list[Method], cases: list[Case], warm: Case, repeats: int,
-             progress: Progress | None) -> list[RunRecord]:
+def _measure(
+    methods: list[Method], cases: list[Case], warm: Case, repeats: int, progress: Progress | None
+) -> list[RunRecord]:
     """harness.run_interleaved: warm-up on `warm`, the store emptied before every generation,
     methods rotated round by round; the records in the order they ran."""
     runs: list[RunRecord] = []
@@ -224,8 +268,9 @@ def _measure(methods: list[Method], cases: list[Case], warm: Case, repeats: int,
     return runs
 
 
-def _measure_sequential(gen, methods: list[Method], cases: list[Case], warm: Case, repeats: int,
-                        progress: Progress | None) -> list[RunRecord]:
+def _measure_sequential(
+    gen, methods: list[Method], cases: list[Case], warm: Case, repeats: int, progress: Progress | None
+) -> list[RunRecord]:
     """Each domain's cases in order as one session per repeat and method, with the store of
     earlier answers kept from case to case (one store per method and session, so a run never sees
     another method's answer to the same prompt). Not run_interleaved, which empties the store
@@ -250,12 +295,25 @@ def _measure_sequential(gen, methods: list[Method], cases: list[Case], warm: Cas
     return runs
 
 
-def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = None,
-              gammas: Sequence[int | None] = (None,), temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-              seed: int = 0, repeats: int = 3, max_new_tokens: int | None = None, threads: int | None = None,
-              shared_pool: bool = False,
-              progress: Progress | None = None, hybrid_retrieval: str | None = None, sequential: bool = False,
-              suffix: SuffixConfig | None = None, constrained: bool = False) -> BenchReport:
+def run_bench(
+    artifact,
+    prompts: Sequence[Prompt] | str,
+    proposer: str | None = None,
+    gammas: Sequence[int | None] = (None,),
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    repeats: int = 3,
+    max_new_tokens: int | None = None,
+    threads: int | None = None,
+    shared_pool: bool = False,
+    progress: Progress | None = None,
+    hybrid_retrieval: str | None = None,
+    sequential: bool = False,
+    suffix: SuffixConfig | None = None,
+    constrained: bool = False,
+) -> BenchReport:
     """Benchmark speculation off versus on (module docstring). `artifact` is a folder or an
     already loaded SpecGenerator; `prompts` Prompt objects or a prompt-set spec
     (harness.load_prompt_set).
@@ -297,9 +355,21 @@ def run_bench(artifact, prompts: Sequence[Prompt] | str, proposer: str | None = 
         runs = _measure_sequential(gen, methods, cases, warm, repeats, progress)
     else:
         runs = _measure(methods, cases, warm, repeats, progress)
-    report = build_report(gen, runs, prompts, base, gammas=gammas, seed=seed, repeats=repeats,
-                          max_new_tokens=max_new_tokens, threads=threads, sequential=sequential,
-                          temperature=temperature, top_p=top_p, top_k=top_k)
+    report = build_report(
+        gen,
+        runs,
+        prompts,
+        base,
+        gammas=gammas,
+        seed=seed,
+        repeats=repeats,
+        max_new_tokens=max_new_tokens,
+        threads=threads,
+        sequential=sequential,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+    )
     if constrained:
         report.constrained = bench_constrained.summarize(gen.codec, runs, cases)
     return report
@@ -338,8 +408,11 @@ class _Paired:
 
     def speedup_ci(self, ids: Sequence[str], seed: int) -> tuple[float, float] | None:
         """ratio_ci over these prompts of their summed decode tokens and seconds, on over off."""
-        sums = [[sum(getattr(r, key) for r in side[i]) for i in ids]
-                for side in (self.on, self.off) for key in ("decode_tokens", "decode_seconds")]
+        sums = [
+            [sum(getattr(r, key) for r in side[i]) for i in ids]
+            for side in (self.on, self.off)
+            for key in ("decode_tokens", "decode_seconds")
+        ]
         return ratio_ci(*sums, seed=seed)
 
 
@@ -355,8 +428,11 @@ def _drafted_per_round(acc, default: int) -> int:
 
 
 def _length_stats(values: list) -> dict:
-    return {"mean": float(np.mean(values)) if values else 0.0, "min": min(values, default=0),
-            "max": max(values, default=0)}
+    return {
+        "mean": float(np.mean(values)) if values else 0.0,
+        "min": min(values, default=0),
+        "max": max(values, default=0),
+    }
 
 
 def _meta(gen, prompts: Sequence[Prompt], config: GeneratorConfig, gammas, settings: dict) -> dict:
@@ -364,20 +440,40 @@ def _meta(gen, prompts: Sequence[Prompt], config: GeneratorConfig, gammas, setti
     man, suffix = gen.manifest, config.suffix
     run = harness.run_metadata()
     meta = {
-        "artifact": str(gen.root), "name": man.name, "max_context": man.max_context,
-        "target": {"source": man.target.source, "precision": man.target.precision,
-                   "bytes": _graph_bytes(gen.root, man, man.target), "architecture": man.target.architecture},
-        "draft": None if man.draft is None else {"source": man.draft.source, "precision": man.draft.precision,
-                                                 "bytes": _graph_bytes(gen.root, man, man.draft)},
-        "proposer": config.proposer, "proposer_label": registry.get(config.proposer).label,
-        "ngram_sizes": list(config.ngram_sizes), "gammas": list(gammas),
-        "hybrid_retrieval": config.hybrid_retrieval, "sequential": settings["sequential"],
-        "suffix": {"factor": suffix.factor, "max_spec": suffix.max_spec, "limit_scales": list(suffix.limit_scales),
-                   "tuner": gen.learned("suffix").tuner.describe(gen.verify_cost.line())},
+        "artifact": str(gen.root),
+        "name": man.name,
+        "max_context": man.max_context,
+        "target": {
+            "source": man.target.source,
+            "precision": man.target.precision,
+            "bytes": _graph_bytes(gen.root, man, man.target),
+            "architecture": man.target.architecture,
+        },
+        "draft": None
+        if man.draft is None
+        else {
+            "source": man.draft.source,
+            "precision": man.draft.precision,
+            "bytes": _graph_bytes(gen.root, man, man.draft),
+        },
+        "proposer": config.proposer,
+        "proposer_label": registry.get(config.proposer).label,
+        "ngram_sizes": list(config.ngram_sizes),
+        "gammas": list(gammas),
+        "hybrid_retrieval": config.hybrid_retrieval,
+        "sequential": settings["sequential"],
+        "suffix": {
+            "factor": suffix.factor,
+            "max_spec": suffix.max_spec,
+            "limit_scales": list(suffix.limit_scales),
+            "tuner": gen.learned("suffix").tuner.describe(gen.verify_cost.line()),
+        },
         "sampling": {key: settings[key] for key in ("temperature", "top_p", "top_k", "seed")},
-        "prompts": len(prompts), "domains": dict(Counter(p.domain for p in prompts)),
+        "prompts": len(prompts),
+        "domains": dict(Counter(p.domain for p in prompts)),
         **{key: settings[key] for key in ("repeats", "max_new_tokens", "threads")},
-        "machine": run["machine"], "date": run["date"],
+        "machine": run["machine"],
+        "date": run["date"],
     }
     try:
         import onnxruntime
@@ -397,8 +493,11 @@ def _caveats(target, greedy: bool, exactness: dict) -> list[str]:
 def _theoretical(acc, gamma: int | None, costs: dict) -> dict:
     """theoretical_speedup at the acceptance's alpha and tokens drafted per round, with the costs."""
     g = _drafted_per_round(acc, gamma or 1)
-    theo = theoretical_speedup(acc.alpha, g, costs) if acc.alpha is not None else {
-        "gamma": g, "alpha": None, "expected_tokens": None, "c": None, "v": None, "speedup": None}
+    theo = (
+        theoretical_speedup(acc.alpha, g, costs)
+        if acc.alpha is not None
+        else {"gamma": g, "alpha": None, "expected_tokens": None, "c": None, "v": None, "speedup": None}
+    )
     return {**theo, "gamma_source": "mean drafted per round", "costs": costs}
 
 
@@ -411,12 +510,19 @@ def _domain_entry(basis: _Basis, paired: _Paired, ids: list[str], costs: dict, s
     if acc.alpha is not None and acc.rounds:
         theo = theoretical_speedup(acc.alpha, _drafted_per_round(acc, 1), costs)["speedup"]
     entry = {
-        "prompts": len(ids), "off_tps": tps(off), "on_tps": tps(on), "speedup": speedup,
-        "theoretical": theo, "efficiency": speedup / theo if theo else None,
+        "prompts": len(ids),
+        "off_tps": tps(off),
+        "on_tps": tps(on),
+        "speedup": speedup,
+        "theoretical": theo,
+        "efficiency": speedup / theo if theo else None,
         "identical_share": equivalence(off, on)["share"] if basis.greedy else None,
-        "speedup_ci95": paired.speedup_ci(ids, seed), "acceptance_rate": acc.acceptance_rate,
-        "alpha": acc.alpha, "tokens_per_target_call": acc.tokens_per_target_call,
-        "mean_accepted_per_round": acc.mean_accepted_per_round, "per_position": acc.per_position,
+        "speedup_ci95": paired.speedup_ci(ids, seed),
+        "acceptance_rate": acc.acceptance_rate,
+        "alpha": acc.alpha,
+        "tokens_per_target_call": acc.tokens_per_target_call,
+        "mean_accepted_per_round": acc.mean_accepted_per_round,
+        "per_position": acc.per_position,
     }
     if basis.sequential:  # learning across requests: the first and the last third of the sequence
         third = max(1, len(ids) // 3)
@@ -428,9 +534,15 @@ def _domain_entry(basis: _Basis, paired: _Paired, ids: list[str], costs: dict, s
 def _prompt_entry(prompt: Prompt, paired: _Paired) -> dict:
     on, off = paired.runs([prompt.id])
     acc = acceptance(on)
-    return {"domain": prompt.domain, "off_tps": tps(off), "on_tps": tps(on), "speedup": _speedup(on, off),
-            "acceptance_rate": acc.acceptance_rate, "mean_accepted_per_round": acc.mean_accepted_per_round,
-            "tokens_per_target_call": acc.tokens_per_target_call}
+    return {
+        "domain": prompt.domain,
+        "off_tps": tps(off),
+        "on_tps": tps(on),
+        "speedup": _speedup(on, off),
+        "acceptance_rate": acc.acceptance_rate,
+        "mean_accepted_per_round": acc.mean_accepted_per_round,
+        "tokens_per_target_call": acc.tokens_per_target_call,
+    }
 
 
 def _config_result(basis: _Basis, k: int, gamma: int | None, on: list[RunRecord]) -> ConfigResult:
@@ -443,12 +555,18 @@ def _config_result(basis: _Basis, k: int, gamma: int | None, on: list[RunRecord]
     total_on = sum(r.total_seconds for r in on)
     domains = dict.fromkeys(p.domain for p in prompts)
     res = ConfigResult(
-        gamma=gamma, label=label, on=mode_stats(f"on[{label}]", on), acceptance=acc, speedup=speedup,
-        speedup_ci95=paired.speedup_ci([p.id for p in prompts], seed), theoretical=theo,
+        gamma=gamma,
+        label=label,
+        on=mode_stats(f"on[{label}]", on),
+        acceptance=acc,
+        speedup=speedup,
+        speedup_ci95=paired.speedup_ci([p.id for p in prompts], seed),
+        theoretical=theo,
         efficiency=speedup / theo["speedup"] if theo.get("speedup") else None,
         draft_time_share=sum(r.draft_seconds for r in on) / total_on if total_on > 0 else 0.0,
-        by_domain={d: _domain_entry(basis, paired, [p.id for p in prompts if p.domain == d], costs, seed)
-                   for d in domains},
+        by_domain={
+            d: _domain_entry(basis, paired, [p.id for p in prompts if p.domain == d], costs, seed) for d in domains
+        },
         by_prompt={p.id: _prompt_entry(p, paired) for p in prompts},
     )
     if basis.greedy:
@@ -459,25 +577,56 @@ def _config_result(basis: _Basis, k: int, gamma: int | None, on: list[RunRecord]
     return res
 
 
-def build_report(gen, runs: list[RunRecord], prompts: Sequence[Prompt], config: GeneratorConfig, *, gammas,
-                 seed: int, repeats: int, max_new_tokens, threads, temperature: float, top_p: float, top_k: int,
-                 sequential: bool = False) -> BenchReport:
+def build_report(
+    gen,
+    runs: list[RunRecord],
+    prompts: Sequence[Prompt],
+    config: GeneratorConfig,
+    *,
+    gammas,
+    seed: int,
+    repeats: int,
+    max_new_tokens,
+    threads,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    sequential: bool = False,
+) -> BenchReport:
     """The BenchReport of a run's records (module docstring): off against each gamma's on runs."""
-    settings = {"seed": seed, "repeats": repeats, "max_new_tokens": max_new_tokens, "threads": threads,
-                "temperature": temperature, "top_p": top_p, "top_k": top_k, "sequential": sequential}
+    settings = {
+        "seed": seed,
+        "repeats": repeats,
+        "max_new_tokens": max_new_tokens,
+        "threads": threads,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "sequential": sequential,
+    }
     meta = _meta(gen, prompts, config, gammas, settings)
     off = [r for r in runs if r.mode == "off"]
     on = {g: [r for r in runs if r.mode == "on" and r.gamma == g] for g in gammas}
     greedy = temperature == 0
-    basis = _Basis(gen, prompts, off, config.proposer, greedy, seed, sequential,
-                   quality(gen, off, seed) if not greedy else None)
+    basis = _Basis(
+        gen, prompts, off, config.proposer, greedy, seed, sequential, quality(gen, off, seed) if not greedy else None
+    )
     configs = [_config_result(basis, k, g, on[g]) for k, g in enumerate(gammas)]
-    lengths = {"input_tokens": _length_stats([r.prompt_tokens for r in off]),
-               "output_tokens_off": _length_stats([r.new_tokens for r in off]),
-               "output_tokens_on": {gamma_label(g): _length_stats([r.new_tokens for r in on[g]]) for g in gammas}}
+    lengths = {
+        "input_tokens": _length_stats([r.prompt_tokens for r in off]),
+        "output_tokens_off": _length_stats([r.new_tokens for r in off]),
+        "output_tokens_on": {gamma_label(g): _length_stats([r.new_tokens for r in on[g]]) for g in gammas},
+    }
     exactness = target_exactness(gen.manifest.target)
-    return BenchReport(meta=meta, lengths=lengths, off=mode_stats("off", off), configs=configs,
-                       memory=memory_estimate(gen, config.proposer),
-                       costs=measured_costs(off, [r for r in runs if r.mode == "on"], config.proposer),
-                       quality_off=basis.quality_off, caveats=_caveats(gen.manifest.target, greedy, exactness),
-                       exactness=exactness, runs=runs)
+    return BenchReport(
+        meta=meta,
+        lengths=lengths,
+        off=mode_stats("off", off),
+        configs=configs,
+        memory=memory_estimate(gen, config.proposer),
+        costs=measured_costs(off, [r for r in runs if r.mode == "on"], config.proposer),
+        quality_off=basis.quality_off,
+        caveats=_caveats(gen.manifest.target, greedy, exactness),
+        exactness=exactness,
+        runs=runs,
+    )

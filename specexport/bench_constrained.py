@@ -29,8 +29,10 @@ def grammars(codec, cases: Sequence[harness.Case]) -> dict[str, Grammar]:
     for case in cases:
         p = case.prompt
         if p is None or not p.constrained:
-            raise ConstrainedError(f"--constrained: prompt {case.id!r} carries no 'schema' or 'tools'"
-                                   " (the structured_json set has 32 that do)")
+            raise ConstrainedError(
+                f"--constrained: prompt {case.id!r} carries no 'schema' or 'tools'"
+                " (the structured_json set has 32 that do)"
+            )
         out[case.id] = Grammar.json_schema(p.schema) if p.schema is not None else harness.tool_plan(codec, p).grammar()
     return out
 
@@ -71,5 +73,8 @@ def summarize(codec, runs: Sequence, cases: Sequence[harness.Case]) -> dict:
 
 
 def lines(summary: dict) -> list[str]:
-    return [f"  constrained {label:<10} {e['valid']}/{e['runs']} valid, forced tokens {e['forced_share']:.0%}"
-            f" of the output ({e['forced_accepted']} kept of {e['forced']} drafted)" for label, e in summary.items()]
+    return [
+        f"  constrained {label:<10} {e['valid']}/{e['runs']} valid, forced tokens {e['forced_share']:.0%}"
+        f" of the output ({e['forced_accepted']} kept of {e['forced']} drafted)"
+        for label, e in summary.items()
+    ]

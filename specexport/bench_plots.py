@@ -25,7 +25,8 @@ def write_plots(report: BenchReport, folder: str | os.PathLike) -> list[Path]:
     written = []
     runs = report.runs
     groups = [("off", [r for r in runs if r.mode == "off"])] + [
-        (f"on[{c.label}]", [r for r in runs if r.mode == "on" and r.gamma == c.gamma]) for c in report.configs]
+        (f"on[{c.label}]", [r for r in runs if r.mode == "on" and r.gamma == c.gamma]) for c in report.configs
+    ]
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rs in groups:
@@ -72,8 +73,10 @@ def write_plots(report: BenchReport, folder: str | os.PathLike) -> list[Path]:
     domains = list(report.meta["domains"])
     for j, c in enumerate(report.configs):
         vals = [c.by_domain[d]["speedup"] for d in domains]
-        err = [[max(0.0, v - (c.by_domain[d]["speedup_ci95"] or (v, v))[0]) for d, v in zip(domains, vals)],
-               [max(0.0, (c.by_domain[d]["speedup_ci95"] or (v, v))[1] - v) for d, v in zip(domains, vals)]]
+        err = [
+            [max(0.0, v - (c.by_domain[d]["speedup_ci95"] or (v, v))[0]) for d, v in zip(domains, vals)],
+            [max(0.0, (c.by_domain[d]["speedup_ci95"] or (v, v))[1] - v) for d, v in zip(domains, vals)],
+        ]
         ax.bar(np.arange(len(domains)) + j * width, vals, width=width, yerr=err, capsize=3, label=f"on[{c.label}]")
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.set_xticks(np.arange(len(domains)) + width * (len(report.configs) - 1) / 2, domains)

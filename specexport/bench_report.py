@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
 from specexport_runtime import registry
 from specexport_runtime.errors import SpecExportError
 from specexport_runtime.generator import GenerationStats
@@ -96,14 +97,27 @@ class RunRecord:
     def summary(self) -> dict:
         """The JSON row of this run (no token lists)."""
         return {
-            "prompt_id": self.prompt_id, "domain": self.domain, "mode": self.mode, "gamma": self.gamma,
-            "repeat": self.repeat, "seed": self.seed, "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens, "finish_reason": self.finish_reason,
-            "total_seconds": self.total_seconds, "prefill_seconds": self.prefill_seconds,
-            "draft_seconds": self.draft_seconds, "target_seconds": self.target_seconds,
-            "tokens_per_second": self.tokens_per_second, "rounds": self.rounds,
-            "plain_steps": self.plain_steps, "drafted": self.drafted, "accepted": self.accepted,
-            "corrections": self.corrections, "bonus": self.bonus, "lookup_rounds": self.lookup_rounds,
+            "prompt_id": self.prompt_id,
+            "domain": self.domain,
+            "mode": self.mode,
+            "gamma": self.gamma,
+            "repeat": self.repeat,
+            "seed": self.seed,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "finish_reason": self.finish_reason,
+            "total_seconds": self.total_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "rounds": self.rounds,
+            "plain_steps": self.plain_steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "corrections": self.corrections,
+            "bonus": self.bonus,
+            "lookup_rounds": self.lookup_rounds,
             "by_source": self.by_source,
         }
 
@@ -134,7 +148,9 @@ class Acceptance:
     per_position: list[float]  # accepted at i / drafted at i
     per_position_conditional: list[float | None]  # P(accept i | accepted 0..i-1, i drafted)
     accepted_histogram: list[int]  # rounds that accepted n tokens, n = 0, 1, ...
-    lookup_rounds: int = 0  # rounds drafted without a model call: prompt lookup or suffix retrieval (the rest: draft model)
+    lookup_rounds: int = (
+        0  # rounds drafted without a model call: prompt lookup or suffix retrieval (the rest: draft model)
+    )
     # per proposal source (draft, eagle, lookup, suffix-request, suffix-store): rounds, drafted,
     # accepted, acceptance rate and tokens per round (accepted + the target's own token)
     by_source: dict[str, dict] = field(default_factory=dict)
@@ -181,9 +197,15 @@ class BenchReport:
 
     def to_dict(self, include_runs: bool = True) -> dict:
         data = {
-            "meta": self.meta, "lengths": self.lengths, "off": asdict(self.off),
-            "configs": [asdict(c) for c in self.configs], "memory": self.memory, "costs": self.costs,
-            "quality_off": self.quality_off, "caveats": list(self.caveats), "exactness": self.exactness,
+            "meta": self.meta,
+            "lengths": self.lengths,
+            "off": asdict(self.off),
+            "configs": [asdict(c) for c in self.configs],
+            "memory": self.memory,
+            "costs": self.costs,
+            "quality_off": self.quality_off,
+            "caveats": list(self.caveats),
+            "exactness": self.exactness,
             "constrained": self.constrained,
         }
         if include_runs:
@@ -196,7 +218,9 @@ class BenchReport:
         m, L = self.meta, self.lengths
         t = m["target"]
         lines = [f"specexport bench: {m['name']}  ({m['artifact']})"]
-        lines.append(f"  target      {t['source']}  {t['precision']}, {t['bytes'] / 1e6:.1f} MB, max_context {m['max_context']}")
+        lines.append(
+            f"  target      {t['source']}  {t['precision']}, {t['bytes'] / 1e6:.1f} MB, max_context {m['max_context']}"
+        )
         spec = registry.PROPOSERS.get(m["proposer"])
         if m["proposer"] == "draft" and m.get("draft"):
             d = m["draft"]
@@ -215,16 +239,22 @@ class BenchReport:
                 prop += f"; suffix drafts up to min({sx['max_spec']}, {sx['factor']:g} x match)"
                 if len(sx.get("limit_scales", [1.0])) > 1:
                     speed = sx.get("tuner", {}).get("tokens_per_second", {})
-                    prop += (f" scaled x{' / x'.join(f'{x:g}' for x in sx['limit_scales'])}, the fastest measured"
-                             + (f" ({', '.join(f'x{float(k):g} {v:g}' for k, v in speed.items())} tok/s)" if speed else ""))
+                    prop += f" scaled x{' / x'.join(f'{x:g}' for x in sx['limit_scales'])}, the fastest measured" + (
+                        f" ({', '.join(f'x{float(k):g} {v:g}' for k, v in speed.items())} tok/s)" if speed else ""
+                    )
         lines.append(f"  proposer    {prop}")
         lines.append(f"  gamma       {', '.join(gamma_label(g) for g in m['gammas'])}")
         s = m["sampling"]
-        samp = "greedy" if s["temperature"] == 0 else (
-            f"temperature {s['temperature']}, top_p {s['top_p']}, top_k {s['top_k']}, seed {s['seed']}")
+        samp = (
+            "greedy"
+            if s["temperature"] == 0
+            else (f"temperature {s['temperature']}, top_p {s['top_p']}, top_k {s['top_k']}, seed {s['seed']}")
+        )
         lines.append(f"  sampling    {samp}")
         doms = ", ".join(f"{d} {n}" for d, n in m["domains"].items())
-        lines.append(f"  prompts     {m['prompts']} ({doms}); repeats {m['repeats']}; threads {m['threads'] or 'default'}")
+        lines.append(
+            f"  prompts     {m['prompts']} ({doms}); repeats {m['repeats']}; threads {m['threads'] or 'default'}"
+        )
         cpu = m.get("machine", {}).get("cpu")  # reports from before the field have none
         if cpu:
             lines.append(f"  machine     {cpu}, {m['machine'].get('cpu_count')} cores")
@@ -250,14 +280,21 @@ class BenchReport:
                 + f"); by position {pos or 'n/a'}"
             )
             if len(a.by_source) > 1:
-                src = ", ".join(f"{s} {v['rounds']} rounds acc {_f(v['acceptance_rate'])} {v['tokens_per_round']:.2f} tok/round"
-                                for s, v in a.by_source.items())
+                src = ", ".join(
+                    f"{s} {v['rounds']} rounds acc {_f(v['acceptance_rate'])} {v['tokens_per_round']:.2f} tok/round"
+                    for s, v in a.by_source.items()
+                )
                 lines.append(" " * 14 + f"by source: {src}")
             if c.by_domain:
-                dom = ", ".join(f"{d} {v['speedup']:.2f}x acc {_f(v['acceptance_rate'])} eff {_f(v['efficiency'], '.0%')}"
-                                + (f" (first third {v['first_third_speedup']:.2f}x, last third {v['last_third_speedup']:.2f}x)"
-                                   if "first_third_speedup" in v else "")
-                                for d, v in c.by_domain.items())
+                dom = ", ".join(
+                    f"{d} {v['speedup']:.2f}x acc {_f(v['acceptance_rate'])} eff {_f(v['efficiency'], '.0%')}"
+                    + (
+                        f" (first third {v['first_third_speedup']:.2f}x, last third {v['last_third_speedup']:.2f}x)"
+                        if "first_third_speedup" in v
+                        else ""
+                    )
+                    for d, v in c.by_domain.items()
+                )
                 lines.append(" " * 14 + f"by domain: {dom}")
             lines.append(" " * 14 + f"draft overhead: {c.draft_time_share:.0%} of on time")
             if c.equivalence is not None:
@@ -266,8 +303,10 @@ class BenchReport:
                 if e["divergences"]:
                     first = e["divergences"][0]
                     div = f"; first divergence {first['prompt_id']} at token {first['position']}"
-                lines.append(" " * 14 + f"equivalence (greedy): {e['identical_prompts']}/{e['prompts']} prompts identical "
-                             f"({e['share']:.0%}){div}; {exactness_text(self.exactness)}")
+                lines.append(
+                    " " * 14 + f"equivalence (greedy): {e['identical_prompts']}/{e['prompts']} prompts identical "
+                    f"({e['share']:.0%}){div}; {exactness_text(self.exactness)}"
+                )
             if c.quality is not None:
                 lines.append(" " * 14 + "quality: " + _quality_line(c.quality))
         if self.constrained:
@@ -276,8 +315,10 @@ class BenchReport:
             lines += constrained_lines(self.constrained)
         mem = self.memory
         if mem.get("draft_bytes"):
-            lines.append(f"  memory      draft {mem['draft_bytes'] / 1e6:.1f} MB of {mem['total_bytes'] / 1e6:.1f} MB "
-                         f"({mem['draft_share']:.0%}; static: graph files + KV buffers at max_context)")
+            lines.append(
+                f"  memory      draft {mem['draft_bytes'] / 1e6:.1f} MB of {mem['total_bytes'] / 1e6:.1f} MB "
+                f"({mem['draft_share']:.0%}; static: graph files + KV buffers at max_context)"
+            )
         else:
             lines.append("  memory      no draft model (retrieval drafts: no extra model memory)")
         if self.quality_off is not None:
@@ -289,12 +330,16 @@ class BenchReport:
     def to_markdown(self) -> str:
         m = self.meta
         out = [f"# specexport bench: {m['name']}", "", "```", *self.summary_lines(), "```", ""]
-        out += ["| config | tok/s | speedup (95% CI) | theoretical | efficiency | acceptance | alpha | tokens/call |"
-                " e2e p50/p90/p99 s | per-token p50/p90/p99 ms | draft time |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "| config | tok/s | speedup (95% CI) | theoretical | efficiency | acceptance | alpha | tokens/call |"
+            " e2e p50/p90/p99 s | per-token p50/p90/p99 ms | draft time |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         o = self.off
-        out.append(f"| off | {o.tokens_per_second:.1f} | 1.00 | | | | | 1.00 | {_pcts(o.e2e_seconds, 1)} | "
-                   f"{_pcts(o.token_latency_seconds, 1e3)} | |")
+        out.append(
+            f"| off | {o.tokens_per_second:.1f} | 1.00 | | | | | 1.00 | {_pcts(o.e2e_seconds, 1)} | "
+            f"{_pcts(o.token_latency_seconds, 1e3)} | |"
+        )
         for c in self.configs:
             ci = f" ({c.speedup_ci95[0]:.2f}-{c.speedup_ci95[1]:.2f})" if c.speedup_ci95 else ""
             th = c.theoretical.get("speedup")
@@ -303,22 +348,28 @@ class BenchReport:
                 f"{(c.efficiency or 0):.0%} | {_f(c.acceptance.acceptance_rate)} | {_f(c.acceptance.alpha)} | "
                 f"{c.acceptance.tokens_per_target_call:.2f} | {_pcts(c.on.e2e_seconds, 1)} | "
                 f"{_pcts(c.on.token_latency_seconds, 1e3)} | {c.draft_time_share:.0%} |"
-                if th is not None else
-                f"| on[{c.label}] | {c.on.tokens_per_second:.1f} | {c.speedup:.2f}{ci} | n/a | n/a | "
+                if th is not None
+                else f"| on[{c.label}] | {c.on.tokens_per_second:.1f} | {c.speedup:.2f}{ci} | n/a | n/a | "
                 f"{_f(c.acceptance.acceptance_rate)} | {_f(c.acceptance.alpha)} | {c.acceptance.tokens_per_target_call:.2f} | "
                 f"{_pcts(c.on.e2e_seconds, 1)} | {_pcts(c.on.token_latency_seconds, 1e3)} | {c.draft_time_share:.0%} |"
             )
         for c in self.configs:
             if not c.by_domain:
                 continue
-            out += ["", f"## by domain, on[{c.label}]", "",
-                    "| domain | prompts | speedup (95% CI) | acceptance | tokens/call | efficiency | identical |",
-                    "|---|---|---|---|---|---|---|"]
+            out += [
+                "",
+                f"## by domain, on[{c.label}]",
+                "",
+                "| domain | prompts | speedup (95% CI) | acceptance | tokens/call | efficiency | identical |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for d, v in c.by_domain.items():
                 ci = f" ({v['speedup_ci95'][0]:.2f}-{v['speedup_ci95'][1]:.2f})" if v.get("speedup_ci95") else ""
-                out.append(f"| {d} | {v['prompts']} | {v['speedup']:.2f}{ci} | {_f(v['acceptance_rate'])} | "
-                           f"{v['tokens_per_target_call']:.2f} | {_f(v['efficiency'], '.0%')} | "
-                           f"{_f(v['identical_share'], '.0%')} |")
+                out.append(
+                    f"| {d} | {v['prompts']} | {v['speedup']:.2f}{ci} | {_f(v['acceptance_rate'])} | "
+                    f"{v['tokens_per_target_call']:.2f} | {_f(v['efficiency'], '.0%')} | "
+                    f"{_f(v['identical_share'], '.0%')} |"
+                )
         return "\n".join(out) + "\n"
 
 
@@ -335,8 +386,10 @@ def exactness_text(exactness: dict | None) -> str:
         return f"target exactness {cls}"
     agree = rows.get("argmax_agreement")
     agree_text = "n/a" if agree is None else "100%" if agree >= 1 else f"{math.floor(agree * 1000) / 10:.1f}%"
-    return (f"target exactness {cls} (rows differ between call sizes by up to {rows['max_abs_diff']:.2g}, "
-            f"argmax agreement {agree_text})")
+    return (
+        f"target exactness {cls} (rows differ between call sizes by up to {rows['max_abs_diff']:.2g}, "
+        f"argmax agreement {agree_text})"
+    )
 
 
 def _f(x: float | None, spec: str = ".2f") -> str:
@@ -350,8 +403,10 @@ def _pcts(p: dict, scale: float) -> str:
 
 
 def _mode_line(m: ModeStats) -> str:
-    return (f"{m.tokens_per_second:.1f} tok/s; e2e p50/p90/p99 {_pcts(m.e2e_seconds, 1)} s; "
-            f"per-token p50/p90/p99 {_pcts(m.token_latency_seconds, 1e3)} ms")
+    return (
+        f"{m.tokens_per_second:.1f} tok/s; e2e p50/p90/p99 {_pcts(m.e2e_seconds, 1)} s; "
+        f"per-token p50/p90/p99 {_pcts(m.token_latency_seconds, 1e3)} ms"
+    )
 
 
 def _quality_line(q: dict) -> str:
@@ -363,7 +418,8 @@ def _quality_line(q: dict) -> str:
         return f"{key} {v['mean']:{spec}}{ci}"
 
     return ", ".join([fmt("loglik_per_token", ".3f"), fmt("output_tokens", ".1f"), fmt("distinct_2", ".3f")]) + (
-        f"; {q['verdict']}" if q.get("verdict") else "")
+        f"; {q['verdict']}" if q.get("verdict") else ""
+    )
 
 
 def _jsonable(obj: Any) -> Any:
@@ -376,4 +432,3 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, np.integer):
         return int(obj)
     return obj
-

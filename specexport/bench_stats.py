@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
 from specexport_runtime import registry
 from specexport_runtime.constants import MAX_GAMMA
 
@@ -55,14 +56,16 @@ def score_loglik(gen, prompt_ids: Sequence[int], output: Sequence[int]) -> float
     return total / len(output)
 
 
-
 def mode_stats(label: str, runs: Sequence[RunRecord]) -> ModeStats:
     lat = [x for r in runs for x in r.token_latencies()]
     ttft = [r.token_times[0] for r in runs if r.token_times]
     return ModeStats(
-        label=label, runs=len(runs), tokens_per_second=tps(runs),
+        label=label,
+        runs=len(runs),
+        tokens_per_second=tps(runs),
         new_tokens_mean=float(np.mean([r.new_tokens for r in runs])) if runs else 0.0,
-        e2e_seconds=percentiles(r.total_seconds for r in runs), token_latency_seconds=percentiles(lat),
+        e2e_seconds=percentiles(r.total_seconds for r in runs),
+        token_latency_seconds=percentiles(lat),
         ttft_seconds_p50=percentiles(ttft)["p50"],
     )
 
@@ -86,13 +89,21 @@ def acceptance(runs: Sequence[RunRecord]) -> Acceptance:
         hist[n] += 1
     calls = rounds + plain
     return Acceptance(
-        rounds=rounds, plain_steps=plain, drafted=drafted, accepted=accepted, corrections=corrections,
-        bonus=sum(r.bonus for r in runs), acceptance_rate=accepted / drafted if drafted else None,
+        rounds=rounds,
+        plain_steps=plain,
+        drafted=drafted,
+        accepted=accepted,
+        corrections=corrections,
+        bonus=sum(r.bonus for r in runs),
+        acceptance_rate=accepted / drafted if drafted else None,
         alpha=accepted / (accepted + corrections) if drafted else None,
         mean_accepted_per_round=accepted / rounds if rounds else None,
         tokens_per_target_call=(accepted + calls) / calls if calls else 0.0,
-        per_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)], per_position_conditional=cond,
-        accepted_histogram=hist, lookup_rounds=sum(r.lookup_rounds for r in runs), by_source=source_totals(runs),
+        per_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)],
+        per_position_conditional=cond,
+        accepted_histogram=hist,
+        lookup_rounds=sum(r.lookup_rounds for r in runs),
+        by_source=source_totals(runs),
     )
 
 
@@ -103,8 +114,16 @@ def source_totals(runs: Sequence[RunRecord]) -> dict[str, dict]:
         for source, (rounds, drafted, accepted) in r.by_source.items():
             t = totals.setdefault(source, [0, 0, 0])
             t[0], t[1], t[2] = t[0] + rounds, t[1] + drafted, t[2] + accepted
-    return {s: {"rounds": n, "drafted": d, "accepted": a, "acceptance_rate": a / d if d else None,
-                "tokens_per_round": (a + n) / n if n else 0.0} for s, (n, d, a) in sorted(totals.items())}
+    return {
+        s: {
+            "rounds": n,
+            "drafted": d,
+            "accepted": a,
+            "acceptance_rate": a / d if d else None,
+            "tokens_per_round": (a + n) / n if n else 0.0,
+        }
+        for s, (n, d, a) in sorted(totals.items())
+    }
 
 
 def conditional_acceptance(sizes: Sequence[tuple[int, int]], width: int) -> list[float | None]:
@@ -183,13 +202,26 @@ def equivalence(off: Sequence[RunRecord], on: Sequence[RunRecord]) -> dict:
         same = base == r.token_ids
         per_prompt[r.prompt_id] = per_prompt.get(r.prompt_id, True) and same
         if not same:
-            pos = next((i for i, (a, b) in enumerate(zip(base, r.token_ids)) if a != b), min(len(base), len(r.token_ids)))
-            divergences.append({"prompt_id": r.prompt_id, "repeat": r.repeat, "position": pos,
-                                "off_tokens": len(base), "on_tokens": len(r.token_ids)})
+            pos = next(
+                (i for i, (a, b) in enumerate(zip(base, r.token_ids)) if a != b), min(len(base), len(r.token_ids))
+            )
+            divergences.append(
+                {
+                    "prompt_id": r.prompt_id,
+                    "repeat": r.repeat,
+                    "position": pos,
+                    "off_tokens": len(base),
+                    "on_tokens": len(r.token_ids),
+                }
+            )
     n = len(per_prompt)
     identical = sum(per_prompt.values())
-    return {"prompts": n, "identical_prompts": identical, "share": identical / n if n else 0.0,
-            "divergences": divergences}
+    return {
+        "prompts": n,
+        "identical_prompts": identical,
+        "share": identical / n if n else 0.0,
+        "divergences": divergences,
+    }
 
 
 def quality(gen, runs: Sequence[RunRecord], seed: int) -> dict:
@@ -215,7 +247,9 @@ def quality_verdict(q_on: dict, q_off: dict, seed: int) -> dict:
         lo, hi = np.percentile(da - db, [2.5, 97.5])
         diffs[key] = {"diff": float(a.mean() - b.mean()), "ci95": (float(lo), float(hi))}
         ok = ok and lo <= 0.0 <= hi
-    return {"differences": diffs,
-            "verdict": "on and off agree (every 95% CI of the difference contains 0)" if ok
-            else "a 95% CI of the on-off difference excludes 0 (expected about 1 time in 20 per metric by chance)"}
-
+    return {
+        "differences": diffs,
+        "verdict": "on and off agree (every 95% CI of the difference contains 0)"
+        if ok
+        else "a 95% CI of the on-off difference excludes 0 (expected about 1 time in 20 per metric by chance)",
+    }

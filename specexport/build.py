@@ -13,9 +13,10 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -31,9 +32,9 @@ from specexport_runtime.manifest import (
 )
 
 from . import __version__
-from .errors import BuildError
 from .build_eagle import export_head, load_head
 from .datastore import SUFFIX_ARRAY_NAME, TOKENS_NAME, build_datastore, corpus_files
+from .errors import BuildError
 from .export import ExportResult, export_graph
 from .fused import build_fused, fused_refusal
 from .model_config import NormalizedConfig, UnsupportedConfig, normalize, read_config
@@ -45,7 +46,7 @@ from .tokcheck import check_pair, tokenizer_hash
 from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range
 
 DEFAULT_PROBE = (
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
     "Speculative decoding drafts tokens cheaply and verifies them in one pass."
 )
 
@@ -132,8 +133,9 @@ def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
     any weight is read: an architecture, config feature or graph form the exporter does not
     reproduce exactly is refused here with one line (model_config.normalize, fused_refusal)."""
     source = _source(spec)
-    config = read_config(source.location, gguf_file=source.gguf_file, revision=source.revision,
-                         trust_remote_code=spec.trust_remote_code)
+    config = read_config(
+        source.location, gguf_file=source.gguf_file, revision=source.revision, trust_remote_code=spec.trust_remote_code
+    )
     norm = normalize(config, recipe.max_context)
     if recipe.layout.contrib_attention:  # what the fused exporter cannot write
         problem = fused_refusal(norm)
@@ -146,18 +148,35 @@ def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> Norma
     """The loaded model's normalized config, which must be the one checked before loading."""
     norm = normalize(model.config, max_context)
     if norm != expected:
-        raise UnsupportedConfig(f"the loaded model's config ({norm.describe()}) differs from its config.json"
-                                f" ({expected.describe()})")
+        raise UnsupportedConfig(
+            f"the loaded model's config ({norm.describe()}) differs from its config.json ({expected.describe()})"
+        )
     return norm
 
 
-def _export(recipe: Recipe, model, out_dir: Path, tie_lm_head: bool = True, padding: Padding = Padding(),
-            weights=None, features: tuple[int, ...] = (), norm: NormalizedConfig | None = None) -> ExportResult:
+def _export(
+    recipe: Recipe,
+    model,
+    out_dir: Path,
+    tie_lm_head: bool = True,
+    padding: Padding = Padding(),
+    weights=None,
+    features: tuple[int, ...] = (),
+    norm: NormalizedConfig | None = None,
+) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
     if recipe.layout.contrib_attention:
-        return build_fused(model, out_dir, recipe.max_context, tie_lm_head=tie_lm_head, weights=weights,
-                           min_rows=padding.min_rows, pad_attention=padding.cache_pad > 0, feature_layers=features,
-                           norm=norm)
+        return build_fused(
+            model,
+            out_dir,
+            recipe.max_context,
+            tie_lm_head=tie_lm_head,
+            weights=weights,
+            min_rows=padding.min_rows,
+            pad_attention=padding.cache_pad > 0,
+            feature_layers=features,
+            norm=norm,
+        )
     return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm)
 
 
@@ -172,8 +191,15 @@ def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeight
     q = spec.quantization
     if spec.precision not in QUANTIZED_TARGETS or q is None:
         return None
-    return QuantizedWeights(spec.precision, q.block_size or BLOCK_SIZE, q.accuracy_level, q.head, q.embedding, blocks,
-                            float_weights=dict(reference.named_parameters()))
+    return QuantizedWeights(
+        spec.precision,
+        q.block_size or BLOCK_SIZE,
+        q.accuracy_level,
+        q.head,
+        q.embedding,
+        blocks,
+        float_weights=dict(reference.named_parameters()),
+    )
 
 
 @dataclass(frozen=True)
@@ -184,9 +210,17 @@ class TargetExport:
     padding: Padding
 
 
-def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe: list[int], validate: bool,
-                   progress: Progress = _quiet, features: tuple[int, ...] = (),
-                   norm: NormalizedConfig | None = None) -> TargetExport:
+def _export_target(
+    recipe: Recipe,
+    reference,
+    blocks: dict,
+    out_dir: Path,
+    probe: list[int],
+    validate: bool,
+    progress: Progress = _quiet,
+    features: tuple[int, ...] = (),
+    norm: NormalizedConfig | None = None,
+) -> TargetExport:
     """Export the target, validate it against the float32 reference and measure its row
     invariance. exactness bitwise: the paddings of BITWISE_* in turn until one measures bitwise
     (the last is kept, measured numerical, when none does); numerical: no padding."""
@@ -195,18 +229,29 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
     fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
     model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
     # padded attention is GroupQueryAttention's (the fused form)
-    tries = ((Padding(),) if spec.exactness != "bitwise" else
-             BITWISE_FUSED if recipe.layout.contrib_attention else BITWISE_PORTABLE)
+    tries = (
+        (Padding(),)
+        if spec.exactness != "bitwise"
+        else BITWISE_FUSED
+        if recipe.layout.contrib_attention
+        else BITWISE_PORTABLE
+    )
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
-        return TargetExport(_export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features,
-                                    norm=norm), {}, None, tries[0])
+        return TargetExport(
+            _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm),
+            {},
+            None,
+            tries[0],
+        )
     for padding in tries:
         result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
         if rows.bitwise:
             break
         if spec.exactness == "bitwise":
-            progress(f"target rows depend on the call size with {padding.describe()} (max |diff| {rows.max_abs_diff:.3g})")
+            progress(
+                f"target rows depend on the call size with {padding.describe()} (max |diff| {rows.max_abs_diff:.3g})"
+            )
     tol_class = _target_tolerance(spec)
     tol = QUANTIZED_TARGET[tol_class] if tol_class else FP16 if spec.precision == "fp16" else FP32
     report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
@@ -214,13 +259,18 @@ def _export_target(recipe: Recipe, reference, blocks: dict, out_dir: Path, probe
     length = max(norm.long_range_length(recipe.max_context) if norm else 0, min(recipe.max_context, LONG_PROBE_TOKENS))
     if length > len(probe):  # past every window, within max_context
         progress(f"validating the target over a {length}-token probe")
-        report["long_range"] = {"tokens": length,
-                                **validate_long_range(reference, result.path, result.spec, probe, length, tol).to_dict()}
+        report["long_range"] = {
+            "tokens": length,
+            **validate_long_range(reference, result.path, result.spec, probe, length, tol).to_dict(),
+        }
     if weights is not None:
-        source = ("the same weights dequantized" if tol_class == "checkpoint"
-                  else "the float weights it was quantized from")
-        report["note"] = (f"{spec.precision} target against its float32 reference ({source}): tolerance"
-                          f" {tol_class} (docs/validation.md), argmax agreement reported")
+        source = (
+            "the same weights dequantized" if tol_class == "checkpoint" else "the float weights it was quantized from"
+        )
+        report["note"] = (
+            f"{spec.precision} target against its float32 reference ({source}): tolerance"
+            f" {tol_class} (docs/validation.md), argmax agreement reported"
+        )
         report["weights"] = weights.describe()
     report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
     return TargetExport(result, report, rows.exactness, padding)
@@ -242,18 +292,29 @@ def _target_tolerance(spec: ModelSpec) -> str | None:
 
 def measure_rows(path: Path, spec, max_context: int, padding: Padding, probe: list[int]):
     """rowcheck.row_invariance of a graph on the CPU provider, as the runtime will call it."""
-    from specexport_runtime.engine import OrtModel, SessionConfig
     from specexport.rowcheck import DEFAULT_SIZES, row_invariance
+    from specexport_runtime.engine import OrtModel, SessionConfig
 
     n = max(DEFAULT_SIZES)
     tokens = (probe * (n // len(probe) + 1))[:n]  # the probe, repeated if short
-    model = OrtModel(path, spec, max_context, SessionConfig(provider="cpu"), min_rows=padding.min_rows,
-                     cache_pad=padding.cache_pad)
+    model = OrtModel(
+        path, spec, max_context, SessionConfig(provider="cpu"), min_rows=padding.min_rows, cache_pad=padding.cache_pad
+    )
     return row_invariance(model, probe[: len(probe) // 2], tokens)
 
 
-def _entry(graph: str, source: ModelSource, model, precision: str, result_spec, vocab: int, validation: dict,
-           padding: Padding = Padding(), exactness: str | None = None, feature_layers: tuple[int, ...] = ()) -> ModelEntry:
+def _entry(
+    graph: str,
+    source: ModelSource,
+    model,
+    precision: str,
+    result_spec,
+    vocab: int,
+    validation: dict,
+    padding: Padding = Padding(),
+    exactness: str | None = None,
+    feature_layers: tuple[int, ...] = (),
+) -> ModelEntry:
     return ModelEntry(
         graph=graph,
         source=source.describe(),
@@ -286,8 +347,9 @@ def _eos_ids(tokenizer, model) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def build_artifact(recipe: Recipe, output: Path, *, force: bool = False, validate: bool | None = None,
-                   progress: Progress = _quiet) -> BuildReport:
+def build_artifact(
+    recipe: Recipe, output: Path, *, force: bool = False, validate: bool | None = None, progress: Progress = _quiet
+) -> BuildReport:
     output = Path(output)
     check_output(output, force)
     validate = recipe.validation.enabled if validate is None else validate
@@ -362,8 +424,12 @@ def _load(recipe: Recipe, progress: Progress, clock: _Clock) -> _Models:
         d_tok = load_tokenizer(m.draft_source, recipe.draft.model.trust_remote_code)
         m.draft = load_model(m.draft_source, "float32", recipe.draft.model.trust_remote_code)
         m.draft_norm = _loaded_config(m.draft, d_norm, recipe.max_context)
-        compat = check_pair(tokenizer, d_tok, reference.get_output_embeddings().weight.shape[0],
-                            m.draft.get_output_embeddings().weight.shape[0])
+        compat = check_pair(
+            tokenizer,
+            d_tok,
+            reference.get_output_embeddings().weight.shape[0],
+            m.draft.get_output_embeddings().weight.shape[0],
+        )
         compat.raise_if_incompatible()  # rows the draft lacks are padded at run time (proposers.DraftModelProposer)
         clock.stage("load_draft")
     return m
@@ -379,15 +445,28 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     m.blocks = {}
     clock.stage("export_target" + ("+validate" if validate else ""))
     if validate and recipe.target.exactness == "bitwise" and target.exactness != "bitwise":
-        progress(f"warning: target rows differ between call sizes (max |diff| {target.validation['rows']['max_abs_diff']:.3g});"
-                 " the manifest records exactness 'numerical'")
-    target_entry = _entry("target/model.onnx", m.source, m.reference, recipe.target.precision, target.result.spec, vocab,
-                          target.validation, padding=target.padding, exactness=target.exactness, feature_layers=features)
+        progress(
+            f"warning: target rows differ between call sizes (max |diff| {target.validation['rows']['max_abs_diff']:.3g});"
+            " the manifest records exactness 'numerical'"
+        )
+    target_entry = _entry(
+        "target/model.onnx",
+        m.source,
+        m.reference,
+        recipe.target.precision,
+        target.result.spec,
+        vocab,
+        target.validation,
+        padding=target.padding,
+        exactness=target.exactness,
+        feature_layers=features,
+    )
     draft_entry = None
     if m.head is not None:
         progress("exporting the EAGLE-3 head")
-        draft_entry = export_head(m.head, m.reference, root, recipe, m.draft_source, vocab,
-                                  target.result if validate else None, probe)
+        draft_entry = export_head(
+            m.head, m.reference, root, recipe, m.draft_source, vocab, target.result if validate else None, probe
+        )
         clock.stage("draft" + ("+validate" if validate else ""))
     elif recipe.draft.has_graph:
         progress(f"making draft ({recipe.draft.kind}, {recipe.draft.precision})")
@@ -424,8 +503,15 @@ def _export_draft(recipe: Recipe, m: _Models, root: Path, probe: list[int], voca
     return _entry("draft/model.onnx", m.draft_source or m.source, base, precision, spec, vocab, validation)
 
 
-def _package(recipe: Recipe, root: Path, m: _Models, target_entry: ModelEntry, draft_entry: ModelEntry | None,
-             progress: Progress, clock: _Clock) -> Manifest:
+def _package(
+    recipe: Recipe,
+    root: Path,
+    m: _Models,
+    target_entry: ModelEntry,
+    draft_entry: ModelEntry | None,
+    progress: Progress,
+    clock: _Clock,
+) -> Manifest:
     """Tokenizer, chat template, recipe, datastore and the manifest beside the graphs."""
     tok = m.tokenizer
     tok.backend_tokenizer.save(str(root / "tokenizer.json"))
@@ -474,8 +560,12 @@ def _datastore(recipe: Recipe, root: Path) -> RetrievalEntry:
     spec = recipe.retrieval
     files = corpus_files(spec.corpus, Path.cwd())
     info = build_datastore(files, Tokenizer.from_file(str(root / "tokenizer.json")), spec.max_tokens, root)
-    return RetrievalEntry(tokens=TOKENS_NAME, suffix_array=SUFFIX_ARRAY_NAME, token_count=info.tokens,
-                          info={**info.to_dict(), "corpus": list(spec.corpus), "max_tokens": spec.max_tokens})
+    return RetrievalEntry(
+        tokens=TOKENS_NAME,
+        suffix_array=SUFFIX_ARRAY_NAME,
+        token_count=info.tokens,
+        info={**info.to_dict(), "corpus": list(spec.corpus), "max_tokens": spec.max_tokens},
+    )
 
 
 def _declared_version(*entries: ModelEntry | None) -> str:

@@ -56,23 +56,45 @@ def target_embedding(reference) -> torch.Tensor:
     return table
 
 
-def export_head(head: Eagle3Head, reference, root: Path, recipe: Recipe, source: ModelSource, vocab: int,
-                target_graph=None, probe: list[int] | None = None) -> ModelEntry:
+def export_head(
+    head: Eagle3Head,
+    reference,
+    root: Path,
+    recipe: Recipe,
+    source: ModelSource,
+    vocab: int,
+    target_graph=None,
+    probe: list[int] | None = None,
+) -> ModelEntry:
     """Write draft/model.onnx + the vocabulary map; with the target's ExportResult and the
     probe, also report the head's agreement with the target (validation)."""
     embedding = head.embed_tokens if head.embed_tokens is not None else target_embedding(reference)
     result = build_head_graph(head, embedding, root / "draft", recipe)
     np.save(root / VOCAB_MAP, head.draft_to_target(), allow_pickle=False)
-    validation: dict = {"layer_ids": list(head.config.layer_ids), "layer_ids_source": head.config.layer_ids_source,
-                        "layer_ids_reason": head.config.layer_ids_reason}
+    validation: dict = {
+        "layer_ids": list(head.config.layer_ids),
+        "layer_ids_source": head.config.layer_ids_source,
+        "layer_ids_reason": head.config.layer_ids_reason,
+    }
     if target_graph is not None and probe is not None:
         validation.update(agreement(result, head, target_graph, probe))
     c = head.config
     return ModelEntry(
-        graph="draft/model.onnx", source=source.describe(), architecture="eagle3", num_layers=1,
-        num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, vocab_size=vocab, embedding_rows=c.draft_vocab_size,
-        precision=recipe.draft.precision, kv_dtype=result.spec.kv_dtype, validation=validation, kv_layout=result.spec.kv_layout,
-        feature_width=result.spec.feature_width, kind=contract.EAGLE3_HEAD, hidden_width=c.hidden_size,
+        graph="draft/model.onnx",
+        source=source.describe(),
+        architecture="eagle3",
+        num_layers=1,
+        num_kv_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        vocab_size=vocab,
+        embedding_rows=c.draft_vocab_size,
+        precision=recipe.draft.precision,
+        kv_dtype=result.spec.kv_dtype,
+        validation=validation,
+        kv_layout=result.spec.kv_layout,
+        feature_width=result.spec.feature_width,
+        kind=contract.EAGLE3_HEAD,
+        hidden_width=c.hidden_size,
         vocab_map=VOCAB_MAP,
     )
 
@@ -103,5 +125,8 @@ def agreement(result, head: Eagle3Head, target_graph, probe: list[int]) -> dict:
         raise BuildError("the EAGLE-3 head graph returned non-finite logits on the probe")
     drafted = head.draft_to_target()[logits.argmax(-1)]
     hits = float(np.mean(drafted == target_logits[1 : n + 1].argmax(-1)))
-    return {"target_agreement": hits, "probe_rows": n,
-            "note": "top-1 agreement of the head's first draft step with the target's next token (teacher forced)"}
+    return {
+        "target_agreement": hits,
+        "probe_rows": n,
+        "note": "top-1 agreement of the head's first draft step with the target's next token (teacher forced)",
+    }

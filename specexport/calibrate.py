@@ -90,14 +90,17 @@ def measure_costs(gen, ids: Sequence[int], max_s: int, repeats: int = TIMING_REP
         step()  # warm-up, not timed
         out["draft_step_s"]["draft"] = harness.median_seconds(step, 3 * repeats)
         draft.reset()
-    out["method"] = (f"median of {repeats} timed calls (argmax included) after a {len(ids)}-token prompt; "
-                     "n-gram step: lookup seconds per drafted token in the acceptance runs")
+    out["method"] = (
+        f"median of {repeats} timed calls (argmax included) after a {len(ids)}-token prompt; "
+        "n-gram step: lookup seconds per drafted token in the acceptance runs"
+    )
     return out
 
 
 def _timed_call(model, base: int, ids: list[int]) -> Callable[[], None]:
     """One call of `model` over `ids` after its first `base` cached tokens (the cache rolled back
     first, a cursor move), the argmax over the returned rows included."""
+
     def call() -> None:
         model.truncate(base)
         model.forward(ids, last_rows=len(ids)).argmax(-1)
@@ -163,7 +166,8 @@ def choose_gamma(rounds: Sequence[tuple[int, int]], gammas: Sequence[int], costs
     rejected = sum(1 for k, n in rounds if 0 < k and n < k)
     width = max((k for k, _ in rounds), default=0)
     return {
-        "gamma": best_g, "expected_speedup": best,
+        "gamma": best_g,
+        "expected_speedup": best,
         "acceptance_by_position": conditional_acceptance(rounds, width),
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "alpha": accepted / (accepted + rejected) if accepted + rejected else 0.0,
@@ -175,20 +179,32 @@ def choose_gamma(rounds: Sequence[tuple[int, int]], gammas: Sequence[int], costs
 # --------------------------------------------------------------------------- main entry
 
 
-def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[str] | None = None,
-              gammas: Sequence[int] = DEFAULT_GAMMAS, prompts_per_domain: int = 6, max_new_tokens: int = 64,
-              device_name: str | None = None, *, costs: dict | None = None, prompts: Sequence[Prompt] | None = None,
-              threads: int | None = None, progress: Progress | None = None, set_default: bool = True,
-              shared_pool: bool = False,
-              write: bool = True) -> dict:
+def calibrate(
+    artifact,
+    domains: Sequence[str] = DOMAINS,
+    proposers: Sequence[str] | None = None,
+    gammas: Sequence[int] = DEFAULT_GAMMAS,
+    prompts_per_domain: int = 6,
+    max_new_tokens: int = 64,
+    device_name: str | None = None,
+    *,
+    costs: dict | None = None,
+    prompts: Sequence[Prompt] | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    set_default: bool = True,
+    shared_pool: bool = False,
+    write: bool = True,
+) -> dict:
     """Measure acceptance per domain and costs, choose gamma per domain and proposer, and
     (write=True) store the profile in the artifact's calibration.json. Returns the whole
     calibration document. `prompts` replaces the shipped prompt sets (filtered by `domains`);
     `costs` ({"decode_s", "verify_s": {S: s}, "draft_step_s": {proposer: s} or s}) replaces
     measured costs, entirely when complete."""
     gammas = sorted(set(gammas))
-    if not gammas or any(isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA
-                         for g in gammas):
+    if not gammas or any(
+        isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA for g in gammas
+    ):
         raise CalibrationError(f"gammas must be integers in {MIN_GAMMA}..{MAX_GAMMA}, got {gammas}")
     if prompts_per_domain < 1 or max_new_tokens < 1:
         raise CalibrationError("prompts_per_domain and max_new_tokens must be >= 1")
@@ -223,8 +239,14 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     profile = {
         "measured_at": meta["date"],
         "device": {**meta["machine"], "machine": platform.machine(), "threads": threads},
-        "settings": {"gammas": gammas, "measure_gamma": measure_g, "prompts_per_domain": prompts_per_domain,
-                     "max_new_tokens": max_new_tokens, "proposers": proposers, "sampling": "greedy"},
+        "settings": {
+            "gammas": gammas,
+            "measure_gamma": measure_g,
+            "prompts_per_domain": prompts_per_domain,
+            "max_new_tokens": max_new_tokens,
+            "proposers": proposers,
+            "sampling": "greedy",
+        },
         "costs": _costs_record(cost_table),
         "domains": _choices(rounds, {d: len(v) for d, v in by_domain.items()}, gammas, cost_table),
     }
@@ -237,8 +259,9 @@ def calibrate(artifact, domains: Sequence[str] = DOMAINS, proposers: Sequence[st
     return doc
 
 
-def _prompts_by_domain(domains: Sequence[str], prompts: Sequence[Prompt] | None,
-                       per_domain: int) -> dict[str, list[Prompt]]:
+def _prompts_by_domain(
+    domains: Sequence[str], prompts: Sequence[Prompt] | None, per_domain: int
+) -> dict[str, list[Prompt]]:
     """The first `per_domain` prompts of each domain, from `prompts` or else from the shipped sets
     (harness.load_prompt_set); domains without a prompt are left out."""
     if prompts is None:
@@ -250,8 +273,9 @@ def _prompts_by_domain(domains: Sequence[str], prompts: Sequence[Prompt] | None,
     return by_domain
 
 
-def _observe(gen, cases: dict[str, list[Case]], proposers: list[str], greedy, max_new_tokens: int,
-             progress: Progress | None) -> tuple[dict[str, dict[str, list[tuple[int, int]]]], dict[str, list]]:
+def _observe(
+    gen, cases: dict[str, list[Case]], proposers: list[str], greedy, max_new_tokens: int, progress: Progress | None
+) -> tuple[dict[str, dict[str, list[tuple[int, int]]]], dict[str, list]]:
     """Generate every case with every proposer at the measuring gamma. -> (domain -> proposer ->
     rounds (k, n), a plain step counting as (0, 0); proposer -> [draft seconds, drafted tokens] for
     the proposers whose draft step is timed in the loop)."""
@@ -273,17 +297,22 @@ def _observe(gen, cases: dict[str, list[Case]], proposers: list[str], greedy, ma
     return rounds, in_loop
 
 
-def _choices(rounds: dict[str, dict[str, list[tuple[int, int]]]], prompts: dict[str, int], gammas: list[int],
-             cost_table: dict) -> dict[str, dict]:
+def _choices(
+    rounds: dict[str, dict[str, list[tuple[int, int]]]], prompts: dict[str, int], gammas: list[int], cost_table: dict
+) -> dict[str, dict]:
     """domain -> proposer -> choose_gamma's entry and its prompt count; "default" pools every domain."""
-    out = {d: {prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": prompts[d]}
-               for prop, r in per_prop.items()} for d, per_prop in rounds.items()}
+    out = {
+        d: {prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": prompts[d]} for prop, r in per_prop.items()}
+        for d, per_prop in rounds.items()
+    }
     pooled: dict[str, list[tuple[int, int]]] = {}
     for per_prop in rounds.values():
         for prop, r in per_prop.items():
             pooled.setdefault(prop, []).extend(r)
-    out["default"] = {prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": sum(prompts.values())}
-                      for prop, r in pooled.items()}
+    out["default"] = {
+        prop: {**choose_gamma(r, gammas, cost_table, prop), "prompts": sum(prompts.values())}
+        for prop, r in pooled.items()
+    }
     return out
 
 
@@ -313,7 +342,11 @@ def _read_existing(root: Path) -> dict:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         return fresh
-    if not isinstance(doc, dict) or doc.get("version") != CALIBRATION_VERSION or not isinstance(doc.get("profiles"), dict):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("version") != CALIBRATION_VERSION
+        or not isinstance(doc.get("profiles"), dict)
+    ):
         return fresh
     return doc
 

@@ -46,8 +46,12 @@ class _Bar:
         if self.bar is None:  # created on the first stage, so early errors print nothing else
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, unit="stage", file=sys.stderr,
-                            bar_format="{desc:<40} {bar:20} {n_fmt}/{total_fmt} [{elapsed}]")
+            self.bar = tqdm(
+                total=self.total,
+                unit="stage",
+                file=sys.stderr,
+                bar_format="{desc:<40} {bar:20} {n_fmt}/{total_fmt} [{elapsed}]",
+            )
         else:
             self.bar.update(1)
         self.bar.set_description_str(message)
@@ -67,8 +71,16 @@ class _Bar:
 @click.option("--gamma", type=int, default=None, help="Override the recipe's default gamma.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def build(recipe: str, output: Path, force: bool, no_validate: bool, max_context: int | None, gamma: int | None,
-          as_json: bool, quiet: bool) -> None:
+def build(
+    recipe: str,
+    output: Path,
+    force: bool,
+    no_validate: bool,
+    max_context: int | None,
+    gamma: int | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Build an artifact from RECIPE (a YAML path or a bundled recipe name, e.g. smollm2-135m)."""
     from .build import build_artifact
     from .recipe import load_recipe, resolve_recipe
@@ -103,11 +115,19 @@ def _validation_line(val: dict) -> str:
         line = f"max |diff| {val['max_abs_diff']:.2e}, argmax agreement {val['argmax_agreement']:.1%}"
         long = val.get("long_range")
         if long:
-            line += (f"; over {long['tokens']} tokens max |diff| {long['max_abs_diff']:.2e},"
-                     f" agreement {long['argmax_agreement']:.1%}")
+            line += (
+                f"; over {long['tokens']} tokens max |diff| {long['max_abs_diff']:.2e},"
+                f" agreement {long['argmax_agreement']:.1%}"
+            )
         return line
-    parts = [f"head agrees with the target on {val['target_agreement']:.1%} of {val['probe_rows']} probe rows "
-             "(teacher forced)"] if "target_agreement" in val else []
+    parts = (
+        [
+            f"head agrees with the target on {val['target_agreement']:.1%} of {val['probe_rows']} probe rows "
+            "(teacher forced)"
+        ]
+        if "target_agreement" in val
+        else []
+    )
     if "layer_ids" in val:
         parts.append(f"target features entering layers {val['layer_ids']}")
     return "; ".join(parts) or "not validated"
@@ -133,9 +153,14 @@ def check_pair_cmd(target: str, draft: str, as_json: bool) -> None:
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 @click.option("--no-verify", is_flag=True, help="Do not verify checksums.")
-@click.option("--trusted-key", "trusted_keys", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="An ed25519 public key (PEM, from `specexport keygen`); repeatable. The artifact's manifest.sig "
-                   "must verify against one of them.")
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="An ed25519 public key (PEM, from `specexport keygen`); repeatable. The artifact's manifest.sig "
+    "must verify against one of them.",
+)
 def inspect(artifact: Path, as_json: bool, no_verify: bool, trusted_keys: tuple[Path, ...]) -> None:
     """Summarise an artifact and verify every file's checksum (and its signature with --trusted-key)."""
     from .inspect import summarize
@@ -146,8 +171,14 @@ def inspect(artifact: Path, as_json: bool, no_verify: bool, trusted_keys: tuple[
 
 @cli.command()
 @click.argument("artifact", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="The .spx file to write (a tar: manifest.json first, then manifest.sig, then the listed files).")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The .spx file to write (a tar: manifest.json first, then manifest.sig, then the listed files).",
+)
 def pack(artifact: Path, output: Path) -> None:
     """Pack ARTIFACT into one .spx file for shipping (checksums verified first; sign before packing
     so the signature travels). Devices install it with `specexport-runtime unpack`."""
@@ -158,8 +189,13 @@ def pack(artifact: Path, output: Path) -> None:
 
 
 @cli.command()
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path, file_okay=False),
-              help="Folder for NAME.key (private, mode 0600) and NAME.pub; existing keys are never overwritten.")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder for NAME.key (private, mode 0600) and NAME.pub; existing keys are never overwritten.",
+)
 @click.option("--name", default="specexport", show_default=True, help="File name stem of the key pair.")
 def keygen(out: Path, name: str) -> None:
     """Make an ed25519 key pair for signing artifacts (needs: pip install './runtime[sign]')."""
@@ -171,8 +207,13 @@ def keygen(out: Path, name: str) -> None:
 
 @cli.command()
 @click.argument("artifact", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--key", "key", required=True, type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="The private key (PEM) from `specexport keygen`.")
+@click.option(
+    "--key",
+    "key",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="The private key (PEM) from `specexport keygen`.",
+)
 def sign(artifact: Path, key: Path) -> None:
     """Write ARTIFACT/manifest.sig: a detached ed25519 signature over the canonical manifest, which
     lists every file's sha256 (so it covers every file). Devices load with --trusted-key."""
@@ -195,8 +236,10 @@ def _lines(summary: dict) -> list[str]:
     lines.append(f"  speculation: proposer {summary['proposer']}, gamma {summary['gamma']}")
     if summary.get("retrieval"):
         r = summary["retrieval"]
-        lines.append(f"  datastore: {r['token_count']:,} tokens from {r['documents']} documents ({', '.join(r['corpus'] or [])}),"
-                     f" {r['bytes'] / 1e6:.1f} MB (suffix proposer)")
+        lines.append(
+            f"  datastore: {r['token_count']:,} tokens from {r['documents']} documents ({', '.join(r['corpus'] or [])}),"
+            f" {r['bytes'] / 1e6:.1f} MB (suffix proposer)"
+        )
     lines.append(f"  files: {summary['files']} ({summary['bytes'] / 1e6:.1f} MB), checksums {summary['checksums']}")
     lines.append(f"  signature: {summary['signature']}")
     return lines
@@ -250,15 +293,28 @@ class _TrainBar:
         kind = event["event"]
         if kind == "stage":
             if "total" in event:
-                self._bar(("stage", event["message"]), lambda: tqdm(total=event["total"], desc=event["message"],
-                                                                     unit="prompt", file=sys.stderr, dynamic_ncols=True))
+                self._bar(
+                    ("stage", event["message"]),
+                    lambda: tqdm(
+                        total=event["total"], desc=event["message"], unit="prompt", file=sys.stderr, dynamic_ncols=True
+                    ),
+                )
                 self.bar.update(event["done"] - self.bar.n)
             else:
                 self.close()
                 click.echo(event["message"], err=True)
         elif kind == "step":
-            self._bar(("step",), lambda: tqdm(total=event["total"], initial=event["start"], desc="training", unit="step",
-                                              file=sys.stderr, dynamic_ncols=True))
+            self._bar(
+                ("step",),
+                lambda: tqdm(
+                    total=event["total"],
+                    initial=event["start"],
+                    desc="training",
+                    unit="step",
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                ),
+            )
             agree = event.get("agreement")
             postfix = f"loss {event['loss']:.3f}" + (f", agree {agree[0]:.1%}" if agree else "")
             self.bar.set_postfix_str(postfix, refresh=False)
@@ -277,54 +333,139 @@ class _TrainBar:
 
 @cli.command("train-draft")
 @click.argument("target")
-@click.option("--data", "data", multiple=True, required=True,
-              help="Training text, repeatable: a file or folder (recursive *.py *.md *.txt *.rst), 'stdlib' (the Python "
-                   "standard library's sources), 'site-docs' (Markdown / reST and package descriptions in site-packages) "
-                   "'calibration' (the calibration prompts not held out, with the target's own greedy answers) or 'instructions' "
-                   "(chat requests synthesized from local stdlib functions and docs in the benchmark's five domains, with the "
-                   "target's own greedy answers; docs/training.md).")
-@click.option("-o", "--out", required=True, type=click.Path(path_type=Path),
-              help="Folder to write: the head in the published EAGLE-3 format, training.json and checkpoint/ (replaced atomically).")
-@click.option("--steps", type=int, default=None, help="Optimizer steps in all, counting those of a resumed checkpoint [default: 1 epoch].")
+@click.option(
+    "--data",
+    "data",
+    multiple=True,
+    required=True,
+    help="Training text, repeatable: a file or folder (recursive *.py *.md *.txt *.rst), 'stdlib' (the Python "
+    "standard library's sources), 'site-docs' (Markdown / reST and package descriptions in site-packages) "
+    "'calibration' (the calibration prompts not held out, with the target's own greedy answers) or 'instructions' "
+    "(chat requests synthesized from local stdlib functions and docs in the benchmark's five domains, with the "
+    "target's own greedy answers; docs/training.md).",
+)
+@click.option(
+    "-o",
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder to write: the head in the published EAGLE-3 format, training.json and checkpoint/ (replaced atomically).",
+)
+@click.option(
+    "--steps",
+    type=int,
+    default=None,
+    help="Optimizer steps in all, counting those of a resumed checkpoint [default: 1 epoch].",
+)
 @click.option("--epochs", type=float, default=None, help="Passes over the training windows, instead of --steps.")
 @click.option("--batch-size", type=int, default=None, help="Windows per step [default: 4].")
 @click.option("--seq-len", type=int, default=None, help="Tokens per window [default: 256].")
 @click.option("--lr", type=float, default=None, help="AdamW peak learning rate [default: 5e-4].")
-@click.option("--schedule", type=click.Choice(["cosine", "linear"]), default=None,
-              help="Decay after the warmup, to 10% of the peak [default: cosine].")
+@click.option(
+    "--schedule",
+    type=click.Choice(["cosine", "linear"]),
+    default=None,
+    help="Decay after the warmup, to 10% of the peak [default: cosine].",
+)
 @click.option("--warmup", type=float, default=None, help="Fraction of the steps with a linear warmup [default: 0.03].")
-@click.option("--draft-vocab-size", type=int, default=None,
-              help="Draft vocabulary: the N most frequent target tokens of the data, EOS always in [default: 8192, "
-                   "or the target's vocabulary if smaller].")
-@click.option("--ttt-steps", type=int, default=None, help="Training-time-test steps, each fed the head's own hidden state [default: 3].")
+@click.option(
+    "--draft-vocab-size",
+    type=int,
+    default=None,
+    help="Draft vocabulary: the N most frequent target tokens of the data, EOS always in [default: 8192, "
+    "or the target's vocabulary if smaller].",
+)
+@click.option(
+    "--ttt-steps",
+    type=int,
+    default=None,
+    help="Training-time-test steps, each fed the head's own hidden state [default: 3].",
+)
 @click.option("--ttt-decay", type=float, default=None, help="Loss weight of TTT step k: DECAY**k [default: 0.8].")
-@click.option("--layers", default=None, help="Target feature layers, 3 entering-layer ids such as 2,15,27 [default: 2, L//2, L-3].")
-@click.option("--seed", type=int, default=None, help="Seed of the held-out split, the data order and the init [default: 0].")
-@click.option("--held-out", type=float, default=None,
-              help="Fraction of the windows kept out of training to measure agreement (at most --eval-sequences) [default: 0.05].")
+@click.option(
+    "--layers",
+    default=None,
+    help="Target feature layers, 3 entering-layer ids such as 2,15,27 [default: 2, L//2, L-3].",
+)
+@click.option(
+    "--seed", type=int, default=None, help="Seed of the held-out split, the data order and the init [default: 0]."
+)
+@click.option(
+    "--held-out",
+    type=float,
+    default=None,
+    help="Fraction of the windows kept out of training to measure agreement (at most --eval-sequences) [default: 0.05].",
+)
 @click.option("--eval-sequences", type=int, default=None, help="Most held-out windows [default: 32].")
 @click.option("--eval-every", type=int, default=None, help="Steps between held-out evaluations [default: 100].")
-@click.option("--save-every", type=int, default=None, help="Steps between checkpoints written to --out, 0 = at the end only [default: 200].")
-@click.option("--resume", type=click.Path(path_type=Path), default=None,
-              help="Continue from a train-draft output folder (or its checkpoint/ folder); --steps counts on from its step.")
+@click.option(
+    "--save-every",
+    type=int,
+    default=None,
+    help="Steps between checkpoints written to --out, 0 = at the end only [default: 200].",
+)
+@click.option(
+    "--resume",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Continue from a train-draft output folder (or its checkpoint/ folder); --steps counts on from its step.",
+)
 @click.option("--threads", type=int, default=None, help="torch threads [default: torch's choice].")
-@click.option("--max-data-mb", type=float, default=None, help="Text read per --data entry, in MB (calibration excluded) [default: 4].")
+@click.option(
+    "--max-data-mb",
+    type=float,
+    default=None,
+    help="Text read per --data entry, in MB (calibration excluded) [default: 4].",
+)
 @click.option("--max-file-kb", type=int, default=None, help="Larger files are skipped [default: 512].")
-@click.option("--answer-tokens", type=int, default=None,
-              help="Greedy tokens the target answers per calibration prompt (generated once, cached) [default: 64].")
-@click.option("--instructions", type=int, default=None, help="Requests synthesized for --data instructions [default: 1000].")
-@click.option("--instruction-tokens", type=int, default=None,
-              help="Greedy tokens the target answers per synthesized request (generated once, cached) [default: 160].")
-@click.option("--answer-batch", type=int, default=None, help="Synthesized requests answered per batched generate call [default: 16].")
-@click.option("--holdout-prompts", multiple=True, default=None,
-              help="The benchmark's prompt sets (as bench --prompts), never trained on; repeatable [default: all].")
-@click.option("--holdout-limit", type=int, default=None,
-              help="The benchmark's --limit: hold out only the first N prompts per domain (N >= 6), the rest may train "
-                   "(--data calibration) [default: all held out].")
-@click.option("--json", "as_json", is_flag=True, help="Print the training summary as JSON (the full record is OUT/training.json).")
+@click.option(
+    "--answer-tokens",
+    type=int,
+    default=None,
+    help="Greedy tokens the target answers per calibration prompt (generated once, cached) [default: 64].",
+)
+@click.option(
+    "--instructions", type=int, default=None, help="Requests synthesized for --data instructions [default: 1000]."
+)
+@click.option(
+    "--instruction-tokens",
+    type=int,
+    default=None,
+    help="Greedy tokens the target answers per synthesized request (generated once, cached) [default: 160].",
+)
+@click.option(
+    "--answer-batch",
+    type=int,
+    default=None,
+    help="Synthesized requests answered per batched generate call [default: 16].",
+)
+@click.option(
+    "--holdout-prompts",
+    multiple=True,
+    default=None,
+    help="The benchmark's prompt sets (as bench --prompts), never trained on; repeatable [default: all].",
+)
+@click.option(
+    "--holdout-limit",
+    type=int,
+    default=None,
+    help="The benchmark's --limit: hold out only the first N prompts per domain (N >= 6), the rest may train "
+    "(--data calibration) [default: all held out].",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the training summary as JSON (the full record is OUT/training.json)."
+)
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def train_draft_cmd(target: str, data: tuple[str, ...], out: Path, as_json: bool, quiet: bool, layers: str | None,
-                    holdout_prompts: tuple[str, ...], **options) -> None:
+def train_draft_cmd(
+    target: str,
+    data: tuple[str, ...],
+    out: Path,
+    as_json: bool,
+    quiet: bool,
+    layers: str | None,
+    holdout_prompts: tuple[str, ...],
+    **options,
+) -> None:
     """Train an EAGLE-3 draft head for TARGET (a recipe, e.g. smollm2-135m, or a model source) on the CPU.
 
     The head is written in the published format (config.json + model.safetensors), readable by
@@ -348,10 +489,14 @@ def train_draft_cmd(target: str, data: tuple[str, ...], out: Path, as_json: bool
         summary.pop("loss_history")
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"wrote {report.out} (layers {list(report.layer_ids)}, draft vocabulary {report.draft_vocab['size']}, "
-               f"covering {report.draft_vocab['coverage_of_train_tokens']:.1%} of the training tokens)")
-    click.echo(f"  steps {report.start_step}..{report.steps}, {report.tokens_trained} tokens trained, "
-               f"{report.tokens_per_second:.0f} tokens/s, {report.seconds['train']:.0f} s training")
+    click.echo(
+        f"wrote {report.out} (layers {list(report.layer_ids)}, draft vocabulary {report.draft_vocab['size']}, "
+        f"covering {report.draft_vocab['coverage_of_train_tokens']:.1%} of the training tokens)"
+    )
+    click.echo(
+        f"  steps {report.start_step}..{report.steps}, {report.tokens_trained} tokens trained, "
+        f"{report.tokens_per_second:.0f} tokens/s, {report.seconds['train']:.0f} s training"
+    )
     click.echo("  loss per TTT step " + ", ".join(f"{x:.3f}" for x in report.final_losses))
     if report.agreement is not None:
         click.echo("  held-out top-1 agreement per TTT step " + ", ".join(f"{a:.1%}" for a in report.agreement))

@@ -20,8 +20,11 @@ import click
 
 @click.command("check-trt")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option("--trt-version", default=None,
-              help="TensorRT version of the device (default 10.3: JetPack 6.1/6.2 on Orin; JetPack 6.0 has 8.6, Thor/JetPack 7 a newer 10.x).")
+@click.option(
+    "--trt-version",
+    default=None,
+    help="TensorRT version of the device (default 10.3: JetPack 6.1/6.2 on Orin; JetPack 6.0 has 8.6, Thor/JetPack 7 a newer 10.x).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def check_trt_cmd(path: Path, trt_version: str | None, as_json: bool) -> None:
     """Check that an artifact's graphs (or one .onnx file) can be built by TensorRT.
@@ -39,11 +42,19 @@ def check_trt_cmd(path: Path, trt_version: str | None, as_json: bool) -> None:
 
 @click.command("plan")
 @click.argument("recipe")
-@click.option("--device", "device", required=True,
-              help="Device name, e.g. orin-nano-8gb, agx-orin-64gb, thor, rtx-4090 (`--device list` lists them).")
+@click.option(
+    "--device",
+    "device",
+    required=True,
+    help="Device name, e.g. orin-nano-8gb, agx-orin-64gb, thor, rtx-4090 (`--device list` lists them).",
+)
 @click.option("--max-context", type=int, default=None, help="Plan for this max_context instead of the recipe's.")
-@click.option("--max-prompt", type=int, default=None,
-              help="Longest prompt fed in one call (default: max_context; TensorRT engines chunk at 512).")
+@click.option(
+    "--max-prompt",
+    type=int,
+    default=None,
+    help="Longest prompt fed in one call (default: max_context; TensorRT engines chunk at 512).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan_cmd(recipe: str, device: str, max_context: int | None, max_prompt: int | None, as_json: bool) -> None:
     """Estimate whether RECIPE (a YAML path or bundled recipe name) fits a device's memory.
@@ -55,7 +66,9 @@ def plan_cmd(recipe: str, device: str, max_context: int | None, max_prompt: int 
 
     if device == "list":
         for dev in DEVICES.values():
-            click.echo(f"{dev.name:<15} {dev.label:<34} {dev.memory_gib:>5g} GiB, budget {dev.budget_bytes / 2**30:.1f} GiB")
+            click.echo(
+                f"{dev.name:<15} {dev.label:<34} {dev.memory_gib:>5g} GiB, budget {dev.budget_bytes / 2**30:.1f} GiB"
+            )
         return
     report = plan(recipe, device, max_prompt=max_prompt, max_context=max_context)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else "\n".join(report.lines()))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from specexport_runtime.suffix import SEP
 
 from .errors import BuildError
@@ -36,7 +37,7 @@ def suffix_array(seq: np.ndarray) -> np.ndarray:
     n = int(seq.shape[0])
     if n == 0:
         return np.zeros(0, np.int32)
-    rank = (np.asarray(seq, np.int64) - int(seq.min()) + 1)  # >= 1; 0 = past the end
+    rank = np.asarray(seq, np.int64) - int(seq.min()) + 1  # >= 1; 0 = past the end
     k = 1
     while True:
         second = np.zeros(n, np.int64)
@@ -56,7 +57,11 @@ def corpus_files(patterns: Sequence[str], base: Path) -> list[Path]:
     """Files named by paths, folders (recursive) or globs, relative to `base`, sorted, deduplicated."""
     files: set[Path] = set()
     for pattern in patterns:
-        path = (base / pattern).expanduser() if not Path(pattern).expanduser().is_absolute() else Path(pattern).expanduser()
+        path = (
+            (base / pattern).expanduser()
+            if not Path(pattern).expanduser().is_absolute()
+            else Path(pattern).expanduser()
+        )
         if path.is_file():
             found = [path]
         elif path.is_dir():
@@ -120,10 +125,24 @@ def build_datastore(files: Sequence[Path], tokenizer, max_tokens: int, out_dir: 
     (out_dir / TOKENS_NAME).parent.mkdir(parents=True, exist_ok=True)
     np.save(out_dir / TOKENS_NAME, tokens, allow_pickle=False)
     np.save(out_dir / SUFFIX_ARRAY_NAME, sa, allow_pickle=False)
-    return DatastoreInfo(files=len(files), files_skipped=skipped, documents=len(parts) // 2, tokens=int(tokens.size),
-                         truncated=truncated, seconds_tokenize=round(t1 - t0, 3), seconds_suffix_array=round(t2 - t1, 3),
-                         bytes=int(tokens.nbytes + sa.nbytes))
+    return DatastoreInfo(
+        files=len(files),
+        files_skipped=skipped,
+        documents=len(parts) // 2,
+        tokens=int(tokens.size),
+        truncated=truncated,
+        seconds_tokenize=round(t1 - t0, 3),
+        seconds_suffix_array=round(t2 - t1, 3),
+        bytes=int(tokens.nbytes + sa.nbytes),
+    )
 
 
-__all__ = ["SUFFIX_ARRAY_NAME", "TOKENS_NAME", "DatastoreError", "DatastoreInfo", "build_datastore", "corpus_files",
-           "suffix_array"]
+__all__ = [
+    "SUFFIX_ARRAY_NAME",
+    "TOKENS_NAME",
+    "DatastoreError",
+    "DatastoreInfo",
+    "build_datastore",
+    "corpus_files",
+    "suffix_array",
+]

@@ -32,8 +32,12 @@ def _linear_parts(*modules: nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     weight = torch.cat([m.weight.detach() for m in modules], dim=0)
     if all(m.bias is None for m in modules):
         return weight, None
-    bias = torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0], dtype=m.weight.dtype)
-                      for m in modules])
+    bias = torch.cat(
+        [
+            m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0], dtype=m.weight.dtype)
+            for m in modules
+        ]
+    )
     return weight, bias
 
 
@@ -52,14 +56,21 @@ def rotary_inv_freq(model: nn.Module, norm: NormalizedConfig) -> dict[str, tuple
             scale = rotary.attention_scaling
         inv = inv.detach().float().clone()
         if 2 * inv.shape[0] != norm.rotary_dim:
-            raise UnsupportedConfig(f"rotary table {key!r} covers {2 * inv.shape[0]} dims; the config says {norm.rotary_dim}")
+            raise UnsupportedConfig(
+                f"rotary table {key!r} covers {2 * inv.shape[0]} dims; the config says {norm.rotary_dim}"
+            )
         tables[key] = (inv, float(scale))
     return tables
 
 
 class ContractDecoder(nn.Module):
-    def __init__(self, model: nn.Module, norm: NormalizedConfig | None = None, tie_lm_head: bool = True,
-                 feature_layers: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        model: nn.Module,
+        norm: NormalizedConfig | None = None,
+        tie_lm_head: bool = True,
+        feature_layers: tuple[int, ...] = (),
+    ):
         """tie_lm_head=False stores the output projection as its own [hidden, V] MatMul weight,
         so that weight-only quantizers (which act on MatMul) also compress it (drafts).
         feature_layers: indices i of the residual streams entering decoder layer i (transformers'

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from onnx import TensorProto, helper
+
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
@@ -48,6 +49,7 @@ HEAD_PRECISIONS = ("fp32", "fp16", "int8")
 INT8_BLOCK = 32  # inputs per quantization block of an int8 head
 INT8_ACCURACY_LEVEL = 4  # int8 activations: ONNX Runtime's fast CPU path
 
+
 def _rotary(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [T, D/2] of the default rotary embedding (fp32 products, as transformers)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [D/2]
@@ -59,13 +61,22 @@ def head_spec(config, precision: str = "fp32", kv_layout: str = contract.HEAD_MA
     """The head graph's cache facts (one layer, the head's own KV heads); kv_layout: this fused
     graph's, or time_major for the portable head (eagle_portable.py)."""
     kv_dtype = "float16" if precision == "fp16" else "float32"
-    return GraphSpec(1, config.num_key_value_heads, config.head_dim, config.draft_vocab_size, kv_dtype,
-                     kv_layout=kv_layout, feature_width=3 * config.target_hidden_size,
-                     kind=contract.EAGLE3_HEAD, hidden_width=config.hidden_size)
+    return GraphSpec(
+        1,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.draft_vocab_size,
+        kv_dtype,
+        kv_layout=kv_layout,
+        feature_width=3 * config.target_hidden_size,
+        kind=contract.EAGLE3_HEAD,
+        hidden_width=config.hidden_size,
+    )
 
 
-def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context: int,
-                      precision: str = "fp32") -> ExportResult:
+def build_eagle3_head(
+    head, embedding: torch.Tensor, out_dir: Path, max_context: int, precision: str = "fp32"
+) -> ExportResult:
     """Write out_dir/model.onnx (+ data) for `head` (formats.eagle3.Eagle3Head); `embedding` is
     the target's input embedding [V_target, H] (a published head usually ships none)."""
     if precision not in HEAD_PRECISIONS:
@@ -81,7 +92,9 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
     eps = float(c.rms_norm_eps)
 
     def rms(x: str, name: str) -> str:
-        return g.op("SimplifiedLayerNormalization", [x, g.weight("norm", w[name])], axis=-1, epsilon=eps, stash_type=1)[0]
+        return g.op("SimplifiedLayerNormalization", [x, g.weight("norm", w[name])], axis=-1, epsilon=eps, stash_type=1)[
+            0
+        ]
 
     def linear(x: str, *names: str) -> str:  # weights [N_i, K] stacked along N
         weight = torch.cat([w[n] for n in names], 0)  # [N, K]
@@ -100,11 +113,27 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
     (h,) = g.op("Add", [linear(to_float(HEAD_FEATURES), "fc.weight"), to_float(HEAD_HIDDEN)])  # [1, S, H]
     (x,) = g.op("Concat", [rms(e, "midlayer.input_layernorm.weight"), rms(h, "midlayer.hidden_norm.weight")], axis=-1)
     qkv = linear(x, *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkv"))  # [1, S, (Hq + 2 Hkv) D]
-    a, _, _ = g.op("GroupQueryAttention",
-                   [qkv, "", "", contract.past_key(0), contract.past_value(0), contract.SEQLENS_K,
-                    contract.TOTAL_SEQUENCE_LENGTH, cos_name, sin_name],
-                   [g.name("attn"), contract.present_key(0), contract.present_value(0)], domain=MS,
-                   num_heads=Hq, kv_num_heads=Hkv, scale=D ** -0.5, do_rotary=1, rotary_interleaved=0)
+    a, _, _ = g.op(
+        "GroupQueryAttention",
+        [
+            qkv,
+            "",
+            "",
+            contract.past_key(0),
+            contract.past_value(0),
+            contract.SEQLENS_K,
+            contract.TOTAL_SEQUENCE_LENGTH,
+            cos_name,
+            sin_name,
+        ],
+        [g.name("attn"), contract.present_key(0), contract.present_value(0)],
+        domain=MS,
+        num_heads=Hq,
+        kv_num_heads=Hkv,
+        scale=D**-0.5,
+        do_rotary=1,
+        rotary_interleaved=0,
+    )
     (r,) = g.op("Add", [linear(a, "midlayer.self_attn.o_proj.weight"), h])
     y = rms(r, "midlayer.post_attention_layernorm.weight")
     gate, up = linear(y, "midlayer.mlp.gate_proj.weight"), linear(y, "midlayer.mlp.up_proj.weight")
@@ -137,4 +166,3 @@ def build_eagle3_head(head, embedding: torch.Tensor, out_dir: Path, max_context:
         helper.make_tensor_value_info(contract.present_value(0), float_type, cache),
     ]
     return save_graph(g, "specexport_eagle3_head", inputs, outputs, spec, contract.ROW_PADDING_VERSION, out_dir, start)
-

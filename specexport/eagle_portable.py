@@ -33,9 +33,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
-from torch import nn
 
 from .eagle_graph import head_spec
 from .export import ExportResult, fix_output_dims, save_traced, trace_module
@@ -74,9 +75,17 @@ class PortableHead(nn.Module):
         self.gate_up_t = _frozen(gate_up.t(), dtype)  # [H, 2I]
         self.down_t = _frozen(w[f"{mlp}down_proj.weight"].t(), dtype)  # [I, H]
         self.lm_t = _frozen(w["lm_head.weight"].t(), dtype)  # [H, V_draft]
-        self.norms = nn.ParameterDict({key: _frozen(w[name], dtype) for key, name in (
-            ("input", "midlayer.input_layernorm.weight"), ("hidden", "midlayer.hidden_norm.weight"),
-            ("post", "midlayer.post_attention_layernorm.weight"), ("final", "norm.weight"))})
+        self.norms = nn.ParameterDict(
+            {
+                key: _frozen(w[name], dtype)
+                for key, name in (
+                    ("input", "midlayer.input_layernorm.weight"),
+                    ("hidden", "midlayer.hidden_norm.weight"),
+                    ("post", "midlayer.post_attention_layernorm.weight"),
+                    ("final", "norm.weight"),
+                )
+            }
+        )
         # the default rotary embedding (formats.eagle3 refuses others): fp32 like transformers
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, self.D, 2, dtype=torch.float32) / self.D))  # [D/2]
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -152,18 +161,28 @@ def _example_inputs(spec: GraphSpec, dtype: torch.dtype, vocab: int) -> tuple[to
 
 def _dynamic_axes() -> dict[str, dict[int, str]]:
     seq = {1: "seq"}
-    return {contract.INPUT_IDS: seq, contract.HEAD_FEATURES: seq, contract.HEAD_HIDDEN: seq,
-            contract.LOGITS_INDEX: {0: "rows"}, contract.past_key(0): {1: "past"}, contract.past_value(0): {1: "past"},
-            contract.LOGITS: {1: "rows"}, contract.HEAD_HIDDEN_OUT: {1: "rows"},
-            contract.new_key(0): seq, contract.new_value(0): seq}
+    return {
+        contract.INPUT_IDS: seq,
+        contract.HEAD_FEATURES: seq,
+        contract.HEAD_HIDDEN: seq,
+        contract.LOGITS_INDEX: {0: "rows"},
+        contract.past_key(0): {1: "past"},
+        contract.past_value(0): {1: "past"},
+        contract.LOGITS: {1: "rows"},
+        contract.HEAD_HIDDEN_OUT: {1: "rows"},
+        contract.new_key(0): seq,
+        contract.new_value(0): seq,
+    }
 
 
 def build_portable_head(head, embedding: torch.Tensor, out_dir: Path, precision: str = "fp32") -> ExportResult:
     """Write out_dir/model.onnx (+ data) for `head` (formats.eagle3.Eagle3Head) in the time-major
     layout; `embedding` is the target's input embedding [V_target, H]."""
     if precision not in PORTABLE_HEAD_PRECISIONS:
-        raise ValueError(f"portable head precision {precision!r}: expected one of {', '.join(PORTABLE_HEAD_PRECISIONS)}"
-                         " (int8 heads use MatMulNBits: graph: fused)")
+        raise ValueError(
+            f"portable head precision {precision!r}: expected one of {', '.join(PORTABLE_HEAD_PRECISIONS)}"
+            " (int8 heads use MatMulNBits: graph: fused)"
+        )
     start = time.perf_counter()
     dtype = _DTYPES[precision]
     module = PortableHead(head, embedding, dtype).eval()
@@ -171,6 +190,9 @@ def build_portable_head(head, embedding: torch.Tensor, out_dir: Path, precision:
     inputs = _example_inputs(spec, dtype, embedding.shape[0])
     proto = trace_module(module, inputs, spec, _dynamic_axes(), out_dir)
     c = head.config
-    fix_output_dims(proto, {contract.LOGITS: (1, "rows", c.draft_vocab_size),
-                            contract.HEAD_HIDDEN_OUT: (1, "rows", c.hidden_size)}, spec)
+    fix_output_dims(
+        proto,
+        {contract.LOGITS: (1, "rows", c.draft_vocab_size), contract.HEAD_HIDDEN_OUT: (1, "rows", c.hidden_size)},
+        spec,
+    )
     return save_traced(proto, spec, contract.PORTABLE_HEAD_VERSION, out_dir, start)

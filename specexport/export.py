@@ -54,8 +54,7 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype) -> tuple[torch.Tensor, .
     ids = torch.arange(_EXAMPLE_S, dtype=torch.int64).unsqueeze(0) % spec.embedding_rows  # [1, S]
     rows = torch.arange(_EXAMPLE_S - _EXAMPLE_R, _EXAMPLE_S, dtype=torch.int64)  # [R]
     past = [
-        torch.randn(1, _EXAMPLE_P, spec.num_kv_heads, spec.head_dim, dtype=dtype)
-        for _ in range(2 * spec.num_layers)
+        torch.randn(1, _EXAMPLE_P, spec.num_kv_heads, spec.head_dim, dtype=dtype) for _ in range(2 * spec.num_layers)
     ]
     return (ids, rows, *past)
 
@@ -73,8 +72,9 @@ def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     return axes
 
 
-def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True,
-                 feature_layers: tuple[int, ...] = (), norm=None) -> ExportResult:
+def export_graph(
+    model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True, feature_layers: tuple[int, ...] = (), norm=None
+) -> ExportResult:
     """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data).
     feature_layers: add the `hidden_states` output of those entering layers (ContractDecoder);
     norm: the model's NormalizedConfig (default: normalized from model.config)."""
@@ -91,8 +91,13 @@ def export_graph(model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = T
     return save_traced(proto, spec, version, out_dir, start)
 
 
-def trace_module(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], spec: GraphSpec,
-                 axes: dict[str, dict[int, str]], out_dir: Path) -> onnx.ModelProto:
+def trace_module(
+    module: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    spec: GraphSpec,
+    axes: dict[str, dict[int, str]],
+    out_dir: Path,
+) -> onnx.ModelProto:
     """torch.onnx.export of `module` on `inputs`, named by the contract (spec's input and output
     names); returns the loaded graph (weights inline)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -113,8 +118,9 @@ def trace_module(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], spec
         return onnx.load(str(raw))
 
 
-def save_traced(proto: onnx.ModelProto, spec: GraphSpec, version: str | None, out_dir: Path,
-                start: float) -> ExportResult:
+def save_traced(
+    proto: onnx.ModelProto, spec: GraphSpec, version: str | None, out_dir: Path, start: float
+) -> ExportResult:
     """Write a traced time-major graph as out_dir/model.onnx + model.onnx.data with its contract
     metadata (`version`: the contract minor it needs, None for 1.0)."""
     proto.producer_name = "specexport"
@@ -122,7 +128,12 @@ def save_traced(proto: onnx.ModelProto, spec: GraphSpec, version: str | None, ou
     path = out_dir / GRAPH_NAME
     (out_dir / DATA_NAME).unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(
-        proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME, size_threshold=1024
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_NAME,
+        size_threshold=1024,
     )
     size = path.stat().st_size + ((out_dir / DATA_NAME).stat().st_size if (out_dir / DATA_NAME).exists() else 0)
     return ExportResult(path, spec, time.perf_counter() - start, len(proto.graph.node), size)

@@ -61,8 +61,10 @@ def fused_refusal(cfg: NormalizedConfig) -> str | None:
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"
     half = cfg.rotary_dim // 2
     if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
-        return (f"partial rotary over {cfg.rotary_dim} of {cfg.head_dim} dims: GroupQueryAttention needs"
-                f" rotary_dim / 2 = {half} to be a multiple of 8; use graph: portable")
+        return (
+            f"partial rotary over {cfg.rotary_dim} of {cfg.head_dim} dims: GroupQueryAttention needs"
+            f" rotary_dim / 2 = {half} to be a multiple of 8; use graph: portable"
+        )
     return None
 
 
@@ -108,8 +110,9 @@ def _bias(*modules: torch.nn.Module) -> torch.Tensor | None:
     return torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in modules])
 
 
-def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, names: dict[int, str],
-                   i: int) -> LayerWeights:
+def _layer_weights(
+    layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, names: dict[int, str], i: int
+) -> LayerWeights:
     attn, mlp = module_at(layer, arch.attn), module_at(layer, arch.mlp)
     part = lambda m: (names[id(m.weight)], m.weight)  # noqa: E731
     if arch.qkv == "separate":
@@ -129,9 +132,16 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
         up_mods = (mlp.gate_up_proj,)
     else:
         raise UnsupportedConfig(f"mlp kind {arch.mlp_kind!r} is not supported by the fused graph")
-    return LayerWeights(qkv, _bias(*mods), Linear(f"l{i}_o", (part(out),)), _bias(out),
-                        Linear(f"l{i}_gate_up", tuple(part(m) for m in up_mods)), _bias(*up_mods),
-                        Linear(f"l{i}_down", (part(mlp.down_proj),)), _bias(mlp.down_proj))
+    return LayerWeights(
+        qkv,
+        _bias(*mods),
+        Linear(f"l{i}_o", (part(out),)),
+        _bias(out),
+        Linear(f"l{i}_gate_up", tuple(part(m) for m in up_mods)),
+        _bias(*up_mods),
+        Linear(f"l{i}_down", (part(mlp.down_proj),)),
+        _bias(mlp.down_proj),
+    )
 
 
 class _Stream:
@@ -145,11 +155,20 @@ class _Stream:
         """norm(residual + pending); residual := residual + pending."""
         w, eps = _norm_weight(module, self.offset)
         if self.pending is None:
-            return self.g.op("SimplifiedLayerNormalization", [self.residual, self.g.weight("norm", w)], axis=-1,
-                             epsilon=eps, stash_type=1)[0]
-        h, _, _, self.residual = self.g.op("SkipSimplifiedLayerNormalization",
-                                           [self.pending, self.residual, self.g.weight("norm", w)], 4, domain=MS,
-                                           epsilon=eps)
+            return self.g.op(
+                "SimplifiedLayerNormalization",
+                [self.residual, self.g.weight("norm", w)],
+                axis=-1,
+                epsilon=eps,
+                stash_type=1,
+            )[0]
+        h, _, _, self.residual = self.g.op(
+            "SkipSimplifiedLayerNormalization",
+            [self.pending, self.residual, self.g.weight("norm", w)],
+            4,
+            domain=MS,
+            epsilon=eps,
+        )
         self.pending = None
         return h
 
@@ -192,8 +211,18 @@ def _append_last_row(g: Graph, x: str) -> str:
     return g.op("Pad", [x, g.const("pads", np.array([0, 0, 0, 0, 1, 0], np.int64))], mode="edge")[0]
 
 
-def _attention(g: Graph, i: int, attn: torch.nn.Module, cfg: NormalizedConfig, h: str, lw: LayerWeights,
-               weights: WeightPlan, caches: dict[str, tuple[str, str]], cursor: tuple[str, str], pad: bool) -> str:
+def _attention(
+    g: Graph,
+    i: int,
+    attn: torch.nn.Module,
+    cfg: NormalizedConfig,
+    h: str,
+    lw: LayerWeights,
+    weights: WeightPlan,
+    caches: dict[str, tuple[str, str]],
+    cursor: tuple[str, str],
+    pad: bool,
+) -> str:
     """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place."""
     arch, spec = cfg.arch, cfg.layers[i]
     H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
@@ -201,8 +230,10 @@ def _attention(g: Graph, i: int, attn: torch.nn.Module, cfg: NormalizedConfig, h
     if arch.qk_norm:  # RMSNorm of q and k before rotary (which GQA applies)
         q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
         if arch.qk_norm == "head":
-            q, k = (_head_norm(g, q, attn.q_norm, H, D, arch.norm_offset),
-                    _head_norm(g, k, attn.k_norm, Hkv, D, arch.norm_offset))
+            q, k = (
+                _head_norm(g, q, attn.q_norm, H, D, arch.norm_offset),
+                _head_norm(g, k, attn.k_norm, Hkv, D, arch.norm_offset),
+            )
         else:
             q, k = _full_norm(g, q, attn.q_norm, arch.norm_offset), _full_norm(g, k, attn.k_norm, arch.norm_offset)
         qkv_inputs = [q, k, v]
@@ -210,19 +241,31 @@ def _attention(g: Graph, i: int, attn: torch.nn.Module, cfg: NormalizedConfig, h
         qkv_inputs = [qkv, "", ""]  # packed q|k|v
     if pad:  # [1, S, C] -> [1, S + 1, C]: the last row again
         qkv_inputs = [_append_last_row(g, t) if t else t for t in qkv_inputs]
-    attrs = dict(num_heads=H, kv_num_heads=Hkv, scale=cfg.attn_scale, do_rotary=int(spec.rope is not None),
-                 rotary_interleaved=0)
+    attrs = dict(
+        num_heads=H, kv_num_heads=Hkv, scale=cfg.attn_scale, do_rotary=int(spec.rope is not None), rotary_interleaved=0
+    )
     if spec.window is not None:  # a query sees the `window` most recent keys including its own, as in transformers
         attrs["local_window_size"] = spec.window
     if cfg.attn_softcap is not None:
         attrs["softcap"] = cfg.attn_softcap
     rotary = list(caches[spec.rope]) if spec.rope is not None else []
-    a, _, _ = g.op("GroupQueryAttention",
-                   [*qkv_inputs, contract.past_key(i), contract.past_value(i), *cursor, *rotary],
-                   [g.name("attn"), contract.present_key(i), contract.present_value(i)], domain=MS, **attrs)
+    a, _, _ = g.op(
+        "GroupQueryAttention",
+        [*qkv_inputs, contract.past_key(i), contract.past_value(i), *cursor, *rotary],
+        [g.name("attn"), contract.present_key(i), contract.present_value(i)],
+        domain=MS,
+        **attrs,
+    )
     if pad:  # [1, S + 1, H D] -> [1, S, H D]
-        (a,) = g.op("Slice", [a, g.const("start", np.array([0], np.int64)), g.const("end", np.array([-1], np.int64)),
-                              g.const("axis", np.array([1], np.int64))])
+        (a,) = g.op(
+            "Slice",
+            [
+                a,
+                g.const("start", np.array([0], np.int64)),
+                g.const("end", np.array([-1], np.int64)),
+                g.const("axis", np.array([1], np.int64)),
+            ],
+        )
     return a
 
 
@@ -230,14 +273,27 @@ def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: N
     """An attention or MLP output as added to the residual stream: post-norm, residual multiplier."""
     if post is not None:
         w, eps = _norm_weight(module_at(layer, post), cfg.arch.norm_offset)
-        (out,) = g.op("SimplifiedLayerNormalization", [out, g.weight("post_norm", w)], axis=-1, epsilon=eps, stash_type=1)
+        (out,) = g.op(
+            "SimplifiedLayerNormalization", [out, g.weight("post_norm", w)], axis=-1, epsilon=eps, stash_type=1
+        )
     if cfg.residual_multiplier is not None:
         (out,) = g.op("Mul", [out, g.scalar("residual_multiplier", cfg.residual_multiplier)])
     return out
 
 
-def _layer(g: Graph, i: int, layer: torch.nn.Module, cfg: NormalizedConfig, stream: _Stream, h: str,
-           lw: LayerWeights, weights: WeightPlan, caches, cursor, pad: bool) -> None:
+def _layer(
+    g: Graph,
+    i: int,
+    layer: torch.nn.Module,
+    cfg: NormalizedConfig,
+    stream: _Stream,
+    h: str,
+    lw: LayerWeights,
+    weights: WeightPlan,
+    caches,
+    cursor,
+    pad: bool,
+) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch = cfg.arch
     attn = module_at(layer, arch.attn)
@@ -256,9 +312,18 @@ def _names(model: torch.nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in model.named_parameters()}
 
 
-def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_lm_head: bool = True,
-                weights: WeightPlan | None = None, min_rows: int = 1, pad_attention: bool = False,
-                feature_layers: tuple[int, ...] = (), norm: NormalizedConfig | None = None) -> ExportResult:
+def build_fused(
+    model: torch.nn.Module,
+    out_dir: Path,
+    max_context: int,
+    *,
+    tie_lm_head: bool = True,
+    weights: WeightPlan | None = None,
+    min_rows: int = 1,
+    pad_attention: bool = False,
+    feature_layers: tuple[int, ...] = (),
+    norm: NormalizedConfig | None = None,
+) -> ExportResult:
     """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
 
     weights: how weights are stored (default FloatWeights: the model's dtype). min_rows: the
@@ -292,15 +357,24 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
-    spec = GraphSpec(len(layers), cfg.kv_heads, cfg.head_dim, V, "float32" if dtype == torch.float32 else "float16",
-                     kv_layout=contract.HEAD_MAJOR_INPLACE, feature_width=len(feature_layers) * cfg.hidden,
-                     windows=cfg.windows)
+    spec = GraphSpec(
+        len(layers),
+        cfg.kv_heads,
+        cfg.head_dim,
+        V,
+        "float32" if dtype == torch.float32 else "float16",
+        kv_layout=contract.HEAD_MAJOR_INPLACE,
+        feature_width=len(feature_layers) * cfg.hidden,
+        windows=cfg.windows,
+    )
 
     g = Graph(dtype)
     caches = _rope_caches(g, model, cfg, max_context + min_rows - 1 + pad)
     names = _names(model)
     embed_module = module_at(base, arch.embed)
-    x, table = weights.embedding(g, contract.INPUT_IDS, Linear("embed", ((names[id(embed_module.weight)], embed_module.weight),)))
+    x, table = weights.embedding(
+        g, contract.INPUT_IDS, Linear("embed", ((names[id(embed_module.weight)], embed_module.weight),))
+    )
     if arch.embed_scale:  # [1, S, hidden]
         scale = getattr(embed_module, "embed_scale", None)
         (x,) = g.op("Mul", [x, g.scalar("embed_scale", float(scale) if scale is not None else cfg.hidden**0.5)])
@@ -309,15 +383,18 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
 
     cursor = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]
     if pad:  # the attention sees S + 1 rows: its cursor inputs grow by one
-        cursor = [g.op("Add", [cursor[0], g.const("one", np.array([1], np.int32))])[0],
-                  g.op("Add", [cursor[1], g.const("one", np.array(1, np.int32))])[0]]
+        cursor = [
+            g.op("Add", [cursor[0], g.const("one", np.array([1], np.int32))])[0],
+            g.op("Add", [cursor[1], g.const("one", np.array(1, np.int32))])[0],
+        ]
     stream = _Stream(g, x, arch.norm_offset)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
         h = stream.norm(module_at(layer, arch.attn_norm)) if arch.attn_norm else stream.value()
         entering[i] = stream.residual  # the norm (or value()) has just folded the pending addend into it
-        _layer(g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, cursor,
-               bool(pad))
+        _layer(
+            g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, cursor, bool(pad)
+        )
 
     features = None
     if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits
@@ -333,8 +410,9 @@ def build_fused(model: torch.nn.Module, out_dir: Path, max_context: int, *, tie_
     return save_graph(g, "specexport_fused", inputs, outputs, spec, version, out_dir, start)
 
 
-def _logits(g: Graph, model, cfg: NormalizedConfig, stream: _Stream, base, table: str | None, names, dtype,
-            weights: WeightPlan) -> None:
+def _logits(
+    g: Graph, model, cfg: NormalizedConfig, stream: _Stream, base, table: str | None, names, dtype, weights: WeightPlan
+) -> None:
     """Logits only for the requested rows: gather, final norm, output projection, Granite's
     divisor and Gemma 2's softcap (in the model dtype, as transformers), then float32."""
     (rows,) = g.op("Gather", [stream.pending, contract.LOGITS_INDEX], axis=1)  # [1, R, hidden]
@@ -368,10 +446,16 @@ def _interface(spec: GraphSpec, elem: int, features: bool) -> tuple[list, list]:
     ]
     outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", spec.embedding_rows])]
     if features:
-        outputs.append(helper.make_tensor_value_info(contract.HIDDEN_STATES, TensorProto.FLOAT, [1, "seq", spec.feature_width]))
+        outputs.append(
+            helper.make_tensor_value_info(contract.HIDDEN_STATES, TensorProto.FLOAT, [1, "seq", spec.feature_width])
+        )
     for i in range(spec.num_layers):
-        inputs += [helper.make_tensor_value_info(n, elem, cache) for n in (contract.past_key(i), contract.past_value(i))]
-        outputs += [helper.make_tensor_value_info(n, elem, cache) for n in (contract.present_key(i), contract.present_value(i))]
+        inputs += [
+            helper.make_tensor_value_info(n, elem, cache) for n in (contract.past_key(i), contract.past_value(i))
+        ]
+        outputs += [
+            helper.make_tensor_value_info(n, elem, cache) for n in (contract.present_key(i), contract.present_value(i))
+        ]
     order_in = {n: k for k, n in enumerate(spec.input_names())}
     order_out = {n: k for k, n in enumerate(spec.output_names())}
     return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

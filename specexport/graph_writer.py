@@ -60,7 +60,9 @@ class Graph:
 
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
         names = [self.name(op_type) for _ in range(outputs)] if isinstance(outputs, int) else outputs
-        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(f"n_{op_type}"), domain=domain or None, **attrs))
+        self.nodes.append(
+            helper.make_node(op_type, inputs, names, name=self.name(f"n_{op_type}"), domain=domain or None, **attrs)
+        )
         return names
 
 
@@ -127,19 +129,27 @@ def softcap(g: Graph, x: str, cap: float) -> str:
     return g.op("Mul", [y, g.scalar("cap", cap)])[0]
 
 
-def save_graph(g: Graph, name: str, inputs: list, outputs: list, spec: GraphSpec, version: str | None,
-               out_dir: Path, start: float) -> ExportResult:
+def save_graph(
+    g: Graph, name: str, inputs: list, outputs: list, spec: GraphSpec, version: str | None, out_dir: Path, start: float
+) -> ExportResult:
     """Write g's nodes as out_dir/model.onnx with external data (model.onnx.data), its contract
     metadata (`version`: the contract minor the graph needs, None for the layout's own)."""
     graph = helper.make_graph(g.nodes, name, inputs, outputs, g.inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)],
-                              producer_name="specexport")
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)], producer_name="specexport"
+    )
     proto.ir_version = 8
     helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, version))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DATA_NAME).unlink(missing_ok=True)
     path = out_dir / GRAPH_NAME
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_NAME,
-                    size_threshold=1024)
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_NAME,
+        size_threshold=1024,
+    )
     size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
     return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)

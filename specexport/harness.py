@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from specexport_runtime.errors import SpecExportError
 
 from . import machine
@@ -130,8 +131,10 @@ def tool_plan(codec, prompt: Prompt):
 
 def make_cases(codec, prompts: Sequence[Prompt], per_prompt_limit: bool = False) -> list[Case]:
     """One Case per prompt; per_prompt_limit: each keeps its prompt file's max_new_tokens."""
-    return [Case(p.id, tuple(encode_prompt(codec, p)), p.domain, p.max_new_tokens if per_prompt_limit else None, p)
-            for p in prompts]
+    return [
+        Case(p.id, tuple(encode_prompt(codec, p)), p.domain, p.max_new_tokens if per_prompt_limit else None, p)
+        for p in prompts
+    ]
 
 
 def warmup_case(codec, max_new_tokens: int | None = None) -> Case:
@@ -241,8 +244,11 @@ class Run:
         num, den = self.per_case(method, metric), self.per_case(reference, metric)
         per = {c: num[c] / den[c] for c in num if den.get(c)}
         vals = list(per.values())
-        return {"median": statistics.median(vals) if vals else None,
-                "ci95": bootstrap_ci(vals, seed, stat=np.median), "per_case": per}
+        return {
+            "median": statistics.median(vals) if vals else None,
+            "ci95": bootstrap_ci(vals, seed, stat=np.median),
+            "per_case": per,
+        }
 
     def same_tokens(self, a: str, b: str, eos: Iterable[int] = ()) -> tuple[int, int]:
         """(cases where every sample of `a` equals the first sample of `b` up to the first EOS,
@@ -268,12 +274,25 @@ class Run:
 
     def to_dict(self) -> dict:
         """The run as JSON data: methods (name, memory, info), cases, repeats, every sample."""
-        return {"methods": [{"name": m.name, "memory": m.memory, "cleared": m.reset is not None, **m.info}
-                            for m in self.methods],
-                "cases": [{"id": c.id, "domain": c.domain, "prompt_tokens": len(c.ids)} for c in self.cases],
-                "repeats": self.repeats, "memory_notes": self.memory_notes(),
-                "samples": [{"method": s.method, "case": s.case, "repeat": s.repeat, "slot": s.slot,
-                             "seconds": s.seconds, **s.result} for s in self.samples]}
+        return {
+            "methods": [
+                {"name": m.name, "memory": m.memory, "cleared": m.reset is not None, **m.info} for m in self.methods
+            ],
+            "cases": [{"id": c.id, "domain": c.domain, "prompt_tokens": len(c.ids)} for c in self.cases],
+            "repeats": self.repeats,
+            "memory_notes": self.memory_notes(),
+            "samples": [
+                {
+                    "method": s.method,
+                    "case": s.case,
+                    "repeat": s.repeat,
+                    "slot": s.slot,
+                    "seconds": s.seconds,
+                    **s.result,
+                }
+                for s in self.samples
+            ],
+        }
 
 
 Progress = Callable[[Sample], None]
@@ -292,8 +311,14 @@ def _call(run: Run, method: Method, case: Case, event: str) -> tuple[dict, float
     return result, seconds
 
 
-def run_interleaved(methods: Sequence[Method], cases: Sequence[Case], warmup: Case, repeats: int = 1,
-                    settle: float = 0.0, progress: Progress | None = None) -> Run:
+def run_interleaved(
+    methods: Sequence[Method],
+    cases: Sequence[Case],
+    warmup: Case,
+    repeats: int = 1,
+    settle: float = 0.0,
+    progress: Progress | None = None,
+) -> Run:
     """Warm every method up on `warmup`, then measure every case `repeats` times in the rounds
     of schedule(); `settle` seconds of sleep precede each measured call (module docstring)."""
     methods, cases = list(methods), list(cases)
@@ -309,8 +334,10 @@ def run_interleaved(methods: Sequence[Method], cases: Sequence[Case], warmup: Ca
         raise HarnessError(f"the warm-up prompt is a measured prompt ({inside[0]!r}); warm up outside the set")
     kept = [m.name for m in methods if m.keeps_memory]
     if kept and repeats > 1:
-        raise HarnessError(f"{', '.join(kept)} keep(s) answers across requests and cannot clear them: a repeat "
-                           "would measure a prompt whose answer the engine holds; use repeats 1")
+        raise HarnessError(
+            f"{', '.join(kept)} keep(s) answers across requests and cannot clear them: a repeat "
+            "would measure a prompt whose answer the engine holds; use repeats 1"
+        )
     run = Run(methods, cases, repeats)
     for m in methods:
         _call(run, m, warmup, "warm-up")
@@ -368,8 +395,9 @@ def percentiles(values: Iterable[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
-def bootstrap_ci(values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SAMPLES,
-                 stat: Callable = np.mean) -> tuple[float, float] | None:
+def bootstrap_ci(
+    values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SAMPLES, stat: Callable = np.mean
+) -> tuple[float, float] | None:
     """95 % percentile-bootstrap interval of stat (default the mean) over the values (seeded)."""
     vals = np.asarray(values, dtype=np.float64)
     if vals.size == 0:
@@ -382,8 +410,9 @@ def bootstrap_ci(values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SA
     return float(lo), float(hi)
 
 
-def ratio_ci(num_tok, num_sec, den_tok, den_sec, seed: int,
-             samples: int = BOOTSTRAP_SAMPLES) -> tuple[float, float] | None:
+def ratio_ci(
+    num_tok, num_sec, den_tok, den_sec, seed: int, samples: int = BOOTSTRAP_SAMPLES
+) -> tuple[float, float] | None:
     """95 % bootstrap interval over prompts of (sum num_tok / sum num_sec) / (sum den_tok / sum den_sec)."""
     arrays = [np.asarray(a, dtype=np.float64) for a in (num_tok, num_sec, den_tok, den_sec)]
     n = arrays[0].size
@@ -413,11 +442,16 @@ def run_metadata(argv: Sequence[str] | None = None, **settings: Any) -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    return {"machine": machine.describe(), "command": shlex.join(["python", *(sys.argv if argv is None else argv)]),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "python": sys.version.split()[0], "versions": versions,
-            "settings": {k: v if isinstance(v, (int, float, bool, str, type(None))) else str(v)
-                         for k, v in settings.items()}}
+    return {
+        "machine": machine.describe(),
+        "command": shlex.join(["python", *(sys.argv if argv is None else argv)]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "settings": {
+            k: v if isinstance(v, (int, float, bool, str, type(None))) else str(v) for k, v in settings.items()
+        },
+    }
 
 
 def header(meta: dict) -> str:
@@ -443,24 +477,40 @@ def script_parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def add_run_options(ap: argparse.ArgumentParser, prompts: str = "code", limit: int = 3,
-                    max_new_tokens: int | None = 128, repeats: int | None = 1, threads: int = 2) -> None:
+def add_run_options(
+    ap: argparse.ArgumentParser,
+    prompts: str = "code",
+    limit: int = 3,
+    max_new_tokens: int | None = 128,
+    repeats: int | None = 1,
+    threads: int = 2,
+) -> None:
     """The options the measuring scripts share: --prompts --limit --max-new-tokens (None: each
     prompt's own) --repeats (left out with repeats=None: a script that times nothing) --threads
     --json; check_run_options() validates them."""
-    ap.add_argument("--prompts", default=prompts,
-                    help=f"comma-separated calibration domains, 'all', or JSONL/text prompt files (default {prompts})")
+    ap.add_argument(
+        "--prompts",
+        default=prompts,
+        help=f"comma-separated calibration domains, 'all', or JSONL/text prompt files (default {prompts})",
+    )
     ap.add_argument("--limit", type=int, default=limit, help=f"prompts per domain (default {limit})")
     own = "each prompt's own max_new_tokens" if max_new_tokens is None else max_new_tokens
-    ap.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
-                    help=f"new tokens per generation at most (default {own})")
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=max_new_tokens, help=f"new tokens per generation at most (default {own})"
+    )
     if repeats is not None:
-        ap.add_argument("--repeats", type=int, default=repeats,
-                        help=f"measurements of every prompt and method, interleaved (default {repeats})")
-    ap.add_argument("--threads", type=int, default=threads,
-                    help=f"intra-op threads of every engine (default {threads})")
-    ap.add_argument("--json", default=None, metavar="OUT",
-                    help="write the machine, command, settings and results as JSON here")
+        ap.add_argument(
+            "--repeats",
+            type=int,
+            default=repeats,
+            help=f"measurements of every prompt and method, interleaved (default {repeats})",
+        )
+    ap.add_argument(
+        "--threads", type=int, default=threads, help=f"intra-op threads of every engine (default {threads})"
+    )
+    ap.add_argument(
+        "--json", default=None, metavar="OUT", help="write the machine, command, settings and results as JSON here"
+    )
 
 
 def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -487,8 +537,37 @@ def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
         return 2
 
 
-__all__ = ["BOOTSTRAP_SAMPLES", "Case", "HarnessError", "Method", "Run", "SETTLE_SECONDS", "Sample", "WARMUP_ID",
-           "WARMUP_MESSAGES", "add_run_options", "bootstrap_ci", "check_run_options", "cli", "encode_prompt",
-           "header", "interleaved_seconds", "load_prompt_set", "make_cases", "median_seconds", "parse_args",
-           "percentiles", "preamble", "ratio_ci", "rotated", "run_interleaved", "run_metadata", "schedule",
-           "script_parser", "until_eos", "wall_tok_s", "warmup_case", "write_json"]
+__all__ = [
+    "BOOTSTRAP_SAMPLES",
+    "Case",
+    "HarnessError",
+    "Method",
+    "Run",
+    "SETTLE_SECONDS",
+    "Sample",
+    "WARMUP_ID",
+    "WARMUP_MESSAGES",
+    "add_run_options",
+    "bootstrap_ci",
+    "check_run_options",
+    "cli",
+    "encode_prompt",
+    "header",
+    "interleaved_seconds",
+    "load_prompt_set",
+    "make_cases",
+    "median_seconds",
+    "parse_args",
+    "percentiles",
+    "preamble",
+    "ratio_ci",
+    "rotated",
+    "run_interleaved",
+    "run_metadata",
+    "schedule",
+    "script_parser",
+    "until_eos",
+    "wall_tok_s",
+    "warmup_case",
+    "write_json",
+]

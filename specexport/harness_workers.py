@@ -26,13 +26,16 @@ from specexport_runtime.errors import SpecExportError
 from .harness import Case, HarnessError, Method, make_cases, warmup_case
 
 # what specexport keeps across requests, as every harness method built here handles it
-SPECEXPORT_MEMORY = ("suffix store of earlier answers: cleared before every generation; learned costs and "
-                     "acceptance (verify-cost model, gamma controllers, suffix score calibration, draft-limit tuner) "
-                     "carry over")
+SPECEXPORT_MEMORY = (
+    "suffix store of earlier answers: cleared before every generation; learned costs and "
+    "acceptance (verify-cost model, gamma controllers, suffix score calibration, draft-limit tuner) "
+    "carry over"
+)
 
 
-def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamma: int | None = None,
-                   **options) -> dict:
+def generation_row(
+    gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamma: int | None = None, **options
+) -> dict:
     """One greedy gen.generate from token ids; mode 'off' (target only) or a proposer name, gamma
     None for the artifact's gamma policy, options further generate arguments (e.g. domain).
     -> {"tokens": the new ids (EOS excluded), "new_tokens", "seconds": wall seconds of the call,
@@ -46,17 +49,28 @@ def generation_row(gen, ids: Sequence[int], mode: str, max_new_tokens: int, gamm
     res = gen.generate([int(t) for t in ids], max_new_tokens=max_new_tokens, **kw)
     seconds = time.perf_counter() - start
     st = res.stats
-    return {"tokens": [int(t) for t in res.token_ids], "new_tokens": st.new_tokens, "seconds": seconds,
-            "first_seconds": st.prefill_seconds, "decode_seconds": st.total_seconds - st.prefill_seconds,
-            "tok_s": st.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
-            "calls": st.rounds + st.plain_steps}
+    return {
+        "tokens": [int(t) for t in res.token_ids],
+        "new_tokens": st.new_tokens,
+        "seconds": seconds,
+        "first_seconds": st.prefill_seconds,
+        "decode_seconds": st.total_seconds - st.prefill_seconds,
+        "tok_s": st.tokens_per_second,
+        "drafted": st.drafted,
+        "accepted": st.accepted,
+        "calls": st.rounds + st.plain_steps,
+    }
 
 
 def inprocess_method(gen, name: str, mode: str, max_new_tokens: int, gamma: int | None = None, **info) -> Method:
     """A Method generating with `gen` in this process; reset empties its suffix store."""
-    return Method(name, lambda case: generation_row(gen, case.ids, mode, case.max_new_tokens or max_new_tokens, gamma),
-                  reset=gen.forget_history, memory=SPECEXPORT_MEMORY,
-                  info={"engine": "specexport", "mode": mode, **info})
+    return Method(
+        name,
+        lambda case: generation_row(gen, case.ids, mode, case.max_new_tokens or max_new_tokens, gamma),
+        reset=gen.forget_history,
+        memory=SPECEXPORT_MEMORY,
+        info={"engine": "specexport", "mode": mode, **info},
+    )
 
 
 def artifact_methods(paths: Sequence[Path], prompts) -> tuple[list[dict], list[Case], Case, list[int]]:
@@ -79,10 +93,17 @@ def artifact_methods(paths: Sequence[Path], prompts) -> tuple[list[dict], list[C
         cases, eos, warm = cases or these, eos | set(manifest.tokenizer.eos_token_ids), warm or warmup_case(codec)
         short = path.name if names.count(path.name) == 1 else str(path)
         target = manifest.target
-        methods += [{"name": f"specexport {short} {mode}", "artifact": path, "mode": mode,
-                     "off": f"specexport {short} off", "precision": target.precision,
-                     "exactness": getattr(target, "exactness", None)}
-                    for mode in ["off", *manifest.speculative_proposers()]]
+        methods += [
+            {
+                "name": f"specexport {short} {mode}",
+                "artifact": path,
+                "mode": mode,
+                "off": f"specexport {short} off",
+                "precision": target.precision,
+                "exactness": getattr(target, "exactness", None),
+            }
+            for mode in ["off", *manifest.speculative_proposers()]
+        ]
     return methods, cases, warm, sorted(eos)
 
 
@@ -100,8 +121,9 @@ class WorkerProcess:
     def __init__(self, name: str, cmd: list[str], log: Path, env: dict | None = None):
         self.name, self.log = name, log
         with open(log, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                         env=env)
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env
+            )
         self._read()  # '@@ready'
 
     def _read(self) -> str:
@@ -136,24 +158,39 @@ class SpecexportWorker(WorkerProcess):
     """specexport's worker on one artifact (module docstring)."""
 
     def __init__(self, artifact: Path, threads: int, log: Path):
-        super().__init__(f"specexport worker {Path(artifact).name}",
-                         [sys.executable, "-m", "specexport.harness_workers", str(artifact), str(threads)], log,
-                         env={**os.environ, "PYTHONPATH": _import_roots()})
+        super().__init__(
+            f"specexport worker {Path(artifact).name}",
+            [sys.executable, "-m", "specexport.harness_workers", str(artifact), str(threads)],
+            log,
+            env={**os.environ, "PYTHONPATH": _import_roots()},
+        )
 
-    def method(self, name: str, mode: str, max_new_tokens: int, gamma: int | None = None,
-               grammars: dict | None = None, **info) -> Method:
+    def method(
+        self, name: str, mode: str, max_new_tokens: int, gamma: int | None = None, grammars: dict | None = None, **info
+    ) -> Method:
         """A Method generating in this worker; reset is a forget request. grammars: case id ->
         the structured.Grammar that case decodes under (absent: free)."""
         grammars = grammars or {}
 
         def run(case) -> dict:
-            body = {"op": "generate", "ids": list(case.ids), "mode": mode, "new": case.max_new_tokens or max_new_tokens,
-                    "gamma": gamma}
+            body = {
+                "op": "generate",
+                "ids": list(case.ids),
+                "mode": mode,
+                "new": case.max_new_tokens or max_new_tokens,
+                "gamma": gamma,
+            }
             if case.id in grammars:
                 body["grammar"] = dataclasses.asdict(grammars[case.id])
             return self.request(body)
-        return Method(name, run, reset=lambda: self.request({"op": "forget"}), memory=SPECEXPORT_MEMORY,
-                      info={"engine": "specexport", "mode": mode, **info})
+
+        return Method(
+            name,
+            run,
+            reset=lambda: self.request({"op": "forget"}),
+            memory=SPECEXPORT_MEMORY,
+            info={"engine": "specexport", "mode": mode, **info},
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,9 @@ from specexport_runtime.signing import verify as verify_signature
 def summarize(root: Path, verify: bool = True, trusted_keys=()) -> dict:
     """Manifest facts plus file sizes; raises ChecksumError/ArtifactError when verify fails, and
     SignatureError when trusted_keys are given and the signature does not verify."""
-    signature = "not signed" if not (Path(root) / SIGNATURE_NAME).is_file() else "present, not checked (no --trusted-key)"
+    signature = (
+        "not signed" if not (Path(root) / SIGNATURE_NAME).is_file() else "present, not checked (no --trusted-key)"
+    )
     if trusted_keys:
         signature = f"verified (key {verify_signature(Path(root), trusted_keys)})"
         verify = True
@@ -43,7 +45,10 @@ def summarize(root: Path, verify: bool = True, trusted_keys=()) -> dict:
         summary[role] = data
     if manifest.retrieval is not None:
         r = manifest.retrieval
-        summary["retrieval"] = {"token_count": r.token_count, "documents": r.info.get("documents"),
-                                "corpus": r.info.get("corpus"),
-                                "bytes": sum((root / f).stat().st_size for f in (r.tokens, r.suffix_array))}
+        summary["retrieval"] = {
+            "token_count": r.token_count,
+            "documents": r.info.get("documents"),
+            "corpus": r.info.get("corpus"),
+            "bytes": sum((root / f).stat().st_size for f in (r.tokens, r.suffix_array)),
+        }
     return summary

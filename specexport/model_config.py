@@ -15,8 +15,9 @@ reads (ids, dropout, metadata) are inert: transformers' modules never read them 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from specexport_runtime.errors import SpecExportError
 
@@ -87,20 +88,57 @@ NEUTRAL: dict[str, tuple] = {
     "add_cross_attention": (False,),
 }
 # keys read as shapes or standard settings of every family (not features)
-SHAPE_KEYS = frozenset({
-    "vocab_size", "hidden_size", "n_embd", "intermediate_size", "n_inner", "num_hidden_layers", "n_layer",
-    "num_attention_heads", "n_head", "num_key_value_heads", "head_dim", "hidden_act", "hidden_activation",
-    "activation_function", "max_position_embeddings", "n_positions", "original_max_position_embeddings",
-    "rms_norm_eps", "layer_norm_epsilon", "tie_word_embeddings", "rope_parameters",
-})
+SHAPE_KEYS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "n_embd",
+        "intermediate_size",
+        "n_inner",
+        "num_hidden_layers",
+        "n_layer",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "hidden_activation",
+        "activation_function",
+        "max_position_embeddings",
+        "n_positions",
+        "original_max_position_embeddings",
+        "rms_norm_eps",
+        "layer_norm_epsilon",
+        "tie_word_embeddings",
+        "rope_parameters",
+    }
+)
 # keys that only derive the ones above in transformers' config classes, or that no module reads
-INERT_KEYS = frozenset({
-    "max_window_layers", "no_rope_layer_interval", "sliding_window_pattern", "_sliding_window_pattern",
-    "cache_implementation", "initializer_range", "use_cache", "attention_dropout", "resid_pdrop", "embd_pdrop",
-    "attn_pdrop", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout", "pretraining_tp", "reorder_and_upcast_attn", "bos_token_id", "eos_token_id",
-    "pad_token_id",
-})
+INERT_KEYS = frozenset(
+    {
+        "max_window_layers",
+        "no_rope_layer_interval",
+        "sliding_window_pattern",
+        "_sliding_window_pattern",
+        "cache_implementation",
+        "initializer_range",
+        "use_cache",
+        "attention_dropout",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+        "summary_first_dropout",
+        "pretraining_tp",
+        "reorder_and_upcast_attn",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    }
+)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
 # rope types whose tables do not depend on the sequence length, and those that do not below a bound
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -192,8 +230,12 @@ class NormalizedConfig:
         return min(max_context, max(short) + 16) if short else 0
 
     def describe(self) -> str:
-        parts = [self.family, f"{self.num_layers} layers", f"hidden {self.hidden}",
-                 f"heads {self.heads}/{self.kv_heads}x{self.head_dim}"]
+        parts = [
+            self.family,
+            f"{self.num_layers} layers",
+            f"hidden {self.hidden}",
+            f"heads {self.heads}/{self.kv_heads}x{self.head_dim}",
+        ]
         if self.windows:
             n = sum(l.window is not None for l in self.layers)
             parts.append(f"window {'/'.join(map(str, self.windows))} on {n} layers")
@@ -240,8 +282,9 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         raise UnsupportedConfig(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     activation = get("hidden_activation") or get("hidden_act") or get("activation_function")
     if activation not in ACTIVATIONS:
-        raise UnsupportedConfig(f"config key 'hidden_act' = {activation!r} is not supported; supported: "
-                                f"{', '.join(ACTIVATIONS)}")
+        raise UnsupportedConfig(
+            f"config key 'hidden_act' = {activation!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
+        )
     ropes, rotary_dim = (), 0
     if arch.positions == "rope":
         ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
@@ -281,7 +324,8 @@ def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
             continue
         raise UnsupportedConfig(
             f"config key {key!r} = {_show(value)} is not implemented for {arch.model_type!r} ({feature.replace('_', ' ')});"
-            f" {arch.model_type} implements: {', '.join(sorted(arch.features)) or 'no optional features'}")
+            f" {arch.model_type} implements: {', '.join(sorted(arch.features)) or 'no optional features'}"
+        )
 
 
 def _show(value: Any) -> str:
@@ -341,19 +385,25 @@ def _ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: i
         raise UnsupportedConfig(f"config key 'rope_parameters' = {_show(params)} is not a mapping")
     per_type = all(isinstance(v, Mapping) for v in params.values()) and bool(params)
     if per_type and "rope_per_layer_type" not in arch.features:
-        raise UnsupportedConfig(f"config key 'rope_parameters' has one table per layer type ({sorted(params)}),"
-                                f" which {arch.model_type!r} does not implement")
+        raise UnsupportedConfig(
+            f"config key 'rope_parameters' has one table per layer type ({sorted(params)}),"
+            f" which {arch.model_type!r} does not implement"
+        )
     tables = dict(params) if per_type else {"all": params}
     factors = {float(t.get("partial_rotary_factor", 1.0)) for t in tables.values()}
     factor = factors.pop()
     if factors:
         raise UnsupportedConfig(f"rotary tables with different partial_rotary_factor {sorted(factors | {factor})}")
     if factor != 1.0 and "partial_rotary" not in arch.features:
-        raise UnsupportedConfig(f"config key 'partial_rotary_factor' = {factor} is not implemented for "
-                                f"{arch.model_type!r}; only families with partial rotary (phi3) take it")
+        raise UnsupportedConfig(
+            f"config key 'partial_rotary_factor' = {factor} is not implemented for "
+            f"{arch.model_type!r}; only families with partial rotary (phi3) take it"
+        )
     rotary_dim = int(head_dim * factor)
     if rotary_dim % 2 or rotary_dim <= 0:
-        raise UnsupportedConfig(f"partial_rotary_factor {factor} gives {rotary_dim} rotary dims of {head_dim}; need an even number > 0")
+        raise UnsupportedConfig(
+            f"partial_rotary_factor {factor} gives {rotary_dim} rotary dims of {head_dim}; need an even number > 0"
+        )
     out = []
     for key, table in tables.items():
         kind = table.get("rope_type", table.get("type", "default"))
@@ -366,12 +416,14 @@ def _ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: i
             if max_context is not None and max_context > bound:
                 raise UnsupportedConfig(
                     f"rope_type {kind!r} switches its tables past {name} = {bound} positions and max_context is"
-                    f" {max_context}; build with max_context <= {bound} (exact there) or use another checkpoint")
+                    f" {max_context}; build with max_context <= {bound} (exact there) or use another checkpoint"
+                )
         elif kind not in STATIC_ROPE_TYPES:
             raise UnsupportedConfig(
                 f"config key 'rope_parameters' (rope_scaling in transformers 4 files) has rope_type {kind!r}, which is"
                 f" not supported; supported: {', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}"
-                f" ({'/'.join(BOUNDED_ROPE_TYPES)} only up to their original context)")
+                f" ({'/'.join(BOUNDED_ROPE_TYPES)} only up to their original context)"
+            )
         out.append((key, RopeSpec(kind, theta, bound)))
     return tuple(out), rotary_dim
 
@@ -379,8 +431,9 @@ def _ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: i
 # --------------------------------------------------------------------------- sources
 
 
-def read_config(location: str, *, gguf_file: str | None = None, revision: str | None = None,
-                trust_remote_code: bool = False):
+def read_config(
+    location: str, *, gguf_file: str | None = None, revision: str | None = None, trust_remote_code: bool = False
+):
     """transformers' config object of a model folder, hub id (config.json only) or GGUF file
     (its metadata), without reading any weight. Raises UnsupportedArchitecture for a model type
     transformers does not know without remote code, UnsupportedConfig for an invalid config."""
@@ -426,4 +479,6 @@ def check_hf_modules(model, norm: NormalizedConfig) -> None:
     for i, layer in enumerate(layers):
         scale = getattr(module_at(layer, arch.attn), "scaling", None)
         if scale is not None and not math.isclose(float(scale), norm.attn_scale, rel_tol=1e-6):
-            raise UnsupportedConfig(f"layer {i} attention scale {float(scale)} differs from the config's {norm.attn_scale}")
+            raise UnsupportedConfig(
+                f"layer {i} attention scale {float(scale)} differs from the config's {norm.attn_scale}"
+            )

@@ -41,8 +41,9 @@ def matmul_nbits(g, x: str, w: BlockQuantized, stem: str, accuracy_level: int) -
     inputs = [x, g.const(f"{stem}_q", data), g.const(f"{stem}_scale", w.scale.astype(g.np_dtype))]  # scales: A's dtype
     if zeros is not None:
         inputs.append(g.const(f"{stem}_zp", zeros))
-    (y,) = g.op("MatMulNBits", inputs, domain=MS, K=K, N=N, bits=w.bits, block_size=w.block,
-                accuracy_level=accuracy_level)
+    (y,) = g.op(
+        "MatMulNBits", inputs, domain=MS, K=K, N=N, bits=w.bits, block_size=w.block, accuracy_level=accuracy_level
+    )
     if w.offset is None:
         return y
     # + blocksum(x) @ offset^T: x [1, S, K] -> [1, S, nb, block] -> sum -> [1, S, nb] @ [nb, N]
@@ -58,12 +59,17 @@ def gather_nbits(g, ids: str, w: BlockQuantized, stem: str) -> str:
         raise ValueError("GatherBlockQuantized holds neither per-block offsets nor act-order")
     V, K = w.shape
     data = w.q if w.bits == 8 else (w.q[:, 0::2] | (w.q[:, 1::2] << 4)).astype(np.uint8)  # [V, K * bits / 8]
-    inputs = [g.const(f"{stem}_q", np.ascontiguousarray(data)), ids, g.const(f"{stem}_scale", w.scale.astype(g.np_dtype))]
+    inputs = [
+        g.const(f"{stem}_q", np.ascontiguousarray(data)),
+        ids,
+        g.const(f"{stem}_scale", w.scale.astype(g.np_dtype)),
+    ]
     if w.zero is not None:
         z = w.zero if w.bits == 8 else _pack_nibbles(w.zero)
         inputs.append(g.const(f"{stem}_zp", z))
-    return g.op("GatherBlockQuantized", inputs, domain=MS, bits=w.bits, block_size=w.block, gather_axis=0,
-                quantize_axis=1)[0]
+    return g.op(
+        "GatherBlockQuantized", inputs, domain=MS, bits=w.bits, block_size=w.block, gather_axis=0, quantize_axis=1
+    )[0]
 
 
 def _pack_nibbles(z: np.ndarray) -> np.ndarray:

@@ -123,22 +123,31 @@ class Device:
         return int((self.memory_gib - self.reserve_gib) * GIB)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "label": self.label, "memory_gib": self.memory_gib, "shared": self.shared,
-                "reserve_gib": round(self.reserve_gib, 2), "budget_gib": round(self.budget_bytes / GIB, 2),
-                "note": self.note}
+        return {
+            "name": self.name,
+            "label": self.label,
+            "memory_gib": self.memory_gib,
+            "shared": self.shared,
+            "reserve_gib": round(self.reserve_gib, 2),
+            "budget_gib": round(self.budget_bytes / GIB, 2),
+            "note": self.note,
+        }
 
 
-DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("orin-nano-4gb", "Jetson Orin Nano 4GB", 4, True, "JetPack 6.1+, TensorRT 10.3"),
-    Device("orin-nano-8gb", "Jetson Orin Nano 8GB", 8, True, "JetPack 6.1+, TensorRT 10.3"),
-    Device("orin-nx-8gb", "Jetson Orin NX 8GB", 8, True, "JetPack 6.1+, TensorRT 10.3"),
-    Device("orin-nx-16gb", "Jetson Orin NX 16GB", 16, True, "JetPack 6.1+, TensorRT 10.3"),
-    Device("agx-orin-32gb", "Jetson AGX Orin 32GB", 32, True, "JetPack 6.1+, TensorRT 10.3"),
-    Device("agx-orin-64gb", "Jetson AGX Orin 64GB", 64, True, "JetPack 6.1+, TensorRT 10.3"),
-    Device("thor", "Jetson AGX Thor (128 GB)", 128, True, "JetPack 7, a newer TensorRT 10.x"),
-    Device("rtx-4090", "GeForce RTX 4090 (workstation)", 24, False, "24 GB GDDR6X"),
-    Device("h200", "H200 (workstation / server)", 141, False, "141 GB HBM3e"),
-)}
+DEVICES: dict[str, Device] = {
+    d.name: d
+    for d in (
+        Device("orin-nano-4gb", "Jetson Orin Nano 4GB", 4, True, "JetPack 6.1+, TensorRT 10.3"),
+        Device("orin-nano-8gb", "Jetson Orin Nano 8GB", 8, True, "JetPack 6.1+, TensorRT 10.3"),
+        Device("orin-nx-8gb", "Jetson Orin NX 8GB", 8, True, "JetPack 6.1+, TensorRT 10.3"),
+        Device("orin-nx-16gb", "Jetson Orin NX 16GB", 16, True, "JetPack 6.1+, TensorRT 10.3"),
+        Device("agx-orin-32gb", "Jetson AGX Orin 32GB", 32, True, "JetPack 6.1+, TensorRT 10.3"),
+        Device("agx-orin-64gb", "Jetson AGX Orin 64GB", 64, True, "JetPack 6.1+, TensorRT 10.3"),
+        Device("thor", "Jetson AGX Thor (128 GB)", 128, True, "JetPack 7, a newer TensorRT 10.x"),
+        Device("rtx-4090", "GeForce RTX 4090 (workstation)", 24, False, "24 GB GDDR6X"),
+        Device("h200", "H200 (workstation / server)", 141, False, "141 GB HBM3e"),
+    )
+}
 
 
 def get_device(name: str) -> Device:
@@ -167,10 +176,17 @@ class ModelEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "role": self.role, "model": self.model, "precision": self.precision, "config_source": self.config_source,
-            "config": summary(self.config), "parameters": self.parameters, "weight_bytes": self.weight_bytes,
-            "kv_bytes": self.kv_bytes, "activation_bytes": self.activation_bytes,
-            "logits_buffer_bytes": self.logits_buffer_bytes, "total_bytes": self.total_bytes,
+            "role": self.role,
+            "model": self.model,
+            "precision": self.precision,
+            "config_source": self.config_source,
+            "config": summary(self.config),
+            "parameters": self.parameters,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes": self.kv_bytes,
+            "activation_bytes": self.activation_bytes,
+            "logits_buffer_bytes": self.logits_buffer_bytes,
+            "total_bytes": self.total_bytes,
         }
 
 
@@ -230,11 +246,20 @@ class PlanReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "recipe": self.recipe, "device": self.device.to_dict(), "fits": self.fits, "tight": self.tight,
-            "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes, "headroom_bytes": self.headroom_bytes,
-            "max_context": self.max_context, "max_prompt": self.max_prompt, "max_gamma": self.max_gamma,
-            "overhead_bytes": self.overhead_bytes, "models": [m.to_dict() for m in self.models],
-            "advice": list(self.advice), "notes": list(self.notes),
+            "recipe": self.recipe,
+            "device": self.device.to_dict(),
+            "fits": self.fits,
+            "tight": self.tight,
+            "total_bytes": self.total_bytes,
+            "budget_bytes": self.budget_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "max_context": self.max_context,
+            "max_prompt": self.max_prompt,
+            "max_gamma": self.max_gamma,
+            "overhead_bytes": self.overhead_bytes,
+            "models": [m.to_dict() for m in self.models],
+            "advice": list(self.advice),
+            "notes": list(self.notes),
         }
 
 
@@ -254,14 +279,27 @@ class _Shapes:
     draft: tuple[NormalizedConfig, str] | None
 
 
-def _estimate(role: str, model: str, precision: str, shape: tuple[NormalizedConfig, str], max_context: int,
-              max_prompt: int, max_gamma: int, quantization: QuantizationSpec | None = None,
-              flash: bool = False) -> ModelEstimate:
+def _estimate(
+    role: str,
+    model: str,
+    precision: str,
+    shape: tuple[NormalizedConfig, str],
+    max_context: int,
+    max_prompt: int,
+    max_gamma: int,
+    quantization: QuantizationSpec | None = None,
+    flash: bool = False,
+) -> ModelEstimate:
     config, source = shape
     label = precision if quantization is None or quantization.dtype == "fp32" else f"{precision}, {quantization.dtype}"
     return ModelEstimate(
-        role=role, model=model, precision=label, config=config, config_source=source,
-        parameters=parameters(config), weight_bytes=weight_bytes(config, precision, quantization),
+        role=role,
+        model=model,
+        precision=label,
+        config=config,
+        config_source=source,
+        parameters=parameters(config),
+        weight_bytes=weight_bytes(config, precision, quantization),
         kv_bytes=kv_bytes(config, precision, max_context, quantization),
         activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma, quantization, flash),
         logits_buffer_bytes=HOST_LOGITS_ROWS * config.vocab * 4,
@@ -274,16 +312,36 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
     q = recipe.target.quantization
     target_fp16 = recipe.target.precision == "fp16" or (q is not None and q.dtype == "fp16")
     flash = recipe.layout.contrib_attention and target_fp16  # GroupQueryAttention on CUDA (fp16 only)
-    models = [_estimate("target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma,
-                        q, flash)]
+    models = [
+        _estimate(
+            "target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma, q, flash
+        )
+    ]
     if recipe.draft.kind == "eagle3":
         models.append(_head_estimate(recipe, shapes.target[0], max_context))
     elif recipe.draft.has_graph and shapes.draft is not None:
         name = recipe.draft.model.model if recipe.draft.kind == "model" else f"{recipe.target.model} (self-draft)"
-        models.append(_estimate("draft", name, recipe.draft.precision, shapes.draft, max_context, prompt, gamma,
-                                flash=flash and recipe.draft.precision == "fp16"))
-    return PlanReport(recipe=recipe.name, device=device, max_context=max_context, max_prompt=prompt, max_gamma=gamma,
-                      models=models, overhead_bytes=int(RUNTIME_OVERHEAD_GIB * GIB))
+        models.append(
+            _estimate(
+                "draft",
+                name,
+                recipe.draft.precision,
+                shapes.draft,
+                max_context,
+                prompt,
+                gamma,
+                flash=flash and recipe.draft.precision == "fp16",
+            )
+        )
+    return PlanReport(
+        recipe=recipe.name,
+        device=device,
+        max_context=max_context,
+        max_prompt=prompt,
+        max_gamma=gamma,
+        models=models,
+        overhead_bytes=int(RUNTIME_OVERHEAD_GIB * GIB),
+    )
 
 
 HEAD_DRAFT_VOCAB = 32000  # a head's draft vocabulary when its config is not at hand (published heads: 32k)
@@ -300,22 +358,31 @@ def _head_estimate(recipe: Recipe, target: NormalizedConfig, max_context: int) -
     folder = Path(recipe.draft.model.model).expanduser()
     draft_vocab = min(HEAD_DRAFT_VOCAB, target.vocab)
     if (folder / "config.json").is_file():
-        draft_vocab = int(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("draft_vocab_size", draft_vocab))
+        draft_vocab = int(
+            json.loads((folder / "config.json").read_text(encoding="utf-8")).get("draft_vocab_size", draft_vocab)
+        )
     H, q, kv = target.hidden, target.heads * target.head_dim, target.kv_heads * target.head_dim
     params = 3 * H * H + 2 * H * (q + 2 * kv) + q * H + 3 * H * target.intermediate + draft_vocab * H + target.vocab * H
     layer = head_layer(target, draft_vocab)
     precision = recipe.draft.precision
     compute = HEAD_COMPUTE[precision]
-    return ModelEstimate(role="draft", model=f"{recipe.draft.model.model} (EAGLE-3 head)", precision=precision,
-                         config=layer, config_source="target shape", parameters=params,
-                         weight_bytes=int(HEAD_BYTES_PER_PARAM[precision] * params),
-                         kv_bytes=kv_bytes(layer, compute, max_context),
-                         activation_bytes=call_bytes(layer, compute, min(max_context, 512), max_context, 1),
-                         logits_buffer_bytes=HOST_LOGITS_ROWS * draft_vocab * 4)
+    return ModelEstimate(
+        role="draft",
+        model=f"{recipe.draft.model.model} (EAGLE-3 head)",
+        precision=precision,
+        config=layer,
+        config_source="target shape",
+        parameters=params,
+        weight_bytes=int(HEAD_BYTES_PER_PARAM[precision] * params),
+        kv_bytes=kv_bytes(layer, compute, max_context),
+        activation_bytes=call_bytes(layer, compute, min(max_context, 512), max_context, 1),
+        logits_buffer_bytes=HOST_LOGITS_ROWS * draft_vocab * 4,
+    )
 
 
 def _largest_context(recipe: Recipe, device: Device, shapes: _Shapes, max_prompt: int | None, below: int) -> int | None:
     """The largest max_context < `below` that fits (memory grows with the context), or None."""
+
     def fits(ctx: int) -> bool:
         return _report(recipe, device, shapes, ctx, max_prompt).fits
 
@@ -372,32 +439,52 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
         if other.total_bytes < need:  # quantized drafts keep fp32 embeddings, KV and activations
             advice.append(f"{how}: {verdict(other)}")
     if recipe.draft.has_graph:
-        alt = _variant(recipe, draft={"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, **{"speculation.proposer": "ngram"})
-        advice.append(f"n-gram proposer instead of a draft model (draft: {{proposer: ngram}}): "
-                      f"{verdict(_report(alt, device, _Shapes(shapes.target, None), recipe.max_context, max_prompt))}")
+        alt = _variant(
+            recipe, draft={"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, **{"speculation.proposer": "ngram"}
+        )
+        advice.append(
+            f"n-gram proposer instead of a draft model (draft: {{proposer: ngram}}): "
+            f"{verdict(_report(alt, device, _Shapes(shapes.target, None), recipe.max_context, max_prompt))}"
+        )
     if recipe.target.precision == "fp32":
         alt = _variant(recipe, **{"target.precision": "fp16"})
-        advice.append(f"fp16 target (target.precision: fp16): {verdict(_report(alt, device, shapes, recipe.max_context, max_prompt))}")
+        advice.append(
+            f"fp16 target (target.precision: fp16): {verdict(_report(alt, device, shapes, recipe.max_context, max_prompt))}"
+        )
     if recipe.target.precision not in QUANTIZED_TARGETS:
         dtype = "fp16" if recipe.target.precision == "fp16" else "fp32"
         for precision in ("int8", "int4"):
-            alt = _variant(recipe, **{"target.precision": precision, "target.quantization": {"dtype": dtype},
-                                      "graph": "fused"})
+            alt = _variant(
+                recipe, **{"target.precision": precision, "target.quantization": {"dtype": dtype}, "graph": "fused"}
+            )
             other = _report(alt, device, shapes, recipe.max_context, max_prompt)
             if other.total_bytes < need:
-                advice.append(f"{precision} target weights (target.precision: {precision}, quantization.dtype {dtype};"
-                              f" MatMulNBits, fused graph, ONNX Runtime CPU / CUDA): {verdict(other)}")
+                advice.append(
+                    f"{precision} target weights (target.precision: {precision}, quantization.dtype {dtype};"
+                    f" MatMulNBits, fused graph, ONNX Runtime CPU / CUDA): {verdict(other)}"
+                )
                 if other.fits:
                     break
-    bigger = [d.name for d in DEVICES.values() if d.shared == device.shared and d.memory_gib > device.memory_gib
-              and _report(recipe, d, shapes, recipe.max_context, max_prompt).fits]
+    bigger = [
+        d.name
+        for d in DEVICES.values()
+        if d.shared == device.shared
+        and d.memory_gib > device.memory_gib
+        and _report(recipe, d, shapes, recipe.max_context, max_prompt).fits
+    ]
     if bigger:
         advice.append(f"as is, it fits: {', '.join(bigger)}")
     return advice
 
 
-def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = None, max_context: int | None = None,
-         known: dict[str, dict] | None = None) -> PlanReport:
+def plan(
+    recipe: Recipe | str | Path,
+    device: str,
+    *,
+    max_prompt: int | None = None,
+    max_context: int | None = None,
+    known: dict[str, dict] | None = None,
+) -> PlanReport:
     """Memory plan of `recipe` (a Recipe, a recipe file or a bundled recipe name) on `device`.
 
     max_prompt: longest prompt fed in one call (default: max_context, the worst case of the ONNX
@@ -430,10 +517,15 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
         saving = window_saving_bytes(tcfg, spec.target.precision, spec.max_context, spec.target.quantization)
         report.notes.append(
             f"{layers} of {tcfg.num_layers} target layers attend over a {'/'.join(map(str, tcfg.windows))}-token window;"
-            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {_gib(saving)})")
+            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {_gib(saving)})"
+        )
     if spec.layout.contrib_attention:  # every device in DEVICES is a GPU
-        fp16 = spec.target.precision == "fp16" or (spec.target.quantization is not None and spec.target.quantization.dtype == "fp16")
-        gpu = "the ONNX Runtime CUDA provider" + ("" if fp16 else " only with an fp16 target (or quantization.dtype fp16)")
+        fp16 = spec.target.precision == "fp16" or (
+            spec.target.quantization is not None and spec.target.quantization.dtype == "fp16"
+        )
+        gpu = "the ONNX Runtime CUDA provider" + (
+            "" if fp16 else " only with an fp16 target (or quantization.dtype fp16)"
+        )
         report.notes.append(
             f"graph: fused runs on {gpu} (GroupQueryAttention) and never on TensorRT; for TensorRT engines build"
             " with graph: portable (docs/graph-contract.md)"
@@ -442,6 +534,18 @@ def plan(recipe: Recipe | str | Path, device: str, *, max_prompt: int | None = N
 
 
 __all__ = [
-    "DEVICES", "Device", "KNOWN_CONFIGS", "ModelEstimate", "PlanError", "PlanReport", "PRECISION_BYTES",
-    "UnknownDevice", "activation_bytes", "get_device", "kv_bytes", "model_config", "plan", "weight_bytes",
+    "DEVICES",
+    "Device",
+    "KNOWN_CONFIGS",
+    "ModelEstimate",
+    "PlanError",
+    "PlanReport",
+    "PRECISION_BYTES",
+    "UnknownDevice",
+    "activation_bytes",
+    "get_device",
+    "kv_bytes",
+    "model_config",
+    "plan",
+    "weight_bytes",
 ]

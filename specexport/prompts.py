@@ -23,8 +23,8 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from specexport_runtime.errors import SpecExportError
 
@@ -54,8 +54,7 @@ class PromptSetError(SpecExportError, ValueError):
     """
 
     def __init__(
-        self, message: str, *, path: Path | str | None = None,
-        line: int | None = None, field: str | None = None,
+        self, message: str, *, path: Path | str | None = None, line: int | None = None, field: str | None = None
     ) -> None:
         self.path = None if path is None else Path(path)
         self.line = line
@@ -85,8 +84,7 @@ class Prompt:
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
-            raise PromptSetError(
-                f"prompt {self.id!r}: exactly one of messages and text must be set")
+            raise PromptSetError(f"prompt {self.id!r}: exactly one of messages and text must be set")
 
     @property
     def is_chat(self) -> bool:
@@ -112,21 +110,21 @@ def resolve(spec: str | os.PathLike[str]) -> list[tuple[Path, str | None]]:
     path = Path(spec)
     if not path.is_file():
         raise PromptSetError(
-            f"not a domain name ({', '.join(DOMAINS)}), 'all' or an existing prompt file"
-            " (JSONL or text)", path=path)
+            f"not a domain name ({', '.join(DOMAINS)}), 'all' or an existing prompt file (JSONL or text)", path=path
+        )
     return [(path, None)]
 
 
-def load_prompts(spec: str | os.PathLike[str], *,
-                 max_new_tokens: int | None = None) -> list[Prompt]:
+def load_prompts(spec: str | os.PathLike[str], *, max_new_tokens: int | None = None) -> list[Prompt]:
     """Load and validate the prompts spec names (see resolve()); ids are unique across
     everything loaded in one call. max_new_tokens: the value of prompts whose line gives
     none (None: DEFAULT_MAX_NEW_TOKENS); lines that give one keep theirs."""
     default_mnt = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     lo, hi = MAX_NEW_TOKENS_RANGE
     if isinstance(default_mnt, bool) or not isinstance(default_mnt, int) or not lo <= default_mnt <= hi:
-        raise PromptSetError(f"default must be an integer in {lo}..{hi}, got {_show(default_mnt)}",
-                             field="max_new_tokens")
+        raise PromptSetError(
+            f"default must be an integer in {lo}..{hi}, got {_show(default_mnt)}", field="max_new_tokens"
+        )
     prompts: list[Prompt] = []
     seen: dict[str, tuple[Path, int]] = {}
     for path, domain in resolve(spec):
@@ -151,9 +149,12 @@ def _show(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _load_file(path: Path, expected_domain: str | None,
-               seen: dict[str, tuple[Path, int]],
-               default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> list[Prompt]:
+def _load_file(
+    path: Path,
+    expected_domain: str | None,
+    seen: dict[str, tuple[Path, int]],
+    default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+) -> list[Prompt]:
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -174,13 +175,21 @@ def _load_file(path: Path, expected_domain: str | None,
         if jsonl:
             prompt = _parse_line(line, path, lineno, expected_domain, defaults)
         else:
-            prompt = Prompt(id=f"{label}-{lineno}", domain=defaults.domain, messages=None,
-                            text=line.strip(), max_new_tokens=default_max_new_tokens)
+            prompt = Prompt(
+                id=f"{label}-{lineno}",
+                domain=defaults.domain,
+                messages=None,
+                text=line.strip(),
+                max_new_tokens=default_max_new_tokens,
+            )
         if prompt.id in seen:
             first_path, first_line = seen[prompt.id]
             raise PromptSetError(
                 f"duplicate id {prompt.id!r} (first used at {first_path}:{first_line})",
-                path=path, line=lineno, field="id")
+                path=path,
+                line=lineno,
+                field="id",
+            )
         seen[prompt.id] = (path, lineno)
         out.append(prompt)
     if not out:
@@ -197,8 +206,9 @@ class _Defaults:
     max_new_tokens: int
 
 
-def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None,
-                defaults: _Defaults | None = None) -> Prompt:
+def _parse_line(
+    line: str, path: Path, lineno: int, expected_domain: str | None, defaults: _Defaults | None = None
+) -> Prompt:
     if defaults is None:
         label = file_label(path)
         defaults = _Defaults(label, expected_domain or label, DEFAULT_MAX_NEW_TOKENS)
@@ -218,8 +228,10 @@ def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None,
     given = [k for k in _PROMPT_KEYS if k in obj]
     if len(given) != 1:
         found = ", ".join(obj) or "none"
-        raise fail(f"exactly one of 'messages', 'prompt' and 'text' is required (keys found: {found})",
-                   given[-1] if given else "messages")
+        raise fail(
+            f"exactly one of 'messages', 'prompt' and 'text' is required (keys found: {found})",
+            given[-1] if given else "messages",
+        )
 
     if "id" in obj:
         pid = obj["id"]
@@ -269,15 +281,22 @@ def _parse_line(line: str, path: Path, lineno: int, expected_domain: str | None,
         raise fail(f"must be true or false, got {_show(parallel)}", "parallel_tool_calls")
     if (schema is not None or tools is not None) and messages is None:
         raise fail("a constrained prompt must be chat messages", "schema" if schema is not None else "tools")
-    return Prompt(id=pid, domain=domain, messages=messages, text=text, max_new_tokens=mnt, schema=schema,
-                  tools=None if tools is None else tuple(tools), tool_choice=obj.get("tool_choice"),
-                  parallel_tool_calls=parallel)
+    return Prompt(
+        id=pid,
+        domain=domain,
+        messages=messages,
+        text=text,
+        max_new_tokens=mnt,
+        schema=schema,
+        tools=None if tools is None else tuple(tools),
+        tool_choice=obj.get("tool_choice"),
+        parallel_tool_calls=parallel,
+    )
 
 
 def _parse_messages(value, fail) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
-        raise fail(f"must be a non-empty list of {{role, content}} objects, got {_show(value)}",
-                   "messages")
+        raise fail(f"must be a non-empty list of {{role, content}} objects, got {_show(value)}", "messages")
     out = []
     for i, msg in enumerate(value):
         field = f"messages[{i}]"

@@ -34,8 +34,14 @@ def _save(proto: onnx.ModelProto, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / DATA_NAME).unlink(missing_ok=True)
     path = out_dir / GRAPH_NAME
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=DATA_NAME, size_threshold=1024)
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_NAME,
+        size_threshold=1024,
+    )
     return path
 
 
@@ -52,8 +58,10 @@ def quantize_graph(src: Path, out_dir: Path, precision: str, block_size: int = B
         raise ValueError(f"block_size applies to {BLOCKED_PRECISIONS} only, not to {precision!r}")
     start = time.perf_counter()
     # onnxruntime's quantizers log every tensor at INFO (root logger and their own loggers)
-    loggers = [logging.getLogger(name) for name in
-               ("", "onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer")]
+    loggers = [
+        logging.getLogger(name)
+        for name in ("", "onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer")
+    ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.WARNING)
@@ -70,8 +78,14 @@ def _quantize(src: Path, out_dir: Path, precision: str, block_size: int, start: 
 
         with tempfile.TemporaryDirectory() as tmp:
             raw = Path(tmp) / GRAPH_NAME
-            quantize_dynamic(src, raw, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
-                             per_channel=False, use_external_data_format=True)
+            quantize_dynamic(
+                src,
+                raw,
+                op_types_to_quantize=["MatMul"],
+                weight_type=QuantType.QInt8,
+                per_channel=False,
+                use_external_data_format=True,
+            )
             path = _save(onnx.load(str(raw)), out_dir)
     else:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer

@@ -14,8 +14,8 @@ float MatMul, so nothing is ever re-quantized from a dequantized copy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
@@ -63,8 +63,10 @@ class QuantizedWeights:
     def _rtn(self, name: str, tensor: torch.Tensor, bits: int) -> BlockQuantized:
         K = tensor.shape[1]
         if K % self.block_size:
-            raise BuildError(f"block_size {self.block_size} does not divide the {K} inputs of {name!r};"
-                             f" choose a block size dividing {K} (16, 32 or 64 usually do)")
+            raise BuildError(
+                f"block_size {self.block_size} does not divide the {K} inputs of {name!r};"
+                f" choose a block size dividing {K} (16, 32 or 64 usually do)"
+            )
         source = self.float_weights.get(name, tensor)
         return rtn_quantize(source.detach().float().numpy(), bits, self.block_size)
 
@@ -80,7 +82,9 @@ class QuantizedWeights:
         outs = []  # mixed formats: one node per part, outputs concatenated along N
         for j, ((name, w), p) in enumerate(zip(site.parts, parts)):
             one = Linear(f"{site.stem}_{j}", ((name, w),))
-            outs.append(FloatWeights().linear(g, x, one) if p is None else matmul_nbits(g, x, p, one.stem, self.accuracy_level))
+            outs.append(
+                FloatWeights().linear(g, x, one) if p is None else matmul_nbits(g, x, p, one.stem, self.accuracy_level)
+            )
         return g.op("Concat", outs, axis=-1)[0]
 
     def embedding(self, g: Graph, ids: str, site: Linear) -> tuple[str, str | None]:
@@ -101,16 +105,23 @@ class QuantizedWeights:
 
     def describe(self) -> dict:
         """What the manifest records of the weights (beside the precision)."""
-        return {"block_size": self.block_size if self.precision in RTN_PRECISIONS else None,
-                "accuracy_level": self.accuracy_level, "head": self.head_mode, "embedding": self.embedding_mode}
+        return {
+            "block_size": self.block_size if self.precision in RTN_PRECISIONS else None,
+            "accuracy_level": self.accuracy_level,
+            "head": self.head_mode,
+            "embedding": self.embedding_mode,
+        }
 
 
 def checkpoint_formats(blocks: Mapping[str, BlockQuantized]) -> dict[str, int]:
     """{'4-bit block 32 + offset': n, ...}: what a checkpoint's quantized tensors are, for reports."""
     counts: dict[str, int] = {}
     for w in blocks.values():
-        key = f"{w.bits}-bit block {w.block}" + (" + offset" if w.offset is not None else "") + (
-            " act-order" if w.g_idx is not None else "")
+        key = (
+            f"{w.bits}-bit block {w.block}"
+            + (" + offset" if w.offset is not None else "")
+            + (" act-order" if w.g_idx is not None else "")
+        )
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
 
@@ -125,5 +136,12 @@ def weight_bytes(blocks: Mapping[str, BlockQuantized]) -> int:
     return int(total)
 
 
-__all__ = ["CHECKPOINT_PRECISIONS", "QUANTIZED_TARGETS", "RTN_PRECISIONS", "TENSOR_MODES", "QuantizedWeights",
-           "checkpoint_formats", "weight_bytes"]
+__all__ = [
+    "CHECKPOINT_PRECISIONS",
+    "QUANTIZED_TARGETS",
+    "RTN_PRECISIONS",
+    "TENSOR_MODES",
+    "QuantizedWeights",
+    "checkpoint_formats",
+    "weight_bytes",
+]

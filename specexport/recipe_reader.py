@@ -99,7 +99,6 @@ _DRAFT_FORMS = {
 _DRAFT_KEYS = tuple(dict.fromkeys(k for _, keys in _DRAFT_FORMS.values() for k in keys))
 
 
-
 # --------------------------------------------------------------------------- validation helpers
 
 _MISSING = object()
@@ -236,20 +235,33 @@ class _Reader:
         spec = self.model_spec(data, "target", TARGET_PRECISIONS, "fp32")
         precision = spec.precision
         if precision == "gguf" and not (spec.is_gguf or spec.builtin_name is not None):  # builtins are GGUF files
-            raise self.fail(f"target.precision = 'gguf' keeps a GGUF file's own blocks,"
-                            f" but target.model = {spec.model!r}"
-                            " is not a GGUF source (give a .gguf file, gguf_file, or a builtin model)")
+            raise self.fail(
+                f"target.precision = 'gguf' keeps a GGUF file's own blocks,"
+                f" but target.model = {spec.model!r}"
+                " is not a GGUF source (give a .gguf file, gguf_file, or a builtin model)"
+            )
         if precision in ("gptq", "awq") and spec.is_gguf:
-            raise self.fail(f"target.precision = {precision!r} needs a Hugging Face folder"
-                            f" with a {precision} checkpoint, not the GGUF source {spec.model!r}")
+            raise self.fail(
+                f"target.precision = {precision!r} needs a Hugging Face folder"
+                f" with a {precision} checkpoint, not the GGUF source {spec.model!r}"
+            )
         quant = data.get("quantization")
         if quant is not None and precision not in QUANTIZED_TARGETS:
-            raise self.fail(f"target.quantization is set, but target.precision = {precision!r} is not quantized;"
-                            f" it applies to precision {', '.join(QUANTIZED_TARGETS)}")
+            raise self.fail(
+                f"target.quantization is set, but target.precision = {precision!r} is not quantized;"
+                f" it applies to precision {', '.join(QUANTIZED_TARGETS)}"
+            )
         quantization = self.quantization(quant, precision) if precision in QUANTIZED_TARGETS else None
         exactness = self.string(data, "exactness", "target", default="bitwise", choices=EXACTNESS)
-        return ModelSpec(model=spec.model, precision=precision, gguf_file=spec.gguf_file, revision=spec.revision,
-                         trust_remote_code=spec.trust_remote_code, quantization=quantization, exactness=exactness)
+        return ModelSpec(
+            model=spec.model,
+            precision=precision,
+            gguf_file=spec.gguf_file,
+            revision=spec.revision,
+            trust_remote_code=spec.trust_remote_code,
+            quantization=quantization,
+            exactness=exactness,
+        )
 
     def quantization(self, value: Any, precision: str) -> QuantizationSpec:
         path = "target.quantization"
@@ -260,13 +272,22 @@ class _Reader:
             if block is None:
                 block = BLOCK_SIZE
             if isinstance(block, bool) or block not in BLOCK_SIZES:
-                raise self.fail(f"{path}.block_size = {block!r} is not allowed;"
-                                f" allowed values: {', '.join(map(str, BLOCK_SIZES))}")
+                raise self.fail(
+                    f"{path}.block_size = {block!r} is not allowed; allowed values: {', '.join(map(str, BLOCK_SIZES))}"
+                )
         elif block is not None:
-            raise self.fail(f"{path}.block_size is set, but a {precision} target keeps the checkpoint's own blocks;"
-                            f" block_size applies to precision {' or '.join(RTN_TARGETS)}")
-        level = self.integer(data, "accuracy_level", path, lo=min(ACCURACY_LEVELS), hi=max(ACCURACY_LEVELS),
-                             default=DEFAULT_ACCURACY_LEVEL)
+            raise self.fail(
+                f"{path}.block_size is set, but a {precision} target keeps the checkpoint's own blocks;"
+                f" block_size applies to precision {' or '.join(RTN_TARGETS)}"
+            )
+        level = self.integer(
+            data,
+            "accuracy_level",
+            path,
+            lo=min(ACCURACY_LEVELS),
+            hi=max(ACCURACY_LEVELS),
+            default=DEFAULT_ACCURACY_LEVEL,
+        )
         modes = TENSOR_MODES if precision in CHECKPOINT_TARGETS else tuple(m for m in TENSOR_MODES if m != "checkpoint")
         head_default = "checkpoint" if precision in CHECKPOINT_TARGETS else "int8"
         head = self.string(data, "head", path, default=head_default, choices=modes)
@@ -293,9 +314,11 @@ class _Reader:
         for key in data:
             if key not in allowed:
                 owner = next(k for k, (_, keys) in _DRAFT_FORMS.items() if key in keys)
-                hint = " (put it inside from_target, e.g. from_target: {precision: int8})" if (
-                    kind == "from_target" and key in _FROM_TARGET_KEYS
-                ) else ""
+                hint = (
+                    " (put it inside from_target, e.g. from_target: {precision: int8})"
+                    if (kind == "from_target" and key in _FROM_TARGET_KEYS)
+                    else ""
+                )
                 raise self.fail(
                     f"key {key!r} is not allowed in section 'draft' next to draft.{marker}: it belongs to the"
                     f" draft.{_DRAFT_FORMS[owner][0]} form{hint};"
@@ -320,11 +343,15 @@ class _Reader:
             block = inner.get("block_size")
             if block is not None:
                 if precision not in BLOCKED_PRECISIONS:
-                    raise self.fail(f"draft.from_target.block_size is set, but precision {precision!r} has no blocks;"
-                                    f" block_size applies to precision {' or '.join(BLOCKED_PRECISIONS)}")
+                    raise self.fail(
+                        f"draft.from_target.block_size is set, but precision {precision!r} has no blocks;"
+                        f" block_size applies to precision {' or '.join(BLOCKED_PRECISIONS)}"
+                    )
                 if isinstance(block, bool) or block not in BLOCK_SIZES:
-                    raise self.fail(f"draft.from_target.block_size = {block!r} is not allowed;"
-                                    f" allowed values: {', '.join(map(str, BLOCK_SIZES))}")
+                    raise self.fail(
+                        f"draft.from_target.block_size = {block!r} is not allowed;"
+                        f" allowed values: {', '.join(map(str, BLOCK_SIZES))}"
+                    )
             return DraftSpec(kind="from_target", precision=precision, block_size=block)
         self.string(data, "proposer", "draft", choices=registry.recipe_choices(None))
         sizes = data.get("ngram_sizes")
@@ -351,17 +378,27 @@ class _Reader:
         model = self.string(data, "model", path)
         layers = data.get("layers", "auto")
         if layers != "auto":
-            if (not isinstance(layers, (list, tuple)) or len(layers) != 3
-                    or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)):
-                raise self.fail(f"{path}.layers = {layers!r} is not allowed; expected auto or three layer indices"
-                                " [i, j, k] >= 0 (the residual streams entering those target layers)")
+            if (
+                not isinstance(layers, (list, tuple))
+                or len(layers) != 3
+                or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)
+            ):
+                raise self.fail(
+                    f"{path}.layers = {layers!r} is not allowed; expected auto or three layer indices"
+                    " [i, j, k] >= 0 (the residual streams entering those target layers)"
+                )
             layers = tuple(layers)
         else:
             layers = None
         spec = ModelSpec(model=model, revision=self.string(data, "revision", path, default=None))
         precision = self.string(data, "precision", path, default="fp32", choices=EAGLE3_PRECISIONS)
-        return DraftSpec(kind="eagle3", precision=precision, model=spec, layers=layers,
-                         allow_pickle=self.boolean(data, "allow_pickle", path, default=False))
+        return DraftSpec(
+            kind="eagle3",
+            precision=precision,
+            model=spec,
+            layers=layers,
+            allow_pickle=self.boolean(data, "allow_pickle", path, default=False),
+        )
 
     def speculation(self, value: Any) -> SpeculationSpec:
         data = {} if value is None else self.mapping(value, "speculation")
@@ -377,12 +414,19 @@ class _Reader:
             )
         adaptive = self.boolean(data, "adaptive", "speculation", default=True)
         named = (registry.recipe_choices(kind) for kind in dict.fromkeys(DRAFT_GRAPH_KINDS.values()))
-        proposer = self.string(data, "proposer", "speculation", default=None,
-                               choices=tuple(dict.fromkeys(name for names in named for name in names)))
-        retrieval = self.string(data, "hybrid_retrieval", "speculation", default=DEFAULT_HYBRID_RETRIEVAL,
-                                choices=HYBRID_RETRIEVALS)
-        return SpeculationSpec(gamma=gamma, max_gamma=max_gamma, adaptive=adaptive, proposer=proposer,
-                               hybrid_retrieval=retrieval)
+        proposer = self.string(
+            data,
+            "proposer",
+            "speculation",
+            default=None,
+            choices=tuple(dict.fromkeys(name for names in named for name in names)),
+        )
+        retrieval = self.string(
+            data, "hybrid_retrieval", "speculation", default=DEFAULT_HYBRID_RETRIEVAL, choices=HYBRID_RETRIEVALS
+        )
+        return SpeculationSpec(
+            gamma=gamma, max_gamma=max_gamma, adaptive=adaptive, proposer=proposer, hybrid_retrieval=retrieval
+        )
 
     def validation(self, value: Any) -> ValidationSpec:
         data = {} if value is None else self.mapping(value, "validation")
@@ -408,19 +452,30 @@ class _Reader:
         speculation = self.speculation(data.get("speculation"))
         allowed = registry.recipe_choices(draft.graph_kind)
         if speculation.proposer is not None and speculation.proposer not in allowed:
-            form = ("an EAGLE-3 head" if draft.kind == "eagle3"
-                    else "a draft model" if draft.has_graph else "the n-gram proposer")
-            raise self.fail(f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
-                            f" allowed values: {', '.join(allowed)}")
+            form = (
+                "an EAGLE-3 head"
+                if draft.kind == "eagle3"
+                else "a draft model"
+                if draft.has_graph
+                else "the n-gram proposer"
+            )
+            raise self.fail(
+                f"speculation.proposer = {speculation.proposer!r} is not allowed with {form};"
+                f" allowed values: {', '.join(allowed)}"
+            )
         graph = self.string(data, "graph", "", default=DEFAULT_GRAPH, choices=GRAPH_KINDS)
         # MatMulNBits weights are written only into the graphs built with ONNX Runtime's contrib ops (fused)
         contrib = layout_for_form(graph).contrib_attention
         if draft.kind == "eagle3" and not contrib and draft.precision not in PORTABLE_EAGLE3_PRECISIONS:
-            raise self.fail(f"draft.eagle3.precision = {draft.precision!r} needs graph: fused (MatMulNBits weights);"
-                            f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}")
+            raise self.fail(
+                f"draft.eagle3.precision = {draft.precision!r} needs graph: fused (MatMulNBits weights);"
+                f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}"
+            )
         if target.precision in QUANTIZED_TARGETS and not contrib:
-            raise self.fail(f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
-                            f" fused graph form); graph = {graph!r}")
+            raise self.fail(
+                f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
+                f" fused graph form); graph = {graph!r}"
+            )
         return Recipe(
             name=name,
             max_context=max_context,
@@ -436,7 +491,6 @@ class _Reader:
             source=self.source,
         )
 
-
     def retrieval(self, value: Any) -> RetrievalSpec | None:
         if value is None:
             return None
@@ -446,12 +500,13 @@ class _Reader:
         if isinstance(corpus, str):
             corpus = [corpus]
         if not isinstance(corpus, list) or not corpus or any(not isinstance(c, str) or not c.strip() for c in corpus):
-            raise self.fail(f"retrieval.corpus = {corpus!r} is not allowed;"
-                            " expected a non-empty list of paths or globs")
-        max_tokens = self.integer(data, "max_tokens", "retrieval", lo=16, hi=MAX_RETRIEVAL_TOKENS,
-                                  default=DEFAULT_RETRIEVAL_TOKENS)
+            raise self.fail(
+                f"retrieval.corpus = {corpus!r} is not allowed; expected a non-empty list of paths or globs"
+            )
+        max_tokens = self.integer(
+            data, "max_tokens", "retrieval", lo=16, hi=MAX_RETRIEVAL_TOKENS, default=DEFAULT_RETRIEVAL_TOKENS
+        )
         return RetrievalSpec(tuple(corpus), max_tokens)
-
 
 
 def parse_recipe(data: Any, source_name: str = "<recipe>") -> Recipe:

@@ -74,8 +74,13 @@ class QuantizationSpec:
     dtype: str = "fp32"  # activations, scales and KV cache: fp32 (CPU) or fp16 (CUDA / Jetson)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"block_size": self.block_size, "accuracy_level": self.accuracy_level, "head": self.head,
-                "embedding": self.embedding, "dtype": self.dtype}
+        return {
+            "block_size": self.block_size,
+            "accuracy_level": self.accuracy_level,
+            "head": self.head,
+            "embedding": self.embedding,
+            "dtype": self.dtype,
+        }
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,11 @@ class DraftSpec:
         if self.kind not in DRAFT_KINDS:
             raise RecipeError(f"draft kind {self.kind!r} is not one of {', '.join(DRAFT_KINDS)}")
         if self.block_size is not None and (self.kind != "from_target" or self.precision not in BLOCKED_PRECISIONS):
-            raise RecipeError(f"draft block_size applies to from_target drafts of precision"
-                              f" {' or '.join(BLOCKED_PRECISIONS)}"
-                              f" only, not to a {self.kind} draft of precision {self.precision!r}")
+            raise RecipeError(
+                f"draft block_size applies to from_target drafts of precision"
+                f" {' or '.join(BLOCKED_PRECISIONS)}"
+                f" only, not to a {self.kind} draft of precision {self.precision!r}"
+            )
         if self.block_size is not None and self.block_size not in BLOCK_SIZES:
             raise RecipeError(f"draft block_size {self.block_size!r} is not one of {', '.join(map(str, BLOCK_SIZES))}")
         if (self.kind in ("model", "eagle3")) != (self.model is not None):
@@ -174,9 +181,15 @@ class DraftSpec:
                 inner["block_size"] = self.block_size
             return {"from_target": inner}
         if self.kind == "eagle3":
-            return {"eagle3": {"model": self.model.model, "revision": self.model.revision, "precision": self.precision,
-                               "layers": "auto" if self.layers is None else list(self.layers),
-                               "allow_pickle": self.allow_pickle}}
+            return {
+                "eagle3": {
+                    "model": self.model.model,
+                    "revision": self.model.revision,
+                    "precision": self.precision,
+                    "layers": "auto" if self.layers is None else list(self.layers),
+                    "allow_pickle": self.allow_pickle,
+                }
+            }
         return {"proposer": "ngram", "ngram_sizes": list(self.ngram_sizes)}
 
 
@@ -189,8 +202,13 @@ class SpeculationSpec:
     hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL  # what `hybrid` retrieves with (constants.HYBRID_RETRIEVALS)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, "max_gamma": self.max_gamma, "adaptive": self.adaptive, "proposer": self.proposer,
-                "hybrid_retrieval": self.hybrid_retrieval}
+        return {
+            "gamma": self.gamma,
+            "max_gamma": self.max_gamma,
+            "adaptive": self.adaptive,
+            "proposer": self.proposer,
+            "hybrid_retrieval": self.hybrid_retrieval,
+        }
 
 
 @dataclass(frozen=True)
@@ -275,4 +293,3 @@ class Recipe:
         from .recipe_reader import parse_recipe
 
         return parse_recipe(data, self.source or f"recipe {self.name!r} with overrides")
-

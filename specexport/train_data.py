@@ -17,17 +17,8 @@ import numpy as np
 import torch
 
 from .build_eagle import target_embedding
-from .formats.eagle3 import (
-    TargetShape,
-)
-from .train_config import (
-    MIN_WINDOW,
-    NAMED_SOURCES,
-    Progress,
-    TrainConfig,
-    TrainDraftError,
-    is_int,
-)
+from .formats.eagle3 import TargetShape
+from .train_config import MIN_WINDOW, NAMED_SOURCES, Progress, TrainConfig, TrainDraftError, is_int
 from .train_head import TargetBatch
 
 DATA_EXTENSIONS = (".py", ".md", ".txt", ".rst")
@@ -59,7 +50,11 @@ def resolve_target(target: str):
         recipe = load_recipe(resolve_recipe(target))
         spec = recipe.target
         source = resolve_source(spec.model, spec.gguf_file, spec.revision)
-        return source, spec.trust_remote_code, f"recipe {recipe.name}: {spec.model} (trained against its float32 weights)"
+        return (
+            source,
+            spec.trust_remote_code,
+            f"recipe {recipe.name}: {spec.model} (trained against its float32 weights)",
+        )
     source = resolve_source(target)
     return source, False, source.describe()
 
@@ -74,19 +69,26 @@ def load_target(target: str) -> FrozenTarget:
     shape = TargetShape.from_hf_config(model.config)
     embed = target_embedding(model)
     if embed.shape[1] != shape.hidden_size:
-        raise TrainDraftError(f"the target's embedding width {embed.shape[1]} != its hidden size {shape.hidden_size}: "
-                              f"an EAGLE-3 head takes the target's embedding at its own width")
+        raise TrainDraftError(
+            f"the target's embedding width {embed.shape[1]} != its hidden size {shape.hidden_size}: "
+            f"an EAGLE-3 head takes the target's embedding at its own width"
+        )
     eos = set()
-    for value in (tokenizer.eos_token_id, getattr(model.config, "eos_token_id", None),
-                  getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        for i in (value if isinstance(value, (list, tuple)) else [value]):
+    for value in (
+        tokenizer.eos_token_id,
+        getattr(model.config, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
             if is_int(i) and 0 <= i < shape.vocab_size:
                 eos.add(int(i))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(eos) if eos else 0)
     digest = hashlib.sha256(description.encode())
     digest.update(model.config.to_json_string().encode())
     digest.update(embed[: min(8, embed.shape[0])].numpy().tobytes())
-    return FrozenTarget(model, tokenizer, description, shape, embed, tuple(sorted(eos)), int(pad), digest.hexdigest()[:16])
+    return FrozenTarget(
+        model, tokenizer, description, shape, embed, tuple(sorted(eos)), int(pad), digest.hexdigest()[:16]
+    )
 
 
 # -------------------------------------------------------------------------------------- data
@@ -99,8 +101,9 @@ class Window:
     source: str = ""
 
 
-def _collect_files(root: Path, max_file_bytes: int, accept: Callable[[Path], bool],
-                   exclude: Sequence[str] = ()) -> tuple[list[Path], int]:
+def _collect_files(
+    root: Path, max_file_bytes: int, accept: Callable[[Path], bool], exclude: Sequence[str] = ()
+) -> tuple[list[Path], int]:
     """Files under root that `accept` takes (sorted walk, hidden and cache folders skipped), and
     how many were skipped for being larger than max_file_bytes."""
     files, skipped = [], 0
@@ -143,12 +146,17 @@ def _text_source(item: str, config: TrainConfig) -> tuple[list[str], dict]:
     cap_file, cap_total = config.max_file_kb * 1024, int(config.max_data_mb * 1e6)
     if item == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
-        files, skipped = _collect_files(root, cap_file, lambda f: f.suffix == ".py", exclude=("site-packages", "dist-packages"))
+        files, skipped = _collect_files(
+            root, cap_file, lambda f: f.suffix == ".py", exclude=("site-packages", "dist-packages")
+        )
         kind = str(root)
     elif item == "site-docs":
         root = Path(sysconfig.get_paths()["purelib"])
         files, skipped = _collect_files(
-            root, cap_file, lambda f: f.suffix in (".md", ".rst") or (f.name == "METADATA" and f.parent.name.endswith(".dist-info")))
+            root,
+            cap_file,
+            lambda f: f.suffix in (".md", ".rst") or (f.name == "METADATA" and f.parent.name.endswith(".dist-info")),
+        )
         kind = str(root)
     else:
         path = Path(item).expanduser()
@@ -161,8 +169,10 @@ def _text_source(item: str, config: TrainConfig) -> tuple[list[str], dict]:
             raise TrainDraftError(f"data {item!r} is neither a file, a folder nor one of {', '.join(NAMED_SOURCES)}")
     texts, info = _read_texts(files, cap_total, config.seed)
     if not texts:
-        raise TrainDraftError(f"data {item!r} ({kind}) has no readable UTF-8 text files "
-                              f"({', '.join('*' + e for e in DATA_EXTENSIONS)}, at most {config.max_file_kb} KB each)")
+        raise TrainDraftError(
+            f"data {item!r} ({kind}) has no readable UTF-8 text files "
+            f"({', '.join('*' + e for e in DATA_EXTENSIONS)}, at most {config.max_file_kb} KB each)"
+        )
     return texts, {"source": item, "where": kind, **info, "skipped_large": skipped}
 
 
@@ -195,7 +205,8 @@ def _calibration_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progr
         raise TrainDraftError(
             f"data 'calibration' has no prompt left: all {len(held)} calibration prompts are held out as the benchmark's "
             f"(holdout_prompts {list(config.holdout_prompts)}, holdout_limit {config.holdout_limit}); hold out only the "
-            f"first N per domain (--holdout-limit N, then bench with --limit N) or train on other data")
+            f"first N per domain (--holdout-limit N, then bench with --limit N) or train on other data"
+        )
     cache_dir = config.cache_dir or _default_cache()
     cache_path = cache_dir / f"answers-{tgt.key}.json"
     cache = read_json(cache_path) or {}
@@ -220,8 +231,15 @@ def _calibration_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progr
             windows.append(window)
     if generated:
         write_json(cache_path, cache)
-    info = {"source": "calibration", "where": str(cache_path), "prompts": len(prompts), "prompts_held_out": len(held),
-            "answers_generated": generated, "answer_tokens": answer_tokens, "seconds_generating": round(time.perf_counter() - t0, 2)}
+    info = {
+        "source": "calibration",
+        "where": str(cache_path),
+        "prompts": len(prompts),
+        "prompts_held_out": len(held),
+        "answers_generated": generated,
+        "answer_tokens": answer_tokens,
+        "seconds_generating": round(time.perf_counter() - t0, 2),
+    }
     return windows, info
 
 
@@ -248,9 +266,10 @@ def _instruction_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progr
         raise TrainDraftError(f"data 'instructions': {exc}") from None
     prompts = []
     for _, request in requests:
-        text = tgt.tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
-                                                 add_generation_prompt=True)
-        prompts.append(tgt.tokenizer(text, add_special_tokens=False)["input_ids"][-(config.seq_len // 2):])
+        text = tgt.tokenizer.apply_chat_template(
+            [{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True
+        )
+        prompts.append(tgt.tokenizer(text, add_special_tokens=False)["input_ids"][-(config.seq_len // 2) :])
     cache_dir = config.cache_dir or _default_cache()
     cache_path = cache_dir / f"instructions-{tgt.key}.json"
     cache = read_json(cache_path) or {}
@@ -260,30 +279,51 @@ def _instruction_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progr
 
     chunk = 4 * config.answer_batch  # the cache is written after every chunk: an interrupted run keeps them
     for c in range(0, len(todo), chunk):
-        progress({"event": "stage", "message": "answering synthesized requests", "done": done_before + c,
-                  "total": len(prompts)})
+        progress(
+            {
+                "event": "stage",
+                "message": "answering synthesized requests",
+                "done": done_before + c,
+                "total": len(prompts),
+            }
+        )
         part = todo[c : c + chunk]
-        answers = train_instructions.answer(tgt.model, tgt.pad_id, [prompts[i] for i in part],
-                                            config.instruction_tokens, config.answer_batch)
+        answers = train_instructions.answer(
+            tgt.model, tgt.pad_id, [prompts[i] for i in part], config.instruction_tokens, config.answer_batch
+        )
         cache.update({keys[i]: a for i, a in zip(part, answers)})
         write_json(cache_path, cache)
-    windows = [w for p, k in zip(prompts, keys)
-               if (w := _sample_window(p, cache[k], config.seq_len, "instructions")) is not None]
+    windows = [
+        w
+        for p, k in zip(prompts, keys)
+        if (w := _sample_window(p, cache[k], config.seq_len, "instructions")) is not None
+    ]
     by_domain: dict[str, int] = {}
     for domain, _ in requests:
         by_domain[domain] = by_domain.get(domain, 0) + 1
-    info = {"source": "instructions", "where": str(cache_path), "requests": len(requests), "by_domain": by_domain,
-            "answers_generated": len(todo), "answer_tokens": int(sum(len(cache[k]) for k in keys)),
-            "seconds_generating": round(time.perf_counter() - t0, 2)}
+    info = {
+        "source": "instructions",
+        "where": str(cache_path),
+        "requests": len(requests),
+        "by_domain": by_domain,
+        "answers_generated": len(todo),
+        "answer_tokens": int(sum(len(cache[k]) for k in keys)),
+        "seconds_generating": round(time.perf_counter() - t0, 2),
+    }
     return windows, info
 
 
 @torch.no_grad()
 def _greedy_answer(tgt: FrozenTarget, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     ids = torch.tensor([prompt_ids], dtype=torch.int64)
-    out = tgt.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tgt.pad_id)
-    return [int(i) for i in out[0, len(prompt_ids):]]
+    out = tgt.model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tgt.pad_id,
+    )
+    return [int(i) for i in out[0, len(prompt_ids) :]]
 
 
 def _default_cache() -> Path:
@@ -323,8 +363,10 @@ def build_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progress) ->
         windows.extend(got)
         sources.append(info)
     if len(windows) < 2:
-        raise TrainDraftError(f"the data gives {len(windows)} window(s) of up to {config.seq_len} tokens; "
-                              f"training needs at least 2 (one held out)")
+        raise TrainDraftError(
+            f"the data gives {len(windows)} window(s) of up to {config.seq_len} tokens; "
+            f"training needs at least 2 (one held out)"
+        )
     return windows, sources
 
 
@@ -336,7 +378,9 @@ def split_held_out(n: int, config: TrainConfig) -> tuple[np.ndarray, np.ndarray]
     return np.sort(order[k:]), np.sort(order[:k])
 
 
-def choose_draft_vocab(windows: Sequence[Window], size: int, vocab: int, eos_ids: Sequence[int]) -> tuple[np.ndarray, float]:
+def choose_draft_vocab(
+    windows: Sequence[Window], size: int, vocab: int, eos_ids: Sequence[int]
+) -> tuple[np.ndarray, float]:
     """(sorted target ids [size], share of the windows' tokens they cover): the EOS ids, then the
     most frequent tokens (ties: lower id first), then the lowest unused ids if the data has fewer."""
     counts = np.zeros(vocab, dtype=np.int64)
@@ -360,8 +404,9 @@ def choose_draft_vocab(windows: Sequence[Window], size: int, vocab: int, eos_ids
 # --------------------------------------------------------------------------------- batches
 
 
-def make_batch(tgt: FrozenTarget, windows: Sequence[Window], layer_ids: Sequence[int], draft_ids: torch.Tensor | None
-               ) -> TargetBatch:
+def make_batch(
+    tgt: FrozenTarget, windows: Sequence[Window], layer_ids: Sequence[int], draft_ids: torch.Tensor | None
+) -> TargetBatch:
     """Run the frozen target on right-padded windows (causal, so padding never reaches a real row)."""
     S = max(len(w.ids) for w in windows)
     ids = torch.full((len(windows), S), tgt.pad_id, dtype=torch.int64)
@@ -376,4 +421,3 @@ def make_batch(tgt: FrozenTarget, windows: Sequence[Window], layer_ids: Sequence
         argmax = logits.argmax(-1)
         draft_logits = logits.index_select(-1, draft_ids) if draft_ids is not None else None
     return TargetBatch(ids, features, draft_logits, argmax, rows)
-

@@ -102,7 +102,9 @@ def lr_at(step: int, total: int, config: TrainConfig) -> float:
     if step < warm:
         return config.lr * (step + 1) / warm
     progress = (step - warm) / max(1, total - warm)
-    shape = 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) if config.schedule == "cosine" else 1 - min(1.0, progress)
+    shape = (
+        0.5 * (1 + math.cos(math.pi * min(1.0, progress))) if config.schedule == "cosine" else 1 - min(1.0, progress)
+    )
     return config.lr * (FINAL_LR_RATIO + (1 - FINAL_LR_RATIO) * shape)
 
 
@@ -161,11 +163,15 @@ def _read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor], Path]:
     try:
         tensors = load_file(str(folder / CHECKPOINT_TENSORS))
     except (OSError, ValueError, RuntimeError) as exc:
-        raise TrainDraftError(f"{folder / CHECKPOINT_TENSORS} cannot be read: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+        raise TrainDraftError(
+            f"{folder / CHECKPOINT_TENSORS} cannot be read: {str(exc).splitlines()[0] if str(exc) else exc}"
+        ) from exc
     return meta, tensors, folder
 
 
-def _checkpoint_tensors(model: Eagle3Draft, opt: torch.optim.Optimizer, draft_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def _checkpoint_tensors(
+    model: Eagle3Draft, opt: torch.optim.Optimizer, draft_ids: torch.Tensor
+) -> dict[str, torch.Tensor]:
     tensors = {f"model.{n}": p.detach().clone() for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         state = opt.state.get(p) or {}
@@ -181,18 +187,25 @@ def _restore(model: Eagle3Draft, opt: torch.optim.Optimizer, tensors: dict, adam
         for n, p in model.named_parameters():
             value = tensors.get(f"model.{n}")
             if value is None or value.shape != p.shape:
-                raise TrainDraftError(f"checkpoint tensor model.{n} is missing or has shape "
-                                      f"{None if value is None else list(value.shape)}, expected {list(p.shape)}")
+                raise TrainDraftError(
+                    f"checkpoint tensor model.{n} is missing or has shape "
+                    f"{None if value is None else list(value.shape)}, expected {list(p.shape)}"
+                )
             p.copy_(value)
             if f"exp_avg.{n}" in tensors and f"exp_avg_sq.{n}" in tensors:
-                opt.state[p] = {"step": torch.tensor(float(adam_steps)), "exp_avg": tensors[f"exp_avg.{n}"].clone(),
-                                "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].clone()}
+                opt.state[p] = {
+                    "step": torch.tensor(float(adam_steps)),
+                    "exp_avg": tensors[f"exp_avg.{n}"].clone(),
+                    "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].clone(),
+                }
 
 
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / REPORT_NAME).is_file())):
-        raise TrainDraftError(f"out {str(out)!r} exists and is not a train-draft output (no {REPORT_NAME}); "
-                              f"remove it or choose another folder")
+        raise TrainDraftError(
+            f"out {str(out)!r} exists and is not a train-draft output (no {REPORT_NAME}); "
+            f"remove it or choose another folder"
+        )
 
 
 def _write_output(out: Path, head: Eagle3Head, report: dict, ckpt_tensors: dict, ckpt_meta: dict) -> None:
@@ -205,8 +218,12 @@ def _write_output(out: Path, head: Eagle3Head, report: dict, ckpt_tensors: dict,
         write_eagle3_head(head, staging)
         (staging / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         (staging / CHECKPOINT_DIR).mkdir()
-        save_file({k: v.contiguous() for k, v in ckpt_tensors.items()}, str(staging / CHECKPOINT_DIR / CHECKPOINT_TENSORS))
-        (staging / CHECKPOINT_DIR / CHECKPOINT_JSON).write_text(json.dumps(ckpt_meta, indent=2) + "\n", encoding="utf-8")
+        save_file(
+            {k: v.contiguous() for k, v in ckpt_tensors.items()}, str(staging / CHECKPOINT_DIR / CHECKPOINT_TENSORS)
+        )
+        (staging / CHECKPOINT_DIR / CHECKPOINT_JSON).write_text(
+            json.dumps(ckpt_meta, indent=2) + "\n", encoding="utf-8"
+        )
         replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -243,7 +260,9 @@ def _train(config: TrainConfig, progress: Progress) -> TrainReport:
     windows, sources = build_windows(tgt, config, progress)
     train_idx, held_idx = split_held_out(len(windows), config)
     train, held = [windows[i] for i in train_idx], [windows[i] for i in held_idx]
-    fingerprint = hashlib.sha256(b"".join(w.ids.tobytes() + w.first_row.to_bytes(4, "little") for w in train)).hexdigest()[:16]
+    fingerprint = hashlib.sha256(
+        b"".join(w.ids.tobytes() + w.first_row.to_bytes(4, "little") for w in train)
+    ).hexdigest()[:16]
     seconds["data"] = time.perf_counter() - t0
     notes: list[str] = []
     draft_ids, coverage = _draft_vocab(tgt, config, resume, train, fingerprint, notes)
@@ -253,19 +272,32 @@ def _train(config: TrainConfig, progress: Progress) -> TrainReport:
     progress({"event": "stage", "message": f"target features of {len(held)} held-out windows"})
     run.held_out(held)
     run.seconds["held_out_features"] = time.perf_counter() - t0
-    run.meta = {"format": CHECKPOINT_FORMAT, "target": _target_meta(tgt), "layer_ids": list(layer_ids),
-                "layer_ids_reason": reason, "data_fingerprint": fingerprint, "init": run.init.split("; resumed")[0]}
+    run.meta = {
+        "format": CHECKPOINT_FORMAT,
+        "target": _target_meta(tgt),
+        "layer_ids": list(layer_ids),
+        "layer_ids_reason": reason,
+        "data_fingerprint": fingerprint,
+        "init": run.init.split("; resumed")[0],
+    }
     run.data_info = {
         "sources": sources,
-        "windows": len(windows), "seq_len": config.seq_len,
-        "train_windows": len(train), "train_tokens": int(sum(len(w.ids) for w in train)),
-        "held_out_windows": len(held), "held_out_tokens": int(sum(len(w.ids) for w in held)),
+        "windows": len(windows),
+        "seq_len": config.seq_len,
+        "train_windows": len(train),
+        "train_tokens": int(sum(len(w.ids) for w in train)),
+        "held_out_windows": len(held),
+        "held_out_tokens": int(sum(len(w.ids) for w in held)),
         "benchmark_prompts_held_out": {"prompts": list(config.holdout_prompts), "limit": config.holdout_limit},
         "fingerprint": fingerprint,
     }
-    run.vocab_info = {"size": len(draft_ids), "target_vocab": tgt.shape.vocab_size,
-                      "coverage_of_train_tokens": round(coverage, 5), "eos_ids": list(tgt.eos_ids),
-                      "choice": "most frequent target tokens of the training windows, EOS ids always in"}
+    run.vocab_info = {
+        "size": len(draft_ids),
+        "target_vocab": tgt.shape.vocab_size,
+        "coverage_of_train_tokens": round(coverage, 5),
+        "eos_ids": list(tgt.eos_ids),
+        "choice": "most frequent target tokens of the training windows, EOS ids always in",
+    }
     run.reason = reason
     return run.fit(train)
 
@@ -276,7 +308,9 @@ def _layer_ids(tgt: FrozenTarget, config: TrainConfig, resume) -> tuple[tuple[in
     if resume is not None:
         meta = resume[0]
         if meta["target"] != _target_meta(tgt):
-            raise TrainDraftError(f"checkpoint {resume[2]} was trained for target {meta['target']}, not {_target_meta(tgt)}")
+            raise TrainDraftError(
+                f"checkpoint {resume[2]} was trained for target {meta['target']}, not {_target_meta(tgt)}"
+            )
         layer_ids = tuple(meta["layer_ids"])
         if config.layers is not None and tuple(config.layers) != layer_ids:
             raise TrainDraftError(f"layers {list(config.layers)} differ from the checkpoint's {list(layer_ids)}")
@@ -288,22 +322,29 @@ def _layer_ids(tgt: FrozenTarget, config: TrainConfig, resume) -> tuple[tuple[in
         reason = f"entering layers {list(layer_ids)}: EAGLE-3 default (2, L//2, L-3) for L = {L}"
     bad = [i for i in layer_ids if not 0 <= i < L]
     if bad:
-        raise TrainDraftError(f"layer ids {list(layer_ids)} are outside the target's entering layers 0..{L - 1} "
-                              f"(L = {L}): {bad}; pass layers explicitly")
+        raise TrainDraftError(
+            f"layer ids {list(layer_ids)} are outside the target's entering layers 0..{L - 1} "
+            f"(L = {L}): {bad}; pass layers explicitly"
+        )
     return tuple(layer_ids), reason
 
 
-def _draft_vocab(tgt: FrozenTarget, config: TrainConfig, resume, train: list[Window], fingerprint: str,
-                 notes: list[str]) -> tuple[torch.Tensor, float]:
+def _draft_vocab(
+    tgt: FrozenTarget, config: TrainConfig, resume, train: list[Window], fingerprint: str, notes: list[str]
+) -> tuple[torch.Tensor, float]:
     """(draft ids int64 [V_draft], share of training tokens they cover): the checkpoint's, or the
     most frequent tokens of the training windows."""
     V = tgt.shape.vocab_size
     if resume is not None:
         draft_ids = resume[1]["draft_ids"].to(torch.int64)
         if config.draft_vocab_size is not None and config.draft_vocab_size != len(draft_ids):
-            raise TrainDraftError(f"draft_vocab_size {config.draft_vocab_size} differs from the checkpoint's {len(draft_ids)}")
+            raise TrainDraftError(
+                f"draft_vocab_size {config.draft_vocab_size} differs from the checkpoint's {len(draft_ids)}"
+            )
         if resume[0].get("data_fingerprint") != fingerprint:
-            notes.append(f"the data differs from the checkpoint's (fingerprint {resume[0].get('data_fingerprint')} -> {fingerprint})")
+            notes.append(
+                f"the data differs from the checkpoint's (fingerprint {resume[0].get('data_fingerprint')} -> {fingerprint})"
+            )
         return draft_ids, _coverage(train, draft_ids.numpy(), V)
     size = config.draft_vocab_size if config.draft_vocab_size is not None else min(DEFAULT_DRAFT_VOCAB, V)
     if size > V:
@@ -316,8 +357,17 @@ class _Session:
     """One training run: the head, its optimizer and histories (carried on from a checkpoint),
     held-out evaluation, the step loop and the atomic output."""
 
-    def __init__(self, config: TrainConfig, tgt: FrozenTarget, layer_ids: tuple[int, ...], draft_ids: torch.Tensor,
-                 progress: Progress, notes: list[str], resume, clock: float):
+    def __init__(
+        self,
+        config: TrainConfig,
+        tgt: FrozenTarget,
+        layer_ids: tuple[int, ...],
+        draft_ids: torch.Tensor,
+        progress: Progress,
+        notes: list[str],
+        resume,
+        clock: float,
+    ):
         self.config, self.tgt, self.layer_ids, self.draft_ids = config, tgt, layer_ids, draft_ids
         self.progress, self.notes, self.resume, self.clock = progress, notes, resume, clock
         self.seconds: dict[str, float] = {}
@@ -326,15 +376,20 @@ class _Session:
         shape = head_shape(tgt.model.config, len(draft_ids))
         kinds = sorted({r.kind for _, r in normalize(tgt.model.config).ropes} - {"default"})
         if kinds:
-            notes.append(f"the target's rope is {'/'.join(kinds)}; the head uses plain rope (theta {shape.rope_theta:g}),"
-                         " the only kind the published format supports here")
+            notes.append(
+                f"the target's rope is {'/'.join(kinds)}; the head uses plain rope (theta {shape.rope_theta:g}),"
+                " the only kind the published format supports here"
+            )
         if shape.heads % shape.kv_heads:
-            raise TrainDraftError(f"the target's {shape.heads} attention heads are not a multiple of its {shape.kv_heads} KV heads")
+            raise TrainDraftError(
+                f"the target's {shape.heads} attention heads are not a multiple of its {shape.kv_heads} KV heads"
+            )
         torch.manual_seed(config.seed)
         self.model = Eagle3Draft(shape)
         self.init = init_from_target(self.model, tgt.model, draft_ids, config.seed)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.95),
-                                     weight_decay=config.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay
+        )
         self.start_step, self.trained_before, self.tokens_before = 0, 0.0, 0
         self.loss_history: list[float] = []
         self.per_step_history: list[list[float]] = []  # per step: the loss of each ttt step
@@ -362,8 +417,11 @@ class _Session:
         for w in held:
             by_source.setdefault(w.source, []).append(w)
         size = self.config.batch_size
-        self.held_batches = [(src, make_batch(self.tgt, ws[i : i + size], self.layer_ids, None))
-                             for src, ws in sorted(by_source.items()) for i in range(0, len(ws), size)]
+        self.held_batches = [
+            (src, make_batch(self.tgt, ws[i : i + size], self.layer_ids, None))
+            for src, ws in sorted(by_source.items())
+            for i in range(0, len(ws), size)
+        ]
 
     def evaluate(self, step: int) -> list[float] | None:
         """Held-out top-1 agreement per ttt step (recorded in the history), None without held-out rows."""
@@ -385,8 +443,9 @@ class _Session:
             return [round(float(a / c), 5) if c else 0.0 for a, c in zip(h, n)]
 
         agree = ratio(sum(hits.values()), sum(rows.values()))
-        self.agreement_history.append({"step": step, "agreement": agree,
-                                       "by_source": {src: ratio(hits[src], rows[src]) for src in sorted(hits)}})
+        self.agreement_history.append(
+            {"step": step, "agreement": agree, "by_source": {src: ratio(hits[src], rows[src]) for src in sorted(hits)}}
+        )
         self.progress({"event": "eval", "step": step, "agreement": agree})
         return agree
 
@@ -396,11 +455,15 @@ class _Session:
         batches_per_epoch = math.ceil(len(train) / config.batch_size)
         total = config.steps if config.steps is not None else math.ceil((config.epochs or 1.0) * batches_per_epoch)
         if self.start_step >= total:
-            raise TrainDraftError(f"the checkpoint is at step {self.start_step}; steps {total} asks for no more"
-                                  f" (give steps > {self.start_step})")
+            raise TrainDraftError(
+                f"the checkpoint is at step {self.start_step}; steps {total} asks for no more"
+                f" (give steps > {self.start_step})"
+            )
         self.total = total
         history = self.agreement_history
-        agree = self.evaluate(self.start_step) if self.start_step == 0 else (history[-1]["agreement"] if history else None)
+        agree = (
+            self.evaluate(self.start_step) if self.start_step == 0 else (history[-1]["agreement"] if history else None)
+        )
         self.model.train()
         t_train = time.perf_counter()
         tokens = self.tokens_before
@@ -427,9 +490,18 @@ class _Session:
             done = step + 1
             if done % config.eval_every == 0 or done == total:
                 agree = self.evaluate(done)
-            self.progress({"event": "step", "step": done, "total": total, "start": self.start_step,
-                           "loss": self.loss_history[-1], "losses": self.per_step_history[-1], "lr": lr,
-                           "agreement": agree})
+            self.progress(
+                {
+                    "event": "step",
+                    "step": done,
+                    "total": total,
+                    "start": self.start_step,
+                    "loss": self.loss_history[-1],
+                    "losses": self.per_step_history[-1],
+                    "lr": lr,
+                    "agreement": agree,
+                }
+            )
             if config.save_every and done % config.save_every == 0 and done < total:
                 self.save(done, agree, self.trained_before + time.perf_counter() - t_train, tokens)
         self.progress({"event": "stage", "message": f"writing {config.out}"})
@@ -438,28 +510,52 @@ class _Session:
     def save(self, step: int, agree: list[float] | None, train_seconds: float, tokens: int) -> TrainReport:
         """The head, training.json and the checkpoint at `step`, written atomically."""
         config, steps = self.config, self.per_step_history
-        window = steps[-max(1, min(50, len(steps) // 5 or 1)):]
+        window = steps[-max(1, min(50, len(steps) // 5 or 1)) :]
         final_losses = [float(np.mean([h[k] for h in window])) for k in range(config.ttt_steps)] if window else []
-        final_loss = float(np.mean(self.loss_history[-len(window):])) if window else float("nan")
+        final_loss = float(np.mean(self.loss_history[-len(window) :])) if window else float("nan")
         elapsed = time.perf_counter() - self.clock
         report = TrainReport(
-            out=config.out, target={"description": self.tgt.description, **_target_meta(self.tgt)},
-            layer_ids=tuple(self.layer_ids), layer_ids_reason=self.reason, draft_vocab=self.vocab_info,
-            data=self.data_info, init=self.init, start_step=self.start_step, steps=step, tokens_trained=tokens,
-            final_losses=final_losses, final_loss=final_loss, agreement=agree, agreement_history=self.agreement_history,
+            out=config.out,
+            target={"description": self.tgt.description, **_target_meta(self.tgt)},
+            layer_ids=tuple(self.layer_ids),
+            layer_ids_reason=self.reason,
+            draft_vocab=self.vocab_info,
+            data=self.data_info,
+            init=self.init,
+            start_step=self.start_step,
+            steps=step,
+            tokens_trained=tokens,
+            final_losses=final_losses,
+            final_loss=final_loss,
+            agreement=agree,
+            agreement_history=self.agreement_history,
             loss_history=[round(x, 5) for x in self.loss_history],
-            seconds={**{k: round(v, 2) for k, v in self.seconds.items()}, "train": round(train_seconds, 2),
-                     "total_this_run": round(elapsed, 2)},
+            seconds={
+                **{k: round(v, 2) for k, v in self.seconds.items()},
+                "train": round(train_seconds, 2),
+                "total_this_run": round(elapsed, 2),
+            },
             tokens_per_second=round((tokens - self.tokens_before) / max(1e-9, train_seconds - self.trained_before), 1),
-            config=config.to_dict(), resumed_from=None if self.resume is None else str(self.resume[2]), notes=self.notes)
+            config=config.to_dict(),
+            resumed_from=None if self.resume is None else str(self.resume[2]),
+            notes=self.notes,
+        )
         head = export_head(self.model, self.draft_ids, self.tgt.shape.vocab_size, self.layer_ids, self.reason)
-        ckpt_meta = {**self.meta, "step": step, "adam_steps": int(_adam_steps(self.opt)),
-                     "lr": lr_at(min(step, self.total - 1), self.total, config), "loss_history": report.loss_history,
-                     "step_losses_history": [[round(x, 5) for x in h] for h in steps],
-                     "agreement_history": self.agreement_history, "train_seconds": train_seconds,
-                     "tokens_trained": tokens, "config": config.to_dict()}
-        _write_output(config.out, head, report.to_dict(), _checkpoint_tensors(self.model, self.opt, self.draft_ids),
-                      ckpt_meta)
+        ckpt_meta = {
+            **self.meta,
+            "step": step,
+            "adam_steps": int(_adam_steps(self.opt)),
+            "lr": lr_at(min(step, self.total - 1), self.total, config),
+            "loss_history": report.loss_history,
+            "step_losses_history": [[round(x, 5) for x in h] for h in steps],
+            "agreement_history": self.agreement_history,
+            "train_seconds": train_seconds,
+            "tokens_trained": tokens,
+            "config": config.to_dict(),
+        }
+        _write_output(
+            config.out, head, report.to_dict(), _checkpoint_tensors(self.model, self.opt, self.draft_ids), ckpt_meta
+        )
         return report
 
 
@@ -478,7 +574,11 @@ def _adam_steps(opt: torch.optim.Optimizer) -> float:
 
 
 def _target_meta(tgt: FrozenTarget) -> dict:
-    return {"hidden_size": tgt.shape.hidden_size, "num_layers": tgt.shape.num_layers, "vocab_size": tgt.shape.vocab_size}
+    return {
+        "hidden_size": tgt.shape.hidden_size,
+        "num_layers": tgt.shape.num_layers,
+        "vocab_size": tgt.shape.vocab_size,
+    }
 
 
 __all__ = ["TrainReport", "lr_at", "train_draft"]

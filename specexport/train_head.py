@@ -10,14 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from specexport_runtime.constants import default_feature_layers
 from torch import nn
 
+from specexport_runtime.constants import default_feature_layers
+
+from .formats.eagle3 import Eagle3Config, Eagle3Head
 from .model_config import normalize
-from .formats.eagle3 import (
-    Eagle3Config,
-    Eagle3Head,
-)
 
 # ---------------------------------------------------------------------------------- the head
 
@@ -92,8 +90,9 @@ class Eagle3Draft(nn.Module):
         self.norm = _RMSNorm(shape.hidden, shape.eps)
         self.lm_head = _linear(shape.hidden, shape.draft_vocab)
 
-    def step(self, e: torch.Tensor, h: torch.Tensor, positions: torch.Tensor,
-             cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def step(
+        self, e: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
         """One training-time-test step k = len(cache) over S_k rows (module docstring).
 
         e [B, S_k, H] embeddings of the step's tokens; h [B, S_k, H] fc(features) at step 0 or the
@@ -112,7 +111,9 @@ class Eagle3Draft(nn.Module):
         cache.append((k, v))
         step = len(cache) - 1
         groups = a.heads // a.kv_heads
-        keys = torch.cat([ck[:, :, :S] for ck, _ in cache], dim=2).repeat_interleave(groups, dim=1)  # [B, nh, (k+1)S, hd]
+        keys = torch.cat([ck[:, :, :S] for ck, _ in cache], dim=2).repeat_interleave(
+            groups, dim=1
+        )  # [B, nh, (k+1)S, hd]
         values = torch.cat([cv[:, :, :S] for _, cv in cache], dim=2).repeat_interleave(groups, dim=1)
         rows = torch.arange(S)
         causal = rows[None, :] <= rows[:, None]  # [S, S] block of the step-0 keys
@@ -141,8 +142,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def ttt_forward(model: Eagle3Draft, embed: torch.Tensor, features: torch.Tensor, ids: torch.Tensor,
-                steps: int) -> list[torch.Tensor]:
+def ttt_forward(
+    model: Eagle3Draft, embed: torch.Tensor, features: torch.Tensor, ids: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """Head logits of every training-time-test step (module docstring, "Alignment").
 
     embed [V_t, H] the target's embedding; features [B, S, 3 H_t] (row t from tokens x_0..x_t);
@@ -168,7 +170,9 @@ class TargetBatch:
 
     ids: torch.Tensor  # int64 [B, S]
     features: torch.Tensor  # float32 [B, S, 3 H_t]
-    draft_logits: torch.Tensor | None  # float32 [B, S, draft_vocab]: target logits at the draft ids (None for evaluation)
+    draft_logits: (
+        torch.Tensor | None
+    )  # float32 [B, S, draft_vocab]: target logits at the draft ids (None for evaluation)
     argmax: torch.Tensor  # int64 [B, S]: argmax of the full target logits
     rows: torch.Tensor  # bool [B, S]: target rows in the loss region
 
@@ -190,7 +194,9 @@ def ttt_losses(logits: Sequence[torch.Tensor], batch: TargetBatch, t2d: torch.Te
     return losses
 
 
-def agreement_counts(logits: Sequence[torch.Tensor], batch: TargetBatch, draft_ids: torch.Tensor) -> list[tuple[int, int]]:
+def agreement_counts(
+    logits: Sequence[torch.Tensor], batch: TargetBatch, draft_ids: torch.Tensor
+) -> list[tuple[int, int]]:
     """Per step k: (rows where draft_ids[argmax head] == the target's argmax, loss-region rows)."""
     counts = []
     for k, lg in enumerate(logits):
@@ -212,21 +218,28 @@ def head_shape(config, draft_vocab: int) -> HeadShape:
     full-attention layers, unscaled."""
     norm = normalize(config)
     return HeadShape(
-        hidden=norm.hidden, target_hidden=norm.hidden, heads=norm.heads, kv_heads=norm.kv_heads,
-        head_dim=norm.head_dim, intermediate=norm.intermediate, eps=norm.norm_eps,
-        rope_theta=norm.head_rope_theta, draft_vocab=draft_vocab)
+        hidden=norm.hidden,
+        target_hidden=norm.hidden,
+        heads=norm.heads,
+        kv_heads=norm.kv_heads,
+        head_dim=norm.head_dim,
+        intermediate=norm.intermediate,
+        eps=norm.norm_eps,
+        rope_theta=norm.head_rope_theta,
+        draft_vocab=draft_vocab,
+    )
 
 
 def init_from_target(model: Eagle3Draft, target, draft_ids: torch.Tensor, seed: int) -> str:
     """Initialise the head from the target (returns a one-line description for training.json):
-      - midlayer from the target's LAST decoder layer where names and shapes match: o_proj, the MLP,
-        post_attention_layernorm; q/k/v: the target's [out, H] weights in the hidden half (input
-        columns H..2H, fed by hidden_norm(h)) and N(0, initializer_range) in the embedding half;
-        hidden_norm = the layer's input_layernorm, input_layernorm = ones;
-      - fc: identity on the high feature block (the stream entering layer L-3, the closest to the
-        last layer's input) and zeros on the low and mid blocks, so the head starts as a shortcut
-        through the target's last layer;
-      - norm: the target's final norm; lm_head: the target's lm_head rows of the draft vocabulary."""
+    - midlayer from the target's LAST decoder layer where names and shapes match: o_proj, the MLP,
+      post_attention_layernorm; q/k/v: the target's [out, H] weights in the hidden half (input
+      columns H..2H, fed by hidden_norm(h)) and N(0, initializer_range) in the embedding half;
+      hidden_norm = the layer's input_layernorm, input_layernorm = ones;
+    - fc: identity on the high feature block (the stream entering layer L-3, the closest to the
+      last layer's input) and zeros on the low and mid blocks, so the head starts as a shortcut
+      through the target's last layer;
+    - norm: the target's final norm; lm_head: the target's lm_head rows of the draft vocabulary."""
     gen = torch.Generator().manual_seed(seed)
     std = float(getattr(target.config, "initializer_range", 0.02) or 0.02)
     for p in model.parameters():
@@ -277,17 +290,29 @@ def init_from_target(model: Eagle3Draft, target, draft_ids: torch.Tensor, seed: 
     return note + (f"; random: {', '.join(skipped)}" if skipped else "")
 
 
-def export_head(model: Eagle3Draft, draft_ids: torch.Tensor, vocab: int, layer_ids: Sequence[int], reason: str) -> Eagle3Head:
+def export_head(
+    model: Eagle3Draft, draft_ids: torch.Tensor, vocab: int, layer_ids: Sequence[int], reason: str
+) -> Eagle3Head:
     s = model.shape
-    config = Eagle3Config(hidden_size=s.hidden, target_hidden_size=s.target_hidden, num_attention_heads=s.heads,
-                          num_key_value_heads=s.kv_heads, head_dim=s.head_dim, intermediate_size=s.intermediate,
-                          rms_norm_eps=s.eps, rope_theta=s.rope_theta, rope_scaling=None, draft_vocab_size=s.draft_vocab,
-                          vocab_size=vocab, hidden_act="silu", layer_ids=tuple(layer_ids), layer_ids_source="recipe",
-                          layer_ids_reason=reason)
+    config = Eagle3Config(
+        hidden_size=s.hidden,
+        target_hidden_size=s.target_hidden,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate_size=s.intermediate,
+        rms_norm_eps=s.eps,
+        rope_theta=s.rope_theta,
+        rope_scaling=None,
+        draft_vocab_size=s.draft_vocab,
+        vocab_size=vocab,
+        hidden_act="silu",
+        layer_ids=tuple(layer_ids),
+        layer_ids_source="recipe",
+        layer_ids_reason=reason,
+    )
     ids = draft_ids.numpy().astype(np.int64)
     t2d = np.zeros(vocab, dtype=np.bool_)
     t2d[ids] = True
     weights = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     return Eagle3Head(config=config, weights=weights, d2t=ids - np.arange(len(ids), dtype=np.int64), t2d=t2d)
-
-

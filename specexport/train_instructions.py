@@ -42,8 +42,13 @@ class Function:
 
 def _stdlib_files(root: Path, rng: random.Random, limit: int) -> list[Path]:
     files = sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
-    files += sorted(p for p in root.glob("*/*.py") if "test" not in p.parts[-2] and not p.name.startswith("_")
-                    and p.parts[-2] not in ("site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo"))
+    files += sorted(
+        p
+        for p in root.glob("*/*.py")
+        if "test" not in p.parts[-2]
+        and not p.name.startswith("_")
+        and p.parts[-2] not in ("site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo")
+    )
     rng.shuffle(files)
     return files[:limit]
 
@@ -104,7 +109,11 @@ def doc_paragraphs(limit: int = 2000, seed: int = 0, root: Path | None = None, s
     for text in texts:
         for block in text.split("\n\n"):  # a paragraph: prose lines joined, no markup-heavy blocks
             para = " ".join(line.strip() for line in block.strip().splitlines())
-            if 80 <= len(para) <= 500 and _PROSE.match(para) and sum(c.isalpha() or c == " " for c in para) > 0.9 * len(para):
+            if (
+                80 <= len(para) <= 500
+                and _PROSE.match(para)
+                and sum(c.isalpha() or c == " " for c in para) > 0.9 * len(para)
+            ):
                 out.append(para)
     out = sorted(set(out))
     random.Random(seed).shuffle(out)
@@ -113,18 +122,56 @@ def doc_paragraphs(limit: int = 2000, seed: int = 0, root: Path | None = None, s
 
 # everyday subjects for chat and creative requests (written for this module, not from any prompt set)
 TOPICS = (
-    "learning a new language", "keeping houseplants alive", "saving money each month", "running a first 5k",
-    "baking bread at home", "writing a cover letter", "planning a road trip", "getting better sleep",
-    "starting a vegetable garden", "public speaking", "working from home", "learning to play guitar",
-    "choosing a laptop", "cooking for a week ahead", "staying focused while studying", "training a puppy",
-    "reducing screen time", "keeping a journal", "camping in the rain", "making new friends in a new city",
-    "version control with git", "writing clean code", "debugging a slow program", "backing up photos",
-    "the history of the printing press", "how volcanoes form", "why the sky is blue", "how vaccines work",
-    "the water cycle", "black holes", "the invention of the telephone", "how bees make honey",
-    "recycling plastic", "electric cars", "solar panels", "the stock market", "compound interest",
-    "a rainy afternoon", "an abandoned train station", "the first snow of winter", "a city at night",
-    "an old map", "a forgotten key", "the ocean at dawn", "a clock that runs backwards", "a quiet library",
-    "a market in the morning", "a tiny robot", "a mountain village", "the last day of summer",
+    "learning a new language",
+    "keeping houseplants alive",
+    "saving money each month",
+    "running a first 5k",
+    "baking bread at home",
+    "writing a cover letter",
+    "planning a road trip",
+    "getting better sleep",
+    "starting a vegetable garden",
+    "public speaking",
+    "working from home",
+    "learning to play guitar",
+    "choosing a laptop",
+    "cooking for a week ahead",
+    "staying focused while studying",
+    "training a puppy",
+    "reducing screen time",
+    "keeping a journal",
+    "camping in the rain",
+    "making new friends in a new city",
+    "version control with git",
+    "writing clean code",
+    "debugging a slow program",
+    "backing up photos",
+    "the history of the printing press",
+    "how volcanoes form",
+    "why the sky is blue",
+    "how vaccines work",
+    "the water cycle",
+    "black holes",
+    "the invention of the telephone",
+    "how bees make honey",
+    "recycling plastic",
+    "electric cars",
+    "solar panels",
+    "the stock market",
+    "compound interest",
+    "a rainy afternoon",
+    "an abandoned train station",
+    "the first snow of winter",
+    "a city at night",
+    "an old map",
+    "a forgotten key",
+    "the ocean at dawn",
+    "a clock that runs backwards",
+    "a quiet library",
+    "a market in the morning",
+    "a tiny robot",
+    "a mountain village",
+    "the last day of summer",
 )
 
 
@@ -134,8 +181,18 @@ def _topic(fn: Function, rng: random.Random, everyday: bool = False) -> str:
 
 
 _LANGS = ("Python", "Python", "Python", "JavaScript", "Rust", "Go", "C")
-_CREATURES = ("a lighthouse keeper", "a robot", "a fox", "a librarian", "a child", "an old sailor", "a cat",
-              "a gardener", "a dragon", "a detective")
+_CREATURES = (
+    "a lighthouse keeper",
+    "a robot",
+    "a fox",
+    "a librarian",
+    "a child",
+    "an old sailor",
+    "a cat",
+    "a gardener",
+    "a dragon",
+    "a detective",
+)
 
 
 def _request(domain: str, fn: Function, para: str, rng: random.Random) -> str:
@@ -143,53 +200,66 @@ def _request(domain: str, fn: Function, para: str, rng: random.Random) -> str:
     topic = _topic(fn, rng)
     if domain == "code":
         lang = rng.choice(_LANGS)
-        return rng.choice([
-            f"Write a {lang} function `{fn.name}` that does the following: {fn.summary}.",
-            f"Explain what this Python function does, step by step.\n\n```python\n{fn.source}\n```",
-            f"Write pytest unit tests for `{fn.module}.{fn.name}`, which does this: {fn.summary}.",
-            f"How would I use `{fn.module}.{sig}` in a script? Show a short example.",
-        ])
+        return rng.choice(
+            [
+                f"Write a {lang} function `{fn.name}` that does the following: {fn.summary}.",
+                f"Explain what this Python function does, step by step.\n\n```python\n{fn.source}\n```",
+                f"Write pytest unit tests for `{fn.module}.{fn.name}`, which does this: {fn.summary}.",
+                f"How would I use `{fn.module}.{sig}` in a script? Show a short example.",
+            ]
+        )
     if domain == "chat":
-        return rng.choice([
-            f"What is the Python module `{fn.module}` for, and when should I use it?",
-            f"Can you explain this in simple terms? {para}",
-            f"I'm new to programming. What does \"{topic}\" mean?",
-            f"Give me three practical tips about {topic}.",
-            f"What are the pros and cons of {topic}?",
-        ])
+        return rng.choice(
+            [
+                f"What is the Python module `{fn.module}` for, and when should I use it?",
+                f"Can you explain this in simple terms? {para}",
+                f'I\'m new to programming. What does "{topic}" mean?',
+                f"Give me three practical tips about {topic}.",
+                f"What are the pros and cons of {topic}?",
+            ]
+        )
     if domain == "structured":
-        return rng.choice([
-            f"Return a JSON object describing the function `{fn.module}.{sig}` with the keys \"name\", "
-            f"\"module\", \"arguments\" (a list) and \"summary\". Output only JSON.",
-            f"Make a Markdown table with columns Argument and Meaning for `{sig}`, which does this: {fn.summary}.",
-            f"Write a YAML configuration for a tool that uses {topic}, with a few sensible keys and comments.",
-            f"List the key points of this text as a JSON array of strings: {para}",
-        ])
+        return rng.choice(
+            [
+                f'Return a JSON object describing the function `{fn.module}.{sig}` with the keys "name", '
+                f'"module", "arguments" (a list) and "summary". Output only JSON.',
+                f"Make a Markdown table with columns Argument and Meaning for `{sig}`, which does this: {fn.summary}.",
+                f"Write a YAML configuration for a tool that uses {topic}, with a few sensible keys and comments.",
+                f"List the key points of this text as a JSON array of strings: {para}",
+            ]
+        )
     if domain == "copy_edit":
-        return rng.choice([
-            f"Rewrite this paragraph to be shorter and clearer:\n\n{para}",
-            f"Fix any grammar problems and make this more formal:\n\n{para}",
-            f"Add type hints and a better docstring to this function. Output only the code.\n\n```python\n{fn.source}\n```",
-            f"Rename the variables in this function to be more descriptive. Output only the code.\n\n"
-            f"```python\n{fn.source}\n```",
-        ])
+        return rng.choice(
+            [
+                f"Rewrite this paragraph to be shorter and clearer:\n\n{para}",
+                f"Fix any grammar problems and make this more formal:\n\n{para}",
+                f"Add type hints and a better docstring to this function. Output only the code.\n\n```python\n{fn.source}\n```",
+                f"Rename the variables in this function to be more descriptive. Output only the code.\n\n"
+                f"```python\n{fn.source}\n```",
+            ]
+        )
     topic = _topic(fn, rng, everyday=True)
-    return rng.choice([
-        f"Write a short poem about {topic}.",
-        f"Write a very short story in which {rng.choice(_CREATURES)} discovers {topic}.",
-        f"Invent three names for a product based on {topic}, and describe each in one sentence.",
-        f"Describe {topic} as if it were a place you could visit.",
-    ])
+    return rng.choice(
+        [
+            f"Write a short poem about {topic}.",
+            f"Write a very short story in which {rng.choice(_CREATURES)} discovers {topic}.",
+            f"Invent three names for a product based on {topic}, and describe each in one sentence.",
+            f"Describe {topic} as if it were a place you could visit.",
+        ]
+    )
 
 
-def synthesize(count: int, seed: int = 0, functions: list[Function] | None = None,
-               paragraphs: list[str] | None = None) -> list[tuple[str, str]]:
+def synthesize(
+    count: int, seed: int = 0, functions: list[Function] | None = None, paragraphs: list[str] | None = None
+) -> list[tuple[str, str]]:
     """`count` (domain, request) pairs, domains in turn, from local functions and paragraphs."""
     functions = stdlib_functions(seed=seed) if functions is None else functions
     paragraphs = doc_paragraphs(seed=seed) if paragraphs is None else paragraphs
     if not functions or not paragraphs:
-        raise ValueError(f"instructions need local material: {len(functions)} stdlib functions and "
-                         f"{len(paragraphs)} doc paragraphs found")
+        raise ValueError(
+            f"instructions need local material: {len(functions)} stdlib functions and "
+            f"{len(paragraphs)} doc paragraphs found"
+        )
     rng = random.Random(seed)
     out = []
     for i in range(count):
@@ -215,8 +285,9 @@ def answer(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int, ba
         for r, p in enumerate(chunk):  # left padding: every prompt ends at the same column
             ids[r, width - len(p) :] = torch.tensor(p)
             mask[r, width - len(p) :] = 1
-        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad_id)[:, width:]
+        gen = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id
+        )[:, width:]
         for i, row in zip(rows, gen.tolist()):
             cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
             out[i] = row[:cut]

@@ -31,9 +31,10 @@ reason not modelled here, and the matrix (trt_ops.py) is the documented one, not
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import onnx
 from onnx import TensorProto, numpy_helper
@@ -66,7 +67,7 @@ class TrtCheckError(SpecExportError, ValueError):
 
 
 def parse_trt_version(version: str) -> tuple[int, int]:
-    """"10.3" / "10.3.0.30" -> (10, 3); versions older than 8.6 are refused."""
+    """ "10.3" / "10.3.0.30" -> (10, 3); versions older than 8.6 are refused."""
     try:
         parts = [int(p) for p in str(version).split(".")[:2]]
         major, minor = parts[0], parts[1] if len(parts) > 1 else 0
@@ -130,11 +131,19 @@ class TrtReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "graph": self.graph, "trt_version": self.trt_version, "ok": self.ok, "errors": list(self.errors),
-            "warnings": list(self.warnings), "opset": self.opset, "nodes": self.nodes,
-            "op_counts": dict(self.op_counts), "unsupported": dict(self.unsupported),
-            "dtype_counts": dict(self.dtype_counts), "initializers": self.initializers,
-            "parameters": self.parameters, "dynamic_dims": {k: list(v) for k, v in self.dynamic_dims.items()},
+            "graph": self.graph,
+            "trt_version": self.trt_version,
+            "ok": self.ok,
+            "errors": list(self.errors),
+            "warnings": list(self.warnings),
+            "opset": self.opset,
+            "nodes": self.nodes,
+            "op_counts": dict(self.op_counts),
+            "unsupported": dict(self.unsupported),
+            "dtype_counts": dict(self.dtype_counts),
+            "initializers": self.initializers,
+            "parameters": self.parameters,
+            "dynamic_dims": {k: list(v) for k, v in self.dynamic_dims.items()},
             "kind": self.kind,
         }
 
@@ -163,8 +172,12 @@ class ArtifactTrtReport:
         return [f"{name}: {w}" for name, r in self.graphs.items() for w in r.warnings]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"artifact": self.artifact, "trt_version": self.trt_version, "ok": self.ok,
-                "graphs": {name: r.to_dict() for name, r in self.graphs.items()}}
+        return {
+            "artifact": self.artifact,
+            "trt_version": self.trt_version,
+            "ok": self.ok,
+            "graphs": {name: r.to_dict() for name, r in self.graphs.items()},
+        }
 
     def lines(self) -> list[str]:
         out = [f"{self.artifact}: {'OK' if self.ok else 'NOT BUILDABLE'} for TensorRT {self.trt_version}"]
@@ -267,8 +280,10 @@ def _check_types(report: TrtReport, model: onnx.ModelProto, version: tuple[int, 
         io = {v.name for v in [*graph.input, *graph.output]}
         inner = [n for n in by_type[TensorProto.UINT8] if n not in io]
         if inner:
-            message = (f"{len(inner)} uint8 tensor(s) inside the graph: TensorRT takes UINT8 only as network"
-                       " input/output (and, from 10.10, as Q/DQ constants)")
+            message = (
+                f"{len(inner)} uint8 tensor(s) inside the graph: TensorRT takes UINT8 only as network"
+                " input/output (and, from 10.10, as Q/DQ constants)"
+            )
             if version >= (10, 10):
                 report.warnings.append(message)
             else:
@@ -277,8 +292,11 @@ def _check_types(report: TrtReport, model: onnx.ModelProto, version: tuple[int, 
         names = by_type[TensorProto.INT64]
         inputs = [v.name for v in graph.input if _elem_type(v) == TensorProto.INT64]
         inits = [i.name for i in graph.initializer if i.data_type == TensorProto.INT64]
-        how = ("TensorRT 8.x casts INT64 to INT32, clamping to +-2**31-1" if version < (9, 0)
-               else "TensorRT >= 9 runs INT64 natively in a subset of layers (shape arithmetic, Gather indices, Cast)")
+        how = (
+            "TensorRT 8.x casts INT64 to INT32, clamping to +-2**31-1"
+            if version < (9, 0)
+            else "TensorRT >= 9 runs INT64 natively in a subset of layers (shape arithmetic, Gather indices, Cast)"
+        )
         report.warnings.append(
             f"int64 tensors: {len(names)} ({len(inputs)} graph inputs: {', '.join(inputs) or 'none'};"
             f" {len(inits)} initializers; the rest shape arithmetic and constants): {how}."
@@ -289,8 +307,13 @@ def _check_types(report: TrtReport, model: onnx.ModelProto, version: tuple[int, 
 def _check_restrictions(report: TrtReport, graph: onnx.GraphProto, version: tuple[int, int]) -> None:
     constants = _constants(graph)
     inits = {init.name: init for init in graph.initializer}
-    const_values = {node.output[0]: attr.t for node in graph.node if node.op_type == "Constant"
-                    for attr in node.attribute if attr.name == "value" and attr.HasField("t")}
+    const_values = {
+        node.output[0]: attr.t
+        for node in graph.node
+        if node.op_type == "Constant"
+        for attr in node.attribute
+        if attr.name == "value" and attr.HasField("t")
+    }
     seen: set[tuple[str, str]] = set()
     for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
@@ -312,17 +335,22 @@ def _check_restrictions(report: TrtReport, graph: onnx.GraphProto, version: tupl
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2 and node.input[2]:
             zp = inits.get(node.input[2]) or const_values.get(node.input[2])
             if zp is None:
-                report.warnings.append(f"{node.op_type} {node.name!r}: zero point is not a constant; TensorRT needs zero")
+                report.warnings.append(
+                    f"{node.op_type} {node.name!r}: zero point is not a constant; TensorRT needs zero"
+                )
             elif zp.data_location != TensorProto.EXTERNAL and numpy_helper.to_array(zp).any():
-                report.error(f"{node.op_type} {node.name!r}: non-zero zero point (TensorRT supports symmetric Q/DQ only)")
+                report.error(
+                    f"{node.op_type} {node.name!r}: non-zero zero point (TensorRT supports symmetric Q/DQ only)"
+                )
         if node.op_type == "TopK":
             for attr in node.attribute:
                 if attr.name == "sorted" and attr.i == 0:
                     report.error(f"TopK {node.name!r}: sorted=0 is not supported by TensorRT")
 
 
-def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
-              profiles: Sequence[Profile] | None = None) -> TrtReport:
+def check_trt(
+    graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION, profiles: Sequence[Profile] | None = None
+) -> TrtReport:
     """Check one ONNX graph against TensorRT `trt_version` (see the module docstring).
 
     profiles: the engine optimization profiles (trt_engines.Profile); None means the defaults
@@ -350,8 +378,10 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
     report.opset = opsets.get("", opsets.get("ai.onnx"))
     lo, hi = opset_range(version)
     if report.opset is not None and report.opset > hi:
-        report.error(f"opset {report.opset} is newer than TensorRT {trt_version} parses (opset {lo}..{hi});"
-                     " re-export with a lower opset")
+        report.error(
+            f"opset {report.opset} is newer than TensorRT {trt_version} parses (opset {lo}..{hi});"
+            " re-export with a lower opset"
+        )
     elif report.opset is not None and report.opset < lo:
         report.warnings.append(f"opset {report.opset} is older than TensorRT's documented minimum {lo}")
 
@@ -375,8 +405,10 @@ def check_trt(graph_path: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
 
     layout = {p.key: p.value for p in model.metadata_props}.get(contract.META_KV_LAYOUT, contract.TIME_MAJOR)
     if layout not in contract.LAYOUTS or contract.LAYOUTS[layout].contrib_attention:  # GroupQueryAttention
-        report.error(f"the graph uses the {layout} KV layout (a fused graph, ONNX Runtime contrib ops):"
-                     " TensorRT builds portable graphs; rebuild the artifact with `graph: portable`")
+        report.error(
+            f"the graph uses the {layout} KV layout (a fused graph, ONNX Runtime contrib ops):"
+            " TensorRT builds portable graphs; rebuild the artifact with `graph: portable`"
+        )
     else:
         covered = _check_profiles(report, profiles if profiles is not None else default_profiles(2048))
         _check_dims(report, graph, covered)
@@ -392,15 +424,17 @@ def _prod(dims) -> int:
     return out
 
 
-def check_artifact(artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
-                   profiles: Sequence[Profile] | None = None) -> ArtifactTrtReport:
+def check_artifact(
+    artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION, profiles: Sequence[Profile] | None = None
+) -> ArtifactTrtReport:
     """check_trt on every graph the artifact's manifest lists, with the artifact's own profiles."""
     root = Path(artifact)
     manifest = read_manifest(root)
     if profiles is None:
         gamma_max = resolve_max_gamma(manifest, BuildOptions())
-        profiles = default_profiles(manifest.max_context, max_gamma=min(gamma_max, manifest.max_context - 1),
-                                    gamma=manifest.speculation.gamma)
+        profiles = default_profiles(
+            manifest.max_context, max_gamma=min(gamma_max, manifest.max_context - 1), gamma=manifest.speculation.gamma
+        )
     report = ArtifactTrtReport(artifact=str(root), trt_version=trt_version)
     for name, entry in (("target", manifest.target), ("draft", manifest.draft)):
         if entry is not None:
@@ -413,6 +447,8 @@ def check_artifact(artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION,
 
 # an EAGLE-3 head's features / draft_hidden inputs and hidden_out output, and a target's
 # hidden_states output: bound by the native backend (trt_backend.TrtModel.forward), never run on a GPU
-NATIVE_FEATURES_NOTE = ("EAGLE-3 tensors (features, draft_hidden, hidden_out, hidden_states): the native backend"
-                        " (trt_build / trt_backend) binds them but has not run on a GPU yet; the ONNX Runtime TensorRT"
-                        " provider (--provider tensorrt) runs this graph too")
+NATIVE_FEATURES_NOTE = (
+    "EAGLE-3 tensors (features, draft_hidden, hidden_out, hidden_states): the native backend"
+    " (trt_build / trt_backend) binds them but has not run on a GPU yet; the ONNX Runtime TensorRT"
+    " provider (--provider tensorrt) runs this graph too"
+)

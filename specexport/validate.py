@@ -44,8 +44,13 @@ class Tolerance:
     min_agreement: float = 0.0  # without require_argmax: the argmax agreement every step must reach
 
     def to_dict(self) -> dict:
-        return {"max_abs": self.max_abs if math.isfinite(self.max_abs) else None, "rel": self.rel,
-                "near_tie": self.near_tie, "require_argmax": self.require_argmax, "min_agreement": self.min_agreement}
+        return {
+            "max_abs": self.max_abs if math.isfinite(self.max_abs) else None,
+            "rel": self.rel,
+            "near_tie": self.near_tie,
+            "require_argmax": self.require_argmax,
+            "min_agreement": self.min_agreement,
+        }
 
 
 # fp32: transformers' own fp32 forward is ~1e-4 from float64 on SmolLM2-135M (logits up to ~30),
@@ -98,11 +103,12 @@ class ValidationReport:
             "steps": [asdict(s) for s in self.steps],
         }
 
-    def check_agreement(self, tol: Tolerance) -> "ValidationReport":
+    def check_agreement(self, tol: Tolerance) -> ValidationReport:
         """Raise unless the argmax agreement over all rows reaches tol.min_agreement."""
         if self.argmax_agreement < tol.min_agreement:
-            raise ExportValidationError("all", contract.LOGITS,
-                                        f"argmax agreement {self.argmax_agreement:.3f} < {tol.min_agreement}")
+            raise ExportValidationError(
+                "all", contract.LOGITS, f"argmax agreement {self.argmax_agreement:.3f} < {tol.min_agreement}"
+            )
         return self
 
 
@@ -127,10 +133,7 @@ class FeedRunner:
         return self.cache[0].shape[self.axis]
 
     def run(self, ids: list[int], rows: list[int]) -> np.ndarray:
-        feeds = {
-            contract.INPUT_IDS: np.asarray([ids], np.int64),
-            contract.LOGITS_INDEX: np.asarray(rows, np.int64),
-        }
+        feeds = {contract.INPUT_IDS: np.asarray([ids], np.int64), contract.LOGITS_INDEX: np.asarray(rows, np.int64)}
         total = self.past_len + len(ids)
         if self.spec.layout.cursor_inputs:
             feeds[contract.SEQLENS_K] = np.asarray([total - 1], np.int32)
@@ -204,9 +207,7 @@ def validate_export(
     full = reference_logits(reference, probe_ids)  # [N, V]
 
     prefill = compare("prefill", runner.run(probe_ids[:n0], list(range(n0))), full[:n0], tolerance)
-    verify = compare(
-        "verify", runner.run(probe_ids[n0:], list(range(verify_len))), full[n0:], tolerance
-    )
+    verify = compare("verify", runner.run(probe_ids[n0:], list(range(verify_len))), full[n0:], tolerance)
     runner.rollback(rollback)
     keep = probe_ids[: len(probe_ids) - rollback]
     token = (probe_ids[len(keep)] + 1) % spec.embedding_rows  # a token the cache has not seen there
@@ -215,8 +216,16 @@ def validate_export(
     return ValidationReport((prefill, verify, after)).check_agreement(tolerance)
 
 
-def validate_long_range(reference: torch.nn.Module, graph: Path, spec: GraphSpec, probe_ids: list[int], length: int,
-                        tolerance: Tolerance = FP32, verify_len: int = 5, rows: int = 16) -> ValidationReport:
+def validate_long_range(
+    reference: torch.nn.Module,
+    graph: Path,
+    spec: GraphSpec,
+    probe_ids: list[int],
+    length: int,
+    tolerance: Tolerance = FP32,
+    verify_len: int = 5,
+    rows: int = 16,
+) -> ValidationReport:
     """Prefill `length - verify_len` tokens (the probe repeated) and verify `verify_len` more,
     comparing the prefill's last `rows` rows and every verify row with transformers'."""
     tokens = (probe_ids * (length // len(probe_ids) + 1))[:length]

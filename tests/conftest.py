@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tiny import build_tiny_artifact
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -60,9 +60,17 @@ def assert_close_at(got: np.ndarray, want: np.ndarray, precision: str) -> None:
 # ------------------------------------------------------------------------------ head folder
 
 
-def make_tiny_head_folder(folder: Path, target_model, draft_vocab: int, seed: int,
-                          layer_ids: tuple[int, int, int] | None = None, *, config_layer_ids: bool = True,
-                          dtype: torch.dtype = torch.float32, embed_tokens: bool = False) -> dict:
+def make_tiny_head_folder(
+    folder: Path,
+    target_model,
+    draft_vocab: int,
+    seed: int,
+    layer_ids: tuple[int, int, int] | None = None,
+    *,
+    config_layer_ids: bool = True,
+    dtype: torch.dtype = torch.float32,
+    embed_tokens: bool = False,
+) -> dict:
     """Write a random EAGLE-3 head for `target_model` (a transformers causal LM, e.g. tiny.py's
     make_model("llama")) into `folder`: config.json + model.safetensors with the published names.
 
@@ -145,8 +153,10 @@ def _head_config(H: int, V: int, draft_vocab: int, layer_ids: tuple[int, ...] | 
         "torch_dtype": "float32",
     }
     if layer_ids is not None:
-        config["eagle_config"] = {"use_aux_hidden_state": True,
-                                  "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids]}
+        config["eagle_config"] = {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
+        }
     return config
 
 
@@ -171,9 +181,16 @@ def reference_fc(tensors: dict, features: torch.Tensor) -> torch.Tensor:
     return features @ fc.T
 
 
-def reference_step(tensors: dict, cfg: dict, embed: torch.Tensor, tokens: list[int], h_in: torch.Tensor,
-                   past: tuple[torch.Tensor, torch.Tensor] | None, start: int,
-                   dtype: torch.dtype = torch.float32):
+def reference_step(
+    tensors: dict,
+    cfg: dict,
+    embed: torch.Tensor,
+    tokens: list[int],
+    h_in: torch.Tensor,
+    past: tuple[torch.Tensor, torch.Tensor] | None,
+    start: int,
+    dtype: torch.dtype = torch.float32,
+):
     """One head call over S = len(tokens) rows at cache positions start..start+S-1.
 
     tensors: published names -> weights; cfg: the head's config.json dict; embed [V_t, H];
@@ -191,8 +208,9 @@ def reference_step(tensors: dict, cfg: dict, embed: torch.Tensor, tokens: list[i
     S = len(tokens)
     e = _t(embed, dtype)[torch.tensor(tokens, dtype=torch.int64)]  # [S, H]
     h = h_in.to(dtype)  # [S, H]
-    x = torch.cat([_rms(e, w["midlayer.input_layernorm.weight"], eps),
-                   _rms(h, w["midlayer.hidden_norm.weight"], eps)], dim=-1)  # [S, 2H]
+    x = torch.cat(
+        [_rms(e, w["midlayer.input_layernorm.weight"], eps), _rms(h, w["midlayer.hidden_norm.weight"], eps)], dim=-1
+    )  # [S, 2H]
     q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(S, heads, hd).transpose(0, 1)  # [heads, S, hd]
     k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(S, kv_heads, hd).transpose(0, 1)  # [kv, S, hd]
     v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(S, kv_heads, hd).transpose(0, 1)  # [kv, S, hd]
@@ -259,8 +277,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -
     return out.transpose(0, 1).reshape(S, heads * hd)
 
 
-def assert_head_follows_reference(model, target, info: dict, embed: torch.Tensor, ids: list[int], close,
-                                  n: int = 10, chained: int = 3) -> None:
+def assert_head_follows_reference(
+    model, target, info: dict, embed: torch.Tensor, ids: list[int], close, n: int = 10, chained: int = 3
+) -> None:
     """The head graph in `model` (a runtime OrtModel, either cache layout) against reference_step:
     catch-up over n rows from the target's features, then `chained` steps from the head's own
     hidden; close(got, want) asserts each logits and hidden_out block. The reference is fed its own
@@ -291,8 +310,9 @@ def tiny_target_and_head(root: Path, draft_vocab: int = 160, seed: int = 0):
     return target, info, load_eagle3_head(info["folder"], TargetShape.from_hf_config(target.config))
 
 
-def assert_head_catches_up_after_rollback(model, target, info: dict, embed: torch.Tensor, ids: list[int],
-                                          atol: float) -> None:
+def assert_head_catches_up_after_rollback(
+    model, target, info: dict, embed: torch.Tensor, ids: list[int], atol: float
+) -> None:
     """Rows written by chained steps are dropped by a cursor move (truncate); catching up again with
     real features gives reference_step's rows: stale cache rows past the cursor are never read."""
     tensors, cfg = info["tensors"], info["config"]

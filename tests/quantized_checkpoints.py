@@ -30,8 +30,15 @@ from safetensors.numpy import save_file
 
 # ---------------------------------------------------------------- GPTQ / AWQ
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]
 
 
@@ -134,9 +141,21 @@ class Variant:
 
     def qconfig(self) -> dict:
         if self.method == "awq":
-            return {"quant_method": "awq", "bits": self.bits, "group_size": self.group, "zero_point": True, "version": "gemm"}
-        return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group, "sym": self.sym,
-                "desc_act": self.act_order, "checkpoint_format": self.fmt}
+            return {
+                "quant_method": "awq",
+                "bits": self.bits,
+                "group_size": self.group,
+                "zero_point": True,
+                "version": "gemm",
+            }
+        return {
+            "quant_method": "gptq",
+            "bits": self.bits,
+            "group_size": self.group,
+            "sym": self.sym,
+            "desc_act": self.act_order,
+            "checkpoint_format": self.fmt,
+        }
 
 
 VARIANTS = {
@@ -167,7 +186,11 @@ def write_checkpoint(folder: Path, model, tokenizer, variant: Variant, seed: int
     for prefix in prefixes:
         ref = quantize_layer(state.pop(f"{prefix}.weight"), variant.bits, variant.group, variant.sym, rng)
         refs[f"{prefix}.weight"] = ref
-        packed = awq_tensors(ref) if variant.method == "awq" else gptq_tensors(ref, variant.bits, variant.fmt, variant.with_g_idx)
+        packed = (
+            awq_tensors(ref)
+            if variant.method == "awq"
+            else gptq_tensors(ref, variant.bits, variant.fmt, variant.with_g_idx)
+        )
         tensors.update({f"{prefix}.{suffix}": value for suffix, value in packed.items()})
     state.pop("lm_head.weight")  # tied to the embeddings
     tensors.update({name: value.astype(np.float16) for name, value in state.items()})  # plain tensors in fp16
@@ -190,11 +213,12 @@ def _set_reference(reference, refs: dict[str, RefLayer], plain: dict[str, np.nda
             params[name].copy_(torch.from_numpy(value.astype(np.float16).astype(np.float32)))
 
 
-
 # ---------------------------------------------------------------- GGUF
 
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+
+
 def _f16_bytes(values: np.ndarray) -> np.ndarray:
     """uint8 [..., 2]: little-endian fp16 of values [...]."""
     return values.astype("<f2")[..., None].view(np.uint8)
@@ -230,20 +254,45 @@ HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 256, 4, 2, 512, 64, 2
 HEAD_DIM = HIDDEN // HEADS
 # every supported type appears, K-quants and legacy ones on attn_q / attn_k
 TYPES = [
-    {"attn_q": T.Q4_K, "attn_k": T.Q6_K, "attn_v": T.Q5_K, "attn_output": T.Q4_0,
-     "ffn_gate": T.Q4_1, "ffn_up": T.Q5_0, "ffn_down": T.Q5_1},
-    {"attn_q": T.Q4_1, "attn_k": T.Q8_0, "attn_v": T.Q4_0, "attn_output": T.Q6_K,
-     "ffn_gate": T.Q5_K, "ffn_up": T.Q4_K, "ffn_down": T.Q8_0},
+    {
+        "attn_q": T.Q4_K,
+        "attn_k": T.Q6_K,
+        "attn_v": T.Q5_K,
+        "attn_output": T.Q4_0,
+        "ffn_gate": T.Q4_1,
+        "ffn_up": T.Q5_0,
+        "ffn_down": T.Q5_1,
+    },
+    {
+        "attn_q": T.Q4_1,
+        "attn_k": T.Q8_0,
+        "attn_v": T.Q4_0,
+        "attn_output": T.Q6_K,
+        "ffn_gate": T.Q5_K,
+        "ffn_up": T.Q4_K,
+        "ffn_down": T.Q8_0,
+    },
 ]
-HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-      "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-      "ffn_down": "mlp.down_proj"}
+HF = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def shape_of(part: str) -> tuple[int, int]:
     """[out, in] of a layer tensor."""
-    return {"attn_k": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
-            "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}.get(part, (HIDDEN, HIDDEN))
+    return {
+        "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "ffn_gate": (FFN, HIDDEN),
+        "ffn_up": (FFN, HIDDEN),
+        "ffn_down": (HIDDEN, FFN),
+    }.get(part, (HIDDEN, HIDDEN))
 
 
 def unpermute(w: np.ndarray, heads: int) -> np.ndarray:

@@ -35,46 +35,108 @@ TINY_CONFIGS: dict[str, dict] = {
     "phi3": dict(_COMMON),  # fused qkv and gate_up
     "gemma": dict(_COMMON, head_dim=32),  # embedding scale, (1 + w) norms, gelu
     # alternating local/global layers, both softcaps, query_pre_attn_scalar != head_dim, sandwich norms
-    "gemma2": dict(_COMMON, head_dim=32, sliding_window=16, attn_logit_softcapping=5.0, final_logit_softcapping=8.0,
-                   query_pre_attn_scalar=24),
+    "gemma2": dict(
+        _COMMON,
+        head_dim=32,
+        sliding_window=16,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=8.0,
+        query_pre_attn_scalar=24,
+    ),
     # the 5:1 local/global pattern, local theta 1e4 and a linear-scaled global theta 1e6, (1 + w) q/k norms
-    "gemma3_text": dict(_COMMON, head_dim=32, num_hidden_layers=6, sliding_window=16, query_pre_attn_scalar=24,
-                        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                         "full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                            "rope_theta": 1000000.0}}),
+    "gemma3_text": dict(
+        _COMMON,
+        head_dim=32,
+        num_hidden_layers=6,
+        sliding_window=16,
+        query_pre_attn_scalar=24,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
+    ),
     "smollm3": dict(_COMMON, num_hidden_layers=4, no_rope_layer_interval=4),  # layer 3 is NoPE
-    "granite": dict(_COMMON, tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
-                    attention_multiplier=0.05, logits_scaling=8.0),
+    "granite": dict(
+        _COMMON,
+        tie_word_embeddings=True,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.05,
+        logits_scaling=8.0,
+    ),
     "olmo2": dict(_COMMON),  # post-norms only, q/k norm over all heads
-    "gpt2": dict(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=512, initializer_range=0.2,
-                 bos_token_id=1, eos_token_id=2),
+    "gpt2": dict(
+        vocab_size=320,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=512,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
 }
 # The multimodal Gemma 3 checkpoint (4B and up): the decoder is its language model.
-_TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                    patch_size=14)
-TINY_CONFIGS["gemma3"] = dict(text_config=dict(TINY_CONFIGS["gemma3_text"], model_type="gemma3_text"),
-                              vision_config=_TINY_VISION, mm_tokens_per_image=4, initializer_range=0.2)
+_TINY_VISION = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+)
+TINY_CONFIGS["gemma3"] = dict(
+    text_config=dict(TINY_CONFIGS["gemma3_text"], model_type="gemma3_text"),
+    vision_config=_TINY_VISION,
+    mm_tokens_per_image=4,
+    initializer_range=0.2,
+)
 # Feature variants of a family: name -> (model_type, overrides of its TINY_CONFIGS entry).
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
-    "llama-llama3-rope": ("llama", dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                         "original_max_position_embeddings": 64})),
-    "llama-yarn": ("llama", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                                  "original_max_position_embeddings": 128})),
+    "llama-llama3-rope": (
+        "llama",
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ),
+    "llama-yarn": (
+        "llama",
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+            }
+        ),
+    ),
     "llama-dynamic": ("llama", dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})),
     "llama-bias": ("llama", dict(attention_bias=True, mlp_bias=True)),  # q/k/v/o and MLP biases
     "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1)),
     "qwen3-window": ("qwen3", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1)),
     "phi3-4k": ("phi3", dict(sliding_window=16)),  # Phi-3-mini-4k: a window on every layer
     # Phi-4-mini: partial rotary 0.75, longrope below its original context, an inert huge window
-    "phi3-mini": ("phi3", dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,  # head_dim 64, rotary 48
-                               sliding_window=262144, max_position_embeddings=2048,
-                               original_max_position_embeddings=512,
-                               rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                                                "partial_rotary_factor": 0.75,
-                                                "short_factor": [1.0 + 0.1 * i for i in range(24)],
-                                                "long_factor": [2.0 + 0.5 * i for i in range(24)],
-                                                "original_max_position_embeddings": 512})),
+    "phi3-mini": (
+        "phi3",
+        dict(
+            hidden_size=128,
+            num_attention_heads=2,
+            num_key_value_heads=1,  # head_dim 64, rotary 48
+            sliding_window=262144,
+            max_position_embeddings=2048,
+            original_max_position_embeddings=512,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.1 * i for i in range(24)],
+                "long_factor": [2.0 + 0.5 * i for i in range(24)],
+                "original_max_position_embeddings": 512,
+            },
+        ),
+    ),
     "smollm3-window": ("smollm3", dict(use_sliding_window=True, sliding_window=16)),  # windows on its NoPE layers
 }
 
@@ -139,9 +201,13 @@ def make_tokenizer(corpus: list[str] | None = None):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator((corpus or _CORPUS) * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -153,8 +219,17 @@ def save_hf_folder(model, folder: Path, tokenizer=None) -> Path:
     return folder
 
 
-def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamma: int = 4, max_context: int = 256,
-                 graph: str = "portable", precision: str = "fp32", exactness: str = "bitwise") -> Path:
+def write_recipe(
+    path: Path,
+    target: Path,
+    draft: dict,
+    name: str = "tiny",
+    gamma: int = 4,
+    max_context: int = 256,
+    graph: str = "portable",
+    precision: str = "fp32",
+    exactness: str = "bitwise",
+) -> Path:
     import yaml
 
     data = {
@@ -170,8 +245,9 @@ def write_recipe(path: Path, target: Path, draft: dict, name: str = "tiny", gamm
     return path
 
 
-def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max_context: int = 256,
-                        precision: str = "fp32") -> Path:
+def build_tiny_artifact(
+    workdir: Path, draft_kind: str, arch: str = "llama", max_context: int = 256, precision: str = "fp32"
+) -> Path:
     """draft_kind: 'self' (draft = target), 'noisy' (perturbed copy), 'ngram', or a self-draft
     precision ('int8', 'int4', 'fp16', ...); with a '-fused' suffix (e.g. 'noisy-fused') both graphs
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
@@ -188,7 +264,11 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
         draft_kind, exactness = draft_kind[: -len("-numerical")], "numerical"
     if draft_kind.endswith("-fused"):
         draft_kind, graph = draft_kind[: -len("-fused")], "fused"
-    name = f"tiny-{draft_kind}" + ("-fused" if graph == "fused" else "") + ("-numerical" if exactness == "numerical" else "")
+    name = (
+        f"tiny-{draft_kind}"
+        + ("-fused" if graph == "fused" else "")
+        + ("-numerical" if exactness == "numerical" else "")
+    )
     if draft_kind.endswith("-target"):
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -208,9 +288,18 @@ def build_tiny_artifact(workdir: Path, draft_kind: str, arch: str = "llama", max
         draft, graph = {"eagle3": {"model": str(workdir / "head")}}, "fused" if draft_kind == "eagle3" else "portable"
     else:
         draft = {"from_target": {"precision": draft_kind}}
-    recipe = load_recipe(write_recipe(workdir / "recipe.yaml", target_dir, draft, name=name,
-                                      max_context=max_context, graph=graph, precision=precision,
-                                      exactness=exactness))
+    recipe = load_recipe(
+        write_recipe(
+            workdir / "recipe.yaml",
+            target_dir,
+            draft,
+            name=name,
+            max_context=max_context,
+            graph=graph,
+            precision=precision,
+            exactness=exactness,
+        )
+    )
     out = workdir / "artifact"
     build_artifact(recipe, out)
     return out

@@ -23,8 +23,12 @@ import numpy as np
 from specexport_runtime.engine import SessionConfig, make_session
 from specexport_runtime.trt_engines import Profile, profile_shapes
 
-_ORT_TYPES = {"tensor(int64)": np.dtype(np.int64), "tensor(int32)": np.dtype(np.int32),
-              "tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16)}
+_ORT_TYPES = {
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+}
 
 
 class Memory:
@@ -60,8 +64,9 @@ class Memory:
 class FakeCudart:
     """The cuda-python runtime calls trt_backend._Cuda makes; each returns (error, *values)."""
 
-    cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice="h2d", cudaMemcpyDeviceToHost="d2h",
-                                     cudaMemcpyDeviceToDevice="d2d")
+    cudaMemcpyKind = SimpleNamespace(
+        cudaMemcpyHostToDevice="h2d", cudaMemcpyDeviceToHost="d2h", cudaMemcpyDeviceToDevice="d2d"
+    )
     _POOLS = {"h2d": ("host", "device"), "d2h": ("device", "host"), "d2d": ("device", "device")}
 
     def __init__(self, memory: Memory):

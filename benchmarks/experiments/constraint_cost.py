@@ -34,6 +34,7 @@ def timed(acc: dict, name: str, fn):
             return fn(*args, **kwargs)
         finally:
             acc[name] += time.perf_counter() - start
+
     return wrapper
 
 
@@ -56,17 +57,24 @@ def measure(gen, rows: list[dict]) -> dict:
     finally:
         matcher.masks, matcher.commit, module.apply_mask = saved
     grammar_s = sum(acc.values())
-    return {"prompts": len(rows), "tokens": tokens, "target_ms_per_token": round(target / tokens * 1e3, 4),
-            "grammar_ms_per_token": round(grammar_s / tokens * 1e3, 4),
-            **{f"{k}_ms_per_token": round(v / tokens * 1e3, 4) for k, v in acc.items()},
-            "grammar_share_of_step": round(grammar_s / target, 4)}
+    return {
+        "prompts": len(rows),
+        "tokens": tokens,
+        "target_ms_per_token": round(target / tokens * 1e3, 4),
+        "grammar_ms_per_token": round(grammar_s / tokens * 1e3, 4),
+        **{f"{k}_ms_per_token": round(v / tokens * 1e3, 4) for k, v in acc.items()},
+        "grammar_share_of_step": round(grammar_s / target, 4),
+    }
 
 
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", help="artifact folder (specexport build)")
-    ap.add_argument("--prompts", default=str(REPO / "calibration" / "structured_json.jsonl"),
-                    help="a JSONL file of chat prompts; those with a 'schema' are measured")
+    ap.add_argument(
+        "--prompts",
+        default=str(REPO / "calibration" / "structured_json.jsonl"),
+        help="a JSONL file of chat prompts; those with a 'schema' are measured",
+    )
     ap.add_argument("--limit", type=int, default=20, help="prompts with a schema to measure (default 20)")
     ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")
     ap.add_argument("--json", default=None, metavar="OUT", help="write the machine, command and result as JSON here")

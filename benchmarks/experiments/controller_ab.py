@@ -40,9 +40,8 @@ def parser():
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport_runtime.api import SpecGenerator, load
-
     from specexport.harness_workers import SPECEXPORT_MEMORY, generation_row
+    from specexport_runtime.api import SpecGenerator, load
 
     tolerances = [float(t) for t in args.tolerances.split(",") if t.strip()]
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
@@ -53,32 +52,60 @@ def main(argv=None) -> int:
     def method(name: str, gen, mode: str, gamma: int | None = None) -> harness.Method:
         def run(case: harness.Case) -> dict:
             return generation_row(gen, case.ids, mode, args.max_new_tokens, gamma, domain=case.domain)
+
         return harness.Method(name, run, gen.forget_history, SPECEXPORT_MEMORY)
 
     methods = [method("off", first, "off")]
     if args.fixed:
         methods.append(method(f"fixed {args.fixed}", first, proposer, args.fixed))
     for tol in tolerances:  # the same sessions (a second load's sessions ran ~5% apart), own controllers
-        gen = SpecGenerator(first.root, first.manifest, first.codec, first.target, first.draft, first.calibration,
-                            first.config.replace(controller={"gamma_tolerance": tol}))
+        gen = SpecGenerator(
+            first.root,
+            first.manifest,
+            first.codec,
+            first.target,
+            first.draft,
+            first.calibration,
+            first.config.replace(controller={"gamma_tolerance": tol}),
+        )
         methods.append(method(f"tolerance {tol:g}", gen, proposer))
     cases = harness.make_cases(first.codec, prompts)
-    run = harness.run_interleaved(methods, cases, harness.warmup_case(first.codec, 8), args.repeats,
-                                  progress=lambda s: print(f"  {s.case:<20} {s.method:<16}", file=sys.stderr))
+    run = harness.run_interleaved(
+        methods,
+        cases,
+        harness.warmup_case(first.codec, 8),
+        args.repeats,
+        progress=lambda s: print(f"  {s.case:<20} {s.method:<16}", file=sys.stderr),
+    )
     domain_of = {c.id: c.domain for c in cases}
     domains = list(dict.fromkeys(domain_of.values()))
     rows = []
     for m in methods[1:]:
         ratio = run.ratio(m.name, "off", harness.wall_tok_s)
-        by_domain = {d: statistics.median(r for c, r in ratio["per_case"].items() if domain_of[c] == d)
-                     for d in domains}
+        by_domain = {
+            d: statistics.median(r for c, r in ratio["per_case"].items() if domain_of[c] == d) for d in domains
+        }
         same, total = run.same_tokens(m.name, "off")
-        rows.append({"setting": m.name, "speedup": ratio["median"], "ci95": ratio["ci95"], "by_domain": by_domain,
-                     "identical": same, "prompts": total})
+        rows.append(
+            {
+                "setting": m.name,
+                "speedup": ratio["median"],
+                "ci95": ratio["ci95"],
+                "by_domain": by_domain,
+                "identical": same,
+                "prompts": total,
+            }
+        )
     mismatches = sum(r["prompts"] - r["identical"] for r in rows)
-    print(harness.preamble(meta, run, f"{len(cases)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, "
-                           f"greedy, proposer {proposer}; off {run.median('off', harness.wall_tok_s):.1f} tok/s; "
-                           f"median per-prompt speedup over off; outputs differing from off: {mismatches}"))
+    print(
+        harness.preamble(
+            meta,
+            run,
+            f"{len(cases)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, "
+            f"greedy, proposer {proposer}; off {run.median('off', harness.wall_tok_s):.1f} tok/s; "
+            f"median per-prompt speedup over off; outputs differing from off: {mismatches}",
+        )
+    )
     print(f"{'setting':<16}{'all':>8}  {'[95% CI]':<13}" + "".join(f"{d:>12}" for d in domains))
     for r in rows:
         ci = "[{:.2f}-{:.2f}]".format(*r["ci95"]) if r["ci95"] else "-"

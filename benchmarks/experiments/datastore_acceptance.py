@@ -42,17 +42,26 @@ def matched(draft: list[int], truth: list[int]) -> int:
 def summary(rows: list[dict]) -> dict:
     drafted = sum(r["drafted"] for r in rows)
     accepted = sum(r["accepted"] for r in rows)
-    return {"positions": len(rows), "drafted": drafted,
-            "first_token_right": round(sum(r["accepted"] > 0 for r in rows) / len(rows), 3) if rows else None,
-            "accepted_per_draft": round(accepted / len(rows), 2) if rows else None,
-            "token_acceptance": round(accepted / drafted, 3) if drafted else None}
+    return {
+        "positions": len(rows),
+        "drafted": drafted,
+        "first_token_right": round(sum(r["accepted"] > 0 for r in rows) / len(rows), 3) if rows else None,
+        "accepted_per_draft": round(accepted / len(rows), 2) if rows else None,
+        "token_acceptance": round(accepted / drafted, 3) if drafted else None,
+    }
 
 
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", type=Path, help="an artifact with a corpus datastore (recipe retrieval)")
-    harness.add_run_options(ap, prompts=str(REPO / "benchmarks" / "prompts" / "code_completion.jsonl"), limit=30,
-                            max_new_tokens=128, repeats=None, threads=2)
+    harness.add_run_options(
+        ap,
+        prompts=str(REPO / "benchmarks" / "prompts" / "code_completion.jsonl"),
+        limit=30,
+        max_new_tokens=128,
+        repeats=None,
+        threads=2,
+    )
     return ap
 
 
@@ -75,20 +84,33 @@ def main(argv=None) -> int:
         request.reset(ids)
         context = list(ids)
         for i, token in enumerate(answer):
-            draft, score, m = store.propose(context[-config.max_depth:], config, args.max_new_tokens)
-            _, own_score, _ = request.propose(context[-config.max_depth:], config, args.max_new_tokens)
+            draft, score, m = store.propose(context[-config.max_depth :], config, args.max_new_tokens)
+            _, own_score, _ = request.propose(context[-config.max_depth :], config, args.max_new_tokens)
             if draft:
-                rows.append({"prompt": p.id, "position": i, "m": m, "score": score, "drafted": len(draft),
-                             "accepted": matched(draft, answer[i:]), "request_score": own_score})
+                rows.append(
+                    {
+                        "prompt": p.id,
+                        "position": i,
+                        "m": m,
+                        "score": score,
+                        "drafted": len(draft),
+                        "accepted": matched(draft, answer[i:]),
+                        "request_score": own_score,
+                    }
+                )
             request.extend([token])
             context.append(token)
-    report = {"artifact": str(args.artifact), "datastore": store.describe(), "all": summary(rows),
-              "by_match_length": {f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+":
-                                  summary([r for r in rows if lo <= r["m"] < hi])
-                                  for lo, hi in M_BUCKETS},
-              "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi])
-                           for lo, hi in SCORE_BUCKETS},
-              "where_request_has_no_draft": summary([r for r in rows if r["request_score"] < 1.0])}
+    report = {
+        "artifact": str(args.artifact),
+        "datastore": store.describe(),
+        "all": summary(rows),
+        "by_match_length": {
+            f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+": summary([r for r in rows if lo <= r["m"] < hi])
+            for lo, hi in M_BUCKETS
+        },
+        "by_score": {f"{lo:g}-{hi:g}": summary([r for r in rows if lo <= r["score"] < hi]) for lo, hi in SCORE_BUCKETS},
+        "where_request_has_no_draft": summary([r for r in rows if r["request_score"] < 1.0]),
+    }
     print(harness.header(meta))
     print(f"{args.artifact}: datastore {report['datastore']}; drafts at {len(rows)} answer positions")
     for group in ("by_match_length", "by_score"):

@@ -36,19 +36,23 @@ from specexport import harness  # noqa: E402
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", type=Path, help="an artifact with an EAGLE-3 head (recipe draft.eagle3)")
-    ap.add_argument("--bigram", type=Path, default=None, help="a train-draft answer cache (JSON of token-id lists)"
-                    " whose bigram successors are the baseline")
-    harness.add_run_options(ap, prompts="code,chat,structured,copy_edit,creative", limit=2, max_new_tokens=96,
-                            repeats=None, threads=2)
+    ap.add_argument(
+        "--bigram",
+        type=Path,
+        default=None,
+        help="a train-draft answer cache (JSON of token-id lists) whose bigram successors are the baseline",
+    )
+    harness.add_run_options(
+        ap, prompts="code,chat,structured,copy_edit,creative", limit=2, max_new_tokens=96, repeats=None, threads=2
+    )
     return ap
 
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
+    from specexport.validate import FeedRunner
     from specexport_runtime.api import load
     from specexport_runtime.engine import OrtModel, SessionConfig
-
-    from specexport.validate import FeedRunner
 
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     successor = bigram_successors(args.bigram) if args.bigram else None
@@ -67,8 +71,13 @@ def main(argv=None) -> int:
         runner = FeedRunner(args.artifact / m.target.graph, m.target.graph_spec())
         runner.run(seq, list(range(len(seq))))
         n = len(seq) - 2
-        head = OrtModel(args.artifact / m.draft.graph, m.draft.graph_spec(), len(seq) + 2,
-                        SessionConfig(provider="cpu", threads=args.threads), max_rows=len(seq))
+        head = OrtModel(
+            args.artifact / m.draft.graph,
+            m.draft.graph_spec(),
+            len(seq) + 2,
+            SessionConfig(provider="cpu", threads=args.threads),
+            max_rows=len(seq),
+        )
         pred = d2t[head.forward(seq[1 : n + 1], last_rows=n, features=runner.features[:n]).argmax(-1)]
         first = len(ids) - 2  # rows predicting answer tokens
         ok = pred[first:] == np.asarray(seq[first + 2 :])
@@ -83,14 +92,20 @@ def main(argv=None) -> int:
         total["rows"] += ok.size
         total["accepted"] += acc
         total["drafted"] += drafted
-        row = {"id": p.id, "teacher_forced": round(float(ok.mean()), 3),
-               "in_loop_first": round(acc / drafted, 3) if drafted else None, "same_output": loop.token_ids == answer}
+        row = {
+            "id": p.id,
+            "teacher_forced": round(float(ok.mean()), 3),
+            "in_loop_first": round(acc / drafted, 3) if drafted else None,
+            "same_output": loop.token_ids == answer,
+        }
         if big is not None:
             row["bigram_baseline"] = round(float(big.mean()), 3)
         rows.append(row)
         print(json.dumps(row))
-    summary = {"teacher_forced": round(total["hits"] / max(1, total["rows"]), 3),
-               "in_loop_first": round(total["accepted"] / max(1, total["drafted"]), 3)}
+    summary = {
+        "teacher_forced": round(total["hits"] / max(1, total["rows"]), 3),
+        "in_loop_first": round(total["accepted"] / max(1, total["drafted"]), 3),
+    }
     if successor is not None:
         summary["bigram_baseline"] = round(total["bigram"] / max(1, total["rows"]), 3)
     print(json.dumps(summary))

@@ -52,9 +52,14 @@ def main(argv=None) -> int:
     entry = manifest.target
     with tempfile.TemporaryDirectory(prefix="op-profile-") as folder:
         config = SessionConfig(threads=args.threads, profile_prefix=str(Path(folder) / "target"))
-        model = OrtModel(check_graph(args.artifact, entry.graph, "target graph"), entry.graph_spec(),
-                         manifest.max_context,
-                         config, min_rows=entry.min_rows, cache_pad=entry.cache_pad)
+        model = OrtModel(
+            check_graph(args.artifact, entry.graph, "target graph"),
+            entry.graph_spec(),
+            manifest.max_context,
+            config,
+            min_rows=entry.min_rows,
+            cache_pad=entry.cache_pad,
+        )
         vocab = entry.vocab_size  # token ids: any in range (costs do not depend on the text)
         model.forward([(100 + i % 1000) % vocab for i in range(args.past)])
         start = time.perf_counter()
@@ -77,12 +82,16 @@ def main(argv=None) -> int:
             by_node[e["name"].removesuffix("_kernel_time")] += e["dur"]
     total = sum(spent.values())
     what = "decode step" if args.rows == 1 else f"{args.rows}-row call"
-    ops = [{"op": op, "ms_per_call": us / calls / 1e3, "share": us / total, "nodes_per_call": count[op] / calls}
-           for op, us in spent.most_common(args.top)]
+    ops = [
+        {"op": op, "ms_per_call": us / calls / 1e3, "share": us / total, "nodes_per_call": count[op] / calls}
+        for op, us in spent.most_common(args.top)
+    ]
     nodes = [{"node": name, "ms_per_call": us / calls / 1e3} for name, us in by_node.most_common(args.nodes)]
     print(harness.header(meta))
-    print(f"{args.artifact.name}: {wall * 1e3:.2f} ms per {what} (wall, profiling on), "
-          f"{sum(count.values()) / calls:.0f} nodes per call")
+    print(
+        f"{args.artifact.name}: {wall * 1e3:.2f} ms per {what} (wall, profiling on), "
+        f"{sum(count.values()) / calls:.0f} nodes per call"
+    )
     for r in ops:
         print(f"  {r['op']:34s} {r['ms_per_call']:7.3f} ms  {100 * r['share']:5.1f}%  {r['nodes_per_call']:5.0f} nodes")
     for r in nodes:

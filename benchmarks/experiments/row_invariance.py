@@ -61,8 +61,14 @@ def _model(graphs: dict, way: str, provider: str, threads: int | None = None):
 
     padded, min_rows = WAYS[way]
     result = graphs[padded]
-    return OrtModel(result.path, result.spec, MAX_CONTEXT, SessionConfig(provider=provider, threads=threads),
-                    min_rows=min_rows, cache_pad=int(padded))
+    return OrtModel(
+        result.path,
+        result.spec,
+        MAX_CONTEXT,
+        SessionConfig(provider=provider, threads=threads),
+        min_rows=min_rows,
+        cache_pad=int(padded),
+    )
 
 
 def invariance(graphs: dict, way: str, provider: str, sequences: list[tuple[list[int], list[int]]]) -> dict:
@@ -72,8 +78,12 @@ def invariance(graphs: dict, way: str, provider: str, sequences: list[tuple[list
     model = _model(graphs, way, provider)
     reports = [row_invariance(model, prefix, tokens) for prefix, tokens in sequences]
     rows = sum(r.rows for r in reports)
-    return {"bitwise": all(r.bitwise for r in reports), "max_abs_diff": max(r.max_abs_diff for r in reports),
-            "argmax_agreement": sum(r.argmax_agreement * r.rows for r in reports) / rows, "rows": rows}
+    return {
+        "bitwise": all(r.bitwise for r in reports),
+        "max_abs_diff": max(r.max_abs_diff for r in reports),
+        "argmax_agreement": sum(r.argmax_agreement * r.rows for r in reports) / rows,
+        "rows": rows,
+    }
 
 
 def call_costs(configs: dict, provider: str, past: int, repeats: int, calls: int = 20) -> dict:
@@ -86,9 +96,11 @@ def call_costs(configs: dict, provider: str, past: int, repeats: int, calls: int
             model.reset()
             model.forward(list(range(3, 3 + past)))
             for S, key in ((1, (name, way)),) + (((9, (name, "verify9")),) if way == "unpadded" else ()):
+
                 def call(model=model, S=S):
                     model.truncate(past)
                     model.forward([5] * S, last_rows=S)
+
                 times[key].append(harness.median_seconds(call, calls) * 1000)
     out: dict = {name: {} for name in configs}
     for (name, key), values in times.items():
@@ -132,17 +144,24 @@ def main(argv=None) -> int:
     rows = []
     print(harness.header(meta))
     with tempfile.TemporaryDirectory() as tmp:
-        configs = {name: {pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad)
-                          for pad in (False, True)}
-                   for name in args.configs.split(",") if name}
+        configs = {
+            name: {
+                pad: build_config(name, model, blocks, Path(tmp) / f"{name}-{int(pad)}", pad) for pad in (False, True)
+            }
+            for name in args.configs.split(",")
+            if name
+        }
         costs = call_costs(configs, args.provider, args.past, args.repeats)
         for name, graphs in configs.items():
             row = {"config": name, "provider": args.provider, "ms": costs[name]}
             parts = []
             for way in WAYS:
                 row[way] = r = invariance(graphs, way, args.provider, sequences)
-                state = ("bitwise" if r["bitwise"]
-                         else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})")
+                state = (
+                    "bitwise"
+                    if r["bitwise"]
+                    else f"differ {r['max_abs_diff']:.2g} (argmax {r['argmax_agreement']:.1%})"
+                )
                 ratio = costs[name][way] / costs[name]["unpadded"]
                 parts.append(f"{way}: {state}, {costs[name][way]:.2f} ms ({ratio:.2f}x)")
             rows.append(row)

@@ -34,8 +34,13 @@ def measure(gen, speculative: bool, proposer: str | None, tokens: int) -> dict:
         if model is not None:
             model.stats.__init__()  # count this generation's calls only
     gen.forget_history()
-    run = gen.events(gen.codec.encode_chat([{"role": "user", "content": PROMPT}]), max_new_tokens=tokens,
-                     speculative=speculative, proposer=proposer, gamma=None)
+    run = gen.events(
+        gen.codec.encode_chat([{"role": "user", "content": PROMPT}]),
+        max_new_tokens=tokens,
+        speculative=speculative,
+        proposer=proposer,
+        gamma=None,
+    )
     for _ in run.pieces():
         rss.append(process.memory_info().rss)
     stats = run.stats

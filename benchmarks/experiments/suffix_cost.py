@@ -51,8 +51,9 @@ def parser():
     ap.add_argument("--request", type=int, default=2048, help="request tokens at the start (it grows ~3 per round)")
     ap.add_argument("--store", type=int, default=200_000, help="tokens of past responses in the store")
     ap.add_argument("--rounds", type=int, default=2000, help="timed rounds")
-    ap.add_argument("--json", type=Path, default=None, metavar="OUT",
-                    help="write the machine, command and figures as JSON")
+    ap.add_argument(
+        "--json", type=Path, default=None, metavar="OUT", help="write the machine, command and figures as JSON"
+    )
     ap.add_argument("--datastore", type=Path, default=None, help="folder with retrieval/tokens.npy + suffix_array.npy")
     ap.add_argument("--text", type=Path, default=None, help="with --datastore: the request's text")
     ap.add_argument("--tokenizer", type=Path, default=None, help="with --datastore: a tokenizers JSON file")
@@ -81,8 +82,9 @@ def main(argv=None) -> int:
     if args.datastore is not None:
         from tokenizers import Tokenizer
 
-        datastore = Datastore.open(args.datastore / "retrieval" / "tokens.npy",
-                                   args.datastore / "retrieval" / "suffix_array.npy")
+        datastore = Datastore.open(
+            args.datastore / "retrieval" / "tokens.npy", args.datastore / "retrieval" / "suffix_array.npy"
+        )
         ids = Tokenizer.from_file(str(args.tokenizer)).encode(args.text.read_text(encoding="utf-8")).ids
         committed, stream = ids[: args.request], ids[args.request :] * (1 + args.rounds * 5 // max(1, len(ids)))
     else:
@@ -109,10 +111,13 @@ def main(argv=None) -> int:
         spent = 0.0
         drafted += bool(tokens)
     result = {
-        "meta": meta, "request_tokens_at_end": len(committed), "rounds": args.rounds,
+        "meta": meta,
+        "request_tokens_at_end": len(committed),
+        "rounds": args.rounds,
         "ms_per_round": harness.percentiles(1e3 * x for x in times),
         "rounds_with_a_draft": drafted / args.rounds,
-        "store": store.describe(), "store_fill_seconds": round(fill, 2),
+        "store": store.describe(),
+        "store_fill_seconds": round(fill, 2),
         "datastore": None if datastore is None else datastore.describe(),
     }
     print(harness.header(meta))

@@ -44,19 +44,19 @@ def config_of(spec: str):
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", type=Path, help="artifact folder (specexport build)")
-    ap.add_argument("--configs", default="1/16,2/32,auto", help="FACTOR/MAX_SPEC or auto, comma-separated "
-                    "(default %(default)s)")
+    ap.add_argument(
+        "--configs", default="1/16,2/32,auto", help="FACTOR/MAX_SPEC or auto, comma-separated (default %(default)s)"
+    )
     harness.add_run_options(ap, prompts="copy_edit", limit=32, max_new_tokens=None, repeats=1, threads=2)
     return ap
 
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport_runtime.api import load
-    from specexport_runtime.suffix import LimitTuner
-
     from specexport.harness_workers import generation_row, inprocess_method
     from specexport.prompts import DEFAULT_MAX_NEW_TOKENS
+    from specexport_runtime.api import load
+    from specexport_runtime.suffix import LimitTuner
 
     specs = [c.strip() for c in args.configs.split(",") if c.strip()]
     configs = {c: config_of(c) for c in specs}  # checked before the load
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
                 return generation_row(gen, case.ids, "suffix", case.max_new_tokens or new, suffix=configs[spec])
             finally:
                 learned.tuner = default_tuner
+
         return run
 
     off = inprocess_method(gen, "off", "off", new)
@@ -82,22 +83,38 @@ def main(argv=None) -> int:
     cases = harness.make_cases(gen.codec, prompts, per_prompt_limit=args.max_new_tokens is None)
     run = harness.run_interleaved(methods, cases, harness.warmup_case(gen.codec, 8), args.repeats)
     decode = {m.name: sum(s.result["decode_seconds"] for s in run.samples_of(m.name)) for m in methods}
-    result = {"meta": meta, "artifact": str(args.artifact), "prompts": args.prompts, "count": len(prompts),
-              "memory": run.memory_notes(), "configs": {}}
+    result = {
+        "meta": meta,
+        "artifact": str(args.artifact),
+        "prompts": args.prompts,
+        "count": len(prompts),
+        "memory": run.memory_notes(),
+        "configs": {},
+    }
     for c in specs:
         ratio = run.ratio(c, "off", "tok_s")
         same, total = run.same_tokens(c, "off")
         result["configs"][c] = {
-            "speedup": round(decode["off"] / decode[c], 3), "median_speedup": round(ratio["median"], 3),
-            "median_speedup_ci95": ratio["ci95"], "identical": f"{same}/{total}",
+            "speedup": round(decode["off"] / decode[c], 3),
+            "median_speedup": round(ratio["median"], 3),
+            "median_speedup_ci95": ratio["ci95"],
+            "identical": f"{same}/{total}",
             "tuner": tuners[c].describe(gen.verify_cost.line()) if len(configs[c].limit_scales) > 1 else None,
         }
-    print(harness.preamble(meta, run, f"{len(prompts)} prompts ({args.prompts}), suffix proposer; speedup over "
-                           "target-only: summed decode seconds and the median per-prompt ratio [95% CI]"))
+    print(
+        harness.preamble(
+            meta,
+            run,
+            f"{len(prompts)} prompts ({args.prompts}), suffix proposer; speedup over "
+            "target-only: summed decode seconds and the median per-prompt ratio [95% CI]",
+        )
+    )
     for c, r in result["configs"].items():
         ci = "[{:.2f}-{:.2f}]".format(*r["median_speedup_ci95"]) if r["median_speedup_ci95"] else "-"
-        print(f"  {c:<10} {r['speedup']:.3f}x  median {r['median_speedup']:.3f}x {ci}  identical {r['identical']}"
-              + (f"  tuner {r['tuner']}" if r["tuner"] else ""))
+        print(
+            f"  {c:<10} {r['speedup']:.3f}x  median {r['median_speedup']:.3f}x {ci}  identical {r['identical']}"
+            + (f"  tuner {r['tuner']}" if r["tuner"] else "")
+        )
     if args.json:
         harness.write_json(args.json, {**result, "run": run.to_dict()})
     return 0

@@ -88,8 +88,9 @@ def needed_alpha(goal: float, c: float, costs: dict) -> dict:
 
     costs = {**costs, "draft_step_s": c * costs["decode_s"]}
     for a in np.arange(0.0, 1.0001, 0.01):
-        best = max((theoretical_speedup(float(a), g, costs) for g in SEARCHED_GAMMAS),
-                   key=lambda r: r["speedup"] or 0.0)
+        best = max(
+            (theoretical_speedup(float(a), g, costs) for g in SEARCHED_GAMMAS), key=lambda r: r["speedup"] or 0.0
+        )
         if (best["speedup"] or 0.0) >= goal:
             return {"alpha": round(float(a), 2), "gamma": best["gamma"]}
     return {"alpha": None, "gamma": None}
@@ -106,15 +107,23 @@ def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifacts", type=Path, nargs="+", help="artifact folders (specexport build)")
     ap.add_argument("--past", type=int, default=200, help="cache length of every timed call (default 200)")
-    ap.add_argument("--sizes", default="1,2,3,4,5,9",
-                    help="target call sizes S, comma list (1 = decode; default %(default)s)")
+    ap.add_argument(
+        "--sizes", default="1,2,3,4,5,9", help="target call sizes S, comma list (1 = decode; default %(default)s)"
+    )
     ap.add_argument("--draft-sizes", default="1", help="draft call sizes S, comma list (default 1: the draft step)")
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="rounds over all artifacts and sizes; the best median is kept (default 5)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="rounds over all artifacts and sizes; the best median is kept (default 5)",
+    )
     ap.add_argument("--calls", type=int, default=20, help="timed calls per size and round (default 20)")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default 2)")
-    ap.add_argument("--speedups", default="1.2,1.3,1.5", help="round speedups to find the needed acceptance of "
-                    "(default %(default)s)")
+    ap.add_argument(
+        "--speedups",
+        default="1.2,1.3,1.5",
+        help="round speedups to find the needed acceptance of (default %(default)s)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
     ap.add_argument("--json", default=None, metavar="OUT", help="write the machine, command and rows as JSON here")
     return ap
@@ -142,21 +151,34 @@ def main(argv=None) -> int:
         costs = {"decode_s": decode, "target_s": {s: t[("target", s)] for s in target_sizes if s > 1}}
         v = {s: t[("target", s)] / decode for s in target_sizes}
         top = max(target_sizes)
-        row = {"artifact": str(p.path), "precision": p.gen.manifest.target.precision,
-               "calls": {p.label(role): {str(s): {"ms": round(sec * 1e3, 3), "vs_first_decode": round(sec / base, 3)}
-                                         for (r, s), sec in t.items() if r == role} for role in ("target", "draft")
-                         if any(r == role for r, _ in t)},
-               "decode_ms": round(decode * 1e3, 2), "v": {str(s): round(x, 3) for s, x in v.items()},
-               "r": round((v[top] - 1) / (top - 1), 3) if top > 1 else None,
-               "c": round(t[("draft", 1)] / decode, 3) if ("draft", 1) in t else None, "needed_alpha": {}}
+        row = {
+            "artifact": str(p.path),
+            "precision": p.gen.manifest.target.precision,
+            "calls": {
+                p.label(role): {
+                    str(s): {"ms": round(sec * 1e3, 3), "vs_first_decode": round(sec / base, 3)}
+                    for (r, s), sec in t.items()
+                    if r == role
+                }
+                for role in ("target", "draft")
+                if any(r == role for r, _ in t)
+            },
+            "decode_ms": round(decode * 1e3, 2),
+            "v": {str(s): round(x, 3) for s, x in v.items()},
+            "r": round((v[top] - 1) / (top - 1), 3) if top > 1 else None,
+            "c": round(t[("draft", 1)] / decode, 3) if ("draft", 1) in t else None,
+            "needed_alpha": {},
+        }
         for goal in goals:
             row["needed_alpha"][str(goal)] = {"free proposer": needed_alpha(goal, 0.0, costs)}
             if row["c"] is not None:
                 row["needed_alpha"][str(goal)]["draft"] = needed_alpha(goal, row["c"], costs)
         rows.append(row)
     print(harness.header(meta))
-    print(f"calls at a {args.past}-token cache, {args.threads} threads, best of {args.repeats} medians of {args.calls}"
-          " calls; v(S) = S-row call / 1-row call; ratio: to the first artifact's decode step")
+    print(
+        f"calls at a {args.past}-token cache, {args.threads} threads, best of {args.repeats} medians of {args.calls}"
+        " calls; v(S) = S-row call / 1-row call; ratio: to the first artifact's decode step"
+    )
     for row in rows:
         for label, by_size in row["calls"].items():
             cells = "  ".join(f"S={s} {x['ms']:.2f} ms ({x['vs_first_decode']:.2f})" for s, x in by_size.items())
@@ -164,8 +186,10 @@ def main(argv=None) -> int:
         vs = " ".join(f"v({s})={x}" for s, x in row["v"].items() if s != "1")
         print(f"  {vs}  r={row['r']}  c={row['c']}")
         for goal, need in row["needed_alpha"].items():
-            parts = [f"{k}: unreachable" if n["alpha"] is None else f"{k}: alpha >= {n['alpha']} (gamma {n['gamma']})"
-                     for k, n in need.items()]
+            parts = [
+                f"{k}: unreachable" if n["alpha"] is None else f"{k}: alpha >= {n['alpha']} (gamma {n['gamma']})"
+                for k, n in need.items()
+            ]
             print(f"    {goal}x needs  " + ";  ".join(parts))
     if args.json:
         harness.write_json(args.json, {"meta": meta, "rows": rows})

@@ -43,7 +43,6 @@ from dataclasses import InitVar, dataclass, field
 from .costs import VerifyCost, ema
 from .errors import InvalidArgument
 
-
 CHEAP_PROBE = 1.25  # a probe round costing at most this many decode steps is cheap (start_sequence)
 
 
@@ -119,9 +118,7 @@ class GammaController:
         if not _is_real(self.gamma_tolerance) or not 0.0 <= self.gamma_tolerance < 1.0:
             raise InvalidArgument(f"gamma_tolerance must be a number in [0, 1), got {self.gamma_tolerance!r}")
         if not _is_real(self.min_draft_prob) or not 0.0 <= self.min_draft_prob < 1.0:
-            raise InvalidArgument(
-                f"min_draft_prob must be a number in [0, 1), got {self.min_draft_prob!r}"
-            )
+            raise InvalidArgument(f"min_draft_prob must be a number in [0, 1), got {self.min_draft_prob!r}")
         self._initial_gamma = self.gamma
         self._interval = self.probe_every
         self._n_draft = 0 if self.cost_draft is None else 1

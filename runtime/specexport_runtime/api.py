@@ -1,9 +1,9 @@
 """Public entry point: `load(artifact)` returns a SpecGenerator.
 
-    gen = load("artifacts/smollm2-135m")                  # gen.config: the manifest's defaults
-    gen.generate("def fib(n):", max_new_tokens=64)        # per-call overrides of gen.config
-    gen.generate(prompt, config=gen.config.replace(proposer="ngram", gamma=4))
-    run = gen.events(prompt)                              # per round; run.stats is this run's
+gen = load("artifacts/smollm2-135m")                  # gen.config: the manifest's defaults
+gen.generate("def fib(n):", max_new_tokens=64)        # per-call overrides of gen.config
+gen.generate(prompt, config=gen.config.replace(proposer="ngram", gamma=4))
+run = gen.events(prompt)                              # per round; run.stats is this run's
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ import numpy as np
 
 from . import registry
 from .adaptive import GammaController
-from .costs import VerifyCost
-from .structured import ConstraintEngine, Grammar, Guide
-from .tools import ToolPlan
 from .config import ADAPTIVE, GeneratorConfig
+from .costs import VerifyCost
 from .datastore import Datastore
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
@@ -38,7 +36,9 @@ from .model import Model
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext
 from .signing import verify as verify_signature
+from .structured import ConstraintEngine, Grammar, Guide
 from .tokenizer import TextCodec
+from .tools import ToolPlan
 
 Prompt = str | bytes | Sequence[int]
 CALIBRATION_NAME = "calibration.json"
@@ -60,12 +60,21 @@ class SpecGenerator:
     and/or overrides of single fields as keyword arguments. What proposers learn across calls
     (the gamma controllers, the suffix store of earlier answers) lives here too."""
 
-    def __init__(self, root: Path, manifest: Manifest, codec: TextCodec, target: Model, draft: Model | None,
-                 calibration: dict | None = None, config: GeneratorConfig | None = None):
+    def __init__(
+        self,
+        root: Path,
+        manifest: Manifest,
+        codec: TextCodec,
+        target: Model,
+        draft: Model | None,
+        calibration: dict | None = None,
+        config: GeneratorConfig | None = None,
+    ):
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and not isinstance(model, Model):
-                raise TypeError(f"the {role} must implement model.Model (OrtModel, TrtModel),"
-                                f" got {type(model).__name__}")
+                raise TypeError(
+                    f"the {role} must implement model.Model (OrtModel, TrtModel), got {type(model).__name__}"
+                )
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.eos = set(manifest.tokenizer.eos_token_ids)
@@ -152,11 +161,20 @@ class SpecGenerator:
             try:
                 d2t = np.load(path, allow_pickle=False)
             except (OSError, ValueError) as exc:
-                raise ArtifactError(f"{self.manifest.draft.vocab_map!r} is not a readable .npy vocabulary map: {exc}") from exc
+                raise ArtifactError(
+                    f"{self.manifest.draft.vocab_map!r} is not a readable .npy vocabulary map: {exc}"
+                ) from exc
             rows = self.manifest.target.embedding_rows
-            if d2t.dtype != np.int64 or d2t.shape != (self.draft.spec.embedding_rows,) or d2t.min() < 0 or d2t.max() >= rows:
-                raise ArtifactError(f"{self.manifest.draft.vocab_map!r} must hold {self.draft.spec.embedding_rows} int64"
-                                    f" target ids in [0, {rows}), got {d2t.dtype} {list(d2t.shape)}")
+            if (
+                d2t.dtype != np.int64
+                or d2t.shape != (self.draft.spec.embedding_rows,)
+                or d2t.min() < 0
+                or d2t.max() >= rows
+            ):
+                raise ArtifactError(
+                    f"{self.manifest.draft.vocab_map!r} must hold {self.draft.spec.embedding_rows} int64"
+                    f" target ids in [0, {rows}), got {d2t.dtype} {list(d2t.shape)}"
+                )
             self._d2t = d2t
         return self._d2t
 
@@ -201,8 +219,17 @@ class SpecGenerator:
                 gamma = start.gamma if start.speculating else None
         stats = GenerationStats()
         guide = Guide(self.constraints().matcher(config.grammar)) if config.grammar is not None else None
-        loop = SpeculativeLoop(self.target, prop, ctl, replace(config, gamma=gamma), np.random.default_rng(config.seed),
-                               stats, self.verify_cost, guide, registry.get(prop.name).free)
+        loop = SpeculativeLoop(
+            self.target,
+            prop,
+            ctl,
+            replace(config, gamma=gamma),
+            np.random.default_rng(config.seed),
+            stats,
+            self.verify_cost,
+            guide,
+            registry.get(prop.name).free,
+        )
         return Generation(self._rounds(loop, prompt_ids, config, ctl), stats, config, policy, loop.logprobs)
 
     def constraints(self) -> ConstraintEngine:
@@ -241,9 +268,16 @@ class SpecGenerator:
         """Yield text pieces as tokens are accepted (never a split multi-byte character)."""
         return self.events(prompt, config, **overrides).pieces()
 
-    def chat(self, messages: Sequence[Mapping[str, Any]], stream: bool = False, config: GeneratorConfig | None = None,
-             tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
-             parallel_tool_calls: bool = True, **overrides: Any):
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        stream: bool = False,
+        config: GeneratorConfig | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool = True,
+        **overrides: Any,
+    ):
         """Apply the artifact's chat template (no transformers), then generate (a GenerationResult
         whose tool_calls holds the calls the answer made) or stream text pieces. tools /
         tool_choice / parallel_tool_calls: OpenAI's (tools.py); the answer is then constrained to
@@ -262,8 +296,9 @@ class SpecGenerator:
         content, calls = prepared.plan.parse(result.text)
         return replace(result, tool_calls=calls)
 
-    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools=None, tool_choice=None,
-                     parallel_tool_calls: bool = True) -> PreparedChat:
+    def prepare_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools=None, tool_choice=None, parallel_tool_calls: bool = True
+    ) -> PreparedChat:
         """The prompt ids of a conversation (not checked against the context yet) and, with tools,
         its ToolPlan and answer grammar; tools.ToolError names a bad tool field."""
         plan = ToolPlan.create(tools, tool_choice, self.codec.reads_tools, parallel_tool_calls)
@@ -277,9 +312,16 @@ class PreparedChat:
     plan: ToolPlan
     grammar: Grammar | None
 
-def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None, verify: bool = True,
-         shared_pool: bool = False, trusted_keys: Sequence[str | Path | bytes] | None = None,
-         config: GeneratorConfig | Mapping[str, Any] | None = None) -> SpecGenerator:
+
+def load(
+    artifact: str | Path,
+    provider: str = "cpu",
+    threads: int | None = None,
+    verify: bool = True,
+    shared_pool: bool = False,
+    trusted_keys: Sequence[str | Path | bytes] | None = None,
+    config: GeneratorConfig | Mapping[str, Any] | None = None,
+) -> SpecGenerator:
     """Open an artifact: check manifest, contract version and checksums, create both sessions
     and allocate their KV buffers at max context.
 
@@ -307,14 +349,24 @@ def load(artifact: str | Path, provider: str = "cpu", threads: int | None = None
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
-    target = OrtModel(check_graph(root, manifest.target.graph, "target graph"), manifest.target.graph_spec(),
-                      manifest.max_context, target_config,
-                      min_rows=manifest.target.min_rows, cache_pad=manifest.target.cache_pad)
+    target = OrtModel(
+        check_graph(root, manifest.target.graph, "target graph"),
+        manifest.target.graph_spec(),
+        manifest.max_context,
+        target_config,
+        min_rows=manifest.target.min_rows,
+        cache_pad=manifest.target.cache_pad,
+    )
     draft = None
     if has_draft:
-        draft = OrtModel(check_graph(root, manifest.draft.graph, "draft graph"), manifest.draft.graph_spec(),
-                         manifest.max_context, base,
-                         min_rows=manifest.draft.min_rows, cache_pad=manifest.draft.cache_pad)
+        draft = OrtModel(
+            check_graph(root, manifest.draft.graph, "draft graph"),
+            manifest.draft.graph_spec(),
+            manifest.max_context,
+            base,
+            min_rows=manifest.draft.min_rows,
+            cache_pad=manifest.draft.cache_pad,
+        )
     return SpecGenerator(root, manifest, codec, target, draft, calibration, config)
 
 

@@ -20,66 +20,127 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specexport-runtime", description="Run a specexport artifact.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text with (or without) speculative decoding",
-                         description="Generate text from an artifact; prints the text, then one summary line.")
+    gen = sub.add_parser(
+        "generate",
+        help="generate text with (or without) speculative decoding",
+        description="Generate text from an artifact; prints the text, then one summary line.",
+    )
     add_generate_arguments(gen)
-    srv = sub.add_parser("serve", help="serve an artifact over an OpenAI-compatible HTTP API (needs the serve extra)",
-                         description="Serve an artifact over HTTP: /v1/chat/completions, /v1/completions, /v1/models,"
-                                     " /health, /metrics (Prometheus). One generation at a time; the others wait in a"
-                                     " bounded queue. Needs `pip install ./runtime[serve]`. See docs/serving.md.")
+    srv = sub.add_parser(
+        "serve",
+        help="serve an artifact over an OpenAI-compatible HTTP API (needs the serve extra)",
+        description="Serve an artifact over HTTP: /v1/chat/completions, /v1/completions, /v1/models,"
+        " /health, /metrics (Prometheus). One generation at a time; the others wait in a"
+        " bounded queue. Needs `pip install ./runtime[serve]`. See docs/serving.md.",
+    )
     add_serve_arguments(srv)
-    unp = sub.add_parser("unpack", help="install a .spx package atomically (a symlink switched to the new version)",
-                         description="Check a .spx package's members (regular files inside the artifact only), extract"
-                                     " it next to DIR, verify its signature (--trusted-key) and checksums, then switch"
-                                     " DIR (a symlink into DIR.versions/) to it atomically. docs/artifact.md.")
+    unp = sub.add_parser(
+        "unpack",
+        help="install a .spx package atomically (a symlink switched to the new version)",
+        description="Check a .spx package's members (regular files inside the artifact only), extract"
+        " it next to DIR, verify its signature (--trusted-key) and checksums, then switch"
+        " DIR (a symlink into DIR.versions/) to it atomically. docs/artifact.md.",
+    )
     unp.add_argument("package", help="the .spx file written by `specexport pack`")
     unp.add_argument("--into", required=True, help="the install path (a symlink this command manages)")
     unp.add_argument("--keep", type=int, default=1, help="earlier versions kept for rollback (default 1)")
-    unp.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_KEY",
-                     help="an ed25519 public key (PEM); repeatable: the package must be signed by one of them")
-    rb = sub.add_parser("rollback", help="switch an unpacked install back to its previous version",
-                        description="Point DIR back at the newest version kept before the current one.")
+    unp.add_argument(
+        "--trusted-key",
+        action="append",
+        default=None,
+        metavar="PUBLIC_KEY",
+        help="an ed25519 public key (PEM); repeatable: the package must be signed by one of them",
+    )
+    rb = sub.add_parser(
+        "rollback",
+        help="switch an unpacked install back to its previous version",
+        description="Point DIR back at the newest version kept before the current one.",
+    )
     rb.add_argument("into", help="the install path given to unpack --into")
     return parser
 
 
 def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("artifact", help="artifact folder written by `specexport build`")
-    srv.add_argument("--host", default="127.0.0.1",
-                     help="address to bind (default 127.0.0.1: this machine only; another address without --api-key"
-                          " prints a warning)")
+    srv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this machine only; another address without --api-key"
+        " prints a warning)",
+    )
     srv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    srv.add_argument("--api-key", default=os.environ.get("SPECEXPORT_API_KEY") or None,
-                     help="require `Authorization: Bearer KEY` on /v1/* and /metrics (default: the SPECEXPORT_API_KEY"
-                          " environment variable; unset = no key). /health stays open")
-    srv.add_argument("--max-queue", type=int, default=16,
-                     help="requests that may wait behind the running one; one more gets 429 with Retry-After (default 16)")
-    srv.add_argument("--proposer", choices=registry.names(), default=None,
-                     help="proposer of requests that name none in their `proposer` field ('none': target only;"
-                          " default: the artifact's)")
+    srv.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECEXPORT_API_KEY") or None,
+        help="require `Authorization: Bearer KEY` on /v1/* and /metrics (default: the SPECEXPORT_API_KEY"
+        " environment variable; unset = no key). /health stays open",
+    )
+    srv.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait behind the running one; one more gets 429 with Retry-After (default 16)",
+    )
+    srv.add_argument(
+        "--proposer",
+        choices=registry.names(),
+        default=None,
+        help="proposer of requests that name none in their `proposer` field ('none': target only;"
+        " default: the artifact's)",
+    )
     srv.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")
-    srv.add_argument("--max-body-bytes", type=int, default=1 << 20,
-                     help="largest request body accepted; larger ones get 413 (default 1048576)")
-    srv.add_argument("--request-timeout", type=float, default=600.0,
-                     help="seconds from arrival: a request still queued then gets 503, a running one is cut after its"
-                          " round with finish_reason 'length' (default 600)")
-    srv.add_argument("--drain-seconds", type=float, default=10.0,
-                     help="on SIGTERM: new and queued requests get 503 at once; the running one may go on this long,"
-                          " then it is cut with a final chunk, and the process exits (default 10)")
-    srv.add_argument("--stall-seconds", type=float, default=30.0,
-                     help="a streaming client that reads nothing for this long is treated as gone (default 30)")
-    srv.add_argument("--model-name", default=None, help="model id clients send and /v1/models lists (default: the"
-                                                        " artifact's name)")
-    srv.add_argument("--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu",
-                     help="ONNX Runtime execution provider")
-    srv.add_argument("--no-shared-pool", action="store_true",
-                     help="give target and draft their own CPU thread pools (default: one shared pool)")
+    srv.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,
+        help="largest request body accepted; larger ones get 413 (default 1048576)",
+    )
+    srv.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds from arrival: a request still queued then gets 503, a running one is cut after its"
+        " round with finish_reason 'length' (default 600)",
+    )
+    srv.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=10.0,
+        help="on SIGTERM: new and queued requests get 503 at once; the running one may go on this long,"
+        " then it is cut with a final chunk, and the process exits (default 10)",
+    )
+    srv.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=30.0,
+        help="a streaming client that reads nothing for this long is treated as gone (default 30)",
+    )
+    srv.add_argument(
+        "--model-name", default=None, help="model id clients send and /v1/models lists (default: the artifact's name)"
+    )
+    srv.add_argument(
+        "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
+    )
+    srv.add_argument(
+        "--no-shared-pool",
+        action="store_true",
+        help="give target and draft their own CPU thread pools (default: one shared pool)",
+    )
     srv.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
-    srv.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_KEY",
-                     help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
-                          " (specexport sign; needs pip install './runtime[sign]')")
-    srv.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
-                     help="uvicorn's log level (default info: one access line per request)")
+    srv.add_argument(
+        "--trusted-key",
+        action="append",
+        default=None,
+        metavar="PUBLIC_KEY",
+        help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
+        " (specexport sign; needs pip install './runtime[sign]')",
+    )
+    srv.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        default="info",
+        help="uvicorn's log level (default info: one access line per request)",
+    )
     add_suffix_arguments(srv)
 
 
@@ -93,24 +154,47 @@ def run_serve(args: argparse.Namespace) -> int:
     from .server.config import ServerConfig
     from .server.run import serve
 
-    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, max_queue=args.max_queue,
-                          max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout,
-                          drain_seconds=args.drain_seconds, stall_seconds=args.stall_seconds,
-                          model_name=args.model_name, proposer=args.proposer)  # checked before the slow load
-    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
-               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key, config=suffix_overrides(args))
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+        drain_seconds=args.drain_seconds,
+        stall_seconds=args.stall_seconds,
+        model_name=args.model_name,
+        proposer=args.proposer,
+    )  # checked before the slow load
+    gen = load(
+        args.artifact,
+        provider=args.provider,
+        threads=args.threads,
+        verify=not args.no_verify,
+        shared_pool=not args.no_shared_pool,
+        trusted_keys=args.trusted_key,
+        config=suffix_overrides(args),
+    )
     serve(gen, config, log_level=args.log_level)
     return 0
 
 
 def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
     """The suffix proposer's draft limit: min(max_spec, floor(factor x match length)) tokens."""
-    p.add_argument("--suffix-factor", type=float, default=None,
-                   help="suffix proposer: draft up to this many tokens per matched token, fixed (default: 1.0,"
-                        " scaled x0.5 / x1 / x2 by whichever measures fastest on this target: docs/proposers.md)")
-    p.add_argument("--suffix-max-spec", type=int, default=None,
-                   help="suffix proposer: most tokens per draft, fixed (default: 16, tuned like --suffix-factor;"
-                        " one verify call holds at most 63)")
+    p.add_argument(
+        "--suffix-factor",
+        type=float,
+        default=None,
+        help="suffix proposer: draft up to this many tokens per matched token, fixed (default: 1.0,"
+        " scaled x0.5 / x1 / x2 by whichever measures fastest on this target: docs/proposers.md)",
+    )
+    p.add_argument(
+        "--suffix-max-spec",
+        type=int,
+        default=None,
+        help="suffix proposer: most tokens per draft, fixed (default: 16, tuned like --suffix-factor;"
+        " one verify call holds at most 63)",
+    )
 
 
 def suffix_overrides(args: argparse.Namespace) -> dict:
@@ -134,27 +218,44 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--system", default=None, help="system message for --chat")
     gen.add_argument("--stream", action="store_true", help="print text pieces as tokens are accepted")
     gen.add_argument("--no-speculation", action="store_true", help="target-only decoding (the baseline)")
-    gen.add_argument("--proposer", choices=registry.speculative_names(), default=None,
-                     help=f"{_proposer_help()} (default: the artifact's)")
+    gen.add_argument(
+        "--proposer",
+        choices=registry.speculative_names(),
+        default=None,
+        help=f"{_proposer_help()} (default: the artifact's)",
+    )
     gen.add_argument("--gamma", type=int, default=None, help="fixed draft length (default: adaptive)")
-    gen.add_argument("--min-draft-prob", type=float, default=0.0,
-                     help="end a draft round early when the draft's top probability is below this (0 = never)")
+    gen.add_argument(
+        "--min-draft-prob",
+        type=float,
+        default=0.0,
+        help="end a draft round early when the draft's top probability is below this (0 = never)",
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="maximum tokens to generate (default 128)")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu",
-                     help="ONNX Runtime execution provider")
+    gen.add_argument(
+        "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
+    )
     gen.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     gen.add_argument("--domain", default=None, help="calibration profile to start gamma from")
     gen.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
-    gen.add_argument("--trusted-key", action="append", default=None, metavar="PUBLIC_KEY",
-                     help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
-                          " (specexport sign; needs pip install './runtime[sign]')")
-    gen.add_argument("--no-shared-pool", action="store_true",
-                     help="give target and draft their own CPU thread pools (default: one shared pool)")
+    gen.add_argument(
+        "--trusted-key",
+        action="append",
+        default=None,
+        metavar="PUBLIC_KEY",
+        help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
+        " (specexport sign; needs pip install './runtime[sign]')",
+    )
+    gen.add_argument(
+        "--no-shared-pool",
+        action="store_true",
+        help="give target and draft their own CPU thread pools (default: one shared pool)",
+    )
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_suffix_arguments(gen)
 
@@ -163,13 +264,28 @@ def run_generate(args: argparse.Namespace) -> int:
     from .api import load
 
     config = dict(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, gamma=args.gamma, proposer=args.proposer, stop=tuple(args.stop),
-        speculative=not args.no_speculation, domain=args.domain, min_draft_prob=args.min_draft_prob,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        gamma=args.gamma,
+        proposer=args.proposer,
+        stop=tuple(args.stop),
+        speculative=not args.no_speculation,
+        domain=args.domain,
+        min_draft_prob=args.min_draft_prob,
         **suffix_overrides(args),
     )
-    gen = load(args.artifact, provider=args.provider, threads=args.threads, verify=not args.no_verify,
-               shared_pool=not args.no_shared_pool, trusted_keys=args.trusted_key, config=config)
+    gen = load(
+        args.artifact,
+        provider=args.provider,
+        threads=args.threads,
+        verify=not args.no_verify,
+        shared_pool=not args.no_shared_pool,
+        trusted_keys=args.trusted_key,
+        config=config,
+    )
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
@@ -188,8 +304,16 @@ def run_generate(args: argparse.Namespace) -> int:
         result = run.collect()
         stats, reason = result.stats, result.finish_reason
         if args.json:
-            print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": reason,
-                              "stats": {k: v for k, v in stats.to_dict().items() if k != "token_times"}}))
+            print(
+                json.dumps(
+                    {
+                        "text": result.text,
+                        "token_ids": result.token_ids,
+                        "finish_reason": reason,
+                        "stats": {k: v for k, v in stats.to_dict().items() if k != "token_times"},
+                    }
+                )
+            )
             return 0
         print(result.text)
     mode = "target-only" if not gen.config.speculating else f"proposer={gen.config.proposer}"

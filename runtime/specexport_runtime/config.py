@@ -104,9 +104,15 @@ class GeneratorConfig:
             raise _fail("max_new_tokens", self.max_new_tokens, "an integer >= 1")
         SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # its own checks
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
-            raise _fail("grammar", self.grammar, "a structured.Grammar (Grammar.json_schema(...), .regex, .lark, .json_object())")
+            raise _fail(
+                "grammar",
+                self.grammar,
+                "a structured.Grammar (Grammar.json_schema(...), .regex, .lark, .json_object())",
+            )
         if self.logprobs is not None and (not _int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise _fail("logprobs", self.logprobs, f"None or an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per token)")
+            raise _fail(
+                "logprobs", self.logprobs, f"None or an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per token)"
+            )
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or any(not isinstance(s, str) or not s for s in stop):
             raise _fail("stop", self.stop, "non-empty strings")
@@ -116,13 +122,18 @@ class GeneratorConfig:
 
     def _check_proposer_settings(self) -> None:
         sizes = self.ngram_sizes
-        if (not isinstance(sizes, (tuple, list)) or not sizes or len(set(sizes)) != len(sizes)
-                or any(not _int(n) or not 1 <= n <= MAX_NGRAM for n in sizes)):
+        if (
+            not isinstance(sizes, (tuple, list))
+            or not sizes
+            or len(set(sizes)) != len(sizes)
+            or any(not _int(n) or not 1 <= n <= MAX_NGRAM for n in sizes)
+        ):
             raise _fail("ngram_sizes", sizes, f"distinct integers in 1..{MAX_NGRAM}, at least one")
         object.__setattr__(self, "ngram_sizes", tuple(int(n) for n in sizes))
         if self.hybrid_retrieval not in HYBRID_RETRIEVALS:
-            raise InvalidArgument(f"hybrid_retrieval must be one of {', '.join(HYBRID_RETRIEVALS)},"
-                                  f" got {self.hybrid_retrieval!r}")
+            raise InvalidArgument(
+                f"hybrid_retrieval must be one of {', '.join(HYBRID_RETRIEVALS)}, got {self.hybrid_retrieval!r}"
+            )
         if not isinstance(self.suffix, SuffixConfig):
             raise _fail("suffix", self.suffix, "a suffix.SuffixConfig")
 
@@ -133,8 +144,10 @@ class GeneratorConfig:
         known = [f.name for f in fields(GammaController) if f.init and f.name not in _CONTROLLER_OWN]
         for key in options:
             if key not in known:
-                raise InvalidArgument(f"controller option {key!r} is not one of {', '.join(known)}"
-                                      f" ({', '.join(_CONTROLLER_OWN)} come from the config and the calibration)")
+                raise InvalidArgument(
+                    f"controller option {key!r} is not one of {', '.join(known)}"
+                    f" ({', '.join(_CONTROLLER_OWN)} come from the config and the calibration)"
+                )
         GammaController(gamma_max=self.max_gamma, gamma=self.initial_gamma, **options)  # its own checks
         object.__setattr__(self, "controller", MappingProxyType(options))
 
@@ -143,8 +156,14 @@ class GeneratorConfig:
     def from_manifest(cls, manifest, **overrides: Any) -> GeneratorConfig:
         """The artifact's defaults (speculation and generation sections) with `overrides`."""
         spec = manifest.speculation
-        base = cls(proposer=spec.proposer, initial_gamma=spec.gamma, max_gamma=manifest.max_gamma,
-                   adaptive=manifest.adaptive, ngram_sizes=spec.ngram_sizes, hybrid_retrieval=spec.hybrid_retrieval)
+        base = cls(
+            proposer=spec.proposer,
+            initial_gamma=spec.gamma,
+            max_gamma=manifest.max_gamma,
+            adaptive=manifest.adaptive,
+            ngram_sizes=spec.ngram_sizes,
+            hybrid_retrieval=spec.hybrid_retrieval,
+        )
         return base.replace(**overrides)
 
     def replace(self, **overrides: Any) -> GeneratorConfig:

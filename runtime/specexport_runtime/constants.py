@@ -47,6 +47,18 @@ def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-__all__ = ["BITWISE", "DEFAULT_GAMMA", "DEFAULT_HYBRID_RETRIEVAL", "DEFAULT_MAX_GAMMA", "DEFAULT_NGRAM_SIZES",
-           "EXACTNESS", "FEATURE_LAYER_COUNT", "HYBRID_RETRIEVALS", "MAX_GAMMA", "MAX_NGRAM", "MIN_GAMMA", "NUMERICAL",
-           "default_feature_layers"]
+__all__ = [
+    "BITWISE",
+    "DEFAULT_GAMMA",
+    "DEFAULT_HYBRID_RETRIEVAL",
+    "DEFAULT_MAX_GAMMA",
+    "DEFAULT_NGRAM_SIZES",
+    "EXACTNESS",
+    "FEATURE_LAYER_COUNT",
+    "HYBRID_RETRIEVALS",
+    "MAX_GAMMA",
+    "MAX_NGRAM",
+    "MIN_GAMMA",
+    "NUMERICAL",
+    "default_feature_layers",
+]

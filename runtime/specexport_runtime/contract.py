@@ -184,11 +184,28 @@ class KvLayout:
 
 
 LAYOUTS: dict[str, KvLayout] = {
-    TIME_MAJOR: KvLayout(TIME_MAJOR, form="portable", version="1.0", time_axis=1, in_place=False, cursor_inputs=(),
-                         contrib_attention=False, head_version=PORTABLE_HEAD_VERSION, window_version=None),
-    HEAD_MAJOR_INPLACE: KvLayout(HEAD_MAJOR_INPLACE, form="fused", version="1.1", time_axis=2, in_place=True,
-                                 cursor_inputs=(SEQLENS_K, TOTAL_SEQUENCE_LENGTH), contrib_attention=True,
-                                 head_version=ROW_PADDING_VERSION, window_version=WINDOW_VERSION),
+    TIME_MAJOR: KvLayout(
+        TIME_MAJOR,
+        form="portable",
+        version="1.0",
+        time_axis=1,
+        in_place=False,
+        cursor_inputs=(),
+        contrib_attention=False,
+        head_version=PORTABLE_HEAD_VERSION,
+        window_version=None,
+    ),
+    HEAD_MAJOR_INPLACE: KvLayout(
+        HEAD_MAJOR_INPLACE,
+        form="fused",
+        version="1.1",
+        time_axis=2,
+        in_place=True,
+        cursor_inputs=(SEQLENS_K, TOTAL_SEQUENCE_LENGTH),
+        contrib_attention=True,
+        head_version=ROW_PADDING_VERSION,
+        window_version=WINDOW_VERSION,
+    ),
 }
 KV_LAYOUTS = tuple(LAYOUTS)
 GRAPH_FORMS = tuple(layout.form for layout in LAYOUTS.values())  # a recipe's `graph:` values
@@ -225,7 +242,7 @@ def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed:
     return max(versions, key=parse_version)
 
 
-def window_runtime_error(spec: "GraphSpec", ort_version: str) -> str | None:
+def window_runtime_error(spec: GraphSpec, ort_version: str) -> str | None:
     """Why this ONNX Runtime must not run `spec` (its GroupQueryAttention windows would see one
     key more than transformers), or None."""
     if not (spec.layout.contrib_attention and spec.windows):
@@ -234,8 +251,10 @@ def window_runtime_error(spec: "GraphSpec", ort_version: str) -> str | None:
     if have >= WINDOW_MIN_ORT:
         return None
     need = ".".join(map(str, WINDOW_MIN_ORT))
-    return (f"this graph uses GroupQueryAttention windows {list(spec.windows)}, which onnxruntime {ort_version} counts"
-            f" one key wider than transformers; install onnxruntime >= {need} (or rebuild with `graph: portable`)")
+    return (
+        f"this graph uses GroupQueryAttention windows {list(spec.windows)}, which onnxruntime {ort_version} counts"
+        f" one key wider than transformers; install onnxruntime >= {need} (or rebuild with `graph: portable`)"
+    )
 
 
 META_CONTRACT_VERSION = "specexport.contract_version"  # ONNX metadata_props keys of every graph
@@ -274,7 +293,9 @@ class GraphSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.feature_width < 0 or self.hidden_width < 0:
-            raise ValueError(f"feature_width / hidden_width must be >= 0, got {self.feature_width} / {self.hidden_width}")
+            raise ValueError(
+                f"feature_width / hidden_width must be >= 0, got {self.feature_width} / {self.hidden_width}"
+            )
         if self.kind not in GRAPH_KINDS:
             raise ValueError(f"kind {self.kind!r} is not one of {GRAPH_KINDS}")
         if self.kind == EAGLE3_HEAD and not (self.feature_width and self.hidden_width):

@@ -92,6 +92,8 @@ class VerifyCost:
 
     def describe(self) -> dict:
         fit = self.line()
-        return {"seconds_by_rows": {str(r): round(s, 6) for r, s in sorted(self.by_rows.items())},
-                "seconds_per_call": None if fit is None else round(fit[0], 6),
-                "seconds_per_row": None if fit is None else round(fit[1], 6)}
+        return {
+            "seconds_by_rows": {str(r): round(s, 6) for r, s in sorted(self.by_rows.items())},
+            "seconds_per_call": None if fit is None else round(fit[0], 6),
+            "seconds_per_row": None if fit is None else round(fit[1], 6),
+        }

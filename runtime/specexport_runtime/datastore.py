@@ -17,8 +17,8 @@ once to count each token id, which gives the first token's range directly (the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import bisect
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +34,10 @@ class Datastore:
     def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray):
         """tokens int32 [N] (may be a memmap); suffix_array [N] of the reversed tokens."""
         if tokens.ndim != 1 or suffix_array.shape != tokens.shape or tokens.dtype != np.int32:
-            raise ArtifactError(f"datastore arrays must be int32 tokens [N] and a suffix array [N], got "
-                                f"{tokens.dtype} {list(tokens.shape)} and {suffix_array.dtype} {list(suffix_array.shape)}")
+            raise ArtifactError(
+                f"datastore arrays must be int32 tokens [N] and a suffix array [N], got "
+                f"{tokens.dtype} {list(tokens.shape)} and {suffix_array.dtype} {list(suffix_array.shape)}"
+            )
         self.tokens, self.sa = tokens, suffix_array
         self.n = int(tokens.shape[0])
         # plain ndarray views of the same mapped memory: numpy.memmap's __getitem__ costs ~1 us a call
@@ -49,7 +51,9 @@ class Datastore:
             tokens = np.load(tokens_path, mmap_mode="r", allow_pickle=False)
             sa = np.load(suffix_array_path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise ArtifactError(f"datastore {tokens_path.name} / {suffix_array_path.name} is not readable: {exc}") from exc
+            raise ArtifactError(
+                f"datastore {tokens_path.name} / {suffix_array_path.name} is not readable: {exc}"
+            ) from exc
         return cls(tokens, sa)
 
     def _column(self, lo: int, hi: int, depth: int) -> np.ndarray:

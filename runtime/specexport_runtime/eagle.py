@@ -19,7 +19,7 @@ free (docs/performance.md).
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,8 +35,10 @@ class EagleProposer(Proposer):
     def __init__(self, head: Model, target: Model, draft_to_target: np.ndarray, target_rows: int):
         """draft_to_target: int64 [V_draft], the target id of each draft-vocabulary row."""
         if not target.spec.feature_width or target.spec.feature_width != head.spec.feature_width:
-            raise InvalidArgument(f"the target's features ({target.spec.feature_width} wide) do not match the"
-                                  f" head's input ({head.spec.feature_width})")
+            raise InvalidArgument(
+                f"the target's features ({target.spec.feature_width} wide) do not match the"
+                f" head's input ({head.spec.feature_width})"
+            )
         self.head, self.target, self.target_rows = head, target, target_rows
         self.d2t = np.asarray(draft_to_target, np.int64)
         # features of every committed position the target has computed: [max_context, F]

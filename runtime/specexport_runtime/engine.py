@@ -30,14 +30,20 @@ from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
 from .model import CacheCursor, CallRows, CallStats, head_rows, plan_rows
 
-__all__ = ["CacheCursor", "CallRows", "CallStats", "OrtModel", "SessionConfig", "available_providers",
-           "check_contract", "check_layout_provider", "make_session", "plan_rows"]
+__all__ = [
+    "CacheCursor",
+    "CallRows",
+    "CallStats",
+    "OrtModel",
+    "SessionConfig",
+    "available_providers",
+    "check_contract",
+    "check_layout_provider",
+    "make_session",
+    "plan_rows",
+]
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -81,7 +87,7 @@ def available_providers() -> list[str]:
 _shared_pool_threads: int | None = None  # size of the process-wide pool once created
 
 
-def _use_shared_pool(config: "SessionConfig") -> bool:
+def _use_shared_pool(config: SessionConfig) -> bool:
     """Whether this session runs on the process-wide pool (creating it on first use)."""
     global _shared_pool_threads
     if config.provider != "cpu":
@@ -175,19 +181,30 @@ def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) ->
             if bad or arg.type != kv_type:
                 raise ContractError(
                     f"graph {name!r} input {arg.name} is {arg.type} {dims}, but its manifest entry says {kv_type}"
-                    f" with {spec.num_kv_heads} KV heads x {spec.head_dim} ({spec.kv_layout})")
+                    f" with {spec.num_kv_heads} KV heads x {spec.head_dim} ({spec.kv_layout})"
+                )
     logits = next(o for o in session.get_outputs() if o.name == contract.LOGITS)
     if isinstance(logits.shape[-1], int) and logits.shape[-1] != spec.embedding_rows:
-        raise ContractError(f"graph {name!r} returns {logits.shape[-1]} logits per row, but its manifest entry says"
-                            f" embedding_rows {spec.embedding_rows}")
+        raise ContractError(
+            f"graph {name!r} returns {logits.shape[-1]} logits per row, but its manifest entry says"
+            f" embedding_rows {spec.embedding_rows}"
+        )
 
 
 class OrtModel(CacheCursor):
     """A contract graph with its KV cache on ONNX Runtime (a model.Model); `forward` appends S
     tokens at the cursor."""
 
-    def __init__(self, path: Path, spec: GraphSpec, max_context: int, config: SessionConfig, max_rows: int = 64,
-                 min_rows: int = 1, cache_pad: int = 0):
+    def __init__(
+        self,
+        path: Path,
+        spec: GraphSpec,
+        max_context: int,
+        config: SessionConfig,
+        max_rows: int = 64,
+        min_rows: int = 1,
+        cache_pad: int = 0,
+    ):
         self.spec, self.max_context, self.config = spec, max_context, config
         self.layout = spec.layout
         self.check_min_rows(spec, min_rows, max_rows)
@@ -223,8 +240,10 @@ class OrtModel(CacheCursor):
         self._feature_buf = np.full((1, max_rows, spec.feature_width), 0, np.float32) if spec.has_features else None
         self.features: np.ndarray | None = None  # [S, F] of the last call (a view; the next call overwrites it)
         if spec.is_head:  # EAGLE-3 head (contract 1.2): zero rows for its unused input side, hidden_out rows
-            self._zeros = {contract.HEAD_FEATURES: np.zeros((max_rows, spec.feature_width), np.float32),
-                           contract.HEAD_HIDDEN: np.zeros((max_rows, spec.hidden_width), np.float32)}
+            self._zeros = {
+                contract.HEAD_FEATURES: np.zeros((max_rows, spec.feature_width), np.float32),
+                contract.HEAD_HIDDEN: np.zeros((max_rows, spec.hidden_width), np.float32),
+            }
             self._hidden_out = np.full((1, max_rows, spec.hidden_width), 0, np.float32)
         self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
         self._rows = np.arange(self.cache_rows, dtype=np.int64)  # logits_index views
@@ -265,8 +284,9 @@ class OrtModel(CacheCursor):
         """The OrtValues the last call's outputs were bound to."""
         return self._io.get_outputs()
 
-    def forward(self, ids, last_rows: int = 1, features: np.ndarray | None = None,
-                hidden: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self, ids, last_rows: int = 1, features: np.ndarray | None = None, hidden: np.ndarray | None = None
+    ) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
 
         With min_rows > 1 a shorter call is padded (plan_rows) and the cursor still advances by S.
@@ -286,7 +306,9 @@ class OrtModel(CacheCursor):
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, self._total)
         else:
             self._bind_slots(P, M)
-        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, call.count, self.spec.embedding_rows], self._logits.ctypes.data)
+        io.bind_output(
+            contract.LOGITS, "cpu", 0, np.float32, [1, call.count, self.spec.embedding_rows], self._logits.ctypes.data
+        )
         if self._feature_buf is not None:
             self._bind_features(M)
         if self.spec.is_head:
@@ -310,15 +332,23 @@ class OrtModel(CacheCursor):
             if value is None:  # [S, width] rows of a 2-D buffer reshape with C strides (a [1, max, w] slice would not)
                 value = zeros[:S] if S <= self.max_rows else np.zeros((S, zeros.shape[1]), np.float32)
             self._io.bind_cpu_input(name, value.reshape(1, S, -1))
-        self._io.bind_output(contract.HEAD_HIDDEN_OUT, "cpu", 0, np.float32, [1, rows, self.spec.hidden_width],
-                             self._hidden_out.ctypes.data)
+        self._io.bind_output(
+            contract.HEAD_HIDDEN_OUT,
+            "cpu",
+            0,
+            np.float32,
+            [1, rows, self.spec.hidden_width],
+            self._hidden_out.ctypes.data,
+        )
 
     def _bind_features(self, M: int) -> None:
         """hidden_states [1, M, F] into the buffer allocated once, or a fresh one for a long call."""
         if M > self.max_rows:
             self._long_features = np.empty((1, M, self.spec.feature_width), np.float32)
         buf = self._feature_buf if M <= self.max_rows else self._long_features
-        self._io.bind_output(contract.HIDDEN_STATES, "cpu", 0, np.float32, [1, M, self.spec.feature_width], buf.ctypes.data)
+        self._io.bind_output(
+            contract.HIDDEN_STATES, "cpu", 0, np.float32, [1, M, self.spec.feature_width], buf.ctypes.data
+        )
 
     def _fetch_features(self, M: int) -> np.ndarray:
         """[M, F] features of the last call."""

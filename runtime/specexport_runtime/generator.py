@@ -10,8 +10,8 @@ committed[:-1] (the last token is fed by the next call). A round:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -120,8 +120,14 @@ class Generation:
     close() abandons it after the round in progress: a proposer that learns across requests
     then learns nothing from it."""
 
-    def __init__(self, rounds: Iterator[tuple[list[int], str, str | None]], stats: GenerationStats,
-                 config: GeneratorConfig, gamma_policy: str, logprobs: list[dict] | None = None):
+    def __init__(
+        self,
+        rounds: Iterator[tuple[list[int], str, str | None]],
+        stats: GenerationStats,
+        config: GeneratorConfig,
+        gamma_policy: str,
+        logprobs: list[dict] | None = None,
+    ):
         self._rounds, self.stats, self.config, self.gamma_policy = rounds, stats, config, gamma_policy
         self.logprobs = logprobs  # grows round by round: one entry per emitted token (config.logprobs)
 
@@ -166,9 +172,18 @@ class SpeculativeLoop:
     committed to it. `logprobs`: the (masked) log-probabilities of every emitted token, when
     config.logprobs asks for them."""
 
-    def __init__(self, target: Model, proposer: Proposer, controller: GammaController | None,
-                 config: GeneratorConfig, rng: np.random.Generator, stats: GenerationStats,
-                 cost: VerifyCost | None = None, guide: Guide | None = None, free: bool = False):
+    def __init__(
+        self,
+        target: Model,
+        proposer: Proposer,
+        controller: GammaController | None,
+        config: GeneratorConfig,
+        rng: np.random.Generator,
+        stats: GenerationStats,
+        cost: VerifyCost | None = None,
+        guide: Guide | None = None,
+        free: bool = False,
+    ):
         """free: the proposer's drafts are a function of the committed tokens (registry `free`)."""
         self.target, self.proposer, self.controller, self.guide = target, proposer, controller, guide
         self.cost = cost or (controller.cost if controller is not None else VerifyCost())
@@ -229,8 +244,7 @@ class SpeculativeLoop:
         if self.guide is not None:
             return self.guide.shape(proposal, forced, limit)
         proposal = proposal or Proposal([], None)
-        return Proposal(proposal.tokens[:limit], proposal.q, proposal.catchup_seconds, proposal.lookup,
-                        proposal.source)
+        return Proposal(proposal.tokens[:limit], proposal.q, proposal.catchup_seconds, proposal.lookup, proposal.source)
 
     def speculative_step(self, committed: list[int], gamma: int, room: int) -> list[int]:
         t0 = time.perf_counter()
@@ -338,8 +352,14 @@ def validate_prompt_ids(ids: Sequence[int], vocab: int, max_context: int) -> lis
     return [int(t) for t in ids]
 
 
-def run_generation(loop: SpeculativeLoop, codec: TextCodec, prompt_ids: list[int], options: GeneratorConfig,
-                   eos: set[int], max_context: int) -> Iterator[tuple[list[int], str, str | None]]:
+def run_generation(
+    loop: SpeculativeLoop,
+    codec: TextCodec,
+    prompt_ids: list[int],
+    options: GeneratorConfig,
+    eos: set[int],
+    max_context: int,
+) -> Iterator[tuple[list[int], str, str | None]]:
     """Drive the loop and apply the stops (options.stop, options.max_new_tokens); yields (new
     ids, new text, finish reason or None)."""
     stats = loop.stats

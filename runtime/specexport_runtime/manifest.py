@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import registry
+from .constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES, EXACTNESS
 from .contract import (
     CONTRACT_VERSION,
     DECODER,
@@ -32,8 +34,6 @@ from .contract import (
     parse_version,
     version_for,
 )
-from . import registry
-from .constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES, EXACTNESS
 from .errors import ArtifactError, ChecksumError, InvalidArgument
 from .paths import confined
 from .schema import check_manifest
@@ -86,8 +86,12 @@ class ModelEntry:
     @property
     def required_version(self) -> str:
         """The lowest contract version that defines this entry's layout and fields."""
-        return version_for(self.kv_layout, 2 if self.padded or self.feature_width else 1, head=self.kind == EAGLE3_HEAD,
-                           windowed=bool(self.attention_windows))
+        return version_for(
+            self.kv_layout,
+            2 if self.padded or self.feature_width else 1,
+            head=self.kind == EAGLE3_HEAD,
+            windowed=bool(self.attention_windows),
+        )
 
     def json_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -102,9 +106,12 @@ class ModelEntry:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ModelEntry":
-        data = {**data, "feature_layers": tuple(data.get("feature_layers", ())),
-                "attention_windows": tuple(data.get("attention_windows", ()))}
+    def from_json(cls, data: dict[str, Any]) -> ModelEntry:
+        data = {
+            **data,
+            "feature_layers": tuple(data.get("feature_layers", ())),
+            "attention_windows": tuple(data.get("attention_windows", ())),
+        }
         entry = cls(**data)
         rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
         measured = rows.get("exactness") if isinstance(rows, dict) else None
@@ -194,7 +201,7 @@ class Manifest:
         always, the others with a draft graph of a kind they run with."""
         return registry.available(self.draft_kind)
 
-    def _check_layouts(self) -> "Manifest":
+    def _check_layouts(self) -> Manifest:
         proposer = self.speculation.proposer
         try:
             spec = registry.get(proposer)
@@ -213,8 +220,10 @@ class Manifest:
                 if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_MIN_ROWS:
                     raise ArtifactError(f"{role} {key} {value!r} is not an integer in {lo}..{MAX_MIN_ROWS}")
             if entry.kind not in GRAPH_KINDS or (entry.kind != DECODER and (role != "draft" or not entry.vocab_map)):
-                raise ArtifactError(f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
-                                    f" {GRAPH_KINDS[1]!r} with a vocab_map file)")
+                raise ArtifactError(
+                    f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
+                    f" {GRAPH_KINDS[1]!r} with a vocab_map file)"
+                )
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if parse_version(entry.required_version) > parse_version(self.contract_version):
@@ -236,7 +245,10 @@ class Manifest:
         if self.tokenizer.chat_template:
             out.append(("tokenizer chat_template", self.tokenizer.chat_template))
         if self.retrieval is not None:
-            out += [("retrieval tokens", self.retrieval.tokens), ("retrieval suffix_array", self.retrieval.suffix_array)]
+            out += [
+                ("retrieval tokens", self.retrieval.tokens),
+                ("retrieval suffix_array", self.retrieval.suffix_array),
+            ]
         return out
 
     def to_json(self) -> str:
@@ -247,7 +259,7 @@ class Manifest:
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
         if not isinstance(data, dict):
             raise ArtifactError(f"manifest is a {type(data).__name__}, not a JSON object")
         try:
@@ -298,7 +310,8 @@ def checksum_tree(root: Path) -> dict[str, str]:
     return {
         path.relative_to(root).as_posix(): sha256_file(path)
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.relative_to(root).as_posix() not in (MANIFEST_NAME, SIGNATURE_NAME)
+        if path.is_file()
+        and path.relative_to(root).as_posix() not in (MANIFEST_NAME, SIGNATURE_NAME)
         and not _is_temporary(path)
     }
 

@@ -44,8 +44,13 @@ class Model(Protocol):
     @property
     def free(self) -> int: ...
 
-    def forward(self, ids: Sequence[int] | np.ndarray, last_rows: int = 1, features: np.ndarray | None = None,
-                hidden: np.ndarray | None = None) -> np.ndarray: ...
+    def forward(
+        self,
+        ids: Sequence[int] | np.ndarray,
+        last_rows: int = 1,
+        features: np.ndarray | None = None,
+        hidden: np.ndarray | None = None,
+    ) -> np.ndarray: ...
 
     def truncate(self, length: int) -> None: ...
 
@@ -136,8 +141,9 @@ class CacheCursor:
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         S = ids.shape[1]
         if S < 1 or not 1 <= last_rows <= min(S, self.max_rows):
-            raise InvalidArgument(f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S},"
-                                  f" rows={last_rows}")
+            raise InvalidArgument(
+                f"forward needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows}); got S={S}, rows={last_rows}"
+            )
         if self.length + S > self.max_context:
             raise InvalidArgument(f"{self.length} cached + {S} new tokens exceed max_context {self.max_context}")
         return ids

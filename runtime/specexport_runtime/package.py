@@ -60,7 +60,9 @@ def pack(root: Path, out: Path) -> Path:
 def _check_member(member: tarfile.TarInfo, seen: set[str]) -> str:
     name = member.name
     if not member.isreg():
-        raise PackageError(f"package member {name!r} is not a regular file ({member.type!r}): links and devices are refused")
+        raise PackageError(
+            f"package member {name!r} is not a regular file ({member.type!r}): links and devices are refused"
+        )
     if name in seen:
         raise PackageError(f"package member {name!r} appears twice")
     pure = PurePosixPath(name)
@@ -74,15 +76,18 @@ def _versions(target: Path) -> Path:
     return target.with_name(target.name + ".versions")
 
 
-def unpack(package: Path, target: Path, trusted_keys: Sequence[str | Path | bytes] | None = None,
-           keep: int = 1) -> Path:
+def unpack(
+    package: Path, target: Path, trusted_keys: Sequence[str | Path | bytes] | None = None, keep: int = 1
+) -> Path:
     """Install `package` at `target` (module docstring); returns the new version's folder."""
     package, target = Path(package), Path(target)
     if keep < 0:
         raise InvalidArgument(f"keep must be >= 0, got {keep}")
     if target.exists() and not target.is_symlink():
-        raise InvalidArgument(f"{str(target)!r} is a plain folder; unpack installs at a path it manages "
-                              f"(a symlink into {_versions(target).name}/): choose a new path")
+        raise InvalidArgument(
+            f"{str(target)!r} is a plain folder; unpack installs at a path it manages "
+            f"(a symlink into {_versions(target).name}/): choose a new path"
+        )
     versions = _versions(target)
     versions.mkdir(parents=True, exist_ok=True)
     for stale in versions.glob(TMP_PREFIX + "*"):  # a crashed earlier unpack
@@ -137,8 +142,11 @@ def _switch(target: Path, version: Path) -> None:
 def _older_versions(versions: Path, current: Path) -> list[Path]:
     """Complete installed versions other than `current`, newest first."""
     current = current.resolve()
-    return sorted((p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX)
-                   and p.resolve() != current), key=lambda p: p.stat().st_mtime, reverse=True)
+    return sorted(
+        (p for p in versions.iterdir() if p.is_dir() and not p.name.startswith(TMP_PREFIX) and p.resolve() != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
 
 
 def rollback(target: Path) -> Path:

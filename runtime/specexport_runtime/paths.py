@@ -36,8 +36,10 @@ def confined(root: Path, rel: object, what: str) -> Path:
     base = Path(root).resolve()
     path = (base / pure).resolve()  # follows symlinks (missing tails are kept as written)
     if path != base and base not in path.parents:
-        raise PathError(f"{what} {rel!r} resolves to {str(path)!r}, outside the artifact folder {str(base)!r}"
-                        " (a symlink leaving it?)")
+        raise PathError(
+            f"{what} {rel!r} resolves to {str(path)!r}, outside the artifact folder {str(base)!r}"
+            " (a symlink leaving it?)"
+        )
     return Path(root) / pure
 
 
@@ -113,7 +115,9 @@ def external_data_locations(path: Path) -> list[str]:
     try:
         size = path.stat().st_size
         if size > MAX_GRAPH_BYTES:
-            raise PathError(f"graph {path.name!r} is {size} bytes; a graph with external weights is expected to be smaller")
+            raise PathError(
+                f"graph {path.name!r} is {size} bytes; a graph with external weights is expected to be smaller"
+            )
         data = path.read_bytes()
     except OSError as exc:  # missing, a folder, unreadable
         raise ArtifactError(f"graph {str(path)!r} cannot be read: {exc.strerror or exc}") from None

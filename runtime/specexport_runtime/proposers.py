@@ -55,8 +55,9 @@ class Proposer(ABC):
     def start(self, prompt: Sequence[int]) -> None: ...
 
     @abstractmethod
-    def propose(self, committed: Sequence[int], gamma: int, params: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+    def propose(
+        self, committed: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Proposal:
         """Up to gamma draft tokens after `committed` (prompt + accepted tokens)."""
 
     @abstractmethod
@@ -166,14 +167,20 @@ class NgramLookupProposer(Proposer):
 
     name = "ngram"
 
-    def __init__(self, ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES, max_gamma: int = DEFAULT_MAX_GAMMA,
-                 min_match: int | None = None, max_context: int | None = None):
+    def __init__(
+        self,
+        ngram_sizes: Sequence[int] = DEFAULT_NGRAM_SIZES,
+        max_gamma: int = DEFAULT_MAX_GAMMA,
+        min_match: int | None = None,
+        max_context: int | None = None,
+    ):
         self.index = NgramIndex(tuple(ngram_sizes), max_gamma)
         sizes = self.index.ngram_sizes
         self.min_match = max(sizes) if min_match is None else min_match
         if not 1 <= self.min_match <= max(sizes):
-            raise InvalidArgument(f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}),"
-                                  f" got {self.min_match}")
+            raise InvalidArgument(
+                f"min_match must be in [1, {max(sizes)}] (the n-gram sizes {sizes}), got {self.min_match}"
+            )
         self.max_context = max_context
 
     def start(self, prompt: Sequence[int]) -> None:

@@ -59,11 +59,13 @@ class ProposerSpec:
             raise InvalidArgument(f"a proposer name must be a non-empty lower-case string, got {self.name!r}")
         bad = [k for k in self.needs if k not in _KIND_WORDS]
         if bad:
-            raise InvalidArgument(f"proposer {self.name!r}: needs {bad[0]!r} is not a draft graph kind"
-                                  f" ({', '.join(_KIND_WORDS)})")
+            raise InvalidArgument(
+                f"proposer {self.name!r}: needs {bad[0]!r} is not a draft graph kind ({', '.join(_KIND_WORDS)})"
+            )
         if self.calibrate not in (None, LOOP, MODEL_STEP):
-            raise InvalidArgument(f"proposer {self.name!r}: calibrate {self.calibrate!r} is not one of {LOOP!r},"
-                                  f" {MODEL_STEP!r} or None")
+            raise InvalidArgument(
+                f"proposer {self.name!r}: calibrate {self.calibrate!r} is not one of {LOOP!r}, {MODEL_STEP!r} or None"
+            )
 
     @property
     def speculative(self) -> bool:
@@ -104,22 +106,55 @@ def extended(*specs: ProposerSpec) -> Iterator[None]:
 
 
 for _spec in (
-    ProposerSpec("draft", ".proposers:build_draft",
-                 "a draft model (a smaller model, or a quantized copy of the target)",
-                 needs=(DECODER,), free=False, recipe=True, recipe_default=True, calibration="draft",
-                 calibrate=MODEL_STEP),
-    ProposerSpec("ngram", ".proposers:build_ngram",
-                 "prompt lookup (what followed the last n-gram's earlier occurrence)",
-                 recipe=True, recipe_default=True, calibration="ngram", calibrate=LOOP),
-    ProposerSpec("hybrid", ".hybrid:build_hybrid",
-                 "retrieval where the text repeats (suffix drafts, then prompt lookup), else the draft model or head",
-                 needs=(DECODER, EAGLE3_HEAD), corpus=True, free=False, recipe=True, calibration=DRAFT_SIDE),
-    ProposerSpec("eagle", ".eagle:build_eagle", "an EAGLE-3 head reading the target's hidden states",
-                 needs=(EAGLE3_HEAD,), free=False, recipe=True, recipe_default=True, calibration="eagle",
-                 calibrate=LOOP),
-    ProposerSpec("suffix", ".suffix:build_suffix",
-                 "suffix matches in the request, earlier answers and the artifact's corpus", corpus=True,
-                 calibration="suffix", learns=".suffix:SuffixHistory.create"),
+    ProposerSpec(
+        "draft",
+        ".proposers:build_draft",
+        "a draft model (a smaller model, or a quantized copy of the target)",
+        needs=(DECODER,),
+        free=False,
+        recipe=True,
+        recipe_default=True,
+        calibration="draft",
+        calibrate=MODEL_STEP,
+    ),
+    ProposerSpec(
+        "ngram",
+        ".proposers:build_ngram",
+        "prompt lookup (what followed the last n-gram's earlier occurrence)",
+        recipe=True,
+        recipe_default=True,
+        calibration="ngram",
+        calibrate=LOOP,
+    ),
+    ProposerSpec(
+        "hybrid",
+        ".hybrid:build_hybrid",
+        "retrieval where the text repeats (suffix drafts, then prompt lookup), else the draft model or head",
+        needs=(DECODER, EAGLE3_HEAD),
+        corpus=True,
+        free=False,
+        recipe=True,
+        calibration=DRAFT_SIDE,
+    ),
+    ProposerSpec(
+        "eagle",
+        ".eagle:build_eagle",
+        "an EAGLE-3 head reading the target's hidden states",
+        needs=(EAGLE3_HEAD,),
+        free=False,
+        recipe=True,
+        recipe_default=True,
+        calibration="eagle",
+        calibrate=LOOP,
+    ),
+    ProposerSpec(
+        "suffix",
+        ".suffix:build_suffix",
+        "suffix matches in the request, earlier answers and the artifact's corpus",
+        corpus=True,
+        calibration="suffix",
+        learns=".suffix:SuffixHistory.create",
+    ),
     ProposerSpec(NONE, ".proposers:build_none", "nothing: target-only decoding"),
 ):
     register(_spec)
@@ -159,16 +194,21 @@ def check_available(name: str, draft_kind: str | None) -> ProposerSpec:
         free = " or ".join(repr(n) for n in available(None) if PROPOSERS[n].recipe_default)
         raise InvalidArgument(f"proposer {name!r} needs an artifact with a draft model; this one has none (use {free})")
     others = " or ".join(repr(n) for n in recipe_choices(draft_kind))
-    raise InvalidArgument(f"proposer {name!r} needs {_NEED_WORDS[spec.needs[0]]}; this artifact's draft is"
-                          f" {_KIND_WORDS.get(draft_kind, repr(draft_kind))} (use {others})")
+    raise InvalidArgument(
+        f"proposer {name!r} needs {_NEED_WORDS[spec.needs[0]]}; this artifact's draft is"
+        f" {_KIND_WORDS.get(draft_kind, repr(draft_kind))} (use {others})"
+    )
 
 
 def recipe_choices(draft_kind: str | None) -> tuple[str, ...]:
     """What a recipe whose draft form builds a graph of `draft_kind` (None: no draft graph) may
     name as speculation.proposer: the recipe proposers that use exactly that draft, the
     default first."""
-    fits = [s for s in PROPOSERS.values()
-            if s.recipe and s.uses_draft == (draft_kind is not None) and s.runs_with(draft_kind)]
+    fits = [
+        s
+        for s in PROPOSERS.values()
+        if s.recipe and s.uses_draft == (draft_kind is not None) and s.runs_with(draft_kind)
+    ]
     return tuple(s.name for s in sorted(fits, key=lambda s: not s.recipe_default))
 
 
@@ -212,6 +252,24 @@ def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     return obj
 
 
-__all__ = ["DRAFT_SIDE", "LOOP", "MODEL_STEP", "NONE", "PROPOSERS", "ProposerSpec", "available", "calibrated",
-           "calibration_name", "check_available", "draft_side", "extended", "get", "names", "recipe_choices",
-           "recipe_default", "register", "resolve", "speculative_names"]
+__all__ = [
+    "DRAFT_SIDE",
+    "LOOP",
+    "MODEL_STEP",
+    "NONE",
+    "PROPOSERS",
+    "ProposerSpec",
+    "available",
+    "calibrated",
+    "calibration_name",
+    "check_available",
+    "draft_side",
+    "extended",
+    "get",
+    "names",
+    "recipe_choices",
+    "recipe_default",
+    "register",
+    "resolve",
+    "speculative_names",
+]

@@ -36,41 +36,76 @@ class Field:
 
 
 ENTRY = {
-    "graph": Field("str", True), "source": Field("str", True, hi=4096), "architecture": Field("str", True),
-    "num_layers": Field("int", True, 1, 1024), "num_kv_heads": Field("int", True, 1, 1024),
-    "head_dim": Field("int", True, 1, 4096), "vocab_size": Field("int", True, 1, 1 << 24),
-    "embedding_rows": Field("int", True, 1, 1 << 24), "precision": Field("str", True),
-    "kv_dtype": Field("str", choices=("float32", "float16")), "validation": Field("json"),
-    "kv_layout": Field("str"), "min_rows": Field("int", lo=1, hi=16), "cache_pad": Field("int", lo=0, hi=16),
-    "feature_layers": Field("ints", lo=0, hi=1024), "feature_width": Field("int", lo=0, hi=1 << 20),
+    "graph": Field("str", True),
+    "source": Field("str", True, hi=4096),
+    "architecture": Field("str", True),
+    "num_layers": Field("int", True, 1, 1024),
+    "num_kv_heads": Field("int", True, 1, 1024),
+    "head_dim": Field("int", True, 1, 4096),
+    "vocab_size": Field("int", True, 1, 1 << 24),
+    "embedding_rows": Field("int", True, 1, 1 << 24),
+    "precision": Field("str", True),
+    "kv_dtype": Field("str", choices=("float32", "float16")),
+    "validation": Field("json"),
+    "kv_layout": Field("str"),
+    "min_rows": Field("int", lo=1, hi=16),
+    "cache_pad": Field("int", lo=0, hi=16),
+    "feature_layers": Field("ints", lo=0, hi=1024),
+    "feature_width": Field("int", lo=0, hi=1 << 20),
     "attention_windows": Field("ints", lo=1, hi=1 << 24),
-    "kind": Field("str"), "hidden_width": Field("int", lo=0, hi=1 << 20), "vocab_map": Field("str", nullable=True),
+    "kind": Field("str"),
+    "hidden_width": Field("int", lo=0, hi=1 << 20),
+    "vocab_map": Field("str", nullable=True),
     "exactness": Field("str", nullable=True, choices=EXACTNESS),
 }
 TOKENIZER = {
-    "file": Field("str", True), "chat_template": Field("str", nullable=True),
-    "eos_token_ids": Field("ints", lo=0, hi=1 << 24), "bos_token_id": Field("int", hi=1 << 24, nullable=True),
-    "add_bos": Field("bool"), "sha256": Field("str"),
+    "file": Field("str", True),
+    "chat_template": Field("str", nullable=True),
+    "eos_token_ids": Field("ints", lo=0, hi=1 << 24),
+    "bos_token_id": Field("int", hi=1 << 24, nullable=True),
+    "add_bos": Field("bool"),
+    "sha256": Field("str"),
 }
 SPECULATION = {
-    "proposer": Field("str"), "gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA),
-    "ngram_sizes": Field("ints", lo=1, hi=MAX_NGRAM), "hybrid_retrieval": Field("str", choices=HYBRID_RETRIEVALS),
+    "proposer": Field("str"),
+    "gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA),
+    "ngram_sizes": Field("ints", lo=1, hi=MAX_NGRAM),
+    "hybrid_retrieval": Field("str", choices=HYBRID_RETRIEVALS),
 }
 GENERATION = {
-    "max_gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA, nullable=True), "adaptive": Field("bool"),
+    "max_gamma": Field("int", lo=MIN_GAMMA, hi=MAX_GAMMA, nullable=True),
+    "adaptive": Field("bool"),
     # written by older builds, read by no runtime: accepted so that those artifacts still load
-    "pad_draft_rows": Field("json"), "model_defaults": Field("json"),
+    "pad_draft_rows": Field("json"),
+    "model_defaults": Field("json"),
 }
-RETRIEVAL = {"tokens": Field("str", True), "suffix_array": Field("str", True), "token_count": Field("int", True, 1),
-             "info": Field("json")}
+RETRIEVAL = {
+    "tokens": Field("str", True),
+    "suffix_array": Field("str", True),
+    "token_count": Field("int", True, 1),
+    "info": Field("json"),
+}
 TOP = {
-    "schema_version": Field("int", True), "contract_version": Field("str", True), "name": Field("str", True),
-    "max_context": Field("int", True, 1, 1 << 22), "target": Field("entry", True), "draft": Field("entry", nullable=True),
-    "tokenizer": Field("tokenizer", True), "speculation": Field("speculation"), "generation": Field("generation"),
-    "files": Field("files"), "tools": Field("json"), "retrieval": Field("retrieval", nullable=True),
+    "schema_version": Field("int", True),
+    "contract_version": Field("str", True),
+    "name": Field("str", True),
+    "max_context": Field("int", True, 1, 1 << 22),
+    "target": Field("entry", True),
+    "draft": Field("entry", nullable=True),
+    "tokenizer": Field("tokenizer", True),
+    "speculation": Field("speculation"),
+    "generation": Field("generation"),
+    "files": Field("files"),
+    "tools": Field("json"),
+    "retrieval": Field("retrieval", nullable=True),
 }
-SECTIONS = {"entry": ENTRY, "tokenizer": TOKENIZER, "speculation": SPECULATION, "generation": GENERATION,
-            "retrieval": RETRIEVAL}
+SECTIONS = {
+    "entry": ENTRY,
+    "tokenizer": TOKENIZER,
+    "speculation": SPECULATION,
+    "generation": GENERATION,
+    "retrieval": RETRIEVAL,
+}
 
 
 def _fail(where: str, message: str) -> ArtifactError:
@@ -121,7 +156,12 @@ def _check(value: Any, f: Field, where: str) -> None:
         if not isinstance(value, dict) or len(value) > MAX_FILES:
             raise _fail(where, f"is not a mapping of at most {MAX_FILES} files")
         for rel, digest in value.items():
-            if not isinstance(rel, str) or len(rel) > MAX_NAME or not isinstance(digest, str) or not SHA256.match(digest):
+            if (
+                not isinstance(rel, str)
+                or len(rel) > MAX_NAME
+                or not isinstance(digest, str)
+                or not SHA256.match(digest)
+            ):
                 raise _fail(f"{where}[{rel!r:.80}]", "is not a relative path with a lower-case hex sha256")
     else:
         check_section(value, SECTIONS[kind], where)

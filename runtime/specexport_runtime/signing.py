@@ -76,8 +76,9 @@ def keygen(folder: Path, name: str = "specexport") -> tuple[Path, Path]:
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+    public_path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private_path, public_path
 
 
@@ -111,8 +112,12 @@ def sign(root: Path, private_key: Path) -> Path:
     key = _load_private(private_key)
     root = Path(root)
     message = canonical_manifest(root)
-    record = {"format": SIGNATURE_FORMAT, "algorithm": "ed25519", "key_id": key_id(key.public_key()),
-              "signature": base64.b64encode(key.sign(message)).decode("ascii")}
+    record = {
+        "format": SIGNATURE_FORMAT,
+        "algorithm": "ed25519",
+        "key_id": key_id(key.public_key()),
+        "signature": base64.b64encode(key.sign(message)).decode("ascii"),
+    }
     tmp = root / f".{SIGNATURE_NAME}.tmp"
     tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, root / SIGNATURE_NAME)
@@ -127,13 +132,21 @@ def verify(root: Path, trusted_keys: Iterable[Path | str | bytes]) -> str:
         raise InvalidArgument("trusted_keys is empty: give at least one public key, or none to skip verification")
     path = Path(root) / SIGNATURE_NAME
     if not path.is_file():
-        raise SignatureError(f"artifact {str(root)!r} is not signed ({SIGNATURE_NAME} is missing) and trusted keys are set")
+        raise SignatureError(
+            f"artifact {str(root)!r} is not signed ({SIGNATURE_NAME} is missing) and trusted keys are set"
+        )
     if path.stat().st_size > MAX_SIGNATURE_BYTES:
-        raise SignatureError(f"{SIGNATURE_NAME} is {path.stat().st_size} bytes; a signature file is < {MAX_SIGNATURE_BYTES}")
+        raise SignatureError(
+            f"{SIGNATURE_NAME} is {path.stat().st_size} bytes; a signature file is < {MAX_SIGNATURE_BYTES}"
+        )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        ok = (isinstance(record, dict) and record.get("format") == SIGNATURE_FORMAT
-              and record.get("algorithm") == "ed25519" and isinstance(record.get("key_id"), str))
+        ok = (
+            isinstance(record, dict)
+            and record.get("format") == SIGNATURE_FORMAT
+            and record.get("algorithm") == "ed25519"
+            and isinstance(record.get("key_id"), str)
+        )
         signature = base64.b64decode(record["signature"], validate=True) if ok else b""
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
         ok = False
@@ -141,13 +154,17 @@ def verify(root: Path, trusted_keys: Iterable[Path | str | bytes]) -> str:
         raise SignatureError(f"{SIGNATURE_NAME} is malformed (expected {SIGNATURE_FORMAT} with an ed25519 signature)")
     key = keys.get(record["key_id"])
     if key is None:
-        raise SignatureError(f"the artifact is signed by key {record['key_id']!r}, which is not among the trusted keys"
-                             f" ({', '.join(sorted(keys))})")
+        raise SignatureError(
+            f"the artifact is signed by key {record['key_id']!r}, which is not among the trusted keys"
+            f" ({', '.join(sorted(keys))})"
+        )
     try:
         key.verify(signature, canonical_manifest(Path(root)))
     except InvalidSignature:
-        raise SignatureError(f"the signature of {str(root)!r} does not match its manifest (modified after signing,"
-                             f" or signed by another key with the same id)") from None
+        raise SignatureError(
+            f"the signature of {str(root)!r} does not match its manifest (modified after signing,"
+            f" or signed by another key with the same id)"
+        ) from None
     return record["key_id"]
 
 

@@ -50,7 +50,8 @@ def _llguidance():
     except ImportError:
         raise StructuredUnavailable(
             "constrained decoding (grammar, response_format, tools) needs llguidance: pip install"
-            f" 'specexport-runtime[{EXTRA}]'") from None
+            f" 'specexport-runtime[{EXTRA}]'"
+        ) from None
     return llguidance
 
 
@@ -189,7 +190,9 @@ class Matcher:
                 tokens = tokens[:i]
                 break
         if tokens and not self.inner.consume_tokens(tokens):
-            raise GrammarError(f"the grammar refused committed tokens {list(tokens)[:8]}: {self.inner.get_error()[:200]}")
+            raise GrammarError(
+                f"the grammar refused committed tokens {list(tokens)[:8]}: {self.inner.get_error()[:200]}"
+            )
         self.committed += len(tokens)
 
     @property
@@ -233,8 +236,9 @@ class Guide:
             base, tokens, q = Proposal([], None, lookup=True, source="grammar"), list(forced[:limit]), None
         k = self.matcher.valid_prefix(tokens)
         cut_q = q[k] if q is not None and k < len(tokens) else None
-        return replace(base, tokens=tokens[:k], q=None if q is None else q[:k], forced=min(f, k), cut_q=cut_q,
-                       cut=len(tokens) - k)
+        return replace(
+            base, tokens=tokens[:k], q=None if q is None else q[:k], forced=min(f, k), cut_q=cut_q, cut=len(tokens) - k
+        )
 
     def masked(self, logits: np.ndarray, draft: Sequence[int]) -> np.ndarray:
         """logits [k+1, V'] of a call on [last, draft] with each row masked as the grammar stands
@@ -254,5 +258,14 @@ def apply_mask(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["EXTRA", "GRAMMAR_KINDS", "ConstraintEngine", "Grammar", "GrammarError", "Guide", "Matcher",
-           "StructuredUnavailable", "apply_mask"]
+__all__ = [
+    "EXTRA",
+    "GRAMMAR_KINDS",
+    "ConstraintEngine",
+    "Grammar",
+    "GrammarError",
+    "Guide",
+    "Matcher",
+    "StructuredUnavailable",
+    "apply_mask",
+]

@@ -42,30 +42,45 @@ class SuffixConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                 raise InvalidArgument(f"suffix {name} must be an integer in {lo}..{hi}, got {value!r}")
-        for name, lo, hi in (("factor", 0.0, 64.0), ("offset", -64.0, 64.0), ("min_prob", 0.0, 1.0),
-                             ("hybrid_min_score", 0.0, 256.0)):
+        for name, lo, hi in (
+            ("factor", 0.0, 64.0),
+            ("offset", -64.0, 64.0),
+            ("min_prob", 0.0, 1.0),
+            ("hybrid_min_score", 0.0, 256.0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
                 raise InvalidArgument(f"suffix {name} must be a number in [{lo}, {hi}], got {value!r}")
         scales = self.limit_scales
-        if (not isinstance(scales, tuple) or not scales or len(set(scales)) != len(scales)
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.125 <= x <= 8.0 for x in scales)):
-            raise InvalidArgument(f"suffix limit_scales must be a tuple of distinct numbers in [0.125, 8], got {scales!r}")
+        if (
+            not isinstance(scales, tuple)
+            or not scales
+            or len(set(scales)) != len(scales)
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.125 <= x <= 8.0 for x in scales)
+        ):
+            raise InvalidArgument(
+                f"suffix limit_scales must be a tuple of distinct numbers in [0.125, 8], got {scales!r}"
+            )
 
     def limit(self, match_length: int) -> int:
         return max(0, min(self.max_spec, math.floor(self.factor * match_length + self.offset)))
 
     @classmethod
-    def fixed_limit(cls, factor: float | None = None, max_spec: int | None = None) -> "SuffixConfig | None":
+    def fixed_limit(cls, factor: float | None = None, max_spec: int | None = None) -> SuffixConfig | None:
         """The settings for a draft limit a user gave (--suffix-factor / --suffix-max-spec): the
         defaults with those values, kept as given (no tuning); None when neither was given."""
         given = {k: v for k, v in (("factor", factor), ("max_spec", max_spec)) if v is not None}
         return cls(**given, limit_scales=(1.0,)) if given else None
 
-    def scaled(self, scale: float) -> "SuffixConfig":
+    def scaled(self, scale: float) -> SuffixConfig:
         """The same settings with the draft limit (factor, offset, max_spec) times `scale`."""
-        return replace(self, factor=min(64.0, self.factor * scale), offset=max(-64.0, min(64.0, self.offset * scale)),
-                       max_spec=max(1, min(256, round(self.max_spec * scale))), limit_scales=(1.0,))
+        return replace(
+            self,
+            factor=min(64.0, self.factor * scale),
+            offset=max(-64.0, min(64.0, self.offset * scale)),
+            max_spec=max(1, min(256, round(self.max_spec * scale))),
+            limit_scales=(1.0,),
+        )
 
 
 @dataclass
@@ -183,7 +198,9 @@ class LimitTuner:
             return
         open_end = accepted == drafted == configs[scale].limit(match)
         for x, config in configs.items():
-            calls, rows = self.replay(lambda m, c=config: c.limit(min(m, c.max_depth)), match, drafted, accepted, open_end)
+            calls, rows = self.replay(
+                lambda m, c=config: c.limit(min(m, c.max_depth)), match, drafted, accepted, open_end
+            )
             self.calls[x] = self.calls.get(x, 0.0) + calls
             self.rows[x] = self.rows.get(x, 0.0) + rows
         self.tokens += accepted + 1
@@ -197,8 +214,12 @@ class LimitTuner:
     def describe(self, line: tuple[float, float] | None) -> dict:
         a, b = line or (math.nan, math.nan)
         costs = self.costs(sorted(self.calls), line or (1.0, 0.0))  # no line yet: calls alone
-        return {"probes": round(self.probes), "seconds_per_call": round(a, 6), "seconds_per_row": round(b, 6),
-                "tokens_per_second": {str(x): round(self.tokens / max(c, 1e-12), 1) for x, c in costs.items()}}
+        return {
+            "probes": round(self.probes),
+            "seconds_per_call": round(a, 6),
+            "seconds_per_row": round(b, 6),
+            "tokens_per_second": {str(x): round(self.tokens / max(c, 1e-12), 1) for x, c in costs.items()},
+        }
 
 
 @dataclass(frozen=True)
@@ -224,9 +245,16 @@ class SuffixProposer(Proposer):
     name = "suffix"
     proposes_when_off = True
 
-    def __init__(self, store: SuffixStore | None, config: SuffixConfig, max_context: int, datastore=None,
-                 calibration: SourceCalibration | None = None, tuner: LimitTuner | None = None,
-                 cost: VerifyCost | None = None):
+    def __init__(
+        self,
+        store: SuffixStore | None,
+        config: SuffixConfig,
+        max_context: int,
+        datastore=None,
+        calibration: SourceCalibration | None = None,
+        tuner: LimitTuner | None = None,
+        cost: VerifyCost | None = None,
+    ):
         """datastore: a datastore.Datastore (the artifact's corpus) or None; cost: the target's
         verify cost (the generator's; default an untimed one, so the tuner keeps the smallest scale)."""
         self.store, self.config, self.max_context, self.datastore = store, config, max_context, datastore
@@ -313,9 +341,29 @@ class SuffixHistory:
 
 def build_suffix(ctx: ProposerContext) -> SuffixProposer:
     history = ctx.learned("suffix")
-    return SuffixProposer(history.store, ctx.config.suffix, ctx.manifest.max_context, ctx.datastore(),
-                          history.calibration, history.tuner, ctx.verify_cost())
+    return SuffixProposer(
+        history.store,
+        ctx.config.suffix,
+        ctx.manifest.max_context,
+        ctx.datastore(),
+        history.calibration,
+        history.tuner,
+        ctx.verify_cost(),
+    )
 
 
-__all__ = ["MAX_CANDIDATES", "SEP", "LimitTuner", "RequestSuffix", "Retrieved", "SourceCalibration", "SuffixConfig",
-           "SuffixHistory", "SuffixProposer", "SuffixStore", "build_suffix", "draft_chain", "longest_match"]
+__all__ = [
+    "MAX_CANDIDATES",
+    "SEP",
+    "LimitTuner",
+    "RequestSuffix",
+    "Retrieved",
+    "SourceCalibration",
+    "SuffixConfig",
+    "SuffixHistory",
+    "SuffixProposer",
+    "SuffixStore",
+    "build_suffix",
+    "draft_chain",
+    "longest_match",
+]

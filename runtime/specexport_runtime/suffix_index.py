@@ -57,7 +57,9 @@ def longest_match(seq: np.ndarray, ends: np.ndarray, context: Sequence[int], max
     return m, ends
 
 
-def draft_chain(seq: np.ndarray, ends: np.ndarray, stop: int, max_tokens: int, min_prob: float) -> tuple[list[int], float]:
+def draft_chain(
+    seq: np.ndarray, ends: np.ndarray, stop: int, max_tokens: int, min_prob: float
+) -> tuple[list[int], float]:
     """(tokens, score): the most frequent continuation path after occurrences ending at `ends`
     (positions < stop are readable; SEP ends a path), while the path probability stays >= min_prob."""
     tokens: list[int] = []
@@ -208,5 +210,10 @@ class SuffixStore:
         return tokens, score, m
 
     def describe(self) -> dict:
-        return {"responses": len(self.responses), "tokens": self.tokens, "max_tokens": self.max_tokens,
-                "responses_added": self.added, "memory_bytes": self.memory_bytes()}
+        return {
+            "responses": len(self.responses),
+            "tokens": self.tokens,
+            "max_tokens": self.max_tokens,
+            "responses_added": self.added,
+            "memory_bytes": self.memory_bytes(),
+        }

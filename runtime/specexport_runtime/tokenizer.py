@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -19,7 +19,9 @@ def _raise(message: str):
 
 
 class TextCodec:
-    def __init__(self, tokenizer_file: Path, chat_template: str | None = None, bos: str | None = None, eos: str | None = None):
+    def __init__(
+        self, tokenizer_file: Path, chat_template: str | None = None, bos: str | None = None, eos: str | None = None
+    ):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.bos_token, self.eos_token = bos, eos
         self._template = None
@@ -45,8 +47,9 @@ class TextCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def render_chat(self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
+    def render_chat(
+        self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         """The template's text of `messages` ({'role', 'content'} each); tools: OpenAI tool
         definitions for a template that reads them (tools.ToolPlan.template_tools)."""
         if self._template is None:
@@ -54,7 +57,9 @@ class TextCodec:
         messages = [dict(m) for m in messages]
         for i, message in enumerate(messages):
             if set(message) - {"role", "content"} or not isinstance(message.get("content"), str):
-                raise InvalidArgument(f"message {i} must be {{'role': str, 'content': str}}, got keys {sorted(message)}")
+                raise InvalidArgument(
+                    f"message {i} must be {{'role': str, 'content': str}}, got keys {sorted(message)}"
+                )
         if not messages:
             raise PromptError("messages is empty (expected at least one message)")
         try:

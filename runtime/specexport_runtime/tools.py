@@ -38,8 +38,11 @@ GENERIC_SYSTEM = (
     '{{"tool_calls": [{{"name": "<tool name>", "arguments": {{<arguments>}}}}]}}\n'
     "{when}\nTools (name: description; parameters as JSON Schema):\n{tools}"
 )
-WHEN = {"auto": "Otherwise answer normally, in plain text.", "required": "You must call a tool.",
-        "named": "You must call {name}."}
+WHEN = {
+    "auto": "Otherwise answer normally, in plain text.",
+    "required": "You must call a tool.",
+    "named": "You must call {name}.",
+}
 
 
 class ToolError(InvalidArgument):
@@ -58,8 +61,10 @@ class Tool:
     strict: bool = False
 
     def as_openai(self) -> dict:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,11 @@ def parse_tools(tools: Any) -> tuple[Tool, ...]:
     out: list[Tool] = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("function"), Mapping):
+        if (
+            not isinstance(tool, Mapping)
+            or tool.get("type") != "function"
+            or not isinstance(tool.get("function"), Mapping)
+        ):
             raise ToolError(f"{where} must be {{'type': 'function', 'function': {{...}}}}", where)
         fn = tool["function"]
         unknown = sorted(set(fn) - {"name", "description", "parameters", "strict"})
@@ -87,7 +96,9 @@ def parse_tools(tools: Any) -> tuple[Tool, ...]:
             raise ToolError(f"{where}.function has unknown field {unknown[0]!r}", f"{where}.function.{unknown[0]}")
         name = fn.get("name")
         if not isinstance(name, str) or not NAME.match(name):
-            raise ToolError(f"{where}.function.name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}", f"{where}.function.name")
+            raise ToolError(
+                f"{where}.function.name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}", f"{where}.function.name"
+            )
         if any(t.name == name for t in out):
             raise ToolError(f"{where}.function.name {name!r} is defined twice", f"{where}.function.name")
         description = fn.get("description") or ""
@@ -97,7 +108,9 @@ def parse_tools(tools: Any) -> tuple[Tool, ...]:
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object":
-            raise ToolError(f"{where}.function.parameters must be a JSON Schema of an object", f"{where}.function.parameters")
+            raise ToolError(
+                f"{where}.function.parameters must be a JSON Schema of an object", f"{where}.function.parameters"
+            )
         out.append(Tool(name, description, dict(parameters), bool(fn.get("strict", False))))
     return tuple(out)
 
@@ -108,19 +121,26 @@ def _choice(tool_choice: Any, tools: tuple[Tool, ...]) -> str:
         return "auto" if tools else "none"
     if isinstance(tool_choice, str):
         if tool_choice not in TOOL_CHOICES:
-            raise ToolError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a function, got {tool_choice!r}",
-                            "tool_choice")
+            raise ToolError(
+                f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a function, got {tool_choice!r}",
+                "tool_choice",
+            )
         if tool_choice != "none" and not tools:
             raise ToolError(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
         return tool_choice
     fn = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(tool_choice, Mapping) or tool_choice.get("type") != "function" or not isinstance(name, str):
-        raise ToolError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
-                        "tool_choice")
+        raise ToolError(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
     if name not in {t.name for t in tools}:
-        raise ToolError(f"tool_choice names function {name!r}, which is not among tools"
-                        f" ({', '.join(t.name for t in tools) or 'none given'})", "tool_choice.function.name")
+        raise ToolError(
+            f"tool_choice names function {name!r}, which is not among tools"
+            f" ({', '.join(t.name for t in tools) or 'none given'})",
+            "tool_choice.function.name",
+        )
     return name
 
 
@@ -167,8 +187,9 @@ class ToolPlan:
         if not self.active or self.native:
             return out
         when = WHEN["named"].format(name=self.choice) if self.choice not in WHEN else WHEN[self.choice]
-        listing = "\n".join(f"- {t.name}: {t.description or '(no description)'} {json.dumps(t.parameters)}"
-                            for t in self.offered)
+        listing = "\n".join(
+            f"- {t.name}: {t.description or '(no description)'} {json.dumps(t.parameters)}" for t in self.offered
+        )
         text = GENERIC_SYSTEM.format(when=when, tools=listing)
         if out and out[0]["role"] == "system":
             return [{"role": "system", "content": out[0]["content"] + "\n\n" + text}, *out[1:]]
@@ -176,14 +197,26 @@ class ToolPlan:
 
     def call_schema(self) -> dict:
         """JSON Schema of the tool-call object: one alternative per offered tool."""
-        calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                  "required": ["name", "arguments"], "additionalProperties": False} for t in self.offered]
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in self.offered
+        ]
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         array = {"type": "array", "items": items, "minItems": 1}
         if self.choice not in TOOL_CHOICES or not self.parallel:  # a named function, or no parallel calls: one
             array["maxItems"] = 1
-        return {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],
-                "additionalProperties": False, "x-guidance": JSON_OPTIONS}
+        return {
+            "type": "object",
+            "properties": {"tool_calls": array},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+            "x-guidance": JSON_OPTIONS,
+        }
 
     def grammar(self) -> Grammar | None:
         """The answer's grammar: a tool call, or (auto) a tool call or text not starting with '{'."""
@@ -191,8 +224,9 @@ class ToolPlan:
             return None
         if self.choice != "auto":
             return Grammar.json_schema(self.call_schema(), strict=all(t.strict for t in self.offered))
-        return Grammar.lark(f"start: calls | TEXT\ncalls: %json {json.dumps(self.call_schema())}\n"
-                            "TEXT: /[^{](.|\\n)*/\n")
+        return Grammar.lark(
+            f"start: calls | TEXT\ncalls: %json {json.dumps(self.call_schema())}\nTEXT: /[^{{](.|\\n)*/\n"
+        )
 
     def parse(self, text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
         """(content, tool calls) of an answer made under grammar(); a text that is no tool call is content."""
@@ -202,8 +236,10 @@ class ToolPlan:
             data = json.loads(text)
         except json.JSONDecodeError:  # cut short (max_tokens): the prefix is not a complete call
             return text, ()
-        calls = tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", c["name"], json.dumps(c["arguments"]))
-                      for c in data.get("tool_calls", []))
+        calls = tuple(
+            ToolCall(f"call_{uuid.uuid4().hex[:24]}", c["name"], json.dumps(c["arguments"]))
+            for c in data.get("tool_calls", [])
+        )
         return None, calls
 
 
@@ -214,22 +250,30 @@ TURN_KEYS = {"assistant": {"content", "tool_calls"}, "tool": {"content", "tool_c
 def _generic_turn(i: int, message: Any) -> dict:
     """Turn i checked, in the generic format: an assistant's tool calls as their JSON, a tool's
     result as a user message naming the call; InvalidArgument names the turn."""
-    shape = ("{'role': str, 'content': str} (an assistant's may carry tool_calls instead of content, a tool's"
-             " tool_call_id)")
+    shape = (
+        "{'role': str, 'content': str} (an assistant's may carry tool_calls instead of content, a tool's tool_call_id)"
+    )
     if not isinstance(message, Mapping):
         raise InvalidArgument(f"message {i} must be {shape}, got {type(message).__name__}")
     role, content = message.get("role"), message.get("content")
     calls = message.get("tool_calls") if role == "assistant" else None
-    if (not isinstance(role, str) or set(message) - {"role", *TURN_KEYS.get(role, {"content"})}
-            or not (isinstance(content, str) or (content is None and calls))):
+    if (
+        not isinstance(role, str)
+        or set(message) - {"role", *TURN_KEYS.get(role, {"content"})}
+        or not (isinstance(content, str) or (content is None and calls))
+    ):
         raise InvalidArgument(f"message {i} must be {shape}, got keys {sorted(message)}")
     if calls:
         try:
-            calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}
-                     for c in calls]
+            calls = [
+                {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}
+                for c in calls
+            ]
         except (KeyError, TypeError, json.JSONDecodeError):
-            raise InvalidArgument(f"message {i}: tool_calls must be [{{'id', 'type': 'function', 'function': "
-                                  "{'name': str, 'arguments': JSON text}}, ...]") from None
+            raise InvalidArgument(
+                f"message {i}: tool_calls must be [{{'id', 'type': 'function', 'function': "
+                "{'name': str, 'arguments': JSON text}}, ...]"
+            ) from None
         return {"role": "assistant", "content": json.dumps({"tool_calls": calls})}
     if role == "tool":
         return {"role": "user", "content": f"Result of tool call {message.get('tool_call_id', '')}: {content}"}

@@ -34,17 +34,17 @@ kv_nbytes, and the feature tensors of EAGLE-3), so the speculative loop runs on 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from .paths import confined
 from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument
 from .model import CacheCursor, CallStats, head_rows, plan_rows
+from .paths import confined
 from .trt_build import TensorRTUnavailable, cuda_check, gpu_info, import_cudart, import_tensorrt, trt_version_of
 from .trt_engines import (
     EngineMismatch,
@@ -61,8 +61,17 @@ ALIGNMENT = 256  # TensorRT: "The pointer must have at least 256-byte alignment"
 _ITEMSIZE = {"float32": 4, "float16": 2}
 
 __all__ = [
-    "ALIGNMENT", "EngineMismatch", "KvBinding", "RowTensor", "TensorRTUnavailable", "TrtModel", "load_native",
-    "plan_kv_bindings", "plan_row_tensors", "prefill_chunks", "slot_address",
+    "ALIGNMENT",
+    "EngineMismatch",
+    "KvBinding",
+    "RowTensor",
+    "TensorRTUnavailable",
+    "TrtModel",
+    "load_native",
+    "plan_kv_bindings",
+    "plan_row_tensors",
+    "prefill_chunks",
+    "slot_address",
 ]
 
 
@@ -84,9 +93,14 @@ class KvBinding:
     is_input: bool
 
 
-def plan_kv_bindings(spec: GraphSpec, buffers: Sequence[int], past: int, seq: int,
-                     staging: Sequence[int] | None = None, alignment: int = ALIGNMENT
-                     ) -> tuple[list[KvBinding], list[tuple[int, int, int]]]:
+def plan_kv_bindings(
+    spec: GraphSpec,
+    buffers: Sequence[int],
+    past: int,
+    seq: int,
+    staging: Sequence[int] | None = None,
+    alignment: int = ALIGNMENT,
+) -> tuple[list[KvBinding], list[tuple[int, int, int]]]:
     """Bindings of the 4 * layers cache tensors for S=`seq` tokens at cursor P=`past`, in a layout
     that binds per call (not in place): past_* the prefix, the K/V outputs the slot at the cursor.
 
@@ -144,9 +158,11 @@ def plan_row_tensors(spec: GraphSpec, max_seq: int, max_rows: int) -> list[RowTe
     """The EAGLE-3 tensors (contract 1.2) of a graph besides ids, logits and caches: a target's
     hidden_states output, or a head's features and draft_hidden inputs and hidden_out output."""
     if spec.is_head:
-        return [RowTensor(contract.HEAD_FEATURES, max_seq, spec.feature_width, True),
-                RowTensor(contract.HEAD_HIDDEN, max_seq, spec.hidden_width, True),
-                RowTensor(contract.HEAD_HIDDEN_OUT, max_rows, spec.hidden_width, False, per_logits_row=True)]
+        return [
+            RowTensor(contract.HEAD_FEATURES, max_seq, spec.feature_width, True),
+            RowTensor(contract.HEAD_HIDDEN, max_seq, spec.hidden_width, True),
+            RowTensor(contract.HEAD_HIDDEN_OUT, max_rows, spec.hidden_width, False, per_logits_row=True),
+        ]
     if spec.has_features:
         return [RowTensor(contract.HIDDEN_STATES, max_seq, spec.feature_width, False)]
     return []
@@ -229,8 +245,15 @@ class TrtModel(CacheCursor):
     """A contract graph's TensorRT engine with its KV cache (a model.Model); `forward` appends S
     tokens at the cursor."""
 
-    def __init__(self, engine_path: str | Path, spec: GraphSpec, max_context: int, profiles: Sequence[Profile],
-                 device_id: int = 0, min_rows: int = 1):
+    def __init__(
+        self,
+        engine_path: str | Path,
+        spec: GraphSpec,
+        max_context: int,
+        profiles: Sequence[Profile],
+        device_id: int = 0,
+        min_rows: int = 1,
+    ):
         if spec.layout.contrib_attention or spec.layout.in_place:
             raise ContractError(f"the native TensorRT backend runs time_major graphs; this graph is {spec.kv_layout}")
         trt = import_tensorrt()
@@ -278,8 +301,11 @@ class TrtModel(CacheCursor):
         self.max_seq, self.max_rows = max_seq(self.profiles), max_rows(self.profiles)
         self.check_min_rows(spec, min_rows, self.max_rows)
         self.prefill_limit = prefill_limit(self.profiles, min_rows)
-        self._staging = ([self._dev(self.max_seq * self.row_bytes) for _ in range(2 * spec.num_layers)]
-                         if needs_staging(spec) else None)
+        self._staging = (
+            [self._dev(self.max_seq * self.row_bytes) for _ in range(2 * spec.num_layers)]
+            if needs_staging(spec)
+            else None
+        )
         # ids, rows and logits: device buffers plus pinned host buffers
         ids_dtype = trt.nptype(self.engine.get_tensor_dtype(contract.INPUT_IDS))
         rows_dtype = trt.nptype(self.engine.get_tensor_dtype(contract.LOGITS_INDEX))
@@ -289,13 +315,23 @@ class TrtModel(CacheCursor):
         V = spec.embedding_rows
         self._d_logits = self._dev(self.max_rows * V * 4)
         self._h_ids = _host_array(self._host(self.max_seq * self._ids_dtype.itemsize), self.max_seq, self._ids_dtype)
-        self._h_rows = _host_array(self._host(self.max_rows * self._rows_dtype.itemsize), self.max_rows, self._rows_dtype)
-        self._h_logits = _host_array(self._host(self.max_rows * V * 4), self.max_rows * V, np.float32).reshape(self.max_rows, V)
+        self._h_rows = _host_array(
+            self._host(self.max_rows * self._rows_dtype.itemsize), self.max_rows, self._rows_dtype
+        )
+        self._h_logits = _host_array(self._host(self.max_rows * V * 4), self.max_rows * V, np.float32).reshape(
+            self.max_rows, V
+        )
         # EAGLE-3 tensors: name -> (its plan, device buffer, pinned host [capacity, width] float32)
-        self._row_tensors = {t.name: (t, self._dev(t.capacity * t.width * 4),
-                                      _host_array(self._host(t.capacity * t.width * 4), t.capacity * t.width,
-                                                  np.float32).reshape(t.capacity, t.width))
-                             for t in plan_row_tensors(spec, self.max_seq, self.max_rows)}
+        self._row_tensors = {
+            t.name: (
+                t,
+                self._dev(t.capacity * t.width * 4),
+                _host_array(self._host(t.capacity * t.width * 4), t.capacity * t.width, np.float32).reshape(
+                    t.capacity, t.width
+                ),
+            )
+            for t in plan_row_tensors(spec, self.max_seq, self.max_rows)
+        }
         self.length = self.last_start = 0
         self.features: np.ndarray | None = None  # a target's [S, F] of the last call (a view)
         self.hidden_out: np.ndarray | None = None  # a head's [last_rows, H] of the last call (a view)
@@ -327,8 +363,9 @@ class TrtModel(CacheCursor):
     def kv_nbytes(self) -> int:
         return self.spec.kv_bytes(self.max_context)
 
-    def forward(self, ids, last_rows: int = 1, features: np.ndarray | None = None,
-                hidden: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self, ids, last_rows: int = 1, features: np.ndarray | None = None, hidden: np.ndarray | None = None
+    ) -> np.ndarray:
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
 
         With min_rows > 1 a shorter call is padded (plan_rows) and the cursor still advances by S.
@@ -339,13 +376,15 @@ class TrtModel(CacheCursor):
         S, P = ids.size, self.length
         rows_in = {}
         if self.spec.is_head:
-            rows_in = {contract.HEAD_FEATURES: head_rows(contract.HEAD_FEATURES, features, S, self.spec.feature_width),
-                       contract.HEAD_HIDDEN: head_rows(contract.HEAD_HIDDEN, hidden, S, self.spec.hidden_width)}
+            rows_in = {
+                contract.HEAD_FEATURES: head_rows(contract.HEAD_FEATURES, features, S, self.spec.feature_width),
+                contract.HEAD_HIDDEN: head_rows(contract.HEAD_HIDDEN, hidden, S, self.spec.hidden_width),
+            }
         sizes = prefill_chunks(S, self.prefill_limit) if last_rows == 1 and S > self.prefill_limit else [S]
         start, parts = 0, []
         for size in sizes:  # each call padded to min_rows (plan_rows; min_rows 1: the plain call)
-            call = plan_rows(ids[None, start:start + size], last_rows, self.min_rows)
-            chunk = {name: None if v is None else v[start:start + size] for name, v in rows_in.items()}
+            call = plan_rows(ids[None, start : start + size], last_rows, self.min_rows)
+            chunk = {name: None if v is None else v[start : start + size] for name, v in rows_in.items()}
             out = self._run(call.ids[0], call.count, call.first, chunk)[call.keep]
             start += size
             self.length = P + start  # padding rows are overwritten by the next call
@@ -357,8 +396,9 @@ class TrtModel(CacheCursor):
             self.hidden_out = self.hidden_out[call.keep]
         return out
 
-    def _run(self, ids: np.ndarray, rows: int, first: int | None = None,
-             inputs: dict[str, np.ndarray | None] | None = None) -> np.ndarray:
+    def _run(
+        self, ids: np.ndarray, rows: int, first: int | None = None, inputs: dict[str, np.ndarray | None] | None = None
+    ) -> np.ndarray:
         """One engine call on ids [S]; logits rows first .. first + rows - 1 (default: the last
         rows). inputs: a head's row inputs, [S, width] each, None for zeros."""
         S, P, cuda = ids.size, self.length, self.cuda
@@ -428,7 +468,7 @@ class TrtModel(CacheCursor):
 
     # -- construction from an artifact
     @classmethod
-    def from_artifact(cls, root: str | Path, model: str = "target", device_id: int = 0) -> "TrtModel":
+    def from_artifact(cls, root: str | Path, model: str = "target", device_id: int = 0) -> TrtModel:
         from .manifest import read_manifest  # noqa: PLC0415
 
         root = Path(root)
@@ -437,12 +477,24 @@ class TrtModel(CacheCursor):
         if entry is None:
             raise InvalidArgument(f"artifact {str(root)!r} has no {model} graph")
         record = engine_for(root, model, manifest.files.get(entry.graph), device_id)
-        return cls(confined(root, record.engine, "engines.json engine"), entry.graph_spec(), manifest.max_context, record.profiles, device_id,
-                   min_rows=entry.min_rows)
+        return cls(
+            confined(root, record.engine, "engines.json engine"),
+            entry.graph_spec(),
+            manifest.max_context,
+            record.profiles,
+            device_id,
+            min_rows=entry.min_rows,
+        )
 
 
-def engine_for(root: Path, model: str, graph_sha256: str | None, device_id: int = 0,
-               gpu: GpuInfo | None = None, trt_version: str | None = None) -> EngineRecord:
+def engine_for(
+    root: Path,
+    model: str,
+    graph_sha256: str | None,
+    device_id: int = 0,
+    gpu: GpuInfo | None = None,
+    trt_version: str | None = None,
+) -> EngineRecord:
     """The checked engines.json record of `model` for this GPU and TensorRT version."""
     if trt_version is None:
         trt_version = trt_version_of(import_tensorrt())
@@ -465,4 +517,3 @@ def load_native(artifact: str | Path, device_id: int = 0, verify: bool = True):
     target = TrtModel.from_artifact(root, "target", device_id)
     draft = TrtModel.from_artifact(root, "draft", device_id) if manifest.draft is not None else None
     return SpecGenerator(root, manifest, codec, target, draft, calibration)
-

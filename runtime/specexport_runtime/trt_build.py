@@ -165,8 +165,11 @@ def gpu_info(device_id: int = 0) -> GpuInfo:
         raise TensorRTUnavailable(f"CUDA device {device_id} does not exist ({count} visible)")
     prop = cuda_check(cudart.cudaGetDeviceProperties(device_id), "cudaGetDeviceProperties")
     name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
-    return GpuInfo(name=name.strip("\x00 ").strip(), compute_capability=f"{prop.major}.{prop.minor}",
-                   total_memory=int(prop.totalGlobalMem))
+    return GpuInfo(
+        name=name.strip("\x00 ").strip(),
+        compute_capability=f"{prop.major}.{prop.minor}",
+        total_memory=int(prop.totalGlobalMem),
+    )
 
 
 def trt_version_of(trt) -> str:
@@ -213,8 +216,16 @@ def _network_quantized_types(trt, network) -> set[str]:
     return found
 
 
-def build_engine(graph: Path, out: Path, spec: contract.GraphSpec, profiles: Sequence[Profile], graph_precision: str,
-                 options: BuildOptions, timing_cache: Path, echo=print) -> tuple[float, list[str]]:
+def build_engine(
+    graph: Path,
+    out: Path,
+    spec: contract.GraphSpec,
+    profiles: Sequence[Profile],
+    graph_precision: str,
+    options: BuildOptions,
+    timing_cache: Path,
+    echo=print,
+) -> tuple[float, list[str]]:
     """Parse `graph`, build one engine with `profiles`, write it to `out`.
 
     Returns (seconds, builder precision flags used)."""
@@ -264,8 +275,9 @@ def build_engine(graph: Path, out: Path, spec: contract.GraphSpec, profiles: Seq
     return time.perf_counter() - start, flags
 
 
-def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOptions(),
-                           echo=print) -> list[EngineRecord]:
+def build_artifact_engines(
+    artifact: str | Path, options: BuildOptions = BuildOptions(), echo=print
+) -> list[EngineRecord]:
     """Build the engines of every graph of `artifact` for the GPU of this machine; record them."""
     from .manifest import read_manifest, verify_files  # noqa: PLC0415
 
@@ -280,8 +292,9 @@ def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOp
     timing_cache = root / folder / "timing.cache"
     max_gamma = resolve_max_gamma(manifest, options)
     min_rows = max(e.min_rows for e in (manifest.target, manifest.draft) if e is not None)
-    profiles = default_profiles(manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma,
-                                min_rows)
+    profiles = default_profiles(
+        manifest.max_context, options.max_prompt, max_gamma, manifest.speculation.gamma, min_rows
+    )
     echo(f"GPU {gpu.name} (compute capability {gpu.compute_capability}), TensorRT {version}")
     records = []
     for model, entry in (("target", manifest.target), ("draft", manifest.draft)):
@@ -291,18 +304,29 @@ def build_artifact_engines(artifact: str | Path, options: BuildOptions = BuildOp
         refuse_quantized(model, entry.precision)
         graph = root / entry.graph
         out = root / folder / f"{model}.engine"
-        seconds, flags = build_engine(graph, out, entry.graph_spec(), profiles, entry.precision, options, timing_cache,
-                                      echo)
+        seconds, flags = build_engine(
+            graph, out, entry.graph_spec(), profiles, entry.precision, options, timing_cache, echo
+        )
         echo(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB) in {seconds:.0f} s")
-        records.append(EngineRecord(
-            model=model, graph=entry.graph, graph_sha256=manifest.files.get(entry.graph, ""),
-            engine=(folder / f"{model}.engine").as_posix(), gpu_name=gpu.name,
-            compute_capability=gpu.compute_capability, tensorrt_version=version, precision_flags=tuple(flags),
-            max_context=manifest.max_context, max_prompt=min(options.max_prompt, manifest.max_context),
-            max_gamma=max_gamma, profiles=tuple(profiles),
-            built_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            build_seconds=round(seconds, 1), engine_bytes=out.stat().st_size,
-        ))
+        records.append(
+            EngineRecord(
+                model=model,
+                graph=entry.graph,
+                graph_sha256=manifest.files.get(entry.graph, ""),
+                engine=(folder / f"{model}.engine").as_posix(),
+                gpu_name=gpu.name,
+                compute_capability=gpu.compute_capability,
+                tensorrt_version=version,
+                precision_flags=tuple(flags),
+                max_context=manifest.max_context,
+                max_prompt=min(options.max_prompt, manifest.max_context),
+                max_gamma=max_gamma,
+                profiles=tuple(profiles),
+                built_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                build_seconds=round(seconds, 1),
+                engine_bytes=out.stat().st_size,
+            )
+        )
     path = write_records(root, records)
     echo(f"recorded {len(records)} engine(s) in {path}")
     return records
@@ -318,18 +342,31 @@ def _parser() -> argparse.ArgumentParser:
         " ARTIFACT/engines/<gpu>-<tensorrt-version>/ and are recorded in ARTIFACT/engines.json.",
     )
     parser.add_argument("artifact", help="artifact folder written by `specexport build`")
-    parser.add_argument("--fp16", action="store_true",
-                        help="allow fp16 kernels for fp32 graphs (fp16 graphs always use them)")
+    parser.add_argument(
+        "--fp16", action="store_true", help="allow fp16 kernels for fp32 graphs (fp16 graphs always use them)"
+    )
     parser.add_argument("--bf16", action="store_true", help="allow bf16 kernels (TensorRT >= 9, Ampere or newer)")
-    parser.add_argument("--strongly-typed", action="store_true",
-                        help="follow the graph's types exactly (no precision flags)")
-    parser.add_argument("--max-prompt", type=int, default=DEFAULT_MAX_PROMPT,
-                        help=f"largest prefill chunk in tokens (default {DEFAULT_MAX_PROMPT});"
-                        " longer prompts are fed in chunks")
-    parser.add_argument("--max-gamma", type=int, default=None,
-                        help="largest draft length the verify profile accepts (default: max(8, the artifact's gamma))")
-    parser.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB,
-                        help=f"builder workspace limit in MiB (default {DEFAULT_WORKSPACE_MIB})")
+    parser.add_argument(
+        "--strongly-typed", action="store_true", help="follow the graph's types exactly (no precision flags)"
+    )
+    parser.add_argument(
+        "--max-prompt",
+        type=int,
+        default=DEFAULT_MAX_PROMPT,
+        help=f"largest prefill chunk in tokens (default {DEFAULT_MAX_PROMPT}); longer prompts are fed in chunks",
+    )
+    parser.add_argument(
+        "--max-gamma",
+        type=int,
+        default=None,
+        help="largest draft length the verify profile accepts (default: max(8, the artifact's gamma))",
+    )
+    parser.add_argument(
+        "--workspace-mib",
+        type=int,
+        default=DEFAULT_WORKSPACE_MIB,
+        help=f"builder workspace limit in MiB (default {DEFAULT_WORKSPACE_MIB})",
+    )
     parser.add_argument("--only", choices=["target", "draft"], default=None, help="build one graph only")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
@@ -338,9 +375,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     options = BuildOptions(
-        fp16=args.fp16, bf16=args.bf16, strongly_typed=args.strongly_typed, max_prompt=args.max_prompt,
-        max_gamma=args.max_gamma, workspace_mib=args.workspace_mib,
-        models=(args.only,) if args.only else ("target", "draft"), quiet=args.quiet,
+        fp16=args.fp16,
+        bf16=args.bf16,
+        strongly_typed=args.strongly_typed,
+        max_prompt=args.max_prompt,
+        max_gamma=args.max_gamma,
+        workspace_mib=args.workspace_mib,
+        models=(args.only,) if args.only else ("target", "draft"),
+        quiet=args.quiet,
     )
     echo = (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:

@@ -64,8 +64,9 @@ class Profile:
             if not 0 <= lo <= opt <= hi:
                 raise InvalidArgument(f"profile {self.name!r}: {dim} needs 0 <= min <= opt <= max, got {(lo, opt, hi)}")
         if self.seq[0] < 1 or self.rows[0] < 1:
-            raise InvalidArgument(f"profile {self.name!r}: seq and rows start at 1,"
-                                  f" got seq {self.seq} rows {self.rows}")
+            raise InvalidArgument(
+                f"profile {self.name!r}: seq and rows start at 1, got seq {self.seq} rows {self.rows}"
+            )
 
     def dims(self) -> dict[str, tuple[int, int, int]]:
         return {dim: getattr(self, dim) for dim in DIMS}
@@ -84,8 +85,13 @@ class Profile:
 
 # max_gamma defaults to constants.DEFAULT_MAX_GAMMA: the profiles cover at least the runtime's default
 # longest draft
-def default_profiles(max_context: int, max_prompt: int = DEFAULT_MAX_PROMPT, max_gamma: int = DEFAULT_MAX_GAMMA,
-                     gamma: int = 4, min_rows: int = 1) -> list[Profile]:
+def default_profiles(
+    max_context: int,
+    max_prompt: int = DEFAULT_MAX_PROMPT,
+    max_gamma: int = DEFAULT_MAX_GAMMA,
+    gamma: int = 4,
+    min_rows: int = 1,
+) -> list[Profile]:
     """decode, verify, prefill (in the order the backend tries them; see the module docstring).
     min_rows: a padded graph's (contract 1.2), whose prefill asks for min_rows logits rows."""
     if max_context < 2:
@@ -100,10 +106,15 @@ def default_profiles(max_context: int, max_prompt: int = DEFAULT_MAX_PROMPT, max
     gamma = min(max(gamma, 1), max_gamma)
     profiles = [
         Profile("decode", seq=(1, 1, 1), past=(0, p_opt, p_max), rows=(1, 1, 1)),
-        Profile("verify", seq=(2, gamma + 1, max_gamma + 1), past=(0, p_opt, p_max),
-                rows=(1, gamma + 1, max_gamma + 1)),
-        Profile("prefill", seq=(1, min(128, max_prompt), max_prompt), past=(0, 0, p_max),
-                rows=(1, max(1, min_rows), max(1, min_rows))),
+        Profile(
+            "verify", seq=(2, gamma + 1, max_gamma + 1), past=(0, p_opt, p_max), rows=(1, gamma + 1, max_gamma + 1)
+        ),
+        Profile(
+            "prefill",
+            seq=(1, min(128, max_prompt), max_prompt),
+            past=(0, 0, p_max),
+            rows=(1, max(1, min_rows), max(1, min_rows)),
+        ),
     ]
     return profiles
 
@@ -117,7 +128,8 @@ def select_profile(profiles: Sequence[Profile], seq: int, rows: int, past: int |
             return index
     limits = ", ".join(f"{p.name}: S {p.seq[0]}..{p.seq[2]}, R {p.rows[0]}..{p.rows[2]}" for p in profiles)
     raise InvalidArgument(
-        f"no optimization profile of this engine covers S={seq}, R={rows}" + (f", P={past}" if past is not None else "")
+        f"no optimization profile of this engine covers S={seq}, R={rows}"
+        + (f", P={past}" if past is not None else "")
         + f" ({limits}); rebuild the engines with a larger --max-gamma / --max-prompt"
     )
 
@@ -251,8 +263,9 @@ def write_records(root: str | Path, records: Iterable[EngineRecord]) -> Path:
     return path
 
 
-def check_record(record: EngineRecord, gpu: GpuInfo, trt_version: str, artifact: str | Path,
-                 graph_sha256: str | None = None) -> None:
+def check_record(
+    record: EngineRecord, gpu: GpuInfo, trt_version: str, artifact: str | Path, graph_sha256: str | None = None
+) -> None:
     """Raise EngineMismatch (with the rebuild command) unless `record` runs here.
 
     TensorRT engines are specific to the TensorRT version that built them and to the GPU model
@@ -267,8 +280,9 @@ def check_record(record: EngineRecord, gpu: GpuInfo, trt_version: str, artifact:
     if record.gpu_name != gpu.name:
         problems.append(f"built on GPU {record.gpu_name!r}, this GPU is {gpu.name!r}")
     if graph_sha256 is not None and record.graph_sha256 != graph_sha256:
-        problems.append(f"built from a different {record.graph}"
-                        f" (sha256 {record.graph_sha256[:12]}..., now {graph_sha256[:12]}...)")
+        problems.append(
+            f"built from a different {record.graph} (sha256 {record.graph_sha256[:12]}..., now {graph_sha256[:12]}...)"
+        )
     if problems:
         raise EngineMismatch(
             f"the {record.model} engine {record.engine!r} does not fit this machine: {'; '.join(problems)}."
@@ -276,8 +290,14 @@ def check_record(record: EngineRecord, gpu: GpuInfo, trt_version: str, artifact:
         )
 
 
-def find_record(records: Sequence[EngineRecord], model: str, gpu: GpuInfo, trt_version: str, artifact: str | Path,
-                graph_sha256: str | None = None) -> EngineRecord:
+def find_record(
+    records: Sequence[EngineRecord],
+    model: str,
+    gpu: GpuInfo,
+    trt_version: str,
+    artifact: str | Path,
+    graph_sha256: str | None = None,
+) -> EngineRecord:
     """The record of `model` built for this GPU and TensorRT version (checked), else EngineMismatch."""
     mine = [r for r in records if r.model == model]
     if not mine:

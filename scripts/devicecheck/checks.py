@@ -66,8 +66,13 @@ def parity(cpu, dev, ids: list[int], tolerance: float) -> dict:
         a.reset()
         b.reset()
         diff = float(np.abs(la - lb).max())
-        out[role] = {"max_abs_diff": diff, "argmax_agreement": float((la.argmax(-1) == lb.argmax(-1)).mean()),
-                     "tolerance": tolerance, "ok": bool(diff <= tolerance), "precision": getattr(cpu.manifest, role).precision}
+        out[role] = {
+            "max_abs_diff": diff,
+            "argmax_agreement": float((la.argmax(-1) == lb.argmax(-1)).mean()),
+            "tolerance": tolerance,
+            "ok": bool(diff <= tolerance),
+            "precision": getattr(cpu.manifest, role).precision,
+        }
     return out
 
 
@@ -77,8 +82,12 @@ def parity(cpu, dev, ids: list[int], tolerance: float) -> dict:
 def _run(gen, ids: list[int], tokens: int, **kwargs) -> dict:
     r = gen.generate(ids, max_new_tokens=tokens, **kwargs)
     s = r.stats
-    return {"tokens": r.token_ids, "tokens_per_second": round(s.tokens_per_second, 2),
-            "acceptance_rate": round(s.acceptance_rate, 3), "mean_accepted_length": round(s.mean_accepted_length, 3)}
+    return {
+        "tokens": r.token_ids,
+        "tokens_per_second": round(s.tokens_per_second, 2),
+        "acceptance_rate": round(s.acceptance_rate, 3),
+        "mean_accepted_length": round(s.mean_accepted_length, 3),
+    }
 
 
 def greedy_matrix(cpu, dev, ids: list[int], tokens: int) -> dict:
@@ -97,13 +106,24 @@ def greedy_matrix(cpu, dev, ids: list[int], tokens: int) -> dict:
             continue
         for gamma in GAMMAS:
             on = _run(dev, ids, tokens, proposer=proposer, gamma=gamma)
-            runs.append({"proposer": proposer, "gamma": gamma, "equal": on["tokens"] == off["tokens"],
-                         "first_difference": first_difference(on["tokens"], off["tokens"]),
-                         **{k: v for k, v in on.items() if k != "tokens"}})
+            runs.append(
+                {
+                    "proposer": proposer,
+                    "gamma": gamma,
+                    "equal": on["tokens"] == off["tokens"],
+                    "first_difference": first_difference(on["tokens"], off["tokens"]),
+                    **{k: v for k, v in on.items() if k != "tokens"},
+                }
+            )
     checked = [r for r in runs if "equal" in r]
-    return {"new_tokens": tokens, "tokens_off": off["tokens"], "tokens_per_second_off": off["tokens_per_second"],
-            "device_equals_cpu": off["tokens"] == cpu_off["tokens"], "runs": runs,
-            "ok": bool(checked) and all(r["equal"] for r in checked)}
+    return {
+        "new_tokens": tokens,
+        "tokens_off": off["tokens"],
+        "tokens_per_second_off": off["tokens_per_second"],
+        "device_equals_cpu": off["tokens"] == cpu_off["tokens"],
+        "runs": runs,
+        "ok": bool(checked) and all(r["equal"] for r in checked),
+    }
 
 
 # --------------------------------------------------------------------------- K/V residency
@@ -118,8 +138,13 @@ def buffer_location(buf) -> tuple[str, int]:
 
 def _calls(ids: list[int]) -> list[tuple[str, list[int], int, int | None]]:
     """(label, tokens, logits rows, truncate-to before the call): prefill, decodes, a verify, a rollback."""
-    return [("prefill", ids, 1, None), ("decode", [5], 1, None), ("decode", [6], 1, None),
-            ("verify", [7, 8, 9, 10], 4, None), ("rollback+decode", [11], 1, len(ids) + 3)]
+    return [
+        ("prefill", ids, 1, None),
+        ("decode", [5], 1, None),
+        ("decode", [6], 1, None),
+        ("verify", [7, 8, 9, 10], 4, None),
+        ("rollback+decode", [11], 1, len(ids) + 3),
+    ]
 
 
 def _classify_outputs(model, spans: list[tuple[int, int]], rows: int) -> dict:
@@ -156,10 +181,14 @@ def kv_residency(model, ids: list[int]) -> dict:
         found = _classify_outputs(model, spans, count)
         rows_seen.append(count)
         if len(found["cache"]) != 2 * model.spec.num_layers or set(found["cache"]) != {model.device}:
-            problems.append(f"{label}: cache outputs {found['cache']} (expected {2 * model.spec.num_layers} on {model.device}"
-                            " inside the bound buffers)")
+            problems.append(
+                f"{label}: cache outputs {found['cache']} (expected {2 * model.spec.num_layers} on {model.device}"
+                " inside the bound buffers)"
+            )
         if found["logits"] != [("cpu", int(model.logits_buffer.ctypes.data))]:
-            problems.append(f"{label}: logits outputs {found['logits']} (expected one [1, {count}, V] in the host buffer)")
+            problems.append(
+                f"{label}: logits outputs {found['logits']} (expected one [1, {count}, V] in the host buffer)"
+            )
         if not np.shares_memory(returned, model.logits_buffer) or returned.shape[0] != rows:
             problems.append(f"{label}: the returned logits {returned.shape} are not a view of the host buffer")
     after = [buffer_location(b) for b in model.cache_buffers]
@@ -167,9 +196,17 @@ def kv_residency(model, ids: list[int]) -> dict:
     devices = sorted({d for d, _ in before})
     constant = before == after
     ok = not problems and constant and devices == [model.device]
-    return {"device": model.device, "buffers": len(before), "buffer_devices": devices, "pointers_constant": constant,
-            "buffer_bytes": nbytes, "calls": [c[0] for c in _calls(ids)], "logits_rows": rows_seen,
-            "problems": problems, "ok": ok}
+    return {
+        "device": model.device,
+        "buffers": len(before),
+        "buffer_devices": devices,
+        "pointers_constant": constant,
+        "buffer_bytes": nbytes,
+        "calls": [c[0] for c in _calls(ids)],
+        "logits_rows": rows_seen,
+        "problems": problems,
+        "ok": ok,
+    }
 
 
 # --------------------------------------------------------------------------- host copies (profiler)
@@ -192,9 +229,13 @@ def parse_profile(path: Path) -> dict:
             memcpy[args["op_name"]] = memcpy.get(args["op_name"], 0) + 1
             memcpy_bytes += int(args.get("output_size", 0) or 0)
     per = max(runs, 1)
-    return {"runs": runs, "kernels_per_run": {p: n / per for p, n in sorted(by_provider.items())},
-            "memcpy_nodes_per_run": sum(memcpy.values()) / per, "memcpy_ops": memcpy,
-            "memcpy_bytes_per_run": memcpy_bytes / per}
+    return {
+        "runs": runs,
+        "kernels_per_run": {p: n / per for p, n in sorted(by_provider.items())},
+        "memcpy_nodes_per_run": sum(memcpy.values()) / per,
+        "memcpy_ops": memcpy,
+        "memcpy_bytes_per_run": memcpy_bytes / per,
+    }
 
 
 def host_copies(artifact: Path, provider: str, ids: list[int]) -> dict:
@@ -206,15 +247,23 @@ def host_copies(artifact: Path, provider: str, ids: list[int]) -> dict:
     entry = manifest.target
     with tempfile.TemporaryDirectory(prefix="device-check-profile-") as folder:  # the profile JSON is parsed here
         config = SessionConfig(provider=provider, profile_prefix=str(Path(folder) / "target"))
-        model = OrtModel(Path(artifact) / entry.graph, entry.graph_spec(), manifest.max_context, config,
-                         min_rows=entry.min_rows, cache_pad=entry.cache_pad)
+        model = OrtModel(
+            Path(artifact) / entry.graph,
+            entry.graph_spec(),
+            manifest.max_context,
+            config,
+            min_rows=entry.min_rows,
+            cache_pad=entry.cache_pad,
+        )
         model.reset()
         model.forward(ids)
         for token in (5, 6, 7):
             model.forward([token])
         model.forward([8, 9, 10, 11], last_rows=4)
         result = parse_profile(Path(model.session.end_profiling()))
-    result["note"] = "Memcpy nodes copy between host and device inside the graph; feeds/fetches bound by address are not nodes"
+    result["note"] = (
+        "Memcpy nodes copy between host and device inside the graph; feeds/fetches bound by address are not nodes"
+    )
     return result
 
 
@@ -231,35 +280,53 @@ def check_artifact(kind: str, artifact: Path, provider: str, tokens: int) -> dic
     cpu, dev = load(artifact, provider="cpu"), load(artifact, provider=provider)
     ids = prompt_ids(cpu)
     m = cpu.manifest
-    result = {"artifact": str(artifact), "graph": m.target.kv_layout, "precision": m.target.precision,
-              "prompt_tokens": len(ids)}
+    result = {
+        "artifact": str(artifact),
+        "graph": m.target.kv_layout,
+        "precision": m.target.precision,
+        "prompt_tokens": len(ids),
+    }
     result["parity"] = parity(cpu, dev, ids, tolerance(kind, provider))
     result["greedy"] = greedy_matrix(cpu, dev, ids, tokens)
     kv = {role: kv_residency(getattr(dev, role), ids) for role in ("target", "draft") if getattr(dev, role) is not None}
     result["kv_residency"] = {"device": dev.target.device, "models": kv, "ok": all(v["ok"] for v in kv.values())}
     result["host_copies"] = host_copies(artifact, provider, ids)
-    result["ok"] = (all(p["ok"] for p in result["parity"].values()) and result["greedy"]["ok"]
-                    and result["kv_residency"]["ok"])
+    result["ok"] = (
+        all(p["ok"] for p in result["parity"].values()) and result["greedy"]["ok"] and result["kv_residency"]["ok"]
+    )
     print_artifact(kind, provider, result)
     return result
 
 
 def print_artifact(kind: str, provider: str, r: dict) -> None:
     for role, p in r["parity"].items():
-        print(f"{kind} parity {role} ({p['precision']}): max |{provider} - cpu| = {p['max_abs_diff']:.3e}"
-              f" (tol {p['tolerance']:g}), argmax agreement {p['argmax_agreement']:.1%}", flush=True)
+        print(
+            f"{kind} parity {role} ({p['precision']}): max |{provider} - cpu| = {p['max_abs_diff']:.3e}"
+            f" (tol {p['tolerance']:g}), argmax agreement {p['argmax_agreement']:.1%}",
+            flush=True,
+        )
     g = r["greedy"]
     bad = [f"{x['proposer']}/γ{x['gamma']}@{x['first_difference']}" for x in g["runs"] if x.get("equal") is False]
-    print(f"{kind} greedy: {sum(1 for x in g['runs'] if x.get('equal'))}/{sum(1 for x in g['runs'] if 'equal' in x)}"
-          f" speculative runs equal target-only{' (differ: ' + ', '.join(bad) + ')' if bad else ''};"
-          f" {provider} == cpu: {g['device_equals_cpu']}; off {g['tokens_per_second_off']} tok/s", flush=True)
+    print(
+        f"{kind} greedy: {sum(1 for x in g['runs'] if x.get('equal'))}/{sum(1 for x in g['runs'] if 'equal' in x)}"
+        f" speculative runs equal target-only{' (differ: ' + ', '.join(bad) + ')' if bad else ''};"
+        f" {provider} == cpu: {g['device_equals_cpu']}; off {g['tokens_per_second_off']} tok/s",
+        flush=True,
+    )
     kv = r["kv_residency"]
-    print(f"{kind} K/V residency ({kv['device']}): {'ok' if kv['ok'] else 'FAILED'}"
-          + "".join(f"; {role}: {v['problems'] or 'pointers constant' if v['pointers_constant'] else 'pointers moved'}"
-                    for role, v in kv["models"].items()), flush=True)
+    print(
+        f"{kind} K/V residency ({kv['device']}): {'ok' if kv['ok'] else 'FAILED'}"
+        + "".join(
+            f"; {role}: {v['problems'] or 'pointers constant' if v['pointers_constant'] else 'pointers moved'}"
+            for role, v in kv["models"].items()
+        ),
+        flush=True,
+    )
     h = r["host_copies"]
-    print(f"{kind} profiler: {h['memcpy_nodes_per_run']:g} Memcpy nodes per run, kernels per run {h['kernels_per_run']}",
-          flush=True)
+    print(
+        f"{kind} profiler: {h['memcpy_nodes_per_run']:g} Memcpy nodes per run, kernels per run {h['kernels_per_run']}",
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------- TensorRT (optional)

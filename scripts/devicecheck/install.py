@@ -28,10 +28,15 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parents[1]
 ALWAYS = ("onnxruntime",)  # distributions starting with this are installed even when importable (that is the point)
 # CUDA 13 layout of the nvidia-* wheels (onnxruntime's own list when it has one, see preload_cuda)
-CUDA13_LIBS = (("nvidia", "cu13", "lib", "libcublasLt.so.13"), ("nvidia", "cu13", "lib", "libcublas.so.13"),
-               ("nvidia", "cu13", "lib", "libnvrtc.so.13"), ("nvidia", "cu13", "lib", "libcurand.so.10"),
-               ("nvidia", "cu13", "lib", "libcufft.so.12"), ("nvidia", "cu13", "lib", "libcudart.so.13"),
-               ("nvidia", "cudnn", "lib", "libcudnn.so.9"))
+CUDA13_LIBS = (
+    ("nvidia", "cu13", "lib", "libcublasLt.so.13"),
+    ("nvidia", "cu13", "lib", "libcublas.so.13"),
+    ("nvidia", "cu13", "lib", "libnvrtc.so.13"),
+    ("nvidia", "cu13", "lib", "libcurand.so.10"),
+    ("nvidia", "cu13", "lib", "libcufft.so.12"),
+    ("nvidia", "cu13", "lib", "libcudart.so.13"),
+    ("nvidia", "cudnn", "lib", "libcudnn.so.9"),
+)
 
 
 class InstallError(Exception):
@@ -40,8 +45,9 @@ class InstallError(Exception):
 
 def join_parts(parts: Path, wheels: Path) -> list[Path]:
     """scripts/wheel-parts join: every manifest in `parts`, checksums verified."""
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "wheel-parts"), "join", str(parts), str(wheels)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "wheel-parts"), "join", str(parts), str(wheels)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise InstallError(proc.stderr.strip() or f"wheel-parts join {parts} failed (exit {proc.returncode})")
     return sorted(wheels.glob("*.whl"))
@@ -83,13 +89,29 @@ def host_location(module: str) -> str | None:
 def pip_install(wheels: list[Path], site: Path) -> None:
     if not wheels:
         return
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--no-cache-dir",
-           "--disable-pip-version-check", "--upgrade", "-q", "--target", str(site), *map(str, wheels)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--no-compile",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--upgrade",
+        "-q",
+        "--target",
+        str(site),
+        *map(str, wheels),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise InstallError(f"pip install --target {site} failed (exit {proc.returncode}, Python"
-                           f" {platform.python_version()}): {tail[0]}")
+        raise InstallError(
+            f"pip install --target {site} failed (exit {proc.returncode}, Python"
+            f" {platform.python_version()}): {tail[0]}"
+        )
 
 
 def put_first(site: Path) -> None:
@@ -105,10 +127,12 @@ def put_first(site: Path) -> None:
 
 def import_locations(modules: list[str]) -> dict[str, str | None]:
     """Where each module imports from in a fresh interpreter with the current PYTHONPATH."""
-    code = ("import importlib.util, json, sys\n"
-            "def loc(m):\n    s = importlib.util.find_spec(m)\n"
-            "    return None if s is None else (s.origin or list(s.submodule_search_locations or [''])[0])\n"
-            "print(json.dumps({m: loc(m) for m in sys.argv[1:]}))\n")
+    code = (
+        "import importlib.util, json, sys\n"
+        "def loc(m):\n    s = importlib.util.find_spec(m)\n"
+        "    return None if s is None else (s.origin or list(s.submodule_search_locations or [''])[0])\n"
+        "print(json.dumps({m: loc(m) for m in sys.argv[1:]}))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, env=os.environ.copy())
     if proc.returncode != 0:
         raise InstallError(f"could not locate {modules} with the new PYTHONPATH: {proc.stderr.strip()[-300:]}")
@@ -124,12 +148,26 @@ def plan_wheels(wheels: list[Path]) -> list[dict]:
         present = {m: host_location(m) for m in tops}
         always = distribution(wheel).startswith(ALWAYS)
         if always or not any(present.values()):
-            plan.append({"name": wheel.name, "modules": tops, "installed": True, "path": wheel,
-                         "reason": "always" if always else "missing on the host"})
+            plan.append(
+                {
+                    "name": wheel.name,
+                    "modules": tops,
+                    "installed": True,
+                    "path": wheel,
+                    "reason": "always" if always else "missing on the host",
+                }
+            )
         else:
             where = next(v for v in present.values() if v)
-            plan.append({"name": wheel.name, "modules": tops, "installed": False, "path": wheel,
-                         "reason": f"host has it ({where})"})
+            plan.append(
+                {
+                    "name": wheel.name,
+                    "modules": tops,
+                    "installed": False,
+                    "path": wheel,
+                    "reason": f"host has it ({where})",
+                }
+            )
     return plan
 
 
@@ -154,9 +192,14 @@ def install_from_parts(parts: Path, site: Path) -> dict:
         raise InstallError(f"{m} imports from {loc}, expected under {site} (first on PYTHONPATH)")
     for w in plan:
         del w["path"]  # a temporary file, gone now
-    return {"parts": str(parts), "site": str(site), "wheels": plan, "imports": where,
-            "pythonpath_first": os.environ["PYTHONPATH"].split(os.pathsep)[0],
-            "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "parts": str(parts),
+        "site": str(site),
+        "wheels": plan,
+        "imports": where,
+        "pythonpath_first": os.environ["PYTHONPATH"].split(os.pathsep)[0],
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 # --------------------------------------------------------------------------- CUDA libraries
@@ -231,8 +274,13 @@ def smoke_test(provider_full: str, timeout: float = 120) -> dict:
     its result exact (small integers: exact in TF32 too)."""
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", _SMOKE, provider_full], capture_output=True, text=True,
-                              timeout=timeout, env=os.environ.copy())
+        proc = subprocess.run(
+            [sys.executable, "-c", _SMOKE, provider_full],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=os.environ.copy(),
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"the smoke test ran past {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -241,9 +289,12 @@ def smoke_test(provider_full: str, timeout: float = 120) -> dict:
     stderr = proc.stderr.strip()
     if stderr:
         result["stderr_tail"] = stderr[-1500:]
-    result["ok"] = (proc.returncode == 0 and provider_full in result.get("available", [])
-                    and (result.get("session_providers") or [None])[0] == provider_full
-                    and result.get("max_abs_diff") == 0.0)
+    result["ok"] = (
+        proc.returncode == 0
+        and provider_full in result.get("available", [])
+        and (result.get("session_providers") or [None])[0] == provider_full
+        and result.get("max_abs_diff") == 0.0
+    )
     if not result["ok"]:
         result["error"] = smoke_error(provider_full, proc.returncode, result, stderr)
     return result
@@ -256,6 +307,8 @@ def smoke_error(provider_full: str, code: int, result: dict, stderr: str) -> str
     if provider_full not in result.get("available", []):
         return f"{provider_full} is not in onnxruntime.get_available_providers() = {result.get('available')} ({result.get('file')})"
     if (result.get("session_providers") or [None])[0] != provider_full:
-        return (f"a session asked for {provider_full} runs on {result.get('session_providers')}: the provider did not"
-                f" load ({last}; preload failures: {(result.get('preload') or {}).get('failed')})")
+        return (
+            f"a session asked for {provider_full} runs on {result.get('session_providers')}: the provider did not"
+            f" load ({last}; preload failures: {(result.get('preload') or {}).get('failed')})"
+        )
     return f"MatMul on {provider_full} is off by {result.get('max_abs_diff')} (expected 0)"

@@ -25,26 +25,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="device-check",
         description="Check the ONNX Runtime CUDA path on an NVIDIA GPU: install onnxruntime-gpu from wheel parts"
-                    " (optional), run a MatMul on CUDA, compare tiny artifacts with the CPU (logits, greedy with and"
-                    " without speculation, K/V residency) and probe performance on a Llama-3.2-1B-shaped random"
-                    " model. DEVICE_CHECK_PROVIDER=cpu runs everything with the CPU standing in (the JSON says"
-                    " simulated). See docs/gpu.md.")
-    p.add_argument("--out", type=Path, default=Path("device-check.json"), help="the JSON report (default device-check.json)")
+        " (optional), run a MatMul on CUDA, compare tiny artifacts with the CPU (logits, greedy with and"
+        " without speculation, K/V residency) and probe performance on a Llama-3.2-1B-shaped random"
+        " model. DEVICE_CHECK_PROVIDER=cpu runs everything with the CPU standing in (the JSON says"
+        " simulated). See docs/gpu.md.",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("device-check.json"), help="the JSON report (default device-check.json)"
+    )
     p.add_argument("--summary", type=Path, default=None, help="the Markdown summary (default: --out with .md)")
     p.add_argument("--artifact", type=Path, default=None, help="a portable (fp32) artifact instead of a tiny one")
     p.add_argument("--fp16-artifact", type=Path, default=None, help="a portable fp16 artifact instead of a tiny one")
     p.add_argument("--fused-artifact", type=Path, default=None, help="an fp16 fused artifact instead of a tiny one")
     p.add_argument("--tokens", type=int, default=48, help="new tokens per greedy run (default 48)")
     p.add_argument("--no-trt", action="store_true", help="skip the native TensorRT part")
-    p.add_argument("--install-parts", type=Path, default=None,
-                   help="folder of wheel parts (scripts/gpu-prepare): join, pip install --target SITE, SITE first on the path")
+    p.add_argument(
+        "--install-parts",
+        type=Path,
+        default=None,
+        help="folder of wheel parts (scripts/gpu-prepare): join, pip install --target SITE, SITE first on the path",
+    )
     p.add_argument("--site", type=Path, default=Path("/tmp/device-check-site"), help="where --install-parts installs")
     p.add_argument("--install-only", action="store_true", help="stop after the install")
     p.add_argument("--no-probe", action="store_true", help="skip the performance probe")
-    p.add_argument("--probe-shape", choices=("llama-3.2-1b", "tiny"), default=None,
-                   help="probe model shape (default: llama-3.2-1b on CUDA, tiny with the CPU standing in)")
-    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
-                   help=f"seconds for the whole check; optional sections are skipped when short (default {DEFAULT_BUDGET})")
+    p.add_argument(
+        "--probe-shape",
+        choices=("llama-3.2-1b", "tiny"),
+        default=None,
+        help="probe model shape (default: llama-3.2-1b on CUDA, tiny with the CPU standing in)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        help=f"seconds for the whole check; optional sections are skipped when short (default {DEFAULT_BUDGET})",
+    )
     args = p.parse_args(argv)
     if args.tokens < 1:
         p.error(f"--tokens must be >= 1, got {args.tokens}")
@@ -64,8 +79,12 @@ def gpu_info() -> tuple[list[str], str | None]:
     gpus = []
     smi = shutil.which("nvidia-smi")
     if smi:
-        proc = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if proc.returncode == 0:
             gpus = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
     jetson = None
@@ -92,8 +111,10 @@ def versions(report: Report):
         except ImportError:
             report.data["versions"][name] = None
     v = report.data["versions"]
-    print(f"onnxruntime {v['onnxruntime']} ({v.get('onnxruntime_file')}); providers: {', '.join(report.data['providers']) or 'none'}",
-          flush=True)
+    print(
+        f"onnxruntime {v['onnxruntime']} ({v.get('onnxruntime_file')}); providers: {', '.join(report.data['providers']) or 'none'}",
+        flush=True,
+    )
     return ort
 
 
@@ -126,8 +147,10 @@ def artifacts(args: argparse.Namespace, report: Report, work: Path) -> dict[str,
         try:
             found[kind], built[kind] = build_artifact(kind, work)
         except ImportError as exc:
-            report.data["checks"][kind] = {"skipped": f"no --{'artifact' if kind == 'fp32' else kind + '-artifact'}"
-                                           f" and the build side is missing ({exc})"}
+            report.data["checks"][kind] = {
+                "skipped": f"no --{'artifact' if kind == 'fp32' else kind + '-artifact'}"
+                f" and the build side is missing ({exc})"
+            }
         except Exception as exc:  # recorded, the check fails; the other kinds and the probe still run
             report.data["checks"][kind] = {**error_record(exc), "ok": False}
             print(f"{kind}: building the tiny artifact FAILED {report.data['checks'][kind]['error']}", flush=True)
@@ -151,13 +174,22 @@ def run(args: argparse.Namespace, provider: str, report: Report, budget: Budget)
         return "error", "onnxruntime is not installed (pip install specexport-runtime[gpu], or --install-parts)", 2
     full = FULL[provider]
     if full not in report.data["providers"]:
-        return "error", (f"onnxruntime {ort.__version__} ({ort.__file__}) has no {full}: install onnxruntime-gpu"
-                         " (--install-parts, docs/gpu.md) or the JetPack onnxruntime-gpu wheel"), 2
+        return (
+            "error",
+            (
+                f"onnxruntime {ort.__version__} ({ort.__file__}) has no {full}: install onnxruntime-gpu"
+                " (--install-parts, docs/gpu.md) or the JetPack onnxruntime-gpu wheel"
+            ),
+            2,
+        )
     from devicecheck.install import smoke_test
 
     smoke = report.section("smoke", lambda: smoke_test(full))
-    print(f"smoke test: {'ok' if smoke['ok'] else 'FAILED ' + str(smoke.get('error'))}"
-          f" (session providers {smoke.get('session_providers')})", flush=True)
+    print(
+        f"smoke test: {'ok' if smoke['ok'] else 'FAILED ' + str(smoke.get('error'))}"
+        f" (session providers {smoke.get('session_providers')})",
+        flush=True,
+    )
     if not smoke["ok"]:
         return "error", f"{full} does not run: {smoke.get('error')}", 2
     if provider == "cuda":
@@ -167,8 +199,9 @@ def run(args: argparse.Namespace, provider: str, report: Report, budget: Budget)
     return correctness_and_probe(args, provider, report, budget)
 
 
-def correctness_and_probe(args: argparse.Namespace, provider: str, report: Report,
-                          budget: Budget) -> tuple[str, str | None, int]:
+def correctness_and_probe(
+    args: argparse.Namespace, provider: str, report: Report, budget: Budget
+) -> tuple[str, str | None, int]:
     work = Path(tempfile.mkdtemp(prefix="device-check-"))  # tiny artifacts built here; removed at the end
     try:
         return _correctness_and_probe(args, provider, report, budget, work)
@@ -176,8 +209,9 @@ def correctness_and_probe(args: argparse.Namespace, provider: str, report: Repor
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _correctness_and_probe(args: argparse.Namespace, provider: str, report: Report, budget: Budget,
-                           work: Path) -> tuple[str, str | None, int]:
+def _correctness_and_probe(
+    args: argparse.Namespace, provider: str, report: Report, budget: Budget, work: Path
+) -> tuple[str, str | None, int]:
     from devicecheck.checks import KINDS, check_artifact, prompt_ids, tensorrt_native
 
     found = artifacts(args, report, work)
@@ -189,7 +223,9 @@ def _correctness_and_probe(args: argparse.Namespace, provider: str, report: Repo
     trt_ok = True
     v = report.data["versions"]
     if args.no_trt or provider != "cuda" or not (v["tensorrt"] and v["cuda-python"]):
-        report.data["checks"]["tensorrt_native"] = {"skipped": "tensorrt/cuda-python not installed, --no-trt, or simulated"}
+        report.data["checks"]["tensorrt_native"] = {
+            "skipped": "tensorrt/cuda-python not installed, --no-trt, or simulated"
+        }
     elif "fp32" in found and budget.allows("tensorrt native", NEEDS_TRT):
         from specexport_runtime.api import load
 
@@ -226,14 +262,23 @@ def probe(args: argparse.Namespace, provider: str, report: Report, budget: Budge
 def print_probe(out: dict) -> None:
     calls = out.get("per_call", {}).get("by_seq", {})
     if calls:
-        print("probe per call (past 512): " + ", ".join(f"S={s} {c['median_ms']:.3f} ms" for s, c in calls.items()), flush=True)
+        print(
+            "probe per call (past 512): " + ", ".join(f"S={s} {c['median_ms']:.3f} ms" for s, c in calls.items()),
+            flush=True,
+        )
     for key in ("target_only", "self_draft"):
         r = out.get(key, {})
         if "tokens_per_second" in r:
-            print(f"probe {key}: {r['tokens_per_second']:.1f} tok/s, outside ONNX Runtime"
-                  f" {r['outside_ort_ms_per_round']:.3f} ms/round"
-                  + (f", acceptance {r['acceptance_rate']:.2f}, speedup {r['speedup']:.2f}" if key == "self_draft" else ""),
-                  flush=True)
+            print(
+                f"probe {key}: {r['tokens_per_second']:.1f} tok/s, outside ONNX Runtime"
+                f" {r['outside_ort_ms_per_round']:.3f} ms/round"
+                + (
+                    f", acceptance {r['acceptance_rate']:.2f}, speedup {r['speedup']:.2f}"
+                    if key == "self_draft"
+                    else ""
+                ),
+                flush=True,
+            )
     g = out.get("cuda_graph", {})
     if g:
         print(f"probe cuda_graph: {g.get('result') or g.get('error') or g.get('skipped')}", flush=True)

@@ -29,17 +29,33 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True, rope_theta=500000.0,
-                max_position_embeddings=2048)  # Llama-3.2-1B's shape (its llama3 rope scaling changes no cost)
-TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=2048)
+LLAMA_1B = dict(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    max_position_embeddings=2048,
+)  # Llama-3.2-1B's shape (its llama3 rope scaling changes no cost)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
+)
 SHAPES = {"llama-3.2-1b": LLAMA_1B, "tiny": TINY}
 PAST = 512
 SEQS = (1, 2, 4, 8, 16)
@@ -48,9 +64,13 @@ GAMMA = 4
 MAX_CONTEXT = 1024
 MAX_SPEEDUP = 1.10  # the self-draft can't be faster; above this the timing is wrong
 # GPU name (nvidia-smi) substring -> bytes/s, most specific first (vendor datasheets)
-BANDWIDTH = (("H200", 4.8e12, "H200 datasheet: 4.8 TB/s HBM3e"), ("H100 PCIe", 2.0e12, "H100 PCIe datasheet: 2.0 TB/s"),
-             ("H100 NVL", 3.9e12, "H100 NVL datasheet: 3.9 TB/s"), ("H100", 3.35e12, "H100 SXM datasheet: 3.35 TB/s"),
-             ("A100-SXM4-80GB", 2.039e12, "A100 80GB SXM datasheet: 2.039 TB/s"))
+BANDWIDTH = (
+    ("H200", 4.8e12, "H200 datasheet: 4.8 TB/s HBM3e"),
+    ("H100 PCIe", 2.0e12, "H100 PCIe datasheet: 2.0 TB/s"),
+    ("H100 NVL", 3.9e12, "H100 NVL datasheet: 3.9 TB/s"),
+    ("H100", 3.35e12, "H100 SXM datasheet: 3.35 TB/s"),
+    ("A100-SXM4-80GB", 2.039e12, "A100 80GB SXM datasheet: 2.039 TB/s"),
+)
 # seconds each part needs on an H200-class host (build: 16 CPU cores writing 2.5 GB)
 NEEDS_1B = {"build": 120, "session": 30, "per_call": 15, "target_only": 10, "run": 15}
 NEEDS_TINY = {"build": 10, "session": 3, "per_call": 5, "target_only": 5, "run": 5}
@@ -102,9 +122,15 @@ def build_graph(shape: dict, workdir: Path) -> tuple[object, dict]:
     params = sum(p.numel() for p in model.parameters())
     del model
     gc.collect()
-    info = {"parameters": params, "tied_embedding": tied, "init_seconds": round(init_seconds, 1),
-            "build_seconds": round(result.seconds, 1), "graph_bytes": result.bytes, "nodes": result.num_nodes,
-            "weight_bytes": weight_bytes(result)}
+    info = {
+        "parameters": params,
+        "tied_embedding": tied,
+        "init_seconds": round(init_seconds, 1),
+        "build_seconds": round(result.seconds, 1),
+        "graph_bytes": result.bytes,
+        "nodes": result.num_nodes,
+        "weight_bytes": weight_bytes(result),
+    }
     return result, info
 
 
@@ -143,13 +169,19 @@ def per_call(model, rng: np.random.Generator, iterations: int, deadline: float) 
             if time.perf_counter() > deadline and times:
                 break
         row0 = np.array(logits[0])
-        entry = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3, "calls": len(times),
-                 "logits_bytes_to_host": S * V * 4}
+        entry = {
+            "median_ms": statistics.median(times) * 1e3,
+            "min_ms": min(times) * 1e3,
+            "calls": len(times),
+            "logits_bytes_to_host": S * V * 4,
+        }
         if reference is None:
             reference = row0
         else:
-            entry.update(row0_max_abs_diff_vs_s1=float(np.abs(row0 - reference).max()),
-                         row0_argmax_equal_s1=bool(row0.argmax() == reference.argmax()))
+            entry.update(
+                row0_max_abs_diff_vs_s1=float(np.abs(row0 - reference).max()),
+                row0_argmax_equal_s1=bool(row0.argmax() == reference.argmax()),
+            )
         by_seq[str(S)] = entry
     model.reset()
     return {"past": PAST, "by_seq": by_seq}
@@ -170,9 +202,17 @@ def drive(loop, prompt: list[int], n: int, models: list) -> dict:
             break
     wall = time.perf_counter() - start
     ort_seconds = sum(m.stats.seconds for m in models) - ort0
-    return {"tokens": tokens[:n], "distinct_tokens": len(set(tokens[:n])), "timed_tokens": timed, "rounds": count, "seconds": round(wall, 3),
-            "tokens_per_second": timed / wall, "ms_per_token": wall / timed * 1e3, "ort_seconds": round(ort_seconds, 3),
-            "outside_ort_ms_per_round": (wall - ort_seconds) / count * 1e3}
+    return {
+        "tokens": tokens[:n],
+        "distinct_tokens": len(set(tokens[:n])),
+        "timed_tokens": timed,
+        "rounds": count,
+        "seconds": round(wall, 3),
+        "tokens_per_second": timed / wall,
+        "ms_per_token": wall / timed * 1e3,
+        "ort_seconds": round(ort_seconds, 3),
+        "outside_ort_ms_per_round": (wall - ort_seconds) / count * 1e3,
+    }
 
 
 def target_only(model, prompt: list[int]) -> dict:
@@ -196,9 +236,15 @@ def self_draft(target, draft, prompt: list[int], baseline: dict) -> dict:
     loop = SpeculativeLoop(target, proposer, None, options, np.random.default_rng(0), stats)
     result = drive(loop, prompt, NEW_TOKENS, [target, draft])
     speedup = result["tokens_per_second"] / baseline["tokens_per_second"]
-    result.update(gamma=GAMMA, acceptance_rate=stats.acceptance_rate, mean_accepted_length=stats.mean_accepted_length,
-                  equal_to_target_only=result["tokens"] == baseline["tokens"], speedup=speedup, max_speedup=MAX_SPEEDUP,
-                  ok=bool(speedup <= MAX_SPEEDUP))
+    result.update(
+        gamma=GAMMA,
+        acceptance_rate=stats.acceptance_rate,
+        mean_accepted_length=stats.mean_accepted_length,
+        equal_to_target_only=result["tokens"] == baseline["tokens"],
+        speedup=speedup,
+        max_speedup=MAX_SPEEDUP,
+        ok=bool(speedup <= MAX_SPEEDUP),
+    )
     return result
 
 
@@ -209,8 +255,10 @@ def _bind_caches(io, caches: list, layers: int) -> None:
     from specexport_runtime import contract
 
     for i in range(layers):
-        for name_in, name_out, value in ((contract.past_key(i), contract.present_key(i), caches[2 * i]),
-                                         (contract.past_value(i), contract.present_value(i), caches[2 * i + 1])):
+        for name_in, name_out, value in (
+            (contract.past_key(i), contract.present_key(i), caches[2 * i]),
+            (contract.past_value(i), contract.present_value(i), caches[2 * i + 1]),
+        ):
             io.bind_ortvalue_input(name_in, value)
             io.bind_ortvalue_output(name_out, value)
 
@@ -231,13 +279,17 @@ class GraphSession:
         self.device = "cuda" if provider == "cuda" else "cpu"
         opts = ort.SessionOptions()
         opts.log_severity_level = 1  # its INFO lines say whether a CUDA graph was captured
-        providers = ([("CUDAExecutionProvider", {"device_id": 0, "enable_cuda_graph": "1"})] if provider == "cuda" else [])
+        providers = (
+            [("CUDAExecutionProvider", {"device_id": 0, "enable_cuda_graph": "1"})] if provider == "cuda" else []
+        )
         start = time.perf_counter()
         self.session = ort.InferenceSession(str(result.path), opts, providers=providers + ["CPUExecutionProvider"])
         self.session_seconds = round(time.perf_counter() - start, 1)
         shape = list(self.spec.cache_shape(MAX_CONTEXT))
-        self.caches = [ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float16, self.device, 0)
-                       for _ in range(2 * self.spec.num_layers)]
+        self.caches = [
+            ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float16, self.device, 0)
+            for _ in range(2 * self.spec.num_layers)
+        ]
         self.replay = ort.RunOptions()
         self.replay.add_run_config_entry("gpu_graph_id", "1")
         self.plain = ort.RunOptions()
@@ -362,11 +414,20 @@ def cuda_graph(result, provider: str, reference, prompt: list[int], steps: int, 
     else:
         outcome = "captured and replayed" if captured else "no capture seen in ONNX Runtime's log (see ort_log)"
     replay = statistics.median(s.times[3:]) * 1e3 if len(s.times) > 3 else None
-    return {"result": outcome, "captured": captured, "session_seconds": g.session_seconds, "steps": steps,
-            "first_runs_ms": [round(t * 1e3, 3) for t in s.times[:3]], "replay_ms": replay, "plain_ms": plain_ms,
-            "speedup_vs_plain": (plain_ms / replay) if replay and plain_ms else None,
-            "max_abs_diff_vs_plain": max(s.diffs), "argmax_agreement": sum(s.agree) / len(s.agree),
-            "ort_log": lines, "note": "plain_ms: the runtime's plain session, decode S=1 at past 512"}
+    return {
+        "result": outcome,
+        "captured": captured,
+        "session_seconds": g.session_seconds,
+        "steps": steps,
+        "first_runs_ms": [round(t * 1e3, 3) for t in s.times[:3]],
+        "replay_ms": replay,
+        "plain_ms": plain_ms,
+        "speedup_vs_plain": (plain_ms / replay) if replay and plain_ms else None,
+        "max_abs_diff_vs_plain": max(s.diffs),
+        "argmax_agreement": sum(s.agree) / len(s.agree),
+        "ort_log": lines,
+        "note": "plain_ms: the runtime's plain session, decode S=1 at past 512",
+    }
 
 
 # --------------------------------------------------------------------------- the probe
@@ -375,13 +436,20 @@ def cuda_graph(result, provider: str, reference, prompt: list[int], steps: int, 
 class Probe:
     """Runs the parts in order, each after asking the budget, saving the report after each."""
 
-    def __init__(self, provider: str, shape_name: str, budget, gpu_name: str | None, out: dict,
-                 save: Callable[[], None]):
+    def __init__(
+        self, provider: str, shape_name: str, budget, gpu_name: str | None, out: dict, save: Callable[[], None]
+    ):
         self.provider, self.shape_name, self.budget, self.gpu_name = provider, shape_name, budget, gpu_name
         self.out, self.save = out, save
         self.needs = NEEDS_1B if shape_name == "llama-3.2-1b" else NEEDS_TINY
-        self.out.update(shape_name=shape_name, shape=SHAPES[shape_name], dtype="fp16", graph="fused",
-                        simulated=provider != "cuda", max_context=MAX_CONTEXT)
+        self.out.update(
+            shape_name=shape_name,
+            shape=SHAPES[shape_name],
+            dtype="fp16",
+            graph="fused",
+            simulated=provider != "cuda",
+            max_context=MAX_CONTEXT,
+        )
 
     def part(self, name: str, needs: float, fn: Callable[[], dict]) -> dict | None:
         if not self.budget.allows(f"probe {name}", needs):
@@ -419,12 +487,16 @@ class Probe:
         self.out["build"]["target_session_seconds"] = seconds
         session = max(seconds, 1.0)
         self.out["bandwidth_bound"] = self.bandwidth(result)
-        calls = self.part("per_call", n["per_call"], lambda: per_call(target, rng, 30, time.perf_counter() + n["per_call"]))
+        calls = self.part(
+            "per_call", n["per_call"], lambda: per_call(target, rng, 30, time.perf_counter() + n["per_call"])
+        )
         base = self.part("target_only", n["target_only"], lambda: target_only(target, prompt))
         if base and "tokens_per_second" in base:
             self.part("self_draft", session + n["run"], lambda: self.with_draft(result, target, prompt, base))
         plain = (calls or {}).get("by_seq", {}).get("1", {}).get("median_ms")
-        self.part("cuda_graph", session + n["run"], lambda: cuda_graph(result, self.provider, target, prompt, 32, plain))
+        self.part(
+            "cuda_graph", session + n["run"], lambda: cuda_graph(result, self.provider, target, prompt, 32, plain)
+        )
         self.out["bandwidth_bound"] = self.bandwidth(result)
 
     def with_draft(self, result, target, prompt: list[int], base: dict) -> dict:
@@ -442,17 +514,24 @@ class Probe:
         weights = weight_bytes(result)
         kv = 2 * spec.num_layers * PAST * spec.num_kv_heads * spec.head_dim * 2
         bw, source = bandwidth_for(self.gpu_name) if self.provider == "cuda" else (None, None)
-        out = {"gpu": self.gpu_name, "weight_bytes_per_token": weights, "kv_bytes_per_token_at_past": kv,
-               "bandwidth_bytes_per_second": bw, "bandwidth_source": source or "unknown GPU: no figure",
-               "min_ms_per_token": (weights + kv) / bw * 1e3 if bw else None,
-               "max_tokens_per_second": bw / (weights + kv) if bw else None}
+        out = {
+            "gpu": self.gpu_name,
+            "weight_bytes_per_token": weights,
+            "kv_bytes_per_token_at_past": kv,
+            "bandwidth_bytes_per_second": bw,
+            "bandwidth_source": source or "unknown GPU: no figure",
+            "min_ms_per_token": (weights + kv) / bw * 1e3 if bw else None,
+            "max_tokens_per_second": bw / (weights + kv) if bw else None,
+        }
         decode = self.out.get("per_call", {}).get("by_seq", {}).get("1", {}).get("median_ms")
         if bw and decode:
             out["decode_fraction_of_bound"] = out["min_ms_per_token"] / decode
         return out
 
 
-def run_probe(provider: str, shape_name: str, budget, gpu_name: str | None, out: dict, save: Callable[[], None]) -> dict:
+def run_probe(
+    provider: str, shape_name: str, budget, gpu_name: str | None, out: dict, save: Callable[[], None]
+) -> dict:
     Probe(provider, shape_name, budget, gpu_name, out, save).run()
     for key in ("target_only", "self_draft"):  # the first tokens are enough to read
         if "tokens" in out.get(key, {}):

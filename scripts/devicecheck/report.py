@@ -8,8 +8,9 @@ import os
 import platform
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class Budget:
@@ -30,8 +31,10 @@ class Budget:
     def allows(self, section: str, needs: float) -> bool:
         if self.left() >= needs:
             return True
-        note = (f"{section}: skipped, needs about {needs:.0f} s and {max(0.0, self.left()):.0f} s of the"
-                f" {self.seconds:.0f} s budget are left")
+        note = (
+            f"{section}: skipped, needs about {needs:.0f} s and {max(0.0, self.left()):.0f} s of the"
+            f" {self.seconds:.0f} s budget are left"
+        )
         self.skipped.append(note)
         print(f"budget: {note}", flush=True)
         return False
@@ -49,10 +52,22 @@ class Report:
     def __init__(self, out: Path, summary: Path, provider: str):
         self.out, self.summary = out, summary
         self.data: dict[str, Any] = {
-            "status": "running", "reason": None, "simulated": provider != "cuda", "provider": provider,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "machine": platform.machine(), "python": platform.python_version(), "versions": {}, "providers": [],
-            "gpus": [], "jetson": None, "budget": {}, "skipped_for_time": [], "install": None, "checks": {},
+            "status": "running",
+            "reason": None,
+            "simulated": provider != "cuda",
+            "provider": provider,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": platform.node(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "versions": {},
+            "providers": [],
+            "gpus": [],
+            "jetson": None,
+            "budget": {},
+            "skipped_for_time": [],
+            "install": None,
+            "checks": {},
             "probe": None,
         }
 
@@ -104,16 +119,20 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def summary_markdown(data: dict) -> str:
     lines = [f"# device-check: {data['status']}" + (f" ({data['reason']})" if data.get("reason") else ""), ""]
     sim = " — **simulated: the CPU stands in for the GPU**" if data.get("simulated") else ""
-    lines.append(f"- host {data.get('host')} ({data.get('machine')}), Python {data.get('python')},"
-                 f" onnxruntime {data['versions'].get('onnxruntime')}{sim}")
+    lines.append(
+        f"- host {data.get('host')} ({data.get('machine')}), Python {data.get('python')},"
+        f" onnxruntime {data['versions'].get('onnxruntime')}{sim}"
+    )
     lines.append(f"- GPU: {', '.join(data.get('gpus') or []) or data.get('jetson') or 'none found'}")
     if data.get("seconds") is not None:
         lines.append(f"- took {data['seconds']} s of a {data['budget'].get('seconds')} s budget")
     lines += _install_lines(data.get("install"))
     smoke = data["checks"].get("smoke")
     if smoke:
-        lines.append(f"- smoke test: session providers {smoke.get('session_providers')}, MatMul max |diff|"
-                     f" {_fmt(smoke.get('max_abs_diff'))}: {'ok' if smoke.get('ok') else 'FAILED ' + str(smoke.get('error'))}")
+        lines.append(
+            f"- smoke test: session providers {smoke.get('session_providers')}, MatMul max |diff|"
+            f" {_fmt(smoke.get('max_abs_diff'))}: {'ok' if smoke.get('ok') else 'FAILED ' + str(smoke.get('error'))}"
+        )
     lines += _artifact_lines(data["checks"])
     lines += _probe_lines(data.get("probe"))
     if data.get("skipped_for_time"):
@@ -126,7 +145,9 @@ def _install_lines(install: dict | None) -> list[str]:
         return []
     if install.get("error"):
         return [f"- install: FAILED {install['error']}"]
-    wheels = ", ".join(f"{w['name']} ({'installed' if w['installed'] else w['reason']})" for w in install.get("wheels", []))
+    wheels = ", ".join(
+        f"{w['name']} ({'installed' if w['installed'] else w['reason']})" for w in install.get("wheels", [])
+    )
     return [f"- install ({install.get('seconds')} s) into {install.get('site')}: {wheels}"]
 
 
@@ -142,21 +163,35 @@ def _artifact_lines(checks: dict) -> list[str]:
         if "error" in c and "parity" not in c:
             rows.append(f"| {kind} | FAILED: {c['error']} | | | |")
             continue
-        par = "; ".join(f"{role} {_fmt(p.get('max_abs_diff'))} (tol {_fmt(p.get('tolerance'))})"
-                        for role, p in c["parity"].items() if isinstance(p, dict))
+        par = "; ".join(
+            f"{role} {_fmt(p.get('max_abs_diff'))} (tol {_fmt(p.get('tolerance'))})"
+            for role, p in c["parity"].items()
+            if isinstance(p, dict)
+        )
         g = c.get("greedy", {})
         runs = g.get("runs", [])
         equal = sum(1 for r in runs if r.get("equal"))
         kv, copies = c.get("kv_residency", {}), c.get("host_copies", {})
-        rows.append(f"| {kind} | {par} | {equal}/{len(runs)} equal to target-only | {_fmt(kv.get('ok'))}"
-                    f" ({kv.get('device')}); {_fmt(copies.get('memcpy_nodes_per_run'))} Memcpy nodes/run"
-                    f" | {_fmt(c.get('ok'))} |")
+        rows.append(
+            f"| {kind} | {par} | {equal}/{len(runs)} equal to target-only | {_fmt(kv.get('ok'))}"
+            f" ({kv.get('device')}); {_fmt(copies.get('memcpy_nodes_per_run'))} Memcpy nodes/run"
+            f" | {_fmt(c.get('ok'))} |"
+        )
     trt = checks.get("tensorrt_native") or {}
-    trt_line = [f"- native TensorRT: {trt.get('skipped') or trt.get('error') or ('ok' if trt.get('ok') else 'FAILED')}"] if trt else []
+    trt_line = (
+        [f"- native TensorRT: {trt.get('skipped') or trt.get('error') or ('ok' if trt.get('ok') else 'FAILED')}"]
+        if trt
+        else []
+    )
     if not rows:
         return trt_line
-    return trt_line + ["", "| artifact | logits max abs diff vs CPU | greedy, speculation on (draft, ngram, hybrid × γ 1, 4, 8)"
-            " | K/V stays on device; graph copies | ok |", "|---|---|---|---|---|", *rows]
+    return trt_line + [
+        "",
+        "| artifact | logits max abs diff vs CPU | greedy, speculation on (draft, ngram, hybrid × γ 1, 4, 8)"
+        " | K/V stays on device; graph copies | ok |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _probe_lines(probe: dict | None) -> list[str]:
@@ -164,37 +199,60 @@ def _probe_lines(probe: dict | None) -> list[str]:
         return []
     if probe.get("skipped"):
         return ["", f"Performance probe: skipped ({probe['skipped']})"]
-    out = ["", f"Performance probe ({probe.get('shape_name')}{', simulated' if probe.get('simulated') else ''},"
-                f" {probe.get('dtype')}, fused graph):"]
+    out = [
+        "",
+        f"Performance probe ({probe.get('shape_name')}{', simulated' if probe.get('simulated') else ''},"
+        f" {probe.get('dtype')}, fused graph):",
+    ]
     if probe.get("error"):
         out.append(f"- FAILED {probe['error']}")
     calls = probe.get("per_call", {}).get("by_seq", {})
     if calls:
-        out.append("- per call at past " + str(probe["per_call"].get("past")) + ": "
-                   + ", ".join(f"S={s} {_fmt(c.get('median_ms'))} ms" for s, c in calls.items()))
+        out.append(
+            "- per call at past "
+            + str(probe["per_call"].get("past"))
+            + ": "
+            + ", ".join(f"S={s} {_fmt(c.get('median_ms'))} ms" for s, c in calls.items())
+        )
     rows = [c for s, c in calls.items() if s != "1" and "row0_max_abs_diff_vs_s1" in c]
     if rows:
         worst = max(c["row0_max_abs_diff_vs_s1"] for c in rows)
-        same = "bitwise equal" if worst == 0 else "argmax equal" if all(c["row0_argmax_equal_s1"] for c in rows) else "ARGMAX DIFFERS"
+        same = (
+            "bitwise equal"
+            if worst == 0
+            else "argmax equal"
+            if all(c["row0_argmax_equal_s1"] for c in rows)
+            else "ARGMAX DIFFERS"
+        )
         out.append(f"- row invariance: row 0 of S=2..16 vs S=1, max |diff| {_fmt(worst)} ({same})")
     t = probe.get("target_only", {})
     if t.get("tokens_per_second"):
         out.append(f"- target only: {_fmt(t['tokens_per_second'])} tokens/s ({_fmt(t.get('ms_per_token'))} ms/token)")
     s = probe.get("self_draft", {})
     if s.get("tokens_per_second"):
-        out.append(f"- self-draft γ {s.get('gamma')}: {_fmt(s['tokens_per_second'])} tokens/s, acceptance"
-                   f" {_fmt(s.get('acceptance_rate'))}, speedup {_fmt(s.get('speedup'))} (must be <= {s.get('max_speedup')}),"
-                   f" outside ONNX Runtime {_fmt(s.get('outside_ort_ms_per_round'))} ms/round")
+        out.append(
+            f"- self-draft γ {s.get('gamma')}: {_fmt(s['tokens_per_second'])} tokens/s, acceptance"
+            f" {_fmt(s.get('acceptance_rate'))}, speedup {_fmt(s.get('speedup'))} (must be <= {s.get('max_speedup')}),"
+            f" outside ONNX Runtime {_fmt(s.get('outside_ort_ms_per_round'))} ms/round"
+        )
     for key in ("self_draft", "cuda_graph"):
         if probe.get(key, {}).get("error"):
             out.append(f"- {key}: FAILED {probe[key]['error']}")
     g = probe.get("cuda_graph", {})
     if g and not g.get("error"):
-        out.append(f"- CUDA graph: {g.get('result')}" + (f", {_fmt(g.get('replay_ms'))} ms/step vs"
-                   f" {_fmt(g.get('plain_ms'))} without" if g.get("replay_ms") else ""))
+        out.append(
+            f"- CUDA graph: {g.get('result')}"
+            + (
+                f", {_fmt(g.get('replay_ms'))} ms/step vs {_fmt(g.get('plain_ms'))} without"
+                if g.get("replay_ms")
+                else ""
+            )
+        )
     b = probe.get("bandwidth_bound", {})
     if b:
-        out.append(f"- weights {_fmt(b.get('weight_bytes_per_token'))} B/token; bound"
-                   f" {_fmt(b.get('max_tokens_per_second'))} tokens/s at {_fmt(b.get('bandwidth_bytes_per_second'))} B/s"
-                   f" ({b.get('bandwidth_source')})")
+        out.append(
+            f"- weights {_fmt(b.get('weight_bytes_per_token'))} B/token; bound"
+            f" {_fmt(b.get('max_tokens_per_second'))} tokens/s at {_fmt(b.get('bandwidth_bytes_per_second'))} B/s"
+            f" ({b.get('bandwidth_source')})"
+        )
     return out

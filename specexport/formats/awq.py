@@ -25,7 +25,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from .blocks import BlockQuantized, FormatError
-from .gptq import block_size, check_bits, check_shape, make_block, packed_tensor, quantized_prefixes, scale_tensor, unpack_int32
+from .gptq import (
+    block_size,
+    check_bits,
+    check_shape,
+    make_block,
+    packed_tensor,
+    quantized_prefixes,
+    scale_tensor,
+    unpack_int32,
+)
 
 SUFFIXES = ("qweight", "qzeros", "scales")  # tensors of a quantized Linear consumed here
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds column 8c + AWQ_ORDER[i]
@@ -41,7 +50,9 @@ def awq_blocks(tensors: Mapping[str, object], config: dict) -> dict[str, BlockQu
     check_bits(_field(config, "bits", "w_bit"), "AWQ", allowed=(4,))
     _check_version(config)
     if config.get("zero_point", True) is not True:
-        raise FormatError(f"AWQ zero_point {config.get('zero_point')!r} is not supported (only zero-point GEMM checkpoints)")
+        raise FormatError(
+            f"AWQ zero_point {config.get('zero_point')!r} is not supported (only zero-point GEMM checkpoints)"
+        )
     group_size = int(_field(config, "group_size", "q_group_size", 128))
     return {f"{prefix}.weight": _layer(tensors, prefix, group_size) for prefix in quantized_prefixes(tensors)}
 

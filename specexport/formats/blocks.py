@@ -55,7 +55,9 @@ class BlockQuantized:
         if K % self.block:
             raise FormatError(f"K = {K} inputs is not a multiple of block {self.block}")
         if int(self.q.max(initial=0)) >= 1 << self.bits:
-            raise FormatError(f"codes reach {int(self.q.max())}, above the {self.bits}-bit range 0..{(1 << self.bits) - 1}")
+            raise FormatError(
+                f"codes reach {int(self.q.max())}, above the {self.bits}-bit range 0..{(1 << self.bits) - 1}"
+            )
         nb = K // self.block
         for name in ("scale", "zero", "offset"):
             value = getattr(self, name)
@@ -100,7 +102,7 @@ class BlockQuantized:
             w = w + self.offset[:, g]
         return w.astype(np.float32)
 
-    def in_order(self) -> tuple["BlockQuantized", np.ndarray | None]:
+    def in_order(self) -> tuple[BlockQuantized, np.ndarray | None]:
         """(weight whose blocks are consecutive inputs, input permutation or None).
 
         With act-order (g_idx), inputs are permuted so each block is contiguous: the layer
@@ -121,13 +123,21 @@ def concat_rows(parts: list[BlockQuantized]) -> BlockQuantized:
     """Stack weights along N (q|k|v, gate|up) into one; they must share bits, block, inputs
     and the presence of zero points / offsets, and have no act-order (see `compatible`)."""
     if not compatible(parts):
-        raise FormatError("weights differ in bits, block, K, zero points, offsets or act-order; they cannot share one node")
+        raise FormatError(
+            "weights differ in bits, block, K, zero points, offsets or act-order; they cannot share one node"
+        )
     first = parts[0]
     if len(parts) == 1:
         return first
     cat = lambda name: None if getattr(first, name) is None else np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
-    return BlockQuantized(q=np.concatenate([p.q for p in parts]), scale=np.concatenate([p.scale for p in parts]),
-                          zero=_cat_zero(parts), bits=first.bits, block=first.block, offset=cat("offset"))
+    return BlockQuantized(
+        q=np.concatenate([p.q for p in parts]),
+        scale=np.concatenate([p.scale for p in parts]),
+        zero=_cat_zero(parts),
+        bits=first.bits,
+        block=first.block,
+        offset=cat("offset"),
+    )
 
 
 def _cat_zero(parts: list[BlockQuantized]) -> np.ndarray | None:
@@ -140,8 +150,11 @@ def compatible(parts: list[BlockQuantized]) -> bool:
     """Whether `parts` can be stacked along N into one MatMulNBits (concat_rows)."""
     first = parts[0]
     return all(
-        p.bits == first.bits and p.block == first.block and p.q.shape[1] == first.q.shape[1]
-        and (p.offset is None) == (first.offset is None) and p.g_idx is None
+        p.bits == first.bits
+        and p.block == first.block
+        and p.q.shape[1] == first.q.shape[1]
+        and (p.offset is None) == (first.offset is None)
+        and p.g_idx is None
         for p in parts
     )
 

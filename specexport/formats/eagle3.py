@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from specexport_runtime.constants import default_feature_layers
 
 from .blocks import FormatError
@@ -143,8 +144,9 @@ class Eagle3Head:
 # ----------------------------------------------------------------------------------- loading
 
 
-def load_eagle3_head(path: str | Path, target: TargetShape, allow_pickle: bool = False, *,
-                     layers: Sequence[int] | None = None) -> Eagle3Head:
+def load_eagle3_head(
+    path: str | Path, target: TargetShape, allow_pickle: bool = False, *, layers: Sequence[int] | None = None
+) -> Eagle3Head:
     """Read and check the head folder at `path` against `target` (module docstring).
 
     layers: entering-layer ids overriding the config and the default (the recipe's
@@ -183,8 +185,10 @@ def _read_tensors(folder: Path, allow_pickle: bool) -> dict:
     if not path.is_file():
         raise FormatError(f"{folder} has neither *.safetensors nor {PICKLE_NAME}")
     if not allow_pickle:
-        raise FormatError(f"{path} is a pickle; pass allow_pickle=True to read it "
-                          f"(torch.load with weights_only=True), or convert it to safetensors")
+        raise FormatError(
+            f"{path} is a pickle; pass allow_pickle=True to read it "
+            f"(torch.load with weights_only=True), or convert it to safetensors"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as exc:
@@ -283,25 +287,33 @@ def _layer_ids(raw: Mapping, L: int, layers: Sequence[int] | None) -> tuple[tupl
         given = _three_ints(listed, "eagle_config.eagle_aux_hidden_state_layer_ids")
         ids = tuple(i + 1 for i in given)
         source = "config"
-        reason = (f"entering layers {list(ids)}: config eagle_config.eagle_aux_hidden_state_layer_ids "
-                  f"{list(given)} name layer outputs, so +1")
+        reason = (
+            f"entering layers {list(ids)}: config eagle_config.eagle_aux_hidden_state_layer_ids "
+            f"{list(given)} name layer outputs, so +1"
+        )
     elif raw.get("eagle_aux_hidden_state_layer_ids") is not None:
-        raise FormatError(f"top-level eagle_aux_hidden_state_layer_ids {raw['eagle_aux_hidden_state_layer_ids']!r} "
-                          f"has no agreed convention (entering vs output of a layer): give the recipe's "
-                          f"draft.eagle3.layers explicitly")
+        raise FormatError(
+            f"top-level eagle_aux_hidden_state_layer_ids {raw['eagle_aux_hidden_state_layer_ids']!r} "
+            f"has no agreed convention (entering vs output of a layer): give the recipe's "
+            f"draft.eagle3.layers explicitly"
+        )
     else:
         ids = default_feature_layers(L)
         source, reason = "default", f"entering layers {list(ids)}: EAGLE-3 default (2, L//2, L-3) for L = {L}"
     bad = [i for i in ids if not 0 <= i < L]
     if bad:
-        raise FormatError(f"layer ids {list(ids)} (entering convention, {source}) are outside the target's "
-                          f"layers 0..{L - 1}: {bad}")
+        raise FormatError(
+            f"layer ids {list(ids)} (entering convention, {source}) are outside the target's layers 0..{L - 1}: {bad}"
+        )
     return ids, source, reason  # type: ignore[return-value]
 
 
 def _three_ints(value: object, what: str) -> tuple[int, int, int]:
-    if not isinstance(value, (list, tuple)) or len(value) != 3 or \
-            not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 3
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    ):
         raise FormatError(f"{what} must be 3 integers, got {value!r}")
     return tuple(int(i) for i in value)  # type: ignore[return-value]
 
@@ -356,8 +368,10 @@ def _check_shapes(weights: Mapping[str, torch.Tensor], config: Eagle3Config, tar
     H = config.hidden_size
     fc_in = weights["fc.weight"].shape[-1]
     if fc_in != 3 * target.hidden_size:
-        raise FormatError(f"fc.weight input width {fc_in} != 3 x the target's hidden size "
-                          f"{target.hidden_size} = {3 * target.hidden_size}")
+        raise FormatError(
+            f"fc.weight input width {fc_in} != 3 x the target's hidden size "
+            f"{target.hidden_size} = {3 * target.hidden_size}"
+        )
     for name in ("q_proj", "k_proj", "v_proj"):
         width = weights[f"midlayer.self_attn.{name}.weight"].shape[-1]
         if width != 2 * H:
@@ -374,8 +388,10 @@ def _check_embedding(weights: Mapping[str, torch.Tensor], H: int, target: Target
     embed = weights.get(EMBED)
     if embed is None:
         if target.embed_width != H:
-            raise FormatError(f"the head has no embed_tokens, so it takes the target's embedding of width "
-                              f"{target.embed_width}, but its hidden_size is {H}")
+            raise FormatError(
+                f"the head has no embed_tokens, so it takes the target's embedding of width "
+                f"{target.embed_width}, but its hidden_size is {H}"
+            )
     elif embed.ndim != 2 or embed.shape[1] != H:
         raise FormatError(f"embed_tokens.weight width {list(embed.shape)[1:]} != the head's hidden_size {H}")
 
@@ -403,8 +419,9 @@ def check_vocab_maps(d2t: np.ndarray, t2d: np.ndarray, draft_vocab: int, target_
     bad = np.flatnonzero((ids < 0) | (ids >= target_vocab))
     if bad.size:
         i = int(bad[0])
-        raise FormatError(f"d2t[{i}] = {int(d2t[i])} maps draft id {i} to target id {int(ids[i])}, "
-                          f"outside 0..{target_vocab - 1}")
+        raise FormatError(
+            f"d2t[{i}] = {int(d2t[i])} maps draft id {i} to target id {int(ids[i])}, outside 0..{target_vocab - 1}"
+        )
     unique, counts = np.unique(ids, return_counts=True)
     if unique.size != draft_vocab:
         dup = int(unique[counts > 1][0])
@@ -413,8 +430,11 @@ def check_vocab_maps(d2t: np.ndarray, t2d: np.ndarray, draft_vocab: int, target_
     if marked.size != draft_vocab or not np.array_equal(marked, unique):
         unmarked = np.setdiff1d(unique, marked)
         stray = np.setdiff1d(marked, unique)
-        detail = (f"target id {int(unmarked[0])} is mapped by d2t but False in t2d" if unmarked.size
-                  else f"target id {int(stray[0])} is True in t2d but no draft id maps to it")
+        detail = (
+            f"target id {int(unmarked[0])} is mapped by d2t but False in t2d"
+            if unmarked.size
+            else f"target id {int(stray[0])} is True in t2d but no draft id maps to it"
+        )
         raise FormatError(f"t2d marks {marked.size} target ids, d2t maps {draft_vocab}: {detail}")
 
 

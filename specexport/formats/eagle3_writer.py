@@ -87,9 +87,4 @@ def replace_folder(new: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)  # the new folder is in place: a stale aside copy is no failure
 
 
-__all__ = [
-    "ARCHITECTURE",
-    "head_config_json",
-    "replace_folder",
-    "write_eagle3_head",
-]
+__all__ = ["ARCHITECTURE", "head_config_json", "replace_folder", "write_eagle3_head"]

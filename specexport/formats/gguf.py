@@ -77,7 +77,7 @@ def _fields(raw: np.ndarray, *widths: int) -> list[np.ndarray]:
     if sum(widths) != raw.shape[-1]:
         raise FormatError(f"block fields {widths} cover {sum(widths)} bytes, the block has {raw.shape[-1]}")
     ends = np.cumsum(widths)
-    return [raw[..., end - width:end] for width, end in zip(widths, ends)]
+    return [raw[..., end - width : end] for width, end in zip(widths, ends)]
 
 
 def _f16(field: np.ndarray) -> np.ndarray:
@@ -203,7 +203,9 @@ def decode_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> BlockQuantize
         raise FormatError(f"GGUF type {qtype.name} has no exact block form here (supported: {_supported_types()})")
     per_block, type_size = GGML_QUANT_SIZES[qtype]
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % type_size:
-        raise FormatError(f"{qtype.name} data must be uint8 [N, blocks * {type_size}], got {raw.dtype} {list(raw.shape)}")
+        raise FormatError(
+            f"{qtype.name} data must be uint8 [N, blocks * {type_size}], got {raw.dtype} {list(raw.shape)}"
+        )
     N, nsb = raw.shape[0], raw.shape[1] // type_size
     q, scale, offset = layout.decode(raw.reshape(N, nsb, type_size))
     nb = nsb * per_block // layout.block
@@ -211,7 +213,9 @@ def decode_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> BlockQuantize
     return BlockQuantized(
         q=np.ascontiguousarray(q.reshape(N, nsb * per_block), np.uint8),
         scale=np.ascontiguousarray(scale.reshape(N, nb), np.float32),
-        zero=zero, bits=layout.bits, block=layout.block,
+        zero=zero,
+        bits=layout.bits,
+        block=layout.block,
         offset=None if offset is None else np.ascontiguousarray(offset.reshape(N, nb), np.float32),
     )
 
@@ -247,8 +251,15 @@ def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
 def permute_rows(w: BlockQuantized, perm: np.ndarray) -> BlockQuantized:
     """w with its output rows reordered: row r of the result is row perm[r] of w."""
     take = lambda a: None if a is None else np.ascontiguousarray(a[perm])  # noqa: E731
-    return BlockQuantized(q=take(w.q), scale=take(w.scale), zero=take(w.zero), bits=w.bits, block=w.block,
-                          offset=take(w.offset), g_idx=w.g_idx)
+    return BlockQuantized(
+        q=take(w.q),
+        scale=take(w.scale),
+        zero=take(w.zero),
+        bits=w.bits,
+        block=w.block,
+        offset=take(w.offset),
+        g_idx=w.g_idx,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,16 +319,20 @@ def read_gguf_blocks(path: str | Path, names: Iterable[str] | None = None) -> di
         name = hf_name(tensor.name)
         if name is None:
             if wanted is None:
-                raise FormatError(f"quantized GGUF tensor {tensor.name!r} has no Hugging Face name for {arch} "
-                                  f"(known: {', '.join(TENSOR_NAMES)})")
+                raise FormatError(
+                    f"quantized GGUF tensor {tensor.name!r} has no Hugging Face name for {arch} "
+                    f"(known: {', '.join(TENSOR_NAMES)})"
+                )
             continue
         if wanted is not None and name not in wanted:
             continue
         if len(tensor.shape) != 2:
             raise FormatError(f"GGUF tensor {tensor.name!r} has shape {list(tensor.shape)}; a weight must be 2-D")
         if tensor.tensor_type not in LAYOUTS:
-            raise FormatError(f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which has no exact "
-                              f"block form here (supported: {_supported_types()})")
+            raise FormatError(
+                f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which has no exact "
+                f"block form here (supported: {_supported_types()})"
+            )
         w = decode_blocks(np.asarray(tensor.data), tensor.tensor_type)  # [N, K]: GGUF ne = [K, N]
         if ARCHITECTURES[arch] and tensor.name.endswith((".attn_q.weight", ".attn_k.weight")):
             w = permute_rows(w, rotary_unpermutation(w.shape[0], heads if ".attn_q." in tensor.name else kv_heads))

@@ -50,8 +50,10 @@ def gptq_blocks(tensors: Mapping[str, object], config: dict) -> dict[str, BlockQ
     offset = _zero_offset(config)
     sym = config.get("sym") is True
     group_size = int(config.get("group_size", 128))
-    return {f"{prefix}.weight": _layer(tensors, prefix, bits, group_size, offset, sym)
-            for prefix in quantized_prefixes(tensors)}
+    return {
+        f"{prefix}.weight": _layer(tensors, prefix, bits, group_size, offset, sym)
+        for prefix in quantized_prefixes(tensors)
+    }
 
 
 def check_bits(bits: object, method: str, allowed: tuple[int, ...] = BITS) -> int:
@@ -72,8 +74,9 @@ def quantized_prefixes(tensors: Mapping[str, object]) -> list[str]:
     return sorted(name[: -len(".qweight")] for name in tensors if name.endswith(".qweight"))
 
 
-def _layer(tensors: Mapping[str, object], prefix: str, bits: int, group_size: int, offset: int,
-           sym: bool) -> BlockQuantized:
+def _layer(
+    tensors: Mapping[str, object], prefix: str, bits: int, group_size: int, offset: int, sym: bool
+) -> BlockQuantized:
     q = unpack_int32(packed_tensor(tensors, f"{prefix}.qweight"), bits, axis=0)  # [K, N] uint8
     K, N = q.shape
     block = block_size(group_size, K, prefix)
@@ -82,8 +85,9 @@ def _layer(tensors: Mapping[str, object], prefix: str, bits: int, group_size: in
     check_shape(stored, (K // block, N), f"{prefix}.qzeros (unpacked)")
     zero = _zero_points(stored, bits, offset, sym, f"{prefix}.qzeros")  # [K / block, N] uint8 or None
     g_idx = _act_order(tensors, f"{prefix}.g_idx", K, block)  # [K] int32 or None
-    return make_block(prefix, q=q.T, scale=scale.T, zero=None if zero is None else zero.T, bits=bits, block=block,
-                      g_idx=g_idx)
+    return make_block(
+        prefix, q=q.T, scale=scale.T, zero=None if zero is None else zero.T, bits=bits, block=block, g_idx=g_idx
+    )
 
 
 def _zero_points(stored: np.ndarray, bits: int, offset: int, sym: bool, name: str) -> np.ndarray | None:
@@ -91,13 +95,17 @@ def _zero_points(stored: np.ndarray, bits: int, offset: int, sym: bool, name: st
     zero = stored.astype(np.int32) + offset
     levels = 1 << bits
     if int(zero.max(initial=0)) >= levels:
-        raise FormatError(f"{name} stores zero point code {levels - 1}, which is {levels} under the 'gptq' (+1) "
-                          f"convention, outside the {bits}-bit range (a wrapped zero point 0?)")
+        raise FormatError(
+            f"{name} stores zero point code {levels - 1}, which is {levels} under the 'gptq' (+1) "
+            f"convention, outside the {bits}-bit range (a wrapped zero point 0?)"
+        )
     mid = levels // 2
     all_mid = bool(np.all(zero == mid))
     if sym and not all_mid:
-        raise FormatError(f"{name}: sym is true but zero points are not all {mid} after the offset +{offset} "
-                          f"(is checkpoint_format right?)")
+        raise FormatError(
+            f"{name}: sym is true but zero points are not all {mid} after the offset +{offset} "
+            f"(is checkpoint_format right?)"
+        )
     return None if all_mid else zero.astype(np.uint8)
 
 

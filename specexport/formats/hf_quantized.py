@@ -54,7 +54,9 @@ def load_quantized_folder(folder: Path) -> QuantizedCheckpoint:
         raise FormatError(f"{folder / 'config.json'} has no quantization_config")
     method = str(qconfig.get("quant_method")).lower()
     if method not in LOADERS:
-        raise FormatError(f"quant_method {qconfig.get('quant_method')!r} is not supported (expected one of {sorted(LOADERS)})")
+        raise FormatError(
+            f"quant_method {qconfig.get('quant_method')!r} is not supported (expected one of {sorted(LOADERS)})"
+        )
     loader, suffixes = LOADERS[method]
     tensors = read_safetensors(folder)
     blocks = loader(tensors, qconfig)
@@ -109,8 +111,9 @@ def _plain_tensors(tensors: dict, blocks: dict[str, BlockQuantized], suffixes: t
     """The tensors the format loader did not consume (embeddings, norms, biases, ...)."""
     prefixes = [name[: -len(".weight")] for name in blocks]
     consumed = {f"{prefix}.{suffix}" for prefix in prefixes for suffix in suffixes}
-    return {name: value for name, value in tensors.items()
-            if name not in consumed and not name.endswith(_IGNORED_SUFFIXES)}
+    return {
+        name: value for name, value in tensors.items() if name not in consumed and not name.endswith(_IGNORED_SUFFIXES)
+    }
 
 
 def _float_model(config: dict):
@@ -123,8 +126,9 @@ def _float_model(config: dict):
         hf_config = AutoConfig.for_model(model_type, **config)
         return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, trust_remote_code=False)
     except (KeyError, ValueError) as exc:
-        raise FormatError(f"config.json model_type {model_type!r} is not a causal LM transformers builds "
-                          f"without remote code: {exc}") from exc
+        raise FormatError(
+            f"config.json model_type {model_type!r} is not a causal LM transformers builds without remote code: {exc}"
+        ) from exc
 
 
 def _fill(model, blocks: dict[str, BlockQuantized], plain: dict) -> None:
@@ -172,8 +176,10 @@ def _copy(target, value, name: str) -> None:
 
 def _check_tied(target, value, name: str) -> None:
     if tuple(value.shape) != tuple(target.shape) or not bool((value == target).all()):
-        raise FormatError(f"checkpoint has its own {name!r}, but config.json ties it to another weight "
-                          f"(tie_word_embeddings); set it false or drop the tensor")
+        raise FormatError(
+            f"checkpoint has its own {name!r}, but config.json ties it to another weight "
+            f"(tie_word_embeddings); set it false or drop the tensor"
+        )
 
 
 __all__ = ["QuantizedCheckpoint", "load_quantized_folder", "quantization_method", "read_safetensors"]

@@ -26,8 +26,18 @@ from specexport_runtime.manifest import read_manifest, verify_files
 NEW = 12
 LINES = [
     {"id": "t-code-1", "domain": "code", "text": "def add(a, b):\n", "max_new_tokens": NEW},
-    {"id": "t-code-2", "domain": "code", "messages": [{"role": "user", "content": "for i in range(10):"}], "max_new_tokens": NEW},
-    {"id": "t-chat-1", "domain": "chat", "messages": [{"role": "user", "content": "The quick brown fox"}], "max_new_tokens": NEW},
+    {
+        "id": "t-code-2",
+        "domain": "code",
+        "messages": [{"role": "user", "content": "for i in range(10):"}],
+        "max_new_tokens": NEW,
+    },
+    {
+        "id": "t-chat-1",
+        "domain": "chat",
+        "messages": [{"role": "user", "content": "The quick brown fox"}],
+        "max_new_tokens": NEW,
+    },
     {"id": "t-copy-1", "domain": "copy_edit", "text": '{"name": "specexport", "version": 1}', "max_new_tokens": NEW},
 ]
 CHEAP_DRAFT = {"decode_s": 1.0, "verify_s": {s: 1.0 for s in range(2, 10)}, "draft_step_s": 0.01}
@@ -35,8 +45,13 @@ CHEAP_DRAFT = {"decode_s": 1.0, "verify_s": {s: 1.0 for s in range(2, 10)}, "dra
 
 def _prompt(line: dict) -> Prompt:
     msgs = tuple((m["role"], m["content"]) for m in line["messages"]) if "messages" in line else None
-    return Prompt(id=line["id"], domain=line["domain"], messages=msgs, text=line.get("text"),
-                  max_new_tokens=line["max_new_tokens"])
+    return Prompt(
+        id=line["id"],
+        domain=line["domain"],
+        messages=msgs,
+        text=line.get("text"),
+        max_new_tokens=line["max_new_tokens"],
+    )
 
 
 PROMPTS = [_prompt(line) for line in LINES]
@@ -84,10 +99,16 @@ def test_run_counts_and_order(self_report):
     rounds = [[r.label for r in runs[i : i + 3]] for i in range(0, len(runs), 3)]
     # prompts outer, repeats inner; every configuration once per round, rotated by one each round
     assert [(r.prompt_id, r.repeat) for r in runs[::3]] == [(p.id, rep) for p in PROMPTS for rep in (0, 1)]
-    assert all({(r.prompt_id, r.repeat) for r in runs[i : i + 3]} == {(runs[i].prompt_id, runs[i].repeat)}
-               for i in range(0, len(runs), 3))
-    assert rounds[:4] == [["off", "adaptive", "3"], ["adaptive", "3", "off"], ["3", "off", "adaptive"],
-                          ["off", "adaptive", "3"]]
+    assert all(
+        {(r.prompt_id, r.repeat) for r in runs[i : i + 3]} == {(runs[i].prompt_id, runs[i].repeat)}
+        for i in range(0, len(runs), 3)
+    )
+    assert rounds[:4] == [
+        ["off", "adaptive", "3"],
+        ["adaptive", "3", "off"],
+        ["3", "off", "adaptive"],
+        ["off", "adaptive", "3"],
+    ]
 
 
 def test_warm_up_is_outside_the_set_and_every_run_starts_with_an_empty_store(tiny_artifacts):
@@ -191,17 +212,50 @@ def test_report_outputs(self_report):
     assert {"meta", "lengths", "off", "configs", "memory", "costs", "exactness", "runs"} <= set(data)
     assert data["meta"]["prompts"] == len(PROMPTS) and data["meta"]["domains"] == {"code": 2, "chat": 1, "copy_edit": 1}
     text = "\n".join(self_report.summary_lines())
-    for word in ("target", "proposer", "gamma", "sampling", "prompts", "lengths", "acceptance", "per-token",
-                 "draft overhead", "memory", "equivalence"):
+    for word in (
+        "target",
+        "proposer",
+        "gamma",
+        "sampling",
+        "prompts",
+        "lengths",
+        "acceptance",
+        "per-token",
+        "draft overhead",
+        "memory",
+        "equivalence",
+    ):
         assert word in text, word
     from specexport.machine import cpu_model
 
-    assert data["meta"]["machine"]["cpu"] == cpu_model() and f"machine     {cpu_model()}," in text  # closing notes name the CPU
+    assert (
+        data["meta"]["machine"]["cpu"] == cpu_model() and f"machine     {cpu_model()}," in text
+    )  # closing notes name the CPU
     assert "| on[3] |" in self_report.to_markdown()
     assert list(data["runs"][0]) == [
-        "prompt_id", "domain", "mode", "gamma", "repeat", "seed", "prompt_tokens", "new_tokens", "finish_reason",
-        "total_seconds", "prefill_seconds", "draft_seconds", "target_seconds", "tokens_per_second", "rounds",
-        "plain_steps", "drafted", "accepted", "corrections", "bonus", "lookup_rounds", "by_source"]
+        "prompt_id",
+        "domain",
+        "mode",
+        "gamma",
+        "repeat",
+        "seed",
+        "prompt_tokens",
+        "new_tokens",
+        "finish_reason",
+        "total_seconds",
+        "prefill_seconds",
+        "draft_seconds",
+        "target_seconds",
+        "tokens_per_second",
+        "rounds",
+        "plain_steps",
+        "drafted",
+        "accepted",
+        "corrections",
+        "bonus",
+        "lookup_rounds",
+        "by_source",
+    ]
 
 
 def test_run_records_wrap_the_generation_stats(self_report):
@@ -217,8 +271,7 @@ def test_run_records_wrap_the_generation_stats(self_report):
 
 
 def test_sampling_quality(tiny_artifacts):
-    report = run_bench(tiny_artifacts["ngram"], PROMPTS[:2], gammas=[2], repeats=2, temperature=0.8, top_p=0.95,
-                       seed=3)
+    report = run_bench(tiny_artifacts["ngram"], PROMPTS[:2], gammas=[2], repeats=2, temperature=0.8, top_p=0.95, seed=3)
     assert report.meta["proposer"] == "ngram" and report.memory["draft_bytes"] == 0
     c = report.configs[0]
     assert c.equivalence is None
@@ -260,8 +313,10 @@ def test_suffix_bench_sequential_learns_across_requests(tiny_artifacts):
     for report in (seq, ind):
         for c in report.configs:
             assert c.equivalence["share"] == 1.0
+
     def accepted(report, pid):
         return [r.accepted for r in report.runs if r.prompt_id == pid and r.mode == "on"]
+
     assert all(a >= 15 for a in accepted(seq, "s-3"))  # its earlier answer, from the store
     assert accepted(ind, "s-3") == accepted(ind, "s-1")  # nothing carried over
     d = seq.configs[0].by_domain["agentic"]
@@ -283,7 +338,8 @@ def test_bitwise_quantized_target_no_caveat(tiny_artifacts):
     assert report.meta["target"]["precision"] == "int4" and report.caveats == []
     assert report.configs[0].equivalence["share"] == 1.0
     assert _equivalence_line(report).endswith(
-        "; target exactness bitwise (rows do not depend on call size; padded attention)")
+        "; target exactness bitwise (rows do not depend on call size; padded attention)"
+    )
     data = json.loads(json.dumps(report.to_dict(include_runs=False), allow_nan=False))
     assert data["exactness"]["class"] == "bitwise" and data["exactness"]["cache_pad"] == 1
     assert data["exactness"]["rows"]["min_rows"] == 1
@@ -303,7 +359,8 @@ def test_numerical_quantized_target_caveat(tiny_artifacts):
     assert "call sizes" in report.caveats[0] and "target.exactness: bitwise" in report.caveats[0]
     assert _equivalence_line(report).endswith(
         f"; target exactness numerical (rows differ between call sizes by up to {rows['max_abs_diff']:.2g}, "
-        "argmax agreement 100%)")
+        "argmax agreement 100%)"
+    )
     assert report.to_dict()["exactness"]["rows"]["max_abs_diff"] == rows["max_abs_diff"]
     assert report.runs[0].new_tokens <= 6
 
@@ -334,8 +391,12 @@ def test_bad_arguments(tiny_artifacts):
 def test_plots(self_report, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib not installed: pip install 'specexport[plot]' to test plots")
     paths = write_plots(self_report, tmp_path / "plots")
-    assert [p.name for p in paths] == ["latency_cdf.png", "accepted_length.png", "acceptance_by_position.png",
-                                       "speedup_by_domain.png"]
+    assert [p.name for p in paths] == [
+        "latency_cdf.png",
+        "accepted_length.png",
+        "acceptance_by_position.png",
+        "speedup_by_domain.png",
+    ]
     for p in paths:
         data = p.read_bytes()
         assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -346,8 +407,15 @@ def test_plots(self_report, tmp_path):
 
 def test_calibrate_self_picks_largest_gamma(tiny_artifacts, tmp_path):
     art = _copy(tiny_artifacts["self"], tmp_path)
-    doc = calibrate(art, domains=("code", "chat"), proposers=["draft"], prompts=PROMPTS, max_new_tokens=NEW,
-                    device_name="devA", costs=CHEAP_DRAFT)
+    doc = calibrate(
+        art,
+        domains=("code", "chat"),
+        proposers=["draft"],
+        prompts=PROMPTS,
+        max_new_tokens=NEW,
+        device_name="devA",
+        costs=CHEAP_DRAFT,
+    )
     prof = doc["profiles"]["devA"]
     assert doc["version"] == 1 and doc["default_profile"] == "devA"
     assert set(prof["domains"]) == {"code", "chat", "default"}
@@ -364,8 +432,7 @@ def test_calibrate_self_picks_largest_gamma(tiny_artifacts, tmp_path):
     assert profile_gamma(on_disk, "code", "draft") == 8 and profile_gamma(on_disk, "unknown", "draft") == 8
 
     # a second device (measured costs this time) is added beside the first
-    doc2 = calibrate(art, domains=("code",), prompts=PROMPTS, max_new_tokens=NEW, device_name="devB",
-                     set_default=False)
+    doc2 = calibrate(art, domains=("code",), prompts=PROMPTS, max_new_tokens=NEW, device_name="devB", set_default=False)
     assert set(doc2["profiles"]) == {"devA", "devB"} and doc2["default_profile"] == "devA"
     costs = doc2["profiles"]["devB"]["costs"]
     assert costs["decode_s"] > 0 and set(costs["draft_step_s"]) == {"draft", "ngram"}
@@ -390,8 +457,16 @@ def test_calibrate_warms_up_outside_the_calibrated_prompts(tiny_artifacts, monke
         return run_one(gen, case, config, **kw)
 
     monkeypatch.setattr(calibrate_module, "run_one", observed)
-    doc = calibrate(tiny_artifacts["self"], domains=("code", "chat"), proposers=["draft"], prompts=PROMPTS,
-                    max_new_tokens=NEW, device_name="devW", costs=CHEAP_DRAFT, write=False)
+    doc = calibrate(
+        tiny_artifacts["self"],
+        domains=("code", "chat"),
+        proposers=["draft"],
+        prompts=PROMPTS,
+        max_new_tokens=NEW,
+        device_name="devW",
+        costs=CHEAP_DRAFT,
+        write=False,
+    )
     warm, measured = seen[0], seen[1:]
     assert warm.id == WARMUP_ID and warm.ids == warmup_case(load(tiny_artifacts["self"]).codec).ids
     assert [c.id for c in measured] == ["t-code-1", "t-code-2", "t-chat-1"]
@@ -402,8 +477,15 @@ def test_calibrate_warms_up_outside_the_calibrated_prompts(tiny_artifacts, monke
 
 def test_calibrate_disagreeing_draft_picks_zero(far_artifact, tmp_path):
     art = _copy(far_artifact, tmp_path)
-    doc = calibrate(art, domains=("code", "chat", "copy_edit"), proposers=["draft"], prompts=PROMPTS,
-                    max_new_tokens=NEW, device_name="devA", costs=CHEAP_DRAFT)
+    doc = calibrate(
+        art,
+        domains=("code", "chat", "copy_edit"),
+        proposers=["draft"],
+        prompts=PROMPTS,
+        max_new_tokens=NEW,
+        device_name="devA",
+        costs=CHEAP_DRAFT,
+    )
     for d, per in doc["profiles"]["devA"]["domains"].items():
         entry = per["draft"]
         assert entry["acceptance_rate"] < 0.2, d
@@ -419,9 +501,27 @@ def test_cli_bench_smoke(tiny_artifacts, prompt_file, tmp_path):
     from click.testing import CliRunner
 
     out, md = tmp_path / "r.json", tmp_path / "r.md"
-    result = CliRunner().invoke(bench_cmd, [
-        str(tiny_artifacts["self"]), "--prompts", str(prompt_file), "--gamma", "2,adaptive", "--repeats", "1",
-        "--max-new-tokens", "6", "--limit", "1", "--json", str(out), "--markdown", str(md), "--quiet"])
+    result = CliRunner().invoke(
+        bench_cmd,
+        [
+            str(tiny_artifacts["self"]),
+            "--prompts",
+            str(prompt_file),
+            "--gamma",
+            "2,adaptive",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--limit",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "speedup" in result.output and "equivalence (greedy)" in result.output
     data = json.loads(out.read_text())
@@ -435,9 +535,23 @@ def test_cli_calibrate_smoke(tiny_artifacts, prompt_file, tmp_path):
     from click.testing import CliRunner
 
     art = _copy(tiny_artifacts["self"], tmp_path)
-    result = CliRunner().invoke(calibrate_cmd, [
-        str(art), "--prompts", str(prompt_file), "--domains", "code,chat", "--device", "cli-dev",
-        "--prompts-per-domain", "1", "--max-new-tokens", "6", "--quiet"])
+    result = CliRunner().invoke(
+        calibrate_cmd,
+        [
+            str(art),
+            "--prompts",
+            str(prompt_file),
+            "--domains",
+            "code,chat",
+            "--device",
+            "cli-dev",
+            "--prompts-per-domain",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "calibration profile 'cli-dev'" in result.output and "default" in result.output
     assert json.loads((art / CALIBRATION_NAME).read_text())["default_profile"] == "cli-dev"
@@ -466,11 +580,18 @@ def test_suffix_draft_limit_is_applied_and_reported(tiny_artifacts):
     """run_bench(suffix=SuffixConfig(...)) drafts within the given limit, stays exact, and the
     report carries the setting (meta and the proposer line); a bad value from the CLI is a usage error."""
     from click.testing import CliRunner
+
     from specexport_runtime.suffix import SuffixConfig
 
     p = Prompt(id="rep", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b c", max_new_tokens=80)
-    report = run_bench(tiny_artifacts["ngram"], [p], proposer="suffix", gammas=[8], repeats=1,
-                       suffix=SuffixConfig(max_spec=3, factor=4.0, limit_scales=(1.0,)))
+    report = run_bench(
+        tiny_artifacts["ngram"],
+        [p],
+        proposer="suffix",
+        gammas=[8],
+        repeats=1,
+        suffix=SuffixConfig(max_spec=3, factor=4.0, limit_scales=(1.0,)),
+    )
     on = [r for r in report.runs if r.mode == "on"]
     assert report.configs[0].equivalence["share"] == 1.0
     assert 1 <= max(len(r.drafted_at) for r in on) <= 3
@@ -490,15 +611,42 @@ def test_constrained_bench_checks_validity_and_counts_forced_tokens(tmp_path):
     from tiny import build_tiny_artifact
 
     artifact = build_tiny_artifact(tmp_path / "art", "self", max_context=1024)
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
-              "required": ["ok", "n"], "additionalProperties": False}
-    tool = {"type": "function", "function": {"name": "ping", "parameters": {
-        "type": "object", "properties": {"host": {"enum": ["a", "b"]}}, "required": ["host"], "additionalProperties": False}}}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 99}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "ping",
+            "parameters": {
+                "type": "object",
+                "properties": {"host": {"enum": ["a", "b"]}},
+                "required": ["host"],
+                "additionalProperties": False,
+            },
+        },
+    }
     path = tmp_path / "schema.jsonl"
-    lines = [{"id": "s1", "domain": "structured_json", "messages": [{"role": "user", "content": "give json"}],
-              "max_new_tokens": 30, "schema": schema},
-             {"id": "t1", "domain": "structured_json", "messages": [{"role": "user", "content": "ping a"}],
-              "max_new_tokens": 40, "tools": [tool], "tool_choice": "required"}]
+    lines = [
+        {
+            "id": "s1",
+            "domain": "structured_json",
+            "messages": [{"role": "user", "content": "give json"}],
+            "max_new_tokens": 30,
+            "schema": schema,
+        },
+        {
+            "id": "t1",
+            "domain": "structured_json",
+            "messages": [{"role": "user", "content": "ping a"}],
+            "max_new_tokens": 40,
+            "tools": [tool],
+            "tool_choice": "required",
+        },
+    ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     report = run_bench(artifact, str(path), proposer="draft", gammas=[4], repeats=1, constrained=True)
     c = report.constrained

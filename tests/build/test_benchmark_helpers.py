@@ -52,6 +52,11 @@ def test_matched_counts_the_leading_run():
 
 def test_summary_of_positions():
     rows = [{"drafted": 4, "accepted": 2}, {"drafted": 2, "accepted": 0}, {"drafted": 3, "accepted": 3}]
-    assert da.summary(rows) == {"positions": 3, "drafted": 9, "first_token_right": round(2 / 3, 3),
-                                "accepted_per_draft": round(5 / 3, 2), "token_acceptance": round(5 / 9, 3)}
+    assert da.summary(rows) == {
+        "positions": 3,
+        "drafted": 9,
+        "first_token_right": round(2 / 3, 3),
+        "accepted_per_draft": round(5 / 3, 2),
+        "token_acceptance": round(5 / 9, 3),
+    }
     assert da.summary([])["first_token_right"] is None

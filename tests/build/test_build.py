@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
+from tiny import CHAT_TEMPLATE, make_model, make_tokenizer, save_hf_folder, write_recipe
 from tokenizers import Tokenizer
 
 import specexport.build as build_mod
@@ -28,7 +29,6 @@ from specexport.sources import ModelSourceError
 from specexport.tokcheck import tokenizer_hash
 from specexport_runtime import contract
 from specexport_runtime.manifest import SCHEMA_VERSION, read_manifest
-from tiny import CHAT_TEMPLATE, make_model, make_tokenizer, save_hf_folder, write_recipe
 
 NGRAM = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
 
@@ -47,7 +47,10 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 def _run_graph(path: Path, spec: contract.GraphSpec, ids: list[int]) -> np.ndarray:
-    feeds = {contract.INPUT_IDS: np.asarray([ids], np.int64), contract.LOGITS_INDEX: np.asarray([len(ids) - 1], np.int64)}
+    feeds = {
+        contract.INPUT_IDS: np.asarray([ids], np.int64),
+        contract.LOGITS_INDEX: np.asarray([len(ids) - 1], np.int64),
+    }
     empty = np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), np.float32)
     for name in spec.input_names()[2:]:
         feeds[name] = empty
@@ -57,8 +60,11 @@ def _run_graph(path: Path, spec: contract.GraphSpec, ids: list[int]) -> np.ndarr
 
 def _other_tokenizer():
     """Same specials and size as tiny.make_tokenizer, trained on other text: other ids."""
-    corpus = ["Lorem ipsum dolor sit amet, consectetur adipiscing elit.", "SELECT * FROM t WHERE x > 10;",
-              "Zebras quietly graze beside jagged volcanic mountains."]
+    corpus = [
+        "Lorem ipsum dolor sit amet, consectetur adipiscing elit.",
+        "SELECT * FROM t WHERE x > 10;",
+        "Zebras quietly graze beside jagged volcanic mountains.",
+    ]
     return make_tokenizer(corpus)
 
 
@@ -112,7 +118,13 @@ def test_manifest_and_files(kind, tiny_artifacts):
 
     # models
     t = manifest.target
-    assert (t.graph, t.architecture, t.num_layers, t.num_kv_heads, t.head_dim) == ("target/model.onnx", "llama", 2, 2, 16)
+    assert (t.graph, t.architecture, t.num_layers, t.num_kv_heads, t.head_dim) == (
+        "target/model.onnx",
+        "llama",
+        2,
+        2,
+        16,
+    )
     assert (t.vocab_size, t.embedding_rows, t.precision, t.kv_dtype) == (300, 320, "fp32", "float32")
     assert t.source == str(root.parent / "target-hf")
     assert t.validation["max_abs_diff"] <= 1e-4 and t.validation["argmax_agreement"] == 1.0
@@ -137,7 +149,10 @@ def test_draft_matches_the_recipe(tiny_artifacts):
     assert m.speculation.proposer == "draft" and m.draft is not None
     assert (m.draft.precision, m.draft.kv_dtype, m.draft.source) == ("fp32", "float32", m.target.source)
     assert m.draft.validation["max_abs_diff"] <= 1e-4
-    ops = {n.op_type for n in onnx.load(str(tiny_artifacts["self"] / "draft/model.onnx"), load_external_data=False).graph.node}
+    ops = {
+        n.op_type
+        for n in onnx.load(str(tiny_artifacts["self"] / "draft/model.onnx"), load_external_data=False).graph.node
+    }
     assert not ops & {"MatMulNBits", "MatMulInteger", "DynamicQuantizeLinear"}
 
     # 'ngram': no draft graph at all
@@ -219,6 +234,7 @@ def test_failure_midway_leaves_nothing(fail_in, tmp_path, target_dir, monkeypatc
             if fail_in == "interrupt" and name == "validate_export":
                 raise KeyboardInterrupt
             return real[name](*args, **kwargs)
+
         return fn
 
     monkeypatch.setattr(build_mod, "export_graph", wrap("export_graph"))
@@ -278,8 +294,18 @@ def test_unsupported_architecture(tmp_path):
     import torch
     from transformers import OPTConfig, OPTForCausalLM
 
-    config = OPTConfig(vocab_size=320, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                       max_position_embeddings=512, word_embed_proj_dim=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = OPTConfig(
+        vocab_size=320,
+        hidden_size=64,
+        ffn_dim=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        word_embed_proj_dim=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     folder = save_hf_folder(OPTForCausalLM(config).eval(), tmp_path / "opt")
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", folder, NGRAM))
@@ -342,10 +368,10 @@ def test_recipe_typo(tmp_path, target_dir):
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("section,value,bad", [
-    ("target", {"precision": "int3"}, "int3"),
-    ("draft", {"from_target": {"precision": "fp8"}}, "fp8"),
-])
+@pytest.mark.parametrize(
+    "section,value,bad",
+    [("target", {"precision": "int3"}, "int3"), ("draft", {"from_target": {"precision": "fp8"}}, "fp8")],
+)
 def test_unsupported_precision(section, value, bad, tmp_path, target_dir):
     changes = {"target": {"model": str(target_dir), **value}} if section == "target" else {"draft": value}
     with pytest.raises(RecipeError) as info:

@@ -18,11 +18,11 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
+from test_build import _other_tokenizer
+from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.cli import cli
 from specexport_runtime.cli import add_generate_arguments
-from test_build import _other_tokenizer
-from tiny import make_model, save_hf_folder, write_recipe
 
 
 def invoke(*args: str):
@@ -56,7 +56,9 @@ def folders(tmp_path_factory):
 def built(tmp_path_factory, folders):
     """`specexport build RECIPE -o DIR --json` on a tiny recipe (int8 self-draft); run once."""
     root = tmp_path_factory.mktemp("cli-build")
-    recipe = write_recipe(root / "tiny.yaml", folders["target"], {"from_target": {"precision": "int8"}}, name="tiny-cli")
+    recipe = write_recipe(
+        root / "tiny.yaml", folders["target"], {"from_target": {"precision": "int8"}}, name="tiny-cli"
+    )
     out = root / "artifact"
     result = invoke("build", str(recipe), "-o", str(out), "--json")
     return result, out, recipe
@@ -92,8 +94,18 @@ def test_build_existing_output_is_one_line(built):
 
 def test_build_text_and_overrides(built):
     _, out, recipe = built
-    result = invoke("build", str(recipe), "-o", str(out.with_name("text")), "--quiet", "--no-validate",
-                    "--gamma", "6", "--max-context", "128")
+    result = invoke(
+        "build",
+        str(recipe),
+        "-o",
+        str(out.with_name("text")),
+        "--quiet",
+        "--no-validate",
+        "--gamma",
+        "6",
+        "--max-context",
+        "128",
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"built {out.with_name('text')}") and "size" in result.stdout
     manifest = json.loads((out.with_name("text") / "manifest.json").read_text())
@@ -137,8 +149,13 @@ def test_inspect_tampered_subprocess(tampered):
     """The installed console script, as a user runs it."""
     exe = Path(sys.executable).with_name("specexport")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from specexport.cli import main; main()"]
-    proc = subprocess.run([*cmd, "inspect", str(tampered)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [*cmd, "inspect", str(tampered)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: checksum mismatch"), proc.stderr
@@ -203,8 +220,11 @@ def test_generate_help_is_the_runtime_parser():
 
 def test_bad_input_is_one_line(tmp_path, folders):
     path = tmp_path / "typo.yaml"
-    path.write_text(yaml.safe_dump({"name": "t", "max_contxt": 64, "target": {"model": str(folders["target"])},
-                                    "draft": {"proposer": "ngram"}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "t", "max_contxt": 64, "target": {"model": str(folders["target"])}, "draft": {"proposer": "ngram"}}
+        )
+    )
     assert_one_error_line(invoke("build", str(path), "-o", str(tmp_path / "o")), "'max_contxt'", "max_context")
     assert not (tmp_path / "o").exists()
     assert_one_error_line(invoke("build", "no-such-recipe", "-o", str(tmp_path / "o")), "'no-such-recipe'")
@@ -217,8 +237,10 @@ def test_build_summary_line_for_a_graph_and_for_an_eagle_head():
     reports agreement with the target), which once crashed the summary after a good build."""
     from specexport.cli import _validation_line
 
-    assert _validation_line({"max_abs_diff": 2.5e-5, "argmax_agreement": 1.0}) == \
-        "max |diff| 2.50e-05, argmax agreement 100.0%"
+    assert (
+        _validation_line({"max_abs_diff": 2.5e-5, "argmax_agreement": 1.0})
+        == "max |diff| 2.50e-05, argmax agreement 100.0%"
+    )
     head = {"layer_ids": [2, 15, 27], "layer_ids_source": "default", "target_agreement": 0.25, "probe_rows": 40}
     line = _validation_line(head)
     assert "25.0% of 40 probe rows" in line and "[2, 15, 27]" in line

@@ -41,13 +41,26 @@ def test_find_source_picks_the_llama_cpp_folder(tmp_path):
 
 def _run(results: dict[str, dict[str, dict]]) -> Run:
     """A run of method -> case -> result (one sample each); method infos as compare_llamacpp sets them."""
-    llama = {f"llama Q4_1 {m}": {"engine": "llama", "group": ("llama", "Q4_1"), "mode": m, "type": "Q4_1"}
-             for m in ("off", "ngram-mod")}
-    spec = {f"spec a {m}": {"engine": "specexport", "group": ("spec", "a"), "mode": m, "type": "fp32",
-                            "precision": "fp32", "exactness": "bitwise" if m == "off" else None}
-            for m in ("off", "hybrid")}
-    run = Run([Method(name, lambda case: {}, info=info) for name, info in {**llama, **spec}.items()],
-              [Case("p1", (1,)), Case("p2", (2,))], 1)
+    llama = {
+        f"llama Q4_1 {m}": {"engine": "llama", "group": ("llama", "Q4_1"), "mode": m, "type": "Q4_1"}
+        for m in ("off", "ngram-mod")
+    }
+    spec = {
+        f"spec a {m}": {
+            "engine": "specexport",
+            "group": ("spec", "a"),
+            "mode": m,
+            "type": "fp32",
+            "precision": "fp32",
+            "exactness": "bitwise" if m == "off" else None,
+        }
+        for m in ("off", "hybrid")
+    }
+    run = Run(
+        [Method(name, lambda case: {}, info=info) for name, info in {**llama, **spec}.items()],
+        [Case("p1", (1,)), Case("p2", (2,))],
+        1,
+    )
     for name, by_case in results.items():
         for case, r in by_case.items():
             seconds = 2 * len(r["tokens"]) / r["tok_s"]  # wall tok/s: half the decode figure
@@ -57,15 +70,23 @@ def _run(results: dict[str, dict[str, dict]]) -> Run:
 
 
 def test_summarise_ratios_acceptance_and_equality():
-    run = _run({
-        "llama Q4_1 off": {"p1": {"tok_s": 100.0, "tokens": [1, 2, 0, 9]}, "p2": {"tok_s": 120.0, "tokens": [3]}},
-        "llama Q4_1 ngram-mod": {"p1": {"tok_s": 80.0, "tokens": [1, 2, 0], "drafted": 10, "accepted": 5},
-                                 "p2": {"tok_s": 90.0, "tokens": [4], "drafted": 10, "accepted": 3}},
-        "spec a off": {"p1": {"tok_s": 60.0, "tokens": [1, 2], "calls": 2},
-                       "p2": {"tok_s": 60.0, "tokens": [3], "calls": 1}},
-        "spec a hybrid": {"p1": {"tok_s": 220.0, "tokens": [1, 2], "drafted": 8, "accepted": 6, "calls": 2},
-                          "p2": {"tok_s": 220.0, "tokens": [3], "drafted": 4, "accepted": 4, "calls": 2}},
-    })
+    run = _run(
+        {
+            "llama Q4_1 off": {"p1": {"tok_s": 100.0, "tokens": [1, 2, 0, 9]}, "p2": {"tok_s": 120.0, "tokens": [3]}},
+            "llama Q4_1 ngram-mod": {
+                "p1": {"tok_s": 80.0, "tokens": [1, 2, 0], "drafted": 10, "accepted": 5},
+                "p2": {"tok_s": 90.0, "tokens": [4], "drafted": 10, "accepted": 3},
+            },
+            "spec a off": {
+                "p1": {"tok_s": 60.0, "tokens": [1, 2], "calls": 2},
+                "p2": {"tok_s": 60.0, "tokens": [3], "calls": 1},
+            },
+            "spec a hybrid": {
+                "p1": {"tok_s": 220.0, "tokens": [1, 2], "drafted": 8, "accepted": 6, "calls": 2},
+                "p2": {"tok_s": 220.0, "tokens": [3], "drafted": 4, "accepted": 4, "calls": 2},
+            },
+        }
+    )
     rows = {r["method"]: r for r in cl.summarise(run, {0}, ["Q4_1"])}
     off, ngram, hybrid = rows["llama Q4_1 off"], rows["llama Q4_1 ngram-mod"], rows["spec a hybrid"]
     assert off["tok_s_median"] == 110.0 and off["vs_llama_off"] == 1.0 and off["on_eq_off"] is None
@@ -94,7 +115,7 @@ def test_spec_server_answers_like_the_library(tiny_artifacts, tmp_path):
             row = server.complete(ids, 8, 0)
         finally:
             server.close()
-        assert row["tokens"][:len(want)] == want and row["new_tokens"] == len(want)
+        assert row["tokens"][: len(want)] == want and row["new_tokens"] == len(want)
         assert row["tok_s"] > 0 and row["calls"] >= 1
         assert (row["drafted"] > 0) == (mode == "draft")
 
@@ -105,8 +126,10 @@ def test_specexport_side_runs_through_the_harness(tiny_artifacts, tmp_path):
     from specexport import harness
     from specexport.prompts import Prompt
 
-    prompts = [Prompt(id=f"q{i}", domain="chat", messages=(("user", text),), text=None, max_new_tokens=6)
-               for i, text in enumerate(["a b c a b c a b", "def f(x): return x"])]
+    prompts = [
+        Prompt(id=f"q{i}", domain="chat", messages=(("user", text),), text=None, max_new_tokens=6)
+        for i, text in enumerate(["a b c a b c a b", "def f(x): return x"])
+    ]
     spec, cases, eos, warm = cl.spec_methods([tiny_artifacts["self"]], prompts)
     closers: list = []
     try:
@@ -123,12 +146,14 @@ def test_specexport_side_runs_through_the_harness(tiny_artifacts, tmp_path):
 
 
 def test_constrained_rows_count_valid_answers():
-    run = _run({
-        "llama Q4_1 off": {"p1": {"tok_s": 100.0, "tokens": [1, 2, 0, 9]}, "p2": {"tok_s": 120.0, "tokens": [3]}},
-        "llama Q4_1 ngram-mod": {"p1": {"tok_s": 80.0, "tokens": [1, 2, 0]}, "p2": {"tok_s": 90.0, "tokens": [4]}},
-        "spec a off": {"p1": {"tok_s": 60.0, "tokens": [1, 2]}, "p2": {"tok_s": 60.0, "tokens": [3]}},
-        "spec a hybrid": {"p1": {"tok_s": 220.0, "tokens": [1, 2]}, "p2": {"tok_s": 220.0, "tokens": [3]}},
-    })
+    run = _run(
+        {
+            "llama Q4_1 off": {"p1": {"tok_s": 100.0, "tokens": [1, 2, 0, 9]}, "p2": {"tok_s": 120.0, "tokens": [3]}},
+            "llama Q4_1 ngram-mod": {"p1": {"tok_s": 80.0, "tokens": [1, 2, 0]}, "p2": {"tok_s": 90.0, "tokens": [4]}},
+            "spec a off": {"p1": {"tok_s": 60.0, "tokens": [1, 2]}, "p2": {"tok_s": 60.0, "tokens": [3]}},
+            "spec a hybrid": {"p1": {"tok_s": 220.0, "tokens": [1, 2]}, "p2": {"tok_s": 220.0, "tokens": [3]}},
+        }
+    )
     seen = []
 
     def valid(case_id, tokens):  # p1 is valid when its answer is [1, 2] (the EOS 0 and what follows cut)
@@ -178,12 +203,15 @@ def test_spec_server_decodes_under_the_schema(tiny_artifacts, tmp_path):
 
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     art, ids = tiny_artifacts["self"], [5, 9, 14, 3, 7, 21]
-    want = list(load(art, threads=1).generate(ids, max_new_tokens=12, speculative=False,
-                                              grammar=Grammar.json_schema(schema)).token_ids)
+    want = list(
+        load(art, threads=1)
+        .generate(ids, max_new_tokens=12, speculative=False, grammar=Grammar.json_schema(schema))
+        .token_ids
+    )
     server = cl.SpecServer("spec draft", art, "draft", 1, tmp_path / "draft.log")
     try:
         server.wait_ready(120)
         row = server.complete(ids, 12, 0, schema)
     finally:
         server.close()
-    assert row["tokens"][:len(want)] == want and row["new_tokens"] == len(want)
+    assert row["tokens"][: len(want)] == want and row["new_tokens"] == len(want)

@@ -10,20 +10,23 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from specexport_runtime.api import load
-from specexport_runtime.errors import ChecksumError
 from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.build import build_artifact
 from specexport.cli import cli
 from specexport.recipe import load_recipe
+from specexport_runtime.api import load
+from specexport_runtime.errors import ChecksumError
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):"]
-CORPUS = "\n".join([
-    "def add(a, b):\n    return a - b  # a corpus that disagrees with the random target",
-    "The quick brown fox jumps over the lazy dog again and again.",
-    "for i in range(10):\n    print(i * i)\n",
-] * 3)
+CORPUS = "\n".join(
+    [
+        "def add(a, b):\n    return a - b  # a corpus that disagrees with the random target",
+        "The quick brown fox jumps over the lazy dog again and again.",
+        "for i in range(10):\n    print(i * i)\n",
+    ]
+    * 3
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,10 @@ def artifact(tmp_path_factory):
     target = save_hf_folder(make_model(), work / "target-hf")
     recipe = write_recipe(work / "recipe.yaml", target, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, name="tiny-ds")
     data = yaml.safe_load(recipe.read_text())
-    data["retrieval"] = {"corpus": [str(work / "corpus" / "*.txt"), str(work / "corpus" / "more.md")], "max_tokens": 5000}
+    data["retrieval"] = {
+        "corpus": [str(work / "corpus" / "*.txt"), str(work / "corpus" / "more.md")],
+        "max_tokens": 5000,
+    }
     recipe.write_text(yaml.safe_dump(data))
     build_artifact(load_recipe(recipe), work / "artifact")
     return work / "artifact"
@@ -82,12 +88,15 @@ def test_a_modified_datastore_fails_the_checksum(artifact, tmp_path):
         load(copy)
 
 
-@pytest.mark.parametrize("retrieval, message", [
-    ({"corpus": []}, "retrieval.corpus = \\[\\] is not allowed"),
-    ({"corpus": ["a"], "max_tokens": 3}, "retrieval.max_tokens = 3 is out of range"),
-    ({"corpus": ["a"], "size": 3}, "unknown key 'size' in section 'retrieval'"),
-    ({"max_tokens": 100}, "required key 'retrieval.corpus' is missing"),
-])
+@pytest.mark.parametrize(
+    "retrieval, message",
+    [
+        ({"corpus": []}, "retrieval.corpus = \\[\\] is not allowed"),
+        ({"corpus": ["a"], "max_tokens": 3}, "retrieval.max_tokens = 3 is out of range"),
+        ({"corpus": ["a"], "size": 3}, "unknown key 'size' in section 'retrieval'"),
+        ({"max_tokens": 100}, "required key 'retrieval.corpus' is missing"),
+    ],
+)
 def test_bad_retrieval_sections(tmp_path, retrieval, message):
     from specexport.errors import RecipeError
     from specexport.recipe import parse_recipe

@@ -14,22 +14,22 @@ import json
 
 import numpy as np
 import pytest
-
+from eagle_heads import PROBE_IDS as IDS
 from eagle_heads import (
-    PROBE_IDS as IDS,
     TOL,
     assert_close_at,
     assert_head_catches_up_after_rollback,
-    tiny_target_and_head,
     assert_head_follows_reference,
     make_tiny_head_folder,
     target_features,
+    tiny_target_and_head,
 )
+from tiny import make_model
+
 from specexport.eagle_graph import build_eagle3_head
 from specexport.fused import build_fused
 from specexport.validate import FeedRunner
 from specexport_runtime.engine import OrtModel, SessionConfig
-from tiny import make_model
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,9 @@ def test_head_graph_matches_the_reference_forward(pair, tmp_path, precision):
         h_graph = build_eagle3_head(head, embed, tmp_path / precision, 128, precision=precision)
         assert h_graph.spec.kv_dtype == ("float16" if precision == "fp16" else "float32")
     model = OrtModel(h_graph.path, h_graph.spec, 128, SessionConfig(threads=1))
-    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: assert_close_at(got, want, precision))
+    assert_head_follows_reference(
+        model, target, info, embed, IDS, lambda got, want: assert_close_at(got, want, precision)
+    )
 
 
 def test_low_precision_heads_are_smaller(pair, tmp_path):
@@ -129,25 +131,22 @@ def test_eagle_needs_a_head(gens):
         gens("eagle3").generate([5, 6, 7], proposer="draft", max_new_tokens=4)
 
 
-@pytest.mark.parametrize("defect, message", [
-    ("layers", "layer"),
-    ("d2t", "d2t"),
-    ("hidden", "fc.weight"),
-])
+@pytest.mark.parametrize("defect, message", [("layers", "layer"), ("d2t", "d2t"), ("hidden", "fc.weight")])
 def test_bad_head_fails_the_build_and_leaves_nothing(tmp_path, defect, message):
     """A head with layer ids past the target's depth, a d2t pointing outside the target's
     vocabulary, or the wrong hidden width: a typed one-line error and no artifact folder."""
     from safetensors.torch import load_file, save_file
+    from tiny import save_hf_folder, write_recipe
 
     from specexport.build import build_artifact
     from specexport.errors import SpecExportError
     from specexport.recipe import load_recipe
-    from tiny import save_hf_folder, write_recipe
 
     target = make_model("llama")
     target_dir = save_hf_folder(target, tmp_path / "hf")
-    info = make_tiny_head_folder(tmp_path / "head", target, draft_vocab=160, seed=0,
-                                 layer_ids=(1, 0, 7) if defect == "layers" else None)
+    info = make_tiny_head_folder(
+        tmp_path / "head", target, draft_vocab=160, seed=0, layer_ids=(1, 0, 7) if defect == "layers" else None
+    )
     weights = tmp_path / "head" / "model.safetensors"
     tensors = load_file(str(weights))
     if defect == "d2t":
@@ -156,8 +155,11 @@ def test_bad_head_fails_the_build_and_leaves_nothing(tmp_path, defect, message):
     if defect == "hidden":
         tensors["fc.weight"] = tensors["fc.weight"][:, :-8].contiguous()
     save_file(tensors, str(weights))
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target_dir, {"eagle3": {"model": str(info["folder"])}},
-                                      name="bad-head", graph="fused"))
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml", target_dir, {"eagle3": {"model": str(info["folder"])}}, name="bad-head", graph="fused"
+        )
+    )
     with pytest.raises(SpecExportError) as err:
         build_artifact(recipe, tmp_path / "out")
     assert message in str(err.value) and "\n" not in str(err.value)

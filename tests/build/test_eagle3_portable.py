@@ -16,21 +16,21 @@ import json
 import numpy as np
 import onnx
 import pytest
+from eagle_heads import PROBE_IDS as IDS
 from eagle_heads import (
-    PROBE_IDS as IDS,
     TOL,
     assert_close_at,
     assert_head_catches_up_after_rollback,
-    tiny_target_and_head,
     assert_head_follows_reference,
     target_features,
+    tiny_target_and_head,
 )
-from specexport_runtime import contract
-from specexport_runtime.engine import OrtModel, SessionConfig
 
 from specexport.eagle_portable import build_portable_head
 from specexport.export import export_graph
 from specexport.validate import FeedRunner
+from specexport_runtime import contract
+from specexport_runtime.engine import OrtModel, SessionConfig
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,9 @@ def test_portable_head_matches_the_reference_forward(pair, heads, precision):
     assert graph.spec.kv_layout == contract.TIME_MAJOR and graph.spec.is_head
     assert graph.spec.kv_dtype == ("float16" if precision == "fp16" else "float32")
     model = OrtModel(graph.path, graph.spec, 128, SessionConfig(threads=1))
-    assert_head_follows_reference(model, target, info, embed, IDS, lambda got, want: assert_close_at(got, want, precision))
+    assert_head_follows_reference(
+        model, target, info, embed, IDS, lambda got, want: assert_close_at(got, want, precision)
+    )
 
 
 def test_portable_head_catches_up_after_rollback(pair, heads):

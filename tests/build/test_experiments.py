@@ -15,8 +15,9 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "benchmarks" / "experiments"
 
 
 def run_script(name: str, *args: str) -> None:
-    proc = subprocess.run([sys.executable, str(EXPERIMENTS / f"{name}.py"), *args], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(EXPERIMENTS / f"{name}.py"), *args], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "machine:" in proc.stdout
 
@@ -30,15 +31,34 @@ def read(path: Path) -> dict:
 @pytest.fixture
 def prompt_file(tmp_path) -> Path:
     path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"id": f"r{i}", "domain": "copy_edit", "prompt": text, "max_new_tokens": 10})
-                            + "\n" for i, text in enumerate(["a b c d a b c d a b c", "x y z x y z x y"])))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "domain": "copy_edit", "prompt": text, "max_new_tokens": 10}) + "\n"
+            for i, text in enumerate(["a b c d a b c d a b c", "x y z x y z x y"])
+        )
+    )
     return path
 
 
 def test_verify_cost_times_both_graph_forms(tiny_artifacts, tmp_path):
     out = tmp_path / "cost.json"
-    run_script("verify_cost", str(tiny_artifacts["noisy"]), str(tiny_artifacts["int8-fused"]), "--past", "20",
-               "--calls", "2", "--repeats", "1", "--sizes", "1,3", "--draft-sizes", "1,3", "--json", str(out))
+    run_script(
+        "verify_cost",
+        str(tiny_artifacts["noisy"]),
+        str(tiny_artifacts["int8-fused"]),
+        "--past",
+        "20",
+        "--calls",
+        "2",
+        "--repeats",
+        "1",
+        "--sizes",
+        "1,3",
+        "--draft-sizes",
+        "1,3",
+        "--json",
+        str(out),
+    )
     rows = read(out)["rows"]
     labels = [label for r in rows for label in r["calls"]]
     assert len(labels) == 4
@@ -49,15 +69,39 @@ def test_verify_cost_times_both_graph_forms(tiny_artifacts, tmp_path):
 
 def test_suffix_limit_and_controller_ab_stay_exact(tiny_artifacts, prompt_file, tmp_path):
     out = tmp_path / "limit.json"
-    run_script("suffix_limit", str(tiny_artifacts["ngram"]), "--prompts", str(prompt_file), "--configs", "1/4,auto",
-               "--threads", "1", "--json", str(out))
+    run_script(
+        "suffix_limit",
+        str(tiny_artifacts["ngram"]),
+        "--prompts",
+        str(prompt_file),
+        "--configs",
+        "1/4,auto",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+    )
     doc = read(out)
     assert {c: r["identical"] for c, r in doc["configs"].items()} == {"1/4": "2/2", "auto": "2/2"}
     assert doc["configs"]["auto"]["tuner"] is not None and doc["configs"]["1/4"]["tuner"] is None
     assert {s["method"] for s in doc["run"]["samples"]} == {"off", "1/4", "auto"}
     out = tmp_path / "ab.json"
-    run_script("controller_ab", str(tiny_artifacts["self"]), "--prompts", str(prompt_file), "--tolerances", "0,0.03",
-               "--fixed", "4", "--max-new-tokens", "8", "--threads", "1", "--json", str(out))
+    run_script(
+        "controller_ab",
+        str(tiny_artifacts["self"]),
+        "--prompts",
+        str(prompt_file),
+        "--tolerances",
+        "0,0.03",
+        "--fixed",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+    )
     rows = read(out)["rows"]
     assert [r["setting"] for r in rows] == ["fixed 4", "tolerance 0", "tolerance 0.03"]
     assert all(r["identical"] == r["prompts"] == 2 and r["speedup"] > 0 for r in rows)
@@ -65,8 +109,9 @@ def test_suffix_limit_and_controller_ab_stay_exact(tiny_artifacts, prompt_file, 
 
 def test_op_profile_and_suffix_cost(tiny_artifacts, tmp_path):
     out = tmp_path / "ops.json"
-    run_script("op_profile", str(tiny_artifacts["noisy"]), "--past", "10", "--steps", "3", "--threads", "1",
-               "--json", str(out))
+    run_script(
+        "op_profile", str(tiny_artifacts["noisy"]), "--past", "10", "--steps", "3", "--threads", "1", "--json", str(out)
+    )
     doc = read(out)
     assert doc["ops"] and abs(sum(r["share"] for r in doc["ops"]) - 1.0) < 0.3
     out = tmp_path / "suffix.json"
@@ -81,8 +126,18 @@ def test_runtime_overhead_and_head_agreement(tiny_artifacts, prompt_file, tmp_pa
     rows = read(out)["rows"]
     assert [r["speculative"] for r in rows] == [False, True] and all(0 <= r["python_share"] < 1 for r in rows)
     out = tmp_path / "head.json"
-    run_script("head_agreement", str(tiny_artifacts["eagle3"]), "--prompts", str(prompt_file), "--max-new-tokens",
-               "8", "--threads", "1", "--json", str(out))
+    run_script(
+        "head_agreement",
+        str(tiny_artifacts["eagle3"]),
+        "--prompts",
+        str(prompt_file),
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+    )
     doc = read(out)
     assert len(doc["rows"]) == 2 and all(r["same_output"] for r in doc["rows"])
     assert 0 <= doc["summary"]["teacher_forced"] <= 1
@@ -90,8 +145,21 @@ def test_runtime_overhead_and_head_agreement(tiny_artifacts, prompt_file, tmp_pa
 
 def test_row_invariance_of_a_tiny_target(tiny_artifacts, tmp_path):
     out = tmp_path / "rows.json"
-    run_script("row_invariance", "--model", str(tiny_artifacts["noisy"].parent / "target-hf"), "--configs", "fp32",
-               "--limit", "1", "--past", "20", "--repeats", "1", "--json", str(out))
+    run_script(
+        "row_invariance",
+        "--model",
+        str(tiny_artifacts["noisy"].parent / "target-hf"),
+        "--configs",
+        "fp32",
+        "--limit",
+        "1",
+        "--past",
+        "20",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    )
     (row,) = read(out)["rows"]
     assert row["config"] == "fp32" and row["padded calls"]["bitwise"] and set(row["ms"]) >= {"unpadded", "verify9"}
 
@@ -100,11 +168,16 @@ def test_constraint_cost_times_the_grammar_apart(tiny_artifacts, tmp_path):
     pytest.importorskip("llguidance")
     prompts = tmp_path / "schema.jsonl"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    prompts.write_text(json.dumps({"id": "s1", "messages": [{"role": "user", "content": "a number"}],
-                                   "max_new_tokens": 12, "schema": schema}) + "\n")
+    prompts.write_text(
+        json.dumps(
+            {"id": "s1", "messages": [{"role": "user", "content": "a number"}], "max_new_tokens": 12, "schema": schema}
+        )
+        + "\n"
+    )
     out = tmp_path / "constraint.json"
-    run_script("constraint_cost", str(tiny_artifacts["ngram"]), "--prompts", str(prompts), "--threads", "1",
-               "--json", str(out))
+    run_script(
+        "constraint_cost", str(tiny_artifacts["ngram"]), "--prompts", str(prompts), "--threads", "1", "--json", str(out)
+    )
     result = read(out)["result"]
     assert result["tokens"] > 0 and result["grammar_ms_per_token"] > 0
     parts = sum(result[f"{k}_ms_per_token"] for k in ("masks", "apply", "commit"))

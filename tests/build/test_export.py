@@ -19,15 +19,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from tiny import make_model
 
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture, arch_for
 from specexport.decoder import UnsupportedConfig
-from specexport.model_config import normalize
 from specexport.errors import SpecExportError
 from specexport.export import DATA_NAME, GRAPH_NAME, export_graph
+from specexport.model_config import normalize
 from specexport.quantize import QUANTIZED_PRECISIONS, quantize_graph
 from specexport_runtime import contract
-from tiny import make_model
 
 MIN_AGREEMENT = {"int8": 0.75, "dynamic-int8": 0.75, "int4": 0.25}  # greedy argmax, all rows
 MIN_TOP5 = {"int8": 0.95, "dynamic-int8": 0.95, "int4": 0.6}  # fp32 argmax in the quantized top 5
@@ -49,8 +49,10 @@ def _run_chunks(path: Path, spec: contract.GraphSpec, ids: list[int], chunks: tu
     past = [np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), np.float32) for _ in range(2 * spec.num_layers)]
     rows, start = [], 0
     for n in chunks:
-        feeds = {contract.INPUT_IDS: np.asarray([ids[start : start + n]], np.int64),
-                 contract.LOGITS_INDEX: np.arange(n, dtype=np.int64)}
+        feeds = {
+            contract.INPUT_IDS: np.asarray([ids[start : start + n]], np.int64),
+            contract.LOGITS_INDEX: np.arange(n, dtype=np.int64),
+        }
         for i in range(spec.num_layers):
             feeds[contract.past_key(i)], feeds[contract.past_value(i)] = past[2 * i], past[2 * i + 1]
         logits, *new = session.run(spec.output_names(), feeds)
@@ -70,8 +72,12 @@ def _interface(path: Path) -> tuple[list, list]:
 
     def sig(v):
         t = v.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param if d.dim_param in ("seq", "past", "rows") else None)
-                for d in t.shape.dim]
+        dims = [
+            d.dim_value
+            if d.HasField("dim_value")
+            else (d.dim_param if d.dim_param in ("seq", "past", "rows") else None)
+            for d in t.shape.dim
+        ]
         return v.name, t.elem_type, dims
 
     return [sig(i) for i in proto.graph.input], [sig(o) for o in proto.graph.output]
@@ -79,8 +85,11 @@ def _interface(path: Path) -> tuple[list, list]:
 
 def _same_interface(a: tuple[list, list], b: tuple[list, list]) -> bool:
     def same(x, y):
-        return x[:2] == y[:2] and len(x[2]) == len(y[2]) and all(
-            p is None or q is None or p == q for p, q in zip(x[2], y[2]))
+        return (
+            x[:2] == y[:2]
+            and len(x[2]) == len(y[2])
+            and all(p is None or q is None or p == q for p, q in zip(x[2], y[2]))
+        )
 
     return all(len(u) == len(v) and all(same(x, y) for x, y in zip(u, v)) for u, v in zip(a, b))
 
@@ -108,7 +117,10 @@ def test_quantize_graph(precision, fp32_draft, fp32_logits, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [GRAPH_NAME, DATA_NAME]
     assert result.bytes == result.path.stat().st_size + (out / DATA_NAME).stat().st_size
     # the contract interface is untouched (names, dtypes, symbolic dims)
-    assert _same_interface(_interface(result.path), _interface(src.path)), (_interface(result.path), _interface(src.path))
+    assert _same_interface(_interface(result.path), _interface(src.path)), (
+        _interface(result.path),
+        _interface(src.path),
+    )
     proto = onnx.load(str(result.path), load_external_data=False)
     ops = {n.op_type for n in proto.graph.node}
     assert OPS[precision] <= ops, sorted(ops)
@@ -137,8 +149,13 @@ def test_quantize_block_size(fp32_draft, fp32_logits, tmp_path):
     _, src = fp32_draft
     fine = quantize_graph(src.path, tmp_path / "b16", "int8", block_size=16)
     coarse = quantize_graph(src.path, tmp_path / "b64", "int8", block_size=64)  # the tiny model: K = 64 or more
-    blocks = {onnx.helper.get_attribute_value(a) for n in onnx.load(str(coarse.path), load_external_data=False).graph.node
-              if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+    blocks = {
+        onnx.helper.get_attribute_value(a)
+        for n in onnx.load(str(coarse.path), load_external_data=False).graph.node
+        if n.op_type == "MatMulNBits"
+        for a in n.attribute
+        if a.name == "block_size"
+    }
     assert blocks == {64}
     assert coarse.bytes < fine.bytes
     ids, ref = fp32_logits

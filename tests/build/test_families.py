@@ -18,16 +18,20 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from tiny import TINY_VARIANTS, make_model, make_tokenizer, save_hf_folder, tiny_names, write_recipe
 
 from specexport.cli import cli
 from specexport.fused import fused_supported
 from specexport_runtime.api import load
-from tiny import TINY_VARIANTS, make_model, make_tokenizer, save_hf_folder, tiny_names, write_recipe
 
 GENERATE = 72  # > every tiny window (16) + the prompt
 PROMPT = "def add(a, b):\n    return a + b\nfor i in range(10):\n"
-CASES = [(name, graph) for name in tiny_names() for graph in ("portable", "fused")
-         if graph == "portable" or fused_supported(TINY_VARIANTS.get(name, (name,))[0])]
+CASES = [
+    (name, graph)
+    for name in tiny_names()
+    for graph in ("portable", "fused")
+    if graph == "portable" or fused_supported(TINY_VARIANTS.get(name, (name,))[0])
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
     """transformers' greedy tokens, up to (not including) the end of sequence as the runtime reports them."""
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=EOS, pad_token_id=0)
-    new = out[0, len(ids):].tolist()
+    new = out[0, len(ids) :].tolist()
     return new[: new.index(EOS)] if EOS in new else new
 
 
@@ -51,11 +55,18 @@ def test_family_builds_and_generates_like_transformers(tmp_path, tokenizer, name
     from transformers import AutoModelForCausalLM
 
     folder = save_hf_folder(make_model(name), tmp_path / "hf", tokenizer)
-    recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph=graph,
-                          max_context=160, name=f"tiny-{name}")
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        folder,
+        {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
+        graph=graph,
+        max_context=160,
+        name=f"tiny-{name}",
+    )
     out = tmp_path / "artifact"
-    result = CliRunner().invoke(cli, ["build", str(recipe), "-o", str(out), "--quiet", "--json"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["build", str(recipe), "-o", str(out), "--quiet", "--json"], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"]["architecture"] == TINY_VARIANTS.get(name, (name,))[0]
@@ -99,8 +110,9 @@ def test_each_feature_changes_the_reference(name):
 
 def test_windowed_fused_artifact_declares_its_windows(tmp_path, tokenizer):
     folder = save_hf_folder(make_model("gemma2"), tmp_path / "hf", tokenizer)
-    recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph="fused",
-                          max_context=64)
+    recipe = write_recipe(
+        tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph="fused", max_context=64
+    )
     for graph, version, windows in (("fused", "1.4", [16]), ("portable", None, None)):
         text = recipe.read_text().replace("graph: fused", f"graph: {graph}")
         path = tmp_path / f"{graph}.yaml"

@@ -13,13 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from eagle_heads import (
-    TINY_LAYER_IDS,
-    make_tiny_head_folder,
-    reference_fc,
-    reference_step,
-    target_features,
-)
+from eagle_heads import TINY_LAYER_IDS, make_tiny_head_folder, reference_fc, reference_step, target_features
 from safetensors.torch import load_file, save_file
 from tiny import make_model
 
@@ -87,8 +81,9 @@ def test_load_gives_back_the_tensors(head, shape):
 
 
 def test_bf16_and_embed_tokens_load_as_float32(tmp_path, target, shape):
-    made = make_tiny_head_folder(tmp_path / "bf16", target, DRAFT_VOCAB, seed=4, dtype=torch.bfloat16,
-                                 embed_tokens=True)
+    made = make_tiny_head_folder(
+        tmp_path / "bf16", target, DRAFT_VOCAB, seed=4, dtype=torch.bfloat16, embed_tokens=True
+    )
     loaded = load_eagle3_head(made["folder"], shape)
     assert all(w.dtype == torch.float32 for w in loaded.weights.values())
     assert torch.equal(loaded.weights["fc.weight"], made["tensors"]["fc.weight"])  # bf16 values, exactly
@@ -111,7 +106,8 @@ def test_sharded_safetensors_with_index(head, shape):
 def test_layer_ids_from_config_are_output_of_layer_plus_one(head, shape):
     config = load_eagle3_head(head["folder"], shape).config
     assert json.loads((head["folder"] / "config.json").read_text())["eagle_config"][
-        "eagle_aux_hidden_state_layer_ids"] == [0, -1, 0]
+        "eagle_aux_hidden_state_layer_ids"
+    ] == [0, -1, 0]
     assert config.layer_ids == TINY_LAYER_IDS == (1, 0, 1)
     assert config.layer_ids_source == "config"
     assert "[0, -1, 0]" in config.layer_ids_reason and "+1" in config.layer_ids_reason
@@ -159,6 +155,7 @@ def test_layer_ids_must_be_three_ints(head, shape):
 def test_top_level_layer_ids_are_ambiguous(head, shape):
     def move(c):
         c["eagle_aux_hidden_state_layer_ids"] = c.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]
+
     _edit(head["folder"], config=move)
     assert "top-level eagle_aux_hidden_state_layer_ids [0, -1, 0]" in _error(head["folder"], shape)
     assert load_eagle3_head(head["folder"], shape, layers=(1, 0, 1)).config.layer_ids_source == "recipe"
@@ -221,6 +218,7 @@ def test_embedding_width_of_the_target_when_absent(head):
 def test_d2t_out_of_range(head, shape):
     def bad(t):
         t["d2t"][-1] = 1000
+
     _edit(head["folder"], tensors=bad)
     message = _error(head["folder"], shape)
     assert f"d2t[{DRAFT_VOCAB - 1}] = 1000" in message and "0..319" in message
@@ -229,6 +227,7 @@ def test_d2t_out_of_range(head, shape):
 def test_d2t_duplicate_target(head, shape):
     def bad(t):
         t["d2t"][1] = t["d2t"][0] - 1  # draft id 1 -> the target id of draft id 0
+
     _edit(head["folder"], tensors=bad)
     assert f"target id {int(head['selected'][0])}" in _error(head["folder"], shape)
 
@@ -238,6 +237,7 @@ def test_t2d_inconsistent_with_d2t(head, shape):
 
     def bad(t):
         t["t2d"][stray] = True
+
     _edit(head["folder"], tensors=bad)
     message = _error(head["folder"], shape)
     assert f"t2d marks {DRAFT_VOCAB + 1}" in message and f"target id {stray}" in message
@@ -248,6 +248,7 @@ def test_t2d_missing_a_mapped_id(head, shape):
 
     def bad(t):
         t["t2d"][first] = False
+
     _edit(head["folder"], tensors=bad)
     assert f"target id {first} is mapped by d2t but False in t2d" in _error(head["folder"], shape)
 
@@ -269,6 +270,7 @@ def test_rope_parameters_and_norm_before_residual(head, shape):
     def v5(c):
         c.pop("rope_theta"), c.pop("rope_scaling")
         c["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
+
     _edit(head["folder"], config=v5)
     assert load_eagle3_head(head["folder"], shape).config.rope_theta == 500000.0
     _edit(head["folder"], config=lambda c: c.update(norm_before_residual=True))
@@ -312,8 +314,9 @@ def test_write_round_trips(head, shape, tmp_path):
 
 def test_write_failure_leaves_nothing(head, shape, tmp_path):
     loaded = load_eagle3_head(head["folder"], shape)
-    broken = Eagle3Head(config=loaded.config, weights={**loaded.weights, "fc.weight": "not a tensor"},
-                        d2t=loaded.d2t, t2d=loaded.t2d)
+    broken = Eagle3Head(
+        config=loaded.config, weights={**loaded.weights, "fc.weight": "not a tensor"}, d2t=loaded.d2t, t2d=loaded.t2d
+    )
     with pytest.raises(AttributeError):
         write_eagle3_head(broken, tmp_path / "out" / "head")
     assert list((tmp_path / "out").iterdir()) == []
@@ -345,7 +348,7 @@ def test_reference_step_chained(ref):
     tensors, cfg = ref["tensors"], ref["config"]
     ids, n = ref["ids"], 6  # target known up to x_6, features rows 0..5
     h = reference_fc(tensors, ref["feats"][:n])  # [6, H]
-    logits, hidden, past = reference_step(tensors, cfg, ref["embed"], ids[1:n + 1], h, None, 0)
+    logits, hidden, past = reference_step(tensors, cfg, ref["embed"], ids[1 : n + 1], h, None, 0)
     assert logits.shape == (n, DRAFT_VOCAB) and hidden.shape == (n, 64)
     assert past[0].shape == past[1].shape == (2, n, 16)
     assert logits.std() > 1.0  # spread, no near-ties everywhere
@@ -364,7 +367,7 @@ def test_reference_step_batched_equals_one_row_at_a_time(ref):
     logits, hidden, past = reference_step(tensors, cfg, ref["embed"], ids[1:], h, None, 0)
     one_past = None
     for t in range(S):
-        l1, h1, one_past = reference_step(tensors, cfg, ref["embed"], [ids[t + 1]], h[t:t + 1], one_past, t)
+        l1, h1, one_past = reference_step(tensors, cfg, ref["embed"], [ids[t + 1]], h[t : t + 1], one_past, t)
         torch.testing.assert_close(l1[0], logits[t], atol=1e-5, rtol=0)
         torch.testing.assert_close(h1[0], hidden[t], atol=1e-5, rtol=0)
     torch.testing.assert_close(one_past[0], past[0], atol=1e-5, rtol=0)
@@ -380,8 +383,15 @@ def test_reference_step_matches_transformers_llama_modules(ref):
 
     tensors, cfg, ids = ref["tensors"], ref["config"], ref["ids"]
     S, H = len(ids) - 1, 64
-    common = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
-              "rms_norm_eps": cfg["rms_norm_eps"], "rope_theta": cfg["rope_theta"], "attn_implementation": "eager"}
+    common = {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "rms_norm_eps": cfg["rms_norm_eps"],
+        "rope_theta": cfg["rope_theta"],
+        "attn_implementation": "eager",
+    }
     wide, narrow = LlamaConfig(hidden_size=2 * H, **common), LlamaConfig(hidden_size=H, **common)
     attn = ml.LlamaAttention(wide, layer_idx=0)
     attn.o_proj = torch.nn.Linear(64, H, bias=False)
@@ -404,4 +414,3 @@ def test_reference_step_matches_transformers_llama_modules(ref):
         expected = a + mlp(norms["post_attention_layernorm"](a))
     _, hidden, _ = reference_step(tensors, cfg, ref["embed"], ids[1:], h[0], None, 0)
     torch.testing.assert_close(hidden, expected[0], atol=1e-4, rtol=1e-5)
-

@@ -35,8 +35,14 @@ from specexport.formats.gguf import decode_blocks, read_gguf_blocks
 
 # type -> (bits, block, zero point, has an offset) promised by the module docstring
 FORM = {
-    T.Q4_0: (4, 32, 8, False), T.Q4_1: (4, 32, 0, True), T.Q5_0: (8, 32, 16, False), T.Q5_1: (8, 32, 0, True),
-    T.Q8_0: (8, 32, 128, False), T.Q4_K: (4, 32, 0, True), T.Q5_K: (8, 32, 0, True), T.Q6_K: (8, 16, 32, False),
+    T.Q4_0: (4, 32, 8, False),
+    T.Q4_1: (4, 32, 0, True),
+    T.Q5_0: (8, 32, 16, False),
+    T.Q5_1: (8, 32, 0, True),
+    T.Q8_0: (8, 32, 128, False),
+    T.Q4_K: (4, 32, 0, True),
+    T.Q5_K: (8, 32, 0, True),
+    T.Q6_K: (8, 16, 32, False),
 }
 
 # --- 1. every type, tensor level ------------------------------------------------------------
@@ -66,6 +72,7 @@ def test_codes_cover_their_range(qtype):
 
 
 # --- 2. a tiny llama GGUF file against transformers' loader ---------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
@@ -142,7 +149,8 @@ def test_unsupported_type(tmp_path):
     assert "\n" not in str(info.value)
     # a type the caller does not ask for is not an error
     assert list(read_gguf_blocks(path, names=["model.layers.0.self_attn.q_proj.weight"])) == [
-        "model.layers.0.self_attn.q_proj.weight"]
+        "model.layers.0.self_attn.q_proj.weight"
+    ]
     with pytest.raises(FormatError, match="GGUF type Q2_K has no exact block form"):
         decode_blocks(q2k, T.Q2_K)
 
@@ -167,12 +175,7 @@ def test_not_a_gguf_file(tmp_path):
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[dict[str, BlockQuantized], dict[str, np.ndarray], int]:
     """(all blocks of the builtin Q4_1 GGUF, transformers' fp32 parameters, layer count)."""
-    from specexport.sources import (
-        ModelSourceError,
-        fetch_builtin,
-        load_model,
-        resolve_source,
-    )
+    from specexport.sources import ModelSourceError, fetch_builtin, load_model, resolve_source
 
     try:
         fetch_builtin("smollm2-135m-instruct")

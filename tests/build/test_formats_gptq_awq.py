@@ -18,14 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from quantized_checkpoints import (
-    VARIANTS,
-    RefLayer,
-    awq_interleave,
-    gptq_tensors,
-    pack,
-    write_checkpoint,
-)
+from quantized_checkpoints import VARIANTS, RefLayer, awq_interleave, gptq_tensors, pack, write_checkpoint
 from safetensors.numpy import load_file, save_file
 from tiny import make_model, make_tokenizer
 
@@ -165,8 +158,12 @@ def test_quantization_method(tmp_path, tiny, tokenizer, checkpoints):
 def _one_layer(K: int, N: int = 16, bits: int = 4, group: int = 16, zero: int = 3, fmt: str = "gptq") -> dict:
     """Tensors of a single GPTQ layer "l" with constant codes and zero points."""
     G = 1 if group == -1 else K // group
-    ref = RefLayer(q=np.full((K, N), 5, np.uint8), zero=np.full((G, N), zero, np.int64),
-                   scale=np.full((G, N), 0.5, np.float16), g_idx=np.zeros(K, np.int32))
+    ref = RefLayer(
+        q=np.full((K, N), 5, np.uint8),
+        zero=np.full((G, N), zero, np.int64),
+        scale=np.full((G, N), 0.5, np.float16),
+        g_idx=np.zeros(K, np.int32),
+    )
     return {f"l.{k}": v for k, v in gptq_tensors(ref, bits, fmt, with_g_idx=False).items()}
 
 
@@ -187,14 +184,19 @@ def test_gptq_v1_zero_point_overflow_and_sym_mismatch():
     v2 = _one_layer(32, zero=8, fmt="gptq_v2")
     with pytest.raises(FormatError, match="sym is true"):
         gptq_blocks(v2, {"bits": 4, "group_size": 16, "sym": True, "checkpoint_format": "gptq"})
-    assert gptq_blocks(v2, {"bits": 4, "group_size": 16, "sym": True, "checkpoint_format": "gptq_v2"})["l.weight"].zero is None
+    assert (
+        gptq_blocks(v2, {"bits": 4, "group_size": 16, "sym": True, "checkpoint_format": "gptq_v2"})["l.weight"].zero
+        is None
+    )
 
 
 def test_awq_unpacks_the_interleaved_order():
     codes = np.arange(16, dtype=np.uint8)[None].repeat(16, 0) % 16  # [K=16, N=16]: column n holds code n
-    tensors = {"l.qweight": pack(awq_interleave(codes), 4, axis=1),
-               "l.qzeros": pack(awq_interleave(np.zeros((1, 16), np.uint8)), 4, axis=1),
-               "l.scales": np.ones((1, 16), np.float16)}
+    tensors = {
+        "l.qweight": pack(awq_interleave(codes), 4, axis=1),
+        "l.qzeros": pack(awq_interleave(np.zeros((1, 16), np.uint8)), 4, axis=1),
+        "l.scales": np.ones((1, 16), np.float16),
+    }
     block = awq_blocks(tensors, {"bits": 4, "group_size": 16, "version": "gemm"})["l.weight"]
     np.testing.assert_array_equal(block.q[:, 0], np.arange(16))  # row n = output n: code n
     with pytest.raises(FormatError, match="bits 8"):
@@ -205,13 +207,23 @@ def test_packing_conventions_on_a_literal_word():
     """0x76543210 holds nibble i = i: GPTQ reads it low-first along K, AWQ as columns in AWQ_ORDER."""
     word = np.array([[0x76543210]], np.int32)
     scales = np.ones((1, 8), np.float16)
-    gptq = gptq_blocks({"l.qweight": np.repeat(word, 2, 0).repeat(8, 1),  # [K/8 = 2, N = 8]: K = 16
-                        "l.qzeros": np.array([[0x77777777]], np.int32), "l.scales": scales},
-                       {"bits": 4, "group_size": 16, "sym": True})["l.weight"]
+    gptq = gptq_blocks(
+        {
+            "l.qweight": np.repeat(word, 2, 0).repeat(8, 1),  # [K/8 = 2, N = 8]: K = 16
+            "l.qzeros": np.array([[0x77777777]], np.int32),
+            "l.scales": scales,
+        },
+        {"bits": 4, "group_size": 16, "sym": True},
+    )["l.weight"]
     np.testing.assert_array_equal(gptq.q[0], [0, 1, 2, 3, 4, 5, 6, 7] * 2)  # output 0, inputs k = 0..15
-    awq = awq_blocks({"l.qweight": np.repeat(word, 16, 0),  # [K = 16, N / 8 = 1]
-                      "l.qzeros": np.zeros((1, 1), np.int32), "l.scales": scales},
-                     {"bits": 4, "group_size": 16, "version": "gemm"})["l.weight"]
+    awq = awq_blocks(
+        {
+            "l.qweight": np.repeat(word, 16, 0),  # [K = 16, N / 8 = 1]
+            "l.qzeros": np.zeros((1, 1), np.int32),
+            "l.scales": scales,
+        },
+        {"bits": 4, "group_size": 16, "version": "gemm"},
+    )["l.weight"]
     np.testing.assert_array_equal(awq.q[:, 0], [0, 4, 1, 5, 2, 6, 3, 7])  # outputs n = 0..7, input 0
 
 

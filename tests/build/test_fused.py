@@ -18,6 +18,7 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto
+from tiny import TINY_CONFIGS, TINY_VARIANTS, make_model, tiny_names
 
 from specexport.architectures import ARCHITECTURES
 from specexport.decoder import UnsupportedConfig
@@ -25,7 +26,6 @@ from specexport.fused import build_fused, fused_supported
 from specexport.validate import FP16, FP32, validate_export
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig
-from tiny import TINY_CONFIGS, TINY_VARIANTS, make_model, tiny_names
 
 FUSED_ARCHS = sorted(a for a in TINY_CONFIGS if fused_supported(a))
 FUSED_NAMES = [n for n in tiny_names() if fused_supported(TINY_VARIANTS.get(n, (n,))[0])]  # with feature variants
@@ -57,7 +57,9 @@ def fused(tmp_path_factory):
 
 def test_every_rotary_family_has_a_fused_parity_test():
     rotary = sorted(a for a, spec in ARCHITECTURES.items() if spec.positions == "rope")
-    assert rotary == FUSED_ARCHS, f"rotary families without a fused parity test: {sorted(set(rotary) - set(FUSED_ARCHS))}"
+    assert rotary == FUSED_ARCHS, (
+        f"rotary families without a fused parity test: {sorted(set(rotary) - set(FUSED_ARCHS))}"
+    )
     assert "gpt2" not in FUSED_ARCHS
 
 

@@ -13,9 +13,10 @@ from specexport.harness import Case, HarnessError, Method, Run, Sample
 from specexport.harness_workers import SpecexportWorker, generation_row, inprocess_method
 from specexport.prompts import Prompt
 
-PROMPTS = [Prompt(id="p1", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b",
-                  max_new_tokens=12),
-           Prompt(id="p2", domain="code", messages=(("user", "def f(x): return x + 1"),), text=None, max_new_tokens=12)]
+PROMPTS = [
+    Prompt(id="p1", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b", max_new_tokens=12),
+    Prompt(id="p2", domain="code", messages=(("user", "def f(x): return x + 1"),), text=None, max_new_tokens=12),
+]
 MODES = ("off", "suffix", "hybrid")
 
 
@@ -27,20 +28,31 @@ def stored_answers(gen) -> list[list[int]]:
 
 def observed(gen, method: Method, seen: list[dict]) -> Method:
     """The method with every call recorded: the case, the store before and after, the answer."""
+
     def run(case: Case) -> dict:
         before = stored_answers(gen)
         result = method.run(case)
-        seen.append({"method": method.name, "case": case.id, "ids": case.ids, "before": before,
-                     "after": stored_answers(gen), "answer": result["tokens"]})
+        seen.append(
+            {
+                "method": method.name,
+                "case": case.id,
+                "ids": case.ids,
+                "before": before,
+                "after": stored_answers(gen),
+                "answer": result["tokens"],
+            }
+        )
         return result
+
     return Method(method.name, run, method.reset, method.memory, method.info)
 
 
 def honest_run(gen, methods, repeats=1):
     cases = harness.make_cases(gen.codec, PROMPTS)
     seen: list[dict] = []
-    run = harness.run_interleaved([observed(gen, m, seen) for m in methods], cases, harness.warmup_case(gen.codec),
-                                  repeats=repeats)
+    run = harness.run_interleaved(
+        [observed(gen, m, seen) for m in methods], cases, harness.warmup_case(gen.codec), repeats=repeats
+    )
     return run, cases, seen
 
 
@@ -96,8 +108,10 @@ def test_the_store_check_fails_when_the_store_is_kept(gen):
     """The same run with a reset that does nothing: the second measurement of a prompt finds
     its own earlier answer in the store, which the check above would report."""
     gen.forget_history()
-    methods = [Method(m.name, m.run, lambda: None, m.memory, m.info) for m in
-               (inprocess_method(gen, mode, mode, 12) for mode in ("suffix", "hybrid"))]
+    methods = [
+        Method(m.name, m.run, lambda: None, m.memory, m.info)
+        for m in (inprocess_method(gen, mode, mode, 12) for mode in ("suffix", "hybrid"))
+    ]
     _, _, seen = honest_run(gen, methods, repeats=2)
     assert any(s["answer"] in s["before"] for s in seen if s["case"] != harness.WARMUP_ID)
     gen.forget_history()

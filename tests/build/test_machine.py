@@ -9,8 +9,10 @@ from specexport import machine
 
 def test_cpu_model_reads_the_model_name(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
-                    "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+        "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+    )
     assert machine.cpu_model(info) == "Intel(R) Xeon(R) Processor"
 
 

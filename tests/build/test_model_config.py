@@ -1,12 +1,12 @@
 """The normalized config (specexport.model_config) and the closed list of config features.
 
-  * every key of every registered family's transformers config class is classified (a shape, an
-    inert key or a feature), so a new transformers key cannot slip through unread;
-  * config.json files as transformers 4.x wrote them (rope_scaling / rope_theta /
-    rope_local_base_freq) and as 5.x writes them normalize to the same facts;
-  * every feature value the exporter does not implement is refused by `specexport build` with
-    one line naming the key and value, from config.json alone: the folders below hold no
-    weights and no tokenizer, so reaching any load would fail differently.
+* every key of every registered family's transformers config class is classified (a shape, an
+  inert key or a feature), so a new transformers key cannot slip through unread;
+* config.json files as transformers 4.x wrote them (rope_scaling / rope_theta /
+  rope_local_base_freq) and as 5.x writes them normalize to the same facts;
+* every feature value the exporter does not implement is refused by `specexport build` with
+  one line naming the key and value, from config.json alone: the folders below hold no
+  weights and no tokenizer, so reaching any load would fail differently.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from tiny import TINY_CONFIGS, write_recipe
 from transformers import AutoConfig, PretrainedConfig
 
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture
@@ -29,7 +30,6 @@ from specexport.model_config import (
     config_from_dict,
     normalize,
 )
-from tiny import TINY_CONFIGS, write_recipe
 
 BASE_KEYS = set(PretrainedConfig().to_dict())
 
@@ -47,7 +47,10 @@ def test_every_config_key_of_a_family_is_classified(family):
     implemented = set().union(*(a.features for a in ARCHITECTURES.values()))
     for key in keys & set(FEATURE_OF_KEY):
         feature = FEATURE_OF_KEY[key]
-        assert feature in arch.features or feature not in implemented or key in ("attention_bias", "mlp_bias"), (family, key)
+        assert feature in arch.features or feature not in implemented or key in ("attention_bias", "mlp_bias"), (
+            family,
+            key,
+        )
 
 
 def _raw(family: str, **overrides) -> dict:
@@ -57,12 +60,28 @@ def _raw(family: str, **overrides) -> dict:
 
 def test_transformers_4_rope_scaling_is_read():
     """A Llama 3.1 config.json as published (transformers 4.x keys)."""
-    legacy = _raw("llama", rope_theta=500000.0, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})
-    modern = _raw("llama", rope_parameters={
-        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})
+    legacy = _raw(
+        "llama",
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
+    modern = _raw(
+        "llama",
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
     a, b = normalize(config_from_dict(legacy), 256), normalize(config_from_dict(modern), 256)
     assert a == b
     assert a.rope("all").kind == "llama3" and a.rope("all").theta == 500000.0
@@ -70,8 +89,12 @@ def test_transformers_4_rope_scaling_is_read():
 
 def test_transformers_4_longrope_is_bounded_by_its_original_context():
     """Phi-3-mini-128k style: a 4.x `rope_scaling` dict with `type` (not `rope_type`)."""
-    raw = _raw("phi3", max_position_embeddings=4096, original_max_position_embeddings=128,
-               rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8})
+    raw = _raw(
+        "phi3",
+        max_position_embeddings=4096,
+        original_max_position_embeddings=128,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8},
+    )
     config = config_from_dict(raw)
     assert normalize(config, 128).rope("all").kind == "longrope"
     with pytest.raises(UnsupportedConfig, match=r"'longrope'.*original_max_position_embeddings = 128.*256"):
@@ -79,7 +102,9 @@ def test_transformers_4_longrope_is_bounded_by_its_original_context():
 
 
 def test_transformers_4_dynamic_rope_is_bounded_by_max_position_embeddings():
-    config = config_from_dict(_raw("llama", max_position_embeddings=128, rope_scaling={"type": "dynamic", "factor": 2.0}))
+    config = config_from_dict(
+        _raw("llama", max_position_embeddings=128, rope_scaling={"type": "dynamic", "factor": 2.0})
+    )
     assert normalize(config, 128).rope("all").bound == 128
     with pytest.raises(UnsupportedConfig, match=r"'dynamic'.*128.*256"):
         normalize(config, 256)
@@ -88,13 +113,21 @@ def test_transformers_4_dynamic_rope_is_bounded_by_max_position_embeddings():
 def test_gemma3_4b_legacy_keys_give_two_rotary_tables_and_the_5_to_1_pattern():
     """Gemma 3 4B's text config as 4.x wrote it: rope_theta (global), rope_local_base_freq,
     linear scaling on the global table only, sliding_window_pattern 6."""
-    text = dict(TINY_CONFIGS["gemma3_text"], model_type="gemma3_text", rope_theta=1000000.0,
-                rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
-                sliding_window_pattern=6, num_hidden_layers=12)
+    text = dict(
+        TINY_CONFIGS["gemma3_text"],
+        model_type="gemma3_text",
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        sliding_window_pattern=6,
+        num_hidden_layers=12,
+    )
     del text["rope_parameters"]
     norm = normalize(config_from_dict(text), 256)
     assert [l.window for l in norm.layers] == [16] * 5 + [None] + [16] * 5 + [None]
-    assert [l.rope for l in norm.layers] == ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 5 + ["full_attention"]
+    assert [l.rope for l in norm.layers] == ["sliding_attention"] * 5 + ["full_attention"] + [
+        "sliding_attention"
+    ] * 5 + ["full_attention"]
     assert norm.rope("sliding_attention").theta == 10000.0 and norm.rope("sliding_attention").kind == "default"
     assert norm.rope("full_attention").theta == 1000000.0 and norm.rope("full_attention").kind == "linear"
     assert norm.head_rope_theta == 1000000.0
@@ -125,7 +158,11 @@ def test_smollm3_nope_granite_multipliers_gemma2_softcaps():
     assert [l.rope for l in smol.layers] == ["all", "all", "all", None] * 2
     granite = normalize(config_from_dict(_raw("granite")))
     assert (granite.embedding_multiplier, granite.residual_multiplier, granite.attn_scale, granite.logits_divisor) == (
-        12.0, 0.22, 0.05, 8.0)
+        12.0,
+        0.22,
+        0.05,
+        8.0,
+    )
     gemma2 = normalize(config_from_dict(_raw("gemma2")))
     assert (gemma2.attn_softcap, gemma2.final_softcap) == (5.0, 8.0)
     assert [l.window for l in gemma2.layers] == [16, None]
@@ -141,11 +178,20 @@ REFUSALS = [  # (family, config overrides, words the one-line error must contain
     ("llama", dict(partial_rotary_factor=0.5), ["'partial_rotary_factor'", "0.5"]),
     ("llama", dict(hidden_act="relu2"), ["'hidden_act'", "'relu2'"]),
     ("llama", dict(rope_scaling={"rope_type": "proportional", "factor": 2.0}), ["'proportional'", "rope_scaling"]),
-    ("llama", dict(max_position_embeddings=128, rope_scaling={"type": "dynamic", "factor": 2.0}),
-     ["'dynamic'", "128", "256"]),
-    ("phi3", dict(max_position_embeddings=4096, original_max_position_embeddings=128,
-                  rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8}),
-     ["'longrope'", "128", "256"]),
+    (
+        "llama",
+        dict(max_position_embeddings=128, rope_scaling={"type": "dynamic", "factor": 2.0}),
+        ["'dynamic'", "128", "256"],
+    ),
+    (
+        "phi3",
+        dict(
+            max_position_embeddings=4096,
+            original_max_position_embeddings=128,
+            rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8},
+        ),
+        ["'longrope'", "128", "256"],
+    ),
     ("mistral", dict(num_local_experts=8), ["'num_local_experts'", "8", "mixture of experts"]),
     ("gemma3_text", dict(use_bidirectional_attention=True), ["'use_bidirectional_attention'", "True"]),
     ("gemma", dict(query_pre_attn_scalar=24), ["'query_pre_attn_scalar'", "24"]),
@@ -162,8 +208,9 @@ def _config_only_folder(root: Path, family: str, overrides: dict) -> Path:
 
 
 def _build(tmp_path: Path, folder: Path, graph: str = "portable"):
-    recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph=graph,
-                          max_context=256)
+    recipe = write_recipe(
+        tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, graph=graph, max_context=256
+    )
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["build", str(recipe), "-o", str(out), "--quiet"], catch_exceptions=False)
     return result, out

@@ -23,13 +23,13 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, numpy_helper
+from tiny import TINY_CONFIGS, make_model, perturbed_copy, tiny_names
 
 from specexport.architectures import ARCHITECTURES
 from specexport.export import DATA_NAME, GRAPH_NAME, export_graph
 from specexport.model_config import text_config
 from specexport.validate import FP16, FP32, ExportValidationError, FeedRunner, validate_export
 from specexport_runtime import contract
-from tiny import TINY_CONFIGS, make_model, perturbed_copy, tiny_names
 
 ARCHS = sorted(TINY_CONFIGS)
 NAMES = tiny_names()  # families and their feature variants (tests/tiny.TINY_VARIANTS)
@@ -95,7 +95,10 @@ def exported(tmp_path_factory):
         print(f"{'arch':<11}{'prefill':>11}{'verify':>11}{'rollback':>11}{'3 chunks':>11}")
         for arch in sorted(MEASURED):
             m = MEASURED[arch]
-            print(f"{arch:<11}" + "".join(f"{m.get(k, float('nan')):>11.2e}" for k in ("prefill", "verify", "rollback", "chunks")))
+            print(
+                f"{arch:<11}"
+                + "".join(f"{m.get(k, float('nan')):>11.2e}" for k in ("prefill", "verify", "rollback", "chunks"))
+            )
 
 
 def test_every_registered_architecture_has_a_parity_test():
@@ -164,7 +167,11 @@ def test_graph_interface_follows_the_contract(arch, exported):
     assert sorted(p.name for p in res.path.parent.iterdir()) == [GRAPH_NAME, DATA_NAME]  # no temp left
     assert res.bytes == res.path.stat().st_size + (res.path.parent / DATA_NAME).stat().st_size
     proto = onnx.load(str(res.path), load_external_data=False)
-    assert {p.key: p.value for p in proto.metadata_props}["specexport.contract_version"] == contract.version_for(spec.kv_layout) == "1.0"
+    assert (
+        {p.key: p.value for p in proto.metadata_props}["specexport.contract_version"]
+        == contract.version_for(spec.kv_layout)
+        == "1.0"
+    )
     assert [i.name for i in proto.graph.input] == spec.input_names()
     assert [o.name for o in proto.graph.output] == spec.output_names()
 
@@ -201,8 +208,15 @@ def test_new_kv_outputs_declare_static_dims(exported):
         assert [dims[0], dims[2], dims[3]] == [1, spec.num_kv_heads, spec.head_dim], (out.name, dims)
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if (TINY_CONFIGS[a].get("num_key_value_heads") or 0)
-                                  and TINY_CONFIGS[a]["num_key_value_heads"] < TINY_CONFIGS[a]["num_attention_heads"]])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        a
+        for a in ARCHS
+        if (TINY_CONFIGS[a].get("num_key_value_heads") or 0)
+        and TINY_CONFIGS[a]["num_key_value_heads"] < TINY_CONFIGS[a]["num_attention_heads"]
+    ],
+)
 def test_grouped_query_attention_is_preserved(arch, exported):
     model, res = exported(arch)
     H, Hkv = model.config.num_attention_heads, model.config.num_key_value_heads
@@ -275,8 +289,10 @@ def test_perturbed_graph_weight_fails_validation(exported, tmp_path):
     proto = onnx.load(str(res.path))
     # the largest 2-D initializer that is not the (tied) vocabulary matrix: a layer weight
     rows = res.spec.embedding_rows
-    init = max((t for t in proto.graph.initializer if len(t.dims) == 2 and rows not in t.dims),
-               key=lambda t: t.dims[0] * t.dims[1])
+    init = max(
+        (t for t in proto.graph.initializer if len(t.dims) == 2 and rows not in t.dims),
+        key=lambda t: t.dims[0] * t.dims[1],
+    )
     weights = numpy_helper.to_array(init).copy()
     weights.flat[7] += 0.5
     init.CopyFrom(numpy_helper.from_array(weights, init.name))
@@ -361,6 +377,11 @@ def test_default_pytest_run_collects_tests_build():
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
-                          cwd=root, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "tests/build/test_parity.py::" in proc.stdout, proc.stdout[-2000:]

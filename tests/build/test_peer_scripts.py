@@ -15,8 +15,11 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 # the scripts (helper modules such as llamacpp_build.py have no __main__ block)
-SCRIPTS = sorted(p for p in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("experiments/*.py")]
-                 if 'if __name__ == "__main__":' in p.read_text())
+SCRIPTS = sorted(
+    p
+    for p in [*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("experiments/*.py")]
+    if 'if __name__ == "__main__":' in p.read_text()
+)
 
 
 def load_script(path: Path):
@@ -38,7 +41,7 @@ def test_help_explains_every_option(path, capsys):
 
 
 # a stand-in for onnxruntime_genai: greedy "generation" that cycles through the prompt's ids
-FAKE_GENAI = '''
+FAKE_GENAI = """
 class Model:
     def __init__(self, path):
         self.path = path
@@ -60,7 +63,7 @@ class Generator:
         self.new += 1
     def get_next_tokens(self):
         return [self.prompt[(self.new - 1) % len(self.prompt)]]
-'''
+"""
 
 
 def test_compare_genai_runs_through_the_harness(tiny_artifacts, tmp_path, capsys):
@@ -68,20 +71,45 @@ def test_compare_genai_runs_through_the_harness(tiny_artifacts, tmp_path, capsys
     (fake / "onnxruntime_genai").mkdir(parents=True)
     (fake / "onnxruntime_genai" / "__init__.py").write_text(FAKE_GENAI)
     python = tmp_path / "genai-python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     model = tmp_path / "genai-fp32"
     model.mkdir()
     (model / "genai_config.json").write_text(json.dumps({"model": {"decoder": {}}}))
     (model / "model.onnx").write_text("")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": text}]}) + "\n"
-                               for i, text in enumerate(["a b c a b c a b", "def f(x): return x"])))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": text}]}) + "\n"
+            for i, text in enumerate(["a b c a b c a b", "def f(x): return x"])
+        )
+    )
     out = tmp_path / "genai.json"
     module = load_script(BENCHMARKS / "compare_genai.py")
-    assert module.main([str(tiny_artifacts["self"]), "--genai-model", f"fp32={model}", "--genai-python", str(python),
-                        "--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "6", "--repeats", "2",
-                        "--threads", "1", "--json", str(out)]) == 0
+    assert (
+        module.main(
+            [
+                str(tiny_artifacts["self"]),
+                "--genai-model",
+                f"fp32={model}",
+                "--genai-python",
+                str(python),
+                "--prompts",
+                str(prompts),
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--repeats",
+                "2",
+                "--threads",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "machine:" in printed and "memory: specexport" in printed and "genai fp32" in printed
     doc = json.loads(out.read_text())
@@ -115,8 +143,26 @@ def test_compare_transformers_runs_through_the_harness(tiny_artifacts, tmp_path,
     art = tiny_artifacts["self"]
     out = tmp_path / "hf.json"
     module = load_script(BENCHMARKS / "compare_transformers.py")
-    assert module.main([str(art), "--model", str(art.parent / "target-hf"), "--prompts", "code", "--limit", "2",
-                        "--max-new-tokens", "6", "--threads", "1", "--json", str(out)]) == 0
+    assert (
+        module.main(
+            [
+                str(art),
+                "--model",
+                str(art.parent / "target-hf"),
+                "--prompts",
+                "code",
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--threads",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "machine:" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     rows = {r["method"]: r for r in doc["rows"]}
@@ -129,8 +175,26 @@ def test_serve_overhead_runs_through_the_harness(tiny_artifacts, tmp_path, capsy
     """Both paths on one tiny generator, the store emptied before each: same tokens."""
     out = tmp_path / "serve.json"
     module = load_script(BENCHMARKS / "serve_overhead.py")
-    assert module.main([str(tiny_artifacts["self"]), "--limit", "2", "--max-new-tokens", "6", "--repeats", "1",
-                        "--threads", "1", "--proposer", "hybrid", "--json", str(out)]) == 0
+    assert (
+        module.main(
+            [
+                str(tiny_artifacts["self"]),
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--proposer",
+                "hybrid",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["summary"]["outputs_equal"] == "2/2" and doc["summary"]["proposer"] == "hybrid"
     assert {s["method"] for s in doc["run"]["samples"]} == {"in_process", "server"}

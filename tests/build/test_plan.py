@@ -6,22 +6,15 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from tiny import make_model, tiny_names
 
 from specexport.cli import _Group
 from specexport.cli_gpu import plan_cmd
 from specexport.errors import SpecExportError
-from specexport.plan import (
-    DEVICES,
-    GIB,
-    PlanError,
-    UnknownDevice,
-    plan,
-    weight_bytes,
-)
 from specexport.model_config import config_from_dict, normalize
+from specexport.plan import DEVICES, GIB, PlanError, UnknownDevice, plan, weight_bytes
 from specexport.plan_sizes import known_config, parameters
 from specexport.recipe import bundled_recipes, load_recipe, parse_recipe, resolve_recipe
-from tiny import make_model, tiny_names
 
 # The device each bundled recipe is sized for (from its `notes`; the smollm2 recipes run anywhere,
 # the smallest module they are meant for is the Orin Nano 8GB).
@@ -106,12 +99,19 @@ def test_numbers_match_a_hand_computation():
 
 def test_known_configs_match_published_sizes():
     published = {  # parameter counts of the model cards, +-1 %
-        "meta-llama/Llama-3.1-8B-Instruct": 8.03e9, "meta-llama/Llama-3.2-1B-Instruct": 1.24e9,
-        "Qwen/Qwen2.5-0.5B-Instruct": 0.494e9, "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
-        "Qwen/Qwen2.5-3B-Instruct": 3.09e9, "Qwen/Qwen2.5-7B-Instruct": 7.62e9,
-        "TinyLlama/TinyLlama-1.1B-Chat-v1.0": 1.10e9, "builtin:smollm2-135m-instruct": 0.1345e9,
-        "google/gemma-3-1b-it": 1.00e9, "google/gemma-3-270m-it": 0.268e9, "HuggingFaceTB/SmolLM3-3B": 3.08e9,
-        "ibm-granite/granite-3.3-2b-instruct": 2.53e9, "microsoft/Phi-4-mini-instruct": 3.84e9,
+        "meta-llama/Llama-3.1-8B-Instruct": 8.03e9,
+        "meta-llama/Llama-3.2-1B-Instruct": 1.24e9,
+        "Qwen/Qwen2.5-0.5B-Instruct": 0.494e9,
+        "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
+        "Qwen/Qwen2.5-3B-Instruct": 3.09e9,
+        "Qwen/Qwen2.5-7B-Instruct": 7.62e9,
+        "TinyLlama/TinyLlama-1.1B-Chat-v1.0": 1.10e9,
+        "builtin:smollm2-135m-instruct": 0.1345e9,
+        "google/gemma-3-1b-it": 1.00e9,
+        "google/gemma-3-270m-it": 0.268e9,
+        "HuggingFaceTB/SmolLM3-3B": 3.08e9,
+        "ibm-granite/granite-3.3-2b-instruct": 2.53e9,
+        "microsoft/Phi-4-mini-instruct": 3.84e9,
     }
     for model, count in published.items():
         assert parameters(known_config(model)) == pytest.approx(count, rel=0.01), model
@@ -123,8 +123,14 @@ def test_formula_matches_a_real_model_from_its_config_json(tmp_path, arch):
     model.config.save_pretrained(tmp_path)
     config = normalize(config_from_dict(json.loads((tmp_path / "config.json").read_text())))
     assert parameters(config) == sum(p.numel() for p in model.parameters())
-    recipe = parse_recipe({"name": "local", "max_context": 256, "target": {"model": str(tmp_path)},
-                           "draft": {"from_target": {"precision": "int4"}}})
+    recipe = parse_recipe(
+        {
+            "name": "local",
+            "max_context": 256,
+            "target": {"model": str(tmp_path)},
+            "draft": {"from_target": {"precision": "int4"}},
+        }
+    )
     report = plan(recipe, "orin-nano-4gb")
     assert report.fits and report.models[0].config_source.endswith("config.json")
     assert report.models[1].weight_bytes == weight_bytes(config, "int4")
@@ -139,8 +145,9 @@ def test_unknown_device_is_a_typed_error_listing_devices():
 
 
 def test_unknown_model_and_bad_arguments():
-    recipe = parse_recipe({"name": "x", "max_context": 256, "target": {"model": "someone/unknown-model"},
-                           "draft": {"proposer": "ngram"}})
+    recipe = parse_recipe(
+        {"name": "x", "max_context": 256, "target": {"model": "someone/unknown-model"}, "draft": {"proposer": "ngram"}}
+    )
     with pytest.raises(PlanError, match="cannot size model"):
         plan(recipe, "thor")
     with pytest.raises(PlanError):
@@ -173,7 +180,9 @@ def test_cli_plan():
     runner = CliRunner()
     ok = runner.invoke(group, ["plan", "smollm2-135m", "--device", "orin-nano-8gb"])
     assert ok.exit_code == 0 and "FITS" in ok.output
-    bad = runner.invoke(group, ["plan", "llama-3.1-8b-instruct-llama-3.2-1b-draft", "--device", "orin-nano-8gb", "--json"])
+    bad = runner.invoke(
+        group, ["plan", "llama-3.1-8b-instruct-llama-3.2-1b-draft", "--device", "orin-nano-8gb", "--json"]
+    )
     assert bad.exit_code == 1 and json.loads(bad.output)["fits"] is False
     listing = runner.invoke(group, ["plan", "x", "--device", "list"])
     assert listing.exit_code == 0 and "agx-orin-64gb" in listing.output
@@ -184,7 +193,9 @@ def test_cli_plan():
 def test_fused_recipe_says_where_its_graphs_run():
     fused = plan("smollm2-135m", "orin-nano-8gb")  # graph: fused, fp32 target
     assert any("fp16 target" in n and "graph: portable" in n for n in fused.notes), fused.notes
-    fp16 = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"target.precision": "fp16"}), "orin-nano-8gb")
+    fp16 = plan(
+        load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"target.precision": "fp16"}), "orin-nano-8gb"
+    )
     assert any("CUDA provider (GroupQueryAttention)" in n for n in fp16.notes), fp16.notes
     portable = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"graph": "portable"}), "orin-nano-8gb")
     assert not any("graph: fused" in n for n in portable.notes)
@@ -222,4 +233,6 @@ def test_quantized_target_weight_bytes():
     tied_float = QuantizationSpec(block_size=32, head="fp32", embedding="fp32", dtype="fp32")
     smol = known_config("builtin:smollm2-135m-instruct")
     s_linear = 30 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536)
-    assert weight_bytes(smol, "int8", tied_float) == int(s_linear * (1 + 4 / 32) + 49152 * 576 * 4 + 4 * (30 * 2 * 576 + 576))
+    assert weight_bytes(smol, "int8", tied_float) == int(
+        s_linear * (1 + 4 / 32) + 49152 * 576 * 4 + 4 * (30 * 2 * 576 + 576)
+    )

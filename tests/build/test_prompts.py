@@ -21,7 +21,11 @@ from specexport_runtime.errors import SpecExportError
 # ~350 tokens. Without a tokenizer here, bound characters (~3 chars/token for code).
 MAX_PROMPT_CHARS = 1100
 # agentic conversations carry the earlier output they edit, rag prompts their document: longer
-LIMITS = {"agentic": (2400, 320), "rag": (2400, 256), "structured_json": (1100, 640)}  # domain -> (max characters, max max_new_tokens)
+LIMITS = {
+    "agentic": (2400, 320),
+    "rag": (2400, 256),
+    "structured_json": (1100, 640),
+}  # domain -> (max characters, max max_new_tokens)
 
 
 def _body(p: Prompt) -> str:
@@ -44,8 +48,7 @@ def test_domain_set_loads(domain):
 
 def test_all_loads_every_domain_with_unique_ids():
     prompts = load_prompts("all")
-    assert [p.domain for p in prompts] == sorted(
-        (p.domain for p in prompts), key=DOMAINS.index)
+    assert [p.domain for p in prompts] == sorted((p.domain for p in prompts), key=DOMAINS.index)
     assert {p.domain for p in prompts} == set(DOMAINS)
     ids = [p.id for p in prompts]
     assert len(ids) == len(set(ids))
@@ -80,8 +83,7 @@ def test_error_class_hierarchy():
 
 # ---- bad input -------------------------------------------------------------------------
 
-GOOD = {"id": "chat-001", "domain": "chat",
-        "messages": [{"role": "user", "content": "Hi?"}], "max_new_tokens": 64}
+GOOD = {"id": "chat-001", "domain": "chat", "messages": [{"role": "user", "content": "Hi?"}], "max_new_tokens": 64}
 
 
 def _with(**changes):
@@ -104,63 +106,90 @@ BAD_CASES = {
     "not_object": ('["chat-002"]', None, "JSON object"),
     "unknown_key": (_with(id="chat-002", temperature=0.7), "temperature", "unknown key"),
     "missing_messages_and_text": (
-        _with(id="chat-002", messages=_DROP), "messages",
-        ("exactly one of 'messages', 'prompt' and 'text' is required"
-         " (keys found: id, domain, max_new_tokens)")),
+        _with(id="chat-002", messages=_DROP),
+        "messages",
+        ("exactly one of 'messages', 'prompt' and 'text' is required (keys found: id, domain, max_new_tokens)"),
+    ),
     "nothing_but_the_prompt_missing": ("{}", "messages", "(keys found: none)"),
-    "both_messages_and_text": (_with(id="chat-002", text="x"), "text",
-                               "keys found: id, domain, messages, max_new_tokens, text"),
+    "both_messages_and_text": (
+        _with(id="chat-002", text="x"),
+        "text",
+        "keys found: id, domain, messages, max_new_tokens, text",
+    ),
     "both_messages_and_prompt": (_with(id="chat-002", prompt="x"), "prompt", "exactly one"),
-    "both_prompt_and_text": (_with(id="chat-002", messages=_DROP, prompt="x", text="y"), "text",
-                             "exactly one"),
+    "both_prompt_and_text": (_with(id="chat-002", messages=_DROP, prompt="x", text="y"), "text", "exactly one"),
     "all_three": (_with(id="chat-002", prompt="x", text="y"), "text", "exactly one"),
     "empty_prompt": (_with(id="chat-002", messages=_DROP, prompt=" "), "prompt", "non-empty"),
-    "prompt_not_string": (_with(id="chat-002", messages=_DROP, prompt=["a", "b"]), "prompt",
-                          "must be a non-empty string, got ['a', 'b']"),
-    "messages_not_list": (_with(id="chat-002", messages="Hi?"), "messages",
-                          "non-empty list of {role, content} objects, got 'Hi?'"),
-    "message_not_object": (_with(id="chat-002", messages=["Hi?"]), "messages[0]",
-                           "must be a {role, content} object, got str"),
-    "message_missing_content": (_with(id="chat-002", messages=[{"role": "user"}]),
-                                "messages[0].content", "missing"),
+    "prompt_not_string": (
+        _with(id="chat-002", messages=_DROP, prompt=["a", "b"]),
+        "prompt",
+        "must be a non-empty string, got ['a', 'b']",
+    ),
+    "messages_not_list": (
+        _with(id="chat-002", messages="Hi?"),
+        "messages",
+        "non-empty list of {role, content} objects, got 'Hi?'",
+    ),
+    "message_not_object": (
+        _with(id="chat-002", messages=["Hi?"]),
+        "messages[0]",
+        "must be a {role, content} object, got str",
+    ),
+    "message_missing_content": (_with(id="chat-002", messages=[{"role": "user"}]), "messages[0].content", "missing"),
     "message_content_parts": (
         _with(id="chat-002", messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}]),
-        "messages[0].content", "non-empty string"),
+        "messages[0].content",
+        "non-empty string",
+    ),
     "id_with_space": (_with(id="chat 002"), "id", "without whitespace, got 'chat 002'"),
     "long_value_cut": (_with(id="chat-002", domain="x" * 500), "domain", "..."),
     "unknown_domain": (_with(id="chat-002", domain="poetry"), "domain", "must be one of"),
     "duplicate_id": (_with(), "id", "duplicate id 'chat-001'"),
     "max_new_tokens_zero": (_with(id="chat-002", max_new_tokens=0), "max_new_tokens", "1..4096"),
-    "max_new_tokens_big": (
-        _with(id="chat-002", max_new_tokens=4097), "max_new_tokens", "1..4096"),
-    "max_new_tokens_str": (
-        _with(id="chat-002", max_new_tokens="64"), "max_new_tokens", "integer"),
-    "max_new_tokens_bool": (
-        _with(id="chat-002", max_new_tokens=True), "max_new_tokens", "integer"),
+    "max_new_tokens_big": (_with(id="chat-002", max_new_tokens=4097), "max_new_tokens", "1..4096"),
+    "max_new_tokens_str": (_with(id="chat-002", max_new_tokens="64"), "max_new_tokens", "integer"),
+    "max_new_tokens_bool": (_with(id="chat-002", max_new_tokens=True), "max_new_tokens", "integer"),
     "id_not_string": (_with(id=7), "id", "non-empty string"),
     "empty_messages": (_with(id="chat-002", messages=[]), "messages", "non-empty list"),
-    "bad_role": (_with(id="chat-002", messages=[{"role": "bot", "content": "x"}]),
-                 "messages[0].role", "must be one of"),
-    "empty_content": (_with(id="chat-002", messages=[{"role": "user", "content": " "}]),
-                      "messages[0].content", "non-empty"),
+    "bad_role": (
+        _with(id="chat-002", messages=[{"role": "bot", "content": "x"}]),
+        "messages[0].role",
+        "must be one of",
+    ),
+    "empty_content": (
+        _with(id="chat-002", messages=[{"role": "user", "content": " "}]),
+        "messages[0].content",
+        "non-empty",
+    ),
     "message_unknown_key": (
         _with(id="chat-002", messages=[{"role": "user", "content": "x", "name": "a"}]),
-        "messages[0].name", "unknown key"),
+        "messages[0].name",
+        "unknown key",
+    ),
     "last_not_user": (
-        _with(id="chat-002", messages=[{"role": "user", "content": "x"},
-                                       {"role": "assistant", "content": "y"}]),
-        "messages[1].role", "last message"),
+        _with(id="chat-002", messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]),
+        "messages[1].role",
+        "last message",
+    ),
     "empty_text": (_with(id="chat-002", messages=_DROP, text=""), "text", "non-empty"),
     "schema_not_object": (_with(id="chat-002", schema=[1]), "schema", "JSON Schema object"),
-    "schema_and_tools": (_with(id="chat-002", schema={"type": "object"}, tools=[{"type": "function"}]), "tools",
-                         "not both"),
+    "schema_and_tools": (
+        _with(id="chat-002", schema={"type": "object"}, tools=[{"type": "function"}]),
+        "tools",
+        "not both",
+    ),
     "tool_choice_without_tools": (_with(id="chat-002", tool_choice="required"), "tool_choice", "needs tools"),
-    "parallel_without_tools": (_with(id="chat-002", parallel_tool_calls=False), "parallel_tool_calls",
-                               "needs tools"),
-    "parallel_not_bool": (_with(id="chat-002", tools=[{"type": "function"}], parallel_tool_calls="no"),
-                          "parallel_tool_calls", "true or false"),
-    "schema_on_raw_text": (_with(id="chat-002", messages=_DROP, text="x", schema={"type": "object"}), "schema",
-                           "chat messages"),
+    "parallel_without_tools": (_with(id="chat-002", parallel_tool_calls=False), "parallel_tool_calls", "needs tools"),
+    "parallel_not_bool": (
+        _with(id="chat-002", tools=[{"type": "function"}], parallel_tool_calls="no"),
+        "parallel_tool_calls",
+        "true or false",
+    ),
+    "schema_on_raw_text": (
+        _with(id="chat-002", messages=_DROP, text="x", schema={"type": "object"}),
+        "schema",
+        "chat messages",
+    ),
 }
 
 
@@ -211,8 +240,8 @@ def test_duplicate_id_across_sets(tmp_path, monkeypatch):
     for d in DOMAINS:
         (tmp_path / f"{d}.jsonl").write_text(_with(id=f"{d}-001", domain=d) + "\n")
     (tmp_path / "creative.jsonl").write_text(
-        _with(id="creative-001", domain="creative") + "\n"
-        + _with(id="code-001", domain="creative") + "\n")
+        _with(id="creative-001", domain="creative") + "\n" + _with(id="code-001", domain="creative") + "\n"
+    )
     with pytest.raises(PromptSetError) as info:
         load_prompts("all")
     err = info.value
@@ -260,13 +289,25 @@ def test_shipped_sets_load_exactly_as_written(domain):
             continue
         rec = json.loads(line)
         constraint = set(rec) & {"schema", "tools", "tool_choice", "parallel_tool_calls"}
-        assert set(rec) - constraint in ({"id", "domain", "messages", "max_new_tokens"},
-                                         {"id", "domain", "text", "max_new_tokens"}), rec.get("id")
-        msgs = (tuple((m["role"], m["content"]) for m in rec["messages"])
-                if "messages" in rec else None)
+        assert set(rec) - constraint in (
+            {"id", "domain", "messages", "max_new_tokens"},
+            {"id", "domain", "text", "max_new_tokens"},
+        ), rec.get("id")
+        msgs = tuple((m["role"], m["content"]) for m in rec["messages"]) if "messages" in rec else None
         tools = tuple(rec["tools"]) if "tools" in rec else None
-        expected.append(Prompt(rec["id"], rec["domain"], msgs, rec.get("text"), rec["max_new_tokens"],
-                               rec.get("schema"), tools, rec.get("tool_choice"), rec.get("parallel_tool_calls", True)))
+        expected.append(
+            Prompt(
+                rec["id"],
+                rec["domain"],
+                msgs,
+                rec.get("text"),
+                rec["max_new_tokens"],
+                rec.get("schema"),
+                tools,
+                rec.get("tool_choice"),
+                rec.get("parallel_tool_calls", True),
+            )
+        )
     loaded = load_prompts(domain)
     assert loaded == expected
     # the constraint fields are left out of equality: compare them apart
@@ -281,24 +322,26 @@ def test_shipped_sets_load_exactly_as_written(domain):
 
 
 def _write(path, lines):
-    path.write_text("".join(
-        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
-        encoding="utf-8")
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines), encoding="utf-8"
+    )
     return path
 
 
 def test_openai_messages_lines_need_nothing_else(tmp_path):
-    path = _write(tmp_path / "support chats.jsonl", [
-        {"messages": [{"role": "system", "content": "Be brief."},
-                      {"role": "user", "content": "Hi?"}]},
-        "",
-        {"messages": [{"role": "user", "content": "Bye?"}]},
-    ])
+    path = _write(
+        tmp_path / "support chats.jsonl",
+        [
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]},
+            "",
+            {"messages": [{"role": "user", "content": "Bye?"}]},
+        ],
+    )
     assert load_prompts(path) == [
-        Prompt("support_chats-1", "support_chats", (("system", "Be brief."), ("user", "Hi?")),
-               None, DEFAULT_MAX_NEW_TOKENS),
-        Prompt("support_chats-3", "support_chats", (("user", "Bye?"),), None,
-               DEFAULT_MAX_NEW_TOKENS),
+        Prompt(
+            "support_chats-1", "support_chats", (("system", "Be brief."), ("user", "Hi?")), None, DEFAULT_MAX_NEW_TOKENS
+        ),
+        Prompt("support_chats-3", "support_chats", (("user", "Bye?"),), None, DEFAULT_MAX_NEW_TOKENS),
     ]
     assert DEFAULT_MAX_NEW_TOKENS == 128
 
@@ -314,11 +357,14 @@ def test_prompt_and_text_are_raw_text(tmp_path, key):
 
 
 def test_given_fields_are_kept_and_mixed_with_defaults(tmp_path):
-    path = _write(tmp_path / "mixed.jsonl", [
-        {"id": "a", "domain": "code", "prompt": "p", "max_new_tokens": 9},
-        {"domain": "chat", "messages": [{"role": "user", "content": "m"}]},
-        {"id": "c", "text": "t", "max_new_tokens": 300},
-    ])
+    path = _write(
+        tmp_path / "mixed.jsonl",
+        [
+            {"id": "a", "domain": "code", "prompt": "p", "max_new_tokens": 9},
+            {"domain": "chat", "messages": [{"role": "user", "content": "m"}]},
+            {"id": "c", "text": "t", "max_new_tokens": 300},
+        ],
+    )
     assert load_prompts(path) == [
         Prompt("a", "code", None, "p", 9),
         Prompt("mixed-2", "chat", (("user", "m"),), None, DEFAULT_MAX_NEW_TOKENS),
@@ -345,13 +391,10 @@ def test_bad_max_new_tokens_default(tmp_path, bad):
 
 def test_plain_text_file_is_one_prompt_per_line(tmp_path):
     path = tmp_path / "My Prompts.v2.txt"
-    path.write_text("  Write a haiku about rain.  \n\nSummarize: {\"a\": 1}\r\n\t\nlast line",
-                    encoding="utf-8")
+    path.write_text('  Write a haiku about rain.  \n\nSummarize: {"a": 1}\r\n\t\nlast line', encoding="utf-8")
     assert load_prompts(path) == [
-        Prompt("my_prompts_v2-1", "my_prompts_v2", None, "Write a haiku about rain.",
-               DEFAULT_MAX_NEW_TOKENS),
-        Prompt("my_prompts_v2-3", "my_prompts_v2", None, 'Summarize: {"a": 1}',
-               DEFAULT_MAX_NEW_TOKENS),
+        Prompt("my_prompts_v2-1", "my_prompts_v2", None, "Write a haiku about rain.", DEFAULT_MAX_NEW_TOKENS),
+        Prompt("my_prompts_v2-3", "my_prompts_v2", None, 'Summarize: {"a": 1}', DEFAULT_MAX_NEW_TOKENS),
         Prompt("my_prompts_v2-5", "my_prompts_v2", None, "last line", DEFAULT_MAX_NEW_TOKENS),
     ]
 
@@ -387,9 +430,17 @@ def test_missing_domain_in_a_named_set_is_the_sets_domain(tmp_path, monkeypatch)
     assert load_prompts("structured") == [Prompt("s-1", "structured", None, "a", 8)]
 
 
-@pytest.mark.parametrize("stem, label", [
-    ("chat", "chat"), ("My Prompts", "my_prompts"), ("a--b..c", "a_b_c"),
-    ("__x__", "x"), ("été", "t"), ("???", "prompts")])
+@pytest.mark.parametrize(
+    "stem, label",
+    [
+        ("chat", "chat"),
+        ("My Prompts", "my_prompts"),
+        ("a--b..c", "a_b_c"),
+        ("__x__", "x"),
+        ("été", "t"),
+        ("???", "prompts"),
+    ],
+)
 def test_file_label(stem, label):
     assert file_label(f"/some/dir/{stem}.jsonl") == label
 
@@ -418,9 +469,23 @@ def test_bench_reads_a_text_file_and_its_max_new_tokens_flag(tiny_artifacts, tmp
     txt = _write(tmp_path / "lines.txt", ["def add(a, b):", "The quick brown fox"])
     chats = _write(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "Hello"}]}])
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(bench_cmd, [
-        str(tiny_artifacts["self"]), "--prompts", f"{txt},{chats}", "--gamma", "2", "--repeats", "1",
-        "--max-new-tokens", "5", "--json", str(out), "--quiet"])
+    result = CliRunner().invoke(
+        bench_cmd,
+        [
+            str(tiny_artifacts["self"]),
+            "--prompts",
+            f"{txt},{chats}",
+            "--gamma",
+            "2",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "5",
+            "--json",
+            str(out),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["meta"]["domains"] == {"lines": 2, "chats": 1}

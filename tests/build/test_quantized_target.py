@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from quantized_checkpoints import VARIANTS, write_checkpoint, write_tiny_gguf
+from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
+
 from specexport.build import build_artifact
 from specexport.formats.gguf import read_gguf_blocks
 from specexport.formats.hf_quantized import load_quantized_folder
@@ -27,12 +28,13 @@ from specexport.quantized_target import QuantizedWeights
 from specexport.recipe import RecipeError, load_recipe, parse_recipe
 from specexport.validate import FeedRunner, reference_logits
 from specexport_runtime.manifest import read_manifest
-from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
 
 FP32_TOL = 2e-4  # |logit| diff bound at accuracy_level 1 (float32 sums in another order)
 
 
-def graph_logits(model, weights: QuantizedWeights, out: Path, ids: list[int], pad_attention: bool = False) -> np.ndarray:
+def graph_logits(
+    model, weights: QuantizedWeights, out: Path, ids: list[int], pad_attention: bool = False
+) -> np.ndarray:
     """Rows of a prefill and a 5-token verify call of the fused graph: [len(ids), V]."""
     result = build_fused(model, out, 128, weights=weights, pad_attention=pad_attention)
     runner = FeedRunner(result.path, result.spec)
@@ -100,14 +102,29 @@ def test_gptq_awq_blocks_compute_the_checkpoint(tmp_path, name):
 def test_gptq_recipe_builds_with_the_checkpoint_blocks(tmp_path):
     """A recipe with precision gptq builds from the folder (no optimum / auto-gptq) and its
     manifest records the precision, the weights' storage and bitwise exactness."""
-    checkpoint = write_checkpoint(tmp_path / "ckpt", make_model("llama"), make_tokenizer(), VARIANTS["gptq-v1-4bit-g32"])
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", checkpoint.folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
-                                      name="tiny-gptq", graph="fused", precision="gptq"))
+    checkpoint = write_checkpoint(
+        tmp_path / "ckpt", make_model("llama"), make_tokenizer(), VARIANTS["gptq-v1-4bit-g32"]
+    )
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            checkpoint.folder,
+            {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
+            name="tiny-gptq",
+            graph="fused",
+            precision="gptq",
+        )
+    )
     build_artifact(recipe, tmp_path / "a")
     target = json.loads((tmp_path / "a" / "manifest.json").read_text())["target"]
     assert target["precision"] == "gptq" and target["exactness"] == "bitwise"
     assert (target["min_rows"], target["cache_pad"]) == (1, 1)  # padded attention, 1-row calls
-    assert target["validation"]["weights"] == {"accuracy_level": 4, "block_size": None, "embedding": "fp32", "head": "checkpoint"}
+    assert target["validation"]["weights"] == {
+        "accuracy_level": 4,
+        "block_size": None,
+        "embedding": "fp32",
+        "head": "checkpoint",
+    }
 
 
 # --------------------------------------------------------------------------- exactness
@@ -131,8 +148,16 @@ def test_numerical_exactness_keeps_one_row_calls(tmp_path):
     """exactness numerical: no padding, and the row check still runs and records what it
     measured."""
     target = save_hf_folder(make_model("llama"), tmp_path / "hf")
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
-                                      name="tiny-int4-numerical", graph="fused", precision="int4"))
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            target,
+            {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
+            name="tiny-int4-numerical",
+            graph="fused",
+            precision="int4",
+        )
+    )
     recipe = recipe.with_overrides({"target.exactness": "numerical"})
     build_artifact(recipe, tmp_path / "a")
     data = json.loads((tmp_path / "a" / "manifest.json").read_text())
@@ -148,8 +173,16 @@ def test_fp16_quantized_target(tmp_path):
     from specexport_runtime.api import load
 
     target = save_hf_folder(make_model("llama"), tmp_path / "hf")
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
-                                      name="tiny-int4-fp16", graph="fused", precision="int4"))
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            target,
+            {"proposer": "ngram", "ngram_sizes": [3, 2, 1]},
+            name="tiny-int4-fp16",
+            graph="fused",
+            precision="int4",
+        )
+    )
     report = build_artifact(recipe.with_overrides({"target.quantization": {"dtype": "fp16"}}), tmp_path / "a")
     entry = report.manifest.target
     assert entry.kv_dtype == "float16" and entry.exactness == "bitwise"
@@ -164,14 +197,24 @@ def test_fp16_quantized_target(tmp_path):
 
 
 def _recipe(target: dict, graph: str = "fused") -> dict:
-    return {"name": "q", "max_context": 256, "graph": graph, "target": {"model": "org/m", **target},
-            "draft": {"proposer": "ngram"}}
+    return {
+        "name": "q",
+        "max_context": 256,
+        "graph": graph,
+        "target": {"model": "org/m", **target},
+        "draft": {"proposer": "ngram"},
+    }
 
 
 def test_recipe_defaults_for_quantized_targets():
     r = parse_recipe(_recipe({"precision": "int4"}))
-    assert r.target.quantization.to_dict() == {"block_size": 32, "accuracy_level": 4, "head": "int8", "embedding": "fp32",
-                                               "dtype": "fp32"}
+    assert r.target.quantization.to_dict() == {
+        "block_size": 32,
+        "accuracy_level": 4,
+        "head": "int8",
+        "embedding": "fp32",
+        "dtype": "fp32",
+    }
     assert r.target.exactness == "bitwise"
     g = parse_recipe(_recipe({"model": "m.gguf", "precision": "gguf"}))
     assert g.target.quantization.head == "checkpoint" and g.target.quantization.block_size is None
@@ -180,19 +223,34 @@ def test_recipe_defaults_for_quantized_targets():
     assert parse_recipe(r.to_dict()) == r and parse_recipe(g.to_dict()) == g
 
 
-@pytest.mark.parametrize("target, graph, needles", [
-    ({"precision": "int4", "quantization": {"block_size": 24}}, "fused", ["block_size = 24", "16, 32, 64, 128, 256"]),
-    ({"precision": "int4", "quantization": {"accuracy_level": 5}}, "fused", ["accuracy_level = 5", "0..4"]),
-    ({"precision": "int4", "quantization": {"head": "checkpoint"}}, "fused", ["head = 'checkpoint'", "fp32, int8, int4"]),
-    ({"precision": "int4", "quantization": {"bits": 4}}, "fused", ["unknown key 'bits'", "block_size"]),
-    ({"precision": "fp32", "quantization": {}}, "fused", ["target.quantization is set", "'fp32'"]),
-    ({"model": "m.gguf", "precision": "gguf", "quantization": {"block_size": 32}}, "fused", ["block_size is set", "gguf"]),
-    ({"precision": "gguf"}, "fused", ["'gguf'", "not a GGUF source"]),
-    ({"model": "m.gguf", "precision": "gptq"}, "fused", ["'gptq'", "Hugging Face folder"]),
-    ({"precision": "int8"}, "portable", ["needs graph: fused", "'portable'"]),
-    ({"precision": "int8", "exactness": "exact"}, "fused", ["exactness = 'exact'", "bitwise, numerical"]),
-    ({"precision": "int8", "quantization": {"dtype": "bf16"}}, "fused", ["dtype = 'bf16'", "fp32, fp16"]),
-])
+@pytest.mark.parametrize(
+    "target, graph, needles",
+    [
+        (
+            {"precision": "int4", "quantization": {"block_size": 24}},
+            "fused",
+            ["block_size = 24", "16, 32, 64, 128, 256"],
+        ),
+        ({"precision": "int4", "quantization": {"accuracy_level": 5}}, "fused", ["accuracy_level = 5", "0..4"]),
+        (
+            {"precision": "int4", "quantization": {"head": "checkpoint"}},
+            "fused",
+            ["head = 'checkpoint'", "fp32, int8, int4"],
+        ),
+        ({"precision": "int4", "quantization": {"bits": 4}}, "fused", ["unknown key 'bits'", "block_size"]),
+        ({"precision": "fp32", "quantization": {}}, "fused", ["target.quantization is set", "'fp32'"]),
+        (
+            {"model": "m.gguf", "precision": "gguf", "quantization": {"block_size": 32}},
+            "fused",
+            ["block_size is set", "gguf"],
+        ),
+        ({"precision": "gguf"}, "fused", ["'gguf'", "not a GGUF source"]),
+        ({"model": "m.gguf", "precision": "gptq"}, "fused", ["'gptq'", "Hugging Face folder"]),
+        ({"precision": "int8"}, "portable", ["needs graph: fused", "'portable'"]),
+        ({"precision": "int8", "exactness": "exact"}, "fused", ["exactness = 'exact'", "bitwise, numerical"]),
+        ({"precision": "int8", "quantization": {"dtype": "bf16"}}, "fused", ["dtype = 'bf16'", "fp32, fp16"]),
+    ],
+)
 def test_recipe_errors(target, graph, needles):
     with pytest.raises(RecipeError) as info:
         parse_recipe(_recipe(target, graph), "bad.yaml")
@@ -215,8 +273,9 @@ def test_real_q4_recipe_is_bitwise_exact(tmp_path_factory):
     from specexport_runtime.api import load
 
     recipe = load_recipe(resolve_recipe("smollm2-135m-q4"))
-    unpadded = build_artifact(recipe.with_overrides({"target.exactness": "numerical"}),
-                              tmp_path_factory.mktemp("q4n") / "a").manifest.target
+    unpadded = build_artifact(
+        recipe.with_overrides({"target.exactness": "numerical"}), tmp_path_factory.mktemp("q4n") / "a"
+    ).manifest.target
     assert unpadded.exactness == "numerical" and unpadded.validation["rows"]["max_abs_diff"] > 0.1
     out = tmp_path_factory.mktemp("q4") / "a"
     report = build_artifact(recipe, out)
@@ -224,8 +283,11 @@ def test_real_q4_recipe_is_bitwise_exact(tmp_path_factory):
     assert (target.precision, target.exactness, target.min_rows, target.cache_pad) == ("gguf", "bitwise", 1, 1)
     assert target.validation["argmax_agreement"] >= 0.9  # int8 activations vs the float32 model of the file
     gen = load(out)
-    for text in ["Write a Python function that reverses a string.", "What is the capital of France?",
-                 "List three uses of a paperclip."]:
+    for text in [
+        "Write a Python function that reverses a string.",
+        "What is the capital of France?",
+        "List three uses of a paperclip.",
+    ]:
         ids = gen.codec.encode_chat([{"role": "user", "content": text}])
         off = gen.generate(ids, max_new_tokens=64, speculative=False)
         on = gen.generate(ids, max_new_tokens=64, proposer="ngram")
@@ -239,7 +301,9 @@ def test_hub_checkpoint_is_fetched_as_a_snapshot(tmp_path, monkeypatch):
 
     from specexport import sources
 
-    checkpoint = write_checkpoint(tmp_path / "ckpt", make_model("llama"), make_tokenizer(), VARIANTS["awq-gemm-4bit-g32"])
+    checkpoint = write_checkpoint(
+        tmp_path / "ckpt", make_model("llama"), make_tokenizer(), VARIANTS["awq-gemm-4bit-g32"]
+    )
     asked = {}
 
     def fake_download(repo_id, revision=None, allow_patterns=None):

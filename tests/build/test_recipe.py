@@ -134,9 +134,7 @@ def test_from_target_defaults_to_int8():
 
 def test_model_draft_form():
     data = with_(
-        MINIMAL,
-        "draft",
-        {"model": "Qwen/Qwen2.5-0.5B-Instruct", "precision": "dynamic-int8", "revision": "main"},
+        MINIMAL, "draft", {"model": "Qwen/Qwen2.5-0.5B-Instruct", "precision": "dynamic-int8", "revision": "main"}
     )
     draft = parse_recipe(data).draft
     assert draft.kind == "model" and draft.precision == "dynamic-int8"
@@ -274,14 +272,22 @@ def test_from_target_block_size():
 
 @pytest.mark.parametrize("value", [100, 8, 512, "128", True, 0])
 def test_bad_block_size(value):
-    bad(with_(MINIMAL, "draft", {"from_target": {"precision": "int8", "block_size": value}}),
-        "draft.from_target.block_size", repr(value), "16, 32, 64, 128, 256")
+    bad(
+        with_(MINIMAL, "draft", {"from_target": {"precision": "int8", "block_size": value}}),
+        "draft.from_target.block_size",
+        repr(value),
+        "16, 32, 64, 128, 256",
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp16", "dynamic-int8"])
 def test_block_size_needs_a_blocked_precision(precision):
-    bad(with_(MINIMAL, "draft", {"from_target": {"precision": precision, "block_size": 64}}),
-        "block_size", repr(precision), "int8 or int4")
+    bad(
+        with_(MINIMAL, "draft", {"from_target": {"precision": precision, "block_size": 64}}),
+        "block_size",
+        repr(precision),
+        "int8 or int4",
+    )
 
 
 def test_bad_draft_model_precision():
@@ -353,7 +359,12 @@ def test_missing_target_model():
 
 @pytest.mark.parametrize(
     "dotted, value",
-    [("target", "builtin:smollm2-135m-instruct"), ("draft", "int8"), ("speculation", [4]), ("draft.from_target", "int8")],
+    [
+        ("target", "builtin:smollm2-135m-instruct"),
+        ("draft", "int8"),
+        ("speculation", [4]),
+        ("draft.from_target", "int8"),
+    ],
 )
 def test_section_not_a_mapping(dotted, value):
     bad(with_(MINIMAL, dotted, value), f"{dotted!r}", "mapping")
@@ -438,8 +449,11 @@ _model = st.fixed_dictionaries(
 ).filter(lambda m: not m["model"].lower().endswith(".gguf") and not m["model"].startswith("builtin:"))
 _draft = st.one_of(
     st.builds(lambda p: {"from_target": {"precision": p}}, st.sampled_from(["int8", "int4", "dynamic-int8", "fp16"])),
-    st.builds(lambda p, b: {"from_target": {"precision": p, "block_size": b}}, st.sampled_from(["int8", "int4"]),
-              st.sampled_from([16, 32, 64, 128, 256])),
+    st.builds(
+        lambda p, b: {"from_target": {"precision": p, "block_size": b}},
+        st.sampled_from(["int8", "int4"]),
+        st.sampled_from([16, 32, 64, 128, 256]),
+    ),
     st.builds(
         lambda m, p: {**m, "precision": p}, _model, st.sampled_from(["fp32", "fp16", "int8", "int4", "dynamic-int8"])
     ),
@@ -482,5 +496,9 @@ def test_speculation_hybrid_retrieval():
     assert parse_recipe(MINIMAL).speculation.hybrid_retrieval == "suffix"  # the default
     lookup = parse_recipe(with_(MINIMAL, "speculation", {"hybrid_retrieval": "lookup"}))
     assert lookup.speculation.hybrid_retrieval == "lookup" and parse_recipe(lookup.to_dict()) == lookup
-    bad(with_(MINIMAL, "speculation", {"hybrid_retrieval": "tree"}), "speculation.hybrid_retrieval", "'tree'",
-        "lookup, suffix")
+    bad(
+        with_(MINIMAL, "speculation", {"hybrid_retrieval": "tree"}),
+        "speculation.hybrid_retrieval",
+        "'tree'",
+        "lookup, suffix",
+    )

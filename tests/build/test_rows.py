@@ -10,12 +10,11 @@ import shutil
 import numpy as np
 import pytest
 
+from specexport.rowcheck import row_invariance
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig, plan_rows
 from specexport_runtime.errors import ArtifactError, InvalidArgument
 from specexport_runtime.manifest import read_manifest
-from specexport.rowcheck import row_invariance
-
 
 # --------------------------------------------------------------------------- plan_rows (pure)
 
@@ -53,8 +52,14 @@ def test_plan_rows(S, last_rows, min_rows, M, first, count, keep):
 def _model(artifact, min_rows: int, cache_pad: int | None = None) -> OrtModel:
     manifest = read_manifest(artifact)
     pad = manifest.target.cache_pad if cache_pad is None else cache_pad
-    return OrtModel(artifact / manifest.target.graph, manifest.target.graph_spec(), manifest.max_context,
-                    SessionConfig(threads=1), min_rows=min_rows, cache_pad=pad)
+    return OrtModel(
+        artifact / manifest.target.graph,
+        manifest.target.graph_spec(),
+        manifest.max_context,
+        SessionConfig(threads=1),
+        min_rows=min_rows,
+        cache_pad=pad,
+    )
 
 
 @pytest.mark.parametrize("kind", ["ngram", "ngram-fused"])
@@ -177,12 +182,15 @@ def test_unpadded_entries_keep_their_older_contract(tiny_artifacts):
     assert manifest.target.required_version == contract.version_for(manifest.target.kv_layout) == "1.0"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"min_rows": 0}, "min_rows: 0 is not an integer in 1..16"),  # the schema check (schema.py) names them
-    ({"min_rows": "2"}, "min_rows: '2' is not an integer"),
-    ({"cache_pad": -1}, "cache_pad: -1 is not an integer"),
-    ({"exactness": "exact"}, "exactness: 'exact' is not one of bitwise, numerical"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"min_rows": 0}, "min_rows: 0 is not an integer in 1..16"),  # the schema check (schema.py) names them
+        ({"min_rows": "2"}, "min_rows: '2' is not an integer"),
+        ({"cache_pad": -1}, "cache_pad: -1 is not an integer"),
+        ({"exactness": "exact"}, "exactness: 'exact' is not one of bitwise, numerical"),
+    ],
+)
 def test_bad_fields_are_typed_errors(tiny_artifacts, tmp_path, fields, message):
     copy = _edit(tiny_artifacts["int4-target"], tmp_path, **fields)
     with pytest.raises(ArtifactError, match=message):

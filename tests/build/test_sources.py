@@ -14,7 +14,15 @@ import pytest
 
 import specexport.sources as sources
 from specexport.errors import SpecExportError
-from specexport.sources import BUILTINS, ModelSource, ModelSourceError, fetch_builtin, load_model, load_tokenizer, resolve_source
+from specexport.sources import (
+    BUILTINS,
+    ModelSource,
+    ModelSourceError,
+    fetch_builtin,
+    load_model,
+    load_tokenizer,
+    resolve_source,
+)
 
 NAME = "smollm2-135m-instruct"
 ITEM = BUILTINS[NAME]

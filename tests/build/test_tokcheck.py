@@ -12,13 +12,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from specexport.errors import InvalidArgument, SpecExportError, TokenizerMismatch
-from specexport.tokcheck import (
-    DEFAULT_PROBES,
-    MAX_ROW_DIFFERENCE,
-    CompatReport,
-    check_pair,
-    tokenizer_hash,
-)
+from specexport.tokcheck import DEFAULT_PROBES, MAX_ROW_DIFFERENCE, CompatReport, check_pair, tokenizer_hash
 
 CORPUS = """
 Speculative decoding lets a small draft model propose several tokens which a large target model
@@ -318,7 +312,9 @@ def test_probe_differences_name_the_probe(base):
 
     report = check_pair(wrap(base), wrap(edited(base, swap)), probe_texts=["the cat", "no match here"])
     assert report.checks["probes"] is False
-    assert "probes: 1 of 2 probe texts" in report.differences[report.differences.index(lines_with(report, "probes:")[0])]
+    assert (
+        "probes: 1 of 2 probe texts" in report.differences[report.differences.index(lines_with(report, "probes:")[0])]
+    )
     assert "probes #0 'the cat': first difference at token" in " ".join(report.differences)
 
 

@@ -22,27 +22,10 @@ from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.cli import cli
 from specexport.formats.eagle3 import TargetShape, load_eagle3_head
-from specexport.train_config import (
-    CALIBRATE_PROMPTS_PER_DOMAIN,
-    TrainConfig,
-    TrainConfigError,
-    TrainDraftError,
-)
-from specexport.train_data import (
-    Window,
-    choose_draft_vocab,
-    held_out_prompt_ids,
-    load_target,
-    make_batch,
-)
+from specexport.train_config import CALIBRATE_PROMPTS_PER_DOMAIN, TrainConfig, TrainConfigError, TrainDraftError
+from specexport.train_data import Window, choose_draft_vocab, held_out_prompt_ids, load_target, make_batch
 from specexport.train_draft import lr_at, train_draft
-from specexport.train_head import (
-    Eagle3Draft,
-    head_shape,
-    init_from_target,
-    ttt_forward,
-    ttt_losses,
-)
+from specexport.train_head import Eagle3Draft, head_shape, init_from_target, ttt_forward, ttt_losses
 
 PUBLISHED = {
     "fc.weight": (64, 192),
@@ -61,8 +44,29 @@ PUBLISHED = {
 }
 DRAFT_VOCAB = 48
 STEPS = 30
-WORDS = ["def", "add", "return", "for", "in", "range", "print", "the", "quick", "brown", "fox", "jumps", "over",
-         "lazy", "dog", "speculative", "decoding", "drafts", "and", "verifies", "tokens"]
+WORDS = [
+    "def",
+    "add",
+    "return",
+    "for",
+    "in",
+    "range",
+    "print",
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "speculative",
+    "decoding",
+    "drafts",
+    "and",
+    "verifies",
+    "tokens",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +83,29 @@ def setup(tmp_path_factory) -> dict:
         lines = (" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(30))
         (corpus / ("sub" if i % 2 else "") / f"doc{i}.{['txt', 'py', 'md', 'rst'][i]}").write_text("\n".join(lines))
     (corpus / "skipped.bin").write_bytes(b"\x00\xff" * 100)  # not a data extension
-    config = TrainConfig(target=str(recipe), data=(str(corpus),), out=root / "head", steps=STEPS, batch_size=4,
-                         seq_len=48, lr=3e-3, draft_vocab_size=DRAFT_VOCAB, eval_every=10, save_every=0)
+    config = TrainConfig(
+        target=str(recipe),
+        data=(str(corpus),),
+        out=root / "head",
+        steps=STEPS,
+        batch_size=4,
+        seq_len=48,
+        lr=3e-3,
+        draft_vocab_size=DRAFT_VOCAB,
+        eval_every=10,
+        save_every=0,
+    )
     events: list[dict] = []
     report = train_draft(config, progress=events.append)
-    return {"root": root, "model": model, "recipe": recipe, "corpus": corpus, "config": config, "report": report,
-            "events": events}
+    return {
+        "root": root,
+        "model": model,
+        "recipe": recipe,
+        "corpus": corpus,
+        "config": config,
+        "report": report,
+        "events": events,
+    }
 
 
 def _windows(report_loss: list[float], n: int = 5) -> tuple[float, float]:
@@ -143,8 +164,11 @@ def test_resume_continues_the_step_count(setup):
     with pytest.raises(TrainDraftError, match="asks for no more"):
         train_draft(TrainConfig(**{**config.__dict__, "out": root / "r2", "steps": STEPS, "resume": config.out}))
     with pytest.raises(TrainDraftError, match="differ from the checkpoint"):
-        train_draft(TrainConfig(**{**config.__dict__, "out": root / "r3", "steps": STEPS + 1, "resume": config.out,
-                                   "layers": (1, 2, 3)}))
+        train_draft(
+            TrainConfig(
+                **{**config.__dict__, "out": root / "r3", "steps": STEPS + 1, "resume": config.out, "layers": (1, 2, 3)}
+            )
+        )
 
 
 def test_ttt_alignment_matches_the_reference_forward(setup):
@@ -164,8 +188,14 @@ def test_ttt_alignment_matches_the_reference_forward(setup):
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
     tensors = dict(head.state_dict())
     assert {k: tuple(v.shape) for k, v in tensors.items()} == {**PUBLISHED, "lm_head.weight": (80, 64)}
-    cfg = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-           "rms_norm_eps": model.config.rms_norm_eps, "rope_theta": 10000.0}
+    cfg = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": model.config.rms_norm_eps,
+        "rope_theta": 10000.0,
+    }
     embed = model.get_input_embeddings().weight.detach().float()
 
     batch = make_batch(tgt, [Window(np.asarray(ids, dtype=np.int64))], layer_ids, draft_ids)
@@ -201,21 +231,24 @@ def test_ttt_alignment_matches_the_reference_forward(setup):
     torch.testing.assert_close(losses[0], expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"steps": 0}, r"steps must be an integer in 1\.\.10000000, got 0"),
-    ({"steps": 5, "epochs": 1.0}, "not both"),
-    ({"lr": -1.0}, r"lr must be a number in \(0, 1\], got -1.0"),
-    ({"seq_len": 4}, r"seq_len must be an integer in 16\.\.32768, got 4"),
-    ({"ttt_decay": 1.5}, r"ttt_decay must be a number in \(0, 1\], got 1.5"),
-    ({"ttt_steps": 0}, r"ttt_steps must be an integer in 1\.\.16, got 0"),
-    ({"layers": (1, 2)}, r"layers must be 3 non-negative integers.*\(1, 2\)"),
-    ({"held_out": 0.9}, r"held_out must be a number in \[0, 0.5\], got 0.9"),
-    ({"schedule": "step"}, "schedule must be one of cosine, linear, got 'step'"),
-    ({"draft_vocab_size": 1}, r"draft_vocab_size must be an integer in 2\.\.16777216, got 1"),
-    ({"batch_size": True}, "batch_size must be an integer"),
-    ({"holdout_limit": 3}, r"holdout_limit must be an integer in 6\.\.100000 \(specexport calibrate"),
-    ({"data": ()}, "data must name at least one"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"steps": 0}, r"steps must be an integer in 1\.\.10000000, got 0"),
+        ({"steps": 5, "epochs": 1.0}, "not both"),
+        ({"lr": -1.0}, r"lr must be a number in \(0, 1\], got -1.0"),
+        ({"seq_len": 4}, r"seq_len must be an integer in 16\.\.32768, got 4"),
+        ({"ttt_decay": 1.5}, r"ttt_decay must be a number in \(0, 1\], got 1.5"),
+        ({"ttt_steps": 0}, r"ttt_steps must be an integer in 1\.\.16, got 0"),
+        ({"layers": (1, 2)}, r"layers must be 3 non-negative integers.*\(1, 2\)"),
+        ({"held_out": 0.9}, r"held_out must be a number in \[0, 0.5\], got 0.9"),
+        ({"schedule": "step"}, "schedule must be one of cosine, linear, got 'step'"),
+        ({"draft_vocab_size": 1}, r"draft_vocab_size must be an integer in 2\.\.16777216, got 1"),
+        ({"batch_size": True}, "batch_size must be an integer"),
+        ({"holdout_limit": 3}, r"holdout_limit must be an integer in 6\.\.100000 \(specexport calibrate"),
+        ({"data": ()}, "data must name at least one"),
+    ],
+)
 def test_bad_config_values_give_typed_errors(tmp_path, kwargs, match):
     base = {"target": "x", "data": ("stdlib",), "out": tmp_path / "o"}
     with pytest.raises(TrainConfigError, match=match) as info:
@@ -240,7 +273,13 @@ def test_data_and_target_errors(setup, tmp_path):
 
 def test_calibration_data_holds_out_the_benchmark_prompts(setup, tmp_path):
     config = setup["config"]
-    base = {**config.__dict__, "data": ("calibration",), "steps": 2, "answer_tokens": 3, "cache_dir": tmp_path / "cache"}
+    base = {
+        **config.__dict__,
+        "data": ("calibration",),
+        "steps": 2,
+        "answer_tokens": 3,
+        "cache_dir": tmp_path / "cache",
+    }
     with pytest.raises(TrainDraftError, match="held out as the benchmark's"):  # bench's default: every prompt
         train_draft(TrainConfig(**{**base, "out": tmp_path / "a"}))
     report = train_draft(TrainConfig(**{**base, "out": tmp_path / "b", "holdout_limit": 31}))
@@ -274,8 +313,25 @@ def test_draft_vocab_and_schedule():
 
 
 def test_cli_train_draft_json(setup, tmp_path):
-    args = ["train-draft", str(setup["recipe"]), "--data", str(setup["corpus"]), "--out", str(tmp_path / "h"),
-            "--steps", "3", "--seq-len", "32", "--draft-vocab-size", "40", "--eval-every", "2", "--threads", "1", "--json"]
+    args = [
+        "train-draft",
+        str(setup["recipe"]),
+        "--data",
+        str(setup["corpus"]),
+        "--out",
+        str(tmp_path / "h"),
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--draft-vocab-size",
+        "40",
+        "--eval-every",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)

@@ -54,9 +54,13 @@ def test_stdlib_functions_take_public_documented_functions(tmp_path):
 
 
 def test_doc_paragraphs_keep_prose_only(tmp_path):
-    prose = ("The quick brown fox jumps over the lazy dog while the speculative decoder verifies every drafted "
-             "token in one call.")
-    (tmp_path / "README.md").write_text(f"# Title\n\n{prose}\n\n| a | b |\n|---|---|\n\n```\ncode [x] {{y}}\n```\n\nShort.\n")
+    prose = (
+        "The quick brown fox jumps over the lazy dog while the speculative decoder verifies every drafted "
+        "token in one call."
+    )
+    (tmp_path / "README.md").write_text(
+        f"# Title\n\n{prose}\n\n| a | b |\n|---|---|\n\n```\ncode [x] {{y}}\n```\n\nShort.\n"
+    )
     stdlib = tmp_path / "std"
     stdlib.mkdir()
     doc = "This module keeps a small cache of recently used objects and evicts the oldest one when it is full."
@@ -65,8 +69,10 @@ def test_doc_paragraphs_keep_prose_only(tmp_path):
 
 
 def test_synthesize_is_seeded_and_covers_the_domains():
-    fns = [ti.Function("m", f"f{i}", ("a",), f"Compute the value number {i} of a list", f"def f{i}(a):\n    return a")
-           for i in range(5)]
+    fns = [
+        ti.Function("m", f"f{i}", ("a",), f"Compute the value number {i} of a list", f"def f{i}(a):\n    return a")
+        for i in range(5)
+    ]
     paras = [f"Paragraph {i} explains one thing about caches and how they are evicted over time." for i in range(5)]
     a = ti.synthesize(25, seed=3, functions=fns, paragraphs=paras)
     assert a == ti.synthesize(25, seed=3, functions=fns, paragraphs=paras)
@@ -88,8 +94,9 @@ def test_batched_answers_equal_one_by_one_greedy_answers():
     got = ti.answer(model, pad, prompts, max_new_tokens=6, batch=3)
     for p, a in zip(prompts, got):
         ids = torch.tensor([p])
-        ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                             pad_token_id=pad)[0, len(p):].tolist()
+        ref = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=pad
+        )[0, len(p) :].tolist()
         eos = model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [eos])
         cut = next((j + 1 for j, t in enumerate(ref) if t in eos), len(ref))
@@ -98,15 +105,30 @@ def test_batched_answers_equal_one_by_one_greedy_answers():
 
 def test_instructions_source_in_train_draft(tmp_path, monkeypatch):
     """data 'instructions' answers each synthesized request once (cached) and trains on prompt + answer."""
-    fns = [ti.Function("m", "add", ("a", "b"), "Add two numbers and return the sum", "def add(a, b):\n    return a + b")]
+    fns = [
+        ti.Function("m", "add", ("a", "b"), "Add two numbers and return the sum", "def add(a, b):\n    return a + b")
+    ]
     paras = ["A cache keeps recently used values close at hand so that the program does not compute them again."]
     monkeypatch.setattr(ti, "stdlib_functions", lambda seed=0: fns)
     monkeypatch.setattr(ti, "doc_paragraphs", lambda seed=0: paras)
     target = save_hf_folder(make_model("llama", num_hidden_layers=4), tmp_path / "target")
-    recipe = write_recipe(tmp_path / "recipe.yaml", target, {"eagle3": {"model": str(tmp_path / "head")}}, graph="fused")
-    base = dict(target=str(recipe), data=("instructions",), steps=2, batch_size=2, seq_len=48, draft_vocab_size=48,
-                eval_every=1, save_every=0, instructions=7, instruction_tokens=5, answer_batch=3,
-                cache_dir=tmp_path / "cache")
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", target, {"eagle3": {"model": str(tmp_path / "head")}}, graph="fused"
+    )
+    base = dict(
+        target=str(recipe),
+        data=("instructions",),
+        steps=2,
+        batch_size=2,
+        seq_len=48,
+        draft_vocab_size=48,
+        eval_every=1,
+        save_every=0,
+        instructions=7,
+        instruction_tokens=5,
+        answer_batch=3,
+        cache_dir=tmp_path / "cache",
+    )
     report = train_draft(TrainConfig(out=tmp_path / "a", **base))
     info = report.data["sources"][0]
     assert info["source"] == "instructions" and info["requests"] == 7 and info["answers_generated"] >= 1

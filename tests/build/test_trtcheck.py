@@ -10,6 +10,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
+from tiny import make_model
 
 from specexport.cli import _Group
 from specexport.cli_gpu import check_trt_cmd
@@ -19,7 +20,6 @@ from specexport.trt_ops import SUPPORTED_OPS, UNSUPPORTED_OPS
 from specexport.trtcheck import TrtCheckError, check_artifact, check_trt, op_support
 from specexport_runtime.manifest import Manifest, ModelEntry, TokenizerEntry, write_manifest
 from specexport_runtime.trt_engines import Profile
-from tiny import make_model
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,9 @@ def test_hand_made_unsupported_op_is_named(tmp_path):
 
 def test_custom_domain_op_needs_a_plugin(tmp_path):
     node = helper.make_node("FancyOp", ["input_ids"], ["y"], domain="my.domain")
-    graph = helper.make_graph([node], "g", [_ids_input()], [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    graph = helper.make_graph(
+        [node], "g", [_ids_input()], [helper.make_tensor_value_info("y", TensorProto.INT64, None)]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.domain", 1)])
     onnx.save(model, str(tmp_path / "m.onnx"))
     report = check_trt(tmp_path / "m.onnx")
@@ -155,24 +157,42 @@ def test_dims_must_be_profile_dims_and_batch_fixed(tmp_path):
 
 
 def test_types(tmp_path):
-    nodes = [helper.make_node("Cast", ["x"], ["d"], to=TensorProto.DOUBLE), helper.make_node("Cast", ["d"], ["y"], to=TensorProto.FLOAT)]
-    path = _graph(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["d"], to=TensorProto.DOUBLE),
+        helper.make_node("Cast", ["d"], ["y"], to=TensorProto.FLOAT),
+    ]
+    path = _graph(
+        tmp_path,
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])],
+    )
     report = check_trt(path)
     assert report.ok and any("float64" in w for w in report.warnings)
-    path = _graph(tmp_path, [helper.make_node("Identity", ["s"], ["t"])],
-                  [helper.make_tensor_value_info("s", TensorProto.STRING, [1])],
-                  [helper.make_tensor_value_info("t", TensorProto.STRING, [1])], name="str.onnx")
+    path = _graph(
+        tmp_path,
+        [helper.make_node("Identity", ["s"], ["t"])],
+        [helper.make_tensor_value_info("s", TensorProto.STRING, [1])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, [1])],
+        name="str.onnx",
+    )
     assert any("string" in e for e in check_trt(path).errors)
 
 
 def test_nonzero_qdq_zero_point_is_an_error(tmp_path):
     scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [0.1])
     zp = helper.make_tensor("zp", TensorProto.INT8, [], [3])
-    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], name="q"),
-             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"], name="dq")]
-    path = _graph(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])], initializers=[scale, zp])
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], name="q"),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"], name="dq"),
+    ]
+    path = _graph(
+        tmp_path,
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq"])],
+        initializers=[scale, zp],
+    )
     report = check_trt(path)
     assert not report.ok and any("zero point" in e for e in report.errors)
 
@@ -190,7 +210,10 @@ def test_unknown_version_and_unreadable_file(tmp_path, graphs):
 
 
 def test_custom_profiles_are_accepted(graphs):
-    profiles = [Profile("decode", (1, 1, 1), (0, 10, 63), (1, 1, 1)), Profile("prefill", (1, 8, 64), (0, 0, 63), (1, 1, 1))]
+    profiles = [
+        Profile("decode", (1, 1, 1), (0, 10, 63), (1, 1, 1)),
+        Profile("prefill", (1, 8, 64), (0, 0, 63), (1, 1, 1)),
+    ]
     assert check_trt(graphs["fp32"], profiles=profiles).ok
 
 
@@ -208,12 +231,28 @@ def artifact(graphs, tmp_path_factory) -> Path:
     spec = graphs["spec"]
 
     def entry(role, precision):
-        return ModelEntry(graph=f"{role}/model.onnx", source="tiny", architecture="llama", num_layers=spec.num_layers,
-                          num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, vocab_size=300,
-                          embedding_rows=spec.embedding_rows, precision=precision)
+        return ModelEntry(
+            graph=f"{role}/model.onnx",
+            source="tiny",
+            architecture="llama",
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            vocab_size=300,
+            embedding_rows=spec.embedding_rows,
+            precision=precision,
+        )
 
-    write_manifest(root, Manifest(name="tiny", max_context=256, target=entry("target", "fp32"),
-                                  draft=entry("draft", "int4"), tokenizer=TokenizerEntry()))
+    write_manifest(
+        root,
+        Manifest(
+            name="tiny",
+            max_context=256,
+            target=entry("target", "fp32"),
+            draft=entry("draft", "int4"),
+            tokenizer=TokenizerEntry(),
+        ),
+    )
     return root
 
 

@@ -134,8 +134,7 @@ def test_tolerance_prefers_long_drafts_only_near_the_top():
 def test_hysteresis_prevents_flapping():
     # gamma fixed at 1, flat costs: expected_speedup(1) = (1 + alpha) / 1.5
     ctl = GammaController(
-        gamma_min=1, gamma_max=1, gamma=1, hysteresis=0.05,
-        cost_draft=0.5, cost_decode=1.0, verify_costs={2: 1.0},
+        gamma_min=1, gamma_max=1, gamma=1, hysteresis=0.05, cost_draft=0.5, cost_decode=1.0, verify_costs={2: 1.0}
     )
     seen = []
     for alpha in (0.53, 0.47, 0.53, 0.55, 0.53, 0.65, 0.53, 0.49):
@@ -148,8 +147,7 @@ def test_hysteresis_prevents_flapping():
 
 def test_without_hysteresis_it_would_flap():
     ctl = GammaController(
-        gamma_min=1, gamma_max=1, gamma=1, hysteresis=0.0,
-        cost_draft=0.5, cost_decode=1.0, verify_costs={2: 1.0},
+        gamma_min=1, gamma_max=1, gamma=1, hysteresis=0.0, cost_draft=0.5, cost_decode=1.0, verify_costs={2: 1.0}
     )
     seen = []
     for alpha in (0.53, 0.47, 0.53, 0.47):

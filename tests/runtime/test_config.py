@@ -21,29 +21,32 @@ from specexport_runtime.manifest import MANIFEST_NAME, read_manifest
 from specexport_runtime.suffix import SuffixConfig, SuffixProposer
 
 
-@pytest.mark.parametrize("field, value, shown", [
-    ("proposer", "medusa", "'medusa'"),
-    ("speculative", 1, "speculative must be true or false, got 1"),
-    ("gamma", 0, "1..32"),
-    ("gamma", MAX_GAMMA + 1, str(MAX_GAMMA + 1)),
-    ("gamma", 2.0, "2.0"),
-    ("max_gamma", 40, "max_gamma must be an integer in 1..32, got 40"),
-    ("initial_gamma", 9, "initial_gamma must be an integer in 1..8 (max_gamma), got 9"),
-    ("min_draft_prob", 1.0, "min_draft_prob must be a number in [0, 1), got 1.0"),
-    ("max_new_tokens", 0, "max_new_tokens must be an integer >= 1, got 0"),
-    ("temperature", -1.0, "temperature"),
-    ("top_p", 0.0, "top_p"),
-    ("seed", -3, "seed"),
-    ("stop", ("a", ""), "stop must be non-empty strings, got ('a', '')"),
-    ("ngram_sizes", (3, 3), "ngram_sizes must be distinct integers in 1..16"),
-    ("ngram_sizes", (), "ngram_sizes"),
-    ("hybrid_retrieval", "tree", "hybrid_retrieval must be one of lookup, suffix, got 'tree'"),
-    ("suffix", {"max_spec": 3}, "suffix must be a suffix.SuffixConfig"),
-    ("domain", 5, "domain must be a calibration domain name or None, got 5"),
-    ("controller", {"probe_every": 0}, "probe_every"),
-    ("controller", {"speed": 1}, "controller option 'speed' is not one of"),
-    ("controller", {"gamma_max": 4}, "controller option 'gamma_max'"),
-])
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("proposer", "medusa", "'medusa'"),
+        ("speculative", 1, "speculative must be true or false, got 1"),
+        ("gamma", 0, "1..32"),
+        ("gamma", MAX_GAMMA + 1, str(MAX_GAMMA + 1)),
+        ("gamma", 2.0, "2.0"),
+        ("max_gamma", 40, "max_gamma must be an integer in 1..32, got 40"),
+        ("initial_gamma", 9, "initial_gamma must be an integer in 1..8 (max_gamma), got 9"),
+        ("min_draft_prob", 1.0, "min_draft_prob must be a number in [0, 1), got 1.0"),
+        ("max_new_tokens", 0, "max_new_tokens must be an integer >= 1, got 0"),
+        ("temperature", -1.0, "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("seed", -3, "seed"),
+        ("stop", ("a", ""), "stop must be non-empty strings, got ('a', '')"),
+        ("ngram_sizes", (3, 3), "ngram_sizes must be distinct integers in 1..16"),
+        ("ngram_sizes", (), "ngram_sizes"),
+        ("hybrid_retrieval", "tree", "hybrid_retrieval must be one of lookup, suffix, got 'tree'"),
+        ("suffix", {"max_spec": 3}, "suffix must be a suffix.SuffixConfig"),
+        ("domain", 5, "domain must be a calibration domain name or None, got 5"),
+        ("controller", {"probe_every": 0}, "probe_every"),
+        ("controller", {"speed": 1}, "controller option 'speed' is not one of"),
+        ("controller", {"gamma_max": 4}, "controller option 'gamma_max'"),
+    ],
+)
 def test_every_field_is_checked_at_construction(field, value, shown):
     with pytest.raises(InvalidArgument) as info:
         GeneratorConfig(**{field: value})
@@ -64,16 +67,19 @@ def test_frozen_normalised_and_replace_checks_names():
         c.replace(gamma=99)
 
 
-@pytest.mark.parametrize("changes, policy", [
-    ({}, cfg.ADAPTIVE),
-    ({"gamma": 3}, cfg.FIXED),
-    ({"temperature": 0.7, "seed": 1}, cfg.SEEDED),
-    ({"temperature": 0.0, "seed": 1}, cfg.ADAPTIVE),  # greedy: a seed changes nothing
-    ({"adaptive": False}, cfg.ARTIFACT),
-    ({"adaptive": False, "gamma": 2}, cfg.FIXED),
-    ({"speculative": False}, cfg.OFF),
-    ({"proposer": "none"}, cfg.OFF),
-])
+@pytest.mark.parametrize(
+    "changes, policy",
+    [
+        ({}, cfg.ADAPTIVE),
+        ({"gamma": 3}, cfg.FIXED),
+        ({"temperature": 0.7, "seed": 1}, cfg.SEEDED),
+        ({"temperature": 0.0, "seed": 1}, cfg.ADAPTIVE),  # greedy: a seed changes nothing
+        ({"adaptive": False}, cfg.ARTIFACT),
+        ({"adaptive": False, "gamma": 2}, cfg.FIXED),
+        ({"speculative": False}, cfg.OFF),
+        ({"proposer": "none"}, cfg.OFF),
+    ],
+)
 def test_gamma_policy(changes, policy):
     c = GeneratorConfig(**changes)
     assert c.gamma_policy == policy and c.speculating == (policy != cfg.OFF)
@@ -82,8 +88,12 @@ def test_gamma_policy(changes, policy):
 def test_manifest_defaults(tiny_artifacts):
     m = read_manifest(tiny_artifacts["noisy"])
     c = GeneratorConfig.from_manifest(m)
-    assert (c.proposer, c.initial_gamma, c.max_gamma, c.adaptive) == (m.speculation.proposer, m.speculation.gamma,
-                                                                        m.max_gamma, True)
+    assert (c.proposer, c.initial_gamma, c.max_gamma, c.adaptive) == (
+        m.speculation.proposer,
+        m.speculation.gamma,
+        m.max_gamma,
+        True,
+    )
     assert c.ngram_sizes == DEFAULT_NGRAM_SIZES and c.hybrid_retrieval == DEFAULT_HYBRID_RETRIEVAL
     assert GeneratorConfig.from_manifest(m, gamma=5, proposer="ngram").gamma == 5
 
@@ -117,8 +127,15 @@ def test_adaptive_false_keeps_gamma_at_its_start(gens):
     """speculation.adaptive false: no controller; every round drafts the starting gamma (the
     manifest's speculation.gamma without calibration), and greedy output is the target's."""
     gen = gens("noisy")
-    fixed = SpecGenerator(gen.root, gen.manifest, gen.codec, gen.target, gen.draft, gen.calibration,
-                          gen.config.replace(adaptive=False, proposer="draft"))
+    fixed = SpecGenerator(
+        gen.root,
+        gen.manifest,
+        gen.codec,
+        gen.target,
+        gen.draft,
+        gen.calibration,
+        gen.config.replace(adaptive=False, proposer="draft"),
+    )
     base = fixed.generate("def add(a, b):", max_new_tokens=40, speculative=False).token_ids
     run = fixed.events("def add(a, b):", max_new_tokens=40)
     assert run.collect().token_ids == base and run.gamma_policy == cfg.ARTIFACT

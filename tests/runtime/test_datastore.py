@@ -8,9 +8,6 @@ import random
 
 import numpy as np
 import pytest
-from specexport_runtime.datastore import Datastore
-from specexport_runtime.errors import ArtifactError
-from specexport_runtime.suffix import SEP, SuffixConfig
 from test_suffix import reference
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -22,6 +19,9 @@ from specexport.datastore import (
     corpus_files,
     suffix_array,
 )
+from specexport_runtime.datastore import Datastore
+from specexport_runtime.errors import ArtifactError
+from specexport_runtime.suffix import SEP, SuffixConfig
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -53,7 +53,9 @@ def test_lookup_matches_the_brute_force_reference(seed, tmp_path, monkeypatch):
     assert isinstance(store.tokens, np.memmap)  # memory-mapped, not read whole
     if seed % 2:  # the scalar binary search path as well as the vectorized one
         monkeypatch.setattr("specexport_runtime.datastore.VECTOR_RANGE", 0)
-    config = SuffixConfig(max_depth=rng.choice([1, 4, 24]), max_spec=rng.choice([2, 8]), min_prob=rng.choice([0.0, 0.3]))
+    config = SuffixConfig(
+        max_depth=rng.choice([1, 4, 24]), max_spec=rng.choice([2, 8]), min_prob=rng.choice([0.0, 0.3])
+    )
     for _ in range(5):
         context = [rng.randrange(9) for _ in range(rng.randrange(1, 10))]
         tokens, score, m = store.propose(context, config, room=100)
@@ -95,6 +97,9 @@ def test_build_from_files_and_globs(tmp_path):
     assert store.propose([9, 2, 3], SuffixConfig(min_prob=0.0), room=8)[0] == [4, 1]  # beta gamma -> delta alpha
     small = build_datastore(files, _word_tokenizer(words), max_tokens=5, out_dir=tmp_path / "small")
     assert small.truncated and small.tokens <= 5
-    assert build_datastore(corpus_files(["corpus"], tmp_path), _word_tokenizer(words), 1000, tmp_path / "c").files_skipped == 1
+    assert (
+        build_datastore(corpus_files(["corpus"], tmp_path), _word_tokenizer(words), 1000, tmp_path / "c").files_skipped
+        == 1
+    )
     with pytest.raises(DatastoreError, match="'nothing/\\*.py' matches no file"):
         corpus_files(["nothing/*.py"], tmp_path)

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from eagle_heads import reference_fc, reference_step, target_features
 from safetensors.torch import load_file
+from tiny import make_model
+
 from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.manifest import read_manifest
-from tiny import make_model
 
 TOL = 1e-4
 IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3]
@@ -34,8 +35,14 @@ def artifact(tiny_artifacts, request):
 
 def _models(root, manifest) -> tuple[OrtModel, OrtModel]:
     t, d = manifest.target, manifest.draft
-    target = OrtModel(root / t.graph, t.graph_spec(), manifest.max_context, SessionConfig(threads=1),
-                      min_rows=t.min_rows, cache_pad=t.cache_pad)
+    target = OrtModel(
+        root / t.graph,
+        t.graph_spec(),
+        manifest.max_context,
+        SessionConfig(threads=1),
+        min_rows=t.min_rows,
+        cache_pad=t.cache_pad,
+    )
     head = OrtModel(root / d.graph, d.graph_spec(), manifest.max_context, SessionConfig(threads=1))
     return target, head
 

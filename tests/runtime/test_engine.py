@@ -84,7 +84,9 @@ def test_rows_written_in_place_at_cursor(target, feed_runner):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         n = model.length
         assert n == ref.past_len
-        for rows, cache, rest in zip(model.kv_rows(0, n), ref_rows(ref, spec), model.kv_rows(n + pad, model.max_context)):
+        for rows, cache, rest in zip(
+            model.kv_rows(0, n), ref_rows(ref, spec), model.kv_rows(n + pad, model.max_context)
+        ):
             np.testing.assert_allclose(rows, cache, atol=1e-5, rtol=0)
             assert not rest.any()
     stale = [r.copy() for r in model.kv_rows(10 + pad, 13)]  # rows of IDS[10 + pad:13]
@@ -92,7 +94,9 @@ def test_rows_written_in_place_at_cursor(target, feed_runner):
     ref.rollback(4)
     model.forward(ALT[:1])  # writes row 9 (and row 10 with padded attention) only
     ref.run(ALT[:1], [0])
-    for rows, cache, new_stale, old in zip(model.kv_rows(0, 10), ref_rows(ref, spec), model.kv_rows(10 + pad, 13), stale):
+    for rows, cache, new_stale, old in zip(
+        model.kv_rows(0, 10), ref_rows(ref, spec), model.kv_rows(10 + pad, 13), stale
+    ):
         np.testing.assert_allclose(rows, cache, atol=1e-5, rtol=0)
         np.testing.assert_array_equal(new_stale, old)  # untouched, unread
 
@@ -134,7 +138,9 @@ def test_bounds(target):
         model.forward([5] * (max_context + 1))
     assert model.length == 0
     model.forward([5] * (max_context - 2))
-    with pytest.raises(InvalidArgument, match=f"{max_context - 2} cached \\+ 3 new tokens exceed max_context {max_context}"):
+    with pytest.raises(
+        InvalidArgument, match=f"{max_context - 2} cached \\+ 3 new tokens exceed max_context {max_context}"
+    ):
         model.forward([5, 6, 7])
     assert model.length == max_context - 2  # a refused call leaves the cursor alone
     model.forward([5, 6])  # exactly full is fine

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from specexport_runtime.adaptive import GammaController
+from specexport_runtime.config import GeneratorConfig
 from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.config import GeneratorConfig
 from specexport_runtime.generator import GenerationStats, SpeculativeLoop
 from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal, Proposer
 from specexport_runtime.sampling import SamplingParams, probabilities
@@ -57,8 +57,9 @@ def prompt_ids(gen, prompt) -> list[int]:
 # ------------------------------------------------------------------ counting invariants
 
 
-def check_counts(gen, result, prompt_len: int, gamma: int | None, proposer: str, calls_before: dict,
-                 max_new: int) -> None:
+def check_counts(
+    gen, result, prompt_len: int, gamma: int | None, proposer: str, calls_before: dict, max_new: int
+) -> None:
     """Bookkeeping identities of one generation (stats of GenerationStats + model call counters).
 
     The prefill emits one token; every speculative round emits accepted + 1 tokens (the +1 is
@@ -194,12 +195,13 @@ def test_hybrid_needs_a_draft_model(gens):
 
 
 def test_unknown_proposer_is_named_with_the_allowed_ones(gens):
-    with pytest.raises(InvalidArgument, match="'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"):
+    with pytest.raises(
+        InvalidArgument, match="'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"
+    ):
         gens("int8").generate([5, 6, 7], proposer="medusa", max_new_tokens=4)
     assert gens("int8").resolve_proposer(None) == gens("int8").default_proposer
     with pytest.raises(InvalidArgument, match="'eagle' needs an artifact with an EAGLE-3 draft head"):
         gens("int8").generate([5, 6, 7], proposer="eagle", max_new_tokens=4)
-
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=PROMPT_IDS)
@@ -360,12 +362,26 @@ def record_rounds(stats: GenerationStats) -> list[tuple[int, int]]:
     return log
 
 
-def run_loop(gen, proposer, prompt: list[int], n_tokens: int, gamma: int | None, controller=None,
-             params: SamplingParams = SamplingParams(), seed: int = 0):
+def run_loop(
+    gen,
+    proposer,
+    prompt: list[int],
+    n_tokens: int,
+    gamma: int | None,
+    controller=None,
+    params: SamplingParams = SamplingParams(),
+    seed: int = 0,
+):
     """Drive SpeculativeLoop directly (no truncation): returns (generated, stats, per-round (k, n)
     log, cursor after every round)."""
-    config = GeneratorConfig(max_new_tokens=n_tokens, temperature=params.temperature, top_k=params.top_k,
-                             top_p=params.top_p, seed=params.seed, gamma=gamma)
+    config = GeneratorConfig(
+        max_new_tokens=n_tokens,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        gamma=gamma,
+    )
     stats = GenerationStats()
     log = record_rounds(stats)
     loop = SpeculativeLoop(gen.target, proposer, controller, config, np.random.default_rng(seed), stats)
@@ -709,7 +725,8 @@ def test_seeded_sampling_reproducible_with_adaptive_gamma(gens):
     outs = []
     for cost_draft in (1e-6, 1.0):
         gen._controllers[("draft", None, gen.config.controller_key)] = GammaController(
-            cost_draft=cost_draft, cost_decode=1e-3, verify_costs={2: 1.1e-3, 5: 1.2e-3, 9: 1.4e-3})
+            cost_draft=cost_draft, cost_decode=1e-3, verify_costs={2: 1.1e-3, 5: 1.2e-3, 9: 1.4e-3}
+        )
         outs.append(gen.generate("def add(a, b):", **kw).token_ids)
     gen._controllers.clear()
     assert outs[0] == outs[1]

@@ -24,11 +24,18 @@ def test_layout_facts():
         contract.layout_for_form("paged")
 
 
-@pytest.mark.parametrize("kv_layout, min_rows, head, windowed, version", [
-    ("time_major", 1, False, False, "1.0"), ("time_major", 2, False, True, "1.2"), ("time_major", 1, True, False, "1.3"),
-    ("head_major_inplace", 1, False, False, "1.1"), ("head_major_inplace", 2, False, False, "1.2"),
-    ("head_major_inplace", 1, True, False, "1.2"), ("head_major_inplace", 1, False, True, "1.4"),
-])
+@pytest.mark.parametrize(
+    "kv_layout, min_rows, head, windowed, version",
+    [
+        ("time_major", 1, False, False, "1.0"),
+        ("time_major", 2, False, True, "1.2"),
+        ("time_major", 1, True, False, "1.3"),
+        ("head_major_inplace", 1, False, False, "1.1"),
+        ("head_major_inplace", 2, False, False, "1.2"),
+        ("head_major_inplace", 1, True, False, "1.2"),
+        ("head_major_inplace", 1, False, True, "1.4"),
+    ],
+)
 def test_versions_per_layout(kv_layout, min_rows, head, windowed, version):
     assert contract.version_for(kv_layout, min_rows, head=head, windowed=windowed) == version
 

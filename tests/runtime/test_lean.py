@@ -7,8 +7,9 @@ import ast
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = REPO / "runtime"
@@ -54,7 +55,10 @@ def test_runtime_imports_nothing_heavy(tiny_artifacts, tmp_path):
     then holds no module outside the standard library and the allowed packages' closure."""
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, str(tiny_artifacts["int8"]), ",".join(sorted(ALLOWED))],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,  # not the repo: no stray imports
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # not the repo: no stray imports
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -85,7 +89,12 @@ def test_runtime_declares_only_lean_dependencies():
 
 
 # optional extras ([tensorrt]: tensorrt, cuda-python) may only be imported inside functions
-OPTIONAL = {"tensorrt", "cuda", "cryptography", "llguidance"}  # lazy: TensorRT extras, the [sign] and [structured] extras
+OPTIONAL = {
+    "tensorrt",
+    "cuda",
+    "cryptography",
+    "llguidance",
+}  # lazy: TensorRT extras, the [sign] and [structured] extras
 SERVE = {"uvicorn", "starlette", "prometheus_client"}  # the [serve] extra: only in specexport_runtime/server/
 
 
@@ -126,18 +135,23 @@ def test_runtime_sources_import_only_allowed_modules():
 def test_static_import_check_sees_lazy_imports(tmp_path):
     """The checker above distinguishes module-level from function-level imports."""
     src = tmp_path / "m.py"
-    src.write_text("import numpy\ntry:\n    import torch\nexcept ImportError:\n    pass\n"
-                   "def f():\n    import tensorrt\n    from cuda import cudart\n", encoding="utf-8")
+    src.write_text(
+        "import numpy\ntry:\n    import torch\nexcept ImportError:\n    pass\n"
+        "def f():\n    import tensorrt\n    from cuda import cudart\n",
+        encoding="utf-8",
+    )
     assert _imported_roots(src) == ({"numpy", "torch"}, {"tensorrt", "cuda"})
 
 
 def test_contract_and_manifest_import_without_onnxruntime(tmp_path):
     """The build side reads the shared contract and manifest modules; importing them (and the
     package) does not start ONNX Runtime: `specexport_runtime.load` is resolved on first use."""
-    probe = ("import sys, specexport_runtime, specexport_runtime.contract, specexport_runtime.manifest\n"
-             "before = 'onnxruntime' in sys.modules\n"
-             "load = specexport_runtime.load\n"
-             "print(before, 'onnxruntime' in sys.modules, load.__module__)\n")
+    probe = (
+        "import sys, specexport_runtime, specexport_runtime.contract, specexport_runtime.manifest\n"
+        "before = 'onnxruntime' in sys.modules\n"
+        "load = specexport_runtime.load\n"
+        "print(before, 'onnxruntime' in sys.modules, load.__module__)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True", "specexport_runtime.api"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from specexport_runtime.api import load
 from specexport_runtime.errors import ArtifactError, SpecExportError
 from specexport_runtime.manifest import Manifest, read_manifest
@@ -55,8 +56,12 @@ def base(tiny_artifacts, tmp_path_factory):
 # derandomize: the same 500 mutations on every run, so CI never fails on a case no one saw; explore
 # new ones by hand with `pytest tests/runtime/test_manifest_fuzz.py --hypothesis-seed=N `
 # after removing derandomize (8 seeds x 500 ran clean here after the missing-graph fix)
-@settings(max_examples=500, deadline=timedelta(seconds=20),  # a load that hangs fails the deadline
-          derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=500,
+    deadline=timedelta(seconds=20),  # a load that hangs fails the deadline
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_mutated_manifests_raise_only_typed_errors(base, data):
     root, original = base
@@ -95,15 +100,18 @@ def test_the_untouched_manifest_loads(base):
     assert read_manifest(root).name == original["name"]
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda m: m.update(max_context=True), "max_context: True is not an integer"),
-    (lambda m: m["target"].update(num_layers=10**9), "target.num_layers: 1000000000 is not an integer in 1..1024"),
-    (lambda m: m.update(extra=1), "unknown key 'extra'"),
-    (lambda m: m["files"].update({"x": "not-a-sha"}), "files\\['x'\\]"),
-    (lambda m: m["tokenizer"].update(eos_token_ids=list(range(100))), "eos_token_ids"),
-    (lambda m: m["target"].update(validation={"a": [[[[[[[[[[1]]]]]]]]]]}), "nested deeper than 8"),
-    (lambda m: m.pop("tokenizer"), "lacks the required key 'tokenizer'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m.update(max_context=True), "max_context: True is not an integer"),
+        (lambda m: m["target"].update(num_layers=10**9), "target.num_layers: 1000000000 is not an integer in 1..1024"),
+        (lambda m: m.update(extra=1), "unknown key 'extra'"),
+        (lambda m: m["files"].update({"x": "not-a-sha"}), "files\\['x'\\]"),
+        (lambda m: m["tokenizer"].update(eos_token_ids=list(range(100))), "eos_token_ids"),
+        (lambda m: m["target"].update(validation={"a": [[[[[[[[[[1]]]]]]]]]]}), "nested deeper than 8"),
+        (lambda m: m.pop("tokenizer"), "lacks the required key 'tokenizer'"),
+    ],
+)
 def test_schema_errors_name_the_key(base, change, message):
     _, original = base
     manifest = json.loads(json.dumps(original))

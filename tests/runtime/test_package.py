@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from specexport_runtime.api import load
 from specexport_runtime.package import PackageError, pack, rollback, unpack
 
@@ -50,13 +51,16 @@ def _file(tar, name: str, data: bytes = b"x") -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-@pytest.mark.parametrize("add, message", [
-    (lambda t: _file(t, "../escape.txt"), "outside the artifact"),
-    (lambda t: _file(t, "/abs.txt"), "outside the artifact"),
-    (lambda t: t.addfile(_link("link", "/etc/passwd")), "not a regular file"),
-    (lambda t: _file(t, "extra.txt"), "not listed in its manifest"),
-    (lambda t: _file(t, "manifest.json", b"{}"), "appears twice"),
-])
+@pytest.mark.parametrize(
+    "add, message",
+    [
+        (lambda t: _file(t, "../escape.txt"), "outside the artifact"),
+        (lambda t: _file(t, "/abs.txt"), "outside the artifact"),
+        (lambda t: t.addfile(_link("link", "/etc/passwd")), "not a regular file"),
+        (lambda t: _file(t, "extra.txt"), "not listed in its manifest"),
+        (lambda t: _file(t, "manifest.json", b"{}"), "appears twice"),
+    ],
+)
 def test_escaping_or_foreign_members_are_refused(spx, tmp_path, add, message):
     with pytest.raises(PackageError, match=message):
         unpack(_evil(tmp_path, spx, add), tmp_path / "model")
@@ -139,9 +143,9 @@ def test_an_unpack_killed_at_any_moment_leaves_the_previous_version(spx, tmp_pat
 
 def test_cli_pack_unpack_rollback(tiny_artifacts, tmp_path):
     from click.testing import CliRunner
-    from specexport_runtime.cli import main
 
     from specexport.cli import cli
+    from specexport_runtime.cli import main
 
     out = CliRunner().invoke(cli, ["pack", str(tiny_artifacts["ngram"]), "-o", str(tmp_path / "a.spx")])
     assert out.exit_code == 0 and (tmp_path / "a.spx").is_file(), out.output

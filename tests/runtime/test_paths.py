@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from specexport_runtime.api import load
 from specexport_runtime.errors import ArtifactError
 from specexport_runtime.manifest import Manifest, read_manifest, verify_files
@@ -87,8 +88,13 @@ def _graph_with_external(folder: Path, location: str) -> Path:
         entry = w.external_data.add()
         entry.key, entry.value = key, value
     node = helper.make_node("MatMul", ["x", "w"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
     onnx.save_model(helper.make_model(graph), str(path))  # written as is: the data file is not touched

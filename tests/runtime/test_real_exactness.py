@@ -11,10 +11,7 @@ from specexport_runtime.api import load
 pytestmark = pytest.mark.real
 
 N = 64
-CODE = (
-    "def fibonacci(n):\n"
-    '    """Return the n-th Fibonacci number (0-indexed)."""\n'
-)
+CODE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number (0-indexed)."""\n'
 CHAT = [{"role": "user", "content": "Explain in two sentences why the sky is blue."}]
 COPY_EDIT = (
     "Fix the spelling and grammar of the text and repeat it.\n"

@@ -18,7 +18,10 @@ def test_the_built_in_proposers():
     assert registry.available(DECODER) == ("draft", "ngram", "hybrid", "suffix")
     assert registry.available(EAGLE3_HEAD) == ("ngram", "hybrid", "eagle", "suffix")
     assert [registry.recipe_choices(k) for k in (DECODER, EAGLE3_HEAD, None)] == [
-        ("draft", "hybrid"), ("eagle", "hybrid"), ("ngram",)]
+        ("draft", "hybrid"),
+        ("eagle", "hybrid"),
+        ("ngram",),
+    ]
     assert [registry.recipe_default(k) for k in (DECODER, EAGLE3_HEAD, None)] == ["draft", "eagle", "ngram"]
     assert registry.calibrated(DECODER) == ("draft", "ngram") and registry.calibrated(EAGLE3_HEAD) == ("eagle", "ngram")
     assert registry.calibration_name("hybrid", EAGLE3_HEAD) == "eagle"
@@ -26,14 +29,24 @@ def test_the_built_in_proposers():
     assert {n for n in registry.names() if registry.get(n).free} == {"ngram", "suffix", "none"}
 
 
-@pytest.mark.parametrize("name, kind, message", [
-    ("medusa", None, "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"),
-    ("hybrid", None, "proposer 'hybrid' needs an artifact with a draft model; this one has none (use 'ngram')"),
-    ("eagle", DECODER, "proposer 'eagle' needs an artifact with an EAGLE-3 draft head; this artifact's draft is a"
-                       " draft model (use 'draft' or 'hybrid')"),
-    ("draft", EAGLE3_HEAD, "proposer 'draft' needs a draft model; this artifact's draft is an EAGLE-3 head (use"
-                           " 'eagle' or 'hybrid')"),
-])
+@pytest.mark.parametrize(
+    "name, kind, message",
+    [
+        ("medusa", None, "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"),
+        ("hybrid", None, "proposer 'hybrid' needs an artifact with a draft model; this one has none (use 'ngram')"),
+        (
+            "eagle",
+            DECODER,
+            "proposer 'eagle' needs an artifact with an EAGLE-3 draft head; this artifact's draft is a"
+            " draft model (use 'draft' or 'hybrid')",
+        ),
+        (
+            "draft",
+            EAGLE3_HEAD,
+            "proposer 'draft' needs a draft model; this artifact's draft is an EAGLE-3 head (use 'eagle' or 'hybrid')",
+        ),
+    ],
+)
 def test_what_an_artifact_lacks_is_named(name, kind, message):
     with pytest.raises(InvalidArgument) as info:
         registry.check_available(name, kind)
@@ -50,11 +63,14 @@ def test_a_registered_proposer_joins_every_list_and_leaves():
     assert "echo" not in registry.names()
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"name": "Echo"}, "lower-case"),
-    ({"needs": ("transformer",)}, "'transformer' is not a draft graph kind"),
-    ({"calibrate": "sometimes"}, "calibrate 'sometimes'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"name": "Echo"}, "lower-case"),
+        ({"needs": ("transformer",)}, "'transformer' is not a draft graph kind"),
+        ({"calibrate": "sometimes"}, "calibrate 'sometimes'"),
+    ],
+)
 def test_a_bad_spec_is_refused(kwargs, words):
     with pytest.raises(InvalidArgument, match=words):
         ProposerSpec(**{"name": "echo", "factory": "x:y", "label": "x", **kwargs})

@@ -270,8 +270,13 @@ def test_bad_chat_messages(gen):
     with pytest.raises(InvalidArgument, match="message 0"):
         gen.chat([{"role": "user", "content": 3}], max_new_tokens=4)
     with pytest.raises(InvalidArgument, match="message 1: tool_calls"):
-        gen.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
-                                                       "tool_calls": [{"function": {"name": "f"}}]}], max_new_tokens=4)
+        gen.chat(
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]},
+            ],
+            max_new_tokens=4,
+        )
     with pytest.raises(InvalidArgument, match="message 0 .*tool_call_id"):
         gen.chat([{"role": "user", "content": "hi", "tool_call_id": "c1"}], max_new_tokens=4)
     assert no_model_calls(gen) == before
@@ -309,8 +314,9 @@ def test_errors_share_one_base():
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "specexport_runtime.cli", *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "specexport_runtime.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_cli_missing_artifact(tmp_path):
@@ -384,11 +390,18 @@ def test_speculative_proposers_follow_the_draft(tiny_artifacts):
 
 
 @pytest.mark.parametrize("kind", ["self", "int8-fused"])
-@pytest.mark.parametrize("field, value, words", [
-    ("num_kv_heads", 1, "KV heads"), ("head_dim", 8, "KV heads x 8"), ("kv_dtype", "float16", "float16"),
-    ("embedding_rows", 7, "embedding_rows 7"),
-])
-def test_a_manifest_that_disagrees_with_its_graph_is_refused_at_load(tiny_artifacts, tmp_path, kind, field, value, words):
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("num_kv_heads", 1, "KV heads"),
+        ("head_dim", 8, "KV heads x 8"),
+        ("kv_dtype", "float16", "float16"),
+        ("embedding_rows", 7, "embedding_rows 7"),
+    ],
+)
+def test_a_manifest_that_disagrees_with_its_graph_is_refused_at_load(
+    tiny_artifacts, tmp_path, kind, field, value, words
+):
     """Cache shape facts the manifest states but the graph contradicts (a hand-edited or mixed-up
     manifest) are a typed ContractError when the session opens, not an ONNX Runtime error mid-generation."""
     from specexport_runtime.errors import ContractError

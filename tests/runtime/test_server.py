@@ -16,17 +16,9 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
+from test_server_support import KEY, LiveServer, Spy, SseStream, get, metric_sum, metric_values, post
+
 from specexport_runtime.api import load
-from test_server_support import (
-    KEY,
-    LiveServer,
-    Spy,
-    SseStream,
-    get,
-    metric_sum,
-    metric_values,
-    post,
-)
 
 KIND = "int8"  # a draft model that agrees often: rounds accept several tokens
 MAX_BODY = 64 * 1024
@@ -78,8 +70,13 @@ def test_chat_greedy_equals_in_process_token_for_token(client, ref, model, propo
     generation with the same proposer and target-only decoding; usage and the speculative object
     agree with what ran."""
     for text in PROMPTS[:2]:
-        r = client.chat.completions.create(model=model, messages=msgs(text), max_tokens=40, temperature=0,
-                                           extra_body={"proposer": proposer, "return_token_ids": True})
+        r = client.chat.completions.create(
+            model=model,
+            messages=msgs(text),
+            max_tokens=40,
+            temperature=0,
+            extra_body={"proposer": proposer, "return_token_ids": True},
+        )
         mine = ref.chat(msgs(text), max_new_tokens=40, proposer=proposer)
         plain = ref.chat(msgs(text), max_new_tokens=40, speculative=False)
         choice = choice_extra = r.choices[0]
@@ -107,8 +104,13 @@ def test_chat_greedy_equals_in_process_token_for_token(client, ref, model, propo
 
 def test_speculation_really_drafts_and_accepts(client, model):
     """The int8 self-draft is accepted often: rounds emit several tokens (not only plain steps)."""
-    r = client.chat.completions.create(model=model, messages=msgs(PROMPTS[0]), max_tokens=60, temperature=0,
-                                       extra_body={"proposer": "draft", "gamma": 4})
+    r = client.chat.completions.create(
+        model=model,
+        messages=msgs(PROMPTS[0]),
+        max_tokens=60,
+        temperature=0,
+        extra_body={"proposer": "draft", "gamma": 4},
+    )
     spec = r.model_extra["speculative"]
     assert spec["gamma_policy"] == "fixed" and spec["gamma"] == 4
     assert spec["drafted"] > 0 and spec["accepted"] > 0 and spec["mean_accepted_length"] > 1.5
@@ -119,8 +121,15 @@ def test_chat_stream_with_the_openai_client(client, ref, model):
     """Streaming through the official client: the deltas join to in-process text, the role comes
     first, the finish reason last, then one usage chunk (choices empty) carrying `speculative`."""
     text = PROMPTS[2]
-    stream = client.chat.completions.create(model=model, messages=msgs(text), max_tokens=50, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"proposer": "hybrid"})
+    stream = client.chat.completions.create(
+        model=model,
+        messages=msgs(text),
+        max_tokens=50,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"proposer": "hybrid"},
+    )
     chunks = list(stream)
     mine = ref.chat(msgs(text), max_new_tokens=50, proposer="hybrid")
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -135,8 +144,14 @@ def test_chat_stream_with_the_openai_client(client, ref, model):
 
 
 def test_stream_equals_non_stream_and_token_ids_stream(served, ref):
-    body = {"messages": msgs(PROMPTS[1]), "max_tokens": 30, "temperature": 0, "stream": True, "return_token_ids": True,
-            "proposer": "draft"}
+    body = {
+        "messages": msgs(PROMPTS[1]),
+        "max_tokens": 30,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+        "proposer": "draft",
+    }
     events = SseStream(served.port, CHAT, body).events()
     ids = [t for e in events if isinstance(e, dict) for c in e["choices"] for t in c.get("token_ids", [])]
     assert ids == ref.chat(msgs(PROMPTS[1]), max_new_tokens=30).token_ids
@@ -152,17 +167,30 @@ def test_completions_raw_prompt_text_and_token_ids(client, ref, model):
     ids = ref.codec.encode(prompt)
     r2 = client.completions.create(model=model, prompt=ids, max_tokens=24, temperature=0)
     assert r2.choices[0].text == mine.text
-    pieces = [c.choices[0].text for c in client.completions.create(model=model, prompt=prompt, max_tokens=24,
-                                                                   temperature=0, stream=True) if c.choices]
+    pieces = [
+        c.choices[0].text
+        for c in client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+        if c.choices
+    ]
     assert "".join(pieces) == mine.text
     default = client.completions.create(model=model, prompt=prompt, temperature=0)  # OpenAI's default: 16 tokens
-    assert default.usage.completion_tokens <= 16 and default.choices[0].text == ref.generate(prompt, max_new_tokens=16).text
+    assert (
+        default.usage.completion_tokens <= 16
+        and default.choices[0].text == ref.generate(prompt, max_new_tokens=16).text
+    )
 
 
 def test_seeded_sampling_reproduces_in_process(client, ref, model):
     """temperature > 0 with a seed: the server draws what in-process generation draws."""
-    r = client.chat.completions.create(model=model, messages=msgs(PROMPTS[3]), max_tokens=30, temperature=0.8,
-                                       top_p=0.9, seed=1234, extra_body={"proposer": "draft"})
+    r = client.chat.completions.create(
+        model=model,
+        messages=msgs(PROMPTS[3]),
+        max_tokens=30,
+        temperature=0.8,
+        top_p=0.9,
+        seed=1234,
+        extra_body={"proposer": "draft"},
+    )
     mine = ref.chat(msgs(PROMPTS[3]), max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234, proposer="draft")
     assert r.choices[0].message.content == mine.text
     assert r.model_extra["speculative"]["gamma_policy"] == "fixed (seeded sampling)"
@@ -172,7 +200,9 @@ def test_stop_string(client, ref, model):
     full = ref.chat(msgs(PROMPTS[0]), max_new_tokens=40).text
     stop = full[10:13]
     assert stop and stop in full
-    r = client.chat.completions.create(model=model, messages=msgs(PROMPTS[0]), max_tokens=40, temperature=0, stop=[stop])
+    r = client.chat.completions.create(
+        model=model, messages=msgs(PROMPTS[0]), max_tokens=40, temperature=0, stop=[stop]
+    )
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content == ref.chat(msgs(PROMPTS[0]), max_new_tokens=40, stop=(stop,)).text
     assert stop not in r.choices[0].message.content
@@ -196,8 +226,9 @@ def test_sse_framing_line_by_line(served):
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         tail = 2 if include_usage else 1
         middle, final = chunks[1:-tail], chunks[-tail]
-        assert middle and all(set(c["choices"][0]["delta"]) == {"content"} and c["choices"][0]["finish_reason"] is None
-                              for c in middle)
+        assert middle and all(
+            set(c["choices"][0]["delta"]) == {"content"} and c["choices"][0]["finish_reason"] is None for c in middle
+        )
         assert final["choices"][0]["delta"] == {} and final["choices"][0]["finish_reason"] == "length"
         assert "speculative" in final
         if include_usage:
@@ -226,8 +257,9 @@ def test_metrics_count_what_the_responses_report(served, client, model):
     before = metric_values(get(served.port, "/metrics")[1])
     spec, usage = {"drafted": 0, "accepted": 0, "rounds": 0}, 0
     for proposer in ("draft", "hybrid"):
-        r = client.chat.completions.create(model=model, messages=msgs(PROMPTS[3]), max_tokens=30, temperature=0,
-                                           extra_body={"proposer": proposer})
+        r = client.chat.completions.create(
+            model=model, messages=msgs(PROMPTS[3]), max_tokens=30, temperature=0, extra_body={"proposer": proposer}
+        )
         for k in spec:
             spec[k] += r.model_extra["speculative"][k]
         usage += r.usage.completion_tokens
@@ -251,8 +283,11 @@ def test_health_and_metrics_answer_while_a_request_decodes(served):
     """Generation runs off the event loop: /health and /metrics answer mid-generation."""
     served.spy.delay = 0.03
     try:
-        s = SseStream(served.port, CHAT, {"messages": msgs(PROMPTS[0]), "max_tokens": 150, "temperature": 0,
-                                           "stream": True, "proposer": "none"})
+        s = SseStream(
+            served.port,
+            CHAT,
+            {"messages": msgs(PROMPTS[0]), "max_tokens": 150, "temperature": 0, "stream": True, "proposer": "none"},
+        )
         assert s.next_event()["choices"][0]["delta"]["role"] == "assistant"
         t0 = time.monotonic()
         health = json.loads(get(served.port, "/health")[1])
@@ -276,7 +311,13 @@ def _chat(**fields):
 BAD = {
     "malformed_json": (None, b'{"messages": [', 400, None, "invalid_json"),
     "json_not_object": (None, b"[1, 2]", 400, None, "invalid_type"),
-    "json_nan": (None, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None, "invalid_json"),
+    "json_nan": (
+        None,
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        400,
+        None,
+        "invalid_json",
+    ),
     "empty_body": (None, b"", 400, None, "invalid_json"),
     "deeply_nested_json": (None, b"[" * 60_000, 400, None, "invalid_json"),
     "invalid_utf8": (None, b'{"messages": "\xff\xfe"}', 400, None, "invalid_json"),
@@ -284,25 +325,57 @@ BAD = {
     "messages_wrong_type": ({"messages": "hello"}, None, 400, "messages", "invalid_type"),
     "messages_empty": ({"messages": []}, None, 400, "messages", "invalid_value"),
     "message_not_object": ({"messages": ["hi"]}, None, 400, "messages[0]", "invalid_type"),
-    "unknown_role": ({"messages": [{"role": "wizard", "content": "x"}]}, None, 400, "messages[0].role", "invalid_value"),
-    "content_wrong_type": ({"messages": [{"role": "user", "content": 5}]}, None, 400, "messages[0].content", "invalid_type"),
-    "image_part": ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None,
-                   400, "messages[0].content[0].type", "unsupported_parameter"),
-    "lone_surrogate": (None, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content",
-                       "invalid_value"),
+    "unknown_role": (
+        {"messages": [{"role": "wizard", "content": "x"}]},
+        None,
+        400,
+        "messages[0].role",
+        "invalid_value",
+    ),
+    "content_wrong_type": (
+        {"messages": [{"role": "user", "content": 5}]},
+        None,
+        400,
+        "messages[0].content",
+        "invalid_type",
+    ),
+    "image_part": (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        None,
+        400,
+        "messages[0].content[0].type",
+        "unsupported_parameter",
+    ),
+    "lone_surrogate": (
+        None,
+        b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        400,
+        "messages[0].content",
+        "invalid_value",
+    ),
     "max_tokens_zero": (_chat(max_tokens=0), None, 400, "max_tokens", "invalid_value"),
     "max_tokens_string": (_chat(max_tokens="10"), None, 400, "max_tokens", "invalid_type"),
     "max_tokens_past_context": (_chat(max_tokens=10_000), None, 400, "max_tokens", "context_length_exceeded"),
-    "max_completion_tokens_past_context": (_chat(max_tokens=None, max_completion_tokens=300), None, 400,
-                                           "max_completion_tokens", "context_length_exceeded"),
+    "max_completion_tokens_past_context": (
+        _chat(max_tokens=None, max_completion_tokens=300),
+        None,
+        400,
+        "max_completion_tokens",
+        "context_length_exceeded",
+    ),
     "temperature_negative": (_chat(temperature=-0.5), None, 400, "temperature", "invalid_value"),
     "temperature_string": (_chat(temperature="hot"), None, 400, "temperature", "invalid_type"),
     "top_p_zero": (_chat(top_p=0), None, 400, "top_p", "invalid_value"),
     "top_p_above_one": (_chat(top_p=1.5), None, 400, "top_p", "invalid_value"),
     "seed_negative": (_chat(seed=-1), None, 400, "seed", "invalid_value"),
     "stream_not_bool": (_chat(stream="yes"), None, 400, "stream", "invalid_type"),
-    "stream_options_without_stream": (_chat(stream_options={"include_usage": True}), None, 400, "stream_options",
-                                      "invalid_value"),
+    "stream_options_without_stream": (
+        _chat(stream_options={"include_usage": True}),
+        None,
+        400,
+        "stream_options",
+        "invalid_value",
+    ),
     "stop_too_many": (_chat(stop=["a", "b", "c", "d", "e"]), None, 400, "stop", "invalid_value"),
     "stop_empty_string": (_chat(stop=[""]), None, 400, "stop[0]", "invalid_value"),
     "n_two": (_chat(n=2), None, 400, "n", "unsupported_parameter"),
@@ -310,36 +383,97 @@ BAD = {
     "top_logprobs_without_logprobs": (_chat(top_logprobs=3), None, 400, "top_logprobs", "invalid_value"),
     "logprobs_not_bool": (_chat(logprobs=3), None, 400, "logprobs", "invalid_type"),
     "tool_without_type": (_chat(tools=[{"function": {"name": "f"}}]), None, 400, "tools[0]", "invalid_value"),
-    "tool_bad_name": (_chat(tools=[{"type": "function", "function": {"name": "no spaces"}}]), None, 400,
-                      "tools[0].function.name", "invalid_value"),
-    "tool_bad_parameters": (_chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "strin"}}}}}]), None, 400, "tools[0].function.parameters",
-        "invalid_value"),
-    "tool_choice_unknown_function": (_chat(tools=[{"type": "function", "function": {"name": "f"}}],
-                                           tool_choice={"type": "function", "function": {"name": "g"}}), None, 400,
-                                     "tool_choice.function.name", "invalid_value"),
+    "tool_bad_name": (
+        _chat(tools=[{"type": "function", "function": {"name": "no spaces"}}]),
+        None,
+        400,
+        "tools[0].function.name",
+        "invalid_value",
+    ),
+    "tool_bad_parameters": (
+        _chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strin"}}}},
+                }
+            ]
+        ),
+        None,
+        400,
+        "tools[0].function.parameters",
+        "invalid_value",
+    ),
+    "tool_choice_unknown_function": (
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        None,
+        400,
+        "tool_choice.function.name",
+        "invalid_value",
+    ),
     "tool_choice_without_tools": (_chat(tool_choice="required"), None, 400, "tool_choice", "invalid_value"),
-    "parallel_tool_calls_not_bool": (_chat(tools=[{"type": "function", "function": {"name": "f"}}],
-                                           parallel_tool_calls="no"), None, 400, "parallel_tool_calls", "invalid_type"),
-    "tool_message_without_call_id": ({"messages": [{"role": "tool", "content": "x"}]}, None, 400,
-                                     "messages[0].tool_call_id", "invalid_type"),
-    "response_format_unknown_type": (_chat(response_format={"type": "xml"}), None, 400, "response_format",
-                                     "invalid_value"),
-    "response_format_invalid_schema": (_chat(response_format={"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}), None, 400,
-        "response_format", "invalid_value"),
-    "response_format_without_schema": (_chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
-                                       None, 400, "response_format.json_schema", "invalid_value"),
-    "response_format_with_tools": (_chat(response_format={"type": "json_object"},
-                                         tools=[{"type": "function", "function": {"name": "f"}}]), None, 400,
-                                   "response_format", "invalid_value"),
+    "parallel_tool_calls_not_bool": (
+        _chat(tools=[{"type": "function", "function": {"name": "f"}}], parallel_tool_calls="no"),
+        None,
+        400,
+        "parallel_tool_calls",
+        "invalid_type",
+    ),
+    "tool_message_without_call_id": (
+        {"messages": [{"role": "tool", "content": "x"}]},
+        None,
+        400,
+        "messages[0].tool_call_id",
+        "invalid_type",
+    ),
+    "response_format_unknown_type": (
+        _chat(response_format={"type": "xml"}),
+        None,
+        400,
+        "response_format",
+        "invalid_value",
+    ),
+    "response_format_invalid_schema": (
+        _chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+            }
+        ),
+        None,
+        400,
+        "response_format",
+        "invalid_value",
+    ),
+    "response_format_without_schema": (
+        _chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        None,
+        400,
+        "response_format.json_schema",
+        "invalid_value",
+    ),
+    "response_format_with_tools": (
+        _chat(response_format={"type": "json_object"}, tools=[{"type": "function", "function": {"name": "f"}}]),
+        None,
+        400,
+        "response_format",
+        "invalid_value",
+    ),
     "functions": (_chat(functions=[{"name": "f"}]), None, 400, "functions", "unsupported_parameter"),
     "presence_penalty": (_chat(presence_penalty=0.5), None, 400, "presence_penalty", "unsupported_parameter"),
     "unknown_field": (_chat(frobnicate=1), None, 400, "frobnicate", "unknown_parameter"),
     "unknown_proposer": (_chat(proposer="magic"), None, 400, "proposer", "invalid_value"),
     "gamma_out_of_range": (_chat(gamma=99), None, 400, "gamma", "invalid_value"),
-    "prompt_longer_than_context": ({"messages": msgs("lorem ipsum dolor " * 200)}, None, 400, "messages",
-                                   "context_length_exceeded"),
+    "prompt_longer_than_context": (
+        {"messages": msgs("lorem ipsum dolor " * 200)},
+        None,
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
     "unknown_model": (_chat(model="gpt-4o"), None, 404, "model", "model_not_found"),
     "oversized_body": ({"messages": msgs("x" * (MAX_BODY + 10))}, None, 413, None, "request_too_large"),
 }
@@ -364,11 +498,24 @@ BAD_COMPLETION = {
     "token_id_outside_vocabulary": ({"prompt": [5, 99999]}, 400, "prompt", "invalid_value"),
     "token_ids_longer_than_context": ({"prompt": [5] * 256}, 400, "prompt", "context_length_exceeded"),
     "echo": ({"prompt": "a", "echo": True}, 400, "echo", "unsupported_parameter"),
-    "max_completion_tokens_is_chat_only": ({"prompt": "a", "max_completion_tokens": 3}, 400, "max_completion_tokens",
-                                           "unknown_parameter"),
-    "response_format_invalid_schema": ({"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}, 400, "response_format",
-        "invalid_value"),
+    "max_completion_tokens_is_chat_only": (
+        {"prompt": "a", "max_completion_tokens": 3},
+        400,
+        "max_completion_tokens",
+        "unknown_parameter",
+    ),
+    "response_format_invalid_schema": (
+        {
+            "prompt": "a",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+            },
+        },
+        400,
+        "response_format",
+        "invalid_value",
+    ),
 }
 
 
@@ -394,8 +541,11 @@ def test_declared_oversized_body_is_413_before_reading(served):
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
     try:
         conn.putrequest("POST", CHAT)
-        for k, v in {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
-                     "Content-Length": str(MAX_BODY * 100)}.items():
+        for k, v in {
+            "Authorization": f"Bearer {KEY}",
+            "Content-Type": "application/json",
+            "Content-Length": str(MAX_BODY * 100),
+        }.items():
             conn.putheader(k, v)
         conn.endheaders()  # no body sent: the answer comes from the header alone
         resp = conn.getresponse()
@@ -436,11 +586,19 @@ def test_load_64_requests_from_8_clients(served, ref, model, capsys):
             start = time.monotonic()
             for attempt in range(200):
                 try:
-                    kwargs = {"model": model, "messages": msgs(prompt), "max_tokens": n, "temperature": 0,
-                              "extra_body": {"proposer": proposer}}
+                    kwargs = {
+                        "model": model,
+                        "messages": msgs(prompt),
+                        "max_tokens": n,
+                        "temperature": 0,
+                        "extra_body": {"proposer": proposer},
+                    }
                     if stream:
-                        text = "".join(ch.choices[0].delta.content or "" for ch in
-                                       c.chat.completions.create(stream=True, **kwargs) if ch.choices)
+                        text = "".join(
+                            ch.choices[0].delta.content or ""
+                            for ch in c.chat.completions.create(stream=True, **kwargs)
+                            if ch.choices
+                        )
                     else:
                         text = c.chat.completions.create(**kwargs).choices[0].message.content
                     break
@@ -466,8 +624,10 @@ def test_load_64_requests_from_8_clients(served, ref, model, capsys):
     tokens = sum(n for _, n, _, _ in jobs)
     p50, p99 = statistics.quantiles(latencies, n=100)[49], statistics.quantiles(latencies, n=100)[98]
     with capsys.disabled():
-        print(f"\n[load] 64 requests, 8 clients: {len(rejected)} answered 429 and retried; latency p50 {p50:.3f} s,"
-              f" p99 {p99:.3f} s; {tokens / wall:.0f} generated tok/s over {wall:.2f} s")
+        print(
+            f"\n[load] 64 requests, 8 clients: {len(rejected)} answered 429 and retried; latency p50 {p50:.3f} s,"
+            f" p99 {p99:.3f} s; {tokens / wall:.0f} generated tok/s over {wall:.2f} s"
+        )
     metrics = metric_values(get(served.port, "/metrics")[1])
     assert metric_sum(metrics, "specexport:requests_rejected_total", reason="queue_full") >= len(rejected)
     assert metric_sum(metrics, "specexport:num_requests_waiting") == 0

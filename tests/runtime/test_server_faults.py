@@ -18,18 +18,9 @@ import pytest
 
 pytest.importorskip("uvicorn")
 
+from test_server_support import KEY, LiveServer, Spy, SseStream, get, metric_sum, metric_values, post, wait_until
+
 from specexport_runtime.api import load
-from test_server_support import (
-    KEY,
-    LiveServer,
-    Spy,
-    SseStream,
-    get,
-    metric_sum,
-    metric_values,
-    post,
-    wait_until,
-)
 
 KIND = "int8"
 CHAT = "/v1/chat/completions"
@@ -37,8 +28,14 @@ DELAY = 0.04  # seconds added to every round while a test slows the model
 
 
 def body(text: str, n: int = 150, stream: bool = True, **extra) -> dict:
-    return {"messages": [{"role": "user", "content": text}], "max_tokens": n, "temperature": 0, "stream": stream,
-            "proposer": "draft", **extra}
+    return {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": n,
+        "temperature": 0,
+        "stream": stream,
+        "proposer": "draft",
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +71,9 @@ def test_client_disconnect_mid_stream_frees_the_worker_within_one_round(gen, ser
     assert a.next_event()["choices"][0]["delta"]["role"] == "assistant"
     assert "content" in a.next_event()["choices"][0]["delta"]  # mid-stream: tokens are flowing
     result = {}
-    b = threading.Thread(target=lambda: result.update(b=post(served.port, CHAT, body("next in line", n=5, stream=False))))
+    b = threading.Thread(
+        target=lambda: result.update(b=post(served.port, CHAT, body("next in line", n=5, stream=False)))
+    )
     b.start()
     wait_until(lambda: served.worker.waiting == 1, what="the second request to queue")
     left = time.monotonic()
@@ -83,8 +82,8 @@ def test_client_disconnect_mid_stream_frees_the_worker_within_one_round(gen, ser
     assert "b" in result, "the queued request did not finish within 30 s"
     status, _, data = result["b"]
     assert status == 200 and data["usage"]["completion_tokens"] == 5
-    run_a, = slow.find(ids(gen, "abandoned stream"))
-    run_b, = slow.find(ids(gen, "next in line"))
+    (run_a,) = slow.find(ids(gen, "abandoned stream"))
+    (run_b,) = slow.find(ids(gen, "next in line"))
     round_seconds = max(t1 - t0 for t0, t1 in zip(run_a.round_ends, run_a.round_ends[1:]))
     assert len([t for t in run_a.round_ends if t > left]) <= 1  # stopped within one round
     assert len(run_a.tokens) < 150  # it did not run to its end
@@ -100,8 +99,11 @@ def test_queued_request_whose_client_left_never_runs(gen, served, slow):
     before = metric_values(get(served.port, "/metrics")[1])
     gone = socket.create_connection(("127.0.0.1", served.port))
     payload = json.dumps(body("left while queued", stream=False)).encode()
-    gone.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    gone.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
     wait_until(lambda: served.worker.waiting == 1, what="the request to queue")
     gone.close()
     wait_until(lambda: served.worker.waiting == 0, what="the queue to drop the request")
@@ -119,12 +121,15 @@ def test_queued_request_whose_client_left_never_runs(gen, served, slow):
     assert [j.state for j in dropped] == ["dropped"] and dropped[0].started is None
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)),  # a TLS hello to a plain-HTTP port
-    b"GET / HTTP/9.9\r\n\x00\x01\x02\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-    b"\r\n" * 50 + b"BREW /coffee HTCPCP/1.0\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)),  # a TLS hello to a plain-HTTP port
+        b"GET / HTTP/9.9\r\n\x00\x01\x02\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+        b"\r\n" * 50 + b"BREW /coffee HTCPCP/1.0\r\n\r\n",
+    ],
+)
 def test_garbage_bytes_on_the_socket(served, garbage):
     """Bytes that are not HTTP get a 400 from uvicorn (or the connection closes); the server goes on."""
     with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
@@ -140,7 +145,7 @@ def test_garbage_bytes_on_the_socket(served, garbage):
 
 def test_half_sent_request_then_close(served):
     with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"messa")
+        s.sendall(b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"messa')
     status, _, _ = post(served.port, CHAT, body("still here", n=2, stream=False))
     assert status == 200 and json.loads(get(served.port, "/health")[1])["status"] == "ok"
 
@@ -158,7 +163,7 @@ def test_running_request_is_cut_at_its_timeout(gen):
         assert events[-1] == "[DONE]" and len(final) == 1
         assert final[0]["choices"][0]["finish_reason"] == "length"
         assert final[0]["choices"][0]["interrupted"] == "timeout"
-        run, = spy.find(ids(gen, "runs too long"))
+        (run,) = spy.find(ids(gen, "runs too long"))
         assert len(run.tokens) < 150 and run.round_ends[-1] - run.start < 0.35 + 0.1 + 0.2
     finally:
         spy.delay = 0.0
@@ -204,8 +209,12 @@ def test_client_that_stops_reading_stalls_then_is_dropped(gen):
     async def scenario():
         worker = Worker(gen, ServerConfig(stall_seconds=0.2), metrics)
         now = time.monotonic()
-        job = Job(ids(gen, "nobody reads this"), gen.configure(max_new_tokens=100, temperature=0.0, proposer="none"),
-                  now, now + 60)
+        job = Job(
+            ids(gen, "nobody reads this"),
+            gen.configure(max_new_tokens=100, temperature=0.0, proposer="none"),
+            now,
+            now + 60,
+        )
         worker.submit(job)
         worker.start()
         while job.state in ("queued", "running"):
@@ -214,7 +223,7 @@ def test_client_that_stops_reading_stalls_then_is_dropped(gen):
         return job
 
     job = asyncio.run(scenario())
-    run, = gen.spy.find(ids(gen, "nobody reads this"))
+    (run,) = gen.spy.find(ids(gen, "nobody reads this"))
     assert job.state == "cancelled" and run.closed is not None
     assert len(run.round_ends) == MAX_BACKLOG + 1  # the rounds the handler had credit for, and the one it never took
     assert metric_sum(metric_values(metrics.render()), "specexport:requests_cancelled_total", stage="stalled") == 1
@@ -264,9 +273,15 @@ def test_sigterm_drains_in_flight_streams_and_exits(tiny_artifacts, tmp_path):
     script.write_text(LAUNCHER, encoding="utf-8")
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(script), str(tiny_artifacts[KIND]), str(port), str(drain)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_artifacts[KIND]), str(port), str(drain)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
+
         def healthy():
             try:
                 return get(port, "/health", key=None, timeout=2)[0] == 200

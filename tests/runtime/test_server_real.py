@@ -9,8 +9,9 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from specexport_runtime.api import load
 from test_server_support import LiveServer
+
+from specexport_runtime.api import load
 
 pytestmark = pytest.mark.real
 
@@ -35,12 +36,18 @@ def test_real_server_equals_in_process(served, ref, proposer):
     client = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     plain = ref.chat(CHAT, max_new_tokens=N, speculative=False)
-    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=N, temperature=0,
-                                       extra_body={"proposer": proposer, "return_token_ids": True})
+    r = client.chat.completions.create(
+        model=model,
+        messages=CHAT,
+        max_tokens=N,
+        temperature=0,
+        extra_body={"proposer": proposer, "return_token_ids": True},
+    )
     assert r.choices[0].model_extra["token_ids"] == plain.token_ids
     assert r.choices[0].message.content == plain.text
     if proposer != "none":
         assert r.model_extra["speculative"]["drafted"] > 0
-    stream = client.chat.completions.create(model=model, messages=CHAT, max_tokens=N, temperature=0, stream=True,
-                                            extra_body={"proposer": proposer})
+    stream = client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=N, temperature=0, stream=True, extra_body={"proposer": proposer}
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == plain.text

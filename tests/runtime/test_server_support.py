@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
 from specexport_runtime.generator import Generation
 from specexport_runtime.server.config import ServerConfig
 from specexport_runtime.server.run import make_server
@@ -106,8 +107,15 @@ def headers(key: str | None = KEY, **extra) -> dict:
     return h
 
 
-def post(port: int, path: str, body, key: str | None = KEY, raw: bytes | None = None, timeout: float = 60,
-         extra_headers: dict | None = None) -> tuple[int, dict, dict]:
+def post(
+    port: int,
+    path: str,
+    body,
+    key: str | None = KEY,
+    raw: bytes | None = None,
+    timeout: float = 60,
+    extra_headers: dict | None = None,
+) -> tuple[int, dict, dict]:
     """(status, headers, JSON body) of one request over a fresh connection."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -153,7 +161,7 @@ class SseStream:
         assert line.startswith(b"data: ") and line.endswith(b"\n"), line
         blank = self.readline()
         assert blank == b"\n", (line, blank)
-        payload = line[len(b"data: "):].rstrip(b"\n")
+        payload = line[len(b"data: ") :].rstrip(b"\n")
         return "[DONE]" if payload == b"[DONE]" else json.loads(payload)
 
     def events(self) -> list:

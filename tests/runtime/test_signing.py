@@ -13,18 +13,12 @@ import pytest
 pytest.importorskip("cryptography")
 
 from click.testing import CliRunner
+
+from specexport.cli import cli
 from specexport_runtime.api import load
 from specexport_runtime.errors import ChecksumError, InvalidArgument
 from specexport_runtime.manifest import read_manifest
-from specexport_runtime.signing import (
-    SIGNATURE_NAME,
-    SignatureError,
-    keygen,
-    sign,
-    verify,
-)
-
-from specexport.cli import cli
+from specexport_runtime.signing import SIGNATURE_NAME, SignatureError, keygen, sign, verify
 
 
 @pytest.fixture()

@@ -18,7 +18,6 @@ from specexport_runtime.tokenizer import REPLACEMENT, IncrementalDecoder, TextCo
 MULTIBYTE = "héllo wörld — 😀 ñ 中文! café 👍🏽 ok"
 
 
-
 @pytest.fixture(scope="module")
 def codec(gens) -> TextCodec:
     return gens("self").codec
@@ -123,8 +122,10 @@ def test_incremental_decoder_metaspace_tokenizer(tmp_path):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(["hello world, the quick brown fox jumps over the lazy dog"] * 20,
-                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]))
+    tok.train_from_iterator(
+        ["hello world, the quick brown fox jumps over the lazy dog"] * 20,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]),
+    )
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     meta = TextCodec(path)
@@ -221,7 +222,9 @@ def split_rounds(ids, sizes):
 
 def test_run_generation_multibyte_rounds(codec):
     ids = codec.encode(MULTIBYTE)
-    tokens, text, reason, events, stats = scripted(codec, split_rounds(ids, [1, 3, 2, 5, 1, 4, 2] * 5), max_new=len(ids))
+    tokens, text, reason, events, stats = scripted(
+        codec, split_rounds(ids, [1, 3, 2, 5, 1, 4, 2] * 5), max_new=len(ids)
+    )
     assert tokens == ids and text == MULTIBYTE and reason == "length"
     assert not any(REPLACEMENT in piece for _, piece, _ in events)
     assert stats.new_tokens == len(ids) and len(stats.token_times) == len(ids)

@@ -23,12 +23,12 @@ import sys
 import jsonschema
 import numpy as np
 import pytest
+from test_exactness import ALPHA, DELTA, binned, chi2_sf, chi2_stat, counts_of, make_bins, make_pair_bins, tv_bound
 
 from specexport_runtime import registry
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.sampling import SamplingParams, probabilities, residual, token_logprobs, verify_sampled
 from specexport_runtime.structured import Grammar, GrammarError, StructuredUnavailable, apply_mask
-from test_exactness import ALPHA, DELTA, binned, chi2_sf, chi2_stat, counts_of, make_bins, make_pair_bins, tv_bound
 
 pytest.importorskip("llguidance")
 
@@ -50,7 +50,9 @@ def kinds_for(name: str) -> list[str]:
     spec = registry.get(name)
     if not spec.needs:
         return ["ngram"]
-    return (["noisy", "noisy-fused"] if "decoder" in spec.needs else []) + (["eagle3"] if "eagle3_head" in spec.needs else [])
+    return (["noisy", "noisy-fused"] if "decoder" in spec.needs else []) + (
+        ["eagle3"] if "eagle3_head" in spec.needs else []
+    )
 
 
 CASES = [(name, kind) for name in registry.names() if name != registry.NONE for kind in kinds_for(name)]
@@ -83,8 +85,14 @@ def test_forced_tokens_are_free(gens):
     """An output the grammar fixes completely: the forced run is drafted at once (no proposer
     token) and verified in one call, whose last row gives the end of sequence."""
     gen = gens("noisy")
-    grammar = Grammar.json_schema({"type": "object", "properties": {"greeting": {"const": "hello world, fox"}},
-                                   "required": ["greeting"], "additionalProperties": False})
+    grammar = Grammar.json_schema(
+        {
+            "type": "object",
+            "properties": {"greeting": {"const": "hello world, fox"}},
+            "required": ["greeting"],
+            "additionalProperties": False,
+        }
+    )
     base = gen.generate(PROMPTS[1], max_new_tokens=40, grammar=grammar, speculative=False)
     got = gen.generate(PROMPTS[1], max_new_tokens=40, grammar=grammar, proposer="draft", gamma=4)
     assert json.loads(got.text) == {"greeting": "hello world, fox"}
@@ -99,8 +107,14 @@ def test_forced_tokens_are_free(gens):
 def test_output_matches_a_regex_and_stops_at_the_end_of_the_match(gens):
     gen = gens("ngram")
     for speculative in (False, True):
-        r = gen.generate(PROMPTS[0], max_new_tokens=30, grammar=Grammar.regex(r"(yes|no), [0-9]{3}"),
-                         speculative=speculative, proposer="ngram", gamma=4)
+        r = gen.generate(
+            PROMPTS[0],
+            max_new_tokens=30,
+            grammar=Grammar.regex(r"(yes|no), [0-9]{3}"),
+            speculative=speculative,
+            proposer="ngram",
+            gamma=4,
+        )
         assert r.finish_reason == "eos" and re.fullmatch(r"(yes|no), [0-9]{3}", r.text), r.text
 
 
@@ -159,8 +173,17 @@ def test_sampling_follows_the_masked_target(gens):
     def pairs(seeds, speculative):
         out = []
         for seed in seeds:
-            r = gen.generate(ids, max_new_tokens=2, seed=seed, speculative=speculative, temperature=1.0, top_k=0,
-                             gamma=3, proposer="draft", grammar=grammar)
+            r = gen.generate(
+                ids,
+                max_new_tokens=2,
+                seed=seed,
+                speculative=speculative,
+                temperature=1.0,
+                top_k=0,
+                gamma=3,
+                proposer="draft",
+                grammar=grammar,
+            )
             tokens = list(r.token_ids) + [eos] * (2 - len(r.token_ids))
             out.append(tuple(tokens))
         return out
@@ -221,8 +244,11 @@ def test_token_logprobs_are_log_softmax_with_ranked_alternatives():
 def test_grammar_errors_are_one_line(gens):
     gen = gens("ngram")
     with pytest.raises(GrammarError, match="strin"):
-        gen.generate("x", max_new_tokens=4, grammar=Grammar.json_schema({"type": "object",
-                                                                         "properties": {"a": {"type": "strin"}}}))
+        gen.generate(
+            "x",
+            max_new_tokens=4,
+            grammar=Grammar.json_schema({"type": "object", "properties": {"a": {"type": "strin"}}}),
+        )
     with pytest.raises(GrammarError, match="regex"):
         gen.generate("x", max_new_tokens=4, grammar=Grammar.regex("(unclosed"))
     with pytest.raises(GrammarError, match="JSON object"):

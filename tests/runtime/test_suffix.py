@@ -10,12 +10,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.suffix import RequestSuffix, SuffixConfig, SuffixStore
 from test_exactness import check_first_two_tokens_follow_target
 
+from specexport_runtime.errors import InvalidArgument
+from specexport_runtime.suffix import RequestSuffix, SuffixConfig, SuffixStore
 
-def reference(seqs: list[list[int]], context: list[int], config: SuffixConfig, room: int = 10**9) -> tuple[list[int], float, int]:
+
+def reference(
+    seqs: list[list[int]], context: list[int], config: SuffixConfig, room: int = 10**9
+) -> tuple[list[int], float, int]:
     """Brute force over explicit substrings. `seqs`: independent sequences (a match never spans
     two); for the request itself pass [context] and only earlier occurrences count (an
     occurrence must end before the context's last position)."""
@@ -24,8 +27,12 @@ def reference(seqs: list[list[int]], context: list[int], config: SuffixConfig, r
     best_m, occ = 0, []
     for m in range(1, min(config.max_depth, len(context)) + 1):
         s = context[-m:]
-        found = [(i, c) for i, seq in enumerate(seqs) for c in range(m - 1, len(seq))
-                 if seq[c - m + 1 : c + 1] == s and (not own or c < len(seq) - 1)]
+        found = [
+            (i, c)
+            for i, seq in enumerate(seqs)
+            for c in range(m - 1, len(seq))
+            if seq[c - m + 1 : c + 1] == s and (not own or c < len(seq) - 1)
+        ]
         if not found:
             break
         best_m, occ = m, found
@@ -51,14 +58,18 @@ def test_request_matches_the_brute_force_reference(seed):
     rng = random.Random(seed)
     alphabet = rng.choice([3, 5, 12])
     seq = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 120))]
-    config = SuffixConfig(max_depth=rng.choice([1, 3, 8, 24]), max_spec=rng.choice([1, 4, 16]),
-                          factor=rng.choice([0.5, 1.0, 2.0]), offset=rng.choice([0.0, 1.0]),
-                          min_prob=rng.choice([0.0, 0.1, 0.4]))
+    config = SuffixConfig(
+        max_depth=rng.choice([1, 3, 8, 24]),
+        max_spec=rng.choice([1, 4, 16]),
+        factor=rng.choice([0.5, 1.0, 2.0]),
+        offset=rng.choice([0.0, 1.0]),
+        min_prob=rng.choice([0.0, 0.1, 0.4]),
+    )
     req = RequestSuffix(capacity=4)  # grows
     req.reset(seq[:1])
     req.extend(seq[1:])
     room = rng.choice([0, 2, 100])
-    tokens, score, m = req.propose(seq[-config.max_depth:], config, room)
+    tokens, score, m = req.propose(seq[-config.max_depth :], config, room)
     want = reference([seq], seq, config, room)
     assert (tokens, m) == (want[0], want[2])
     assert score == pytest.approx(want[1])
@@ -118,8 +129,17 @@ def test_store_is_fifo_and_bounded_after_10000_requests():
     assert store.propose(r[:12], config, room=8)[0] == r[12:20]  # the newest is drafted
 
 
-@pytest.mark.parametrize("field, value", [("max_depth", 0), ("max_spec", 1000), ("min_prob", 1.5), ("factor", -1.0),
-                                          ("global_tokens", -1), ("max_depth", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_depth", 0),
+        ("max_spec", 1000),
+        ("min_prob", 1.5),
+        ("factor", -1.0),
+        ("global_tokens", -1),
+        ("max_depth", True),
+    ],
+)
 def test_bad_config_is_refused_with_the_name(field, value):
     with pytest.raises(InvalidArgument, match=f"suffix {field}"):
         SuffixConfig(**{field: value})
@@ -203,8 +223,9 @@ def test_drafts_longer_than_a_verify_call_are_cut_to_fit(gens):
         prompt = [7, 150, 33, 299, 12, 260, 5]
         first = gen.generate(prompt, max_new_tokens=150, speculative=False)
         gen.learned("suffix").store.add(prompt[-4:] + first.token_ids)
-        second = gen.generate(prompt, max_new_tokens=150, proposer="suffix", gamma=4,
-                              suffix=SuffixConfig(max_spec=200, factor=64.0))
+        second = gen.generate(
+            prompt, max_new_tokens=150, proposer="suffix", gamma=4, suffix=SuffixConfig(max_spec=200, factor=64.0)
+        )
     finally:
         gen.forget_history()
     assert second.token_ids == first.token_ids

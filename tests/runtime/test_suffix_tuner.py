@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from specexport_runtime.costs import VerifyCost
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import LimitTuner, SuffixConfig
@@ -13,23 +14,26 @@ from specexport_runtime.suffix import LimitTuner, SuffixConfig
 SCALES = (0.5, 1.0, 2.0)
 
 
-@pytest.mark.parametrize("limit, match, drafted, accepted, open_end, want", [
-    # one call when the limit covers the draft: its rows are the draft plus the target's token
-    (lambda m: 99, 3, 10, 4, False, (1, 11)),
-    (lambda m: 10, 3, 10, 10, True, (1, 11)),
-    # limit 4, a chain that ended after 10 tokens, all accepted (11 tokens): 4+1, 4+1, then a plain step
-    (lambda m: 4, 3, 10, 10, False, (3, 11)),
-    # the same chain cut by the probe's limit (it goes on): the third round drafts 4, of which only
-    # the target's token falls in the stretch: 1/5 of a call
-    (lambda m: 4, 3, 10, 10, True, (2.2, 11)),
-    # limit 4, 6 of 10 accepted (7 tokens): 4 drafted (5 emitted), 4 drafted (1 accepted + the correction)
-    (lambda m: 4, 3, 10, 6, False, (2, 10)),
-    # nothing accepted: one call drafting what the limit allows
-    (lambda m: 4, 3, 10, 0, False, (1, 5)),
-    (lambda m: 0, 3, 10, 0, False, (1, 1)),
-    # the limit grows with the match: m = 2 -> 2 drafted (pos 3), m = 5 -> 5 (pos 9), m = 11 -> the 1 left (pos 11)
-    (lambda m: m, 2, 10, 10, False, (3, 3 + 6 + 2)),
-])
+@pytest.mark.parametrize(
+    "limit, match, drafted, accepted, open_end, want",
+    [
+        # one call when the limit covers the draft: its rows are the draft plus the target's token
+        (lambda m: 99, 3, 10, 4, False, (1, 11)),
+        (lambda m: 10, 3, 10, 10, True, (1, 11)),
+        # limit 4, a chain that ended after 10 tokens, all accepted (11 tokens): 4+1, 4+1, then a plain step
+        (lambda m: 4, 3, 10, 10, False, (3, 11)),
+        # the same chain cut by the probe's limit (it goes on): the third round drafts 4, of which only
+        # the target's token falls in the stretch: 1/5 of a call
+        (lambda m: 4, 3, 10, 10, True, (2.2, 11)),
+        # limit 4, 6 of 10 accepted (7 tokens): 4 drafted (5 emitted), 4 drafted (1 accepted + the correction)
+        (lambda m: 4, 3, 10, 6, False, (2, 10)),
+        # nothing accepted: one call drafting what the limit allows
+        (lambda m: 4, 3, 10, 0, False, (1, 5)),
+        (lambda m: 0, 3, 10, 0, False, (1, 1)),
+        # the limit grows with the match: m = 2 -> 2 drafted (pos 3), m = 5 -> 5 (pos 9), m = 11 -> the 1 left (pos 11)
+        (lambda m: m, 2, 10, 10, False, (3, 3 + 6 + 2)),
+    ],
+)
 def test_replay_counts_calls_and_rows(limit, match, drafted, accepted, open_end, want):
     assert LimitTuner.replay(limit, match, drafted, accepted, open_end) == pytest.approx(want)
 
@@ -67,8 +71,9 @@ def simulate(config: SuffixConfig, runs: list[int], a: float, b: float) -> float
     return tokens / seconds
 
 
-def drive(tuner: LimitTuner, cost: VerifyCost, configs: dict[float, SuffixConfig], runs: list[int], a: float,
-          b: float) -> list[float]:
+def drive(
+    tuner: LimitTuner, cost: VerifyCost, configs: dict[float, SuffixConfig], runs: list[int], a: float, b: float
+) -> list[float]:
     """The proposer's and the loop's side of the protocol on the same text: choose, draft, time
     the verify call into the cost, record."""
     chosen = []
@@ -99,13 +104,15 @@ def test_choice_follows_the_cost_of_a_row(seed):
         chosen = drive(tuner, cost, configs, runs, a, b)
         best = max(truth, key=truth.get)
         assert tuner.best(SCALES, cost.line()) == best, (a, b, truth, tuner.describe(cost.line()))
-        late = chosen[len(chosen) // 2:]
+        late = chosen[len(chosen) // 2 :]
         assert late.count(best) >= 0.8 * len(late)  # it drafts with it, probes aside
         picks[b] = best
     assert picks[0.05] > picks[0.3]  # longer drafts where rows are cheap
 
 
-@pytest.mark.parametrize("row_cost, probe_every", [(0.01, 4 * LimitTuner.PROBE_EVERY), (0.00001, LimitTuner.PROBE_EVERY)])
+@pytest.mark.parametrize(
+    "row_cost, probe_every", [(0.01, 4 * LimitTuner.PROBE_EVERY), (0.00001, LimitTuner.PROBE_EVERY)]
+)
 def test_probes_warm_up_then_one_in_probe_every(row_cost, probe_every):
     """Every draft is rejected, so shorter drafts are cheaper: after the warm-up (all at the
     largest scale) the smallest scale drafts, except the probes, which come every PROBE_EVERY-th

@@ -19,7 +19,7 @@ import pytest
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 from specexport_runtime.errors import ArtifactError, InvalidArgument, ProviderUnavailable
-from specexport_runtime.manifest import SpeculationDefaults, Manifest, ModelEntry, TokenizerEntry, write_manifest
+from specexport_runtime.manifest import Manifest, ModelEntry, SpeculationDefaults, TokenizerEntry, write_manifest
 from specexport_runtime.trt_backend import (
     ALIGNMENT,
     needs_staging,
@@ -32,11 +32,11 @@ from specexport_runtime.trt_build import (
     BuildOptions,
     EngineBuildError,
     TensorRTUnavailable,
-    main as build_main,
     precision_flags,
     refuse_quantized,
     resolve_max_gamma,
 )
+from specexport_runtime.trt_build import main as build_main
 from specexport_runtime.trt_engines import (
     EngineMismatch,
     EngineRecord,
@@ -66,10 +66,20 @@ ORIN = GpuInfo("Orin", "8.7")
 
 
 def _record(**over) -> EngineRecord:
-    data = dict(model="target", graph="target/model.onnx", graph_sha256="a" * 64,
-                engine="engines/orin-10.3.0/target.engine", gpu_name="Orin", compute_capability="8.7",
-                tensorrt_version="10.3.0", precision_flags=("fp16",), max_context=256, max_prompt=128, max_gamma=8,
-                profiles=tuple(default_profiles(256, 128)))
+    data = dict(
+        model="target",
+        graph="target/model.onnx",
+        graph_sha256="a" * 64,
+        engine="engines/orin-10.3.0/target.engine",
+        gpu_name="Orin",
+        compute_capability="8.7",
+        tensorrt_version="10.3.0",
+        precision_flags=("fp16",),
+        max_context=256,
+        max_prompt=128,
+        max_gamma=8,
+        profiles=tuple(default_profiles(256, 128)),
+    )
     data.update(over)
     return EngineRecord(**data)
 
@@ -86,8 +96,10 @@ def test_default_profiles_cover_the_three_uses():
     assert default_profiles(64, max_prompt=512)[2].seq[2] == 64  # capped at max_context
 
 
-@pytest.mark.parametrize("seq,rows,expected", [(1, 1, "decode"), (5, 5, "verify"), (9, 9, "verify"),
-                                               (3, 1, "verify"), (10, 1, "prefill"), (512, 1, "prefill")])
+@pytest.mark.parametrize(
+    "seq,rows,expected",
+    [(1, 1, "decode"), (5, 5, "verify"), (9, 9, "verify"), (3, 1, "verify"), (10, 1, "prefill"), (512, 1, "prefill")],
+)
 def test_profile_selection_by_s(seq, rows, expected):
     profiles = default_profiles(2048, 512, 8)
     assert profiles[select_profile(profiles, seq, rows, past=100)].name == expected
@@ -166,12 +178,15 @@ def test_record_check_accepts_the_same_machine():
     check_record(_record(), ORIN, "10.3.0", "art", graph_sha256="a" * 64)
 
 
-@pytest.mark.parametrize("gpu,version,sha,needle", [
-    (ORIN, "10.7.0", "a" * 64, "built with TensorRT 10.3.0, this machine has TensorRT 10.7.0"),
-    (GpuInfo("NVIDIA GeForce RTX 4090", "8.9"), "10.3.0", "a" * 64, "compute capability 8.7, this GPU has 8.9"),
-    (GpuInfo("Orin (nvgpu)", "8.7"), "10.3.0", "a" * 64, "this GPU is 'Orin (nvgpu)'"),
-    (ORIN, "10.3.0", "b" * 64, "different target/model.onnx"),
-])
+@pytest.mark.parametrize(
+    "gpu,version,sha,needle",
+    [
+        (ORIN, "10.7.0", "a" * 64, "built with TensorRT 10.3.0, this machine has TensorRT 10.7.0"),
+        (GpuInfo("NVIDIA GeForce RTX 4090", "8.9"), "10.3.0", "a" * 64, "compute capability 8.7, this GPU has 8.9"),
+        (GpuInfo("Orin (nvgpu)", "8.7"), "10.3.0", "a" * 64, "this GPU is 'Orin (nvgpu)'"),
+        (ORIN, "10.3.0", "b" * 64, "different target/model.onnx"),
+    ],
+)
 def test_record_mismatch_says_how_to_rebuild(gpu, version, sha, needle):
     with pytest.raises(EngineMismatch) as info:
         check_record(_record(), gpu, version, "/data/my-artifact", graph_sha256=sha)
@@ -182,8 +197,11 @@ def test_record_mismatch_says_how_to_rebuild(gpu, version, sha, needle):
 
 
 def test_find_record_and_missing_engines():
-    records = [_record(), _record(model="draft", graph="draft/model.onnx", engine="engines/orin-10.3.0/draft.engine"),
-               _record(gpu_name="NVIDIA H200", compute_capability="9.0", engine="engines/nvidia-h200-10.3.0/target.engine")]
+    records = [
+        _record(),
+        _record(model="draft", graph="draft/model.onnx", engine="engines/orin-10.3.0/draft.engine"),
+        _record(gpu_name="NVIDIA H200", compute_capability="9.0", engine="engines/nvidia-h200-10.3.0/target.engine"),
+    ]
     assert find_record(records, "draft", ORIN, "10.3.0", "art").model == "draft"
     assert find_record(records, "target", GpuInfo("NVIDIA H200", "9.0"), "10.3.0", "art").compute_capability == "9.0"
     with pytest.raises(EngineMismatch, match="engines exist for: Orin / TensorRT 10.3.0; NVIDIA H200"):
@@ -211,11 +229,17 @@ def test_folder_names_and_flags():
     assert engine_dir_name("Orin", "10.3.0.30") == "orin-10.3.0.30"
     assert precision_flags("fp16", BuildOptions()) == ["fp16"]
     assert precision_flags("fp32", BuildOptions()) == []
-    assert precision_flags("fp32", BuildOptions(fp16=True, bf16=True), {"int8", "fp8"}) == ["fp16", "bf16", "int8", "fp8"]
+    assert precision_flags("fp32", BuildOptions(fp16=True, bf16=True), {"int8", "fp8"}) == [
+        "fp16",
+        "bf16",
+        "int8",
+        "fp8",
+    ]
     assert precision_flags("fp16", BuildOptions(strongly_typed=True), {"int8"}) == []
     assert rebuild_command("a") == "python -m specexport_runtime.trt_build a"
     assert rebuild_command("a", _record(precision_flags=(), max_prompt=512, max_gamma=12)) == (
-        "python -m specexport_runtime.trt_build a --max-gamma 12")
+        "python -m specexport_runtime.trt_build a --max-gamma 12"
+    )
 
 
 def test_quantized_graphs_are_refused_with_a_reason():
@@ -230,36 +254,72 @@ def test_quantized_graphs_are_refused_with_a_reason():
 @pytest.fixture
 def fake_artifact(tmp_path) -> Path:
     """A manifest-only artifact (no graphs needed before TensorRT is imported)."""
-    entry = ModelEntry(graph="target/model.onnx", source="tiny", architecture="llama", num_layers=2, num_kv_heads=3,
-                       head_dim=64, vocab_size=300, embedding_rows=320, precision="fp32")
-    write_manifest(tmp_path, Manifest(name="fake", max_context=256, target=entry, tokenizer=TokenizerEntry(),
-                                      speculation=SpeculationDefaults(proposer="ngram")))  # no draft graph
+    entry = ModelEntry(
+        graph="target/model.onnx",
+        source="tiny",
+        architecture="llama",
+        num_layers=2,
+        num_kv_heads=3,
+        head_dim=64,
+        vocab_size=300,
+        embedding_rows=320,
+        precision="fp32",
+    )
+    write_manifest(
+        tmp_path,
+        Manifest(
+            name="fake",
+            max_context=256,
+            target=entry,
+            tokenizer=TokenizerEntry(),
+            speculation=SpeculationDefaults(proposer="ngram"),
+        ),
+    )  # no draft graph
     return tmp_path
 
 
-@pytest.mark.parametrize("generation, gamma, runtime_max, profile_max", [
-    ({}, 4, 8, 8),  # no max_gamma recorded: the default
-    ({"max_gamma": 12}, 4, 12, 12),
-    ({"max_gamma": 6}, 4, 6, 8),  # engines still cover the default longest draft
-    ({"max_gamma": 6}, 10, 10, 10),  # never below the manifest's gamma
-])
+@pytest.mark.parametrize(
+    "generation, gamma, runtime_max, profile_max",
+    [
+        ({}, 4, 8, 8),  # no max_gamma recorded: the default
+        ({"max_gamma": 12}, 4, 12, 12),
+        ({"max_gamma": 6}, 4, 6, 8),  # engines still cover the default longest draft
+        ({"max_gamma": 6}, 10, 10, 10),  # never below the manifest's gamma
+    ],
+)
 def test_max_gamma_one_definition(generation, gamma, runtime_max, profile_max):
     """Manifest.max_gamma bounds what the runtime drafts (controller, lookup); engine profiles
     take it, at least DEFAULT_MAX_GAMMA, unless the build options name one."""
     from specexport_runtime.manifest import SpeculationDefaults
 
-    entry = ModelEntry(graph="t.onnx", source="tiny", architecture="llama", num_layers=2, num_kv_heads=3,
-                       head_dim=64, vocab_size=300, embedding_rows=320, precision="fp32")
-    manifest = Manifest(name="m", max_context=256, target=entry, tokenizer=TokenizerEntry(),
-                        speculation=SpeculationDefaults(gamma=gamma), generation=generation)
+    entry = ModelEntry(
+        graph="t.onnx",
+        source="tiny",
+        architecture="llama",
+        num_layers=2,
+        num_kv_heads=3,
+        head_dim=64,
+        vocab_size=300,
+        embedding_rows=320,
+        precision="fp32",
+    )
+    manifest = Manifest(
+        name="m",
+        max_context=256,
+        target=entry,
+        tokenizer=TokenizerEntry(),
+        speculation=SpeculationDefaults(gamma=gamma),
+        generation=generation,
+    )
     assert manifest.max_gamma == runtime_max
     assert resolve_max_gamma(manifest, BuildOptions()) == profile_max
     assert resolve_max_gamma(manifest, BuildOptions(max_gamma=3)) == 3
 
 
 def test_build_entry_point_help():
-    proc = subprocess.run([sys.executable, "-m", "specexport_runtime.trt_build", "--help"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specexport_runtime.trt_build", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0
     for option in ("--fp16", "--max-prompt", "--max-gamma", "ARTIFACT".lower()):
         assert option in proc.stdout.lower()

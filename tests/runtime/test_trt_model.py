@@ -87,8 +87,14 @@ def _trt(monkeypatch, tmp_path, root, role: str, max_prompt: int = 8):
 def _ort(root, role: str) -> OrtModel:
     manifest = read_manifest(root)
     entry = getattr(manifest, role)
-    return OrtModel(root / entry.graph, entry.graph_spec(), manifest.max_context, SessionConfig(threads=1),
-                    min_rows=entry.min_rows, cache_pad=entry.cache_pad)
+    return OrtModel(
+        root / entry.graph,
+        entry.graph_spec(),
+        manifest.max_context,
+        SessionConfig(threads=1),
+        min_rows=entry.min_rows,
+        cache_pad=entry.cache_pad,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -27,16 +27,22 @@ HAVE_GPU = shutil.which("nvidia-smi") is not None or os.path.exists("/etc/nv_teg
 no_gpu = pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: run scripts/device-check by hand")
 
 
-def device_check(*args, provider: str | None = "cpu", timeout: float = 300,
-                 tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+def device_check(
+    *args, provider: str | None = "cpu", timeout: float = 300, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable}
     if tmpdir is not None:  # where tempfile puts the script's work folders
         env["TMPDIR"] = str(tmpdir)
     env.pop("DEVICE_CHECK_PROVIDER", None)
     if provider:
         env["DEVICE_CHECK_PROVIDER"] = provider
-    return subprocess.run([str(REPO / "scripts" / "device-check"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [str(REPO / "scripts" / "device-check"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 # --------------------------------------------------------------------------- install from parts
@@ -45,8 +51,11 @@ def device_check(*args, provider: str | None = "cpu", timeout: float = 300,
 def fake_wheel(folder: Path, dist: str, version: str, files: dict[str, str]) -> Path:
     """A minimal valid wheel: the files plus dist-info METADATA, WHEEL and RECORD."""
     info = f"{dist}-{version}.dist-info"
-    entries = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n",
-               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    entries = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     record = []
     for name, text in entries.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
@@ -65,12 +74,17 @@ def parts(tmp_path) -> Path:
     (installed) and one it has (yaml: not installed, so it cannot shadow the host's)."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    made = [fake_wheel(wheels, "onnxruntime_gpu", "0.0.1", {"onnxruntime/__init__.py": "__version__ = '0.0.1+fake'\n"}),
-            fake_wheel(wheels, "dc_fake_extra", "1.0", {"dc_fake_extra/__init__.py": "VALUE = 42\n"}),
-            fake_wheel(wheels, "PyYAML", "0.0.1", {"yaml/__init__.py": "raise ImportError('fake yaml')\n"})]
+    made = [
+        fake_wheel(wheels, "onnxruntime_gpu", "0.0.1", {"onnxruntime/__init__.py": "__version__ = '0.0.1+fake'\n"}),
+        fake_wheel(wheels, "dc_fake_extra", "1.0", {"dc_fake_extra/__init__.py": "VALUE = 42\n"}),
+        fake_wheel(wheels, "PyYAML", "0.0.1", {"yaml/__init__.py": "raise ImportError('fake yaml')\n"}),
+    ]
     for wheel in made:
-        proc = subprocess.run([sys.executable, str(REPO / "scripts" / "wheel-parts"), "split", str(wheel), str(tmp_path / "parts")],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "wheel-parts"), "split", str(wheel), str(tmp_path / "parts")],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
     return tmp_path / "parts"
 
@@ -92,9 +106,17 @@ def test_install_from_parts_puts_the_private_folder_first(parts, tmp_path):
     assert not (site / "yaml").exists()
     # the venv's real onnxruntime is shadowed by the one installed first on PYTHONPATH
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    check = subprocess.run([sys.executable, "-c", "import onnxruntime, dc_fake_extra, yaml;"
-                            " print(onnxruntime.__version__, dc_fake_extra.VALUE, yaml.__file__)"],
-                           capture_output=True, text=True, env=env)
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import onnxruntime, dc_fake_extra, yaml;"
+            " print(onnxruntime.__version__, dc_fake_extra.VALUE, yaml.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     version, value, yaml_file = check.stdout.split()
     assert (version, value) == ("0.0.1+fake", "42") and not yaml_file.startswith(str(site))
     assert "- install (" in (tmp_path / "dc.md").read_text()
@@ -108,7 +130,9 @@ def test_install_refuses_a_corrupted_part(parts, tmp_path):
     assert proc.returncode == 2
     data = json.loads(out.read_text())
     assert data["status"] == "error"
-    assert data["install"]["error"].startswith("wheel-parts: corrupted part onnxruntime_gpu-0.0.1-py3-none-any.whl.part001: sha256 ")
+    assert data["install"]["error"].startswith(
+        "wheel-parts: corrupted part onnxruntime_gpu-0.0.1-py3-none-any.whl.part001: sha256 "
+    )
     assert data["reason"] == f"install from {parts} failed: {data['install']['error']}"
     assert not (tmp_path / "site").exists()
 
@@ -133,21 +157,27 @@ def test_whole_check_with_cpu_standing_in(tiny_artifacts, tmp_path):
     """DEVICE_CHECK_PROVIDER=cpu: every section runs with the CPU as the device (tests the script)."""
     out, summary, scratch = tmp_path / "dc.json", tmp_path / "summary.md", tmp_path / "tmp"
     scratch.mkdir()
-    proc = device_check("--artifact", tiny_artifacts["noisy"], "--out", out, "--summary", summary, "--tokens", "16",
-                        tmpdir=scratch)
+    proc = device_check(
+        "--artifact", tiny_artifacts["noisy"], "--out", out, "--summary", summary, "--tokens", "16", tmpdir=scratch
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("device-check"))
     assert left == []  # its built artifacts, profiles and the probe's graph are removed
     data = json.loads(out.read_text())
     assert data["status"] == "ok" and data["simulated"] is True and data["skipped_for_time"] == []
     assert data["checks"]["smoke"]["session_providers"][0] == "CPUExecutionProvider"
-    for kind, (precision, layout) in {"fp32": ("fp32", "time_major"), "fp16": ("fp16", "time_major"),
-                                      "fused": ("fp16", "head_major_inplace")}.items():
+    for kind, (precision, layout) in {
+        "fp32": ("fp32", "time_major"),
+        "fp16": ("fp16", "time_major"),
+        "fused": ("fp16", "head_major_inplace"),
+    }.items():
         c = data["checks"][kind]
         assert (c["precision"], c["graph"], c["ok"]) == (precision, layout, True)
         assert c["parity"]["target"]["max_abs_diff"] == 0.0 and c["parity"]["draft"]["max_abs_diff"] == 0.0
         runs = c["greedy"]["runs"]
-        assert [(r["proposer"], r["gamma"]) for r in runs] == [(p, g) for p in ("draft", "ngram", "hybrid") for g in (1, 4, 8)]
+        assert [(r["proposer"], r["gamma"]) for r in runs] == [
+            (p, g) for p in ("draft", "ngram", "hybrid") for g in (1, 4, 8)
+        ]
         assert all(r["equal"] for r in runs)
         kv = c["kv_residency"]
         assert kv["device"] == "cpu" and set(kv["models"]) == {"target", "draft"}
@@ -164,11 +194,16 @@ def test_whole_check_with_cpu_standing_in(tiny_artifacts, tmp_path):
     assert s["outside_ort_ms_per_round"] > 0
     g = p["cuda_graph"]
     assert g["result"] == "simulated: CPU session, nothing captured" and g["max_abs_diff_vs_plain"] == 0.0
-    assert p["bandwidth_bound"]["bandwidth_bytes_per_second"] is None and p["bandwidth_bound"]["weight_bytes_per_token"] > 0
+    assert (
+        p["bandwidth_bound"]["bandwidth_bytes_per_second"] is None
+        and p["bandwidth_bound"]["weight_bytes_per_token"] > 0
+    )
     text = summary.read_text()
     assert text.startswith("# device-check: ok") and "simulated: the CPU stands in for the GPU" in text
-    assert ("| fused | target 0 (tol 0.0001); draft 0 (tol 0.0001) | 9/9 equal to target-only | yes (cpu);"
-            " 0 Memcpy nodes/run | yes |") in text
+    assert (
+        "| fused | target 0 (tol 0.0001); draft 0 (tol 0.0001) | 9/9 equal to target-only | yes (cpu);"
+        " 0 Memcpy nodes/run | yes |"
+    ) in text
     assert "- row invariance: row 0 of S=2..16 vs S=1, max |diff| 0 (bitwise equal)" in text
     assert "Performance probe (tiny, simulated, fp16, fused graph)" in text
 
@@ -176,8 +211,19 @@ def test_whole_check_with_cpu_standing_in(tiny_artifacts, tmp_path):
 @no_gpu
 def test_a_broken_artifact_fails_the_check_and_the_rest_still_runs(tiny_artifacts, tmp_path):
     out = tmp_path / "dc.json"
-    proc = device_check("--artifact", tiny_artifacts["noisy"], "--fp16-artifact", tmp_path / "nothing",
-                        "--fused-artifact", tmp_path / "nothing", "--no-probe", "--tokens", "4", "--out", out)
+    proc = device_check(
+        "--artifact",
+        tiny_artifacts["noisy"],
+        "--fp16-artifact",
+        tmp_path / "nothing",
+        "--fused-artifact",
+        tmp_path / "nothing",
+        "--no-probe",
+        "--tokens",
+        "4",
+        "--out",
+        out,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     assert (data["status"], data["reason"]) == ("fail", "failed: fp16, fused (see checks)")
@@ -209,8 +255,9 @@ def test_kv_residency_sees_a_cache_output_outside_the_buffers(tiny_artifacts):
     model._bind_slots = leaky
     result = checks.kv_residency(model, ids)
     assert not result["ok"]
-    assert result["problems"][0] == ("prefill: cache outputs ['cpu', 'cpu', 'cpu'] (expected 4 on cpu inside the"
-                                     " bound buffers)")
+    assert result["problems"][0] == (
+        "prefill: cache outputs ['cpu', 'cpu', 'cpu'] (expected 4 on cpu inside the bound buffers)"
+    )
 
 
 def test_budget_records_what_it_skips():
@@ -229,16 +276,27 @@ def test_probe_skips_everything_when_the_budget_is_spent():
 
 
 def test_parse_profile(tmp_path):
-    events = [{"cat": "Session", "name": "model_run"}, {"cat": "Session", "name": "model_run"},
-              {"cat": "Node", "name": "a_kernel_time", "args": {"op_name": "MatMul", "provider": "CUDAExecutionProvider"}},
-              {"cat": "Node", "name": "a_kernel_time", "args": {"op_name": "MatMul", "provider": "CUDAExecutionProvider"}},
-              {"cat": "Node", "name": "m_kernel_time",
-               "args": {"op_name": "MemcpyToHost", "provider": "CUDAExecutionProvider", "output_size": "64"}},
-              {"cat": "Node", "name": "a_fence_before", "args": {"op_name": "MatMul"}}]
+    events = [
+        {"cat": "Session", "name": "model_run"},
+        {"cat": "Session", "name": "model_run"},
+        {"cat": "Node", "name": "a_kernel_time", "args": {"op_name": "MatMul", "provider": "CUDAExecutionProvider"}},
+        {"cat": "Node", "name": "a_kernel_time", "args": {"op_name": "MatMul", "provider": "CUDAExecutionProvider"}},
+        {
+            "cat": "Node",
+            "name": "m_kernel_time",
+            "args": {"op_name": "MemcpyToHost", "provider": "CUDAExecutionProvider", "output_size": "64"},
+        },
+        {"cat": "Node", "name": "a_fence_before", "args": {"op_name": "MatMul"}},
+    ]
     (tmp_path / "p.json").write_text(json.dumps(events))
     r = checks.parse_profile(tmp_path / "p.json")
-    assert r == {"runs": 2, "kernels_per_run": {"CUDAExecutionProvider": 1.5}, "memcpy_nodes_per_run": 0.5,
-                 "memcpy_ops": {"MemcpyToHost": 1}, "memcpy_bytes_per_run": 32.0}
+    assert r == {
+        "runs": 2,
+        "kernels_per_run": {"CUDAExecutionProvider": 1.5},
+        "memcpy_nodes_per_run": 0.5,
+        "memcpy_ops": {"MemcpyToHost": 1},
+        "memcpy_bytes_per_run": 32.0,
+    }
 
 
 def test_bandwidth_figures():
@@ -262,7 +320,9 @@ def test_summary_of_an_early_error(tmp_path):
 def test_native_stderr_collects_onnxruntime_lines():
     log: list[str] = []
     with probe.native_stderr(log):
-        os.write(2, b"[I:onnxruntime:, cuda_execution_provider.cc] Capturing the CUDA graph for this model\nother line\n")
+        os.write(
+            2, b"[I:onnxruntime:, cuda_execution_provider.cc] Capturing the CUDA graph for this model\nother line\n"
+        )
     assert log == ["[I:onnxruntime:, cuda_execution_provider.cc] Capturing the CUDA graph for this model", "other line"]
     assert probe.graph_log_lines(log) == [log[0]]
 
@@ -287,7 +347,9 @@ print(json.dumps(probe.cuda_graph(Result(), "cpu", reference=None, prompt=[1, 2]
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert run.returncode == 0, run.stderr[-400:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["ok"] is False and out["error"].startswith("NoSuchFile: [ONNXRuntimeError] : 3 : NO_SUCHFILE : Load model")
+    assert out["ok"] is False and out["error"].startswith(
+        "NoSuchFile: [ONNXRuntimeError] : 3 : NO_SUCHFILE : Load model"
+    )
     assert out["ort_log"] and "[I:onnxruntime:" in out["ort_log"][0]  # the INFO lines come with it
 
 

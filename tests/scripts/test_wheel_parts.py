@@ -66,7 +66,8 @@ def test_parts_arriving_one_by_one(split_file, tmp_path):
     for i in (3, 1):
         shutil.copy(parts / f"{P}00{i}", remote)
     assert refused(remote, tmp_path / "out") == (
-        f"wheel-parts: missing part {P}002 in {remote}: {NAME}.parts.json lists 3 parts ({P}001 .. {P}003)")
+        f"wheel-parts: missing part {P}002 in {remote}: {NAME}.parts.json lists 3 parts ({P}001 .. {P}003)"
+    )
     shutil.copy(parts / f"{P}002", remote)
     assert parts_cli("join", remote, tmp_path / "out").returncode == 0
     assert (tmp_path / "out" / NAME).read_bytes() == src.read_bytes()
@@ -76,21 +77,24 @@ def test_missing_part(split_file, tmp_path):
     _, parts, _ = split_file
     (parts / f"{P}003").unlink()
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: missing part {P}003 in {parts}: {NAME}.parts.json lists 3 parts ({P}001 .. {P}003)")
+        f"wheel-parts: missing part {P}003 in {parts}: {NAME}.parts.json lists 3 parts ({P}001 .. {P}003)"
+    )
 
 
 def test_extra_part(split_file, tmp_path):
     _, parts, _ = split_file
     shutil.copy(parts / f"{P}001", parts / f"{P}004")
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: extra part {P}004: not listed by any manifest ({NAME}.parts.json lists 3 parts ({P}001 .. {P}003))")
+        f"wheel-parts: extra part {P}004: not listed by any manifest ({NAME}.parts.json lists 3 parts ({P}001 .. {P}003))"
+    )
 
 
 def test_extra_part_of_an_unknown_file(split_file, tmp_path):
     _, parts, _ = split_file
     (parts / "other.whl.part001").write_bytes(b"x")
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: extra part other.whl.part001: not listed by any manifest (no manifest other.whl.parts.json in {parts})")
+        f"wheel-parts: extra part other.whl.part001: not listed by any manifest (no manifest other.whl.parts.json in {parts})"
+    )
 
 
 def test_truncated_part(split_file, tmp_path):
@@ -98,7 +102,8 @@ def test_truncated_part(split_file, tmp_path):
     data = (parts / f"{P}002").read_bytes()
     (parts / f"{P}002").write_bytes(data[:-1])
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: corrupted part {P}002: {(1 << 20) - 1} bytes, the manifest expects {1 << 20}")
+        f"wheel-parts: corrupted part {P}002: {(1 << 20) - 1} bytes, the manifest expects {1 << 20}"
+    )
 
 
 def test_corrupted_part_same_size(split_file, tmp_path):
@@ -110,17 +115,21 @@ def test_corrupted_part_same_size(split_file, tmp_path):
 
     got = hashlib.sha256(bytes(data)).hexdigest()
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: corrupted part {P}002: sha256 {got[:16]}.., the manifest expects {manifest['parts'][1]['sha256'][:16]}..")
+        f"wheel-parts: corrupted part {P}002: sha256 {got[:16]}.., the manifest expects {manifest['parts'][1]['sha256'][:16]}.."
+    )
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda m: m.update(format="zip-parts/9"), "format must be 'wheel-parts/1', got 'zip-parts/9'"),
-    (lambda m: m["parts"].pop(), f"parts add up to {2 << 20} bytes, the file entry says {5 << 19}"),
-    (lambda m: m["parts"][1].update(name="x.part002"), f"part 2 is named 'x.part002', expected '{P}002'"),
-    (lambda m: m["parts"][0].update(sha256="abc"), "part 1 sha256 must be 64 lowercase hex digits, got 'abc'"),
-    (lambda m: m.update(parts=[]), "parts must be a non-empty list, got []"),
-    (lambda m: m["file"].update(name="../evil.whl"), "file name must be a plain file name, got '../evil.whl'"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(format="zip-parts/9"), "format must be 'wheel-parts/1', got 'zip-parts/9'"),
+        (lambda m: m["parts"].pop(), f"parts add up to {2 << 20} bytes, the file entry says {5 << 19}"),
+        (lambda m: m["parts"][1].update(name="x.part002"), f"part 2 is named 'x.part002', expected '{P}002'"),
+        (lambda m: m["parts"][0].update(sha256="abc"), "part 1 sha256 must be 64 lowercase hex digits, got 'abc'"),
+        (lambda m: m.update(parts=[]), "parts must be a non-empty list, got []"),
+        (lambda m: m["file"].update(name="../evil.whl"), "file name must be a plain file name, got '../evil.whl'"),
+    ],
+)
 def test_bad_manifest(split_file, tmp_path, edit, message):
     _, parts, manifest = split_file
     edit(manifest)
@@ -131,12 +140,17 @@ def test_bad_manifest(split_file, tmp_path, edit, message):
 def test_manifest_not_json(split_file, tmp_path):
     _, parts, _ = split_file
     (parts / f"{NAME}.parts.json").write_text("{not json")
-    assert refused(parts, tmp_path / "out").startswith(f"wheel-parts: bad manifest {NAME}.parts.json: not readable JSON")
+    assert refused(parts, tmp_path / "out").startswith(
+        f"wheel-parts: bad manifest {NAME}.parts.json: not readable JSON"
+    )
 
 
 def test_no_manifest(tmp_path):
     (tmp_path / "parts").mkdir()
-    assert refused(tmp_path / "parts", tmp_path / "out") == f"wheel-parts: no manifest (*.parts.json) in {tmp_path / 'parts'}"
+    assert (
+        refused(tmp_path / "parts", tmp_path / "out")
+        == f"wheel-parts: no manifest (*.parts.json) in {tmp_path / 'parts'}"
+    )
 
 
 def test_resplit_removes_stale_parts(split_file, tmp_path):

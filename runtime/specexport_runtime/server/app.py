@@ -38,8 +38,11 @@ from .worker import Failed, Finished, Job, Round, Started, Worker, shutting_down
 
 log = logging.getLogger("specexport.server")
 CUT_GRACE_SECONDS = 5.0  # after the drain deadline: time for the running round to end and its last chunk to go out
-SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-               (b"x-accel-buffering", b"no")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,18 @@ class ServerState:
             return
         header = request.headers.get("authorization")
         if header is None:
-            raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'", INVALID_REQUEST, None,
-                           "invalid_api_key")
+            raise ApiError(
+                401,
+                "missing API key: send the header 'Authorization: Bearer KEY'",
+                INVALID_REQUEST,
+                None,
+                "invalid_api_key",
+            )
         scheme, _, token = header.partition(" ")
         if not hmac.compare_digest(token.strip().encode(), self._key) or scheme.lower() != "bearer":
-            raise ApiError(401, "incorrect API key in the Authorization header", INVALID_REQUEST, None, "invalid_api_key")
+            raise ApiError(
+                401, "incorrect API key in the Authorization header", INVALID_REQUEST, None, "invalid_api_key"
+            )
 
     def prepare(self, req: GenerationRequest) -> Prepared:
         """Tokenize and check a request against the artifact (runs in a thread pool: templates and
@@ -98,8 +108,14 @@ class ServerState:
         grammar = self._grammar(req, grammar)
         context = manifest.max_context
         if len(ids) >= context:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {context} and at least"
-                                " one must stay free for the answer", INVALID_REQUEST, param, "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt has {len(ids)} tokens; this model's context holds {context} and at least"
+                " one must stay free for the answer",
+                INVALID_REQUEST,
+                param,
+                "context_length_exceeded",
+            )
         try:
             ids = validate_prompt_ids(ids, manifest.target.embedding_rows, context)
         except PromptError as exc:
@@ -108,17 +124,32 @@ class ServerState:
         room = context - len(ids)
         max_tokens = room if s.max_tokens is None else s.max_tokens
         if max_tokens > room:
-            raise ApiError(400, f"{req.max_tokens_param} {max_tokens} + the prompt's {len(ids)} tokens exceed this model's"
-                                f" context of {context} tokens (at most {room} new tokens fit)", INVALID_REQUEST,
-                           req.max_tokens_param, "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"{req.max_tokens_param} {max_tokens} + the prompt's {len(ids)} tokens exceed this model's"
+                f" context of {context} tokens (at most {room} new tokens fit)",
+                INVALID_REQUEST,
+                req.max_tokens_param,
+                "context_length_exceeded",
+            )
         try:
             proposer = self.gen.resolve_proposer(s.proposer or self.default_proposer)
         except InvalidArgument as exc:
             raise bad_request(str(exc), "proposer") from None
         try:
-            config = self.gen.configure(self.base, proposer=proposer, max_new_tokens=max_tokens, gamma=s.gamma,
-                                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                                        stop=s.stop, grammar=grammar, logprobs=req.logprobs)
+            config = self.gen.configure(
+                self.base,
+                proposer=proposer,
+                max_new_tokens=max_tokens,
+                gamma=s.gamma,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                seed=s.seed,
+                stop=s.stop,
+                grammar=grammar,
+                logprobs=req.logprobs,
+            )
         except InvalidArgument as exc:  # schemas check the same ranges; this is the runtime's own word
             raise bad_request(str(exc), None) from None
         return Prepared(ids, config, plan)
@@ -128,13 +159,17 @@ class ServerState:
         schema llguidance refuses is a 400 naming its field."""
         fmt, param = req.response_format, "tools" if tool_grammar is not None else "response_format"
         if fmt is not None and tool_grammar is not None:
-            raise bad_request("response_format and tools with tool_choice other than 'none' cannot be combined",
-                              "response_format")
+            raise bad_request(
+                "response_format and tools with tool_choice other than 'none' cannot be combined", "response_format"
+            )
         try:
             grammar = tool_grammar
             if fmt is not None:
-                grammar = Grammar.json_object() if fmt["type"] == "json_object" else Grammar.json_schema(
-                    fmt["schema"], strict=fmt["strict"])
+                grammar = (
+                    Grammar.json_object()
+                    if fmt["type"] == "json_object"
+                    else Grammar.json_schema(fmt["schema"], strict=fmt["strict"])
+                )
             if grammar is not None:
                 self.gen.constraints().matcher(grammar)
         except StructuredUnavailable as exc:
@@ -155,8 +190,13 @@ class ServerState:
 
 # --- request reading -----------------------------------------------------------------------------
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is larger than this server's limit of {limit} bytes (--max-body-bytes)",
-                    INVALID_REQUEST, None, "request_too_large")
+    return ApiError(
+        413,
+        f"the request body is larger than this server's limit of {limit} bytes (--max-body-bytes)",
+        INVALID_REQUEST,
+        None,
+        "request_too_large",
+    )
 
 
 def _reject_constant(name: str):
@@ -204,17 +244,31 @@ async def _generation(request: Request, parse):
     prepared = await run_in_threadpool(state.prepare, req)
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
     state.worker.submit(job)
-    renderer = Renderer(req.kind, state.model, req.include_usage, req.return_token_ids, prepared.plan,
-                        state.gen.codec if req.logprobs is not None else None)
+    renderer = Renderer(
+        req.kind,
+        state.model,
+        req.include_usage,
+        req.return_token_ids,
+        prepared.plan,
+        state.gen.codec if req.logprobs is not None else None,
+    )
     return GenerationResponse(state.worker, job, renderer, req.stream)
 
 
 def _model_entry(state: ServerState) -> dict:
     m = state.gen.manifest
-    return {"id": state.model, "object": "model", "created": state.created, "owned_by": "specexport",
-            "max_model_len": m.max_context,
-            "specexport": {"default_proposer": state.default_proposer, "has_draft": state.gen.draft is not None,
-                           "contract_version": m.contract_version}}
+    return {
+        "id": state.model,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "specexport",
+        "max_model_len": m.max_context,
+        "specexport": {
+            "default_proposer": state.default_proposer,
+            "has_draft": state.gen.draft is not None,
+            "contract_version": m.contract_version,
+        },
+    }
 
 
 async def models(request: Request):
@@ -232,8 +286,12 @@ async def model(request: Request):
 
 async def health(request: Request):
     state, worker = _state(request), _state(request).worker
-    body = {"status": "draining" if worker.draining else "ok", "model": state.model, "waiting": worker.waiting,
-            "running": int(worker.current is not None)}
+    body = {
+        "status": "draining" if worker.draining else "ok",
+        "model": state.model,
+        "waiting": worker.waiting,
+        "running": int(worker.current is not None),
+    }
     return JSONResponse(body, status_code=503 if worker.draining else 200)
 
 
@@ -254,8 +312,14 @@ async def _http_error(request: Request, exc: HTTPException):
     if exc.status_code == 404:
         error = ApiError(404, f"no such endpoint: {request.method} {request.url.path}", NOT_FOUND, None, "not_found")
     elif exc.status_code == 405:
-        error = ApiError(405, f"{request.method} is not allowed on {request.url.path}", INVALID_REQUEST, None,
-                         "method_not_allowed", dict(exc.headers or {}))
+        error = ApiError(
+            405,
+            f"{request.method} is not allowed on {request.url.path}",
+            INVALID_REQUEST,
+            None,
+            "method_not_allowed",
+            dict(exc.headers or {}),
+        )
     else:
         error = ApiError(exc.status_code, str(exc.detail), INVALID_REQUEST, None, None, dict(exc.headers or {}))
     return await _api_error(request, error)

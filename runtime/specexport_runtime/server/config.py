@@ -27,7 +27,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
             raise InvalidArgument(f"port must be an integer in 0..65535, got {self.port!r}")
-        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or not 0 <= self.max_queue <= 100_000:
+        if (
+            not isinstance(self.max_queue, int)
+            or isinstance(self.max_queue, bool)
+            or not 0 <= self.max_queue <= 100_000
+        ):
             raise InvalidArgument(f"max_queue must be an integer in 0..100000, got {self.max_queue!r}")
         if not isinstance(self.max_body_bytes, int) or not 1024 <= self.max_body_bytes <= 1 << 30:
             raise InvalidArgument(f"max_body_bytes must be an integer in 1024..{1 << 30}, got {self.max_body_bytes!r}")
@@ -35,7 +39,11 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InvalidArgument(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        if not isinstance(self.drain_seconds, (int, float)) or not math.isfinite(self.drain_seconds) or self.drain_seconds < 0:
+        if (
+            not isinstance(self.drain_seconds, (int, float))
+            or not math.isfinite(self.drain_seconds)
+            or self.drain_seconds < 0
+        ):
             raise InvalidArgument(f"drain_seconds must be a finite number of seconds >= 0, got {self.drain_seconds!r}")
         if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
             raise InvalidArgument("api_key must be a non-empty string without surrounding whitespace")
@@ -56,5 +64,7 @@ class ServerConfig:
         """The warning `serve` prints when the server is reachable from other machines without a key."""
         if self.loopback or self.api_key is not None:
             return None
-        return (f"warning: serving on {self.host}:{self.port} without --api-key: anyone who can reach this"
-                " address can use the model (bind 127.0.0.1, or set --api-key)")
+        return (
+            f"warning: serving on {self.host}:{self.port} without --api-key: anyone who can reach this"
+            " address can use the model (bind 127.0.0.1, or set --api-key)"
+        )

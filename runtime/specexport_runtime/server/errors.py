@@ -38,4 +38,6 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
 
 def unsupported(param: str, what: str) -> ApiError:
     """A field the server does not implement: rejected, never silently ignored."""
-    return ApiError(400, f"{param} is not supported by this server: {what}", INVALID_REQUEST, param, "unsupported_parameter")
+    return ApiError(
+        400, f"{param} is not supported by this server: {what}", INVALID_REQUEST, param, "unsupported_parameter"
+    )

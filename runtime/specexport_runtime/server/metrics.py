@@ -12,21 +12,54 @@ the hybrid proposer 'draft' or 'lookup'), so acceptance is visible per proposer.
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..generator import GenerationStats
 
 PREFIX = "specexport:"
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                 0.5, 0.75, 1.0, 2.5)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+TOKEN_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -35,39 +68,83 @@ class Metrics:
         self.registry = registry = CollectorRegistry()
         self.model = model_name
         m, spec = ["model_name"], ["model_name", "proposer"]
-        self.drafts = Counter(PREFIX + "spec_decode_num_drafts", "Speculative rounds (draft + one verify call).", spec,
-                              registry=registry)
+        self.drafts = Counter(
+            PREFIX + "spec_decode_num_drafts", "Speculative rounds (draft + one verify call).", spec, registry=registry
+        )
         self.draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Drafted tokens.", spec, registry=registry)
-        self.accepted_tokens = Counter(PREFIX + "spec_decode_num_accepted_tokens", "Accepted drafted tokens.", spec,
-                                       registry=registry)
-        self.accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                                        "Accepted drafted tokens by draft position (0 = first).", ["model_name", "position"],
-                                        registry=registry)
-        self.drafted_per_pos = Counter(PREFIX + "spec_decode_num_draft_tokens_per_pos",
-                                       "Drafted tokens by draft position (0 = first).", ["model_name", "position"],
-                                       registry=registry)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of the requests that ran.", m,
-                                     registry=registry)
+        self.accepted_tokens = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens", "Accepted drafted tokens.", spec, registry=registry
+        )
+        self.accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Accepted drafted tokens by draft position (0 = first).",
+            ["model_name", "position"],
+            registry=registry,
+        )
+        self.drafted_per_pos = Counter(
+            PREFIX + "spec_decode_num_draft_tokens_per_pos",
+            "Drafted tokens by draft position (0 = first).",
+            ["model_name", "position"],
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of the requests that ran.", m, registry=registry
+        )
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", m, registry=registry)
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Request arrival to first token (queue included).",
-                              m, buckets=LATENCY_BUCKETS, registry=registry)
-        self.tpot = Histogram(PREFIX + "time_per_output_token_seconds",
-                              "Decode seconds per output token after the first, one observation per request.", m,
-                              buckets=TOKEN_BUCKETS, registry=registry)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Request arrival to last token.", m,
-                             buckets=LATENCY_BUCKETS, registry=registry)
-        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Seconds a request waited in the queue.", m,
-                                    buckets=LATENCY_BUCKETS, registry=registry)
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Request arrival to first token (queue included).",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            PREFIX + "time_per_output_token_seconds",
+            "Decode seconds per output token after the first, one observation per request.",
+            m,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Request arrival to last token.",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds",
+            "Seconds a request waited in the queue.",
+            m,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests in the queue.", m, registry=registry)
         self.running = Gauge(PREFIX + "num_requests_running", "Requests generating (0 or 1).", m, registry=registry)
-        self.success = Counter(PREFIX + "request_success", "Requests that finished, by finish reason.",
-                               ["model_name", "finished_reason"], registry=registry)
-        self.rejected = Counter(PREFIX + "requests_rejected", "Requests refused before queueing, by reason.",
-                                ["model_name", "reason"], registry=registry)
-        self.cancelled = Counter(PREFIX + "requests_cancelled", "Requests whose client left, by where they were.",
-                                 ["model_name", "stage"], registry=registry)
-        self.failed = Counter(PREFIX + "requests_failed", "Requests that ended in an error after queueing, by reason.",
-                              ["model_name", "reason"], registry=registry)
+        self.success = Counter(
+            PREFIX + "request_success",
+            "Requests that finished, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            PREFIX + "requests_rejected",
+            "Requests refused before queueing, by reason.",
+            ["model_name", "reason"],
+            registry=registry,
+        )
+        self.cancelled = Counter(
+            PREFIX + "requests_cancelled",
+            "Requests whose client left, by where they were.",
+            ["model_name", "stage"],
+            registry=registry,
+        )
+        self.failed = Counter(
+            PREFIX + "requests_failed",
+            "Requests that ended in an error after queueing, by reason.",
+            ["model_name", "reason"],
+            registry=registry,
+        )
         for gauge in (self.waiting, self.running):
             gauge.labels(model_name).set(0)
 

@@ -50,8 +50,11 @@ class Outcome:
 
 
 def usage(stats: GenerationStats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": stats.prompt_tokens + stats.new_tokens}
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": stats.prompt_tokens + stats.new_tokens,
+    }
 
 
 def speculative(outcome: Outcome) -> dict:
@@ -88,8 +91,15 @@ class Renderer:
     plan: the request's tools (None: none); codec: the artifact's, when log-probabilities are
     returned (token texts)."""
 
-    def __init__(self, kind: str, model: str, include_usage: bool = False, return_token_ids: bool = False,
-                 plan: ToolPlan | None = None, codec=None):
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        include_usage: bool = False,
+        return_token_ids: bool = False,
+        plan: ToolPlan | None = None,
+        codec=None,
+    ):
         self.kind, self.model = kind, model
         self.include_usage, self.return_token_ids = include_usage, return_token_ids
         self.plan = plan if plan is not None and plan.active else None
@@ -107,8 +117,14 @@ class Renderer:
             kind = "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, tokens: list[int] | None, finish: str | None, chunk: bool,
-                logprobs: list[dict] | None = None) -> dict:
+    def _choice(
+        self,
+        text: str | None,
+        tokens: list[int] | None,
+        finish: str | None,
+        chunk: bool,
+        logprobs: list[dict] | None = None,
+    ) -> dict:
         if self.kind == CHAT:
             if chunk:
                 body = {"delta": {} if text is None else {"content": text}}
@@ -129,16 +145,29 @@ class Renderer:
             return self.codec.decode([token])
 
         if self.kind == CHAT:
-            return {"content": [{"token": piece(e["token"]), "logprob": e["logprob"],
-                                 "bytes": list(piece(e["token"]).encode()),
-                                 "top_logprobs": [{"token": piece(t), "logprob": lp, "bytes": list(piece(t).encode())}
-                                                  for t, lp in e["top"]]} for e in entries]}
+            return {
+                "content": [
+                    {
+                        "token": piece(e["token"]),
+                        "logprob": e["logprob"],
+                        "bytes": list(piece(e["token"]).encode()),
+                        "top_logprobs": [
+                            {"token": piece(t), "logprob": lp, "bytes": list(piece(t).encode())} for t, lp in e["top"]
+                        ],
+                    }
+                    for e in entries
+                ]
+            }
         offsets = []
         for e in entries:
             offsets.append(self.offset)
             self.offset += len(piece(e["token"]))
-        return {"tokens": [piece(e["token"]) for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{piece(t): lp for t, lp in e["top"]} for e in entries], "text_offset": offsets}
+        return {
+            "tokens": [piece(e["token"]) for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{piece(t): lp for t, lp in e["top"]} for e in entries],
+            "text_offset": offsets,
+        }
 
     def _chunk(self, choices: list[dict]) -> dict:
         data = {**self._envelope(True), "choices": choices}
@@ -184,7 +213,12 @@ class Renderer:
         if not self.include_usage:
             final["usage"] = usage(outcome.stats)
             return out + sse(final)
-        tail = {**self._envelope(True), "choices": [], "usage": usage(outcome.stats), "speculative": final["speculative"]}
+        tail = {
+            **self._envelope(True),
+            "choices": [],
+            "usage": usage(outcome.stats),
+            "speculative": final["speculative"],
+        }
         return out + sse(final) + sse(tail)
 
     # --- whole response ---
@@ -195,5 +229,9 @@ class Renderer:
             choice["message"]["tool_calls"] = [c.as_openai() for c in calls]
         if outcome.interrupted:
             choice["interrupted"] = outcome.interrupted
-        return {**self._envelope(False), "choices": [choice], "usage": usage(outcome.stats),
-                "speculative": speculative(outcome)}
+        return {
+            **self._envelope(False),
+            "choices": [choice],
+            "usage": usage(outcome.stats),
+            "speculative": speculative(outcome),
+        }

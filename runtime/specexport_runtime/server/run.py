@@ -35,8 +35,16 @@ class DrainingServer(uvicorn.Server):
 def make_server(gen, config: ServerConfig, log_level: str = "info", access_log: bool = True) -> DrainingServer:
     """A server for `gen` (not started): `.run()` blocks; `.run(sockets=[s])` serves a bound socket."""
     app = create_app(gen, config)
-    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, access_log=access_log,
-                        lifespan="on", timeout_graceful_shutdown=GRACEFUL_TIMEOUT_SECONDS, server_header=False)
+    uv = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_TIMEOUT_SECONDS,
+        server_header=False,
+    )
     return DrainingServer(uv, app.state.server)
 
 

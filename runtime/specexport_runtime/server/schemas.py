@@ -39,12 +39,38 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat
 IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's bound)
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs (OpenAI's bound)
-COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-          "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
-          "proposer", "gamma", "top_k", "return_token_ids", *IGNORED)
-CHAT_FIELDS = (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-               "parallel_tool_calls", "functions",
-               "function_call", "response_format")
+COMMON = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "proposer",
+    "gamma",
+    "top_k",
+    "return_token_ids",
+    *IGNORED,
+)
+CHAT_FIELDS = (
+    *COMMON,
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+)
 COMPLETION_FIELDS = (*COMMON, "prompt", "echo", "best_of", "suffix", "response_format")
 
 
@@ -97,11 +123,19 @@ def parse_chat(body: Any) -> GenerationRequest:
         if not logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     max_tokens, param = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
-    return GenerationRequest(CHAT, _model(body), _sampling(body, max_tokens), *_streaming(body),
-                             messages=_messages(body), max_tokens_param=param, response_format=_response_format(body),
-                             tools=None if not tools else tuple(tools), tool_choice=body.get("tool_choice"),
-                             parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-                             logprobs=(top or 0) if logprobs else None)
+    return GenerationRequest(
+        CHAT,
+        _model(body),
+        _sampling(body, max_tokens),
+        *_streaming(body),
+        messages=_messages(body),
+        max_tokens_param=param,
+        response_format=_response_format(body),
+        tools=None if not tools else tuple(tools),
+        tool_choice=body.get("tool_choice"),
+        parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
+        logprobs=(top or 0) if logprobs else None,
+    )
 
 
 def _response_format(body: dict) -> dict | None:
@@ -111,23 +145,31 @@ def _response_format(body: dict) -> dict | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad_request("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}, got"
-                          f" {_kind(fmt)}", "response_format")
+        raise bad_request(
+            f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema', ...}}, got {_kind(fmt)}",
+            "response_format",
+        )
     extra = sorted(set(fmt) - {"type", "json_schema"})
     if extra:
-        raise bad_request(f"response_format has unknown field {extra[0]!r}", f"response_format.{extra[0]}",
-                          "unknown_parameter")
+        raise bad_request(
+            f"response_format has unknown field {extra[0]!r}", f"response_format.{extra[0]}", "unknown_parameter"
+        )
     if fmt["type"] == "text":
         return None
     if fmt["type"] == "json_object":
         return {"type": "json_object"}
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-        raise bad_request("response_format.json_schema must be an object with a 'schema' object", "response_format.json_schema")
+        raise bad_request(
+            "response_format.json_schema must be an object with a 'schema' object", "response_format.json_schema"
+        )
     extra = sorted(set(spec) - {"name", "schema", "strict", "description"})
     if extra:
-        raise bad_request(f"response_format.json_schema has unknown field {extra[0]!r}",
-                          f"response_format.json_schema.{extra[0]}", "unknown_parameter")
+        raise bad_request(
+            f"response_format.json_schema has unknown field {extra[0]!r}",
+            f"response_format.json_schema.{extra[0]}",
+            "unknown_parameter",
+        )
     return {"type": "json_schema", "schema": spec["schema"], "strict": bool(spec.get("strict") or False)}
 
 
@@ -147,9 +189,18 @@ def parse_completion(body: Any) -> GenerationRequest:
     if logprobs is not None:
         logprobs = _int(body, "logprobs", 0)
         if not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
-            raise bad_request(f"logprobs must be an integer in 0..{MAX_COMPLETION_LOGPROBS}, got {logprobs!r}", "logprobs")
-    return GenerationRequest(COMPLETION, _model(body), _sampling(body, max_tokens), *_streaming(body),
-                             prompt=_prompt(body), logprobs=logprobs, response_format=_response_format(body))
+            raise bad_request(
+                f"logprobs must be an integer in 0..{MAX_COMPLETION_LOGPROBS}, got {logprobs!r}", "logprobs"
+            )
+    return GenerationRequest(
+        COMPLETION,
+        _model(body),
+        _sampling(body, max_tokens),
+        *_streaming(body),
+        prompt=_prompt(body),
+        logprobs=logprobs,
+        response_format=_response_format(body),
+    )
 
 
 # --- fields --------------------------------------------------------------------------------
@@ -190,11 +241,16 @@ def _streaming(body: dict) -> tuple[bool, bool, bool]:
         if not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         if not isinstance(options, dict):
-            raise bad_request(f"stream_options must be an object, got {_kind(options)}", "stream_options", "invalid_type")
+            raise bad_request(
+                f"stream_options must be an object, got {_kind(options)}", "stream_options", "invalid_type"
+            )
         for name in options:
             if name != "include_usage":
-                raise bad_request(f"unrecognized stream option {name!r} (known: 'include_usage')",
-                                  f"stream_options.{name}", "unknown_parameter")
+                raise bad_request(
+                    f"unrecognized stream option {name!r} (known: 'include_usage')",
+                    f"stream_options.{name}",
+                    "unknown_parameter",
+                )
         include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
     return stream, include_usage, _bool(body, "return_token_ids", False)
 
@@ -209,7 +265,9 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
         raise unsupported("logit_bias", "biases would change the target's distribution (only {} is accepted)")
     temperature = _number(body, "temperature", DEFAULT_TEMPERATURE)
     if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise bad_request(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {temperature!r}", "temperature")
+        raise bad_request(
+            f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {temperature!r}", "temperature"
+        )
     top_p = _number(body, "top_p", 1.0)
     if not 0.0 < top_p <= 1.0:
         raise bad_request(f"top_p must be in (0, 1], got {top_p!r}", "top_p")
@@ -223,8 +281,9 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
             raise bad_request(f"seed must be an integer in [0, 2**64), got {seed!r}", "seed")
     proposer = body.get("proposer")
     if proposer is not None and proposer not in registry.names():
-        raise bad_request(f"proposer must be one of {', '.join(map(repr, registry.names()))}, got {proposer!r}",
-                          "proposer")
+        raise bad_request(
+            f"proposer must be one of {', '.join(map(repr, registry.names()))}, got {proposer!r}", "proposer"
+        )
     gamma = body.get("gamma")
     if gamma is not None:
         gamma = _int(body, "gamma", 0)
@@ -257,7 +316,9 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise bad_request(f"stop holds at most {MAX_STOPS} strings, got {len(stops)}", "stop")
     for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
-            raise bad_request(f"stop strings must be non-empty strings, got {s!r}", f"stop[{i}]" if stops is stop else "stop")
+            raise bad_request(
+                f"stop strings must be non-empty strings, got {s!r}", f"stop[{i}]" if stops is stop else "stop"
+            )
         _utf8(s, f"stop[{i}]" if stops is stop else "stop")
     return tuple(stops)
 
@@ -267,7 +328,9 @@ def _messages(body: dict) -> tuple[dict, ...]:
     if messages is None:
         raise bad_request("messages is required", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
-        raise bad_request(f"messages must be a list of message objects, got {_kind(messages)}", "messages", "invalid_type")
+        raise bad_request(
+            f"messages must be a list of message objects, got {_kind(messages)}", "messages", "invalid_type"
+        )
     if not messages:
         raise bad_request("messages is empty (expected at least one message)", "messages")
     out = []
@@ -279,14 +342,21 @@ def _messages(body: dict) -> tuple[dict, ...]:
         if role == "function":
             raise unsupported(f"{where}.role", "the deprecated role 'function': use 'tool'")
         if not isinstance(role, str) or role not in ROLES:
-            raise bad_request(f"{where}.role must be one of {', '.join(map(repr, ROLES))}, got {role!r}", f"{where}.role")
+            raise bad_request(
+                f"{where}.role must be one of {', '.join(map(repr, ROLES))}, got {role!r}", f"{where}.role"
+            )
         known = ("role", "content", "name") + MESSAGE_EXTRAS.get(role, ())
         for key in message:
             if key not in known:
-                raise bad_request(f"unrecognized message field {key!r} for role {role!r} (known: {', '.join(known)})",
-                                  f"{where}.{key}", "unknown_parameter")
+                raise bad_request(
+                    f"unrecognized message field {key!r} for role {role!r} (known: {', '.join(known)})",
+                    f"{where}.{key}",
+                    "unknown_parameter",
+                )
         if "name" in message and not isinstance(message["name"], str):
-            raise bad_request(f"{where}.name must be a string, got {_kind(message['name'])}", f"{where}.name", "invalid_type")
+            raise bad_request(
+                f"{where}.name must be a string, got {_kind(message['name'])}", f"{where}.name", "invalid_type"
+            )
         entry: dict = {"role": "system" if role == "developer" else role}
         calls = message.get("tool_calls")
         if role == "assistant" and calls:
@@ -306,20 +376,30 @@ def _messages(body: dict) -> tuple[dict, ...]:
 def _tool_calls(calls: Any, where: str) -> list[dict]:
     """An assistant turn's earlier tool calls: [{id, type: function, function: {name, arguments}}]."""
     if not isinstance(calls, list):
-        raise bad_request(f"{where}.tool_calls must be a list, got {_kind(calls)}", f"{where}.tool_calls", "invalid_type")
+        raise bad_request(
+            f"{where}.tool_calls must be a list, got {_kind(calls)}", f"{where}.tool_calls", "invalid_type"
+        )
     out = []
     for j, call in enumerate(calls):
         at = f"{where}.tool_calls[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
-            raise bad_request(f"{at} must be {{'id', 'type': 'function', 'function': {{'name': str, 'arguments': str}}}}",
-                              at, "invalid_type")
+            raise bad_request(
+                f"{at} must be {{'id', 'type': 'function', 'function': {{'name': str, 'arguments': str}}}}",
+                at,
+                "invalid_type",
+            )
         try:
             json.loads(fn["arguments"] or "{}")
         except ValueError:
             raise bad_request(f"{at}.function.arguments is not JSON", f"{at}.function.arguments") from None
-        out.append({"id": str(call.get("id", "")), "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+        out.append(
+            {
+                "id": str(call.get("id", "")),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": fn["arguments"]},
+            }
+        )
     return out
 
 
@@ -337,8 +417,11 @@ def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
         return _utf8(content, f"{where}.content")
     if not isinstance(content, list):
-        raise bad_request(f"{where}.content must be a string or a list of text parts, got {_kind(content)}",
-                          f"{where}.content", "invalid_type")
+        raise bad_request(
+            f"{where}.content must be a string or a list of text parts, got {_kind(content)}",
+            f"{where}.content",
+            "invalid_type",
+        )
     texts = []
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
@@ -347,7 +430,9 @@ def _content(content: Any, where: str) -> str:
         if part["type"] != "text":
             raise unsupported(f"{at}.type", f"content part {part['type']!r} (only 'text' parts are read)")
         if not isinstance(part.get("text"), str):
-            raise bad_request(f"{at}.text must be a string, got {_kind(part.get('text'))}", f"{at}.text", "invalid_type")
+            raise bad_request(
+                f"{at}.text must be a string, got {_kind(part.get('text'))}", f"{at}.text", "invalid_type"
+            )
         texts.append(_utf8(part["text"], f"{at}.text"))
     return "".join(texts)
 
@@ -364,16 +449,30 @@ def _prompt(body: dict) -> str | tuple[int, ...]:
         return _utf8(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
         raise unsupported("prompt", f"one prompt per request, got a batch of {len(prompt)}")
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        raise bad_request(f"prompt must be a non-empty string or a non-empty list of token ids, got {_kind(prompt)}",
-                          "prompt", "invalid_type")
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        raise bad_request(
+            f"prompt must be a non-empty string or a non-empty list of token ids, got {_kind(prompt)}",
+            "prompt",
+            "invalid_type",
+        )
     return tuple(prompt)
 
 
 # --- scalars -------------------------------------------------------------------------------
 def _kind(value: Any) -> str:
-    names = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "an array", dict: "an object"}
+    names = {
+        type(None): "null",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
     text = repr(value)
     return f"{names.get(type(value), type(value).__name__)} {text if len(text) <= 40 else text[:37] + '...'}"
 
@@ -410,5 +509,10 @@ def _number(body: dict, name: str, default: float) -> float:
 def check_model(request_model: str | None, served: str) -> None:
     """An unknown model name is a 404, as OpenAI answers it (absent: the one served)."""
     if request_model is not None and request_model != served:
-        raise ApiError(404, f"the model {request_model!r} does not exist; this server serves {served!r}",
-                       "invalid_request_error", "model", "model_not_found")
+        raise ApiError(
+            404,
+            f"the model {request_model!r} does not exist; this server serves {served!r}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )

@@ -133,9 +133,15 @@ class Worker:
                 raise shutting_down()
             if len(self._queue) + (self.current is not None) > self.config.max_queue:
                 wait = self._mean_seconds * (len(self._queue) + 1)
-                raise ApiError(429, f"the server is busy: {len(self._queue)} requests are waiting (--max-queue"
-                                    f" {self.config.max_queue}); retry later", RATE_LIMIT, None, "queue_full",
-                               {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))})
+                raise ApiError(
+                    429,
+                    f"the server is busy: {len(self._queue)} requests are waiting (--max-queue"
+                    f" {self.config.max_queue}); retry later",
+                    RATE_LIMIT,
+                    None,
+                    "queue_full",
+                    {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))},
+                )
             self._queue.append(job)
             self.metrics.waiting.labels(self.metrics.model).set(len(self._queue))
             self._cond.notify()
@@ -188,8 +194,11 @@ class Worker:
                 self._execute(job)
             except Exception as exc:  # a bug or a runtime failure: this request gets a 500, the server goes on
                 log.exception("generation %s failed", job.id)
-                self._fail(job, ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", SERVER, None,
-                                         "generation_failed"), "error")
+                self._fail(
+                    job,
+                    ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", SERVER, None, "generation_failed"),
+                    "error",
+                )
             finally:
                 with self._cond:
                     self.current = None
@@ -199,9 +208,19 @@ class Worker:
     def _execute(self, job: Job) -> None:
         start = time.monotonic()
         if start > job.deadline:
-            self._fail(job, ApiError(503, f"the request waited {start - job.arrived:.1f} s in the queue, past the"
-                                          f" request timeout of {self.config.request_timeout:g} s", UNAVAILABLE, None,
-                                     "queue_timeout", {"Retry-After": "1"}), "queue_timeout")
+            self._fail(
+                job,
+                ApiError(
+                    503,
+                    f"the request waited {start - job.arrived:.1f} s in the queue, past the"
+                    f" request timeout of {self.config.request_timeout:g} s",
+                    UNAVAILABLE,
+                    None,
+                    "queue_timeout",
+                    {"Retry-After": "1"},
+                ),
+                "queue_timeout",
+            )
             return
         job.started = start
         job.post(Started(start))
@@ -248,9 +267,12 @@ class Worker:
             return
         job.state = "finished"
         proposer = job.config.proposer if job.config.speculating else "none"
-        outcome = Outcome(finish, stats, proposer, events.gamma_policy, job.config.gamma, start - job.arrived, ttft,
-                          interrupted)
-        self.metrics.success.labels(self.metrics.model, outcome.openai_finish_reason if not interrupted else interrupted).inc()
+        outcome = Outcome(
+            finish, stats, proposer, events.gamma_policy, job.config.gamma, start - job.arrived, ttft, interrupted
+        )
+        self.metrics.success.labels(
+            self.metrics.model, outcome.openai_finish_reason if not interrupted else interrupted
+        ).inc()
         job.post(Finished(outcome))
 
     def _deliver(self, job: Job, event: Round) -> str | None:
@@ -281,5 +303,11 @@ class Worker:
 
 
 def shutting_down() -> ApiError:
-    return ApiError(503, "the server is shutting down; retry on another instance or after it restarts", UNAVAILABLE,
-                    None, "shutting_down", {"Retry-After": "5"})
+    return ApiError(
+        503,
+        "the server is shutting down; retry on another instance or after it restarts",
+        UNAVAILABLE,
+        None,
+        "shutting_down",
+        {"Retry-After": "5"},
+    )
