@@ -350,7 +350,8 @@ class BenchReport:
                 f"{_pcts(c.on.token_latency_seconds, 1e3)} | {c.draft_time_share:.0%} |"
                 if th is not None
                 else f"| on[{c.label}] | {c.on.tokens_per_second:.1f} | {c.speedup:.2f}{ci} | n/a | n/a | "
-                f"{_f(c.acceptance.acceptance_rate)} | {_f(c.acceptance.alpha)} | {c.acceptance.tokens_per_target_call:.2f} | "
+                f"{_f(c.acceptance.acceptance_rate)} | {_f(c.acceptance.alpha)} | "
+                f"{c.acceptance.tokens_per_target_call:.2f} | "
                 f"{_pcts(c.on.e2e_seconds, 1)} | {_pcts(c.on.token_latency_seconds, 1e3)} | {c.draft_time_share:.0%} |"
             )
         for c in self.configs:

@@ -446,7 +446,8 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     clock.stage("export_target" + ("+validate" if validate else ""))
     if validate and recipe.target.exactness == "bitwise" and target.exactness != "bitwise":
         progress(
-            f"warning: target rows differ between call sizes (max |diff| {target.validation['rows']['max_abs_diff']:.3g});"
+            "warning: target rows differ between call sizes"
+            f" (max |diff| {target.validation['rows']['max_abs_diff']:.3g});"
             " the manifest records exactness 'numerical'"
         )
     target_entry = _entry(

@@ -230,14 +230,16 @@ def _lines(summary: dict) -> list[str]:
         m = summary.get(role)
         if m:
             lines.append(
-                f"  {role}: {m['architecture']} {m['precision']}, {m['num_layers']} layers, {m['num_kv_heads']} KV heads x "
+                f"  {role}: {m['architecture']} {m['precision']}, {m['num_layers']} layers,"
+                f" {m['num_kv_heads']} KV heads x "
                 f"{m['head_dim']}, vocab {m['vocab_size']} / rows {m['embedding_rows']}, {m['bytes'] / 1e6:.1f} MB"
             )
     lines.append(f"  speculation: proposer {summary['proposer']}, gamma {summary['gamma']}")
     if summary.get("retrieval"):
         r = summary["retrieval"]
         lines.append(
-            f"  datastore: {r['token_count']:,} tokens from {r['documents']} documents ({', '.join(r['corpus'] or [])}),"
+            f"  datastore: {r['token_count']:,} tokens from {r['documents']} documents"
+            f" ({', '.join(r['corpus'] or [])}),"
             f" {r['bytes'] / 1e6:.1f} MB (suffix proposer)"
         )
     lines.append(f"  files: {summary['files']} ({summary['bytes'] / 1e6:.1f} MB), checksums {summary['checksums']}")
@@ -257,7 +259,8 @@ def generate(ctx: click.Context, args: tuple[str, ...]) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def serve(ctx: click.Context, args: tuple[str, ...]) -> None:
-    """Serve an artifact over an OpenAI-compatible HTTP API (same options as `specexport-runtime serve`; --help lists them)."""
+    """Serve an artifact over an OpenAI-compatible HTTP API (same options as `specexport-runtime serve`;
+    --help lists them)."""
     _runtime(ctx, "serve", args)
 
 
@@ -349,7 +352,8 @@ class _TrainBar:
     "--out",
     required=True,
     type=click.Path(path_type=Path),
-    help="Folder to write: the head in the published EAGLE-3 format, training.json and checkpoint/ (replaced atomically).",
+    help="Folder to write: the head in the published EAGLE-3 format, training.json and checkpoint/"
+    " (replaced atomically).",
 )
 @click.option(
     "--steps",
@@ -394,7 +398,8 @@ class _TrainBar:
     "--held-out",
     type=float,
     default=None,
-    help="Fraction of the windows kept out of training to measure agreement (at most --eval-sequences) [default: 0.05].",
+    help="Fraction of the windows kept out of training to measure agreement (at most --eval-sequences)"
+    " [default: 0.05].",
 )
 @click.option("--eval-sequences", type=int, default=None, help="Most held-out windows [default: 32].")
 @click.option("--eval-every", type=int, default=None, help="Steps between held-out evaluations [default: 100].")

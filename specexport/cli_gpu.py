@@ -23,7 +23,8 @@ import click
 @click.option(
     "--trt-version",
     default=None,
-    help="TensorRT version of the device (default 10.3: JetPack 6.1/6.2 on Orin; JetPack 6.0 has 8.6, Thor/JetPack 7 a newer 10.x).",
+    help="TensorRT version of the device (default 10.3: JetPack 6.1/6.2 on Orin; JetPack 6.0 has 8.6,"
+    " Thor/JetPack 7 a newer 10.x).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def check_trt_cmd(path: Path, trt_version: str | None, as_json: bool) -> None:

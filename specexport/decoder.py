@@ -127,7 +127,7 @@ class ContractDecoder(nn.Module):
 
     def _init_rotary(self, model: nn.Module) -> None:
         self.rope_keys = [key for key, _ in self.cfg.ropes]
-        for n, (key, (inv_freq, scale)) in enumerate(rotary_inv_freq(model, self.cfg).items()):
+        for n, (_, (inv_freq, scale)) in enumerate(rotary_inv_freq(model, self.cfg).items()):
             self.register_buffer(f"inv_freq_{n}", inv_freq, persistent=False)  # [rot / 2]
             setattr(self, f"rope_scale_{n}", scale)
         rot, D = self.cfg.rotary_dim, self.head_dim

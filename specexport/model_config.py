@@ -215,13 +215,13 @@ class NormalizedConfig:
     @property
     def windows(self) -> tuple[int, ...]:
         """The distinct window sizes, smallest first."""
-        return tuple(sorted({l.window for l in self.layers if l.window is not None}))
+        return tuple(sorted({layer.window for layer in self.layers if layer.window is not None}))
 
     @property
     def head_rope_theta(self) -> float:
         """The theta of the full-attention layers' rotary table (what an EAGLE-3 head copies)."""
-        full = [l.rope for l in self.layers if l.window is None and l.rope is not None]
-        key = full[0] if full else next((l.rope for l in self.layers if l.rope is not None), None)
+        full = [layer.rope for layer in self.layers if layer.window is None and layer.rope is not None]
+        key = full[0] if full else next((layer.rope for layer in self.layers if layer.rope is not None), None)
         return self.rope(key).theta if key is not None else 10000.0
 
     def long_range_length(self, max_context: int) -> int:
@@ -237,10 +237,10 @@ class NormalizedConfig:
             f"heads {self.heads}/{self.kv_heads}x{self.head_dim}",
         ]
         if self.windows:
-            n = sum(l.window is not None for l in self.layers)
+            n = sum(layer.window is not None for layer in self.layers)
             parts.append(f"window {'/'.join(map(str, self.windows))} on {n} layers")
-        if any(l.rope is None for l in self.layers) and self.rotary_dim:
-            parts.append(f"{sum(l.rope is None for l in self.layers)} NoPE layers")
+        if any(layer.rope is None for layer in self.layers) and self.rotary_dim:
+            parts.append(f"{sum(layer.rope is None for layer in self.layers)} NoPE layers")
         if 0 < self.rotary_dim < self.head_dim:
             parts.append(f"rotary {self.rotary_dim}/{self.head_dim}")
         kinds = sorted({r.kind for _, r in self.ropes} - {"default"})
@@ -323,7 +323,8 @@ def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
         if feature is None or feature in arch.features or not _is_set(key, value):
             continue
         raise UnsupportedConfig(
-            f"config key {key!r} = {_show(value)} is not implemented for {arch.model_type!r} ({feature.replace('_', ' ')});"
+            f"config key {key!r} = {_show(value)} is not implemented for {arch.model_type!r}"
+            f" ({feature.replace('_', ' ')});"
             f" {arch.model_type} implements: {', '.join(sorted(arch.features)) or 'no optional features'}"
         )
 

@@ -34,7 +34,8 @@ weights   parameters x bytes per parameter of the graph's precision
             head, embedding: fp32 (f bytes: the graph's float dtype), int8, int4 as above, or
             checkpoint (as the layers for gguf; gptq / awq checkpoints keep them in float)
 kv cache  2 x layers x max_context x kv_heads x head_dim x bytes (4 for fp32 graphs and quantized
-          drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime allocates both caches at max context once (engine.py),
+          drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime allocates
+          both caches at max context once (engine.py),
           sliding-window layers (Gemma 2/3, Mistral, Phi-3) included; the report notes what a
           ring-buffer cache would save on them.
 work      the peak working memory of one call, which the runtime's memory arena keeps:
@@ -236,7 +237,8 @@ class PlanReport:
         ]
         for m in self.models:
             out.append(
-                f"  {m.role:<6} {m.model} ({m.precision}, {m.parameters / 1e9:.3g}B params): weights {_gib(m.weight_bytes)},"
+                f"  {m.role:<6} {m.model} ({m.precision}, {m.parameters / 1e9:.3g}B params):"
+                f" weights {_gib(m.weight_bytes)},"
                 f" KV cache {_gib(m.kv_bytes)}, working memory {_gib(m.activation_bytes + m.logits_buffer_bytes)}"
             )
         out.append(f"  runtime overhead {_gib(self.overhead_bytes)} (CUDA context, libraries, Python)")
@@ -425,7 +427,8 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
         capped = _report(recipe, device, shapes, recipe.max_context, prompt_cap)
         if capped.total_bytes < need:
             advice.append(
-                f"feed prompts in chunks of {prompt_cap} tokens (TensorRT engines do: trt_build --max-prompt {prompt_cap}):"
+                f"feed prompts in chunks of {prompt_cap} tokens"
+                f" (TensorRT engines do: trt_build --max-prompt {prompt_cap}):"
                 f" {verdict(capped)}"
             )
     if recipe.draft.has_graph and recipe.draft.kind != "eagle3" and recipe.draft.precision != "int4":
@@ -449,7 +452,8 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
     if recipe.target.precision == "fp32":
         alt = _variant(recipe, **{"target.precision": "fp16"})
         advice.append(
-            f"fp16 target (target.precision: fp16): {verdict(_report(alt, device, shapes, recipe.max_context, max_prompt))}"
+            "fp16 target (target.precision: fp16): "
+            f"{verdict(_report(alt, device, shapes, recipe.max_context, max_prompt))}"
         )
     if recipe.target.precision not in QUANTIZED_TARGETS:
         dtype = "fp16" if recipe.target.precision == "fp16" else "fp32"
@@ -513,10 +517,11 @@ def plan(
         )
     tcfg = target[0]
     if tcfg.windows:
-        layers = sum(l.window is not None for l in tcfg.layers)
+        layers = sum(layer.window is not None for layer in tcfg.layers)
         saving = window_saving_bytes(tcfg, spec.target.precision, spec.max_context, spec.target.quantization)
         report.notes.append(
-            f"{layers} of {tcfg.num_layers} target layers attend over a {'/'.join(map(str, tcfg.windows))}-token window;"
+            f"{layers} of {tcfg.num_layers} target layers attend over a"
+            f" {'/'.join(map(str, tcfg.windows))}-token window;"
             f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {_gib(saving)})"
         )
     if spec.layout.contrib_attention:  # every device in DEVICES is a GPU

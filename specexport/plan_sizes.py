@@ -333,7 +333,9 @@ def window_saving_bytes(
 ) -> int:
     """What a ring-buffer cache would save on the sliding-window layers (these graphs keep
     max_context rows on every layer)."""
-    rows = sum(max_context - l.window for l in c.layers if l.window is not None and l.window < max_context)
+    rows = sum(
+        max_context - layer.window for layer in c.layers if layer.window is not None and layer.window < max_context
+    )
     return 2 * rows * c.kv_heads * c.head_dim * kv_dtype_bytes(precision, quantization)
 
 
@@ -389,5 +391,5 @@ def summary(c: NormalizedConfig) -> dict[str, Any]:
         "head_dim": c.head_dim,
         "vocab": c.vocab,
         "tied": c.tied,
-        "windows": {str(w): sum(l.window == w for l in c.layers) for w in c.windows},
+        "windows": {str(w): sum(layer.window == w for layer in c.layers) for w in c.windows},
     }

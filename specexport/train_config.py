@@ -39,7 +39,8 @@ Progress = Callable[[dict], None]  # {"event": "stage", "message"} | {"event": "
 class TrainConfig:
     """Everything train_draft needs; validated on creation (TrainConfigError names value and range)."""
 
-    target: str  # a recipe (YAML path or bundled name): its target; else a model source (folder, .gguf, hub id, builtin:NAME)
+    # a recipe (YAML path or bundled name): its target; else a model source (folder, .gguf, hub id, builtin:NAME)
+    target: str
     data: tuple[str, ...]  # paths and/or NAMED_SOURCES
     out: Path  # the head folder to write (replaced atomically)
     steps: int | None = None  # total optimizer steps (a resumed run counts on from the checkpoint's step)

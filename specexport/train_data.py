@@ -203,8 +203,10 @@ def _calibration_windows(tgt: FrozenTarget, config: TrainConfig, progress: Progr
     prompts = [p for p in load_prompts("all") if p.id not in held]
     if not prompts:
         raise TrainDraftError(
-            f"data 'calibration' has no prompt left: all {len(held)} calibration prompts are held out as the benchmark's "
-            f"(holdout_prompts {list(config.holdout_prompts)}, holdout_limit {config.holdout_limit}); hold out only the "
+            f"data 'calibration' has no prompt left: all {len(held)} calibration prompts are held out"
+            " as the benchmark's "
+            f"(holdout_prompts {list(config.holdout_prompts)}, holdout_limit {config.holdout_limit});"
+            " hold out only the "
             f"first N per domain (--holdout-limit N, then bench with --limit N) or train on other data"
         )
     cache_dir = config.cache_dir or _default_cache()

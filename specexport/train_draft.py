@@ -12,7 +12,8 @@ Pipeline
      package descriptions in site-packages), "calibration" (the calibration prompts that are NOT
      held out for the benchmark, each with the target's own greedy answer, generated once and
      cached), "instructions" (chat requests in the benchmark's five domains synthesized from local
-     stdlib functions and docs, train_instructions.py, with the target's own answers, cached). Text is tokenized with the target's tokenizer, documents are joined with EOS and cut
+     stdlib functions and docs, train_instructions.py, with the target's own answers, cached).
+     Text is tokenized with the target's tokenizer, documents are joined with EOS and cut
      into windows of `seq_len` tokens; a calibration sample is its prompt + answer (the loss covers
      the answer only). A seeded `held_out` fraction of the windows (at most `eval_sequences`) is
      kept out of training to measure agreement.
@@ -343,7 +344,8 @@ def _draft_vocab(
             )
         if resume[0].get("data_fingerprint") != fingerprint:
             notes.append(
-                f"the data differs from the checkpoint's (fingerprint {resume[0].get('data_fingerprint')} -> {fingerprint})"
+                "the data differs from the checkpoint's"
+                f" (fingerprint {resume[0].get('data_fingerprint')} -> {fingerprint})"
             )
         return draft_ids, _coverage(train, draft_ids.numpy(), V)
     size = config.draft_vocab_size if config.draft_vocab_size is not None else min(DEFAULT_DRAFT_VOCAB, V)
@@ -478,7 +480,7 @@ class _Session:
                 group["lr"] = lr
             logits = ttt_forward(self.model, self.tgt.embed, batch.features, batch.ids, config.ttt_steps)
             losses = ttt_losses(logits, batch, self.t2d)
-            loss = sum(w * l for w, l in zip(weights, losses))
+            loss = sum(w * step_loss for w, step_loss in zip(weights, losses))
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:

@@ -286,7 +286,10 @@ def init_from_target(model: Eagle3Draft, target, draft_ids: torch.Tensor, seed: 
             done.append("lm_head.weight")
         else:
             skipped.append("lm_head.weight")
-    note = f"from the target's last decoder layer, final norm and lm_head ({len(done)} tensors); fc = identity on the high block"
+    note = (
+        f"from the target's last decoder layer, final norm and lm_head ({len(done)} tensors);"
+        " fc = identity on the high block"
+    )
     return note + (f"; random: {', '.join(skipped)}" if skipped else "")
 
 

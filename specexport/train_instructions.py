@@ -233,7 +233,8 @@ def _request(domain: str, fn: Function, para: str, rng: random.Random) -> str:
             [
                 f"Rewrite this paragraph to be shorter and clearer:\n\n{para}",
                 f"Fix any grammar problems and make this more formal:\n\n{para}",
-                f"Add type hints and a better docstring to this function. Output only the code.\n\n```python\n{fn.source}\n```",
+                "Add type hints and a better docstring to this function. Output only the code.\n\n"
+                f"```python\n{fn.source}\n```",
                 f"Rename the variables in this function to be more descriptive. Output only the code.\n\n"
                 f"```python\n{fn.source}\n```",
             ]

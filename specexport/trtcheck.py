@@ -75,7 +75,8 @@ def parse_trt_version(version: str) -> tuple[int, int]:
         raise TrtCheckError(f"TensorRT version {version!r} is not of the form MAJOR.MINOR (e.g. 10.3)") from exc
     if (major, minor) < (8, 6):
         raise TrtCheckError(
-            f"TensorRT {version} is older than this check knows (8.6, JetPack 6.0, is the oldest); known: {', '.join(KNOWN_VERSIONS)}"
+            f"TensorRT {version} is older than this check knows (8.6, JetPack 6.0, is the oldest);"
+            f" known: {', '.join(KNOWN_VERSIONS)}"
         )
     return major, minor
 

@@ -104,7 +104,8 @@ def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
     full = PROVIDERS[config.provider]
     if full not in ort.get_available_providers():
         raise ProviderUnavailable(
-            f"provider {config.provider!r} is not available in this onnxruntime build; available: {available_providers()}"
+            f"provider {config.provider!r} is not available in this onnxruntime build;"
+            f" available: {available_providers()}"
             " (install specexport-runtime[gpu] on a CUDA machine)"
         )
     opts = ort.SessionOptions()

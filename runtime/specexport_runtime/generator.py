@@ -347,7 +347,8 @@ def validate_prompt_ids(ids: Sequence[int], vocab: int, max_context: int) -> lis
         raise PromptError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
     if len(ids) >= max_context:
         raise PromptError(
-            f"prompt has {len(ids)} tokens; the artifact's max_context is {max_context} (need at least one free position)"
+            f"prompt has {len(ids)} tokens; the artifact's max_context is {max_context}"
+            " (need at least one free position)"
         )
     return [int(t) for t in ids]
 

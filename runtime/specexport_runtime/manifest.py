@@ -228,7 +228,8 @@ class Manifest:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if parse_version(entry.required_version) > parse_version(self.contract_version):
                 raise ArtifactError(
-                    f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows}, cache_pad {entry.cache_pad} needs contract"
+                    f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows},"
+                    f" cache_pad {entry.cache_pad} needs contract"
                     f" {entry.required_version}, but the manifest declares {self.contract_version}"
                 )
         return self
@@ -271,7 +272,8 @@ class Manifest:
             contract = data["contract_version"]
             if not isinstance(contract, str) or not is_supported(contract):
                 raise ArtifactError(
-                    f"graph contract {contract!r} is not supported; this runtime reads {CONTRACT_VERSION.split('.')[0]}.x"
+                    f"graph contract {contract!r} is not supported;"
+                    f" this runtime reads {CONTRACT_VERSION.split('.')[0]}.x"
                     " (upgrade specexport-runtime or rebuild the artifact)"
                 )
             check_manifest(data)  # types, ranges, known keys, sizes: before anything is built from it

@@ -272,7 +272,8 @@ class TrtModel(CacheCursor):
         self._check_io(trt)
         if self.engine.num_optimization_profiles != len(self.profiles):
             raise EngineMismatch(
-                f"{engine_path} has {self.engine.num_optimization_profiles} profiles, engines.json records {len(self.profiles)}"
+                f"{engine_path} has {self.engine.num_optimization_profiles} profiles,"
+                f" engines.json records {len(self.profiles)}"
             )
         # scratch memory shared by one context per profile (they run one at a time on one stream)
         size_attr = "device_memory_size_v2" if hasattr(self.engine, "device_memory_size_v2") else "device_memory_size"

@@ -305,7 +305,10 @@ def smoke_error(provider_full: str, code: int, result: dict, stderr: str) -> str
     if code != 0:
         return f"the smoke test exited {code}: {last}"
     if provider_full not in result.get("available", []):
-        return f"{provider_full} is not in onnxruntime.get_available_providers() = {result.get('available')} ({result.get('file')})"
+        return (
+            f"{provider_full} is not in onnxruntime.get_available_providers() = {result.get('available')}"
+            f" ({result.get('file')})"
+        )
     if (result.get("session_providers") or [None])[0] != provider_full:
         return (
             f"a session asked for {provider_full} runs on {result.get('session_providers')}: the provider did not"

@@ -112,7 +112,8 @@ def versions(report: Report):
             report.data["versions"][name] = None
     v = report.data["versions"]
     print(
-        f"onnxruntime {v['onnxruntime']} ({v.get('onnxruntime_file')}); providers: {', '.join(report.data['providers']) or 'none'}",
+        f"onnxruntime {v['onnxruntime']} ({v.get('onnxruntime_file')});"
+        f" providers: {', '.join(report.data['providers']) or 'none'}",
         flush=True,
     )
     return ort

@@ -343,7 +343,7 @@ def _as_float32(name: str, value: torch.Tensor) -> torch.Tensor:
 
 def expected_shapes(config: Eagle3Config) -> dict[str, tuple[int, ...]]:
     """Shape of every float tensor of a head with this config (embed_tokens: [V_t, H])."""
-    H, I = config.hidden_size, config.intermediate_size
+    H, F = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     attn = "midlayer.self_attn."
     return {
@@ -355,9 +355,9 @@ def expected_shapes(config: Eagle3Config) -> dict[str, tuple[int, ...]]:
         attn + "v_proj.weight": (kv, 2 * H),
         attn + "o_proj.weight": (H, q),
         "midlayer.post_attention_layernorm.weight": (H,),
-        "midlayer.mlp.gate_proj.weight": (I, H),
-        "midlayer.mlp.up_proj.weight": (I, H),
-        "midlayer.mlp.down_proj.weight": (H, I),
+        "midlayer.mlp.gate_proj.weight": (F, H),
+        "midlayer.mlp.up_proj.weight": (F, H),
+        "midlayer.mlp.down_proj.weight": (H, F),
         "norm.weight": (H,),
         "lm_head.weight": (config.draft_vocab_size, H),
         EMBED: (config.vocab_size, H),

@@ -124,8 +124,8 @@ def test_gemma3_4b_legacy_keys_give_two_rotary_tables_and_the_5_to_1_pattern():
     )
     del text["rope_parameters"]
     norm = normalize(config_from_dict(text), 256)
-    assert [l.window for l in norm.layers] == [16] * 5 + [None] + [16] * 5 + [None]
-    assert [l.rope for l in norm.layers] == ["sliding_attention"] * 5 + ["full_attention"] + [
+    assert [layer.window for layer in norm.layers] == [16] * 5 + [None] + [16] * 5 + [None]
+    assert [layer.rope for layer in norm.layers] == ["sliding_attention"] * 5 + ["full_attention"] + [
         "sliding_attention"
     ] * 5 + ["full_attention"]
     assert norm.rope("sliding_attention").theta == 10000.0 and norm.rope("sliding_attention").kind == "default"
@@ -145,17 +145,17 @@ def test_multimodal_gemma3_normalizes_its_text_config():
 @pytest.mark.parametrize("use, layers", [(False, [None, None]), (True, [None, 16])])
 def test_qwen2_use_sliding_window_is_honoured(use, layers):
     raw = _raw("qwen2", use_sliding_window=use, sliding_window=16, max_window_layers=1)
-    assert [l.window for l in normalize(config_from_dict(raw), 256).layers] == layers
+    assert [layer.window for layer in normalize(config_from_dict(raw), 256).layers] == layers
 
 
 def test_phi3_4k_window_covers_every_layer():
     norm = normalize(config_from_dict(_raw("phi3", sliding_window=2047)), 4096)
-    assert [l.window for l in norm.layers] == [2047, 2047] and norm.long_range_length(4096) == 2047 + 16
+    assert [layer.window for layer in norm.layers] == [2047, 2047] and norm.long_range_length(4096) == 2047 + 16
 
 
 def test_smollm3_nope_granite_multipliers_gemma2_softcaps():
     smol = normalize(config_from_dict(_raw("smollm3", num_hidden_layers=8, no_rope_layer_interval=4)))
-    assert [l.rope for l in smol.layers] == ["all", "all", "all", None] * 2
+    assert [layer.rope for layer in smol.layers] == ["all", "all", "all", None] * 2
     granite = normalize(config_from_dict(_raw("granite")))
     assert (granite.embedding_multiplier, granite.residual_multiplier, granite.attn_scale, granite.logits_divisor) == (
         12.0,
@@ -165,7 +165,7 @@ def test_smollm3_nope_granite_multipliers_gemma2_softcaps():
     )
     gemma2 = normalize(config_from_dict(_raw("gemma2")))
     assert (gemma2.attn_softcap, gemma2.final_softcap) == (5.0, 8.0)
-    assert [l.window for l in gemma2.layers] == [16, None]
+    assert [layer.window for layer in gemma2.layers] == [16, None]
 
 
 # --------------------------------------------------------------------------- refusals through the CLI

@@ -360,11 +360,12 @@ def test_plain_session_after_runtime_defaults(exported):
     import sys
 
     model, res = exported("llama")
+    spec = (res.spec.num_layers, res.spec.num_kv_heads, res.spec.head_dim, res.spec.embedding_rows)
     code = (
         "import sys, onnxruntime as ort\n"
         "from specexport.validate import FeedRunner\n"
         "from specexport_runtime.contract import GraphSpec\n"
-        f"FeedRunner({str(res.path)!r}, GraphSpec{(res.spec.num_layers, res.spec.num_kv_heads, res.spec.head_dim, res.spec.embedding_rows)!r})\n"
+        f"FeedRunner({str(res.path)!r}, GraphSpec{spec!r})\n"
         f"ort.InferenceSession({str(res.path)!r}, providers=['CPUExecutionProvider'])\n"
         "print('ok')\n"
     )

@@ -119,7 +119,7 @@ def test_buffers_allocated_once(target):
     logits_ptr = model._logits.ctypes.data
     assert ptrs == model._ptrs
     rng = np.random.default_rng(0)
-    for i in range(50):
+    for _ in range(50):
         if model.length > 200:
             model.truncate(int(rng.integers(0, 20)))
         s = int(rng.integers(1, 6))

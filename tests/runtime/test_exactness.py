@@ -34,6 +34,7 @@ PROMPTS = [
     [7, 150, 33, 299, 12, 260, 5],  # raw token ids, incl. merged tokens and the last vocabulary id
 ]
 PROMPT_IDS = ["code", "prose", "repeat-text", "repeat-ids", "raw-ids"]
+GREEDY = SamplingParams()  # run_loop's default: greedy
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +370,7 @@ def run_loop(
     n_tokens: int,
     gamma: int | None,
     controller=None,
-    params: SamplingParams = SamplingParams(),
+    params: SamplingParams = GREEDY,
     seed: int = 0,
 ):
     """Drive SpeculativeLoop directly (no truncation): returns (generated, stats, per-round (k, n)

@@ -16,9 +16,9 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from test_server_support import KEY, LiveServer, Spy, SseStream, get, metric_sum, metric_values, post
+from test_server_support import KEY, LiveServer, Spy, SseStream, get, metric_sum, metric_values, post  # noqa: E402
 
-from specexport_runtime.api import load
+from specexport_runtime.api import load  # noqa: E402
 
 KIND = "int8"  # a draft model that agrees often: rounds accept several tokens
 MAX_BODY = 64 * 1024

@@ -9,9 +9,9 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from test_server_support import LiveServer
+from test_server_support import LiveServer  # noqa: E402
 
-from specexport_runtime.api import load
+from specexport_runtime.api import load  # noqa: E402
 
 pytestmark = pytest.mark.real
 

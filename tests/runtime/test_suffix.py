@@ -164,7 +164,7 @@ def test_greedy_suffix_equals_target_only_with_a_contradicting_store(gens, kind)
     gen.forget_history()
     rng = np.random.default_rng(1)
     base = {i: gen.generate(p, max_new_tokens=60, speculative=False).token_ids for i, p in enumerate(PROMPTS)}
-    for i, p in enumerate(PROMPTS):  # contradicting answers: each prompt's continuation, corrupted
+    for p in PROMPTS:  # contradicting answers: each prompt's continuation, corrupted
         ids = gen.codec.encode(p) if isinstance(p, str) else list(p)
         wrong = list(ids[-3:]) + [int(t) for t in rng.integers(0, 300, size=30)]
         gen.learned("suffix").store.add(wrong)
@@ -208,7 +208,10 @@ def test_later_requests_draft_from_earlier_answers(gens):
     first = gen.generate(prompt, max_new_tokens=60, proposer="suffix", gamma=4)
     second = gen.generate(prompt, max_new_tokens=60, proposer="suffix", gamma=4)
     assert second.token_ids == first.token_ids
-    calls = lambda st: st.rounds + st.plain_steps
+
+    def calls(st):
+        return st.rounds + st.plain_steps
+
     assert second.stats.accepted > first.stats.accepted and calls(second.stats) < calls(first.stats) / 2
     gen.forget_history()
 

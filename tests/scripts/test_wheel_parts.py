@@ -85,7 +85,8 @@ def test_extra_part(split_file, tmp_path):
     _, parts, _ = split_file
     shutil.copy(parts / f"{P}001", parts / f"{P}004")
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: extra part {P}004: not listed by any manifest ({NAME}.parts.json lists 3 parts ({P}001 .. {P}003))"
+        f"wheel-parts: extra part {P}004: not listed by any manifest"
+        f" ({NAME}.parts.json lists 3 parts ({P}001 .. {P}003))"
     )
 
 
@@ -93,7 +94,8 @@ def test_extra_part_of_an_unknown_file(split_file, tmp_path):
     _, parts, _ = split_file
     (parts / "other.whl.part001").write_bytes(b"x")
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: extra part other.whl.part001: not listed by any manifest (no manifest other.whl.parts.json in {parts})"
+        "wheel-parts: extra part other.whl.part001: not listed by any manifest"
+        f" (no manifest other.whl.parts.json in {parts})"
     )
 
 
@@ -115,7 +117,8 @@ def test_corrupted_part_same_size(split_file, tmp_path):
 
     got = hashlib.sha256(bytes(data)).hexdigest()
     assert refused(parts, tmp_path / "out") == (
-        f"wheel-parts: corrupted part {P}002: sha256 {got[:16]}.., the manifest expects {manifest['parts'][1]['sha256'][:16]}.."
+        f"wheel-parts: corrupted part {P}002: sha256 {got[:16]}..,"
+        f" the manifest expects {manifest['parts'][1]['sha256'][:16]}.."
     )
 
 
