@@ -20,7 +20,7 @@ import yaml
 from tiny import CHAT_TEMPLATE, make_model, make_tokenizer, save_hf_folder, write_recipe
 from tokenizers import Tokenizer
 
-import specexport.build as build_mod
+import specexport.build_graphs as build_graphs
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture
 from specexport.build import OutputExists, build_artifact
 from specexport.errors import BuildError, RecipeError, SpecExportError, TokenizerMismatch
@@ -224,7 +224,7 @@ def test_failure_midway_leaves_nothing(fail_in, tmp_path, target_dir, monkeypatc
     """After the target export: validation fails / the draft export fails / Ctrl-C."""
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", target_dir, {"from_target": {"precision": "int8"}}))
     calls = {"export_graph": 0, "validate_export": 0}
-    real = {"export_graph": build_mod.export_graph, "validate_export": build_mod.validate_export}
+    real = {"export_graph": build_graphs.export_graph, "validate_export": build_graphs.validate_export}
 
     def wrap(name):
         def fn(*args, **kwargs):
@@ -237,8 +237,8 @@ def test_failure_midway_leaves_nothing(fail_in, tmp_path, target_dir, monkeypatc
 
         return fn
 
-    monkeypatch.setattr(build_mod, "export_graph", wrap("export_graph"))
-    monkeypatch.setattr(build_mod, "validate_export", wrap("validate_export"))
+    monkeypatch.setattr(build_graphs, "export_graph", wrap("export_graph"))
+    monkeypatch.setattr(build_graphs, "validate_export", wrap("validate_export"))
     before = _listing(tmp_path)
     with pytest.raises(KeyboardInterrupt if fail_in == "interrupt" else RuntimeError):
         build_artifact(recipe, tmp_path / "artifact")
@@ -254,7 +254,7 @@ def test_failure_with_force_keeps_the_old_artifact(ngram_recipe, tmp_path, monke
     def boom(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(build_mod, "validate_export", boom)
+    monkeypatch.setattr(build_graphs, "validate_export", boom)
     with pytest.raises(RuntimeError):
         build_artifact(ngram_recipe, out, force=True)
     assert {rel: _sha256(out / rel) for rel in _listing(out) if (out / rel).is_file()} == digests

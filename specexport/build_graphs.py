@@ -1,0 +1,253 @@
+"""`specexport build`, the graphs: the target exported and validated against its float32 reference
+with its row invariance measured (the padding a bitwise target needs), the draft graph exported
+(or quantized) from a draft model or a copy of the target, and each graph's manifest entry.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from specexport_runtime.manifest import ModelEntry
+
+from .export import ExportResult, export_graph
+from .fused import build_fused
+from .model_config import NormalizedConfig
+from .quantize import QUANTIZED_PRECISIONS, quantize_graph
+from .quantized_target import QuantizedWeights
+from .recipe_spec import BLOCK_SIZE, QUANTIZED_TARGETS, ModelSpec, Recipe
+from .sources import ModelSource
+from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range
+
+if TYPE_CHECKING:
+    from .build import Progress
+    from .build_load import LoadedModels
+
+
+def _dtype(precision: str) -> torch.dtype:
+    return torch.float16 if precision == "fp16" else torch.float32
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How a graph keeps its rows independent of its call's size (contract 1.2)."""
+
+    min_rows: int = 1  # the runtime pads every call to this many rows
+    cache_pad: int = 0  # the fused graph pads its attention by this many rows itself
+
+    def describe(self) -> str:
+        if self.cache_pad:
+            return "padded attention"
+        return "padded calls" if self.min_rows > 1 else "no padding"
+
+
+# what a bitwise target tries, cheapest first: the fused graph's padded attention keeps its
+# 1-row calls (fast MatMul paths); padded calls are the general fallback (docs/graph-contract.md)
+BITWISE_FUSED = (Padding(cache_pad=1), Padding(min_rows=2))
+BITWISE_PORTABLE = (Padding(), Padding(min_rows=2))
+
+
+def _export(
+    recipe: Recipe,
+    model,
+    out_dir: Path,
+    tie_lm_head: bool = True,
+    padding: Padding = Padding(),
+    weights=None,
+    features: tuple[int, ...] = (),
+    norm: NormalizedConfig | None = None,
+) -> ExportResult:
+    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
+    if recipe.layout.contrib_attention:
+        return build_fused(
+            model,
+            out_dir,
+            recipe.max_context,
+            tie_lm_head=tie_lm_head,
+            weights=weights,
+            min_rows=padding.min_rows,
+            pad_attention=padding.cache_pad > 0,
+            feature_layers=features,
+            norm=norm,
+        )
+    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm)
+
+
+def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeights | None:
+    q = spec.quantization
+    if spec.precision not in QUANTIZED_TARGETS or q is None:
+        return None
+    return QuantizedWeights(
+        spec.precision,
+        q.block_size or BLOCK_SIZE,
+        q.accuracy_level,
+        q.head,
+        q.embedding,
+        blocks,
+        float_weights=dict(reference.named_parameters()),
+    )
+
+
+@dataclass(frozen=True)
+class TargetExport:
+    result: ExportResult
+    validation: dict  # {} when not validated
+    exactness: str | None  # measured; None when not validated
+    padding: Padding
+
+
+def export_target(
+    recipe: Recipe,
+    reference,
+    blocks: dict,
+    out_dir: Path,
+    probe: list[int],
+    validate: bool,
+    progress: Progress,
+    features: tuple[int, ...] = (),
+    norm: NormalizedConfig | None = None,
+) -> TargetExport:
+    """Export the target, validate it against the float32 reference and measure its row
+    invariance. exactness bitwise: the paddings of BITWISE_* in turn until one measures bitwise
+    (the last is kept, measured numerical, when none does); numerical: no padding."""
+    spec = recipe.target
+    weights = _target_weights(spec, blocks, reference)
+    fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
+    model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
+    # padded attention is GroupQueryAttention's (the fused form)
+    tries = (
+        (Padding(),)
+        if spec.exactness != "bitwise"
+        else BITWISE_FUSED
+        if recipe.layout.contrib_attention
+        else BITWISE_PORTABLE
+    )
+    if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
+        return TargetExport(
+            _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm),
+            {},
+            None,
+            tries[0],
+        )
+    for padding in tries:
+        result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
+        rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
+        if rows.bitwise:
+            break
+        if spec.exactness == "bitwise":
+            progress(
+                f"target rows depend on the call size with {padding.describe()} (max |diff| {rows.max_abs_diff:.3g})"
+            )
+    tol_class = _target_tolerance(spec)
+    tol = QUANTIZED_TARGET[tol_class] if tol_class else FP16 if spec.precision == "fp16" else FP32
+    report = validate_export(reference, result.path, result.spec, probe, tol).to_dict()
+    report["tolerance"] = tol.to_dict()
+    length = max(norm.long_range_length(recipe.max_context) if norm else 0, min(recipe.max_context, LONG_PROBE_TOKENS))
+    if length > len(probe):  # past every window, within max_context
+        progress(f"validating the target over a {length}-token probe")
+        report["long_range"] = {
+            "tokens": length,
+            **validate_long_range(reference, result.path, result.spec, probe, length, tol).to_dict(),
+        }
+    if weights is not None:
+        source = (
+            "the same weights dequantized" if tol_class == "checkpoint" else "the float weights it was quantized from"
+        )
+        report["note"] = (
+            f"{spec.precision} target against its float32 reference ({source}): tolerance"
+            f" {tol_class} (docs/validation.md), argmax agreement reported"
+        )
+        report["weights"] = weights.describe()
+    report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
+    return TargetExport(result, report, rows.exactness, padding)
+
+
+LONG_PROBE_TOKENS = 256  # the long-range probe of a model without windows (within max_context)
+
+
+def _target_tolerance(spec: ModelSpec) -> str | None:
+    """The QUANTIZED_TARGET class of a quantized target (None: a float target): round-to-nearest
+    int4 anywhere (layers, head, embedding) makes it int4, then int8; else the checkpoint's own
+    blocks, compared with their exact dequantization."""
+    q = spec.quantization
+    if spec.precision not in QUANTIZED_TARGETS or q is None:
+        return None
+    modes = {spec.precision if spec.precision in ("int8", "int4") else "checkpoint", q.head, q.embedding}
+    return "int4" if "int4" in modes else "int8" if "int8" in modes else "checkpoint"
+
+
+def measure_rows(path: Path, spec, max_context: int, padding: Padding, probe: list[int]):
+    """rowcheck.row_invariance of a graph on the CPU provider, as the runtime will call it."""
+    from specexport.rowcheck import DEFAULT_SIZES, row_invariance
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    n = max(DEFAULT_SIZES)
+    tokens = (probe * (n // len(probe) + 1))[:n]  # the probe, repeated if short
+    model = OrtModel(
+        path, spec, max_context, SessionConfig(provider="cpu"), min_rows=padding.min_rows, cache_pad=padding.cache_pad
+    )
+    return row_invariance(model, probe[: len(probe) // 2], tokens)
+
+
+def export_draft(
+    recipe: Recipe, m: LoadedModels, root: Path, probe: list[int], vocab: int, validate: bool
+) -> ModelEntry:
+    """A draft graph (a draft model, or a copy of the target) at the recipe's draft precision:
+    quantized ones are exported float, then quantized (their agreement is reported, not
+    required); float ones validated like a target."""
+    precision = recipe.draft.precision
+    base, norm = (m.draft, m.draft_norm) if m.draft is not None else (m.reference, m.norm)
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        if precision in QUANTIZED_PRECISIONS:
+            raw = _export(recipe, base, Path(scratch), tie_lm_head=False, norm=norm)
+            quantize_graph(raw.path, root / "draft", precision, recipe.draft.block_size or BLOCK_SIZE)
+            spec, tol = raw.spec, QUANTIZED
+        else:
+            model = base if precision == "fp32" else copy.deepcopy(base).to(_dtype(precision))
+            spec = _export(recipe, model, root / "draft", norm=norm).spec
+            tol = FP16 if precision == "fp16" else FP32
+    validation: dict = {}
+    if validate:
+        validation = validate_export(base, root / "draft" / "model.onnx", spec, probe, tol).to_dict()
+        if tol is QUANTIZED:
+            validation["note"] = "quantized draft: agreement with its fp32 source is reported, not required"
+    return model_entry("draft/model.onnx", m.draft_source or m.source, base, precision, spec, vocab, validation)
+
+
+def model_entry(
+    graph: str,
+    source: ModelSource,
+    model,
+    precision: str,
+    result_spec,
+    vocab: int,
+    validation: dict,
+    padding: Padding = Padding(),
+    exactness: str | None = None,
+    feature_layers: tuple[int, ...] = (),
+) -> ModelEntry:
+    return ModelEntry(
+        graph=graph,
+        source=source.describe(),
+        architecture=model.config.model_type,
+        num_layers=result_spec.num_layers,
+        num_kv_heads=result_spec.num_kv_heads,
+        head_dim=result_spec.head_dim,
+        vocab_size=vocab,
+        embedding_rows=result_spec.embedding_rows,
+        precision=precision,
+        kv_dtype=result_spec.kv_dtype,
+        validation=validation,
+        kv_layout=result_spec.kv_layout,
+        min_rows=padding.min_rows,
+        cache_pad=padding.cache_pad,
+        exactness=exactness,
+        feature_layers=feature_layers,
+        feature_width=result_spec.feature_width,
+        attention_windows=result_spec.windows,
+    )
