@@ -1,9 +1,9 @@
 """`specexport train-draft`: train an EAGLE-3 head for a target on the CPU (docs/training.md).
 
 The head is written in the published format (specexport/formats/eagle3.py), so specexport,
-vLLM, SGLang and llama.cpp's converter read it. This module is the training loop, its report and
-checkpoints; the configuration is train_config.py, the torch head, its loss and export
-train_head.py, the target, data and batches train_data.py.
+vLLM, SGLang and llama.cpp's converter read it. This module is the training loop; its report and
+checkpoints are train_output.py, the configuration train_config.py, the torch head, its loss and
+export train_head.py, the target, data and batches train_data.py.
 
 Pipeline
   1. Target: a recipe's target or a model source, loaded with transformers in float32, frozen.
@@ -50,34 +50,17 @@ that starts after the target's row t:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from .formats.eagle3 import Eagle3Head
-from .formats.eagle3_writer import replace_folder, write_eagle3_head
 from .model_config import normalize
 from .train_config import DEFAULT_DRAFT_VOCAB, Progress, TrainConfig, TrainDraftError
-from .train_data import (
-    FrozenTarget,
-    Window,
-    build_windows,
-    choose_draft_vocab,
-    load_target,
-    make_batch,
-    read_json,
-    split_held_out,
-)
+from .train_data import FrozenTarget, Window, build_windows, choose_draft_vocab, load_target, make_batch, split_held_out
 from .train_head import (
     Eagle3Draft,
     agreement_counts,
@@ -88,13 +71,18 @@ from .train_head import (
     ttt_forward,
     ttt_losses,
 )
+from .train_output import (
+    CHECKPOINT_FORMAT,
+    TrainReport,
+    adam_steps,
+    check_out,
+    checkpoint_tensors,
+    read_checkpoint,
+    restore_checkpoint,
+    write_output,
+)
 
 FINAL_LR_RATIO = 0.1  # the schedule decays to this fraction of the peak
-CHECKPOINT_DIR = "checkpoint"
-CHECKPOINT_TENSORS = "state.safetensors"
-CHECKPOINT_JSON = "state.json"
-CHECKPOINT_FORMAT = "specexport-train-draft-checkpoint/1"
-REPORT_NAME = "training.json"
 
 
 def lr_at(step: int, total: int, config: TrainConfig) -> float:
@@ -107,128 +95,6 @@ def lr_at(step: int, total: int, config: TrainConfig) -> float:
         0.5 * (1 + math.cos(math.pi * min(1.0, progress))) if config.schedule == "cosine" else 1 - min(1.0, progress)
     )
     return config.lr * (FINAL_LR_RATIO + (1 - FINAL_LR_RATIO) * shape)
-
-
-# ----------------------------------------------------------------------------------- report
-
-
-@dataclass
-class TrainReport:
-    out: Path
-    target: dict
-    layer_ids: tuple[int, int, int]
-    layer_ids_reason: str
-    draft_vocab: dict
-    data: dict
-    init: str
-    start_step: int
-    steps: int
-    tokens_trained: int
-    final_losses: list[float]  # per ttt step, mean over the last window of steps
-    final_loss: float  # weighted sum, same window
-    agreement: list[float] | None  # held-out top-1 agreement per ttt step, at the end
-    agreement_history: list[dict]
-    loss_history: list[float]  # weighted loss of every step (from step 0, across resumes)
-    seconds: dict
-    tokens_per_second: float
-    config: dict
-    resumed_from: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["out"] = str(self.out)
-        data["layer_ids"] = list(self.layer_ids)
-        return data
-
-
-# ------------------------------------------------------------------------------- checkpoints
-
-
-def _checkpoint_folder(path: Path) -> Path:
-    path = Path(path)
-    if (path / CHECKPOINT_JSON).is_file():
-        return path
-    if (path / CHECKPOINT_DIR / CHECKPOINT_JSON).is_file():
-        return path / CHECKPOINT_DIR
-    raise TrainDraftError(f"resume {str(path)!r} holds no train-draft checkpoint ({CHECKPOINT_DIR}/{CHECKPOINT_JSON})")
-
-
-def _read_checkpoint(path: Path) -> tuple[dict, dict[str, torch.Tensor], Path]:
-    from safetensors.torch import load_file
-
-    folder = _checkpoint_folder(path)
-    meta = read_json(folder / CHECKPOINT_JSON)
-    if not meta or meta.get("format") != CHECKPOINT_FORMAT:
-        raise TrainDraftError(f"{folder / CHECKPOINT_JSON} is not a {CHECKPOINT_FORMAT} file")
-    try:
-        tensors = load_file(str(folder / CHECKPOINT_TENSORS))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise TrainDraftError(
-            f"{folder / CHECKPOINT_TENSORS} cannot be read: {str(exc).splitlines()[0] if str(exc) else exc}"
-        ) from exc
-    return meta, tensors, folder
-
-
-def _checkpoint_tensors(
-    model: Eagle3Draft, opt: torch.optim.Optimizer, draft_ids: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    tensors = {f"model.{n}": p.detach().clone() for n, p in model.named_parameters()}
-    for n, p in model.named_parameters():
-        state = opt.state.get(p) or {}
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in state:
-                tensors[f"{key}.{n}"] = state[key].detach().clone()
-    tensors["draft_ids"] = draft_ids.clone()
-    return tensors
-
-
-def _restore(model: Eagle3Draft, opt: torch.optim.Optimizer, tensors: dict, adam_steps: int) -> None:
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            value = tensors.get(f"model.{n}")
-            if value is None or value.shape != p.shape:
-                raise TrainDraftError(
-                    f"checkpoint tensor model.{n} is missing or has shape "
-                    f"{None if value is None else list(value.shape)}, expected {list(p.shape)}"
-                )
-            p.copy_(value)
-            if f"exp_avg.{n}" in tensors and f"exp_avg_sq.{n}" in tensors:
-                opt.state[p] = {
-                    "step": torch.tensor(float(adam_steps)),
-                    "exp_avg": tensors[f"exp_avg.{n}"].clone(),
-                    "exp_avg_sq": tensors[f"exp_avg_sq.{n}"].clone(),
-                }
-
-
-def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / REPORT_NAME).is_file())):
-        raise TrainDraftError(
-            f"out {str(out)!r} exists and is not a train-draft output (no {REPORT_NAME}); "
-            f"remove it or choose another folder"
-        )
-
-
-def _write_output(out: Path, head: Eagle3Head, report: dict, ckpt_tensors: dict, ckpt_meta: dict) -> None:
-    """The head (published format), training.json and checkpoint/, replacing `out` in one rename."""
-    from safetensors.torch import save_file
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=out.parent))
-    try:
-        write_eagle3_head(head, staging)
-        (staging / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        (staging / CHECKPOINT_DIR).mkdir()
-        save_file(
-            {k: v.contiguous() for k, v in ckpt_tensors.items()}, str(staging / CHECKPOINT_DIR / CHECKPOINT_TENSORS)
-        )
-        (staging / CHECKPOINT_DIR / CHECKPOINT_JSON).write_text(
-            json.dumps(ckpt_meta, indent=2) + "\n", encoding="utf-8"
-        )
-        replace_folder(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 # ------------------------------------------------------------------------------------- train
@@ -251,8 +117,8 @@ def train_draft(config: TrainConfig, progress: Progress | None = None) -> TrainR
 
 def _train(config: TrainConfig, progress: Progress) -> TrainReport:
     clock = time.perf_counter()
-    _check_out(config.out)
-    resume = _read_checkpoint(config.resume) if config.resume is not None else None
+    check_out(config.out)
+    resume = read_checkpoint(config.resume) if config.resume is not None else None
     progress({"event": "stage", "message": "loading the target"})
     tgt = load_target(config.target)
     layer_ids, reason = _layer_ids(tgt, config, resume)
@@ -398,7 +264,7 @@ class _Session:
         self.agreement_history: list[dict] = []
         if resume is not None:
             meta = resume[0]
-            _restore(self.model, self.opt, resume[1], int(meta["adam_steps"]))
+            restore_checkpoint(self.model, self.opt, resume[1], int(meta["adam_steps"]))
             self.start_step = int(meta["step"])
             self.loss_history = list(meta.get("loss_history", []))
             self.per_step_history = [list(x) for x in meta.get("step_losses_history", [])]
@@ -546,7 +412,7 @@ class _Session:
         ckpt_meta = {
             **self.meta,
             "step": step,
-            "adam_steps": int(_adam_steps(self.opt)),
+            "adam_steps": int(adam_steps(self.opt)),
             "lr": lr_at(min(step, self.total - 1), self.total, config),
             "loss_history": report.loss_history,
             "step_losses_history": [[round(x, 5) for x in h] for h in steps],
@@ -555,8 +421,8 @@ class _Session:
             "tokens_trained": tokens,
             "config": config.to_dict(),
         }
-        _write_output(
-            config.out, head, report.to_dict(), _checkpoint_tensors(self.model, self.opt, self.draft_ids), ckpt_meta
+        write_output(
+            config.out, head, report.to_dict(), checkpoint_tensors(self.model, self.opt, self.draft_ids), ckpt_meta
         )
         return report
 
@@ -566,13 +432,6 @@ def _coverage(windows: Sequence[Window], ids: np.ndarray, vocab: int) -> float:
     keep[ids] = True
     total = sum(len(w.ids) for w in windows)
     return float(sum(int(keep[w.ids].sum()) for w in windows) / total) if total else 0.0
-
-
-def _adam_steps(opt: torch.optim.Optimizer) -> float:
-    for state in opt.state.values():
-        if "step" in state:
-            return float(state["step"])
-    return 0.0
 
 
 def _target_meta(tgt: FrozenTarget) -> dict:
