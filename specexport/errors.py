@@ -28,3 +28,7 @@ class RecipeError(BuildError, ValueError):
 
 class TokenizerMismatch(BuildError):
     """Target and draft tokenizers do not map the same text to the same token ids."""
+
+
+class HarnessError(SpecExportError, ValueError):
+    """Invalid measurement input: no prompts, a warm-up inside the measured set, a repeated name, ..."""

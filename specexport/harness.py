@@ -20,126 +20,50 @@ record    run_metadata() names the machine (machine.describe()), the exact comma
           the measuring libraries' versions; write_json() writes a run's document.
 
 Speed is measured here and in the benchmark scripts, never asserted by tests.
+
+This module holds the methods, samples and runs; the prompt cases are in harness_cases.py, the
+statistics in harness_stats.py, the record and the scripts' shared options in harness_scripts.py,
+all importable from here.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
-import json
-import os
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specexport_runtime.errors import SpecExportError
+from .errors import HarnessError
+from .harness_cases import (
+    WARMUP_ID,
+    WARMUP_MESSAGES,
+    Case,
+    encode_prompt,
+    load_prompt_set,
+    make_cases,
+    tool_plan,
+    warmup_case,
+)
+from .harness_scripts import (
+    VERSIONS,
+    add_run_options,
+    check_run_options,
+    cli,
+    header,
+    parse_args,
+    preamble,
+    run_metadata,
+    script_parser,
+    write_json,
+)
+from .harness_stats import BOOTSTRAP_SAMPLES, bootstrap_ci, percentiles, ratio_ci
 
-from . import machine
-from .prompts import Prompt, load_prompts
-
-# the warm-up request's chat: in no shipped prompt set, so no engine has seen a measured answer
-WARMUP_MESSAGES: tuple[dict[str, str], ...] = ({"role": "user", "content": "Name three colours."},)
-WARMUP_ID = "warm-up"
 # pause before each timed call of a run that switches between engine processes, so the previous
 # engine's spinning thread pool has gone idle
 SETTLE_SECONDS = 0.05
-BOOTSTRAP_SAMPLES = 2000
-# packages whose versions a run records when installed (looked up without importing them)
-VERSIONS = ("specexport", "specexport-runtime", "onnxruntime", "onnxruntime-genai", "numpy", "torch", "transformers")
-
-
-class HarnessError(SpecExportError, ValueError):
-    """Invalid measurement input: no prompts, a warm-up inside the measured set, a repeated name, ..."""
-
-
-# --------------------------------------------------------------------------- prompts
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measured prompt: `ids` are its token ids (chat prompts through the artifact's
-    template); max_new_tokens None means each method's own limit. run_interleaved hands a method
-    the case with `repeat` set to the measurement's index (0 for the warm-up), e.g. for a
-    per-repeat sampling seed."""
-
-    id: str
-    ids: tuple[int, ...]
-    domain: str = ""
-    max_new_tokens: int | None = None
-    prompt: Prompt | None = field(default=None, compare=False, repr=False)
-    repeat: int = field(default=0, compare=False)
-
-
-def load_prompt_set(spec: str | os.PathLike | Sequence[str | os.PathLike], limit: int | None = None) -> list[Prompt]:
-    """Prompts of a spec: calibration domains, 'all', JSONL or text files, given as one
-    comma-separated string, one path or a sequence of them. A prompt id met again in a later
-    spec is kept once (the first); `limit` keeps the first `limit` prompts of each domain.
-    HarnessError when nothing is left."""
-    if isinstance(spec, os.PathLike):
-        specs: list = [spec]
-    elif isinstance(spec, str):
-        specs = [s.strip() for s in spec.split(",") if s.strip()]
-    else:
-        specs = list(spec)
-    if limit is not None and limit < 1:
-        raise HarnessError(f"limit must be >= 1, got {limit}")
-    prompts: list[Prompt] = []
-    seen: set[str] = set()
-    for one in specs:
-        for p in load_prompts(one):
-            if p.id not in seen:
-                seen.add(p.id)
-                prompts.append(p)
-    if limit is not None:
-        counts: dict[str, int] = {}
-        kept = []
-        for p in prompts:
-            counts[p.domain] = counts.get(p.domain, 0) + 1
-            if counts[p.domain] <= limit:
-                kept.append(p)
-        prompts = kept
-    if not prompts:
-        raise HarnessError(f"prompt set {spec!r} holds no prompts")
-    return prompts
-
-
-def encode_prompt(codec, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt: a chat prompt through the codec's chat template (with its tools, as
-    SpecGenerator.chat renders them), a text as it is."""
-    if not prompt.is_chat:
-        return codec.encode(prompt.text)
-    if prompt.tools is None:
-        return codec.encode_chat(prompt.chat())
-    plan = tool_plan(codec, prompt)
-    return codec.encode_chat(plan.messages(prompt.chat()), tools=plan.template_tools)
-
-
-def tool_plan(codec, prompt: Prompt):
-    """A tools prompt's tools.ToolPlan (how the answer's tool calls are read)."""
-    from specexport_runtime.tools import ToolPlan
-
-    return ToolPlan.create(list(prompt.tools), prompt.tool_choice, codec.reads_tools, prompt.parallel_tool_calls)
-
-
-def make_cases(codec, prompts: Sequence[Prompt], per_prompt_limit: bool = False) -> list[Case]:
-    """One Case per prompt; per_prompt_limit: each keeps its prompt file's max_new_tokens."""
-    return [
-        Case(p.id, tuple(encode_prompt(codec, p)), p.domain, p.max_new_tokens if per_prompt_limit else None, p)
-        for p in prompts
-    ]
-
-
-def warmup_case(codec, max_new_tokens: int | None = None) -> Case:
-    """The warm-up prompt (WARMUP_MESSAGES through the codec's chat template)."""
-    return Case(WARMUP_ID, tuple(codec.encode_chat(list(WARMUP_MESSAGES))), WARMUP_ID, max_new_tokens)
 
 
 # --------------------------------------------------------------------------- methods and runs
@@ -383,160 +307,6 @@ def interleaved_seconds(calls: Mapping[Hashable, Callable[[], Any]], rounds: int
     return {key: statistics.median(values) for key, values in times.items()}
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def percentiles(values: Iterable[float]) -> dict[str, float | None]:
-    """{"p50", "p90", "p99"} of the values (None each when there are none)."""
-    vals = np.asarray(list(values), dtype=np.float64)
-    if vals.size == 0:
-        return {"p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(vals, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
-
-
-def bootstrap_ci(
-    values: Sequence[float], seed: int, samples: int = BOOTSTRAP_SAMPLES, stat: Callable = np.mean
-) -> tuple[float, float] | None:
-    """95 % percentile-bootstrap interval of stat (default the mean) over the values (seeded)."""
-    vals = np.asarray(values, dtype=np.float64)
-    if vals.size == 0:
-        return None
-    if vals.size == 1:
-        return float(vals[0]), float(vals[0])
-    rng = np.random.default_rng(seed)
-    stats = stat(vals[rng.integers(0, vals.size, size=(samples, vals.size))], axis=1)
-    lo, hi = np.percentile(stats, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def ratio_ci(
-    num_tok, num_sec, den_tok, den_sec, seed: int, samples: int = BOOTSTRAP_SAMPLES
-) -> tuple[float, float] | None:
-    """95 % bootstrap interval over prompts of (sum num_tok / sum num_sec) / (sum den_tok / sum den_sec)."""
-    arrays = [np.asarray(a, dtype=np.float64) for a in (num_tok, num_sec, den_tok, den_sec)]
-    n = arrays[0].size
-    if n == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(samples, n)) if n > 1 else np.zeros((1, 1), dtype=np.int64)
-    nt, ns, dt, ds = (a[idx].sum(axis=1) for a in arrays)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (nt / ns) / (dt / ds)
-    ratio = ratio[np.isfinite(ratio)]
-    if ratio.size == 0:
-        return None
-    lo, hi = np.percentile(ratio, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-# --------------------------------------------------------------------------- records and scripts
-
-
-def run_metadata(argv: Sequence[str] | None = None, **settings: Any) -> dict:
-    """{"machine": machine.describe(), "command": the exact command line, "date", "python",
-    "versions": installed VERSIONS, "settings"}; argv defaults to sys.argv (script first)."""
-    versions = {}
-    for name in VERSIONS:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return {
-        "machine": machine.describe(),
-        "command": shlex.join(["python", *(sys.argv if argv is None else argv)]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "versions": versions,
-        "settings": {
-            k: v if isinstance(v, (int, float, bool, str, type(None))) else str(v) for k, v in settings.items()
-        },
-    }
-
-
-def header(meta: dict) -> str:
-    """One line naming the machine and the command of a run_metadata() record."""
-    m = meta["machine"]
-    return f"machine: {m['cpu']} ({m['cpu_count']} logical cores, {m['platform']}); command: {meta['command']}"
-
-
-def preamble(meta: dict, run: Run | None, settings: str) -> str:
-    """A report's first lines: header(meta), the run's settings in words, and one 'memory: ...'
-    line per run.memory_notes() entry."""
-    notes = run.memory_notes() if run is not None else []
-    return "\n".join([header(meta), settings, *(f"memory: {note}" for note in notes)])
-
-
-def write_json(path: str | Path, doc: dict) -> None:
-    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-
-
-def script_parser(doc: str) -> argparse.ArgumentParser:
-    """A script's parser: its docstring's first paragraph as description, the rest as epilog."""
-    first, _, rest = doc.strip().partition("\n\n")
-    return argparse.ArgumentParser(description=first, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-
-def add_run_options(
-    ap: argparse.ArgumentParser,
-    prompts: str = "code",
-    limit: int = 3,
-    max_new_tokens: int | None = 128,
-    repeats: int | None = 1,
-    threads: int = 2,
-) -> None:
-    """The options the measuring scripts share: --prompts --limit --max-new-tokens (None: each
-    prompt's own) --repeats (left out with repeats=None: a script that times nothing) --threads
-    --json; check_run_options() validates them."""
-    ap.add_argument(
-        "--prompts",
-        default=prompts,
-        help=f"comma-separated calibration domains, 'all', or JSONL/text prompt files (default {prompts})",
-    )
-    ap.add_argument("--limit", type=int, default=limit, help=f"prompts per domain (default {limit})")
-    own = "each prompt's own max_new_tokens" if max_new_tokens is None else max_new_tokens
-    ap.add_argument(
-        "--max-new-tokens", type=int, default=max_new_tokens, help=f"new tokens per generation at most (default {own})"
-    )
-    if repeats is not None:
-        ap.add_argument(
-            "--repeats",
-            type=int,
-            default=repeats,
-            help=f"measurements of every prompt and method, interleaved (default {repeats})",
-        )
-    ap.add_argument(
-        "--threads", type=int, default=threads, help=f"intra-op threads of every engine (default {threads})"
-    )
-    ap.add_argument(
-        "--json", default=None, metavar="OUT", help="write the machine, command, settings and results as JSON here"
-    )
-
-
-def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """ap.parse_args(argv), the shared options checked (check_run_options)."""
-    args = ap.parse_args(argv)
-    check_run_options(args)
-    return args
-
-
-def check_run_options(args: argparse.Namespace) -> None:
-    """HarnessError naming the first of the shared options below 1."""
-    for name in ("limit", "max_new_tokens", "repeats", "threads"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise HarnessError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-
-
-def cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Run a script's main; a SpecExportError (bad input) ends it with one line 'error: ...', exit 2."""
-    try:
-        return int(main(argv) or 0)
-    except SpecExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
 __all__ = [
     "BOOTSTRAP_SAMPLES",
     "Case",
@@ -545,6 +315,7 @@ __all__ = [
     "Run",
     "SETTLE_SECONDS",
     "Sample",
+    "VERSIONS",
     "WARMUP_ID",
     "WARMUP_MESSAGES",
     "add_run_options",
@@ -566,6 +337,7 @@ __all__ = [
     "run_metadata",
     "schedule",
     "script_parser",
+    "tool_plan",
     "until_eos",
     "wall_tok_s",
     "warmup_case",
