@@ -59,16 +59,20 @@ Linux after carve-outs, which the reserve covers).
 
 All of this is an estimate within roughly +-15 %: measure on the device before relying on a
 plan with little headroom (the report flags headroom under 10 % of the budget).
+
+The devices and their budgets are in plan_devices.py, the report (ModelEstimate, PlanReport) in
+plan_report.py, the model sizes in plan_sizes.py; this module estimates and advises.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .model_config import NormalizedConfig
+from .plan_devices import DEVICES, GIB, Device, UnknownDevice, get_device
+from .plan_report import TIGHT_FRACTION, ModelEstimate, PlanReport, gib
 from .plan_sizes import (
     KNOWN_CONFIGS,
     PRECISION_BYTES,
@@ -79,194 +83,14 @@ from .plan_sizes import (
     kv_bytes,
     model_config,
     parameters,
-    summary,
     weight_bytes,
     window_saving_bytes,
 )
 from .recipe import load_recipe, resolve_recipe
 from .recipe_spec import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Recipe
 
-GIB = 1 << 30
 RUNTIME_OVERHEAD_GIB = 1.0
 HOST_LOGITS_ROWS = 64  # engine.OrtModel max_rows: the host logits buffer of each model
-TIGHT_FRACTION = 0.10
-JETSON_RESERVE_MIN_GIB = 1.5
-JETSON_RESERVE_FRACTION = 0.10
-WORKSTATION_RESERVE_GIB = 0.5
-
-
-class UnknownDevice(PlanError, KeyError):
-    """The device name is not in the device table."""
-
-    def __str__(self) -> str:  # KeyError would print the repr of the message
-        return self.args[0] if self.args else ""
-
-
-# --------------------------------------------------------------------------- devices
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    label: str
-    memory_gib: float
-    shared: bool  # True: Jetson, one memory for CPU and GPU
-    note: str = ""
-
-    @property
-    def reserve_gib(self) -> float:
-        if self.shared:
-            return max(JETSON_RESERVE_MIN_GIB, JETSON_RESERVE_FRACTION * self.memory_gib)
-        return WORKSTATION_RESERVE_GIB
-
-    @property
-    def budget_bytes(self) -> int:
-        return int((self.memory_gib - self.reserve_gib) * GIB)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "label": self.label,
-            "memory_gib": self.memory_gib,
-            "shared": self.shared,
-            "reserve_gib": round(self.reserve_gib, 2),
-            "budget_gib": round(self.budget_bytes / GIB, 2),
-            "note": self.note,
-        }
-
-
-DEVICES: dict[str, Device] = {
-    d.name: d
-    for d in (
-        Device("orin-nano-4gb", "Jetson Orin Nano 4GB", 4, True, "JetPack 6.1+, TensorRT 10.3"),
-        Device("orin-nano-8gb", "Jetson Orin Nano 8GB", 8, True, "JetPack 6.1+, TensorRT 10.3"),
-        Device("orin-nx-8gb", "Jetson Orin NX 8GB", 8, True, "JetPack 6.1+, TensorRT 10.3"),
-        Device("orin-nx-16gb", "Jetson Orin NX 16GB", 16, True, "JetPack 6.1+, TensorRT 10.3"),
-        Device("agx-orin-32gb", "Jetson AGX Orin 32GB", 32, True, "JetPack 6.1+, TensorRT 10.3"),
-        Device("agx-orin-64gb", "Jetson AGX Orin 64GB", 64, True, "JetPack 6.1+, TensorRT 10.3"),
-        Device("thor", "Jetson AGX Thor (128 GB)", 128, True, "JetPack 7, a newer TensorRT 10.x"),
-        Device("rtx-4090", "GeForce RTX 4090 (workstation)", 24, False, "24 GB GDDR6X"),
-        Device("h200", "H200 (workstation / server)", 141, False, "141 GB HBM3e"),
-    )
-}
-
-
-def get_device(name: str) -> Device:
-    key = name.strip().lower()
-    if key not in DEVICES:
-        raise UnknownDevice(f"device {name!r} is unknown; known devices: {', '.join(DEVICES)}")
-    return DEVICES[key]
-
-
-@dataclass
-class ModelEstimate:
-    role: str  # target | draft
-    model: str
-    precision: str
-    config: NormalizedConfig
-    config_source: str
-    parameters: int
-    weight_bytes: int
-    kv_bytes: int
-    activation_bytes: int
-    logits_buffer_bytes: int
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.logits_buffer_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "model": self.model,
-            "precision": self.precision,
-            "config_source": self.config_source,
-            "config": summary(self.config),
-            "parameters": self.parameters,
-            "weight_bytes": self.weight_bytes,
-            "kv_bytes": self.kv_bytes,
-            "activation_bytes": self.activation_bytes,
-            "logits_buffer_bytes": self.logits_buffer_bytes,
-            "total_bytes": self.total_bytes,
-        }
-
-
-@dataclass
-class PlanReport:
-    recipe: str
-    device: Device
-    max_context: int
-    max_prompt: int
-    max_gamma: int
-    models: list[ModelEstimate]
-    overhead_bytes: int
-    advice: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(m.total_bytes for m in self.models) + self.overhead_bytes
-
-    @property
-    def budget_bytes(self) -> int:
-        return self.device.budget_bytes
-
-    @property
-    def headroom_bytes(self) -> int:
-        return self.budget_bytes - self.total_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.budget_bytes
-
-    @property
-    def tight(self) -> bool:
-        return self.fits and self.headroom_bytes < TIGHT_FRACTION * self.budget_bytes
-
-    def lines(self) -> list[str]:
-        d = self.device
-        verdict = "FITS" if self.fits else "DOES NOT FIT"
-        if self.tight:
-            verdict += " (tight)"
-        out = [
-            f"{self.recipe} on {d.label}: {verdict} - needs {_gib(self.total_bytes)} of a {_gib(self.budget_bytes)}"
-            f" budget ({d.memory_gib:g} GiB {'shared CPU/GPU memory' if d.shared else 'GPU memory'} minus"
-            f" {d.reserve_gib:.1f} GiB reserve); headroom {_gib(self.headroom_bytes)}",
-            f"  max_context {self.max_context}, prompts up to {self.max_prompt} tokens in one call,"
-            f" verify up to {self.max_gamma + 1} tokens",
-        ]
-        for m in self.models:
-            out.append(
-                f"  {m.role:<6} {m.model} ({m.precision}, {m.parameters / 1e9:.3g}B params):"
-                f" weights {_gib(m.weight_bytes)},"
-                f" KV cache {_gib(m.kv_bytes)}, working memory {_gib(m.activation_bytes + m.logits_buffer_bytes)}"
-            )
-        out.append(f"  runtime overhead {_gib(self.overhead_bytes)} (CUDA context, libraries, Python)")
-        out += [f"  note: {n}" for n in self.notes]
-        out += [f"  advice: {a}" for a in self.advice]
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "recipe": self.recipe,
-            "device": self.device.to_dict(),
-            "fits": self.fits,
-            "tight": self.tight,
-            "total_bytes": self.total_bytes,
-            "budget_bytes": self.budget_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "max_context": self.max_context,
-            "max_prompt": self.max_prompt,
-            "max_gamma": self.max_gamma,
-            "overhead_bytes": self.overhead_bytes,
-            "models": [m.to_dict() for m in self.models],
-            "advice": list(self.advice),
-            "notes": list(self.notes),
-        }
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
 
 
 def _load(recipe: Recipe | str | Path) -> Recipe:
@@ -410,8 +234,8 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
 
     def verdict(other: PlanReport) -> str:
         if other.fits:
-            return f"fits ({_gib(other.total_bytes)} of {_gib(other.budget_bytes)})"
-        return f"still {_gib(other.total_bytes)}, over the {_gib(other.budget_bytes)} budget"
+            return f"fits ({gib(other.total_bytes)} of {gib(other.budget_bytes)})"
+        return f"still {gib(other.total_bytes)}, over the {gib(other.budget_bytes)} budget"
 
     ctx = _largest_context(recipe, device, shapes, max_prompt, recipe.max_context)
     if ctx is not None:
@@ -419,8 +243,8 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
     else:
         floor = _report(recipe, device, shapes, MIN_CONTEXT, max_prompt)
         advice.append(
-            f"a shorter context does not help enough: even max_context {MIN_CONTEXT} needs {_gib(floor.total_bytes)}"
-            f" (weights alone {_gib(sum(m.weight_bytes for m in floor.models))})"
+            f"a shorter context does not help enough: even max_context {MIN_CONTEXT} needs {gib(floor.total_bytes)}"
+            f" (weights alone {gib(sum(m.weight_bytes for m in floor.models))})"
         )
     prompt_cap = min(512, recipe.max_context)
     if (max_prompt or recipe.max_context) > prompt_cap:
@@ -522,7 +346,7 @@ def plan(
         report.notes.append(
             f"{layers} of {tcfg.num_layers} target layers attend over a"
             f" {'/'.join(map(str, tcfg.windows))}-token window;"
-            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {_gib(saving)})"
+            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {gib(saving)})"
         )
     if spec.layout.contrib_attention:  # every device in DEVICES is a GPU
         fp16 = spec.target.precision == "fp16" or (
