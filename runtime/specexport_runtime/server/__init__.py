@@ -5,9 +5,10 @@ imported by the modules below this package, never by the runtime itself: importi
 `specexport_runtime.server` costs nothing and `missing_serve_extra()` says whether it can run.
 
 Modules: config (ServerConfig), errors (ApiError, OpenAI-style error JSON), schemas (request
-validation), worker (the one thread that owns the SpecGenerator, fed by a bounded FIFO queue),
-responses (response and SSE chunk bodies, the `speculative` object), metrics (Prometheus),
-app (Starlette routes and ASGI responses), run (uvicorn with a draining shutdown).
+validation, with messages for the chat messages and the prompt, fields for scalar fields),
+worker (the one thread that owns the SpecGenerator, fed by a bounded FIFO queue), responses
+(response and SSE chunk bodies, the `speculative` object), metrics (Prometheus), app (Starlette
+routes and ASGI responses), run (uvicorn with a draining shutdown).
 """
 
 from __future__ import annotations
