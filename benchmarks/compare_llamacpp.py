@@ -278,6 +278,15 @@ def llama_schema(grammar) -> dict:
     return schema
 
 
+def _limit_text(cases, default: int, constrained: bool) -> str:
+    """The new-token limit in words: one number, or the range of the prompts' own limits."""
+    if not constrained:
+        return f"{default} new tokens"
+    limits = sorted({c.max_new_tokens or default for c in cases})
+    span = str(limits[0]) if len(limits) == 1 else f"{limits[0]}-{limits[-1]}"
+    return f"{span} new tokens (each prompt's own limit)"
+
+
 def constraints(args, cases: list[harness.Case]) -> tuple[list[harness.Case], dict, object]:
     """--constrained: (the cases, each with its prompt's own max_new_tokens: an answer needs room
     to close; case id -> Grammar; valid(case id, tokens) -> bool); (cases, {}, None) otherwise."""
@@ -368,7 +377,8 @@ def main(argv=None) -> int:
             meta,
             run,
             f"{len(cases)} prompts ({args.prompts}, limit {args.limit}), "
-            f"{args.max_new_tokens} new tokens, greedy, {args.threads} threads, interleaved prompt by "
+            f"{_limit_text(cases, args.max_new_tokens, bool(grammars))}, greedy, {args.threads} threads, "
+            "interleaved prompt by "
             "prompt; decode tok/s (prefill excluded), median over prompts; x off / x best: median "
             "per-prompt ratio to llama.cpp's target-only / best llama-server mode of type 'ref'; "
             "bench-tg: llama-bench tg, no prompt"

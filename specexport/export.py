@@ -125,8 +125,17 @@ def save_traced(
     metadata (`version`: the contract minor it needs, None for 1.0)."""
     proto.producer_name = "specexport"
     onnx.helper.set_model_props(proto, contract.graph_metadata(contract.TIME_MAJOR, version))
+    path, size = write_onnx(proto, out_dir)
+    return ExportResult(path, spec, time.perf_counter() - start, len(proto.graph.node), size)
+
+
+def write_onnx(proto: onnx.ModelProto, out_dir: Path) -> tuple[Path, int]:
+    """Write proto as out_dir/model.onnx with every tensor over 1 KiB in out_dir/model.onnx.data;
+    returns the graph's path and the bytes of both files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / GRAPH_NAME
-    (out_dir / DATA_NAME).unlink(missing_ok=True)  # onnx appends to an existing data file
+    data = out_dir / DATA_NAME
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(
         proto,
         str(path),
@@ -135,8 +144,7 @@ def save_traced(
         location=DATA_NAME,
         size_threshold=1024,
     )
-    size = path.stat().st_size + ((out_dir / DATA_NAME).stat().st_size if (out_dir / DATA_NAME).exists() else 0)
-    return ExportResult(path, spec, time.perf_counter() - start, len(proto.graph.node), size)
+    return path, path.stat().st_size + (data.stat().st_size if data.exists() else 0)
 
 
 def _share_tied_embedding(proto: onnx.ModelProto) -> None:

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
-from .export import DATA_NAME, GRAPH_NAME, ExportResult
+from .export import ExportResult, write_onnx
 
 OPSET = 17
 MS = "com.microsoft"
@@ -140,16 +139,5 @@ def save_graph(
     )
     proto.ir_version = 8
     helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, version))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / DATA_NAME).unlink(missing_ok=True)
-    path = out_dir / GRAPH_NAME
-    onnx.save_model(
-        proto,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=DATA_NAME,
-        size_threshold=1024,
-    )
-    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
+    path, size = write_onnx(proto, out_dir)
     return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnx
 
-from .export import DATA_NAME, GRAPH_NAME
+from .export import GRAPH_NAME, write_onnx
 from .recipe_spec import BLOCK_SIZE, BLOCK_SIZES, BLOCKED_PRECISIONS
 
 QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")
@@ -28,21 +28,6 @@ class QuantizeResult:
     path: Path
     seconds: float
     bytes: int
-
-
-def _save(proto: onnx.ModelProto, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / DATA_NAME).unlink(missing_ok=True)
-    path = out_dir / GRAPH_NAME
-    onnx.save_model(
-        proto,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=DATA_NAME,
-        size_threshold=1024,
-    )
-    return path
 
 
 def quantize_graph(src: Path, out_dir: Path, precision: str, block_size: int = BLOCK_SIZE) -> QuantizeResult:
@@ -86,7 +71,7 @@ def _quantize(src: Path, out_dir: Path, precision: str, block_size: int, start: 
                 per_channel=False,
                 use_external_data_format=True,
             )
-            path = _save(onnx.load(str(raw)), out_dir)
+            path, size = write_onnx(onnx.load(str(raw)), out_dir)
     else:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -98,6 +83,5 @@ def _quantize(src: Path, out_dir: Path, precision: str, block_size: int, start: 
             accuracy_level=ACCURACY_LEVEL,
         )
         quantizer.process()
-        path = _save(quantizer.model.model, out_dir)
-    size = path.stat().st_size + (out_dir / DATA_NAME).stat().st_size
+        path, size = write_onnx(quantizer.model.model, out_dir)
     return QuantizeResult(path, time.perf_counter() - start, size)

@@ -183,17 +183,16 @@ class Matcher:
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The tokens were emitted (accepted drafts and the target's own); they must be allowed.
-        An end-of-sequence token after a complete match ends the output and is not consumed."""
+        An end-of-sequence token after a complete match ends the output: it and whatever the
+        same round emitted after it (never output) are not consumed."""
         tokens = list(tokens)
-        for i, token in enumerate(tokens):
-            if token in self.engine.eos_ids and (self.inner.is_stopped() or self.inner.is_accepting()):
-                tokens = tokens[:i]
-                break
-        if tokens and not self.inner.consume_tokens(tokens):
-            raise GrammarError(
-                f"the grammar refused committed tokens {list(tokens)[:8]}: {self.inner.get_error()[:200]}"
-            )
-        self.committed += len(tokens)
+        end = next((i for i, t in enumerate(tokens) if t in self.engine.eos_ids), len(tokens))
+        head = tokens[:end]
+        if head and not self.inner.consume_tokens(head):
+            raise GrammarError(f"the grammar refused committed tokens {head[:8]}: {self.inner.get_error()[:200]}")
+        self.committed += len(head)
+        if end < len(tokens) and not (self.inner.is_stopped() or self.inner.is_accepting()):
+            raise GrammarError(f"the grammar refused end-of-sequence token {tokens[end]}: the match is incomplete")
 
     @property
     def accepting(self) -> bool:
@@ -222,9 +221,10 @@ class Guide:
         """The round's draft, a proposers.Proposal: `forced` and then what the proposal drafted
         beyond it, or `forced` alone when the proposal leaves the forced run or drew its tokens
         from a distribution (q: choosing between it and the forced run would depend on the draw);
-        then cut at the first token the grammar forbids and at `limit` tokens. proposal: made on
-        the committed tokens, or None. Under sampling the distribution of a token the grammar cut
-        travels as cut_q (sampling.verify_sampled): it was drawn, so it counts as rejected."""
+        then cut at the first token the grammar forbids, after an end of sequence, and at `limit`
+        tokens. proposal: made on the committed tokens, or None. Under sampling the distribution of
+        a token the grammar cut travels as cut_q (sampling.verify_sampled): it was drawn, so it
+        counts as rejected."""
         from dataclasses import replace
 
         from .proposers import Proposal
@@ -234,7 +234,7 @@ class Guide:
             base, tokens, q = proposal, list(proposal.tokens[:limit]), proposal.q
         else:
             base, tokens, q = Proposal([], None, lookup=True, source="grammar"), list(forced[:limit]), None
-        k = self.matcher.valid_prefix(tokens)
+        k = self.matcher.valid_prefix(tokens)  # nothing is valid after an end of sequence
         cut_q = q[k] if q is not None and k < len(tokens) else None
         return replace(
             base, tokens=tokens[:k], q=None if q is None else q[:k], forced=min(f, k), cut_q=cut_q, cut=len(tokens) - k

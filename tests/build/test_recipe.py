@@ -1,16 +1,18 @@
-"""Recipes: every bundled recipe loads; every kind of bad input raises RecipeError naming the problem."""
+"""Recipes: every bundled recipe loads and round-trips; valid variations parse (defaults, every
+draft form, overrides, frozen); recipe files (YAML errors name the file and line); a property-based
+round trip. Bad input is in test_recipe_errors.py."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recipe_support import MINIMAL, bad, with_
 
-from specexport.errors import RecipeError, SpecExportError
+from specexport.errors import RecipeError
 from specexport.recipe import (
     DEFAULT_RECIPE,
     RECIPES_DIR,
@@ -24,43 +26,6 @@ from specexport.recipe import (
 )
 
 RECIPE_FILES = sorted(RECIPES_DIR.glob("*.yaml"))
-
-MINIMAL = {
-    "name": "tiny",
-    "max_context": 256,
-    "target": {"model": "builtin:smollm2-135m-instruct"},
-    "draft": {"from_target": {"precision": "int8"}},
-}
-
-
-def with_(base: dict, dotted: str, value) -> dict:
-    data = copy.deepcopy(base)
-    node = data
-    *parents, last = dotted.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-    return data
-
-
-def without(base: dict, dotted: str) -> dict:
-    data = copy.deepcopy(base)
-    node = data
-    *parents, last = dotted.split(".")
-    for part in parents:
-        node = node[part]
-    del node[last]
-    return data
-
-
-def bad(data, *needles: str) -> str:
-    with pytest.raises(RecipeError) as info:
-        parse_recipe(data, "bad.yaml")
-    message = str(info.value)
-    assert "bad.yaml" in message
-    for needle in needles:
-        assert needle in message, f"{needle!r} not in {message!r}"
-    return message
 
 
 # --------------------------------------------------------------------------- bundled recipes
@@ -213,165 +178,6 @@ def test_draftspec_rejects_inconsistent_construction():
         DraftSpec(kind="telepathy")
     with pytest.raises(RecipeError):
         DraftSpec(kind="model", precision="fp16")
-
-
-# --------------------------------------------------------------------------- bad input
-
-
-def test_error_is_a_specexport_error():
-    assert issubclass(RecipeError, SpecExportError)
-
-
-def test_unknown_top_level_key():
-    msg = bad(with_(MINIMAL, "max_contxt", 4096), "'max_contxt'", "top level", "max_context", "did you mean")
-    assert "allowed keys" in msg
-
-
-@pytest.mark.parametrize(
-    "dotted, section",
-    [
-        ("target.precison", "'target'"),
-        ("speculation.gama", "'speculation'"),
-        ("validation.promt", "'validation'"),
-        ("draft.from_target.bits", "'draft.from_target'"),
-    ],
-)
-def test_unknown_nested_key(dotted, section):
-    key = dotted.rsplit(".", 1)[1]
-    bad(with_(MINIMAL, dotted, 1), f"{key!r}", section, "allowed keys")
-
-
-def test_unknown_draft_key():
-    bad(with_(MINIMAL, "draft.bits", 4), "'bits'", "'draft'", "from_target", "proposer")
-
-
-def test_draft_key_of_another_form():
-    bad(with_(MINIMAL, "draft.precision", "int8"), "'precision'", "put it inside from_target", "draft.model form")
-
-
-@pytest.mark.parametrize(
-    "dotted, value, allowed",
-    [
-        ("draft.from_target.precision", "int3", "int8, int4, dynamic-int8, fp16"),
-        ("draft.from_target.precision", "fp32", "int8, int4, dynamic-int8, fp16"),
-        ("target.precision", "int2", "fp32, fp16, int8, int4, gguf, gptq, awq"),
-        ("target.precision", "bf16", "fp32, fp16, int8, int4, gguf, gptq, awq"),
-    ],
-)
-def test_bad_precision(dotted, value, allowed):
-    bad(with_(MINIMAL, dotted, value), dotted, repr(value), allowed)
-
-
-def test_from_target_block_size():
-    recipe = parse_recipe(with_(MINIMAL, "draft", {"from_target": {"precision": "int4", "block_size": 128}}))
-    assert recipe.draft.block_size == 128
-    assert recipe.draft.to_dict() == {"from_target": {"precision": "int4", "block_size": 128}}
-    assert parse_recipe(MINIMAL).draft.block_size is None  # the quantizer's default (32)
-    assert "block_size" not in parse_recipe(MINIMAL).draft.to_dict()["from_target"]
-
-
-@pytest.mark.parametrize("value", [100, 8, 512, "128", True, 0])
-def test_bad_block_size(value):
-    bad(
-        with_(MINIMAL, "draft", {"from_target": {"precision": "int8", "block_size": value}}),
-        "draft.from_target.block_size",
-        repr(value),
-        "16, 32, 64, 128, 256",
-    )
-
-
-@pytest.mark.parametrize("precision", ["fp16", "dynamic-int8"])
-def test_block_size_needs_a_blocked_precision(precision):
-    bad(
-        with_(MINIMAL, "draft", {"from_target": {"precision": precision, "block_size": 64}}),
-        "block_size",
-        repr(precision),
-        "int8 or int4",
-    )
-
-
-def test_bad_draft_model_precision():
-    data = with_(MINIMAL, "draft", {"model": "org/d", "precision": "int2"})
-    bad(data, "draft.precision", "'int2'", "fp32, fp16, int8, int4, dynamic-int8")
-
-
-@pytest.mark.parametrize("gamma", [0, -1, 33])
-def test_gamma_out_of_range(gamma):
-    bad(with_(MINIMAL, "speculation.gamma", gamma), "speculation.gamma", str(gamma), "1..32")
-
-
-def test_max_gamma_below_gamma():
-    bad(with_(MINIMAL, "speculation", {"gamma": 6, "max_gamma": 4}), "speculation.max_gamma", "4", "gamma = 6")
-
-
-@pytest.mark.parametrize(
-    "dotted, value, needle",
-    [
-        ("max_context", 8, "16..131072"),
-        ("max_context", "2048", "expected an integer"),
-        ("max_context", 2048.0, "expected an integer"),
-        ("max_context", True, "expected an integer"),
-        ("speculation.gamma", 2.5, "expected an integer"),
-        ("speculation.adaptive", "yes please", "true, false"),
-        ("target.trust_remote_code", 1, "true, false"),
-        ("validation.enabled", "no", "true, false"),
-        ("target.revision", 2024, "expected a string"),
-        ("target.model", "", "empty"),
-        ("target.model", "builtin:", "builtin:NAME"),
-        ("name", "SmolLM2 135M", "[a-z0-9._-]+"),
-        ("description", ["a"], "expected a string"),
-        ("tested_here", "yes", "true, false"),
-    ],
-)
-def test_wrong_type_or_range(dotted, value, needle):
-    bad(with_(MINIMAL, dotted, value), dotted, repr(value) if value != "" else "", needle)
-
-
-@pytest.mark.parametrize("value", [[], [3, 0], [3, 3], "3,2,1", [2, True]])
-def test_bad_ngram_sizes(value):
-    bad(with_(MINIMAL, "draft", {"proposer": "ngram", "ngram_sizes": value}), "draft.ngram_sizes")
-
-
-def test_bad_proposer():
-    bad(with_(MINIMAL, "draft", {"proposer": "medusa"}), "draft.proposer", "'medusa'", "ngram")
-
-
-def test_two_draft_forms():
-    data = with_(MINIMAL, "draft", {"from_target": {"precision": "int8"}, "proposer": "ngram"})
-    bad(data, "several draft forms", "draft.from_target", "draft.proposer")
-    data = with_(MINIMAL, "draft", {"model": "org/d", "from_target": {"precision": "int8"}})
-    bad(data, "several draft forms", "draft.model", "draft.from_target")
-
-
-def test_no_draft_form():
-    bad(with_(MINIMAL, "draft", {}), "'draft'", "no draft form", "exactly one")
-    bad(with_(MINIMAL, "draft", {"ngram_sizes": [3]}), "no draft form", "'ngram_sizes'")
-
-
-@pytest.mark.parametrize("key", ["name", "max_context", "target", "draft"])
-def test_missing_required_top_level_key(key):
-    bad(without(MINIMAL, key), f"{key!r}", "required", "missing")
-
-
-def test_missing_target_model():
-    bad(with_(MINIMAL, "target", {"precision": "fp16"}), "'target.model'", "missing")
-
-
-@pytest.mark.parametrize(
-    "dotted, value",
-    [
-        ("target", "builtin:smollm2-135m-instruct"),
-        ("draft", "int8"),
-        ("speculation", [4]),
-        ("draft.from_target", "int8"),
-    ],
-)
-def test_section_not_a_mapping(dotted, value):
-    bad(with_(MINIMAL, dotted, value), f"{dotted!r}", "mapping")
-
-
-def test_top_level_not_a_mapping():
-    bad(["name", "x"], "mapping")
 
 
 # --------------------------------------------------------------------------- files

@@ -1,7 +1,7 @@
 """Structured output through the live server with the official `openai` client: response_format
 (json_schema, json_object), tools and tool_choice (streamed and not), logprobs; a 64-request load
 test mixing constrained and free requests whose outputs must equal their sequential runs (no
-matcher state leaks between requests). Bad inputs are in test_server.py's BAD table."""
+matcher state leaks between requests). Bad inputs are in test_server_errors.py's BAD table."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Helpers of the server tests (no tests here): a live uvicorn in a thread, a spy on the generator,
-raw HTTP and SSE reading, Prometheus text parsing."""
+raw HTTP and SSE reading, Prometheus text parsing; and the tiny int8 server (with its in-process
+reference generator, an openai client and the model name) that test_server.py,
+test_server_errors.py and test_server_load.py share: they import its fixtures as `fixture_*`,
+each module getting its own server."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specexport_runtime.api import load
 from specexport_runtime.generator import Generation
 from specexport_runtime.server.config import ServerConfig
 from specexport_runtime.server.run import make_server
@@ -201,3 +206,49 @@ def wait_until(predicate, timeout: float = 20.0, what: str = "condition") -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+# --- the tiny server of test_server.py, test_server_errors.py and test_server_load.py --------------
+KIND = "int8"  # a draft model that agrees often: rounds accept several tokens
+MAX_BODY = 64 * 1024
+MAX_QUEUE = 4
+CHAT = "/v1/chat/completions"
+PROMPTS = [
+    "Write a function that adds two numbers.",
+    "The quick brown fox",
+    "for i in range(10): print(i)",
+    '{"name": "specexport", "items": [1, 2, 3]}',
+]
+PROPOSERS = ["draft", "hybrid", "ngram", "suffix", "none"]
+
+
+def msgs(text: str) -> list[dict]:
+    return [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module", name="served")
+def fixture_served(tiny_artifacts):
+    gen = load(tiny_artifacts[KIND], threads=1)
+    spy = Spy(gen)
+    server = LiveServer(gen, api_key=KEY, max_queue=MAX_QUEUE, max_body_bytes=MAX_BODY)
+    server.spy = spy
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module", name="ref")
+def fixture_ref(tiny_artifacts):
+    """In-process generation: the reference the server's output must equal."""
+    return load(tiny_artifacts[KIND], threads=1)
+
+
+@pytest.fixture(scope="module", name="client")
+def fixture_client(served):
+    import openai  # the modules that use this fixture skip without it
+
+    return openai.OpenAI(base_url=served.base_url, api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module", name="model")
+def fixture_model(served):
+    return served.state.model

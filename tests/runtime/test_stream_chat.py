@@ -40,7 +40,7 @@ def codec(gens) -> TextCodec:
 )
 def test_stream_joins_to_generate_text(gens, kind, prompt, kwargs):
     """(Sampled cases use a fixed gamma: with adaptive gamma a seed does not fix the output,
-    see test_exactness.test_seeded_sampling_reproducible_with_adaptive_gamma.)"""
+    see test_sampling_law.test_seeded_sampling_reproducible_with_adaptive_gamma.)"""
     gen = gens(kind)
     result = gen.generate(prompt, max_new_tokens=60, **kwargs)
     run = gen.events(prompt, max_new_tokens=60, **kwargs)

@@ -23,7 +23,7 @@ import sys
 import jsonschema
 import numpy as np
 import pytest
-from test_exactness import ALPHA, DELTA, binned, chi2_sf, chi2_stat, counts_of, make_bins, make_pair_bins, tv_bound
+from exactness_support import ALPHA, DELTA, binned, chi2_sf, chi2_stat, counts_of, make_bins, make_pair_bins, tv_bound
 
 from specexport_runtime import registry
 from specexport_runtime.errors import InvalidArgument
@@ -102,6 +102,35 @@ def test_forced_tokens_are_free(gens):
     assert s.drafted == 0 and s.rounds == 1 and s.plain_steps == 0  # one call after the prefill
     assert base.stats.plain_steps == len(base.token_ids)  # target-only: one call per token (the last gives EOS)
     assert s.mean_accepted_length == pytest.approx(s.forced_accepted + 1)
+
+
+def test_a_round_past_the_end_of_sequence_commits_up_to_it(gens):
+    """A verify call can accept a draft's end of sequence and emit tokens after it in the same
+    round (never output): the matcher consumes up to the end and ignores the rest; an end of
+    sequence before the match is complete is refused."""
+    gen = gens("ngram")
+    engine = gen.constraints()
+    eos = min(engine.eos_ids)
+    yes = gen.codec.encode("yes", add_special_tokens=False)
+    matcher = engine.matcher(Grammar.regex("yes"))
+    matcher.commit(yes + [eos] + yes)
+    assert matcher.committed == len(yes) and matcher.accepting
+    early = engine.matcher(Grammar.regex("yes"))
+    with pytest.raises(GrammarError, match=f"end-of-sequence token {eos}"):
+        early.commit([eos])
+
+
+def test_a_draft_is_cut_after_its_end_of_sequence(gens):
+    from specexport_runtime.proposers import Proposal
+    from specexport_runtime.structured import Guide
+
+    gen = gens("ngram")
+    engine = gen.constraints()
+    eos = min(engine.eos_ids)
+    yes = gen.codec.encode("yes", add_special_tokens=False)
+    guide = Guide(engine.matcher(Grammar.regex("yes")))
+    shaped = guide.shape(Proposal(yes + [eos] + yes, None), [], limit=16)
+    assert shaped.tokens == yes + [eos] and shaped.cut == len(yes)
 
 
 def test_output_matches_a_regex_and_stops_at_the_end_of_the_match(gens):

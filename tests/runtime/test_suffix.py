@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from test_exactness import check_first_two_tokens_follow_target
+from exactness_support import check_first_two_tokens_follow_target
 
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import RequestSuffix, SuffixConfig, SuffixStore
@@ -239,7 +239,7 @@ def test_drafts_longer_than_a_verify_call_are_cut_to_fit(gens):
 def test_sampling_with_suffix_follows_the_target(gens):
     """Temperature 1 on a repetitive prompt (the request proposes at once) while the store fills
     with earlier samples' outputs: the first two tokens against the exact target law (chi-square)
-    and against target-only samples (TV bound), as in test_exactness."""
+    and against target-only samples (TV bound), as in test_sampling_law."""
     gen = gens("ngram")
     gen.forget_history()
     check_first_two_tokens_follow_target(gen, [40, 41, 42, 43, 44] * 4, "suffix")
