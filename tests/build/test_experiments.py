@@ -183,3 +183,21 @@ def test_constraint_cost_times_the_grammar_apart(tiny_artifacts, tmp_path):
     parts = sum(result[f"{k}_ms_per_token"] for k in ("masks", "apply", "commit"))
     assert parts == pytest.approx(result["grammar_ms_per_token"], abs=1e-3)
     assert 0 < result["grammar_share_of_step"] < 1
+
+
+def test_gqa_batch_reports_each_row_count(tmp_path):
+    out = tmp_path / "gqa.json"
+    run_script("gqa_batch", "--pasts", "3,11", "--rows", "1,3", "--json", str(out))
+    rows = read(out)["rows"]
+    assert [(r["batch"], r["rows"], r["pasts"]) for r in rows] == [(2, 1, [3, 11]), (2, 3, [3, 11])]
+    # one new row per sequence: accepted, and a sequence's rows do not depend on the batch
+    assert rows[0]["accepted"] and rows[0]["max_abs_diff_per_sequence"] == [0.0, 0.0]
+    verify = rows[1]  # several rows: either compared per sequence or refused with ONNX Runtime's reason
+    assert len(verify["max_abs_diff_per_sequence"]) == 2 if verify["accepted"] else "batch_size" in verify["error"]
+
+
+def test_gqa_batch_refuses_bad_lists():
+    proc = subprocess.run(
+        [sys.executable, str(EXPERIMENTS / "gqa_batch.py"), "--rows", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0 and "--rows takes a comma list of integers >= 1, got '0'" in proc.stderr
