@@ -215,6 +215,7 @@ class SpeculativeLoop:
 
     def prefill(self, prompt: Sequence[int]) -> list[int]:
         self.target.reset()
+        self.proposer.constrain(self.guide.allowed if self.guide is not None else None)
         self.proposer.start(prompt)
         start = time.perf_counter()
         logits = self.rows(self.target.forward(prompt))

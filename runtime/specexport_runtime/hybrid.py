@@ -32,6 +32,10 @@ class HybridProposer(Proposer):
         self.draft, self.retrievers = draft, tuple(retrievers)
         self.parts = (draft, *self.retrievers)
 
+    def constrain(self, allowed) -> None:
+        for part in self.parts:
+            part.constrain(allowed)
+
     def start(self, prompt: Sequence[int]) -> None:
         for part in self.parts:
             part.start(prompt)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,9 @@ from .sampling import SamplingParams, pad_vocab, probabilities, sample
 if TYPE_CHECKING:
     from .config import GeneratorConfig
     from .manifest import Manifest
+
+
+Allowed = Callable[[Sequence[int]], np.ndarray]  # draft -> bool [V]: what a grammar allows after it
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,12 @@ class Proposer(ABC):
         proposer (hybrid) tries before its draft model. Retrieval proposers override it."""
         return None
 
+    def constrain(self, allowed: Allowed | None) -> None:  # noqa: B027 (an optional hook: nothing by default)
+        """The request's grammar, before start(): allowed(draft) is bool [V], the tokens the
+        grammar allows after the committed tokens and `draft`; None: no grammar. A proposer
+        that draws from a model (the draft model) masks its own drafting with it; the others
+        are cut by the loop."""
+
 
 @dataclass(frozen=True)
 class ProposerContext:
@@ -113,6 +122,14 @@ def sync(model: Model, committed: Sequence[int]) -> None:
     model.truncate(min(model.length, len(committed) - 1))
 
 
+def mask_row(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """logits [1, V_draft] with the entries `allowed` [V] forbids at -inf (rows past V too)."""
+    width = min(allowed.shape[0], logits.shape[1])
+    out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
+    np.copyto(out[0, :width], logits[0, :width], where=allowed[:width])
+    return out
+
+
 class DraftModelProposer(Proposer):
     """Drafts up to gamma tokens with a draft model; stops early in a round when the draft's top
     probability falls below min_confidence (0 = never), since such tokens are rarely accepted."""
@@ -121,6 +138,10 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, model: Model, target_rows: int, min_confidence: float = 0.0):
         self.model, self.target_rows, self.min_confidence = model, target_rows, min_confidence
+        self.allowed: Allowed | None = None
+
+    def constrain(self, allowed: Allowed | None) -> None:
+        self.allowed = allowed
 
     def start(self, prompt: Sequence[int]) -> None:
         self.model.reset()
@@ -136,6 +157,10 @@ class DraftModelProposer(Proposer):
             catchup, pending = time.perf_counter() - start, pending[-1:]
         logits = self.model.forward(pending)  # [1, V_draft]: the row that drafts d1
         for i in range(gamma):
+            if self.allowed is not None:  # under a grammar: draft only what it allows (q is the masked law)
+                logits = mask_row(logits, self.allowed(tokens))
+                if not np.isfinite(logits).any():
+                    break
             if params.greedy:
                 token = int(logits[0].argmax())
                 confidence = self._confidence(logits[0]) if self.min_confidence > 0 else 1.0

@@ -240,6 +240,14 @@ class Guide:
             base, tokens=tokens[:k], q=None if q is None else q[:k], forced=min(f, k), cut_q=cut_q, cut=len(tokens) - k
         )
 
+    def allowed(self, draft: Sequence[int]) -> np.ndarray:
+        """bool [V]: the tokens allowed after the committed tokens and `draft` (each allowed): a
+        draft model masks its drafting with it (proposers.Proposer.constrain). Nothing follows an
+        end of sequence."""
+        if draft and draft[-1] in self.matcher.engine.eos_ids:
+            return np.zeros(self.matcher.engine.vocab_rows, dtype=bool)
+        return self.matcher.masks(draft)[-1]
+
     def masked(self, logits: np.ndarray, draft: Sequence[int]) -> np.ndarray:
         """logits [k+1, V'] of a call on [last, draft] with each row masked as the grammar stands
         after draft[:i]."""

@@ -201,3 +201,32 @@ def test_gqa_batch_refuses_bad_lists():
         [sys.executable, str(EXPERIMENTS / "gqa_batch.py"), "--rows", "0"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode != 0 and "--rows takes a comma list of integers >= 1, got '0'" in proc.stderr
+
+
+def test_masked_draft_is_exact_and_never_cut(tiny_artifacts, tmp_path):
+    pytest.importorskip("llguidance")
+    prompts = tmp_path / "schema.jsonl"
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}, "b": {"type": "string", "maxLength": 6}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"s{i}", "messages": [{"role": "user", "content": text}], "max_new_tokens": 40, "schema": schema}
+            )
+            + "\n"
+            for i, text in enumerate(["def add(a, b):", "The quick brown fox"])
+        )
+    )
+    out = tmp_path / "masked.json"
+    run_script("masked_draft", str(tiny_artifacts["noisy"]), "--prompts", str(prompts), "--json", str(out))
+    rows = read(out)["rows"]
+    assert {(r["prompt"], r["proposer"]) for r in rows} == {
+        (p, n) for p in ("s0", "s1") for n in ("draft", "draft-free")
+    }
+    assert all(r["identical"] for r in rows)  # both equal constrained target-only
+    masked = [r for r in rows if r["proposer"] == "draft"]  # drafts inside the grammar: cut at most at an EOS
+    assert sum(r["drafted"] for r in masked) > 0 and all(r["grammar_cut"] <= 1 for r in masked)

@@ -74,11 +74,37 @@ def test_greedy_constrained_speculation_equals_constrained_target_only(gens, pro
 
 
 def test_an_unconstrained_draft_is_cut_at_position_zero(gens):
-    """The noisy draft model knows nothing of the grammar: many of its drafts are cut before the
+    """The tiny EAGLE-3 head drafts without the grammar: many of its drafts are cut before the
     target sees them, some at their first token (the round becomes a plain step)."""
-    gen = gens("noisy")
-    r = gen.generate(PROMPTS[0], max_new_tokens=64, grammar=Grammar.json_schema(SCHEMA), proposer="draft", gamma=4)
+    gen = gens("eagle3")
+    r = gen.generate(PROMPTS[0], max_new_tokens=64, grammar=Grammar.json_schema(SCHEMA), proposer="eagle", gamma=4)
     assert r.stats.grammar_cut > 0 and r.stats.plain_steps > 0 and r.stats.forced > 0
+
+
+def test_the_draft_model_drafts_inside_the_grammar(gens):
+    """The draft model masks its own drafting with the grammar (Proposer.constrain): its drafts
+    are never cut, except at an end of sequence, and the output still equals target-only."""
+    from specexport_runtime import structured
+
+    cut: list[list[int]] = []
+    shape = structured.Guide.shape
+
+    def watched(self, proposal, forced, limit):
+        out = shape(self, proposal, forced, limit)
+        if out.cut:
+            cut.append(list(proposal.tokens))
+        return out
+
+    gen = gens("noisy")
+    grammar = Grammar.json_schema(SCHEMA)
+    base = gen.generate(PROMPTS[0], max_new_tokens=64, grammar=grammar, speculative=False)
+    structured.Guide.shape = watched
+    try:
+        r = gen.generate(PROMPTS[0], max_new_tokens=64, grammar=grammar, proposer="draft", gamma=4)
+    finally:
+        structured.Guide.shape = shape
+    assert r.token_ids == base.token_ids and r.stats.drafted > 0
+    assert all(tokens[len(tokens) - 1] in gen.eos for tokens in cut), cut
 
 
 def test_forced_tokens_are_free(gens):
@@ -188,11 +214,13 @@ def masked_pair_distribution(gen, ids: list[int], grammar: Grammar, params: Samp
     return joint
 
 
-def test_sampling_follows_the_masked_target(gens):
-    """temperature 1, gamma 3, the noisy draft model (q non-one-hot, unconstrained, so its tokens
-    are often cut and their q becomes the correction's cut_q): the first two tokens against the
-    exact masked law, and against constrained target-only samples."""
-    gen = gens("noisy")
+@pytest.mark.parametrize("kind, proposer", [("noisy", "draft"), ("eagle3", "eagle")])
+def test_sampling_follows_the_masked_target(gens, kind, proposer):
+    """temperature 1, gamma 3, q non-one-hot: the draft model samples from its own masked law; the
+    EAGLE-3 head drafts without the grammar, so its tokens are often cut and their q becomes the
+    correction's cut_q. The first two tokens against the exact masked law, and against
+    constrained target-only samples."""
+    gen = gens(kind)
     grammar = Grammar.regex(r"[a-z ]{2,12}")
     ids = gen.codec.encode("The quick brown fox")
     params = SamplingParams(temperature=1.0)
@@ -210,7 +238,7 @@ def test_sampling_follows_the_masked_target(gens):
                 temperature=1.0,
                 top_k=0,
                 gamma=3,
-                proposer="draft",
+                proposer=proposer,
                 grammar=grammar,
             )
             tokens = list(r.token_ids) + [eos] * (2 - len(r.token_ids))
