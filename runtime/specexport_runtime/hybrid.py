@@ -27,14 +27,12 @@ from .proposers import Proposal, Proposer, ProposerContext
 class HybridProposer(Proposer):
     name = "hybrid"
     proposes_when_off = True  # the loop asks it even when the controller chose gamma 0
+    # constrain() stays the default no-op: under a grammar its draft model drafts blind and the
+    # loop cuts it; masked, the draft model crowds out the free rounds (docs/structured.md#costs)
 
     def __init__(self, draft: Proposer, retrievers: Sequence[Proposer]):
         self.draft, self.retrievers = draft, tuple(retrievers)
         self.parts = (draft, *self.retrievers)
-
-    def constrain(self, allowed) -> None:
-        for part in self.parts:
-            part.constrain(allowed)
 
     def start(self, prompt: Sequence[int]) -> None:
         for part in self.parts:
