@@ -23,6 +23,7 @@ from .errors import InvalidArgument
 from .model import Model
 from .ngram import NgramProposer as NgramIndex
 from .sampling import SamplingParams, pad_vocab, probabilities, sample
+from .structured import apply_mask
 
 if TYPE_CHECKING:
     from .config import GeneratorConfig
@@ -122,14 +123,6 @@ def sync(model: Model, committed: Sequence[int]) -> None:
     model.truncate(min(model.length, len(committed) - 1))
 
 
-def mask_row(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """logits [1, V_draft] with the entries `allowed` [V] forbids at -inf (rows past V too)."""
-    width = min(allowed.shape[0], logits.shape[1])
-    out = np.full(logits.shape, -np.inf, dtype=logits.dtype)
-    np.copyto(out[0, :width], logits[0, :width], where=allowed[:width])
-    return out
-
-
 class DraftModelProposer(Proposer):
     """Drafts up to gamma tokens with a draft model; stops early in a round when the draft's top
     probability falls below min_confidence (0 = never), since such tokens are rarely accepted."""
@@ -158,7 +151,7 @@ class DraftModelProposer(Proposer):
         logits = self.model.forward(pending)  # [1, V_draft]: the row that drafts d1
         for i in range(gamma):
             if self.allowed is not None:  # under a grammar: draft only what it allows (q is the masked law)
-                logits = mask_row(logits, self.allowed(tokens))
+                logits = apply_mask(logits, self.allowed(tokens)[None])
                 if not np.isfinite(logits).any():
                     break
             if params.greedy:
