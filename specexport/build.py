@@ -145,6 +145,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         padding=target.padding,
         exactness=target.exactness,
         feature_layers=features,
+        batch=target.batch,
     )
     draft_entry = None
     if m.head is not None:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from specexport_runtime.manifest import ModelEntry
+from specexport_runtime.manifest import ModelEntry, sha256_file
 
+from .errors import BuildError
 from .export import ExportResult, export_graph
 from .fused import build_fused
 from .model_config import NormalizedConfig
@@ -61,8 +62,10 @@ def _export(
     weights=None,
     features: tuple[int, ...] = (),
     norm: NormalizedConfig | None = None,
+    slots: int = 1,
 ) -> ExportResult:
-    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place)."""
+    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place);
+    slots > 1: the fused batch graph (contract 1.5)."""
     if recipe.layout.contrib_attention:
         return build_fused(
             model,
@@ -74,6 +77,7 @@ def _export(
             pad_attention=padding.cache_pad > 0,
             feature_layers=features,
             norm=norm,
+            slots=slots,
         )
     return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm)
 
@@ -94,11 +98,24 @@ def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeight
 
 
 @dataclass(frozen=True)
+class BatchGraph:
+    """The target's batch graph (contract 1.5), next to its batch-1 graph and sharing its weights file."""
+
+    graph: str  # relative to the artifact root
+    slots: int
+    rows: dict  # rowcheck.BatchRowReport.to_dict(); {} when not validated
+
+
+BATCH_GRAPH = "batch.onnx"
+
+
+@dataclass(frozen=True)
 class TargetExport:
     result: ExportResult
     validation: dict  # {} when not validated
     exactness: str | None  # measured; None when not validated
     padding: Padding
+    batch: BatchGraph | None = None
 
 
 def export_target(
@@ -128,12 +145,9 @@ def export_target(
         else BITWISE_PORTABLE
     )
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
-        return TargetExport(
-            _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm),
-            {},
-            None,
-            tries[0],
-        )
+        result = _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm)
+        batch = export_batch(recipe, model, result, tries[0], weights, norm, None)
+        return TargetExport(result, {}, None, tries[0], batch)
     for padding in tries:
         result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
@@ -164,7 +178,59 @@ def export_target(
         )
         report["weights"] = weights.describe()
     report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
-    return TargetExport(result, report, rows.exactness, padding)
+    batch = export_batch(recipe, model, result, padding, weights, norm, probe)
+    if batch is not None:
+        report["batch_rows"] = batch.rows
+        if batch.rows["exactness"] != rows.exactness:
+            progress(f"warning: the batch graph's rows are {batch.rows['exactness']} (batch-1: {rows.exactness})")
+    return TargetExport(result, report, rows.exactness, padding, batch)
+
+
+def export_batch(
+    recipe: Recipe, model, solo: ExportResult, padding: Padding, weights, norm, probe: list[int] | None
+) -> BatchGraph | None:
+    """The batch graph of recipe.max_batch slots as target/batch.onnx beside the batch-1 graph,
+    reading the same weights file (checked byte for byte), and with a probe its rows measured
+    against the batch-1 graph's (rowcheck.batch_rows). None when max_batch is 1."""
+    K = recipe.max_batch
+    if K < 2:
+        return None
+    out_dir = solo.path.parent
+    with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
+        result = _export(recipe, model, Path(scratch), padding=padding, weights=weights, norm=norm, slots=K)
+        data = result.path.with_name(result.path.name + ".data")
+        if sha256_file(data) != sha256_file(solo.path.with_name(solo.path.name + ".data")):
+            raise BuildError(
+                "the batch graph's weights differ from the batch-1 graph's; cannot share one weights file"
+                f" (max_batch {K}); build with max_batch 1"
+            )
+        result.path.replace(out_dir / BATCH_GRAPH)  # its external data location is the same file name
+    rows = {} if probe is None else measure_batch_rows(solo, out_dir / BATCH_GRAPH, K, recipe, padding, probe)
+    return BatchGraph(f"{out_dir.name}/{BATCH_GRAPH}", K, rows)
+
+
+def measure_batch_rows(solo: ExportResult, path: Path, slots: int, recipe: Recipe, padding: Padding, probe) -> dict:
+    from specexport_runtime.engine import OrtModel, SessionConfig
+    from specexport_runtime.slots import SlotModel
+
+    from .rowcheck import batch_rows
+
+    config = SessionConfig(provider="cpu")
+    one = OrtModel(
+        solo.path, solo.spec, recipe.max_context, config, min_rows=padding.min_rows, cache_pad=padding.cache_pad
+    )
+    many = SlotModel(
+        path,
+        replace(solo.spec, slots=slots),
+        recipe.max_context,
+        config,
+        max_rows=9,
+        cache_pad=padding.cache_pad,
+        min_rows=padding.min_rows,
+    )
+    n = 5 + slots
+    tokens = (probe * (n // len(probe) + 1))[:n]
+    return batch_rows(one, many, probe[: max(2, len(probe) // 2)], tokens).to_dict()
 
 
 LONG_PROBE_TOKENS = 256  # the long-range probe of a model without windows (within max_context)
@@ -230,6 +296,7 @@ def model_entry(
     padding: Padding = Padding(),
     exactness: str | None = None,
     feature_layers: tuple[int, ...] = (),
+    batch: BatchGraph | None = None,
 ) -> ModelEntry:
     return ModelEntry(
         graph=graph,
@@ -250,4 +317,6 @@ def model_entry(
         feature_layers=feature_layers,
         feature_width=result_spec.feature_width,
         attention_windows=result_spec.windows,
+        batch_graph=batch.graph if batch else None,
+        max_batch=batch.slots if batch else 1,
     )

@@ -43,6 +43,7 @@ from onnx import TensorProto, helper
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
+from . import fused_slots
 from .architectures import ArchSpec, arch_for, module_at
 from .decoder import rotary_inv_freq
 from .export import ExportResult
@@ -206,11 +207,6 @@ def _full_norm(g: Graph, x: str, module: torch.nn.Module, offset: float) -> str:
     return g.op("SimplifiedLayerNormalization", [x, g.weight("qk_norm", w)], axis=-1, epsilon=eps, stash_type=1)[0]
 
 
-def _append_last_row(g: Graph, x: str) -> str:
-    """x [1, S, C] -> [1, S + 1, C], the last row repeated (one Pad node, edge mode)."""
-    return g.op("Pad", [x, g.const("pads", np.array([0, 0, 0, 0, 1, 0], np.int64))], mode="edge")[0]
-
-
 def _attention(
     g: Graph,
     i: int,
@@ -220,10 +216,11 @@ def _attention(
     lw: LayerWeights,
     weights: WeightPlan,
     caches: dict[str, tuple[str, str]],
-    cursor: tuple[str, str],
+    cursor: list[tuple[str, str]],
     pad: bool,
 ) -> str:
-    """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place."""
+    """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place
+    (cursor: each slot's, fused_slots.cursors)."""
     arch, spec = cfg.arch, cfg.layers[i]
     H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
     qkv = _linear(g, weights, h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
@@ -239,8 +236,6 @@ def _attention(
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [qkv, "", ""]  # packed q|k|v
-    if pad:  # [1, S, C] -> [1, S + 1, C]: the last row again
-        qkv_inputs = [_append_last_row(g, t) if t else t for t in qkv_inputs]
     attrs = dict(
         num_heads=H, kv_num_heads=Hkv, scale=cfg.attn_scale, do_rotary=int(spec.rope is not None), rotary_interleaved=0
     )
@@ -249,24 +244,7 @@ def _attention(
     if cfg.attn_softcap is not None:
         attrs["softcap"] = cfg.attn_softcap
     rotary = list(caches[spec.rope]) if spec.rope is not None else []
-    a, _, _ = g.op(
-        "GroupQueryAttention",
-        [*qkv_inputs, contract.past_key(i), contract.past_value(i), *cursor, *rotary],
-        [g.name("attn"), contract.present_key(i), contract.present_value(i)],
-        domain=MS,
-        **attrs,
-    )
-    if pad:  # [1, S + 1, H D] -> [1, S, H D]
-        (a,) = g.op(
-            "Slice",
-            [
-                a,
-                g.const("start", np.array([0], np.int64)),
-                g.const("end", np.array([-1], np.int64)),
-                g.const("axis", np.array([1], np.int64)),
-            ],
-        )
-    return a
+    return fused_slots.attention(g, i, qkv_inputs, cursor, rotary, pad, attrs)
 
 
 def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: NormalizedConfig) -> str:
@@ -323,6 +301,7 @@ def build_fused(
     pad_attention: bool = False,
     feature_layers: tuple[int, ...] = (),
     norm: NormalizedConfig | None = None,
+    slots: int = 1,
 ) -> ExportResult:
     """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
 
@@ -338,7 +317,8 @@ def build_fused(
     feature_layers: indices i of the residual streams entering decoder layer i (transformers'
     output_hidden_states[i], 0 <= i < layers) returned as `hidden_states` [1, S, F] for every
     input row (contract 1.2: what an EAGLE-3 draft head reads). norm: the model's normalized
-    config (default: normalized from model.config)."""
+    config (default: normalized from model.config). slots: cache slots (contract 1.5,
+    fused_slots): K > 1 serves K sequences per call, rows packed slot after slot."""
     weights = weights or FloatWeights()
     pad = 1 if pad_attention else 0
     start = time.perf_counter()
@@ -354,6 +334,8 @@ def build_fused(
     base = module_at(model, arch.decoder)
     layers = module_at(base, arch.layers)
     V = module_at(base, arch.embed).weight.shape[0]  # embedding [V, hidden]
+    if slots < 1 or (slots > 1 and feature_layers):
+        raise UnsupportedConfig(f"slots must be >= 1 and a graph of several slots has no features; got {slots}")
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
@@ -366,6 +348,7 @@ def build_fused(
         kv_layout=contract.HEAD_MAJOR_INPLACE,
         feature_width=len(feature_layers) * cfg.hidden,
         windows=cfg.windows,
+        slots=slots,
     )
 
     g = Graph(dtype)
@@ -381,12 +364,7 @@ def build_fused(
     if cfg.embedding_multiplier is not None:
         (x,) = g.op("Mul", [x, g.scalar("embedding_multiplier", cfg.embedding_multiplier)])
 
-    cursor = [contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH]
-    if pad:  # the attention sees S + 1 rows: its cursor inputs grow by one
-        cursor = [
-            g.op("Add", [cursor[0], g.const("one", np.array([1], np.int32))])[0],
-            g.op("Add", [cursor[1], g.const("one", np.array(1, np.int32))])[0],
-        ]
+    cursor = fused_slots.cursors(g, slots, bool(pad))  # per slot; one row more when the attention is padded
     stream = _Stream(g, x, arch.norm_offset)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
@@ -406,7 +384,7 @@ def build_fused(
         g.op("Identity", [features], [contract.HIDDEN_STATES])
     inputs, outputs = _interface(spec, ONNX_DTYPE[dtype], features is not None)
     padded = pad or min_rows > 1 or feature_layers
-    version = contract.version_for(spec.kv_layout, 2 if padded else 1, windowed=bool(spec.windows))
+    version = contract.version_for(spec.kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots)
     return save_graph(g, "specexport_fused", inputs, outputs, spec, version, out_dir, start)
 
 
@@ -438,24 +416,27 @@ def _logits(
 def _interface(spec: GraphSpec, elem: int, features: bool) -> tuple[list, list]:
     """Graph inputs and outputs in the contract's order (GraphSpec), which the runtime checks by name."""
     cache = [1, spec.num_kv_heads, "cache_rows", spec.head_dim]  # the runtime binds T_max rows (in place)
+    K = spec.slots
     inputs = [
         helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [1, "seq"]),
         helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
-        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [1]),
-        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [K]),
+        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, [K] if K > 1 else []),
     ]
+    if K > 1:
+        inputs.append(helper.make_tensor_value_info(contract.SLOT_ROWS, TensorProto.INT64, [K]))
     outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", spec.embedding_rows])]
     if features:
         outputs.append(
             helper.make_tensor_value_info(contract.HIDDEN_STATES, TensorProto.FLOAT, [1, "seq", spec.feature_width])
         )
     for i in range(spec.num_layers):
-        inputs += [
-            helper.make_tensor_value_info(n, elem, cache) for n in (contract.past_key(i), contract.past_value(i))
-        ]
-        outputs += [
-            helper.make_tensor_value_info(n, elem, cache) for n in (contract.present_key(i), contract.present_value(i))
-        ]
+        for b in spec.slot_ids:
+            inputs += [
+                helper.make_tensor_value_info(n, elem, cache)
+                for n in (contract.past_key(i, b), contract.past_value(i, b))
+            ]
+            outputs += [helper.make_tensor_value_info(n, elem, cache) for n in spec.layout.kv_outputs(i, b)]
     order_in = {n: k for k, n in enumerate(spec.input_names())}
     order_out = {n: k for k, n in enumerate(spec.output_names())}
     return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

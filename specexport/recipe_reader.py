@@ -69,6 +69,7 @@ _TOP_KEYS = (
     "name",
     "description",
     "max_context",
+    "max_batch",
     "graph",
     "target",
     "draft",
@@ -79,6 +80,7 @@ _TOP_KEYS = (
     "tested_here",
 )
 _RETRIEVAL_KEYS = ("corpus", "max_tokens")
+MAX_BATCH = 64
 MAX_RETRIEVAL_TOKENS = 1 << 31
 _TOP_REQUIRED = ("name", "max_context", "target", "draft")
 _MODEL_KEYS = ("model", "gguf_file", "precision", "revision", "trust_remote_code")
@@ -367,6 +369,17 @@ class _Reader(FieldReader):
                 f"draft.eagle3.precision = {draft.precision!r} needs graph: fused (MatMulNBits weights);"
                 f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}"
             )
+        max_batch = self.integer(data, "max_batch", "", lo=1, hi=MAX_BATCH, default=1)
+        if max_batch > 1 and not contrib:
+            raise self.fail(
+                f"max_batch = {max_batch} needs graph: fused (one GroupQueryAttention per cache slot);"
+                f" graph = {graph!r} builds batch-1 graphs"
+            )
+        if max_batch > 1 and draft.kind == "eagle3":
+            raise self.fail(
+                f"max_batch = {max_batch} with an EAGLE-3 head: the batch graph has no feature output;"
+                " use max_batch 1 or another draft form"
+            )
         if target.precision in QUANTIZED_TARGETS and not contrib:
             raise self.fail(
                 f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
@@ -375,6 +388,7 @@ class _Reader(FieldReader):
         return Recipe(
             name=name,
             max_context=max_context,
+            max_batch=max_batch,
             target=target,
             draft=draft,
             speculation=speculation,

@@ -245,6 +245,7 @@ class Recipe:
     description: str | None = None
     notes: str | None = None
     tested_here: bool = False
+    max_batch: int = 1  # cache slots of the target's batch graph (contract 1.5); 1: no batch graph
     source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
 
     @property
@@ -266,6 +267,7 @@ class Recipe:
             "name": self.name,
             "description": self.description,
             "max_context": self.max_context,
+            "max_batch": self.max_batch,
             "graph": self.graph,
             "target": self.target.to_dict(),
             "draft": self.draft.to_dict(),

@@ -70,3 +70,50 @@ def row_invariance(
         rows += k
     model.reset()
     return RowReport(model.min_rows, sizes, rows, same, max(diffs), agree / rows)
+
+
+@dataclass(frozen=True)
+class BatchRowReport:
+    """A slots graph's rows (contract 1.5) against the batch-1 graph's for the same tokens on the
+    same prefix, with other slots in the call holding other sequences and row counts."""
+
+    slots: int
+    calls: int  # batched calls compared
+    rows: int  # rows compared
+    bitwise: bool
+    max_abs_diff: float
+    argmax_agreement: float
+
+    @property
+    def exactness(self) -> str:
+        return "bitwise" if self.bitwise else "numerical"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "exactness": self.exactness}
+
+
+def batch_rows(
+    solo, slots, prefix: Sequence[int], tokens: Sequence[int], sizes: Sequence[int] = (1, 2, 5)
+) -> BatchRowReport:
+    """solo: the batch-1 graph (a model.Model); slots: its slots graph (runtime slots.SlotModel).
+    For each k in sizes, slot 0 feeds tokens[:k] after `prefix` while slot b > 0 (a prefix
+    rotated by b) feeds k + b rows, and slot 0's rows are compared with the solo call's."""
+    from specexport_runtime.slots import SlotCall
+
+    K = slots.slots
+    diffs, agree, same, rows = [], 0, True, 0
+    for k in sizes:
+        ref = _in_one_call(solo, prefix, tokens[:k])  # [k, V]
+        others = [list(prefix[b:]) + list(prefix[:b]) for b in range(K)]
+        slots.lengths[:] = 0
+        slots.forward([SlotCall(b, others[b] if b else list(prefix), 1) for b in range(K)])
+        calls = [SlotCall(0, list(tokens[:k]), k)]
+        calls += [SlotCall(b, list(tokens[: k + b]), 1) for b in range(1, K) if k + b <= len(tokens)]
+        block = slots.forward(calls)[0].copy()
+        same = same and np.array_equal(block, ref)
+        diffs.append(float(np.max(np.abs(block.astype(np.float64) - ref))))
+        agree += int(np.sum(block.argmax(-1) == ref.argmax(-1)))
+        rows += k
+    solo.reset()
+    slots.lengths[:] = 0
+    return BatchRowReport(K, len(sizes), rows, same, max(diffs), agree / rows)

@@ -229,6 +229,7 @@ def write_recipe(
     graph: str = "portable",
     precision: str = "fp32",
     exactness: str = "bitwise",
+    max_batch: int = 1,
 ) -> Path:
     import yaml
 
@@ -241,6 +242,8 @@ def write_recipe(
         "speculation": {"gamma": gamma, "max_gamma": 8},
         "tested_here": True,
     }
+    if max_batch > 1:
+        data["max_batch"] = max_batch
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
 
@@ -259,7 +262,10 @@ def build_tiny_artifact(
     from specexport.build import build_artifact
     from specexport.recipe import load_recipe
 
-    graph, exactness = "portable", "bitwise"
+    graph, exactness, max_batch = "portable", "bitwise", 1
+    head, sep, slots = draft_kind.rpartition("-batch")
+    if sep and slots.isdigit():
+        draft_kind, max_batch = head, int(slots)
     if draft_kind.endswith("-numerical"):
         draft_kind, exactness = draft_kind[: -len("-numerical")], "numerical"
     if draft_kind.endswith("-fused"):
@@ -268,6 +274,7 @@ def build_tiny_artifact(
         f"tiny-{draft_kind}"
         + ("-fused" if graph == "fused" else "")
         + ("-numerical" if exactness == "numerical" else "")
+        + (f"-batch{max_batch}" if max_batch > 1 else "")
     )
     if draft_kind.endswith("-target"):
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
@@ -298,6 +305,7 @@ def build_tiny_artifact(
             graph=graph,
             precision=precision,
             exactness=exactness,
+            max_batch=max_batch,
         )
     )
     out = workdir / "artifact"

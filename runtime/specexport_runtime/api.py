@@ -18,6 +18,7 @@ import numpy as np
 
 from . import registry
 from .adaptive import GammaController
+from .batch import DEFAULT_PREFILL_CHUNK, BatchScheduler
 from .config import ADAPTIVE, GeneratorConfig
 from .costs import VerifyCost
 from .datastore import Datastore
@@ -36,6 +37,7 @@ from .model import Model
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext
 from .signing import verify as verify_signature
+from .slots import SlotModel
 from .structured import ConstraintEngine, Grammar, Guide
 from .tokenizer import TextCodec
 from .tools import ToolPlan
@@ -69,7 +71,10 @@ class SpecGenerator:
         draft: Model | None,
         calibration: dict | None = None,
         config: GeneratorConfig | None = None,
+        slots: SlotModel | None = None,
     ):
+        """slots: the artifact's batch graph (contract 1.5), when loaded with batch=True; the
+        target is then its slot 0 and batch() / scheduler() run several sequences at once."""
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and not isinstance(model, Model):
                 raise TypeError(
@@ -77,6 +82,7 @@ class SpecGenerator:
                 )
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
+        self.slots = slots
         self.eos = set(manifest.tokenizer.eos_token_ids)
         self._draft_kind = None if draft is None else draft.spec.kind
         self._config = self.check(config if config is not None else GeneratorConfig.from_manifest(manifest))
@@ -208,29 +214,40 @@ class SpecGenerator:
 
     def _start(self, prompt_ids: list[int], config: GeneratorConfig) -> Generation:
         """Everything is checked and built here; the rounds run as the Generation is iterated."""
+        loop, ctl = self.make_loop(config)
+        return Generation(
+            self._rounds(loop, prompt_ids, config, ctl), loop.stats, config, config.gamma_policy, loop.logprobs
+        )
+
+    def make_loop(
+        self, config: GeneratorConfig, target: Model | None = None, batched: bool = False
+    ) -> tuple[SpeculativeLoop, GammaController | None]:
+        """One generation's speculative loop on `target` (default: self.target) and its gamma
+        controller (None: a fixed gamma or none); batched: its target calls go through a batch
+        driver (batch.py), which picks every round's gamma itself."""
         prop = self.build_proposer(config.proposer if config.speculating else registry.NONE, config)
         policy, ctl, gamma = config.gamma_policy, None, config.gamma
-        if config.speculating and gamma is None:
+        if config.speculating and gamma is None and not batched:
             if policy == ADAPTIVE:
                 ctl = self._controller(prop.name, config)
             else:  # seeded sampling or a non-adaptive artifact: the calibrated (or manifest) start, fixed;
                 # adaptive gamma follows wall-clock costs, which would change a seeded run's random draws
                 start = self._new_controller(prop.name, config)
                 gamma = start.gamma if start.speculating else None
-        stats = GenerationStats()
         guide = Guide(self.constraints().matcher(config.grammar)) if config.grammar is not None else None
         loop = SpeculativeLoop(
-            self.target,
+            target if target is not None else self.target,
             prop,
             ctl,
             replace(config, gamma=gamma),
             np.random.default_rng(config.seed),
-            stats,
+            GenerationStats(),
             self.verify_cost,
             guide,
             registry.get(prop.name).free,
+            batched,
         )
-        return Generation(self._rounds(loop, prompt_ids, config, ctl), stats, config, policy, loop.logprobs)
+        return loop, ctl
 
     def constraints(self) -> ConstraintEngine:
         """The artifact's grammar engine (structured.py), built on first use (about a second for
@@ -296,6 +313,26 @@ class SpecGenerator:
         content, calls = prepared.plan.parse(result.text)
         return replace(result, tool_calls=calls)
 
+    def scheduler(self, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> BatchScheduler:
+        """A continuous-batching scheduler over the artifact's batch graph (batch.py): submit()
+        requests, step() rounds. Needs load(..., batch=True) on an artifact built with max_batch > 1."""
+        if self.slots is None:
+            raise InvalidArgument(
+                "batched generation needs the artifact's batch graph: build with max_batch > 1 and"
+                f" load with batch=True (this artifact's max_batch is {self.manifest.target.max_batch})"
+            )
+        return BatchScheduler(self, self.slots, prefill_chunk)
+
+    def batch(
+        self, prompts: Sequence[Prompt], config: GeneratorConfig | None = None, **overrides: Any
+    ) -> list[GenerationResult]:
+        """Generate every prompt, up to max_batch at once with continuous batching; each result
+        is what generate() gives for that prompt alone (greedy: the same tokens), in prompt order."""
+        scheduler = self.scheduler()
+        seqs = [scheduler.submit(p, config, **overrides) for p in prompts]
+        scheduler.run()
+        return [s.result() for s in seqs]
+
     def prepare_chat(
         self, messages: Sequence[Mapping[str, Any]], tools=None, tool_choice=None, parallel_tool_calls: bool = True
     ) -> PreparedChat:
@@ -321,6 +358,7 @@ def load(
     shared_pool: bool = False,
     trusted_keys: Sequence[str | Path | bytes] | None = None,
     config: GeneratorConfig | Mapping[str, Any] | None = None,
+    batch: bool = False,
 ) -> SpecGenerator:
     """Open an artifact: check manifest, contract version and checksums, create both sessions
     and allocate their KV buffers at max context.
@@ -336,7 +374,11 @@ def load(
 
     config: the generator's default GeneratorConfig, or a mapping of overrides of the manifest's
     defaults (e.g. {"suffix": SuffixConfig(...), "proposer": "ngram"}); checked against the
-    artifact before any session is created."""
+    artifact before any session is created.
+
+    batch: load the target's batch graph (an artifact built with max_batch > 1, contract 1.5)
+    instead of its batch-1 graph: one session for max_batch sequences (batch(), scheduler()),
+    its slot 0 serving generate() and the rest."""
     root = Path(artifact)
     if trusted_keys is not None:
         verify_signature(root, trusted_keys)
@@ -349,14 +391,32 @@ def load(
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
-    target = OrtModel(
-        check_graph(root, manifest.target.graph, "target graph"),
-        manifest.target.graph_spec(),
-        manifest.max_context,
-        target_config,
-        min_rows=manifest.target.min_rows,
-        cache_pad=manifest.target.cache_pad,
-    )
+    slots = None
+    if batch:
+        entry = manifest.target
+        if entry.max_batch < 2:
+            raise InvalidArgument(
+                f"batch=True needs an artifact built with max_batch > 1; {root} has max_batch {entry.max_batch}"
+            )
+        slots = SlotModel(
+            check_graph(root, entry.batch_graph, "target batch graph"),
+            entry.graph_spec(slots=entry.max_batch),
+            manifest.max_context,
+            target_config,
+            max_rows=manifest.max_gamma + 1,
+            cache_pad=entry.cache_pad,
+            min_rows=entry.min_rows,
+        )
+        target = slots.view(0)
+    else:
+        target = OrtModel(
+            check_graph(root, manifest.target.graph, "target graph"),
+            manifest.target.graph_spec(),
+            manifest.max_context,
+            target_config,
+            min_rows=manifest.target.min_rows,
+            cache_pad=manifest.target.cache_pad,
+        )
     draft = None
     if has_draft:
         draft = OrtModel(
@@ -367,7 +427,7 @@ def load(
             min_rows=manifest.draft.min_rows,
             cache_pad=manifest.draft.cache_pad,
         )
-    return SpecGenerator(root, manifest, codec, target, draft, calibration, config)
+    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots)
 
 
 def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec, dict | None]:

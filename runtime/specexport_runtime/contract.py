@@ -96,7 +96,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONTRACT_VERSION = "1.4"
+CONTRACT_VERSION = "1.5"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
@@ -104,6 +104,7 @@ HEAD_MAJOR_INPLACE = "head_major_inplace"  # contract 1.1
 ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
 PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (the portable form)
 WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention local windows
+SLOTS_VERSION = "1.5"  # a head_major_inplace graph with several cache slots (batched sequences)
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -111,6 +112,7 @@ LOGITS_INDEX = "logits_index"
 LOGITS = "logits"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
+SLOT_ROWS = "slot_rows"  # contract 1.5: int64 [K] rows of each slot in a batched call
 HIDDEN_STATES = "hidden_states"  # contract 1.2: target features for a draft head
 DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds (contract 1.2 added the head)
 GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
@@ -122,12 +124,17 @@ HEAD_HIDDEN_OUT = "hidden_out"  # [1, R, H]
 KV_DTYPES = ("float32", "float16")
 
 
-def past_key(layer: int) -> str:
-    return f"past_key_{layer}"
+def _slot(name: str, slot: int | None) -> str:
+    """A cache name of a slots graph (contract 1.5) carries its slot: past_key_3_slot1."""
+    return name if slot is None else f"{name}_slot{slot}"
 
 
-def past_value(layer: int) -> str:
-    return f"past_value_{layer}"
+def past_key(layer: int, slot: int | None = None) -> str:
+    return _slot(f"past_key_{layer}", slot)
+
+
+def past_value(layer: int, slot: int | None = None) -> str:
+    return _slot(f"past_value_{layer}", slot)
 
 
 def new_key(layer: int) -> str:
@@ -138,12 +145,12 @@ def new_value(layer: int) -> str:
     return f"new_value_{layer}"
 
 
-def present_key(layer: int) -> str:
-    return f"present_key_{layer}"
+def present_key(layer: int, slot: int | None = None) -> str:
+    return _slot(f"present_key_{layer}", slot)
 
 
-def present_value(layer: int) -> str:
-    return f"present_value_{layer}"
+def present_value(layer: int, slot: int | None = None) -> str:
+    return _slot(f"present_value_{layer}", slot)
 
 
 @dataclass(frozen=True)
@@ -178,9 +185,11 @@ class KvLayout:
         shape[self.time_axis], shape[self.heads_axis] = rows, num_kv_heads
         return tuple(shape)  # type: ignore[return-value]
 
-    def kv_outputs(self, layer: int) -> tuple[str, str]:
+    def kv_outputs(self, layer: int, slot: int | None = None) -> tuple[str, str]:
         """Names of layer i's K and V outputs: present_* (the bound buffer) or new_* (the S new rows)."""
-        return (present_key(layer), present_value(layer)) if self.in_place else (new_key(layer), new_value(layer))
+        if self.in_place:
+            return present_key(layer, slot), present_value(layer, slot)
+        return new_key(layer), new_value(layer)
 
 
 LAYOUTS: dict[str, KvLayout] = {
@@ -227,10 +236,11 @@ def layout_for_form(form: str) -> KvLayout:
     raise ValueError(f"graph form {form!r} is not one of {GRAPH_FORMS}")
 
 
-def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False) -> str:
+def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False, slots: int = 1) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
-    windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4)."""
+    windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
+    batched graph (1.5)."""
     layout = layout_of(kv_layout)
     versions = [layout.version]
     if min_rows > 1 or head:
@@ -239,6 +249,8 @@ def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed:
         versions.append(layout.head_version)
     if windowed and layout.window_version:
         versions.append(layout.window_version)
+    if slots > 1:
+        versions.append(SLOTS_VERSION)
     return max(versions, key=parse_version)
 
 
@@ -283,6 +295,7 @@ class GraphSpec:
     kind: str = DECODER
     hidden_width: int = 0
     windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (contrib_attention only)
+    slots: int = 1  # contract 1.5: cache slots, one sequence each, batched in one call (head_major_inplace decoders)
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:
@@ -302,6 +315,18 @@ class GraphSpec:
             raise ValueError("an eagle3_head graph has feature_width and hidden_width > 0")
         if any(w < 1 for w in self.windows):
             raise ValueError(f"windows must be >= 1, got {list(self.windows)}")
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.slots > 1 and (self.is_head or not self.layout.in_place or self.feature_width):
+            raise ValueError(
+                f"a graph of {self.slots} slots is a head_major_inplace decoder without features;"
+                f" got kind {self.kind}, layout {self.kv_layout}, feature_width {self.feature_width}"
+            )
+
+    @property
+    def slot_ids(self) -> tuple[int | None, ...]:
+        """The slot suffix of each cache name: (None,) for a 1-slot graph, else 0 .. slots - 1."""
+        return (None,) if self.slots == 1 else tuple(range(self.slots))
 
     @property
     def is_head(self) -> bool:
@@ -314,15 +339,17 @@ class GraphSpec:
 
     def input_names(self) -> list[str]:
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
-        names += list(self.layout.cursor_inputs)
+        names += ([SLOT_ROWS] if self.slots > 1 else []) + list(self.layout.cursor_inputs)
         for i in range(self.num_layers):
-            names += [past_key(i), past_value(i)]
+            for b in self.slot_ids:
+                names += [past_key(i, b), past_value(i, b)]
         return names
 
     def output_names(self) -> list[str]:
         names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.feature_width else [])
         for i in range(self.num_layers):
-            names += self.layout.kv_outputs(i)
+            for b in self.slot_ids:
+                names += self.layout.kv_outputs(i, b)
         return names
 
     def cache_shape(self, max_context: int) -> tuple[int, int, int, int]:
@@ -331,9 +358,9 @@ class GraphSpec:
         return self.layout.cache_shape(max_context, self.num_kv_heads, self.head_dim)
 
     def kv_bytes(self, max_context: int) -> int:
-        """Bytes of all K and V buffers of this graph at max context."""
+        """Bytes of all K and V buffers of this graph at max context (every slot)."""
         itemsize = 4 if self.kv_dtype == "float32" else 2
-        return 2 * self.num_layers * max_context * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * self.num_layers * self.slots * max_context * self.num_kv_heads * self.head_dim * itemsize
 
 
 def parse_version(version: str) -> tuple[int, int]:

@@ -28,6 +28,15 @@ from .tokenizer import IncrementalDecoder, TextCodec
 FINISH_REASONS = ("eos", "stop", "length")
 
 
+@dataclass(frozen=True)
+class TargetCall:
+    """A batched loop's target call (SpeculativeLoop.call): `ids` fed at its cursor, and the
+    logits rows [last_rows, V] of the last of them expected back."""
+
+    ids: list[int]
+    last_rows: int = 1
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
@@ -183,12 +192,16 @@ class SpeculativeLoop:
         cost: VerifyCost | None = None,
         guide: Guide | None = None,
         free: bool = False,
+        batched: bool = False,
     ):
-        """free: the proposer's drafts are a function of the committed tokens (registry `free`)."""
+        """free: the proposer's drafts are a function of the committed tokens (registry `free`).
+        batched: target calls are yielded as TargetCall for a batch driver (batch.py), which
+        also sets `batch_gamma` before each round."""
         self.target, self.proposer, self.controller, self.guide = target, proposer, controller, guide
         self.cost = cost or (controller.cost if controller is not None else VerifyCost())
         self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
-        self.free = free
+        self.free, self.batched = free, batched
+        self.batch_gamma: int | None = None
         # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
         self.ask_when_off = config.speculating and (proposer.proposes_when_off or guide is not None)
         self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
@@ -213,24 +226,33 @@ class SpeculativeLoop:
             self.logprobs.extend(token_logprobs(rows, tokens, self.config.logprobs))
         return tokens
 
-    def prefill(self, prompt: Sequence[int]) -> list[int]:
+    def call(self, ids: Sequence[int], last_rows: int = 1) -> Iterator[TargetCall]:
+        """The target's logits rows [last_rows, V] of `ids` fed at its cursor: the call itself
+        (solo), or yielded as a TargetCall whose logits the batch driver sends back (batched)."""
+        if self.batched:
+            return (yield TargetCall(list(ids), last_rows))
+        return self.target.forward(ids, last_rows=last_rows)
+
+    def prefill(self, prompt: Sequence[int]) -> Iterator[TargetCall]:
+        """-> [first token]."""
         self.target.reset()
         self.proposer.constrain(self.guide.allowed if self.guide is not None else None)
         self.proposer.start(prompt)
         start = time.perf_counter()
-        logits = self.rows(self.target.forward(prompt))
+        logits = self.rows((yield from self.call(prompt)))
         token = self.pick(logits[0])
         self.stats.prefill_seconds = time.perf_counter() - start
         return self.emit([token], logits)
 
-    def plain_step(self, committed: list[int], cut_q: np.ndarray | None = None) -> list[int]:
+    def plain_step(self, committed: list[int], cut_q: np.ndarray | None = None) -> Iterator[TargetCall]:
+        """-> [next token]."""
         start = time.perf_counter()
-        logits = self.rows(self.target.forward(committed[self.target.length :]))
+        logits = self.rows((yield from self.call(committed[self.target.length :])))
         token = self.pick(logits[0], cut_q)
         seconds = time.perf_counter() - start
         self.stats.plain_steps += 1
         self.stats.target_seconds += seconds
-        if seconds > 0:
+        if seconds > 0 and not self.batched:  # a batched call's cost is the batch's (batch.py)
             self.cost.record(1, seconds)
         return self.emit([token], logits)
 
@@ -247,7 +269,8 @@ class SpeculativeLoop:
         proposal = proposal or Proposal([], None)
         return Proposal(proposal.tokens[:limit], proposal.q, proposal.catchup_seconds, proposal.lookup, proposal.source)
 
-    def speculative_step(self, committed: list[int], gamma: int, room: int) -> list[int]:
+    def speculative_step(self, committed: list[int], gamma: int, room: int) -> Iterator[TargetCall]:
+        """-> the round's new tokens."""
         t0 = time.perf_counter()
         proposal = self.draft(committed, gamma, room)
         draft, k = proposal.tokens, len(proposal.tokens)
@@ -255,9 +278,9 @@ class SpeculativeLoop:
         self.stats.draft_seconds += t1 - t0
         if k == 0:
             self.stats.grammar_cut += proposal.cut
-            return self.plain_step(committed, proposal.cut_q)
+            return (yield from self.plain_step(committed, proposal.cut_q))
         # one target call on [last, d1..dk] -> k+1 rows
-        logits = self.rows(self.target.forward(committed[self.target.length :] + draft, last_rows=k + 1), draft)
+        logits = self.rows((yield from self.call(committed[self.target.length :] + draft, k + 1)), draft)
         n, token = self.verify(logits, proposal)
         self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
         self.account(proposal, n, t0, t1, time.perf_counter())
@@ -281,22 +304,23 @@ class SpeculativeLoop:
         self.stats.grammar_cut += proposal.cut
         per = self.stats.by_source.setdefault(proposal.source or self.proposer.name, [0, 0, 0])
         per[0], per[1], per[2] = per[0] + 1, per[1] + k, per[2] + n
-        if t2 > t1:
+        if t2 > t1 and not self.batched:
             self.cost.record(k + 1, t2 - t1)
         if self.controller is not None and not proposal.lookup and k > f:  # retrieval says nothing of a draft model
             self.controller.record_round(k - f, max(0, n - f), t1 - t0 - proposal.catchup_seconds)
 
-    def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int]]:
-        committed = list(prompt) + self.prefill(prompt)
+    def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int] | TargetCall]:
+        """Each round's new tokens; batched, each target call before them as a TargetCall."""
+        committed = list(prompt) + (yield from self.prefill(prompt))
         self.proposer.commit(committed, 1)
         yield committed[-1:]
         while len(committed) < max_context:  # the last token still needs a cache row
             room = max_context - len(committed)  # rows left after feeding `last`
             gamma = self.choose_gamma()
             if (gamma > 0 or self.ask_when_off) and room > 0:
-                new = self.speculative_step(committed, min(gamma, room), room)
+                new = yield from self.speculative_step(committed, min(gamma, room), room)
             else:
-                new = self.plain_step(committed)
+                new = yield from self.plain_step(committed)
             committed += new
             self.proposer.commit(committed, len(new))
             yield new
@@ -306,6 +330,8 @@ class SpeculativeLoop:
             return 0
         if self.config.gamma is not None:
             return self.config.gamma
+        if self.batch_gamma is not None:  # the batch's choice for this round (batch.py)
+            return self.batch_gamma
         return self.controller.choose() if self.controller is not None else 0
 
 
@@ -361,35 +387,49 @@ def run_generation(
     options: GeneratorConfig,
     eos: set[int],
     max_context: int,
-) -> Iterator[tuple[list[int], str, str | None]]:
+) -> Iterator[tuple[list[int], str, str | None] | TargetCall]:
     """Drive the loop and apply the stops (options.stop, options.max_new_tokens); yields (new
-    ids, new text, finish reason or None)."""
+    ids, new text, finish reason or None), and a batched loop's TargetCall items, to be answered
+    with `send(logits)`."""
     stats = loop.stats
     stats.prompt_tokens = len(prompt_ids)
     decoder, stops = IncrementalDecoder(codec), StopText(options.stop)
     produced = 0
     start = time.perf_counter()
-    for new in loop.rounds(prompt_ids, max_context):
-        # a round may emit one token past the context (k drafts + 1); target-only stops at max_context
-        new = new[: min(options.max_new_tokens, max_context - len(prompt_ids)) - produced]
-        reason = None
-        for i, token in enumerate(new):
-            if token in eos:
-                new, reason = new[:i], "eos"
-                break
-        produced += len(new)
-        if reason is None and (produced >= options.max_new_tokens or len(prompt_ids) + produced >= max_context):
-            reason = "length"
-        piece = decoder.push(new) + (decoder.flush() if reason else "")
-        piece, hit = stops.push(piece)
-        if hit:
-            reason = "stop"
-        elif reason:
-            piece += stops.flush()
-        now = time.perf_counter() - start
-        stats.token_times.extend([now] * len(new))
-        stats.new_tokens = produced
-        stats.total_seconds = now
-        yield new, piece, reason
-        if reason:
-            return
+    rounds = loop.rounds(prompt_ids, max_context)
+    reply = None
+    try:
+        while True:
+            try:
+                new = rounds.send(reply)
+            except StopIteration:
+                return
+            reply = None
+            if isinstance(new, TargetCall):  # batched: the driver answers with the call's logits
+                reply = yield new
+                continue
+            # a round may emit one token past the context (k drafts + 1); target-only stops at max_context
+            new = new[: min(options.max_new_tokens, max_context - len(prompt_ids)) - produced]
+            reason = None
+            for i, token in enumerate(new):
+                if token in eos:
+                    new, reason = new[:i], "eos"
+                    break
+            produced += len(new)
+            if reason is None and (produced >= options.max_new_tokens or len(prompt_ids) + produced >= max_context):
+                reason = "length"
+            piece = decoder.push(new) + (decoder.flush() if reason else "")
+            piece, hit = stops.push(piece)
+            if hit:
+                reason = "stop"
+            elif reason:
+                piece += stops.flush()
+            now = time.perf_counter() - start
+            stats.token_times.extend([now] * len(new))
+            stats.new_tokens = produced
+            stats.total_seconds = now
+            yield new, piece, reason
+            if reason:
+                return
+    finally:
+        rounds.close()

@@ -77,6 +77,17 @@ class ModelEntry:
     exactness: str | None = None
     # contract 1.4: the distinct GroupQueryAttention windows of a head_major_inplace graph
     attention_windows: tuple[int, ...] = ()
+    # contract 1.5: a slots graph of the same weights serving max_batch sequences per call
+    # (relative path; it shares the entry's weights file), for batched generation
+    batch_graph: str | None = None
+    max_batch: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch, int) or self.max_batch < 1 or (self.max_batch > 1) != bool(self.batch_graph):
+            raise InvalidArgument(
+                f"max_batch {self.max_batch!r} with batch_graph {self.batch_graph!r}: expected max_batch 1 without a"
+                " batch graph, or max_batch >= 2 with one"
+            )
 
     @property
     def padded(self) -> bool:
@@ -91,6 +102,7 @@ class ModelEntry:
             2 if self.padded or self.feature_width else 1,
             head=self.kind == EAGLE3_HEAD,
             windowed=bool(self.attention_windows),
+            slots=self.max_batch,
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -103,6 +115,8 @@ class ModelEntry:
             del data["kind"], data["hidden_width"], data["vocab_map"]
         if not self.attention_windows:
             del data["attention_windows"]
+        if self.max_batch == 1:
+            del data["batch_graph"], data["max_batch"]
         return data
 
     @classmethod
@@ -119,7 +133,8 @@ class ModelEntry:
             entry = replace(entry, exactness=measured)
         return entry
 
-    def graph_spec(self) -> GraphSpec:
+    def graph_spec(self, slots: int = 1) -> GraphSpec:
+        """The graph's GraphSpec; slots = max_batch: its batch graph's."""
         return GraphSpec(
             num_layers=self.num_layers,
             num_kv_heads=self.num_kv_heads,
@@ -131,6 +146,7 @@ class ModelEntry:
             kind=self.kind,
             hidden_width=self.hidden_width,
             windows=self.attention_windows,
+            slots=slots,
         )
 
 
@@ -226,6 +242,13 @@ class Manifest:
                 )
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
+            if entry.max_batch > 1 and (
+                role != "target" or not entry.graph_spec().layout.in_place or entry.feature_width
+            ):
+                raise ArtifactError(
+                    f"{role} max_batch {entry.max_batch}: a batch graph belongs to a head_major_inplace target"
+                    " without features"
+                )
             if parse_version(entry.required_version) > parse_version(self.contract_version):
                 raise ArtifactError(
                     f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows},"
@@ -240,6 +263,8 @@ class Manifest:
         for role, entry in (("target", self.target), ("draft", self.draft)):
             if entry is not None:
                 out.append((f"{role} graph", entry.graph))
+                if entry.batch_graph:
+                    out.append((f"{role} batch_graph", entry.batch_graph))
                 if entry.vocab_map:
                     out.append((f"{role} vocab_map", entry.vocab_map))
         out.append(("tokenizer file", self.tokenizer.file))

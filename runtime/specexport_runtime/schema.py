@@ -57,6 +57,8 @@ ENTRY = {
     "hidden_width": Field("int", lo=0, hi=1 << 20),
     "vocab_map": Field("str", nullable=True),
     "exactness": Field("str", nullable=True, choices=EXACTNESS),
+    "batch_graph": Field("str", nullable=True),
+    "max_batch": Field("int", lo=1, hi=256),
 }
 TOKENIZER = {
     "file": Field("str", True),

@@ -1,0 +1,304 @@
+"""Continuous batching: several generations share the target's calls (a slots graph, contract 1.5).
+
+Each sequence runs its own speculative loop (generator.SpeculativeLoop, batched) on one cache
+slot: its own proposer, grammar, seed stream and stats. Its loop yields a TargetCall where a solo
+loop would call the target; one scheduler round gathers the pending call of every running
+sequence into one SlotModel.forward, then sends each its logits rows and lets it emit, verify
+and draft up to its next call. So a sequence's tokens are those of its solo run whatever shares
+its calls (for greedy decoding; bit for bit where the batch graph's rows are, docs/batching.md).
+
+Round boundaries are where the batch changes: waiting requests join free slots, finished and
+cancelled ones leave at once. A joining prompt is fed in chunks of at most `prefill_chunk`
+rows per round (all joining prompts together), so the decoding slots' round grows by at most
+that many rows while a long prompt is read (the prefill stall bound).
+
+Draft proposers that need the draft model run batch 1 only (one draft cache): in a batch a
+sequence asking for one drafts with prompt lookup ("ngram") instead; `BatchSequence.proposer`
+records what it ran. The draft length of each round is the batch's (BatchGamma): the target's
+call cost over total rows, learned per number of running sequences, against each sequence's
+acceptance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from . import registry
+from .config import GeneratorConfig
+from .costs import VerifyCost, ema
+from .errors import InvalidArgument
+from .generator import Generation, GenerationResult, GenerationStats, TargetCall, run_generation
+from .slots import SlotCall, SlotModel
+
+BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer drafts with in a batch
+DEFAULT_PREFILL_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """What the scheduler did at a round boundary (its own record, for tests and metrics)."""
+
+    round: int
+    kind: str  # join | leave | cancel
+    sequence: int
+    slot: int
+
+
+@dataclass
+class BatchSequence:
+    """One request in the batch: its generation as it runs, and its result when done."""
+
+    id: int
+    prompt_ids: list[int]
+    config: GeneratorConfig
+    proposer: str  # what it drafts with (BATCH_FALLBACK for a draft-model proposer)
+    slot: int | None = None
+    tokens: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    finish_reason: str | None = None  # eos | stop | length | cancelled
+    stats: GenerationStats | None = None
+    queued_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    _events: Iterator | None = field(default=None, repr=False)
+    _loop: object = field(default=None, repr=False)
+    _pending: TargetCall | None = field(default=None, repr=False)
+    _fed: int = 0  # rows of the pending call already fed (a prompt read in chunks)
+    _alpha: float = 0.5  # acceptance of its drafts (EMA)
+    _proposed: float = 1.0  # drafted tokens / the round's gamma (EMA): how often its proposer finds a draft
+    _rounds: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def result(self) -> GenerationResult:
+        if not self.done:
+            raise InvalidArgument(f"sequence {self.id} has not finished")
+        logprobs = getattr(self._loop, "logprobs", None)
+        return GenerationResult(
+            self.tokens,
+            self.text,
+            self.finish_reason,
+            self.stats,
+            None if logprobs is None else logprobs[: len(self.tokens)],
+        )
+
+
+class BatchGamma:
+    """Each round's draft length for the whole batch: the gamma in 0..gamma_max that maximizes
+    expected tokens per second, with the call's cost a line over its total rows (costs.VerifyCost,
+    one per number of running sequences) and each sequence's expected tokens from its own
+    acceptance alpha and how often its proposer drafts at all (p): 1 + p * sum_{j=1..g} alpha^j.
+    Before two call sizes are timed for a batch size, the gamma is `start` (to learn the slope)."""
+
+    def __init__(self, gamma_max: int, start: int):
+        self.gamma_max, self.start = gamma_max, min(start, gamma_max)
+        self.costs: dict[int, VerifyCost] = {}
+
+    def cost(self, running: int) -> VerifyCost:
+        return self.costs.setdefault(running, VerifyCost())
+
+    def record(self, running: int, rows: int, seconds: float) -> None:
+        if seconds > 0:
+            self.cost(running).record(rows, seconds)
+
+    def choose(self, seqs: Sequence[BatchSequence]) -> int:
+        if not seqs or self.gamma_max == 0:
+            return 0
+        cost = self.cost(len(seqs))
+        if cost.line() is None:
+            return self.start
+        best, best_rate = 0, -1.0
+        for g in range(self.gamma_max + 1):
+            tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)
+            rows = sum(1 + s._proposed * g for s in seqs)
+            rate = tokens / cost.seconds(math.ceil(rows))
+            if rate > best_rate * 1.0001:  # ties go to the shorter draft
+                best, best_rate = g, rate
+        return best
+
+
+class BatchScheduler:
+    """Runs up to `slots.slots` generations at once on a SlotModel (module docstring).
+
+    submit() queues a request; step() runs one round (joins, one target call, emits, leaves);
+    run() steps until nothing is left. `events` is the scheduler's own record of joins,
+    leaves and cancellations by round."""
+
+    def __init__(self, gen, slots: SlotModel, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        if prefill_chunk < slots.max_rows:
+            raise InvalidArgument(f"prefill_chunk must be >= max_rows {slots.max_rows}, got {prefill_chunk}")
+        self.gen, self.model, self.prefill_chunk = gen, slots, prefill_chunk
+        config = gen.config
+        self.gamma = BatchGamma(min(config.max_gamma, slots.max_rows - 1), config.initial_gamma)
+        self.waiting: deque[BatchSequence] = deque()
+        self.running: dict[int, BatchSequence] = {}  # slot -> sequence
+        self.events: list[BatchEvent] = []
+        self.round = 0
+        self.batch_sizes: dict[int, int] = {}  # running sequences -> rounds
+        self.stall_rows = 0  # most prefill rows one round carried
+        self._ids = itertools.count()
+
+    # --- requests -------------------------------------------------------------------
+    def submit(self, prompt, config: GeneratorConfig | None = None, **overrides) -> BatchSequence:
+        """Queue a prompt (text, bytes or token ids); checked now, run by later rounds."""
+        ids = self.gen._prompt_ids(prompt)
+        config = self.gen.configure(config, **overrides)
+        name = config.proposer if config.speculating else registry.NONE
+        name = self.gen.resolve_proposer(name) if config.speculating else name
+        if registry.get(name).uses_draft:
+            name = BATCH_FALLBACK
+        config = replace(config, proposer=name) if config.speculating else config
+        seq = BatchSequence(next(self._ids), ids, config, name)
+        self.waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: BatchSequence) -> None:
+        """Stop `seq` at the next round boundary (at once if it is still waiting)."""
+        if seq.done:
+            return
+        if seq.slot is None:
+            self.waiting.remove(seq)
+            seq.finish_reason = "cancelled"
+            return
+        self._leave(seq, "cancel")
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # --- rounds ---------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.idle:
+            self.step()
+
+    def step(self) -> list[BatchSequence]:
+        """One round; returns the sequences that emitted tokens or finished in it."""
+        self._admit()
+        if not self.running:
+            return []
+        calls, prefill_rows = [], 0
+        max_rows = self.model.max_rows
+        decoding = any(len(s._pending.ids) - s._fed <= max_rows for s in self.running.values())
+        budget = self.prefill_chunk if decoding else math.inf  # the stall bound protects decoding slots only
+        for slot, seq in self.running.items():
+            call = seq._pending
+            left = len(call.ids) - seq._fed
+            if left <= max_rows:  # a decode or verify call (or a prompt's last rows): always whole
+                calls.append(SlotCall(slot, call.ids[seq._fed :], call.last_rows))
+                continue
+            n = int(min(left, budget))  # a prompt read in chunks: this round's share of the budget
+            if n <= 0:
+                continue  # no prefill budget left this round: it waits (its slot gets a throwaway row)
+            budget -= n
+            prefill_rows += n
+            calls.append(SlotCall(slot, call.ids[seq._fed : seq._fed + n], call.last_rows if n == left else 1))
+        self.stall_rows = max(self.stall_rows, prefill_rows)
+        running = len(self.running)
+        self.batch_sizes[running] = self.batch_sizes.get(running, 0) + 1
+        start = time.perf_counter()
+        outputs = self.model.forward(calls)
+        self.gamma.record(running, sum(len(c.ids) for c in calls), time.perf_counter() - start)
+        gamma = self.gamma.choose(list(self.running.values()))
+        touched = []
+        for call, logits in zip(calls, outputs):
+            seq = self.running[call.slot]
+            seq._fed += len(call.ids)
+            if seq._fed < len(seq._pending.ids):
+                continue  # a prompt chunk: its logits are not asked for
+            used, seq._loop.batch_gamma = seq._loop.batch_gamma, gamma
+            self._answer(seq, logits, used)
+            touched.append(seq)
+        self.round += 1
+        return touched
+
+    def _admit(self) -> None:
+        free = [b for b in range(self.model.slots) if b not in self.running]
+        while free and self.waiting:
+            seq, slot = self.waiting.popleft(), free.pop(0)
+            view = self.model.view(slot)
+            view.reset()
+            loop, _ = self.gen.make_loop(seq.config, target=view, batched=True)
+            seq.slot, seq._loop, seq.stats = slot, loop, loop.stats
+            seq._events = run_generation(
+                loop, self.gen.codec, seq.prompt_ids, seq.config, self.gen.eos, self.gen.manifest.max_context
+            )
+            self.running[slot] = seq
+            self.events.append(BatchEvent(self.round, "join", seq.id, slot))
+            self._advance(seq, next(seq._events))
+
+    def _answer(self, seq: BatchSequence, logits: np.ndarray, used: int | None) -> None:
+        """Send the call's logits (a round drafted with gamma `used`); collect what the sequence
+        emits up to its next call."""
+        before = (seq.stats.drafted, seq.stats.accepted)
+        try:
+            item = seq._events.send(logits)
+        except StopIteration:
+            item = None
+        self._learn(seq, before, used)
+        self._advance(seq, item)
+
+    def _advance(self, seq: BatchSequence, item) -> None:
+        while item is not None and not isinstance(item, TargetCall):
+            new, piece, reason = item
+            if new and seq.first_token_at is None:
+                seq.first_token_at = time.perf_counter()
+            seq.tokens += new
+            if piece:
+                seq.pieces.append(piece)
+            if reason:
+                seq.finish_reason = reason
+                seq._loop.proposer.finish(seq.tokens)
+                self._leave(seq, "leave")
+                return
+            try:
+                item = next(seq._events)
+            except StopIteration:
+                item = None
+        if item is None:  # ended without a reason (cannot happen: run_generation always gives one)
+            seq.finish_reason = seq.finish_reason or "length"
+            self._leave(seq, "leave")
+            return
+        seq._pending, seq._fed = item, 0
+
+    def _learn(self, seq: BatchSequence, before: tuple[int, int], gamma: int | None) -> None:
+        d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
+        seq._rounds += 1
+        if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
+            seq._proposed = ema(seq._proposed, min(1.0, d / gamma), seq._rounds, 0.2)
+        if d:
+            seq._alpha = ema(seq._alpha, a / d, seq._rounds, 0.2)
+
+    def _leave(self, seq: BatchSequence, kind: str) -> None:
+        if seq.slot is None:
+            return
+        if seq._events is not None:
+            seq._events.close()
+        if kind == "cancel":
+            seq.finish_reason = "cancelled"
+        self.model.view(seq.slot).reset()
+        self.running.pop(seq.slot, None)
+        self.events.append(BatchEvent(self.round, kind, seq.id, seq.slot))
+        seq.slot = None
+
+
+def batch_generate(gen, slots: SlotModel, prompts: Sequence, config: GeneratorConfig | None = None, **overrides):
+    """Generate every prompt in one continuously batched run; results in prompt order."""
+    scheduler = BatchScheduler(gen, slots)
+    seqs = [scheduler.submit(p, config, **overrides) for p in prompts]
+    scheduler.run()
+    return [s.result() for s in seqs]
+
+
+__all__ = ["BatchEvent", "BatchGamma", "BatchScheduler", "BatchSequence", "Generation", "batch_generate"]

@@ -1,0 +1,183 @@
+"""ONNX Runtime backend for a slots graph (contract 1.5): K sequences, one cache slot each, fed
+in one call.
+
+Each layer's K and V live in one buffer [K, H_kv, T_max, D] allocated once; slot b's graph inputs
+past_key_{i}_slot{b} / present_key_{i}_slot{b} are bound once to its [1, H_kv, T_max, D] part,
+and its GroupQueryAttention writes rows P_b .. P_b + S_b - 1 there in place. A call packs the
+slots' rows one slot after another (slot_rows [K]); a slot without rows in a call gets one
+throwaway row at its cursor (GroupQueryAttention needs a row per slot), written past its valid
+rows and never read. Each slot keeps its own cursor; rollback is a cursor move per slot.
+
+`SlotModel.view(b)` is slot b as the speculative loop sees its target (the cursor side of
+model.Model); the calls themselves go through `forward(calls)` for all slots at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import contract
+from .contract import GraphSpec
+from .engine import SessionConfig, check_contract, check_layout_provider, make_session
+from .errors import ContractError, InvalidArgument
+from .model import CacheCursor, CallStats
+
+
+@dataclass(frozen=True)
+class SlotCall:
+    """S tokens for one slot at its cursor, and how many of their last logits rows come back."""
+
+    slot: int
+    ids: Sequence[int]
+    last_rows: int = 1
+
+
+class SlotView(CacheCursor):
+    """Slot b of a SlotModel: its cursor, as model.Model has it (forward goes through the batch)."""
+
+    def __init__(self, model: SlotModel, slot: int):
+        self.model, self.slot = model, slot
+        self.spec, self.max_context, self.max_rows, self.min_rows = model.spec, model.max_context, model.max_rows, 1
+        self.stats = model.stats
+
+    @property
+    def length(self) -> int:  # type: ignore[override]
+        return int(self.model.lengths[self.slot])
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.model.lengths[self.slot] = value
+
+    def kv_nbytes(self) -> int:
+        return self.model.kv_nbytes() // self.model.slots
+
+    def forward(self, ids, last_rows: int = 1, features=None, hidden=None) -> np.ndarray:
+        """This slot alone in a call (the others get throwaway rows): model.Model's forward."""
+        if features is not None or hidden is not None:
+            raise InvalidArgument("a slots graph takes no head inputs (features / hidden)")
+        ids = self.check_call(ids, last_rows)[0]
+        self.last_start = self.length
+        return self.model.forward([SlotCall(self.slot, ids, last_rows)])[0]
+
+
+class SlotModel:
+    """A slots graph with its K cache slots on ONNX Runtime's CPU provider (module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        spec: GraphSpec,
+        max_context: int,
+        config: SessionConfig,
+        max_rows: int = 17,
+        cache_pad: int = 0,
+        min_rows: int = 1,
+    ):
+        """max_rows: most logits rows one slot gets back per call (1 + the longest draft);
+        cache_pad / min_rows: the entry's padding (contract 1.2), per slot: min_rows pads each
+        slot's rows after its real ones with copies of its last token (the cursor advances by
+        the real rows only)."""
+        if spec.slots < 2:
+            raise ContractError(f"a SlotModel runs a graph of several slots; this graph has {spec.slots}")
+        if config.provider != "cpu":
+            raise ContractError(f"slots graphs run on the CPU provider for now, not {config.provider!r}")
+        if not 0 <= cache_pad <= 1 or not 1 <= min_rows <= max_rows:
+            raise InvalidArgument(
+                f"cache_pad must be 0 or 1 and min_rows in 1..{max_rows}; got {cache_pad!r}, {min_rows!r}"
+            )
+        check_layout_provider(spec, config.provider)
+        self.spec, self.max_context, self.config, self.slots = spec, max_context, config, spec.slots
+        self.max_rows, self.cache_pad, self.min_rows = max_rows, cache_pad, min_rows
+        self.cache_rows = max_context + min_rows - 1 + cache_pad
+        self.session = make_session(path, config)
+        check_contract(self.session, spec, str(path))
+        dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
+        K, H, D, T = spec.slots, spec.num_kv_heads, spec.head_dim, self.cache_rows
+        # one [K, H_kv, T, D] buffer per layer and K/V, filled (not calloc'd, so resident from the start)
+        self._buffers = [np.full((K, H, T, D), 0, dtype) for _ in range(2 * spec.num_layers)]
+        # logits of every slot's rows: [1, K * max_rows, V] fp32, allocated once
+        self._logits = np.full((1, K * max_rows, spec.embedding_rows), 0, np.float32)
+        self.lengths = np.zeros(K, np.int64)  # per-slot cursor P_b
+        self.stats = CallStats()
+        self._io = self.session.io_binding()
+        shape = [1, H, T, D]
+        for i in range(spec.num_layers):
+            for b in range(K):
+                outs = spec.layout.kv_outputs(i, b)
+                for j, (name_in, name_out) in enumerate(
+                    ((contract.past_key(i, b), outs[0]), (contract.past_value(i, b), outs[1]))
+                ):
+                    ptr = self._buffers[2 * i + j][b].ctypes.data
+                    self._io.bind_input(name_in, "cpu", 0, dtype, shape, ptr)
+                    self._io.bind_output(name_out, "cpu", 0, dtype, shape, ptr)
+        self._views = [SlotView(self, b) for b in range(K)]
+
+    def view(self, slot: int) -> SlotView:
+        return self._views[slot]
+
+    def kv_nbytes(self) -> int:
+        return self.spec.kv_bytes(self.cache_rows)
+
+    def kv_rows(self, slot: int, start: int, stop: int) -> list[np.ndarray]:
+        """Views of slot `slot`'s cache rows [start, stop) of every K/V buffer as [n, H_kv, D]."""
+        return [np.moveaxis(b[slot], 1, 0)[start:stop] for b in self._buffers]
+
+    def forward(self, calls: Sequence[SlotCall]) -> list[np.ndarray]:
+        """One graph call for every slot in `calls` (each at most once); returns each call's
+        logits rows [last_rows, V] (views the next call overwrites), in the order of `calls`."""
+        K = self.slots
+        by_slot: list[SlotCall | None] = [None] * K
+        for c in calls:
+            if not 0 <= c.slot < K or by_slot[c.slot] is not None:
+                raise InvalidArgument(f"slot {c.slot!r} is not one of 0..{K - 1} or is fed twice in one call")
+            S = len(c.ids)
+            if S < 1 or not 1 <= c.last_rows <= min(S, self.max_rows):
+                raise InvalidArgument(
+                    f"slot {c.slot} needs S >= 1 and 1 <= last_rows <= min(S, {self.max_rows});"
+                    f" got S={S}, rows={c.last_rows}"
+                )
+            if self.lengths[c.slot] + S > self.max_context:
+                raise InvalidArgument(
+                    f"slot {c.slot}: {self.lengths[c.slot]} cached + {S} new tokens exceed"
+                    f" max_context {self.max_context}"
+                )
+            by_slot[c.slot] = c
+        rows = np.ones(K, np.int64)  # slot_rows [K]: 1 throwaway row for a slot without a call
+        ids, index, out_at = [], [], {}
+        start = 0
+        for b, c in enumerate(by_slot):
+            if c is None:
+                ids.append(np.zeros(1, np.int64))
+            else:
+                real = np.asarray(c.ids, np.int64)
+                S = len(real)
+                rows[b] = max(S, self.min_rows)  # padding copies of the last token after the real rows
+                ids.append(real if rows[b] == S else np.concatenate([real, np.repeat(real[-1:], rows[b] - S)]))
+                out_at[b] = len(index)
+                index.extend(range(start + S - c.last_rows, start + S))
+            start += rows[b]
+        P = np.minimum(self.lengths, self.max_context - 1)  # a throwaway row of a full slot stays in the cache
+        seqlens = (P + rows - 1).astype(np.int32)  # [K]
+        total = (P + rows).astype(np.int32)  # [K]
+        io, R = self._io, len(index)
+        io.bind_cpu_input(contract.INPUT_IDS, np.concatenate(ids)[None])
+        io.bind_cpu_input(contract.LOGITS_INDEX, np.asarray(index, np.int64))
+        io.bind_cpu_input(contract.SLOT_ROWS, rows)
+        io.bind_cpu_input(contract.SEQLENS_K, seqlens)
+        io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
+        V = self.spec.embedding_rows
+        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, V], self._logits.ctypes.data)
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(io)
+        self.stats.add(int(rows.sum()), time.perf_counter() - t0)
+        out = []
+        for c in calls:
+            self.lengths[c.slot] += len(c.ids)
+            at = out_at[c.slot]
+            out.append(self._logits[0, at : at + c.last_rows])
+        return out
