@@ -69,6 +69,13 @@ class _Bar:
 @click.option("--no-validate", is_flag=True, help="Skip validating the graphs against transformers (not advised).")
 @click.option("--max-context", type=int, default=None, help="Override the recipe's max_context.")
 @click.option("--gamma", type=int, default=None, help="Override the recipe's default gamma.")
+@click.option(
+    "--max-batch",
+    type=int,
+    default=None,
+    help="Override the recipe's max_batch: sequences one call of the target's batch graph serves"
+    " (graph: fused; 1 = no batch graph). See docs/batching.md.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def build(
@@ -78,6 +85,7 @@ def build(
     no_validate: bool,
     max_context: int | None,
     gamma: int | None,
+    max_batch: int | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -86,7 +94,8 @@ def build(
     from .recipe import load_recipe, resolve_recipe
 
     spec = load_recipe(resolve_recipe(recipe))
-    overrides = {k: v for k, v in {"max_context": max_context, "speculation.gamma": gamma}.items() if v is not None}
+    given = {"max_context": max_context, "speculation.gamma": gamma, "max_batch": max_batch}
+    overrides = {k: v for k, v in given.items() if v is not None}
     if overrides:
         spec = spec.with_overrides(overrides)
     stages = 3 + (spec.draft.kind == "model") + spec.draft.has_graph  # load, export, [draft], package

@@ -1,0 +1,236 @@
+"""Batched generation (contract 1.5, batch.py) on tiny artifacts with a batch graph: every
+sequence's greedy output equals its own solo target-only run from the batch-1 graph, whatever
+shares its calls (bit for bit: the build measured the batch rows bitwise), sampling follows the
+target law per sequence, and the scheduler's joins, leaves and cancellations happen at round
+boundaries as its own event record shows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from exactness_support import (
+    ALPHA,
+    DELTA,
+    binned,
+    chi2_sf,
+    chi2_stat,
+    counts_of,
+    exact_pair_distribution,
+    make_bins,
+    make_pair_bins,
+    tv_bound,
+)
+
+from specexport_runtime.api import load
+from specexport_runtime.batch import BatchGamma, BatchSequence
+from specexport_runtime.errors import InvalidArgument
+from specexport_runtime.sampling import SamplingParams
+from specexport_runtime.slots import SlotCall
+
+KIND = "noisy-fused-batch4"  # a draft model too: a draft-model proposer falls back to prompt lookup in a batch
+PROMPTS = [
+    "def add(a, b):",
+    "hello world hello world hello",
+    "x = 1\ny = 2\nx = 1\ny =",
+    "abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc",
+    "the quick brown",
+    "for i in range(10):\n    print(i)\nfor i in range(10):",
+    "a",
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen one two",
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_artifacts):
+    """(batch-1 generator, batch generator) of one artifact."""
+    root = tiny_artifacts[KIND]
+    return load(root), load(root, batch=True)
+
+
+@pytest.fixture(scope="module")
+def solo_greedy(pair):
+    solo, _ = pair
+    return [solo.generate(p, max_new_tokens=40, speculative=False).token_ids for p in PROMPTS]
+
+
+def test_manifest_records_the_batch_graph(tiny_artifacts):
+    data = json.loads((tiny_artifacts[KIND] / "manifest.json").read_text())
+    target = data["target"]
+    assert data["contract_version"] == "1.5"
+    assert (target["max_batch"], target["batch_graph"]) == (4, "target/batch.onnx")
+    rows = target["validation"]["batch_rows"]
+    assert rows["slots"] == 4 and rows["bitwise"] and rows["max_abs_diff"] == 0.0
+    # one weights file for both graphs
+    assert sorted(p.name for p in (tiny_artifacts[KIND] / "target").iterdir()) == [
+        "batch.onnx",
+        "model.onnx",
+        "model.onnx.data",
+    ]
+
+
+@pytest.mark.parametrize("proposer", ["none", "ngram", "suffix", "draft"])
+def test_greedy_batch_equals_solo_target_only(pair, solo_greedy, proposer):
+    """8 prompts (1 to ~60 tokens) through 4 slots: sequences join as others leave."""
+    _, batch = pair
+    kw = {"speculative": False} if proposer == "none" else {"proposer": proposer}
+    results = batch.batch(PROMPTS, max_new_tokens=40, **kw)
+    for prompt, r, ref in zip(PROMPTS, results, solo_greedy):
+        assert r.token_ids == ref, prompt
+        assert r.finish_reason in ("eos", "length")
+    if proposer != "none":
+        assert sum(r.stats.drafted for r in results) > 0  # speculation ran in the batch
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_batch_with_fixed_gamma_and_mixed_configs(pair, solo_greedy, gamma):
+    """Each sequence its own proposer, gamma and length limit in one batch."""
+    _, batch = pair
+    scheduler = batch.scheduler(prefill_chunk=16)  # prompts longer than 16 rows are read in chunks
+    seqs = []
+    for i, prompt in enumerate(PROMPTS):
+        kw = [{"proposer": "ngram", "gamma": gamma}, {"speculative": False}, {"proposer": "suffix", "gamma": gamma}][
+            i % 3
+        ]
+        seqs.append(scheduler.submit(prompt, max_new_tokens=40 - i, **kw))
+    scheduler.run()
+    for i, (seq, ref) in enumerate(zip(seqs, solo_greedy)):
+        assert seq.tokens == ref[: 40 - i], PROMPTS[i]
+    assert scheduler.stall_rows <= 16
+    assert max(scheduler.batch_sizes) == 4 and scheduler.idle
+
+
+def test_a_sequence_alone_in_the_batch_graph_equals_solo(pair, solo_greedy):
+    _, batch = pair
+    for prompt, ref in zip(PROMPTS[:3], solo_greedy):
+        assert batch.generate(prompt, max_new_tokens=40, proposer="ngram").token_ids == ref
+
+
+def test_cancelled_slot_is_reused_within_one_round(pair):
+    _, batch = pair
+    scheduler = batch.scheduler()
+    seqs = [scheduler.submit(p, max_new_tokens=200, speculative=False) for p in PROMPTS[:5]]
+    scheduler.step()
+    scheduler.step()
+    assert [s.slot for s in seqs[:4]] == [0, 1, 2, 3] and seqs[4].slot is None
+    victim = seqs[1]
+    scheduler.cancel(victim)
+    cancelled_at = scheduler.round
+    assert victim.finish_reason == "cancelled" and victim.slot is None
+    scheduler.step()
+    joins = [e for e in scheduler.events if e.kind == "join" and e.sequence == seqs[4].id]
+    cancels = [e for e in scheduler.events if e.kind == "cancel"]
+    assert cancels == [type(cancels[0])(cancelled_at, "cancel", victim.id, 1)]
+    assert joins and joins[0].slot == 1 and joins[0].round == cancelled_at
+    assert victim.result().finish_reason == "cancelled"
+
+
+def test_waiting_request_cancelled_before_it_runs(pair):
+    _, batch = pair
+    scheduler = batch.scheduler()
+    seqs = [scheduler.submit(p, max_new_tokens=5, speculative=False) for p in PROMPTS[:6]]
+    scheduler.cancel(seqs[5])
+    scheduler.run()
+    assert seqs[5].finish_reason == "cancelled" and seqs[5].tokens == []
+    assert all(s.finish_reason in ("eos", "length") for s in seqs[:5])
+    assert [e.sequence for e in scheduler.events if e.kind == "join"] == [s.id for s in seqs[:5]]
+
+
+def test_sampling_law_per_sequence_in_a_batch(pair):
+    """N sequences of one prompt with seeds 0..N-1 run 4 at a time (prompt lookup, gamma 3, on a
+    prompt of 200 distinct tokens, so most first tokens have a draft): the first two tokens follow
+    the target law (chi-square against the exact pair distribution from the batch-1 graph;
+    two-sample TV against solo target-only)."""
+    solo, batch = pair
+    (eos,) = solo.eos
+    pool = [t for t in range(5, solo.manifest.target.vocab_size) if t != eos]
+    ids = [int(t) for t in np.random.default_rng(0).permutation(pool)[:200]]
+    N = 2000
+
+    def pairs(results):
+        out = []
+        for r in results:
+            tokens = list(r.token_ids) + ([eos] * (2 - len(r.token_ids)) if r.finish_reason == "eos" else [])
+            assert len(tokens) == 2
+            out.append(tuple(tokens))
+        return out
+
+    scheduler = batch.scheduler()
+    seqs = [
+        scheduler.submit(ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, gamma=3, proposer="ngram")
+        for s in range(N)
+    ]
+    scheduler.run()
+    spec = pairs([s.result() for s in seqs])
+    assert sum(s.stats.drafted for s in seqs) > N // 4  # drafts were verified, not only plain steps
+    base = pairs(
+        [
+            solo.generate(ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, speculative=False)
+            for s in range(N, 2 * N)
+        ]
+    )
+    joint = exact_pair_distribution(solo.target, ids, SamplingParams(temperature=1.0), eos)
+    first = joint.sum(axis=1)
+    pair_bins = make_pair_bins(joint, N)
+    for label, bins, p, marg in (("first token", make_bins(first, N), first, True), ("pair", pair_bins, joint, False)):
+        stat, df = chi2_stat(counts_of(spec, bins, marg), binned(p, bins))
+        assert chi2_sf(stat, df) > ALPHA, f"{label}: chi2 {stat:.1f} on {df} df"
+    tv = 0.5 * np.abs(counts_of(spec, pair_bins) - counts_of(base, pair_bins)).sum() / N
+    assert tv <= tv_bound(binned(joint, pair_bins), N, DELTA), tv
+
+
+def test_slot_model_rows_equal_batch1_rows_bitwise(pair):
+    """Logits of one slot's rows do not depend on the other slots' sequences or row counts."""
+    solo, batch = pair
+    model, one = batch.slots, solo.target
+    prefix = solo.codec.encode("the quick brown fox jumps over")
+    tokens = solo.codec.encode(" the lazy dog again and again")[:6]
+    one.reset()
+    one.forward(prefix)
+    ref = one.forward(tokens, last_rows=len(tokens)).copy()
+    for others in ([], [1], [1, 7, 3]):
+        model.lengths[:] = 0
+        model.forward([SlotCall(b, prefix[b:] or prefix, 1) for b in range(4)])
+        calls = [SlotCall(0, tokens, len(tokens))] + [SlotCall(b + 1, tokens[:n], 1) for b, n in enumerate(others)]
+        got = model.forward(calls)[0]
+        assert np.array_equal(got, ref)
+    model.lengths[:] = 0
+    one.reset()
+
+
+def test_slot_model_refuses_bad_calls(pair):
+    _, batch = pair
+    model = batch.slots
+    with pytest.raises(InvalidArgument, match="slot 4"):
+        model.forward([SlotCall(4, [1], 1)])
+    with pytest.raises(InvalidArgument, match="fed twice"):
+        model.forward([SlotCall(0, [1], 1), SlotCall(0, [2], 1)])
+    with pytest.raises(InvalidArgument, match="last_rows"):
+        model.forward([SlotCall(1, [1, 2], 3)])
+
+
+def test_batch_needs_a_batch_graph(tiny_artifacts, gens):
+    with pytest.raises(InvalidArgument, match="max_batch"):
+        gens("noisy-fused").batch(["hi"])
+    with pytest.raises(InvalidArgument, match="max_batch"):
+        load(tiny_artifacts["noisy-fused"], batch=True)
+
+
+def _seq(alpha: float, proposed: float) -> BatchSequence:
+    s = BatchSequence(0, [1], None, "ngram")  # type: ignore[arg-type]
+    s._alpha, s._proposed = alpha, proposed
+    return s
+
+
+def test_batch_gamma_turns_down_when_rows_are_dear():
+    g = BatchGamma(gamma_max=8, start=4)
+    assert g.choose([_seq(0.9, 1.0)]) == 4  # nothing timed yet: the start
+    for rows, ms in ((1, 10.0), (9, 12.0)):  # rows nearly free: long drafts pay
+        g.record(1, rows, ms / 1e3)
+    assert g.choose([_seq(0.9, 1.0)]) == 8
+    for rows, ms in ((8, 40.0), (72, 200.0)):  # eight sequences, each row costs 2.5 ms
+        g.record(8, rows, ms / 1e3)
+    assert g.choose([_seq(0.3, 1.0)] * 8) == 0
+    assert g.choose([_seq(0.99, 1.0)] * 8) > 0
