@@ -313,15 +313,16 @@ class SpecGenerator:
         content, calls = prepared.plan.parse(result.text)
         return replace(result, tool_calls=calls)
 
-    def scheduler(self, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> BatchScheduler:
+    def scheduler(self, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_running: int | None = None) -> BatchScheduler:
         """A continuous-batching scheduler over the artifact's batch graph (batch.py): submit()
-        requests, step() rounds. Needs load(..., batch=True) on an artifact built with max_batch > 1."""
+        requests, step() rounds; at most max_running sequences at once (default: max_batch).
+        Needs load(..., batch=True) on an artifact built with max_batch > 1."""
         if self.slots is None:
             raise InvalidArgument(
                 "batched generation needs the artifact's batch graph: build with max_batch > 1 and"
                 f" load with batch=True (this artifact's max_batch is {self.manifest.target.max_batch})"
             )
-        return BatchScheduler(self, self.slots, prefill_chunk)
+        return BatchScheduler(self, self.slots, prefill_chunk, max_running)
 
     def batch(
         self, prompts: Sequence[Prompt], config: GeneratorConfig | None = None, **overrides: Any
@@ -392,7 +393,8 @@ def load(
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
     slots = None
-    if batch:
+    if batch:  # the draft model serves batch-1 calls only: the slots graph spins like a lone session
+        target_config = replace(base, spinning=True)
         entry = manifest.target
         if entry.max_batch < 2:
             raise InvalidArgument(

@@ -136,9 +136,16 @@ class BatchScheduler:
     run() steps until nothing is left. `events` is the scheduler's own record of joins,
     leaves and cancellations by round."""
 
-    def __init__(self, gen, slots: SlotModel, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+    def __init__(
+        self, gen, slots: SlotModel, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_running: int | None = None
+    ):
+        """prefill_chunk: most prompt rows all joining sequences together add to a round while
+        others decode; max_running: most sequences at once (default: every slot)."""
         if prefill_chunk < slots.max_rows:
             raise InvalidArgument(f"prefill_chunk must be >= max_rows {slots.max_rows}, got {prefill_chunk}")
+        self.max_running = slots.slots if max_running is None else max_running
+        if not 1 <= self.max_running <= slots.slots:
+            raise InvalidArgument(f"max_running must be in 1..{slots.slots}, got {max_running!r}")
         self.gen, self.model, self.prefill_chunk = gen, slots, prefill_chunk
         config = gen.config
         self.gamma = BatchGamma(min(config.max_gamma, slots.max_rows - 1), config.initial_gamma)
@@ -148,6 +155,7 @@ class BatchScheduler:
         self.round = 0
         self.batch_sizes: dict[int, int] = {}  # running sequences -> rounds
         self.stall_rows = 0  # most prefill rows one round carried
+        self.round_log: list[tuple[int, int, float]] = []  # per round: (running, prefill rows, call seconds)
         self._ids = itertools.count()
 
     # --- requests -------------------------------------------------------------------
@@ -209,7 +217,9 @@ class BatchScheduler:
         self.batch_sizes[running] = self.batch_sizes.get(running, 0) + 1
         start = time.perf_counter()
         outputs = self.model.forward(calls)
-        self.gamma.record(running, sum(len(c.ids) for c in calls), time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.gamma.record(running, sum(len(c.ids) for c in calls), seconds)
+        self.round_log.append((running, prefill_rows, seconds))
         gamma = self.gamma.choose(list(self.running.values()))
         touched = []
         for call, logits in zip(calls, outputs):
@@ -225,7 +235,7 @@ class BatchScheduler:
 
     def _admit(self) -> None:
         free = [b for b in range(self.model.slots) if b not in self.running]
-        while free and self.waiting:
+        while free and self.waiting and len(self.running) < self.max_running:
             seq, slot = self.waiting.popleft(), free.pop(0)
             view = self.model.view(slot)
             view.reset()
