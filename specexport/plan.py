@@ -115,7 +115,10 @@ def _estimate(
     max_gamma: int,
     quantization: QuantizationSpec | None = None,
     flash: bool = False,
+    slots: int = 1,
 ) -> ModelEstimate:
+    """slots: cache slots of a batch graph: its KV cache and logits rows are counted for each
+    (the batch graph's weights are the batch-1 graph's file, loaded instead of it)."""
     config, source = shape
     label = precision if quantization is None or quantization.dtype == "fp32" else f"{precision}, {quantization.dtype}"
     return ModelEstimate(
@@ -126,9 +129,9 @@ def _estimate(
         config_source=source,
         parameters=parameters(config),
         weight_bytes=weight_bytes(config, precision, quantization),
-        kv_bytes=kv_bytes(config, precision, max_context, quantization),
+        kv_bytes=slots * kv_bytes(config, precision, max_context, quantization),
         activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma, quantization, flash),
-        logits_buffer_bytes=HOST_LOGITS_ROWS * config.vocab * 4,
+        logits_buffer_bytes=slots * HOST_LOGITS_ROWS * config.vocab * 4,
     )
 
 
@@ -140,7 +143,16 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
     flash = recipe.layout.contrib_attention and target_fp16  # GroupQueryAttention on CUDA (fp16 only)
     models = [
         _estimate(
-            "target", recipe.target.model, recipe.target.precision, shapes.target, max_context, prompt, gamma, q, flash
+            "target",
+            recipe.target.model,
+            recipe.target.precision,
+            shapes.target,
+            max_context,
+            prompt,
+            gamma,
+            q,
+            flash,
+            recipe.max_batch,
         )
     ]
     if recipe.draft.kind == "eagle3":
@@ -165,6 +177,7 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
         max_context=max_context,
         max_prompt=prompt,
         max_gamma=gamma,
+        max_batch=recipe.max_batch,
         models=models,
         overhead_bytes=int(RUNTIME_OVERHEAD_GIB * GIB),
     )

@@ -56,6 +56,7 @@ class PlanReport:
     max_gamma: int
     models: list[ModelEstimate]
     overhead_bytes: int
+    max_batch: int = 1  # the target's cache slots (its KV cache and logits rows are counted for all)
     advice: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -89,7 +90,8 @@ class PlanReport:
             f" budget ({d.memory_gib:g} GiB {'shared CPU/GPU memory' if d.shared else 'GPU memory'} minus"
             f" {d.reserve_gib:.1f} GiB reserve); headroom {gib(self.headroom_bytes)}",
             f"  max_context {self.max_context}, prompts up to {self.max_prompt} tokens in one call,"
-            f" verify up to {self.max_gamma + 1} tokens",
+            f" verify up to {self.max_gamma + 1} tokens"
+            + (f", {self.max_batch} sequences per target call (batch graph)" if self.max_batch > 1 else ""),
         ]
         for m in self.models:
             out.append(
@@ -114,6 +116,7 @@ class PlanReport:
             "max_context": self.max_context,
             "max_prompt": self.max_prompt,
             "max_gamma": self.max_gamma,
+            "max_batch": self.max_batch,
             "overhead_bytes": self.overhead_bytes,
             "models": [m.to_dict() for m in self.models],
             "advice": list(self.advice),

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import registry
 from .adaptive import GammaController
-from .batch import DEFAULT_PREFILL_CHUNK, BatchScheduler
+from .batch import DEFAULT_PREFILL_CHUNK, BatchGamma, BatchScheduler
 from .config import ADAPTIVE, GeneratorConfig
 from .costs import VerifyCost
 from .datastore import Datastore
@@ -83,6 +83,7 @@ class SpecGenerator:
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.slots = slots
+        self._batch_gamma: BatchGamma | None = None
         self.eos = set(manifest.tokenizer.eos_token_ids)
         self._draft_kind = None if draft is None else draft.spec.kind
         self._config = self.check(config if config is not None else GeneratorConfig.from_manifest(manifest))
@@ -322,7 +323,10 @@ class SpecGenerator:
                 "batched generation needs the artifact's batch graph: build with max_batch > 1 and"
                 f" load with batch=True (this artifact's max_batch is {self.manifest.target.max_batch})"
             )
-        return BatchScheduler(self, self.slots, prefill_chunk, max_running)
+        if self._batch_gamma is None:  # one per generator: the batch call's costs and each proposer's record
+            config = self._config
+            self._batch_gamma = BatchGamma(min(config.max_gamma, self.slots.max_rows - 1), config.initial_gamma)
+        return BatchScheduler(self, self.slots, prefill_chunk, max_running, self._batch_gamma)
 
     def batch(
         self, prompts: Sequence[Prompt], config: GeneratorConfig | None = None, **overrides: Any

@@ -39,6 +39,7 @@ from .slots import SlotCall, SlotModel
 
 BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer drafts with in a batch
 DEFAULT_PREFILL_CHUNK = 64
+PRIOR_ROUNDS = 4  # a sequence's (alpha, p) start from its proposer's record, worth this many rounds
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,16 @@ class BatchGamma:
     def __init__(self, gamma_max: int, start: int):
         self.gamma_max, self.start = gamma_max, min(start, gamma_max)
         self.costs: dict[int, VerifyCost] = {}
+        # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
+        self.learned: dict[str, tuple[float, float]] = {}
+
+    def prior(self, proposer: str) -> tuple[float, float]:
+        """(alpha, p) a new sequence of `proposer` starts from: what its earlier sequences showed."""
+        return self.learned.get(proposer, (0.5, 1.0))
+
+    def learn(self, proposer: str, alpha: float, proposed: float) -> None:
+        a, p = self.prior(proposer) if proposer in self.learned else (alpha, proposed)
+        self.learned[proposer] = (a + 0.05 * (alpha - a), p + 0.05 * (proposed - p))
 
     def cost(self, running: int) -> VerifyCost:
         return self.costs.setdefault(running, VerifyCost())
@@ -137,10 +148,16 @@ class BatchScheduler:
     leaves and cancellations by round."""
 
     def __init__(
-        self, gen, slots: SlotModel, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_running: int | None = None
+        self,
+        gen,
+        slots: SlotModel,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_running: int | None = None,
+        gamma: BatchGamma | None = None,
     ):
         """prefill_chunk: most prompt rows all joining sequences together add to a round while
-        others decode; max_running: most sequences at once (default: every slot)."""
+        others decode; max_running: most sequences at once (default: every slot); gamma: the
+        draft-length policy with what it has learned (default: a fresh one)."""
         if prefill_chunk < slots.max_rows:
             raise InvalidArgument(f"prefill_chunk must be >= max_rows {slots.max_rows}, got {prefill_chunk}")
         self.max_running = slots.slots if max_running is None else max_running
@@ -148,13 +165,13 @@ class BatchScheduler:
             raise InvalidArgument(f"max_running must be in 1..{slots.slots}, got {max_running!r}")
         self.gen, self.model, self.prefill_chunk = gen, slots, prefill_chunk
         config = gen.config
-        self.gamma = BatchGamma(min(config.max_gamma, slots.max_rows - 1), config.initial_gamma)
+        self.gamma = gamma or BatchGamma(min(config.max_gamma, slots.max_rows - 1), config.initial_gamma)
         self.waiting: deque[BatchSequence] = deque()
         self.running: dict[int, BatchSequence] = {}  # slot -> sequence
         self.events: list[BatchEvent] = []
         self.round = 0
         self.batch_sizes: dict[int, int] = {}  # running sequences -> rounds
-        self.stall_rows = 0  # most prefill rows one round carried
+        self.stall_rows = 0  # most prompt rows one round carried while other sequences decoded
         self.round_log: list[tuple[int, int, float]] = []  # per round: (running, prefill rows, call seconds)
         self._ids = itertools.count()
 
@@ -212,7 +229,8 @@ class BatchScheduler:
             budget -= n
             prefill_rows += n
             calls.append(SlotCall(slot, call.ids[seq._fed : seq._fed + n], call.last_rows if n == left else 1))
-        self.stall_rows = max(self.stall_rows, prefill_rows)
+        if decoding:  # prompt rows that held up decoding sequences this round
+            self.stall_rows = max(self.stall_rows, prefill_rows)
         running = len(self.running)
         self.batch_sizes[running] = self.batch_sizes.get(running, 0) + 1
         start = time.perf_counter()
@@ -241,6 +259,7 @@ class BatchScheduler:
             view.reset()
             loop, _ = self.gen.make_loop(seq.config, target=view, batched=True)
             seq.slot, seq._loop, seq.stats = slot, loop, loop.stats
+            seq._alpha, seq._proposed = self.gamma.prior(seq.proposer)
             seq._events = run_generation(
                 loop, self.gen.codec, seq.prompt_ids, seq.config, self.gen.eos, self.gen.manifest.max_context
             )
@@ -286,9 +305,11 @@ class BatchScheduler:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
         seq._rounds += 1
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
-            seq._proposed = ema(seq._proposed, min(1.0, d / gamma), seq._rounds, 0.2)
+            seq._proposed = ema(seq._proposed, min(1.0, d / gamma), seq._rounds + PRIOR_ROUNDS, 0.2)
         if d:
-            seq._alpha = ema(seq._alpha, a / d, seq._rounds, 0.2)
+            seq._alpha = ema(seq._alpha, a / d, seq._rounds + PRIOR_ROUNDS, 0.2)
+        if gamma or d:
+            self.gamma.learn(seq.proposer, seq._alpha, seq._proposed)
 
     def _leave(self, seq: BatchSequence, kind: str) -> None:
         if seq.slot is None:

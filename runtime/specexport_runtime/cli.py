@@ -82,6 +82,14 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
         help="requests that may wait behind the running one; one more gets 429 with Retry-After (default 16)",
     )
     srv.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="requests generating at once, in one batched target call per round (docs/batching.md);"
+        " > 1 needs an artifact built with --max-batch of at least that many (default: the artifact's"
+        " max_batch, 1 for an artifact without a batch graph)",
+    )
+    srv.add_argument(
         "--proposer",
         choices=registry.names(),
         default=None,
@@ -151,10 +159,15 @@ def run_serve(args: argparse.Namespace) -> int:
     if missing:
         raise ServeExtraMissing(missing)
     from .api import load
+    from .manifest import read_manifest
     from .server.config import ServerConfig
     from .server.run import serve
 
+    max_batch = args.max_batch
+    if max_batch is None:  # the artifact's (its manifest is read again, verified, by load)
+        max_batch = read_manifest(args.artifact).target.max_batch
     config = ServerConfig(
+        max_batch=max_batch,
         host=args.host,
         port=args.port,
         api_key=args.api_key,
@@ -174,6 +187,7 @@ def run_serve(args: argparse.Namespace) -> int:
         shared_pool=not args.no_shared_pool,
         trusted_keys=args.trusted_key,
         config=suffix_overrides(args),
+        batch=config.max_batch > 1,
     )
     serve(gen, config, log_level=args.log_level)
     return 0

@@ -5,7 +5,8 @@ outputs with it, the runtime binds buffers with it, and the tests of both halves
 against it. Bump CONTRACT_VERSION on any change a runtime would notice.
 
 One graph serves prefill (S = prompt length), single-token decode (S = 1) and the
-multi-token verify (S = gamma + 1). Batch is fixed at 1. Two KV layouts exist; the manifest
+multi-token verify (S = gamma + 1). A graph carries one sequence, except a target's batch
+graph (contract 1.5, below). Two KV layouts exist; the manifest
 records each graph's (`kv_layout`), and the input/output names below say which a graph uses.
 `KvLayout` (LAYOUTS; a graph's GraphSpec.layout) holds each layout's facts: its buffer shape,
 the inputs that carry the cursor, whether the graph writes its cache in place, which recipe
@@ -85,6 +86,13 @@ Windowed attention in the fused layout (contract 1.4; a manifest entry's `attent
     counts it so since 1.24.1 (before, W + 1 keys: one key more on every row past the window), so
     a runtime refuses such a graph on an older ONNX Runtime (window_runtime_error). The entry
     lists the distinct windows. Portable graphs apply windows in their mask (no contract change).
+
+Cache slots (contract 1.5; a target entry's `batch_graph` and `max_batch` K; GraphSpec.slots)
+    A head_major_inplace decoder serving K sequences per call: input_ids [1, N] packs every
+    slot's rows (slot 0 first), slot_rows int64 [K] says how many each has (>= 1), seqlens_k and
+    total_sequence_length are int32 [K], and each layer has per-slot caches past_key_{i}_slot{b}
+    / present_key_{i}_slot{b} [1, H_kv, T_max, D] (bound to one memory, written in place). The
+    MatMuls run once over N rows; attention is one GroupQueryAttention per slot and layer.
 
 EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
 (head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with

@@ -236,3 +236,14 @@ def test_quantized_target_weight_bytes():
     assert weight_bytes(smol, "int8", tied_float) == int(
         s_linear * (1 + 4 / 32) + 49152 * 576 * 4 + 4 * (30 * 2 * 576 + 576)
     )
+
+
+def test_plan_counts_every_cache_slot_of_a_batch_graph():
+    one = plan("smollm2-135m", "orin-nano-8gb")
+    eight = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"max_batch": 8}), "orin-nano-8gb")
+    (t1, d1), (t8, d8) = one.models, eight.models
+    assert t8.kv_bytes == 8 * t1.kv_bytes == 8 * 94_371_840
+    assert t8.logits_buffer_bytes == 8 * t1.logits_buffer_bytes
+    assert t8.weight_bytes == t1.weight_bytes and d8 == d1  # one weights file; the draft stays batch 1
+    assert eight.total_bytes - one.total_bytes == 7 * (t1.kv_bytes + t1.logits_buffer_bytes)
+    assert eight.to_dict()["max_batch"] == 8 and "8 sequences per target call" in "\n".join(eight.lines())

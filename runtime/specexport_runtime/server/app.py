@@ -29,6 +29,7 @@ from ..errors import InvalidArgument, PromptError
 from ..generator import validate_prompt_ids
 from ..structured import Grammar, GrammarError, StructuredUnavailable
 from ..tools import ToolError, ToolPlan
+from .batch_worker import BatchWorker
 from .config import ServerConfig
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request
 from .metrics import CONTENT_TYPE, Metrics
@@ -52,6 +53,20 @@ class Prepared:
     plan: ToolPlan | None = None  # chat: how tool calls are read from the answer
 
 
+def make_worker(gen, config: ServerConfig, metrics: Metrics) -> Worker:
+    """The batch-1 worker, or with config.max_batch > 1 the batching one (the generator must
+    hold the artifact's batch graph of at least that many slots: load(..., batch=True))."""
+    if config.max_batch == 1:
+        return Worker(gen, config, metrics)
+    slots = gen.slots.slots if gen.slots is not None else gen.manifest.target.max_batch
+    if gen.slots is None or config.max_batch > slots:
+        raise InvalidArgument(
+            f"--max-batch {config.max_batch} needs the artifact's batch graph with at least that many slots;"
+            f" this artifact has max_batch {gen.manifest.target.max_batch} (build with --max-batch)"
+        )
+    return BatchWorker(gen, config, metrics, config.max_batch)
+
+
 class ServerState:
     """What the routes share: the generator (only the worker generates with it), settings, worker, metrics."""
 
@@ -62,7 +77,7 @@ class ServerState:
         # a request's defaults: the generator's config with the server's default proposer
         self.base = gen.configure(proposer=self.default_proposer)
         self.metrics = Metrics(self.model)
-        self.worker = Worker(gen, config, self.metrics)
+        self.worker = make_worker(gen, config, self.metrics)
         self.created = int(time.time())
         self._key = config.api_key.encode() if config.api_key is not None else None
 
@@ -290,7 +305,7 @@ async def health(request: Request):
         "status": "draining" if worker.draining else "ok",
         "model": state.model,
         "waiting": worker.waiting,
-        "running": int(worker.current is not None),
+        "running": worker.running,
     }
     return JSONResponse(body, status_code=503 if worker.draining else 200)
 

@@ -23,6 +23,7 @@ class ServerConfig:
     stall_seconds: float = 30.0  # a streaming client that reads nothing for this long is treated as gone
     model_name: str | None = None  # the id /v1/models lists (None: the artifact's manifest name)
     proposer: str | None = None  # default proposer of requests that name none (None: the artifact's)
+    max_batch: int = 1  # requests generating at once (> 1: the artifact's batch graph, batch_worker.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
@@ -47,6 +48,8 @@ class ServerConfig:
             raise InvalidArgument(f"drain_seconds must be a finite number of seconds >= 0, got {self.drain_seconds!r}")
         if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
             raise InvalidArgument("api_key must be a non-empty string without surrounding whitespace")
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= 64:
+            raise InvalidArgument(f"max_batch must be an integer in 1..64, got {self.max_batch!r}")
         if self.model_name is not None and not self.model_name:
             raise InvalidArgument("model_name must be a non-empty string")
 

@@ -38,6 +38,7 @@ LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TOKEN_BUCKETS = (
     0.001,
     0.0025,
@@ -120,7 +121,16 @@ class Metrics:
             registry=registry,
         )
         self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests in the queue.", m, registry=registry)
-        self.running = Gauge(PREFIX + "num_requests_running", "Requests generating (0 or 1).", m, registry=registry)
+        self.running = Gauge(
+            PREFIX + "num_requests_running", "Requests generating (at most --max-batch).", m, registry=registry
+        )
+        self.batch_size = Histogram(
+            PREFIX + "batch_size",
+            "Sequences in each batched target call (serve --max-batch > 1).",
+            m,
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
         self.success = Counter(
             PREFIX + "request_success",
             "Requests that finished, by finish reason.",
@@ -167,6 +177,10 @@ class Metrics:
             decode = stats.total_seconds - stats.prefill_seconds
             self.tpot.labels(model).observe(max(0.0, decode) / (stats.new_tokens - 1))
         self.e2e.labels(model).observe(e2e)
+
+    def observe_batch(self, sequences: int) -> None:
+        """One round of the batch scheduler served `sequences` running requests."""
+        self.batch_size.labels(self.model).observe(sequences)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,8 +2,8 @@
 
 Invariants:
 - Only the worker thread calls into the SpecGenerator after start (its KV buffers, controllers
-  and suffix store are shared by every request), so one sequence decodes at a time: the graph
-  contract's batch 1.
+  and suffix store are shared by every request), so one sequence decodes at a time (a batching
+  server runs batch_worker.BatchWorker instead).
 - A request is queued, then running, then ended exactly once. Between rounds the worker checks
   whether the client left, the request timed out or the drain deadline passed, and then closes
   the generation's iterator: it stops within one speculative round, and an abandoned generation
@@ -125,13 +125,21 @@ class Worker:
         with self._cond:
             return self.current is None and not self._queue
 
+    @property
+    def running(self) -> int:
+        """Requests generating now."""
+        return int(self.current is not None)
+
+    def _full(self) -> bool:
+        """The queue holds at most max_queue jobs besides the running one."""
+        return len(self._queue) + (self.current is not None) > self.config.max_queue
+
     def submit(self, job: Job) -> None:
-        """Queue `job`, or raise ApiError 503 (draining) / 429 (queue full, with Retry-After).
-        The queue holds at most max_queue jobs besides the running one."""
+        """Queue `job`, or raise ApiError 503 (draining) / 429 (queue full, with Retry-After)."""
         with self._cond:
             if self.draining or self._stopping:
                 raise shutting_down()
-            if len(self._queue) + (self.current is not None) > self.config.max_queue:
+            if self._full():
                 wait = self._mean_seconds * (len(self._queue) + 1)
                 raise ApiError(
                     429,
