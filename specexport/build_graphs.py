@@ -198,13 +198,7 @@ def export_batch(
     out_dir = solo.path.parent
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
         result = _export(recipe, model, Path(scratch), padding=padding, weights=weights, norm=norm, slots=K)
-        data = result.path.with_name(result.path.name + ".data")
-        if sha256_file(data) != sha256_file(solo.path.with_name(solo.path.name + ".data")):
-            raise BuildError(
-                "the batch graph's weights differ from the batch-1 graph's; cannot share one weights file"
-                f" (max_batch {K}); build with max_batch 1"
-            )
-        result.path.replace(out_dir / BATCH_GRAPH)  # its external data location is the same file name
+        _share_weights(result.path, solo.path, K)
     rows = {} if probe is None else measure_batch_rows(solo, out_dir / BATCH_GRAPH, K, recipe, padding, probe)
     return BatchGraph(f"{out_dir.name}/{BATCH_GRAPH}", K, rows)
 
@@ -265,24 +259,50 @@ def export_draft(
 ) -> ModelEntry:
     """A draft graph (a draft model, or a copy of the target) at the recipe's draft precision:
     quantized ones are exported float, then quantized (their agreement is reported, not
-    required); float ones validated like a target."""
+    required); float ones validated like a target. With max_batch > 1 (fused) it gets a batch
+    graph too, draft/batch.onnx on the same weights file."""
     precision = recipe.draft.precision
     base, norm = (m.draft, m.draft_norm) if m.draft is not None else (m.reference, m.norm)
-    with tempfile.TemporaryDirectory(dir=root) as scratch:
-        if precision in QUANTIZED_PRECISIONS:
-            raw = _export(recipe, base, Path(scratch), tie_lm_head=False, norm=norm)
-            quantize_graph(raw.path, root / "draft", precision, recipe.draft.block_size or BLOCK_SIZE)
-            spec, tol = raw.spec, QUANTIZED
-        else:
-            model = base if precision == "fp32" else copy.deepcopy(base).to(_dtype(precision))
-            spec = _export(recipe, model, root / "draft", norm=norm).spec
-            tol = FP16 if precision == "fp16" else FP32
+    model = (
+        base if precision in QUANTIZED_PRECISIONS or precision == "fp32" else copy.deepcopy(base).to(_dtype(precision))
+    )
+
+    def write(out: Path, slots: int):
+        with tempfile.TemporaryDirectory(dir=root) as scratch:
+            if precision in QUANTIZED_PRECISIONS:
+                raw = _export(recipe, base, Path(scratch), tie_lm_head=False, norm=norm, slots=slots)
+                quantize_graph(raw.path, out, precision, recipe.draft.block_size or BLOCK_SIZE)
+                return raw.spec, QUANTIZED
+            spec = _export(recipe, model, out, norm=norm, slots=slots).spec
+            return spec, FP16 if precision == "fp16" else FP32
+
+    spec, tol = write(root / "draft", 1)
+    batch = None
+    if recipe.max_batch > 1:
+        with tempfile.TemporaryDirectory(dir=root) as scratch:
+            write(Path(scratch), recipe.max_batch)
+            batch = _share_weights(Path(scratch) / "model.onnx", root / "draft" / "model.onnx", recipe.max_batch)
     validation: dict = {}
     if validate:
         validation = validate_export(base, root / "draft" / "model.onnx", spec, probe, tol).to_dict()
         if tol is QUANTIZED:
             validation["note"] = "quantized draft: agreement with its fp32 source is reported, not required"
-    return model_entry("draft/model.onnx", m.draft_source or m.source, base, precision, spec, vocab, validation)
+    return model_entry(
+        "draft/model.onnx", m.draft_source or m.source, base, precision, spec, vocab, validation, batch=batch
+    )
+
+
+def _share_weights(batch_graph: Path, solo_graph: Path, slots: int) -> BatchGraph:
+    """Move a batch graph beside its batch-1 graph as batch.onnx once its weights file is checked
+    to be byte for byte the batch-1 graph's (the batch graph then reads that file)."""
+    data = batch_graph.with_name(batch_graph.name + ".data")
+    if sha256_file(data) != sha256_file(solo_graph.with_name(solo_graph.name + ".data")):
+        raise BuildError(
+            f"the batch graph's weights differ from {solo_graph.parent.name}/{solo_graph.name}'s; cannot share one"
+            f" weights file (max_batch {slots}); build with max_batch 1"
+        )
+    batch_graph.replace(solo_graph.parent / BATCH_GRAPH)  # its external data location is the same file name
+    return BatchGraph(f"{solo_graph.parent.name}/{BATCH_GRAPH}", slots, {})
 
 
 def model_entry(

@@ -72,6 +72,7 @@ class SpecGenerator:
         calibration: dict | None = None,
         config: GeneratorConfig | None = None,
         slots: SlotModel | None = None,
+        draft_slots: SlotModel | None = None,
     ):
         """slots: the artifact's batch graph (contract 1.5), when loaded with batch=True; the
         target is then its slot 0 and batch() / scheduler() run several sequences at once."""
@@ -82,7 +83,7 @@ class SpecGenerator:
                 )
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
-        self.slots = slots
+        self.slots, self.draft_slots = slots, draft_slots  # batch graphs (load(..., batch=True))
         self._batch_gamma: BatchGamma | None = None
         self.eos = set(manifest.tokenizer.eos_token_ids)
         self._draft_kind = None if draft is None else draft.spec.kind
@@ -128,10 +129,12 @@ class SpecGenerator:
         return name
 
     # --- proposers ----------------------------------------------------------------------
-    def build_proposer(self, name: str, config: GeneratorConfig) -> Proposer:
-        """A fresh proposer `name` for one call (registry factory)."""
+    def build_proposer(self, name: str, config: GeneratorConfig, context: ProposerContext | None = None) -> Proposer:
+        """A fresh proposer `name` for one call (registry factory); context: the models it drafts
+        on (default: the generator's target and draft; a batched loop passes its slots')."""
         spec = registry.check_available(name, self._draft_kind)
-        context = ProposerContext(self.target, self.draft, self.manifest, config, self, corpus=spec.corpus)
+        base = context or ProposerContext(self.target, self.draft, self.manifest, config, self)
+        context = replace(base, config=config, corpus=spec.corpus)
         proposer = registry.resolve(spec.factory)(context)
         if not isinstance(proposer, Proposer) or proposer.name != name:
             raise TypeError(f"the factory of proposer {name!r} returned {proposer!r}, not a Proposer named {name!r}")
@@ -221,12 +224,20 @@ class SpecGenerator:
         )
 
     def make_loop(
-        self, config: GeneratorConfig, target: Model | None = None, batched: bool = False
+        self, config: GeneratorConfig, target: Model | None = None, batched: bool = False, draft: Model | None = None
     ) -> tuple[SpeculativeLoop, GammaController | None]:
-        """One generation's speculative loop on `target` (default: self.target) and its gamma
-        controller (None: a fixed gamma or none); batched: its target calls go through a batch
-        driver (batch.py), which picks every round's gamma itself."""
-        prop = self.build_proposer(config.proposer if config.speculating else registry.NONE, config)
+        """One generation's speculative loop on `target` and `draft` (default: the generator's)
+        and its gamma controller (None: a fixed gamma or none); batched: its target and draft calls
+        go through a batch driver (batch.py), which picks every round's gamma itself."""
+        context = ProposerContext(
+            target if target is not None else self.target,
+            draft if draft is not None else self.draft,
+            self.manifest,
+            config,
+            self,
+            batched=batched,
+        )
+        prop = self.build_proposer(config.proposer if config.speculating else registry.NONE, config, context)
         policy, ctl, gamma = config.gamma_policy, None, config.gamma
         if config.speculating and gamma is None and not batched:
             if policy == ADAPTIVE:
@@ -326,7 +337,7 @@ class SpecGenerator:
         if self._batch_gamma is None:  # one per generator: the batch call's costs and each proposer's record
             config = self._config
             self._batch_gamma = BatchGamma(min(config.max_gamma, self.slots.max_rows - 1), config.initial_gamma)
-        return BatchScheduler(self, self.slots, prefill_chunk, max_running, self._batch_gamma)
+        return BatchScheduler(self, self.slots, prefill_chunk, max_running, self._batch_gamma, self.draft_slots)
 
     def batch(
         self, prompts: Sequence[Prompt], config: GeneratorConfig | None = None, **overrides: Any
@@ -397,8 +408,8 @@ def load(
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
     slots = None
-    if batch:  # the draft model serves batch-1 calls only: the slots graph spins like a lone session
-        target_config = replace(base, spinning=True)
+    if batch:  # spinning as for a lone session unless the draft's batch graph shares the cores
+        target_config = replace(base, spinning=not (has_draft and manifest.draft.max_batch > 1))
         entry = manifest.target
         if entry.max_batch < 2:
             raise InvalidArgument(
@@ -423,8 +434,20 @@ def load(
             min_rows=manifest.target.min_rows,
             cache_pad=manifest.target.cache_pad,
         )
-    draft = None
-    if has_draft:
+    draft = draft_slots = None
+    if has_draft and batch and manifest.draft.max_batch > 1:  # the draft's batch graph, its slot 0 serving batch 1
+        entry = manifest.draft
+        draft_slots = SlotModel(
+            check_graph(root, entry.batch_graph, "draft batch graph"),
+            entry.graph_spec(slots=entry.max_batch),
+            manifest.max_context,
+            base,
+            max_rows=manifest.max_gamma + 1,
+            cache_pad=entry.cache_pad,
+            min_rows=entry.min_rows,
+        )
+        draft = draft_slots.view(0)
+    elif has_draft:
         draft = OrtModel(
             check_graph(root, manifest.draft.graph, "draft graph"),
             manifest.draft.graph_spec(),
@@ -433,7 +456,7 @@ def load(
             min_rows=manifest.draft.min_rows,
             cache_pad=manifest.draft.cache_pad,
         )
-    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots)
+    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots)
 
 
 def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec, dict | None]:

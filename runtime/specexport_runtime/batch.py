@@ -12,11 +12,13 @@ cancelled ones leave at once. A joining prompt is fed in chunks of at most `pref
 rows per round (all joining prompts together), so the decoding slots' round grows by at most
 that many rows while a long prompt is read (the prefill stall bound).
 
-Draft proposers that need the draft model run batch 1 only (one draft cache): in a batch a
-sequence asking for one drafts with prompt lookup ("ngram") instead; `BatchSequence.proposer`
-records what it ran. The draft length of each round is the batch's (BatchGamma): the target's
-call cost over total rows, learned per number of running sequences, against each sequence's
-acceptance.
+A draft model runs batched too when the artifact has its batch graph: every sequence drafting
+with it in a round hands its draft calls out (Proposer.propose_steps), and the scheduler runs
+them one batched draft call per draft step before the round's target call. Without a draft
+batch graph (or with an EAGLE-3 head) a sequence asking for a draft-model proposer drafts with
+prompt lookup ("ngram") instead; `BatchSequence.proposer` records what it ran. The draft length
+of each round is the batch's (BatchGamma): the target's call cost over total rows and the draft
+step's cost, learned per number of running sequences, against each sequence's acceptance.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .config import GeneratorConfig
 from .costs import VerifyCost, ema
 from .errors import InvalidArgument
 from .generator import Generation, GenerationResult, GenerationStats, TargetCall, run_generation
+from .proposers import DraftCall
 from .slots import SlotCall, SlotModel
 
 BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer drafts with in a batch
@@ -59,7 +62,8 @@ class BatchSequence:
     id: int
     prompt_ids: list[int]
     config: GeneratorConfig
-    proposer: str  # what it drafts with (BATCH_FALLBACK for a draft-model proposer)
+    proposer: str  # what it drafts with (BATCH_FALLBACK for a draft-model proposer without a draft batch graph)
+    drafts_with_model: bool = False  # its proposer calls the draft's batch graph
     slot: int | None = None
     tokens: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
@@ -106,6 +110,7 @@ class BatchGamma:
     def __init__(self, gamma_max: int, start: int):
         self.gamma_max, self.start = gamma_max, min(start, gamma_max)
         self.costs: dict[int, VerifyCost] = {}
+        self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
         self.learned: dict[str, tuple[float, float]] = {}
 
@@ -124,17 +129,24 @@ class BatchGamma:
         if seconds > 0:
             self.cost(running).record(rows, seconds)
 
+    def record_draft(self, running: int, seconds: float) -> None:
+        """One batched draft-model call of a round with `running` sequences took `seconds`."""
+        old = self.draft_step.get(running)
+        self.draft_step[running] = seconds if old is None else old + 0.2 * (seconds - old)
+
     def choose(self, seqs: Sequence[BatchSequence]) -> int:
+        """seqs: the running sequences; those with `drafts_with_model` add gamma batched draft calls."""
         if not seqs or self.gamma_max == 0:
             return 0
         cost = self.cost(len(seqs))
         if cost.line() is None:
             return self.start
+        step = self.draft_step.get(len(seqs), 0.0) if any(s.drafts_with_model for s in seqs) else 0.0
         best, best_rate = 0, -1.0
         for g in range(self.gamma_max + 1):
             tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)
             rows = sum(1 + s._proposed * g for s in seqs)
-            rate = tokens / cost.seconds(math.ceil(rows))
+            rate = tokens / (cost.seconds(math.ceil(rows)) + g * step)
             if rate > best_rate * 1.0001:  # ties go to the shorter draft
                 best, best_rate = g, rate
         return best
@@ -154,16 +166,23 @@ class BatchScheduler:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         max_running: int | None = None,
         gamma: BatchGamma | None = None,
+        draft: SlotModel | None = None,
     ):
         """prefill_chunk: most prompt rows all joining sequences together add to a round while
         others decode; max_running: most sequences at once (default: every slot); gamma: the
-        draft-length policy with what it has learned (default: a fresh one)."""
+        draft-length policy with what it has learned (default: a fresh one); draft: the draft
+        model's batch graph (same slots), or None (draft-model proposers fall back to lookup)."""
         if prefill_chunk < slots.max_rows:
             raise InvalidArgument(f"prefill_chunk must be >= max_rows {slots.max_rows}, got {prefill_chunk}")
         self.max_running = slots.slots if max_running is None else max_running
         if not 1 <= self.max_running <= slots.slots:
             raise InvalidArgument(f"max_running must be in 1..{slots.slots}, got {max_running!r}")
         self.gen, self.model, self.prefill_chunk = gen, slots, prefill_chunk
+        if draft is not None and draft.slots < slots.slots:
+            raise InvalidArgument(
+                f"the draft batch graph has {draft.slots} slots, fewer than the target's {slots.slots}"
+            )
+        self.draft = draft
         config = gen.config
         self.gamma = gamma or BatchGamma(min(config.max_gamma, slots.max_rows - 1), config.initial_gamma)
         self.waiting: deque[BatchSequence] = deque()
@@ -182,10 +201,12 @@ class BatchScheduler:
         config = self.gen.configure(config, **overrides)
         name = config.proposer if config.speculating else registry.NONE
         name = self.gen.resolve_proposer(name) if config.speculating else name
-        if registry.get(name).uses_draft:
+        spec = registry.get(name)
+        model = spec.uses_draft and self.draft is not None and self.draft.spec.kind == "decoder"
+        if spec.uses_draft and not model:
             name = BATCH_FALLBACK
         config = replace(config, proposer=name) if config.speculating else config
-        seq = BatchSequence(next(self._ids), ids, config, name)
+        seq = BatchSequence(next(self._ids), ids, config, name, drafts_with_model=model)
         self.waiting.append(seq)
         return seq
 
@@ -211,6 +232,7 @@ class BatchScheduler:
     def step(self) -> list[BatchSequence]:
         """One round; returns the sequences that emitted tokens or finished in it."""
         self._admit()
+        self._draft_phase()
         if not self.running:
             return []
         calls, prefill_rows = [], 0
@@ -251,13 +273,34 @@ class BatchScheduler:
         self.round += 1
         return touched
 
+    def _draft_phase(self) -> None:
+        """One batched draft call per draft step of every sequence drafting with the model, until
+        each has its target call pending."""
+        while True:
+            drafting = [(slot, s) for slot, s in self.running.items() if isinstance(s._pending, DraftCall)]
+            if not drafting:
+                return
+            calls = [SlotCall(slot, s._pending.ids, s._pending.last_rows) for slot, s in drafting]
+            start = time.perf_counter()
+            outputs = self.draft.forward(calls)
+            self.gamma.record_draft(len(self.running), time.perf_counter() - start)
+            for (_, seq), logits in zip(drafting, outputs):
+                try:
+                    item = seq._events.send(logits)
+                except StopIteration:
+                    item = None
+                self._advance(seq, item)
+
     def _admit(self) -> None:
         free = [b for b in range(self.model.slots) if b not in self.running]
         while free and self.waiting and len(self.running) < self.max_running:
             seq, slot = self.waiting.popleft(), free.pop(0)
             view = self.model.view(slot)
             view.reset()
-            loop, _ = self.gen.make_loop(seq.config, target=view, batched=True)
+            draft = self.draft.view(slot) if self.draft is not None else None
+            if draft is not None:
+                draft.reset()
+            loop, _ = self.gen.make_loop(seq.config, target=view, batched=True, draft=draft)
             seq.slot, seq._loop, seq.stats = slot, loop, loop.stats
             seq._alpha, seq._proposed = self.gamma.prior(seq.proposer)
             seq._events = run_generation(
@@ -279,7 +322,7 @@ class BatchScheduler:
         self._advance(seq, item)
 
     def _advance(self, seq: BatchSequence, item) -> None:
-        while item is not None and not isinstance(item, TargetCall):
+        while item is not None and not isinstance(item, (TargetCall, DraftCall)):
             new, piece, reason = item
             if new and seq.first_token_at is None:
                 seq.first_token_at = time.perf_counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .config import GeneratorConfig
 from .costs import VerifyCost
 from .errors import PromptError
 from .model import Model
-from .proposers import Proposal, Proposer
+from .proposers import DraftCall, Proposal, Proposer
 from .sampling import one_hot, probabilities, residual, sample, token_logprobs, verify_greedy, verify_sampled
 from .structured import Guide
 from .tokenizer import IncrementalDecoder, TextCodec
@@ -256,14 +256,22 @@ class SpeculativeLoop:
             self.cost.record(1, seconds)
         return self.emit([token], logits)
 
-    def draft(self, committed: list[int], gamma: int, room: int) -> Proposal:
-        """The round's draft: the proposer's (up to gamma tokens), and with a grammar its forced
-        run first; at most what one verify call holds and `room` allows."""
+    def draft(self, committed: list[int], gamma: int, room: int) -> Iterator[DraftCall]:
+        """-> the round's draft (a Proposal): the proposer's (up to gamma tokens), and with a
+        grammar its forced run first; at most what one verify call holds and `room` allows.
+        Batched, the proposer's draft-model calls are yielded as DraftCall for the batch driver."""
         limit = min(room, self.target.max_rows - 1)
         forced = self.guide.forced(limit) if self.guide is not None else []
         # a proposer that draws from a distribution is not asked when the grammar forces tokens
         ask = (gamma > 0 or self.proposer.proposes_when_off) and (not forced or self.params.greedy or self.free)
-        proposal = self.proposer.propose(committed, min(gamma, limit), self.params, self.rng) if ask else None
+        proposal = None
+        if ask and self.batched:  # in a batch every row costs: free proposals too stop at the round's gamma
+            proposal = yield from self.proposer.propose_steps(committed, min(gamma, limit), self.params, self.rng)
+            if proposal is not None and len(proposal.tokens) > gamma:
+                q = proposal.q[:gamma] if proposal.q is not None else None
+                proposal = replace(proposal, tokens=proposal.tokens[:gamma], q=q)
+        elif ask:
+            proposal = self.proposer.propose(committed, min(gamma, limit), self.params, self.rng)
         if self.guide is not None:
             return self.guide.shape(proposal, forced, limit)
         proposal = proposal or Proposal([], None)
@@ -272,7 +280,7 @@ class SpeculativeLoop:
     def speculative_step(self, committed: list[int], gamma: int, room: int) -> Iterator[TargetCall]:
         """-> the round's new tokens."""
         t0 = time.perf_counter()
-        proposal = self.draft(committed, gamma, room)
+        proposal = yield from self.draft(committed, gamma, room)
         draft, k = proposal.tokens, len(proposal.tokens)
         t1 = time.perf_counter()
         self.stats.draft_seconds += t1 - t0
@@ -309,8 +317,9 @@ class SpeculativeLoop:
         if self.controller is not None and not proposal.lookup and k > f:  # retrieval says nothing of a draft model
             self.controller.record_round(k - f, max(0, n - f), t1 - t0 - proposal.catchup_seconds)
 
-    def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int] | TargetCall]:
-        """Each round's new tokens; batched, each target call before them as a TargetCall."""
+    def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int] | TargetCall | DraftCall]:
+        """Each round's new tokens; batched, each target and draft-model call before them as a
+        TargetCall or DraftCall."""
         committed = list(prompt) + (yield from self.prefill(prompt))
         self.proposer.commit(committed, 1)
         yield committed[-1:]
@@ -405,7 +414,7 @@ def run_generation(
             except StopIteration:
                 return
             reply = None
-            if isinstance(new, TargetCall):  # batched: the driver answers with the call's logits
+            if isinstance(new, (TargetCall, DraftCall)):  # batched: the driver answers with the call's logits
                 reply = yield new
                 continue
             # a round may emit one token past the context (k drafts + 1); target-only stops at max_context

@@ -18,10 +18,10 @@ proposal is verified as usual, so the mix stays exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from . import registry
-from .proposers import Proposal, Proposer, ProposerContext
+from .proposers import DraftCall, Proposal, Proposer, ProposerContext, run_steps
 
 
 class HybridProposer(Proposer):
@@ -39,13 +39,18 @@ class HybridProposer(Proposer):
             part.start(prompt)
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
+        return run_steps(self.propose_steps(committed, gamma, params, rng, batched=False))
+
+    def propose_steps(self, committed, gamma, params, rng, batched: bool = True) -> Iterator[DraftCall]:
         for retriever in self.retrievers:
             offer = retriever.offer(committed)
             if offer is not None:
                 return offer
         if gamma == 0:
             return Proposal([], None)  # the draft is off: a plain step
-        return self.draft.propose(committed, gamma, params, rng)
+        if not batched:
+            return self.draft.propose(committed, gamma, params, rng)
+        return (yield from self.draft.propose_steps(committed, gamma, params, rng))
 
     def commit(self, committed, n_new) -> None:
         for part in self.parts:

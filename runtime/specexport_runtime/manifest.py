@@ -243,10 +243,10 @@ class Manifest:
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if entry.max_batch > 1 and (
-                role != "target" or not entry.graph_spec().layout.in_place or entry.feature_width
+                entry.kind != DECODER or not entry.graph_spec().layout.in_place or entry.feature_width
             ):
                 raise ArtifactError(
-                    f"{role} max_batch {entry.max_batch}: a batch graph belongs to a head_major_inplace target"
+                    f"{role} max_batch {entry.max_batch}: a batch graph belongs to a head_major_inplace decoder"
                     " without features"
                 )
             if parse_version(entry.required_version) > parse_version(self.contract_version):

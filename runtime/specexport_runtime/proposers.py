@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,24 @@ class Proposal:
     cut: int = 0  # proposer tokens a grammar forbade, dropped from the end of `tokens`
 
 
+@dataclass(frozen=True)
+class DraftCall:
+    """A batched proposer's draft-model call (Proposer.propose_steps): `ids` fed at its draft
+    cursor, and the logits rows [last_rows, V_draft] of the last of them expected back."""
+
+    ids: list[int]
+    last_rows: int = 1
+
+
+def run_steps(steps: Iterator[DraftCall]):
+    """The value of a propose_steps generator that makes its calls itself (never yields)."""
+    try:
+        call = next(steps)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError(f"a solo proposer yielded {call!r}; only a batched one hands its calls out")
+
+
 class Proposer(ABC):
     """A proposer, as the loop drives it: start(prompt) once, then per round propose(committed,
     gamma) and commit(committed, n_new) with the round's emitted tokens, then finish(output) when
@@ -72,6 +90,15 @@ class Proposer(ABC):
         """The request ended normally with `output` (accepted tokens only); an abandoned one never
         gets here. Proposers that learn across requests override it."""
 
+    def propose_steps(
+        self, committed: Sequence[int], gamma: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Iterator[DraftCall]:
+        """propose() for a batch driver (batch.py): a generator that yields each draft-model call
+        as a DraftCall, gets its logits rows back, and returns the Proposal. Proposers without
+        a model of their own in a batch make no calls: the default is propose()."""
+        return self.propose(committed, gamma, params, rng)
+        yield  # a generator function
+
     def offer(self, committed: Sequence[int]) -> Proposal | None:
         """A free proposal (no model call) good enough to use unasked, or None: what a composing
         proposer (hybrid) tries before its draft model. Retrieval proposers override it."""
@@ -95,10 +122,11 @@ class ProposerContext:
     config: GeneratorConfig
     host: Any = field(repr=False)
     corpus: bool = False  # the registry says the proposer reads the artifact's corpus datastore
+    batched: bool = False  # the loop runs in a batch: model proposers hand their calls out (propose_steps)
 
     def build(self, name: str) -> Proposer:
         """Another registered proposer, for the same call (composition)."""
-        return self.host.build_proposer(name, self.config)
+        return self.host.build_proposer(name, self.config, self)
 
     def learned(self, name: str) -> Any:
         """The state `name` keeps across the generator's requests (registry.ProposerSpec.learns)."""
@@ -129,8 +157,11 @@ class DraftModelProposer(Proposer):
 
     name = "draft"
 
-    def __init__(self, model: Model, target_rows: int, min_confidence: float = 0.0):
+    def __init__(self, model: Model, target_rows: int, min_confidence: float = 0.0, batched: bool = False):
+        """batched: in a batch its model is one slot of the draft's batch graph, and
+        propose_steps hands each draft call to the batch driver."""
         self.model, self.target_rows, self.min_confidence = model, target_rows, min_confidence
+        self.batched = batched
         self.allowed: Allowed | None = None
 
     def constrain(self, allowed: Allowed | None) -> None:
@@ -140,15 +171,27 @@ class DraftModelProposer(Proposer):
         self.model.reset()
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
+        return run_steps(self._drafting(committed, gamma, params, rng, False))
+
+    def propose_steps(self, committed, gamma, params, rng) -> Iterator[DraftCall]:
+        return self._drafting(committed, gamma, params, rng, self.batched)
+
+    def _call(self, ids: Sequence[int], batched: bool) -> Iterator[DraftCall]:
+        """The draft's logits row of `ids` fed at its cursor: the call itself, or handed out."""
+        if batched:
+            return (yield DraftCall(list(ids)))
+        return self.model.forward(ids)
+
+    def _drafting(self, committed, gamma, params, rng, batched: bool) -> Iterator[DraftCall]:
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         pending = committed[self.model.length :]  # [last]; [d_k, last] after a full accept; more at the start
         catchup = 0.0
         if len(pending) > 2:  # a backlog (prompt, or tokens of plain steps) is a one-off: timed apart
             start = time.perf_counter()
-            self.model.forward(pending[:-1])
+            yield from self._call(pending[:-1], batched)
             catchup, pending = time.perf_counter() - start, pending[-1:]
-        logits = self.model.forward(pending)  # [1, V_draft]: the row that drafts d1
+        logits = yield from self._call(pending, batched)  # [1, V_draft]: the row that drafts d1
         for i in range(gamma):
             if self.allowed is not None:  # under a grammar: draft only what it allows (q is the masked law)
                 logits = apply_mask(logits, self.allowed(tokens)[None])
@@ -165,7 +208,7 @@ class DraftModelProposer(Proposer):
             tokens.append(token)
             if i == gamma - 1 or confidence < self.min_confidence:
                 break
-            logits = self.model.forward([token])
+            logits = yield from self._call([token], batched)
         q = pad_vocab(np.stack(qs), self.target_rows) if qs else None
         return Proposal(tokens, q, catchup, source="draft")
 
@@ -233,7 +276,7 @@ class NoProposer(Proposer):
 
 # --- factories (registry.py) --------------------------------------------------------------
 def build_draft(ctx: ProposerContext) -> DraftModelProposer:
-    return DraftModelProposer(ctx.draft, ctx.manifest.target.embedding_rows, ctx.config.min_draft_prob)
+    return DraftModelProposer(ctx.draft, ctx.manifest.target.embedding_rows, ctx.config.min_draft_prob, ctx.batched)
 
 
 def build_ngram(ctx: ProposerContext) -> NgramLookupProposer:

@@ -30,7 +30,7 @@ from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.sampling import SamplingParams
 from specexport_runtime.slots import SlotCall
 
-KIND = "noisy-fused-batch4"  # a draft model too: a draft-model proposer falls back to prompt lookup in a batch
+KIND = "noisy-fused-batch4"  # a draft model with its own batch graph: it drafts batched too
 PROMPTS = [
     "def add(a, b):",
     "hello world hello world hello",
@@ -63,6 +63,7 @@ def test_manifest_records_the_batch_graph(tiny_artifacts):
     assert (target["max_batch"], target["batch_graph"]) == (4, "target/batch.onnx")
     rows = target["validation"]["batch_rows"]
     assert rows["slots"] == 4 and rows["bitwise"] and rows["max_abs_diff"] == 0.0
+    assert (data["draft"]["max_batch"], data["draft"]["batch_graph"]) == (4, "draft/batch.onnx")
     # one weights file for both graphs
     assert sorted(p.name for p in (tiny_artifacts[KIND] / "target").iterdir()) == [
         "batch.onnx",
@@ -100,6 +101,43 @@ def test_greedy_batch_with_fixed_gamma_and_mixed_configs(pair, solo_greedy, gamm
         assert seq.tokens == ref[: 40 - i], PROMPTS[i]
     assert scheduler.stall_rows <= 16
     assert max(scheduler.batch_sizes) == 4 and scheduler.idle
+
+
+@pytest.mark.parametrize("proposer", ["draft", "hybrid"])
+def test_draft_model_drafts_batched(pair, solo_greedy, proposer):
+    """With a fixed gamma every sequence drafts with the draft's batch graph (one draft call per
+    step for all of them): greedy output still equals solo target-only."""
+    _, batch = pair
+    scheduler = batch.scheduler()
+    seqs = [scheduler.submit(p, max_new_tokens=40, proposer=proposer, gamma=3) for p in PROMPTS]
+    calls = []
+    inner = batch.draft_slots.forward
+    batch.draft_slots.forward = lambda c: calls.append(len(c)) or inner(c)
+    try:
+        scheduler.run()
+    finally:
+        del batch.draft_slots.forward
+    for seq, ref in zip(seqs, solo_greedy):
+        assert seq.tokens == ref and seq.proposer == proposer and seq.drafts_with_model
+    assert sum(s.stats.by_source.get("draft", [0, 0, 0])[1] for s in seqs) > 0
+    assert max(calls) > 1  # draft steps of several sequences in one call
+
+
+def test_sampling_law_with_a_batched_draft_model(pair):
+    """Sampled drafts from the draft's batch graph (q its distribution, gamma 3), 4 sequences at a
+    time: the first two tokens follow the target law (chi-square, two-sample TV)."""
+    solo, batch = pair
+    (eos,) = solo.eos
+    ids = solo.codec.encode("The quick brown fox")
+    N = 2000
+    scheduler = batch.scheduler()
+    kw = dict(max_new_tokens=2, temperature=1.0, top_k=0)
+    seqs = [scheduler.submit(ids, seed=s, gamma=3, proposer="draft", **kw) for s in range(N)]
+    scheduler.run()
+    assert sum(s.stats.drafted for s in seqs) > N  # most first rounds drafted with the model
+    spec = _pairs([s.result() for s in seqs], eos)
+    base = _pairs([solo.generate(ids, seed=s, speculative=False, **kw) for s in range(N, 2 * N)], eos)
+    _check_law(solo, ids, spec, base, eos)
 
 
 def test_a_sequence_alone_in_the_batch_graph_equals_solo(pair, solo_greedy):
@@ -149,28 +187,38 @@ def test_sampling_law_per_sequence_in_a_batch(pair):
     ids = [int(t) for t in np.random.default_rng(0).permutation(pool)[:200]]
     N = 2000
 
-    def pairs(results):
-        out = []
-        for r in results:
-            tokens = list(r.token_ids) + ([eos] * (2 - len(r.token_ids)) if r.finish_reason == "eos" else [])
-            assert len(tokens) == 2
-            out.append(tuple(tokens))
-        return out
-
     scheduler = batch.scheduler()
     seqs = [
         scheduler.submit(ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, gamma=3, proposer="ngram")
         for s in range(N)
     ]
     scheduler.run()
-    spec = pairs([s.result() for s in seqs])
+    spec = _pairs([s.result() for s in seqs], eos)
     assert sum(s.stats.drafted for s in seqs) > N // 4  # drafts were verified, not only plain steps
-    base = pairs(
+    base = _pairs(
         [
             solo.generate(ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, speculative=False)
             for s in range(N, 2 * N)
-        ]
+        ],
+        eos,
     )
+    _check_law(solo, ids, spec, base, eos)
+
+
+def _pairs(results, eos: int) -> list[tuple[int, int]]:
+    """First two tokens of each result; EOS (dropped from token_ids) is put back."""
+    out = []
+    for r in results:
+        tokens = list(r.token_ids) + ([eos] * (2 - len(r.token_ids)) if r.finish_reason == "eos" else [])
+        assert len(tokens) == 2
+        out.append(tuple(tokens))
+    return out
+
+
+def _check_law(solo, ids, spec, base, eos: int) -> None:
+    """spec: N speculative samples; base: N target-only ones. Chi-square of spec against the exact
+    pair law from the batch-1 graph (first token and pair), and the two-sample TV bound."""
+    N = len(spec)
     joint = exact_pair_distribution(solo.target, ids, SamplingParams(temperature=1.0), eos)
     first = joint.sum(axis=1)
     pair_bins = make_pair_bins(joint, N)
