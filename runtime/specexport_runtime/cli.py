@@ -158,16 +158,15 @@ def run_serve(args: argparse.Namespace) -> int:
     missing = missing_serve_extra()
     if missing:
         raise ServeExtraMissing(missing)
+    from dataclasses import replace
+
     from .api import load
     from .manifest import read_manifest
     from .server.config import ServerConfig
     from .server.run import serve
 
-    max_batch = args.max_batch
-    if max_batch is None:  # the artifact's (its manifest is read again, verified, by load)
-        max_batch = read_manifest(args.artifact).target.max_batch
     config = ServerConfig(
-        max_batch=max_batch,
+        max_batch=1 if args.max_batch is None else args.max_batch,
         host=args.host,
         port=args.port,
         api_key=args.api_key,
@@ -179,6 +178,8 @@ def run_serve(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         proposer=args.proposer,
     )  # checked before the slow load
+    if args.max_batch is None:  # the artifact's (its manifest is read again, verified, by load)
+        config = replace(config, max_batch=read_manifest(args.artifact).target.max_batch)
     gen = load(
         args.artifact,
         provider=args.provider,
