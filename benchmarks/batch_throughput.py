@@ -11,7 +11,7 @@ generator (load(..., batch=True)). Methods:
     batch1-off         the same, target-only
     batch-C-off/on     C closed-loop clients on the batch scheduler (max_running C): each client
                        submits its next prompt when its previous one ends; speculation off, or
-                       on (the batch's gamma; a draft-model proposer drafts by prompt lookup)
+                       on (the artifact's default proposer at the batch's gamma)
 Each repeat runs every method over the whole prompt set, in an order rotated by one per repeat;
 every method first runs a warm-up prompt outside the set, and the suffix store of earlier
 answers is emptied before every method's run. Figures per method: aggregate tok/s = generated
