@@ -199,3 +199,19 @@ def test_serve_overhead_runs_through_the_harness(tiny_artifacts, tmp_path, capsy
     assert doc["summary"]["outputs_equal"] == "2/2" and doc["summary"]["proposer"] == "hybrid"
     assert {s["method"] for s in doc["run"]["samples"]} == {"in_process", "server"}
     assert "memory: in_process, server: suffix store" in capsys.readouterr().out
+
+
+def test_batch_throughput_runs_on_a_batch_artifact(tiny_artifacts, tmp_path, capsys):
+    """benchmarks/batch_throughput.py end to end on a tiny artifact with batch graphs: every method
+    row, greedy outputs identical to batch-1 target-only."""
+    module = load_script(BENCHMARKS / "batch_throughput.py")
+    out = tmp_path / "bt.json"
+    args = [str(tiny_artifacts["noisy-fused-batch4"]), "--limit", "2", "--max-new-tokens", "12", "--no-shared-pool"]
+    assert module.main([*args, "--concurrency", "1,4", "--repeats", "1", "--threads", "1", "--json", str(out)]) == 0
+    methods = json.loads(out.read_text())["methods"]
+    assert set(methods) == {"batch1-default", "batch1-off"} | {f"batch-{c}-{m}" for c in (1, 4) for m in ("on", "off")}
+    for row in methods.values():
+        assert row["identical_to_target_only"] == row["compared"] > 0
+        assert row["tok_s"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
+    with pytest.raises(SystemExit):
+        module.main([*args, "--concurrency", "8"])  # more clients than the artifact's slots

@@ -99,6 +99,7 @@ def test_greedy_batch_with_fixed_gamma_and_mixed_configs(pair, solo_greedy, gamm
     scheduler.run()
     for i, (seq, ref) in enumerate(zip(seqs, solo_greedy)):
         assert seq.tokens == ref[: 40 - i], PROMPTS[i]
+        assert all(k <= gamma for k, _ in seq.stats.round_sizes)  # free proposals too stop at the gamma
     assert scheduler.stall_rows <= 16
     assert max(scheduler.batch_sizes) == 4 and scheduler.idle
 
@@ -282,3 +283,18 @@ def test_batch_gamma_turns_down_when_rows_are_dear():
         g.record(8, rows, ms / 1e3)
     assert g.choose([_seq(0.3, 1.0)] * 8) == 0
     assert g.choose([_seq(0.99, 1.0)] * 8) > 0
+
+
+def test_batch_gamma_prices_the_draft_step():
+    g = BatchGamma(gamma_max=8, start=4)
+    for rows, ms in ((2, 20.0), (18, 24.0)):  # two sequences: rows nearly free
+        g.record(2, rows, ms / 1e3)
+    drafting = _seq(0.8, 1.0)
+    drafting.drafts_with_model = True
+    assert g.choose([drafting] * 2) == 8  # no draft step timed yet: its cost is not counted
+    g.record_draft(2, 0.030)  # each draft step costs more than the target call
+    assert g.choose([drafting] * 2) == 0
+    g.record_draft(2, 0.001)  # EMA: cheap steps bring it back
+    for _ in range(20):
+        g.record_draft(2, 0.001)
+    assert g.choose([drafting] * 2) > 0
