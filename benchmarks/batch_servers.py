@@ -87,20 +87,25 @@ def drive(ask, cases, n: int, clients: int) -> dict:
     return {"seconds": seconds, "tokens": sum(len(v) for v in outputs.values()), "outputs": outputs}
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("artifact", type=Path, help="an artifact built with --max-batch >= max(concurrency)")
+    ap.add_argument("--gguf", type=Path, required=True, help="llama-server's model (the same weights, F32)")
+    ap.add_argument("--llama-bin", type=Path, default=None, help="folder of llama-server (default: build cache)")
+    ap.add_argument("--llama-spec", default=None, help="also run llama-server with this --spec-type")
+    ap.add_argument("--prompts", default="chat", help="calibration domains or JSONL files (default chat)")
+    ap.add_argument("--limit", type=int, default=16, help="first N prompts of each domain (default 16)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
+    ap.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts (default 1,2,4,8)")
+    ap.add_argument("--repeats", type=int, default=2, help="passes per server and concurrency (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every server (default 2)")
+    ap.add_argument("--json", type=Path, default=None, help="write the run's figures here")
+    return ap
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("artifact", type=Path, help="an artifact built with --max-batch >= max(concurrency)")
-    parser.add_argument("--gguf", type=Path, required=True, help="llama-server's model (the same weights, F32)")
-    parser.add_argument("--llama-bin", type=Path, default=None, help="folder of llama-server (default: build cache)")
-    parser.add_argument("--llama-spec", default=None, help="also run llama-server with this --spec-type")
-    parser.add_argument("--prompts", default="chat", help="calibration domains or JSONL files (default chat)")
-    parser.add_argument("--limit", type=int, default=16, help="first N prompts of each domain (default 16)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
-    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts (default 1,2,4,8)")
-    parser.add_argument("--repeats", type=int, default=2, help="passes per server and concurrency (default 2)")
-    parser.add_argument("--threads", type=int, default=2, help="threads of every server (default 2)")
-    parser.add_argument("--json", type=Path, default=None, help="write the run's figures here")
-    args = parser.parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     from llamacpp_build import llama_binaries
 
     from specexport_runtime.api import open_artifact

@@ -98,24 +98,29 @@ def pct(values, q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("artifact", type=Path, help="an artifact built with --max-batch > 1")
+    ap.add_argument("--prompts", default="chat", help="calibration domains or JSONL files (default chat)")
+    ap.add_argument("--limit", type=int, default=16, help="first N prompts of each domain (default 16)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
+    ap.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts (default 1,2,4,8)")
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (default 3)")
+    ap.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    ap.add_argument("--json", type=Path, default=None, help="write the run's figures here")
+    return ap
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("artifact", type=Path, help="an artifact built with --max-batch > 1")
-    parser.add_argument("--prompts", default="chat", help="calibration domains or JSONL files (default chat)")
-    parser.add_argument("--limit", type=int, default=16, help="first N prompts of each domain (default 16)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
-    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated client counts (default 1,2,4,8)")
-    parser.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (default 3)")
-    parser.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    parser.add_argument("--json", type=Path, default=None, help="write the run's figures here")
-    args = parser.parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     from specexport_runtime.api import load
 
     concurrency = [int(c) for c in args.concurrency.split(",")]
     solo = load(args.artifact, threads=args.threads, shared_pool=True)
     batch = load(args.artifact, threads=args.threads, shared_pool=True, batch=True)
     if max(concurrency) > batch.slots.slots:
-        parser.error(f"--concurrency {max(concurrency)} exceeds the artifact's max_batch {batch.slots.slots}")
+        ap.error(f"--concurrency {max(concurrency)} exceeds the artifact's max_batch {batch.slots.slots}")
     cases = harness.make_cases(solo.codec, harness.load_prompt_set(args.prompts, args.limit))
     warm = [harness.warmup_case(solo.codec)]
     n = args.max_new_tokens
