@@ -298,3 +298,15 @@ def test_batch_gamma_prices_the_draft_step():
     for _ in range(20):
         g.record_draft(2, 0.001)
     assert g.choose([drafting] * 2) > 0
+
+
+def test_a_runtime_older_than_the_batch_graph_refuses_it_in_one_line(tiny_artifacts, monkeypatch):
+    """A 1.4 runtime reads 1.4 artifacts (batch 1) but refuses a 1.5 one by its version."""
+    from specexport_runtime import contract
+    from specexport_runtime.errors import ArtifactError
+
+    monkeypatch.setattr(contract, "CONTRACT_VERSION", "1.4")
+    with pytest.raises(ArtifactError) as info:
+        load(tiny_artifacts[KIND])
+    assert "'1.5' is not supported" in str(info.value) and "\n" not in str(info.value)
+    assert load(tiny_artifacts["noisy-fused"]).manifest.target.max_batch == 1
