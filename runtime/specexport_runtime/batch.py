@@ -105,11 +105,15 @@ class BatchGamma:
     expected tokens per second, with the call's cost a line over its total rows (costs.VerifyCost,
     one per number of running sequences) and each sequence's expected tokens from its own
     acceptance alpha and how often its proposer drafts at all (p): 1 + p * sum_{j=1..g} alpha^j.
-    Before two call sizes are timed for a batch size, the gamma is `start` (to learn the slope)."""
+    A draft model that sat out the last round first catches up (one more draft step), which a
+    gamma > 0 then pays for. Before two call sizes are timed for a batch size, the gamma is 1 and
+    0 in turn (two sizes, cheaply; always 0 when `start` is 0)."""
 
     def __init__(self, gamma_max: int, start: int):
         self.gamma_max, self.start = gamma_max, min(start, gamma_max)
         self.costs: dict[int, VerifyCost] = {}
+        self._probe = 0  # the last probe's gamma while a batch size has no cost line
+        self._last: int | None = None  # the last gamma chosen from costs
         self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
         self.learned: dict[str, tuple[float, float]] = {}
@@ -139,16 +143,19 @@ class BatchGamma:
         if not seqs or self.gamma_max == 0:
             return 0
         cost = self.cost(len(seqs))
-        if cost.line() is None:
-            return self.start
+        if cost.line() is None:  # one call size timed at most: 0 and 1-token drafts in turn time two
+            self._probe = 0 if self._probe else min(1, self.start)
+            return self._probe
         step = self.draft_step.get(len(seqs), 0.0) if any(s.drafts_with_model for s in seqs) else 0.0
+        catchup = 1 if self._last == 0 else 0  # a draft model idle last round first feeds what it missed
         best, best_rate = 0, -1.0
         for g in range(self.gamma_max + 1):
             tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)
             rows = sum(1 + s._proposed * g for s in seqs)
-            rate = tokens / (cost.seconds(math.ceil(rows)) + g * step)
+            rate = tokens / (cost.seconds(math.ceil(rows)) + (g + (catchup if g else 0)) * step)
             if rate > best_rate * 1.0001:  # ties go to the shorter draft
                 best, best_rate = g, rate
+        self._last = best
         return best
 
 
@@ -258,7 +265,8 @@ class BatchScheduler:
         start = time.perf_counter()
         outputs = self.model.forward(calls)
         seconds = time.perf_counter() - start
-        self.gamma.record(running, sum(len(c.ids) for c in calls), seconds)
+        if all(len(c.ids) <= max_rows for c in calls):  # the line prices decode and verify rows, not prompt chunks
+            self.gamma.record(running, sum(len(c.ids) for c in calls), seconds)
         self.round_log.append((running, prefill_rows, seconds))
         gamma = self.gamma.choose(list(self.running.values()))
         touched = []
@@ -283,7 +291,8 @@ class BatchScheduler:
             calls = [SlotCall(slot, s._pending.ids, s._pending.last_rows) for slot, s in drafting]
             start = time.perf_counter()
             outputs = self.draft.forward(calls)
-            self.gamma.record_draft(len(self.running), time.perf_counter() - start)
+            if all(len(c.ids) <= 2 for c in calls):  # a draft step (a backlog's catch-up is a one-off)
+                self.gamma.record_draft(len(self.running), time.perf_counter() - start)
             for (_, seq), logits in zip(drafting, outputs):
                 try:
                     item = seq._events.send(logits)

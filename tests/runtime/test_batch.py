@@ -275,7 +275,7 @@ def _seq(alpha: float, proposed: float) -> BatchSequence:
 
 def test_batch_gamma_turns_down_when_rows_are_dear():
     g = BatchGamma(gamma_max=8, start=4)
-    assert g.choose([_seq(0.9, 1.0)]) == 4  # nothing timed yet: the start
+    assert [g.choose([_seq(0.9, 1.0)]) for _ in range(3)] == [1, 0, 1]  # nothing timed yet: two sizes in turn
     for rows, ms in ((1, 10.0), (9, 12.0)):  # rows nearly free: long drafts pay
         g.record(1, rows, ms / 1e3)
     assert g.choose([_seq(0.9, 1.0)]) == 8
@@ -287,6 +287,7 @@ def test_batch_gamma_turns_down_when_rows_are_dear():
 
 def test_batch_gamma_prices_the_draft_step():
     g = BatchGamma(gamma_max=8, start=4)
+    assert BatchGamma(gamma_max=8, start=0).choose([_seq(0.9, 1.0)]) == 0
     for rows, ms in ((2, 20.0), (18, 24.0)):  # two sequences: rows nearly free
         g.record(2, rows, ms / 1e3)
     drafting = _seq(0.8, 1.0)
