@@ -106,11 +106,13 @@ class BatchGamma:
     one per number of running sequences) and each sequence's expected tokens from its own
     acceptance alpha and how often its proposer drafts at all (p): 1 + p * sum_{j=1..g} alpha^j.
     A draft model that sat out the last round first catches up (one more draft step), which a
-    gamma > 0 then pays for. Before two call sizes are timed for a batch size, the gamma is 1 and
-    0 in turn (two sizes, cheaply; always 0 when `start` is 0)."""
+    gamma > 0 then pays for, and a gamma > 0 must promise `margin` more than gamma 0. Before two
+    call sizes are timed for a batch size, the gamma is 1 and 0 in turn (two sizes, cheaply;
+    always 0 when `start` is 0)."""
 
-    def __init__(self, gamma_max: int, start: int):
-        self.gamma_max, self.start = gamma_max, min(start, gamma_max)
+    def __init__(self, gamma_max: int, start: int, margin: float = 0.1):
+        """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
+        self.gamma_max, self.start, self.margin = gamma_max, min(start, gamma_max), margin
         self.costs: dict[int, VerifyCost] = {}
         self._probe = 0  # the last probe's gamma while a batch size has no cost line
         self._last: int | None = None  # the last gamma chosen from costs
@@ -148,13 +150,16 @@ class BatchGamma:
             return self._probe
         step = self.draft_step.get(len(seqs), 0.0) if any(s.drafts_with_model for s in seqs) else 0.0
         catchup = 1 if self._last == 0 else 0  # a draft model idle last round first feeds what it missed
-        best, best_rate = 0, -1.0
+        best, best_rate, plain = 0, -1.0, 0.0
         for g in range(self.gamma_max + 1):
             tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)
             rows = sum(1 + s._proposed * g for s in seqs)
             rate = tokens / (cost.seconds(math.ceil(rows)) + (g + (catchup if g else 0)) * step)
+            plain = plain or rate  # g = 0
             if rate > best_rate * 1.0001:  # ties go to the shorter draft
                 best, best_rate = g, rate
+        if best_rate < plain * (1 + self.margin):  # what the model leaves out (catch-ups, host work) eats small gains
+            best = 0
         self._last = best
         return best
 
