@@ -106,15 +106,14 @@ class BatchGamma:
     one per number of running sequences) and each sequence's expected tokens from its own
     acceptance alpha and how often its proposer drafts at all (p): 1 + p * sum_{j=1..g} alpha^j.
     A draft model that sat out the last round first catches up (one more draft step), which a
-    gamma > 0 then pays for, and a gamma > 0 must promise `margin` more than gamma 0. Before two
-    call sizes are timed for a batch size, the gamma is 1 and 0 in turn (two sizes, cheaply;
-    always 0 when `start` is 0)."""
+    gamma > 0 then pays for, and a gamma > 0 must promise `margin` more than gamma 0. Until two
+    call sizes are timed for a batch size (joining sequences' last prompt rows vary them) the
+    gamma is 0: a probe would make every idle draft model catch up at once."""
 
     def __init__(self, gamma_max: int, start: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
         self.gamma_max, self.start, self.margin = gamma_max, min(start, gamma_max), margin
         self.costs: dict[int, VerifyCost] = {}
-        self._probe = 0  # the last probe's gamma while a batch size has no cost line
         self._last: int | None = None  # the last gamma chosen from costs
         self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
@@ -145,9 +144,8 @@ class BatchGamma:
         if not seqs or self.gamma_max == 0:
             return 0
         cost = self.cost(len(seqs))
-        if cost.line() is None:  # one call size timed at most: 0 and 1-token drafts in turn time two
-            self._probe = 0 if self._probe else min(1, self.start)
-            return self._probe
+        if cost.line() is None:  # one call size timed at most: no draft until joins time a second
+            return 0
         step = self.draft_step.get(len(seqs), 0.0) if any(s.drafts_with_model for s in seqs) else 0.0
         catchup = 1 if self._last == 0 else 0  # a draft model idle last round first feeds what it missed
         best, best_rate, plain = 0, -1.0, 0.0
