@@ -32,7 +32,7 @@ from .generator import (
     run_generation,
     validate_prompt_ids,
 )
-from .manifest import Manifest, read_manifest, verify_files
+from .manifest import Manifest, ModelEntry, read_manifest, verify_files
 from .model import Model
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext
@@ -407,56 +407,43 @@ def load(
     has_draft = manifest.draft is not None
     base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
     target_config = replace(base, spinning=not has_draft)
-    slots = None
     if batch:  # spinning as for a lone session unless the draft's batch graph shares the cores
-        target_config = replace(base, spinning=not (has_draft and manifest.draft.max_batch > 1))
-        entry = manifest.target
-        if entry.max_batch < 2:
+        if manifest.target.max_batch < 2:
             raise InvalidArgument(
-                f"batch=True needs an artifact built with max_batch > 1; {root} has max_batch {entry.max_batch}"
+                f"batch=True needs an artifact built with max_batch > 1; {root} has max_batch"
+                f" {manifest.target.max_batch}"
             )
-        slots = SlotModel(
-            check_graph(root, entry.batch_graph, "target batch graph"),
-            entry.graph_spec(slots=entry.max_batch),
-            manifest.max_context,
-            target_config,
-            max_rows=manifest.max_gamma + 1,
-            cache_pad=entry.cache_pad,
-            min_rows=entry.min_rows,
-        )
-        target = slots.view(0)
-    else:
-        target = OrtModel(
-            check_graph(root, manifest.target.graph, "target graph"),
-            manifest.target.graph_spec(),
-            manifest.max_context,
-            target_config,
-            min_rows=manifest.target.min_rows,
-            cache_pad=manifest.target.cache_pad,
-        )
+        target_config = replace(base, spinning=not (has_draft and manifest.draft.max_batch > 1))
+    target, slots = _open_graph(root, manifest, manifest.target, "target", target_config, batch)
     draft = draft_slots = None
-    if has_draft and batch and manifest.draft.max_batch > 1:  # the draft's batch graph, its slot 0 serving batch 1
-        entry = manifest.draft
-        draft_slots = SlotModel(
-            check_graph(root, entry.batch_graph, "draft batch graph"),
-            entry.graph_spec(slots=entry.max_batch),
-            manifest.max_context,
-            base,
-            max_rows=manifest.max_gamma + 1,
-            cache_pad=entry.cache_pad,
-            min_rows=entry.min_rows,
-        )
-        draft = draft_slots.view(0)
-    elif has_draft:
-        draft = OrtModel(
-            check_graph(root, manifest.draft.graph, "draft graph"),
-            manifest.draft.graph_spec(),
-            manifest.max_context,
-            base,
-            min_rows=manifest.draft.min_rows,
-            cache_pad=manifest.draft.cache_pad,
+    if has_draft:  # the draft's batch graph when it has one, its slot 0 serving batch-1 calls
+        draft, draft_slots = _open_graph(
+            root, manifest, manifest.draft, "draft", base, batch and manifest.draft.max_batch > 1
         )
     return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots)
+
+
+def _open_graph(
+    root: Path, manifest: Manifest, entry: ModelEntry, role: str, config: SessionConfig, batch: bool
+) -> tuple[Model, SlotModel | None]:
+    """One manifest entry's graph on ONNX Runtime: its batch graph with slot 0 as the Model
+    (batch), or its batch-1 graph."""
+    if not batch:
+        graph = check_graph(root, entry.graph, f"{role} graph")
+        model = OrtModel(
+            graph, entry.graph_spec(), manifest.max_context, config, min_rows=entry.min_rows, cache_pad=entry.cache_pad
+        )
+        return model, None
+    slots = SlotModel(
+        check_graph(root, entry.batch_graph, f"{role} batch graph"),
+        entry.graph_spec(slots=entry.max_batch),
+        manifest.max_context,
+        config,
+        max_rows=manifest.max_gamma + 1,
+        cache_pad=entry.cache_pad,
+        min_rows=entry.min_rows,
+    )
+    return slots.view(0), slots
 
 
 def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec, dict | None]:
