@@ -99,11 +99,12 @@ def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeight
 
 @dataclass(frozen=True)
 class BatchGraph:
-    """The target's batch graph (contract 1.5), next to its batch-1 graph and sharing its weights file."""
+    """A target's or draft's batch graph (contract 1.5), next to its batch-1 graph and sharing its
+    weights file."""
 
     graph: str  # relative to the artifact root
     slots: int
-    rows: dict  # rowcheck.BatchRowReport.to_dict(); {} when not validated
+    rows: dict  # rowcheck.BatchRowReport.to_dict(); {} when not measured (a draft, or no validation)
 
 
 BATCH_GRAPH = "batch.onnx"

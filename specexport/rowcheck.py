@@ -60,16 +60,18 @@ def row_invariance(
     if not sizes:
         raise ValueError(f"need at least {min(DEFAULT_SIZES)} tokens to compare calls, got {len(tokens)}")
     single = _stepwise(model, prefix, tokens[: max(sizes)])  # [n, V]
-    diffs, agree, same, rows = [], 0, True, 0
-    for k in sizes:
-        block = _in_one_call(model, prefix, tokens[:k])  # [k, V]
-        ref = single[:k]
-        same = same and np.array_equal(block, ref)
-        diffs.append(float(np.max(np.abs(block.astype(np.float64) - ref))))
-        agree += int(np.sum(block.argmax(-1) == ref.argmax(-1)))
-        rows += k
+    same, diff, agree = _compare([(_in_one_call(model, prefix, tokens[:k]), single[:k]) for k in sizes])
     model.reset()
-    return RowReport(model.min_rows, sizes, rows, same, max(diffs), agree / rows)
+    return RowReport(model.min_rows, sizes, sum(sizes), same, diff, agree)
+
+
+def _compare(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[bool, float, float]:
+    """(every pair bitwise equal, max |diff|, argmax agreement over all rows) of (rows, reference
+    rows) pairs of logits, each [k, V]."""
+    same = all(np.array_equal(block, ref) for block, ref in pairs)
+    diff = max(float(np.max(np.abs(block.astype(np.float64) - ref))) for block, ref in pairs)
+    agree = sum(int(np.sum(block.argmax(-1) == ref.argmax(-1))) for block, ref in pairs)
+    return same, diff, agree / sum(len(ref) for _, ref in pairs)
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,16 @@ def batch_rows(
     from specexport_runtime.slots import SlotCall
 
     K = slots.slots
-    diffs, agree, same, rows = [], 0, True, 0
+    prefixes = [list(prefix[b:]) + list(prefix[:b]) for b in range(K)]  # slot b: the prefix rotated by b
+    pairs = []
     for k in sizes:
         ref = _in_one_call(solo, prefix, tokens[:k])  # [k, V]
-        others = [list(prefix[b:]) + list(prefix[:b]) for b in range(K)]
         slots.lengths[:] = 0
-        slots.forward([SlotCall(b, others[b] if b else list(prefix), 1) for b in range(K)])
+        slots.forward([SlotCall(b, prefixes[b], 1) for b in range(K)])
         calls = [SlotCall(0, list(tokens[:k]), k)]
         calls += [SlotCall(b, list(tokens[: k + b]), 1) for b in range(1, K) if k + b <= len(tokens)]
-        block = slots.forward(calls)[0].copy()
-        same = same and np.array_equal(block, ref)
-        diffs.append(float(np.max(np.abs(block.astype(np.float64) - ref))))
-        agree += int(np.sum(block.argmax(-1) == ref.argmax(-1)))
-        rows += k
+        pairs.append((slots.forward(calls)[0].copy(), ref))
     solo.reset()
     slots.lengths[:] = 0
-    return BatchRowReport(K, len(sizes), rows, same, max(diffs), agree / rows)
+    same, diff, agree = _compare(pairs)
+    return BatchRowReport(K, len(sizes), sum(sizes), same, diff, agree)

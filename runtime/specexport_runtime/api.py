@@ -335,8 +335,7 @@ class SpecGenerator:
                 f" load with batch=True (this artifact's max_batch is {self.manifest.target.max_batch})"
             )
         if self._batch_gamma is None:  # one per generator: the batch call's costs and each proposer's record
-            config = self._config
-            self._batch_gamma = BatchGamma(min(config.max_gamma, self.slots.max_rows - 1), config.initial_gamma)
+            self._batch_gamma = BatchGamma(min(self._config.max_gamma, self.slots.max_rows - 1))
         return BatchScheduler(self, self.slots, prefill_chunk, max_running, self._batch_gamma, self.draft_slots)
 
     def batch(

@@ -36,7 +36,7 @@ from . import registry
 from .config import GeneratorConfig
 from .costs import VerifyCost, ema
 from .errors import InvalidArgument
-from .generator import Generation, GenerationResult, GenerationStats, TargetCall, run_generation
+from .generator import GenerationResult, GenerationStats, TargetCall, run_generation
 from .proposers import DraftCall
 from .slots import SlotCall, SlotModel
 
@@ -67,13 +67,13 @@ class BatchSequence:
     slot: int | None = None
     tokens: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
-    finish_reason: str | None = None  # eos | stop | length | cancelled
+    finish_reason: str | None = None  # generator.FINISH_REASONS, or cancelled
     stats: GenerationStats | None = None
     queued_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     _events: Iterator | None = field(default=None, repr=False)
     _loop: object = field(default=None, repr=False)
-    _pending: TargetCall | None = field(default=None, repr=False)
+    _pending: TargetCall | DraftCall | None = field(default=None, repr=False)
     _fed: int = 0  # rows of the pending call already fed (a prompt read in chunks)
     _alpha: float = 0.5  # acceptance of its drafts (EMA)
     _proposed: float = 1.0  # drafted tokens / the round's gamma (EMA): how often its proposer finds a draft
@@ -110,9 +110,9 @@ class BatchGamma:
     call sizes are timed for a batch size (joining sequences' last prompt rows vary them) the
     gamma is 0: a probe would make every idle draft model catch up at once."""
 
-    def __init__(self, gamma_max: int, start: int, margin: float = 0.1):
+    def __init__(self, gamma_max: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
-        self.gamma_max, self.start, self.margin = gamma_max, min(start, gamma_max), margin
+        self.gamma_max, self.margin = gamma_max, margin
         self.costs: dict[int, VerifyCost] = {}
         self._last: int | None = None  # the last gamma chosen from costs
         self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
@@ -124,7 +124,7 @@ class BatchGamma:
         return self.learned.get(proposer, (0.5, 1.0))
 
     def learn(self, proposer: str, alpha: float, proposed: float) -> None:
-        a, p = self.prior(proposer) if proposer in self.learned else (alpha, proposed)
+        a, p = self.learned.get(proposer, (alpha, proposed))  # the first observation starts the record
         self.learned[proposer] = (a + 0.05 * (alpha - a), p + 0.05 * (proposed - p))
 
     def cost(self, running: int) -> VerifyCost:
@@ -193,8 +193,7 @@ class BatchScheduler:
                 f"the draft batch graph has {draft.slots} slots, fewer than the target's {slots.slots}"
             )
         self.draft = draft
-        config = gen.config
-        self.gamma = gamma or BatchGamma(min(config.max_gamma, slots.max_rows - 1), config.initial_gamma)
+        self.gamma = gamma or BatchGamma(min(gen.config.max_gamma, slots.max_rows - 1))
         self.waiting: deque[BatchSequence] = deque()
         self.running: dict[int, BatchSequence] = {}  # slot -> sequence
         self.events: list[BatchEvent] = []
@@ -209,11 +208,9 @@ class BatchScheduler:
         """Queue a prompt (text, bytes or token ids); checked now, run by later rounds."""
         ids = self.gen._prompt_ids(prompt)
         config = self.gen.configure(config, **overrides)
-        name = config.proposer if config.speculating else registry.NONE
-        name = self.gen.resolve_proposer(name) if config.speculating else name
-        spec = registry.get(name)
-        model = spec.uses_draft and self.draft is not None and self.draft.spec.kind == "decoder"
-        if spec.uses_draft and not model:
+        name = self.gen.resolve_proposer(config.proposer) if config.speculating else registry.NONE
+        model = registry.get(name).uses_draft and self.draft is not None  # a batch graph is always a decoder's
+        if registry.get(name).uses_draft and not model:
             name = BATCH_FALLBACK
         config = replace(config, proposer=name) if config.speculating else config
         seq = BatchSequence(next(self._ids), ids, config, name, drafts_with_model=model)
@@ -377,14 +374,3 @@ class BatchScheduler:
         self.running.pop(seq.slot, None)
         self.events.append(BatchEvent(self.round, kind, seq.id, seq.slot))
         seq.slot = None
-
-
-def batch_generate(gen, slots: SlotModel, prompts: Sequence, config: GeneratorConfig | None = None, **overrides):
-    """Generate every prompt in one continuously batched run; results in prompt order."""
-    scheduler = BatchScheduler(gen, slots)
-    seqs = [scheduler.submit(p, config, **overrides) for p in prompts]
-    scheduler.run()
-    return [s.result() for s in seqs]
-
-
-__all__ = ["BatchEvent", "BatchGamma", "BatchScheduler", "BatchSequence", "Generation", "batch_generate"]

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
-_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+NP_DTYPES = {"float32": np.float32, "float16": np.float16}  # kv_dtype -> numpy dtype of the caches
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class OrtModel(CacheCursor):
         check_layout_provider(spec, config.provider)
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))
-        self.dtype = _NP_DTYPES[spec.kv_dtype]
+        self.dtype = NP_DTYPES[spec.kv_dtype]
         self.device = "cpu" if config.provider == "cpu" else "cuda"
         shape = spec.cache_shape(self.cache_rows)
         self.row_bytes = spec.num_kv_heads * spec.head_dim * np.dtype(self.dtype).itemsize  # one time step

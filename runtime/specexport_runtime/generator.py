@@ -396,10 +396,10 @@ def run_generation(
     options: GeneratorConfig,
     eos: set[int],
     max_context: int,
-) -> Iterator[tuple[list[int], str, str | None] | TargetCall]:
+) -> Iterator[tuple[list[int], str, str | None] | TargetCall | DraftCall]:
     """Drive the loop and apply the stops (options.stop, options.max_new_tokens); yields (new
-    ids, new text, finish reason or None), and a batched loop's TargetCall items, to be answered
-    with `send(logits)`."""
+    ids, new text, finish reason or None), and a batched loop's TargetCall / DraftCall items, to
+    be answered with `send(logits)`."""
     stats = loop.stats
     stats.prompt_tokens = len(prompt_ids)
     decoder, stops = IncrementalDecoder(codec), StopText(options.stop)

@@ -39,17 +39,15 @@ class HybridProposer(Proposer):
             part.start(prompt)
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
-        return run_steps(self.propose_steps(committed, gamma, params, rng, batched=False))
+        return run_steps(self.propose_steps(committed, gamma, params, rng))  # a solo draft makes its own calls
 
-    def propose_steps(self, committed, gamma, params, rng, batched: bool = True) -> Iterator[DraftCall]:
+    def propose_steps(self, committed, gamma, params, rng) -> Iterator[DraftCall]:
         for retriever in self.retrievers:
             offer = retriever.offer(committed)
             if offer is not None:
                 return offer
         if gamma == 0:
             return Proposal([], None)  # the draft is off: a plain step
-        if not batched:
-            return self.draft.propose(committed, gamma, params, rng)
         return (yield from self.draft.propose_steps(committed, gamma, params, rng))
 
     def commit(self, committed, n_new) -> None:

@@ -23,9 +23,9 @@ import numpy as np
 
 from . import contract
 from .contract import GraphSpec
-from .engine import SessionConfig, check_contract, check_layout_provider, make_session
+from .engine import NP_DTYPES, SessionConfig, check_contract, check_layout_provider, make_session
 from .errors import ContractError, InvalidArgument
-from .model import CacheCursor, CallStats
+from .model import CacheCursor, CallStats, plan_rows
 
 
 @dataclass(frozen=True)
@@ -86,17 +86,16 @@ class SlotModel:
             raise ContractError(f"a SlotModel runs a graph of several slots; this graph has {spec.slots}")
         if config.provider != "cpu":
             raise ContractError(f"slots graphs run on the CPU provider for now, not {config.provider!r}")
-        if not 0 <= cache_pad <= 1 or not 1 <= min_rows <= max_rows:
-            raise InvalidArgument(
-                f"cache_pad must be 0 or 1 and min_rows in 1..{max_rows}; got {cache_pad!r}, {min_rows!r}"
-            )
+        CacheCursor.check_min_rows(spec, min_rows, max_rows)
+        if not 0 <= cache_pad <= 1:
+            raise InvalidArgument(f"cache_pad must be 0 or 1, got {cache_pad!r}")
         check_layout_provider(spec, config.provider)
         self.spec, self.max_context, self.config, self.slots = spec, max_context, config, spec.slots
         self.max_rows, self.cache_pad, self.min_rows = max_rows, cache_pad, min_rows
         self.cache_rows = max_context + min_rows - 1 + cache_pad
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))
-        dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
+        dtype = NP_DTYPES[spec.kv_dtype]
         K, H, D, T = spec.slots, spec.num_kv_heads, spec.head_dim, self.cache_rows
         # one [K, H_kv, T, D] buffer per layer and K/V, filled (not calloc'd, so resident from the start)
         self._buffers = [np.full((K, H, T, D), 0, dtype) for _ in range(2 * spec.num_layers)]
@@ -154,10 +153,10 @@ class SlotModel:
             if c is None:
                 ids.append(np.zeros(1, np.int64))
             else:
-                real = np.asarray(c.ids, np.int64)
-                S = len(real)
-                rows[b] = max(S, self.min_rows)  # padding copies of the last token after the real rows
-                ids.append(real if rows[b] == S else np.concatenate([real, np.repeat(real[-1:], rows[b] - S)]))
+                S = len(c.ids)  # padded with copies of the last token to min_rows (model.plan_rows)
+                padded = plan_rows(np.asarray(c.ids, np.int64).reshape(1, -1), c.last_rows, self.min_rows).ids[0]
+                rows[b] = len(padded)
+                ids.append(padded)
                 out_at[b] = len(index)
                 index.extend(range(start + S - c.last_rows, start + S))
             start += rows[b]

@@ -174,20 +174,39 @@ def tv_bound(p_bins: np.ndarray, n: int, delta: float) -> float:
     return 2 * (mean + t)
 
 
+def first_pair(result, eos: int) -> tuple[int, int]:
+    """The first two generated tokens of a max_new_tokens=2 result; EOS (dropped from token_ids)
+    is put back."""
+    tokens = list(result.token_ids)
+    if result.finish_reason == "eos":
+        tokens += [eos] * (2 - len(tokens))
+    else:
+        assert result.finish_reason == "length"
+    assert len(tokens) == 2
+    return tokens[0], tokens[1]
+
+
 def sample_pairs(gen, ids, seeds, speculative: bool, **kw) -> list[tuple[int, int]]:
-    """First two generated tokens per seed; EOS (dropped from token_ids) is put back."""
+    """First two generated tokens per seed (first_pair)."""
     (eos,) = gen.eos
-    out = []
-    for seed in seeds:
-        r = gen.generate(ids, max_new_tokens=2, seed=seed, speculative=speculative, **kw)
-        tokens = list(r.token_ids)
-        if r.finish_reason == "eos":
-            tokens += [eos] * (2 - len(tokens))
-        else:
-            assert r.finish_reason == "length"
-        assert len(tokens) == 2
-        out.append(tuple(tokens))
-    return out
+    return [
+        first_pair(gen.generate(ids, max_new_tokens=2, seed=seed, speculative=speculative, **kw), eos) for seed in seeds
+    ]
+
+
+def check_pairs_follow_target(target, ids, spec, base, eos: int, label: str = "") -> None:
+    """spec: N speculative first pairs; base: N target-only ones (temperature 1). Chi-square of spec
+    against the exact law from `target`'s logits (first token and pair, ALPHA) and the two-sample
+    TV bound against base (DELTA)."""
+    N = len(spec)
+    joint = exact_pair_distribution(target, ids, SamplingParams(temperature=1.0), eos)
+    first = joint.sum(axis=1)
+    pair_bins = make_pair_bins(joint, N)
+    for name, bins, p, marg in (("first token", make_bins(first, N), first, True), ("pair", pair_bins, joint, False)):
+        stat, df = chi2_stat(counts_of(spec, bins, marg), binned(p, bins))
+        assert chi2_sf(stat, df) > ALPHA, f"{label} {name}: chi2 {stat:.1f} on {df} df"
+    tv = 0.5 * np.abs(counts_of(spec, pair_bins) - counts_of(base, pair_bins)).sum() / N
+    assert tv <= tv_bound(binned(joint, pair_bins), N, DELTA), tv
 
 
 def check_first_two_tokens_follow_target(gen, ids, proposer: str, N: int = 2000) -> None:
@@ -195,11 +214,4 @@ def check_first_two_tokens_follow_target(gen, ids, proposer: str, N: int = 2000)
     the exact target law (chi-square, ALPHA) and against N target-only samples (TV bound, DELTA)."""
     spec = sample_pairs(gen, ids, range(N), True, temperature=1.0, top_k=0, gamma=3, proposer=proposer)
     base = sample_pairs(gen, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
-    joint = exact_pair_distribution(gen.target, ids, SamplingParams(temperature=1.0), min(gen.eos))
-    first = joint.sum(axis=1)
-    pair_bins = make_pair_bins(joint, N)
-    for label, bins, p, marg in (("first token", make_bins(first, N), first, True), ("pair", pair_bins, joint, False)):
-        stat, df = chi2_stat(counts_of(spec, bins, marg), binned(p, bins))
-        assert chi2_sf(stat, df) > ALPHA, f"{proposer} {label}: chi2 {stat:.1f} on {df} df"
-    tv = 0.5 * np.abs(counts_of(spec, pair_bins) - counts_of(base, pair_bins)).sum() / N
-    assert tv <= tv_bound(binned(joint, pair_bins), N, DELTA), tv
+    check_pairs_follow_target(gen.target, ids, spec, base, min(gen.eos), proposer)

@@ -11,23 +11,11 @@ import json
 
 import numpy as np
 import pytest
-from exactness_support import (
-    ALPHA,
-    DELTA,
-    binned,
-    chi2_sf,
-    chi2_stat,
-    counts_of,
-    exact_pair_distribution,
-    make_bins,
-    make_pair_bins,
-    tv_bound,
-)
+from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 
 from specexport_runtime.api import load
 from specexport_runtime.batch import BatchGamma, BatchSequence
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.sampling import SamplingParams
 from specexport_runtime.slots import SlotCall
 
 KIND = "noisy-fused-batch4"  # a draft model with its own batch graph: it drafts batched too
@@ -138,9 +126,9 @@ def test_sampling_law_with_a_batched_draft_model(pair):
     seqs = [scheduler.submit(ids, seed=s, gamma=3, proposer="draft", **kw) for s in range(N)]
     scheduler.run()
     assert sum(s.stats.drafted for s in seqs) > N  # most first rounds drafted with the model
-    spec = _pairs([s.result() for s in seqs], eos)
-    base = _pairs([solo.generate(ids, seed=s, speculative=False, **kw) for s in range(N, 2 * N)], eos)
-    _check_law(solo, ids, spec, base, eos)
+    spec = [first_pair(s.result(), eos) for s in seqs]
+    base = sample_pairs(solo, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
+    check_pairs_follow_target(solo.target, ids, spec, base, eos, "draft in a batch")
 
 
 def test_a_sequence_alone_in_the_batch_graph_equals_solo(pair, solo_greedy):
@@ -196,40 +184,10 @@ def test_sampling_law_per_sequence_in_a_batch(pair):
         for s in range(N)
     ]
     scheduler.run()
-    spec = _pairs([s.result() for s in seqs], eos)
+    spec = [first_pair(s.result(), eos) for s in seqs]
     assert sum(s.stats.drafted for s in seqs) > N // 4  # drafts were verified, not only plain steps
-    base = _pairs(
-        [
-            solo.generate(ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, speculative=False)
-            for s in range(N, 2 * N)
-        ],
-        eos,
-    )
-    _check_law(solo, ids, spec, base, eos)
-
-
-def _pairs(results, eos: int) -> list[tuple[int, int]]:
-    """First two tokens of each result; EOS (dropped from token_ids) is put back."""
-    out = []
-    for r in results:
-        tokens = list(r.token_ids) + ([eos] * (2 - len(r.token_ids)) if r.finish_reason == "eos" else [])
-        assert len(tokens) == 2
-        out.append(tuple(tokens))
-    return out
-
-
-def _check_law(solo, ids, spec, base, eos: int) -> None:
-    """spec: N speculative samples; base: N target-only ones. Chi-square of spec against the exact
-    pair law from the batch-1 graph (first token and pair), and the two-sample TV bound."""
-    N = len(spec)
-    joint = exact_pair_distribution(solo.target, ids, SamplingParams(temperature=1.0), eos)
-    first = joint.sum(axis=1)
-    pair_bins = make_pair_bins(joint, N)
-    for label, bins, p, marg in (("first token", make_bins(first, N), first, True), ("pair", pair_bins, joint, False)):
-        stat, df = chi2_stat(counts_of(spec, bins, marg), binned(p, bins))
-        assert chi2_sf(stat, df) > ALPHA, f"{label}: chi2 {stat:.1f} on {df} df"
-    tv = 0.5 * np.abs(counts_of(spec, pair_bins) - counts_of(base, pair_bins)).sum() / N
-    assert tv <= tv_bound(binned(joint, pair_bins), N, DELTA), tv
+    base = sample_pairs(solo, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
+    check_pairs_follow_target(solo.target, ids, spec, base, eos, "ngram in a batch")
 
 
 def test_slot_model_rows_equal_batch1_rows_bitwise(pair):
@@ -276,7 +234,7 @@ def _seq(alpha: float, proposed: float) -> BatchSequence:
 
 
 def test_batch_gamma_turns_down_when_rows_are_dear():
-    g = BatchGamma(gamma_max=8, start=4)
+    g = BatchGamma(gamma_max=8)
     assert g.choose([_seq(0.9, 1.0)]) == 0  # nothing timed yet: no draft
     for rows, ms in ((1, 10.0), (9, 12.0)):  # rows nearly free: long drafts pay
         g.record(1, rows, ms / 1e3)
@@ -288,7 +246,7 @@ def test_batch_gamma_turns_down_when_rows_are_dear():
 
 
 def test_batch_gamma_prices_the_draft_step():
-    g = BatchGamma(gamma_max=8, start=4)
+    g = BatchGamma(gamma_max=8)
     for rows, ms in ((2, 20.0), (18, 24.0)):  # two sequences: rows nearly free
         g.record(2, rows, ms / 1e3)
     drafting = _seq(0.8, 1.0)

@@ -58,8 +58,7 @@ def make_worker(gen, config: ServerConfig, metrics: Metrics) -> Worker:
     hold the artifact's batch graph of at least that many slots: load(..., batch=True))."""
     if config.max_batch == 1:
         return Worker(gen, config, metrics)
-    slots = gen.slots.slots if gen.slots is not None else gen.manifest.target.max_batch
-    if gen.slots is None or config.max_batch > slots:
+    if gen.slots is None or config.max_batch > gen.slots.slots:
         raise InvalidArgument(
             f"--max-batch {config.max_batch} needs the artifact's batch graph with at least that many slots;"
             f" this artifact has max_batch {gen.manifest.target.max_batch} (build with --max-batch)"

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchSequence
 from ..errors import SpecExportError
+from ..generator import FINISH_REASONS
 from .config import ServerConfig
 from .errors import SERVER, ApiError
 from .metrics import Metrics
@@ -107,8 +108,7 @@ class BatchWorker(Worker):
 
     def _join(self, job: Job) -> None:
         start = time.monotonic()
-        if start > job.deadline:  # waited past its timeout: the batch-1 worker's 503 (Worker._execute checks it first)
-            self._execute(job)
+        if self._expired(job, start):
             return
         try:
             seq = self.scheduler.submit(job.prompt_ids, job.config)
@@ -186,7 +186,7 @@ class BatchWorker(Worker):
             job.post(event)
         run.backlog.clear()
         job.state = "finished"
-        finish = seq.finish_reason if seq.finish_reason in ("eos", "stop", "length") else "length"
+        finish = seq.finish_reason if seq.finish_reason in FINISH_REASONS else "length"  # cut: "cancelled"
         proposer = seq.proposer if job.config.speculating else "none"
         outcome = Outcome(
             finish, seq.stats, proposer, "batch", job.config.gamma, run.start - job.arrived, run.ttft, interrupted

@@ -213,22 +213,28 @@ class Worker:
                 self.metrics.running.labels(self.metrics.model).set(0)
                 self.history.append(job)
 
+    def _expired(self, job: Job, now: float) -> bool:
+        """Whether `job` waited in the queue past its timeout; if so it is answered 503 now."""
+        if now <= job.deadline:
+            return False
+        self._fail(
+            job,
+            ApiError(
+                503,
+                f"the request waited {now - job.arrived:.1f} s in the queue, past the"
+                f" request timeout of {self.config.request_timeout:g} s",
+                UNAVAILABLE,
+                None,
+                "queue_timeout",
+                {"Retry-After": "1"},
+            ),
+            "queue_timeout",
+        )
+        return True
+
     def _execute(self, job: Job) -> None:
         start = time.monotonic()
-        if start > job.deadline:
-            self._fail(
-                job,
-                ApiError(
-                    503,
-                    f"the request waited {start - job.arrived:.1f} s in the queue, past the"
-                    f" request timeout of {self.config.request_timeout:g} s",
-                    UNAVAILABLE,
-                    None,
-                    "queue_timeout",
-                    {"Retry-After": "1"},
-                ),
-                "queue_timeout",
-            )
+        if self._expired(job, start):
             return
         job.started = start
         job.post(Started(start))
