@@ -216,11 +216,10 @@ def _attention(
     lw: LayerWeights,
     weights: WeightPlan,
     caches: dict[str, tuple[str, str]],
-    cursor: list[tuple[str, str]],
-    pad: bool,
+    at: fused_slots.Layout,
 ) -> str:
     """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place
-    (cursor: each slot's, fused_slots.cursors)."""
+    (at: each slot's rows and cursor, fused_slots.layout)."""
     arch, spec = cfg.arch, cfg.layers[i]
     H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
     qkv = _linear(g, weights, h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
@@ -244,7 +243,7 @@ def _attention(
     if cfg.attn_softcap is not None:
         attrs["softcap"] = cfg.attn_softcap
     rotary = list(caches[spec.rope]) if spec.rope is not None else []
-    return fused_slots.attention(g, i, qkv_inputs, cursor, rotary, pad, attrs)
+    return fused_slots.attention(g, i, qkv_inputs, at, rotary, attrs)
 
 
 def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: NormalizedConfig) -> str:
@@ -269,13 +268,12 @@ def _layer(
     lw: LayerWeights,
     weights: WeightPlan,
     caches,
-    cursor,
-    pad: bool,
+    at: fused_slots.Layout,
 ) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch = cfg.arch
     attn = module_at(layer, arch.attn)
-    a = _attention(g, i, attn, cfg, h, lw, weights, caches, cursor, pad)
+    a = _attention(g, i, attn, cfg, h, lw, weights, caches, at)
     stream.add(_branch(g, layer, arch.attn_post_norm, _linear(g, weights, a, lw.o, lw.o_b), cfg))
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
     inter = lw.gate_up.out_features // 2
@@ -364,15 +362,13 @@ def build_fused(
     if cfg.embedding_multiplier is not None:
         (x,) = g.op("Mul", [x, g.scalar("embedding_multiplier", cfg.embedding_multiplier)])
 
-    cursor = fused_slots.cursors(g, slots, bool(pad))  # per slot; one row more when the attention is padded
+    at = fused_slots.layout(g, slots, bool(pad))  # each slot's attention rows and cursor
     stream = _Stream(g, x, arch.norm_offset)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
         h = stream.norm(module_at(layer, arch.attn_norm)) if arch.attn_norm else stream.value()
         entering[i] = stream.residual  # the norm (or value()) has just folded the pending addend into it
-        _layer(
-            g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, cursor, bool(pad)
-        )
+        _layer(g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, at)
 
     features = None
     if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits

@@ -1,18 +1,26 @@
 """GroupQueryAttention of the fused graph, for one cache or for several cache slots.
 
 A slots graph (contract 1.5) serves K sequences in one call: their rows are packed one slot
-after another in input_ids [1, N] (slot_rows [K] says how many each has, every slot >= 1), so
-every MatMul reads its weights once for all of them, while attention runs per slot: one
-GroupQueryAttention node per slot and layer, on that slot's rows, cursor and in-place cache
-[1, H_kv, T_max, D]. ONNX Runtime's CPU GroupQueryAttention refuses batch > 1 with more than one
-new row per sequence once a past exists, which a verify call needs; per-slot nodes also keep
-each sequence's attention exactly the computation of a 1-slot call (row invariance across the
-batch).
+after another in input_ids [1, N] (slot_rows [K] says how many each has), so every MatMul reads
+its weights once for all of them, while attention runs per slot: one GroupQueryAttention node
+per slot and layer, on that slot's rows, cursor and in-place cache [1, H_kv, T_max, D]. ONNX
+Runtime's CPU GroupQueryAttention refuses batch > 1 with more than one new row per sequence once
+a past exists, which a verify call needs; per-slot nodes also keep each sequence's attention
+exactly the computation of a 1-slot call (row invariance across the batch).
+
+Since contract 1.6 an idle slot has 0 rows in input_ids: the MatMuls see the real rows only.
+Each layer gathers the attention rows of every slot from the packed rows once (a slot's rows,
+then a copy of its last row when the attention is padded; an idle slot: one throwaway row taken
+from any packed row, written past its cursor and never read), and gathers the real rows' outputs
+back after the per-slot attention.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+from onnx import TensorProto
 
 from specexport_runtime import contract
 
@@ -30,40 +38,81 @@ def _drop_last_row(g: Graph, x: str) -> str:
     return g.op("Slice", [x, start, end, axis])[0]
 
 
-def cursors(g: Graph, slots: int, pad: bool) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class Layout:
+    """Where attention finds its rows and cursors, computed once per graph (layout())."""
+
+    cursor: list[tuple[str, str]]  # (seqlens_k, total_sequence_length) of each slot's attention
+    rows: tuple[str, str, str] | None  # slot_rows() of a slots graph; None for one cache
+    pad: bool  # the attention appends a copy of each slot's last row (contract 1.2 cache_pad)
+
+
+def layout(g: Graph, slots: int, pad: bool) -> Layout:
+    rows = slot_rows(g, slots, pad) if slots > 1 else None
+    return Layout(cursors(g, slots, pad, rows), rows, pad)
+
+
+def cursors(g: Graph, slots: int, pad: bool, rows: tuple[str, str, str] | None) -> list[tuple[str, str]]:
     """(seqlens_k [1], total_sequence_length []) of each slot's attention, from the graph's cursor
-    inputs ([1] and [] for one slot, [K] and [K] for K slots), one more when the attention is padded."""
-    if slots == 1:
-        pairs = [(contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH)]
-    else:
-        pairs = []
-        for b in range(slots):
-            (seq,) = g.op("Gather", [contract.SEQLENS_K, g.const("slot", np.array([b], np.int64))], axis=0)
-            (total,) = g.op("Gather", [contract.TOTAL_SEQUENCE_LENGTH, g.const("slot", np.array(b, np.int64))], axis=0)
-            pairs.append((seq, total))
-    if not pad:
-        return pairs
-    one, one1 = g.const("one", np.array(1, np.int32)), g.const("one", np.array([1], np.int32))
-    return [(g.op("Add", [seq, one1])[0], g.op("Add", [total, one])[0]) for seq, total in pairs]
+    inputs ([1] and [] for one cache, [K] and [K] for K slots: P + n - 1 and P + n for n packed
+    rows), moved on by the attention's extra rows (the pad row; an idle slot's throwaway row).
+    rows: slot_rows() of a slots graph, None for one cache."""
+    if rows is None:
+        if not pad:
+            return [(contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH)]
+        one, one1 = g.const("one", np.array(1, np.int32)), g.const("one", np.array([1], np.int32))
+        return [(g.op("Add", [contract.SEQLENS_K, one1])[0], g.op("Add", [contract.TOTAL_SEQUENCE_LENGTH, one])[0])]
+    (extra,) = g.op("Cast", [g.op("Sub", [rows[1], contract.SLOT_ROWS])[0]], to=TensorProto.INT32)  # [K]
+    (seqlens,) = g.op("Add", [contract.SEQLENS_K, extra])
+    (totals,) = g.op("Add", [contract.TOTAL_SEQUENCE_LENGTH, extra])
+    pairs = []
+    for b in range(slots):
+        (seq,) = g.op("Gather", [seqlens, g.const("slot", np.array([b], np.int64))], axis=0)
+        (total,) = g.op("Gather", [totals, g.const("slot", np.array(b, np.int64))], axis=0)
+        pairs.append((seq, total))
+    return pairs
 
 
-def attention(
-    g: Graph, layer: int, qkv: list[str], cursor: list[tuple[str, str]], rotary: list[str], pad: bool, attrs: dict
-) -> str:
+def slot_rows(g: Graph, slots: int, pad: bool) -> tuple[str, str, str]:
+    """The attention rows of a slots graph, computed once per call from slot_rows [K] (N packed
+    rows in all): (gather [M] packed row of each attention row, attn_rows [K] how many attention
+    rows each slot has, back [N] the attention row of each packed row).
+    Slot b (packed rows start_b .. start_b + n_b - 1) attends with a_b = n_b + pad rows, padded
+    with its last row, or max(n_b, 1) unpadded; an idle slot's one row is packed row start_b - 1
+    (any row would do: its output is dropped and its K/V lie past the slot's cursor)."""
+    i64 = lambda name, v: g.const(name, np.array(v, np.int64))  # noqa: E731
+    rows = contract.SLOT_ROWS
+    (start,) = g.op("CumSum", [rows, i64("axis", 0)], exclusive=1)  # [K]
+    (attn,) = g.op("Add", [rows, i64("pad", 1)]) if pad else g.op("Max", [rows, i64("one", [1] * slots)])
+    (offset,) = g.op("CumSum", [attn, i64("axis", 0)], exclusive=1)  # [K] first attention row of each slot
+    (last,) = g.op("Sub", [g.op("Add", [start, rows])[0], i64("one", 1)])  # [K] a slot's last packed row
+    gather, back = [], []
+    for b in range(slots):
+        at = i64("slot", b)
+        s_b, a_b, l_b, o_b, n_b = (g.op("Gather", [t, at], axis=0)[0] for t in (start, attn, last, offset, rows))
+        (span,) = g.op("Range", [s_b, g.op("Add", [s_b, a_b])[0], i64("step", 1)])
+        gather.append(g.op("Min", [span, l_b])[0])  # the pad row (or an idle slot's row) repeats the last one
+        back.append(g.op("Range", [o_b, g.op("Add", [o_b, n_b])[0], i64("step", 1)])[0])
+    return g.op("Concat", gather, axis=0)[0], attn, g.op("Concat", back, axis=0)[0]
+
+
+def attention(g: Graph, layer: int, qkv: list[str], at: Layout, rotary: list[str], attrs: dict) -> str:
     """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> attention output [1, N, H D],
-    K/V written in place into each slot's cache. pad: every attention gets a copy of its last row
+    K/V written in place into each slot's cache. A padded attention gets a copy of its last row
     after the real ones (contract 1.2 cache_pad) and drops its output."""
-    slots = len(cursor)
-    if slots == 1:
-        pieces = [qkv]
-    else:  # [1, N, C] -> K pieces [1, S_b, C]
-        split = [g.op("Split", [t, contract.SLOT_ROWS], slots, axis=1) if t else [""] * slots for t in qkv]
-        pieces = [[parts[b] for parts in split] for b in range(slots)]
+    rows, cursor, pad = at.rows, at.cursor, at.pad
+    if rows is None:
+        pieces = [[_append_last_row(g, t) if t and pad else t for t in qkv]]
+    else:  # [1, N, C] -> [1, M, C] attention rows -> K pieces [1, a_b, C]
+        gather, attn, _ = rows
+        K = len(cursor)
+        split = [
+            g.op("Split", [g.op("Gather", [t, gather], axis=1)[0], attn], K, axis=1) if t else [""] * K for t in qkv
+        ]
+        pieces = [[parts[b] for parts in split] for b in range(K)]
     outs = []
     for b, inputs in enumerate(pieces):
-        slot = None if slots == 1 else b
-        if pad:
-            inputs = [_append_last_row(g, t) if t else t for t in inputs]
+        slot = None if rows is None else b
         caches = [contract.past_key(layer, slot), contract.past_value(layer, slot)]
         a, _, _ = g.op(
             "GroupQueryAttention",
@@ -72,5 +121,8 @@ def attention(
             domain=MS,
             **attrs,
         )
-        outs.append(_drop_last_row(g, a) if pad else a)
-    return outs[0] if slots == 1 else g.op("Concat", outs, axis=1)[0]
+        outs.append(a)
+    if rows is None:
+        return _drop_last_row(g, outs[0]) if pad else outs[0]
+    (joined,) = g.op("Concat", outs, axis=1)  # [1, M, H D]
+    return g.op("Gather", [joined, rows[2]], axis=1)[0]  # [1, N, H D]

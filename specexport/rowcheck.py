@@ -99,7 +99,8 @@ def batch_rows(
 ) -> BatchRowReport:
     """solo: the batch-1 graph (a model.Model); slots: its slots graph (runtime slots.SlotModel).
     For each k in sizes, slot 0 feeds tokens[:k] after `prefix` while slot b > 0 (a prefix
-    rotated by b) feeds k + b rows, and slot 0's rows are compared with the solo call's."""
+    rotated by b) feeds k + b rows, and then the last slot feeds them alone (the others idle);
+    both calls' rows are compared with the solo call's."""
     from specexport_runtime.slots import SlotCall
 
     K = slots.slots
@@ -112,7 +113,10 @@ def batch_rows(
         calls = [SlotCall(0, list(tokens[:k]), k)]
         calls += [SlotCall(b, list(tokens[: k + b]), 1) for b in range(1, K) if k + b <= len(tokens)]
         pairs.append((slots.forward(calls)[0].copy(), ref))
+        slots.lengths[K - 1] = 0
+        slots.forward([SlotCall(K - 1, prefixes[0], 1)])
+        pairs.append((slots.forward([SlotCall(K - 1, list(tokens[:k]), k)])[0].copy(), ref))
     solo.reset()
     slots.lengths[:] = 0
     same, diff, agree = _compare(pairs)
-    return BatchRowReport(K, len(sizes), sum(sizes), same, diff, agree)
+    return BatchRowReport(K, 2 * len(sizes), 2 * sum(sizes), same, diff, agree)

@@ -37,7 +37,7 @@ from .model import Model
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext
 from .signing import verify as verify_signature
-from .slots import SlotModel
+from .slots import SlotModel, idle_rows
 from .structured import ConstraintEngine, Grammar, Guide
 from .tokenizer import TextCodec
 from .tools import ToolPlan
@@ -441,6 +441,7 @@ def _open_graph(
         max_rows=manifest.max_gamma + 1,
         cache_pad=entry.cache_pad,
         min_rows=entry.min_rows,
+        idle_rows=idle_rows(manifest.contract_version),
     )
     return slots.view(0), slots
 

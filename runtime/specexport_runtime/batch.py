@@ -43,6 +43,7 @@ from .slots import SlotCall, SlotModel
 BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer drafts with in a batch
 DEFAULT_PREFILL_CHUNK = 64
 PRIOR_ROUNDS = 4  # a sequence's (alpha, p) start from its proposer's record, worth this many rounds
+PROBE_GAMMA = 2  # the draft length of rounds that time a batch size's second call size
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,8 @@ class BatchGamma:
     acceptance alpha and how often its proposer drafts at all (p): 1 + p * sum_{j=1..g} alpha^j.
     A draft model that sat out the last round first catches up (one more draft step), which a
     gamma > 0 then pays for, and a gamma > 0 must promise `margin` more than gamma 0. Until two
-    call sizes are timed for a batch size (joining sequences' last prompt rows vary them) the
-    gamma is 0: a probe would make every idle draft model catch up at once."""
+    call sizes are timed for a batch size the gamma is PROBE_GAMMA: the probe rounds time a
+    second call size (one catch-up step each for idle draft models, once per batch size)."""
 
     def __init__(self, gamma_max: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
@@ -144,8 +145,9 @@ class BatchGamma:
         if not seqs or self.gamma_max == 0:
             return 0
         cost = self.cost(len(seqs))
-        if cost.line() is None:  # one call size timed at most: no draft until joins time a second
-            return 0
+        if cost.line() is None:  # one call size timed at most: a short draft times another
+            self._last = min(PROBE_GAMMA, self.gamma_max)
+            return self._last
         step = self.draft_step.get(len(seqs), 0.0) if any(s.drafts_with_model for s in seqs) else 0.0
         catchup = 1 if self._last == 0 else 0  # a draft model idle last round first feeds what it missed
         best, best_rate, plain = 0, -1.0, 0.0
@@ -370,7 +372,9 @@ class BatchScheduler:
             seq._events.close()
         if kind == "cancel":
             seq.finish_reason = "cancelled"
-        self.model.view(seq.slot).reset()
+        self.model.view(seq.slot).reset()  # an empty slot's throwaway attention row reads no past
+        if self.draft is not None:
+            self.draft.view(seq.slot).reset()
         self.running.pop(seq.slot, None)
         self.events.append(BatchEvent(self.round, kind, seq.id, seq.slot))
         seq.slot = None

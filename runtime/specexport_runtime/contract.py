@@ -89,10 +89,12 @@ Windowed attention in the fused layout (contract 1.4; a manifest entry's `attent
 
 Cache slots (contract 1.5; a target entry's `batch_graph` and `max_batch` K; GraphSpec.slots)
     A head_major_inplace decoder serving K sequences per call: input_ids [1, N] packs every
-    slot's rows (slot 0 first), slot_rows int64 [K] says how many each has (>= 1), seqlens_k and
-    total_sequence_length are int32 [K], and each layer has per-slot caches past_key_{i}_slot{b}
-    / present_key_{i}_slot{b} [1, H_kv, T_max, D] (bound to one memory, written in place). The
-    MatMuls run once over N rows; attention is one GroupQueryAttention per slot and layer.
+    slot's rows (slot 0 first), slot_rows int64 [K] says how many each has (>= 1 in 1.5; since
+    1.6 an idle slot has 0), seqlens_k and total_sequence_length are int32 [K] (P + n - 1 and
+    P + n for n rows), and each layer has per-slot caches past_key_{i}_slot{b} /
+    present_key_{i}_slot{b} [1, H_kv, T_max, D] (bound to one memory, written in place). The
+    MatMuls run once over N rows; attention is one GroupQueryAttention per slot and layer (an
+    idle slot's on one throwaway row written past its cursor).
 
 EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
 (head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with
@@ -104,7 +106,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONTRACT_VERSION = "1.5"
+CONTRACT_VERSION = "1.6"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
@@ -113,6 +115,7 @@ ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
 PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (the portable form)
 WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention local windows
 SLOTS_VERSION = "1.5"  # a head_major_inplace graph with several cache slots (batched sequences)
+IDLE_SLOTS_VERSION = "1.6"  # a slots graph whose idle slots take no rows in input_ids
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -244,11 +247,13 @@ def layout_for_form(form: str) -> KvLayout:
     raise ValueError(f"graph form {form!r} is not one of {GRAPH_FORMS}")
 
 
-def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False, slots: int = 1) -> str:
+def version_for(
+    kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False, slots: int = 1, idle_rows: int = 0
+) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
-    batched graph (1.5)."""
+    batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do)."""
     layout = layout_of(kv_layout)
     versions = [layout.version]
     if min_rows > 1 or head:
@@ -258,7 +263,7 @@ def version_for(kv_layout: str, min_rows: int = 1, head: bool = False, windowed:
     if windowed and layout.window_version:
         versions.append(layout.window_version)
     if slots > 1:
-        versions.append(SLOTS_VERSION)
+        versions.append(IDLE_SLOTS_VERSION if idle_rows == 0 else SLOTS_VERSION)
     return max(versions, key=parse_version)
 
 

@@ -96,13 +96,23 @@ class ModelEntry:
 
     @property
     def required_version(self) -> str:
-        """The lowest contract version that defines this entry's layout and fields."""
+        """The contract version that defines this entry's layout and fields as built now."""
+        return self._version(idle_rows=0)
+
+    @property
+    def least_version(self) -> str:
+        """The lowest contract version under which this entry is readable (a 1.5 batch graph
+        gives idle slots one row)."""
+        return self._version(idle_rows=1)
+
+    def _version(self, idle_rows: int) -> str:
         return version_for(
             self.kv_layout,
             2 if self.padded or self.feature_width else 1,
             head=self.kind == EAGLE3_HEAD,
             windowed=bool(self.attention_windows),
             slots=self.max_batch,
+            idle_rows=idle_rows,
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -249,11 +259,11 @@ class Manifest:
                     f"{role} max_batch {entry.max_batch}: a batch graph belongs to a head_major_inplace decoder"
                     " without features"
                 )
-            if parse_version(entry.required_version) > parse_version(self.contract_version):
+            if parse_version(entry.least_version) > parse_version(self.contract_version):
                 raise ArtifactError(
                     f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows},"
                     f" cache_pad {entry.cache_pad} needs contract"
-                    f" {entry.required_version}, but the manifest declares {self.contract_version}"
+                    f" {entry.least_version}, but the manifest declares {self.contract_version}"
                 )
         return self
 

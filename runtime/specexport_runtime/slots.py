@@ -4,9 +4,10 @@ in one call.
 Each layer's K and V live in one buffer [K, H_kv, T_max, D] allocated once; slot b's graph inputs
 past_key_{i}_slot{b} / present_key_{i}_slot{b} are bound once to its [1, H_kv, T_max, D] part,
 and its GroupQueryAttention writes rows P_b .. P_b + S_b - 1 there in place. A call packs the
-slots' rows one slot after another (slot_rows [K]); a slot without rows in a call gets one
-throwaway row at its cursor (GroupQueryAttention needs a row per slot), written past its valid
-rows and never read. Each slot keeps its own cursor; rollback is a cursor move per slot.
+slots' rows one slot after another (slot_rows [K]); a slot without rows in a call has 0 rows
+(contract 1.6: the graph gives its attention one throwaway row, written past its valid rows and
+never read), or one throwaway token of its own in a 1.5 graph (idle_rows 1). Each slot keeps its
+own cursor; rollback is a cursor move per slot.
 
 `SlotModel.view(b)` is slot b as the speculative loop sees its target (the cursor side of
 model.Model); the calls themselves go through `forward(calls)` for all slots at once.
@@ -26,6 +27,11 @@ from .contract import GraphSpec
 from .engine import NP_DTYPES, SessionConfig, check_contract, check_layout_provider, make_session
 from .errors import ContractError, InvalidArgument
 from .model import CacheCursor, CallStats, plan_rows
+
+
+def idle_rows(contract_version: str) -> int:
+    """The rows an idle slot feeds in a slots graph of this contract version (SlotModel)."""
+    return 0 if contract.parse_version(contract_version) >= contract.parse_version(contract.IDLE_SLOTS_VERSION) else 1
 
 
 @dataclass(frozen=True)
@@ -77,21 +83,23 @@ class SlotModel:
         max_rows: int = 17,
         cache_pad: int = 0,
         min_rows: int = 1,
+        idle_rows: int = 0,
     ):
         """max_rows: most logits rows one slot gets back per call (1 + the longest draft);
         cache_pad / min_rows: the entry's padding (contract 1.2), per slot: min_rows pads each
         slot's rows after its real ones with copies of its last token (the cursor advances by
-        the real rows only)."""
+        the real rows only); idle_rows: the rows a slot without a call feeds (0 since contract
+        1.6, 1 for a 1.5 graph)."""
         if spec.slots < 2:
             raise ContractError(f"a SlotModel runs a graph of several slots; this graph has {spec.slots}")
         if config.provider != "cpu":
             raise ContractError(f"slots graphs run on the CPU provider for now, not {config.provider!r}")
         CacheCursor.check_min_rows(spec, min_rows, max_rows)
-        if not 0 <= cache_pad <= 1:
-            raise InvalidArgument(f"cache_pad must be 0 or 1, got {cache_pad!r}")
+        if not 0 <= cache_pad <= 1 or not 0 <= idle_rows <= 1:
+            raise InvalidArgument(f"cache_pad and idle_rows must be 0 or 1, got {cache_pad!r} and {idle_rows!r}")
         check_layout_provider(spec, config.provider)
         self.spec, self.max_context, self.config, self.slots = spec, max_context, config, spec.slots
-        self.max_rows, self.cache_pad, self.min_rows = max_rows, cache_pad, min_rows
+        self.max_rows, self.cache_pad, self.min_rows, self.idle_rows = max_rows, cache_pad, min_rows, idle_rows
         self.cache_rows = max_context + min_rows - 1 + cache_pad
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))
@@ -146,12 +154,12 @@ class SlotModel:
                     f" max_context {self.max_context}"
                 )
             by_slot[c.slot] = c
-        rows = np.ones(K, np.int64)  # slot_rows [K]: 1 throwaway row for a slot without a call
+        rows = np.full(K, self.idle_rows, np.int64)  # slot_rows [K]
         ids, index, out_at = [], [], {}
         start = 0
         for b, c in enumerate(by_slot):
             if c is None:
-                ids.append(np.zeros(1, np.int64))
+                ids.append(np.zeros(self.idle_rows, np.int64))
             else:
                 S = len(c.ids)  # padded with copies of the last token to min_rows (model.plan_rows)
                 padded = plan_rows(np.asarray(c.ids, np.int64).reshape(1, -1), c.last_rows, self.min_rows).ids[0]

@@ -1,4 +1,4 @@
-"""Batched generation (contract 1.5, batch.py) on tiny artifacts with a batch graph: every
+"""Batched generation (contract 1.5 / 1.6, batch.py) on tiny artifacts with a batch graph: every
 sequence's greedy output equals its own solo target-only run from the batch-1 graph, whatever
 shares its calls (bit for bit: the build measured the batch rows bitwise), sampling follows the
 target law per sequence, and the scheduler's joins, leaves and cancellations happen at round
@@ -8,13 +8,14 @@ boundaries as its own event record shows.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 
 from specexport_runtime.api import load
-from specexport_runtime.batch import BatchGamma, BatchSequence
+from specexport_runtime.batch import PROBE_GAMMA, BatchGamma, BatchSequence
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.slots import SlotCall
 
@@ -47,7 +48,7 @@ def solo_greedy(pair):
 def test_manifest_records_the_batch_graph(tiny_artifacts):
     data = json.loads((tiny_artifacts[KIND] / "manifest.json").read_text())
     target = data["target"]
-    assert data["contract_version"] == "1.5"
+    assert data["contract_version"] == "1.6"  # idle slots take no rows
     assert (target["max_batch"], target["batch_graph"]) == (4, "target/batch.onnx")
     rows = target["validation"]["batch_rows"]
     assert rows["slots"] == 4 and rows["bitwise"] and rows["max_abs_diff"] == 0.0
@@ -191,7 +192,8 @@ def test_sampling_law_per_sequence_in_a_batch(pair):
 
 
 def test_slot_model_rows_equal_batch1_rows_bitwise(pair):
-    """Logits of one slot's rows do not depend on the other slots' sequences or row counts."""
+    """Logits of one slot's rows do not depend on the other slots' sequences or row counts, nor
+    on which slots sit idle (no rows in the call)."""
     solo, batch = pair
     model, one = batch.slots, solo.target
     prefix = solo.codec.encode("the quick brown fox jumps over")
@@ -199,14 +201,35 @@ def test_slot_model_rows_equal_batch1_rows_bitwise(pair):
     one.reset()
     one.forward(prefix)
     ref = one.forward(tokens, last_rows=len(tokens)).copy()
-    for others in ([], [1], [1, 7, 3]):
-        model.lengths[:] = 0
-        model.forward([SlotCall(b, prefix[b:] or prefix, 1) for b in range(4)])
-        calls = [SlotCall(0, tokens, len(tokens))] + [SlotCall(b + 1, tokens[:n], 1) for b, n in enumerate(others)]
-        got = model.forward(calls)[0]
-        assert np.array_equal(got, ref)
+    for slot in (0, 2, 3):
+        for others in ([], [1], [1, 7, 3]):
+            busy = [b for b in range(4) if b != slot][: len(others)]
+            model.lengths[:] = 0
+            model.forward([SlotCall(b, prefix[b:] or prefix, 1) for b in range(4)])
+            model.lengths[slot] = 0
+            model.forward([SlotCall(slot, prefix, 1)])
+            calls = [SlotCall(slot, tokens, len(tokens))] + [SlotCall(b, tokens[:n], 1) for b, n in zip(busy, others)]
+            got = model.forward(calls)[0]
+            assert np.array_equal(got, ref), (slot, others)
     model.lengths[:] = 0
     one.reset()
+
+
+def test_a_1_5_batch_artifact_feeds_idle_slots_a_row(tiny_artifacts, tmp_path, solo_greedy):
+    """A manifest that declares contract 1.5 runs its batch graph with one throwaway row per idle
+    slot (1.5 graphs need a row in every slot); the output is unchanged."""
+    from specexport_runtime.slots import idle_rows
+
+    assert (idle_rows("1.5"), idle_rows("1.6")) == (1, 0)
+    root = tmp_path / "artifact"
+    shutil.copytree(tiny_artifacts[KIND], root)
+    data = json.loads((root / "manifest.json").read_text())
+    data["contract_version"] = "1.5"
+    (root / "manifest.json").write_text(json.dumps(data))
+    old = load(root, batch=True, verify=False)
+    assert old.slots.idle_rows == 1
+    results = old.batch(PROMPTS[:2], max_new_tokens=20, speculative=False)
+    assert [r.token_ids for r in results] == [ref[:20] for ref in solo_greedy[:2]]
 
 
 def test_slot_model_refuses_bad_calls(pair):
@@ -235,9 +258,10 @@ def _seq(alpha: float, proposed: float) -> BatchSequence:
 
 def test_batch_gamma_turns_down_when_rows_are_dear():
     g = BatchGamma(gamma_max=8)
-    assert g.choose([_seq(0.9, 1.0)]) == 0  # nothing timed yet: no draft
-    for rows, ms in ((1, 10.0), (9, 12.0)):  # rows nearly free: long drafts pay
-        g.record(1, rows, ms / 1e3)
+    assert g.choose([_seq(0.9, 1.0)]) == PROBE_GAMMA  # one call size timed at most: a probe times another
+    g.record(1, 1, 0.010)
+    assert g.choose([_seq(0.9, 1.0)]) == PROBE_GAMMA
+    g.record(1, 9, 0.012)  # rows nearly free: long drafts pay
     assert g.choose([_seq(0.9, 1.0)]) == 8
     for rows, ms in ((8, 40.0), (72, 200.0)):  # eight sequences, each row costs 2.5 ms
         g.record(8, rows, ms / 1e3)
@@ -261,12 +285,12 @@ def test_batch_gamma_prices_the_draft_step():
 
 
 def test_a_runtime_older_than_the_batch_graph_refuses_it_in_one_line(tiny_artifacts, monkeypatch):
-    """A 1.4 runtime reads 1.4 artifacts (batch 1) but refuses a 1.5 one by its version."""
+    """A 1.5 runtime reads 1.4 artifacts (batch 1) but refuses a 1.6 one by its version."""
     from specexport_runtime import contract
     from specexport_runtime.errors import ArtifactError
 
-    monkeypatch.setattr(contract, "CONTRACT_VERSION", "1.4")
+    monkeypatch.setattr(contract, "CONTRACT_VERSION", "1.5")
     with pytest.raises(ArtifactError) as info:
         load(tiny_artifacts[KIND])
-    assert "'1.5' is not supported" in str(info.value) and "\n" not in str(info.value)
+    assert "'1.6' is not supported" in str(info.value) and "\n" not in str(info.value)
     assert load(tiny_artifacts["noisy-fused"]).manifest.target.max_batch == 1
