@@ -44,6 +44,8 @@ BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer dr
 DEFAULT_PREFILL_CHUNK = 64
 PRIOR_ROUNDS = 4  # a sequence's (alpha, p) start from its proposer's record, worth this many rounds
 PROBE_GAMMA = 2  # the draft length of rounds that time a batch size's second call size
+GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a batch size needs before the guard compares them
+RECHECK_EVERY = 16  # the guard lets one of this many blocked drafts through, and forces one plain round
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,14 @@ class BatchGamma:
     A draft model that sat out the last round first catches up (one more draft step), which a
     gamma > 0 then pays for, and a gamma > 0 must promise `margin` more than gamma 0. Until two
     call sizes are timed for a batch size the gamma is PROBE_GAMMA: the probe rounds time a
-    second call size (one catch-up step each for idle draft models, once per batch size)."""
+    second call size (one catch-up step each for idle draft models, once per batch size).
+
+    The model leaves out host work and misjudges what it cannot see, so a guard checks it
+    against what rounds realize: tokens per second of whole rounds (drafts, target call, host
+    work) with drafts and without, per batch size (observe()). Where drafting rounds realize less
+    than plain ones, the gamma is 0, with one drafting round in RECHECK_EVERY to keep the
+    comparison current; while plain rounds are too few to compare, one round in RECHECK_EVERY
+    is plain."""
 
     def __init__(self, gamma_max: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
@@ -119,6 +128,9 @@ class BatchGamma:
         self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
         self.learned: dict[str, tuple[float, float]] = {}
+        # (running, drafted) -> [rounds, tokens EMA, seconds EMA] of whole rounds (observe)
+        self.realized: dict[tuple[int, bool], list[float]] = {}
+        self._decisions: dict[int, int] = {}  # running sequences -> rounds the guard has judged
 
     def prior(self, proposer: str) -> tuple[float, float]:
         """(alpha, p) a new sequence of `proposer` starts from: what its earlier sequences showed."""
@@ -140,6 +152,32 @@ class BatchGamma:
         old = self.draft_step.get(running)
         self.draft_step[running] = seconds if old is None else old + 0.2 * (seconds - old)
 
+    def observe(self, running: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole round of `running` sequences (with or without draft rows) emitted `tokens`
+        in `seconds`."""
+        if seconds <= 0:
+            return
+        rec = self.realized.setdefault((running, drafted), [0, 0.0, 0.0])
+        rec[0] += 1
+        rec[1], rec[2] = (ema(old, new, rec[0], 0.1) for old, new in ((rec[1], tokens), (rec[2], seconds)))
+
+    def rate(self, running: int, drafted: bool) -> float | None:
+        """Realized tokens per second of rounds of this kind, once GUARD_ROUNDS were seen."""
+        rounds, tokens, seconds = self.realized.get((running, drafted), (0, 0.0, 0.0))
+        return tokens / seconds if rounds >= GUARD_ROUNDS else None
+
+    def guard(self, running: int, gamma: int) -> int:
+        """The model's gamma, or 0 where rounds with drafts realize less than rounds without."""
+        if gamma == 0:
+            return 0
+        n = self._decisions[running] = self._decisions.get(running, 0) + 1
+        plain, drafted = self.rate(running, False), self.rate(running, True)
+        if plain is None:
+            return 0 if n % RECHECK_EVERY == 0 else gamma  # a plain round now and then, to compare with
+        if drafted is not None and drafted < plain and n % RECHECK_EVERY:
+            return 0
+        return gamma
+
     def choose(self, seqs: Sequence[BatchSequence]) -> int:
         """seqs: the running sequences; those with `drafts_with_model` add gamma batched draft calls."""
         if not seqs or self.gamma_max == 0:
@@ -160,8 +198,8 @@ class BatchGamma:
                 best, best_rate = g, rate
         if best_rate < plain * (1 + self.margin):  # what the model leaves out (catch-ups, host work) eats small gains
             best = 0
-        self._last = best
-        return best
+        self._last = self.guard(len(seqs), best)
+        return self._last
 
 
 class BatchScheduler:
@@ -204,6 +242,7 @@ class BatchScheduler:
         self.stall_rows = 0  # most prompt rows one round carried while other sequences decoded
         self.round_log: list[tuple[int, int, float]] = []  # per round: (running, prefill rows, call seconds)
         self._ids = itertools.count()
+        self._emitted = 0  # tokens emitted by every sequence so far (BatchGamma.observe)
 
     # --- requests -------------------------------------------------------------------
     def submit(self, prompt, config: GeneratorConfig | None = None, **overrides) -> BatchSequence:
@@ -240,6 +279,7 @@ class BatchScheduler:
 
     def step(self) -> list[BatchSequence]:
         """One round; returns the sequences that emitted tokens or finished in it."""
+        round_start, emitted, joined = time.perf_counter(), self._emitted, len(self.events)
         self._admit()
         self._draft_phase()
         if not self.running:
@@ -263,12 +303,14 @@ class BatchScheduler:
         if decoding:  # prompt rows that held up decoding sequences this round
             self.stall_rows = max(self.stall_rows, prefill_rows)
         running = len(self.running)
+        prompting = any(s.first_token_at is None for s in self.running.values())  # a prompt is being read
         self.batch_sizes[running] = self.batch_sizes.get(running, 0) + 1
         start = time.perf_counter()
         outputs = self.model.forward(calls)
         seconds = time.perf_counter() - start
+        rows = sum(len(c.ids) for c in calls)
         if all(len(c.ids) <= max_rows for c in calls):  # the line prices decode and verify rows, not prompt chunks
-            self.gamma.record(running, sum(len(c.ids) for c in calls), seconds)
+            self.gamma.record(running, rows, seconds)
         self.round_log.append((running, prefill_rows, seconds))
         gamma = self.gamma.choose(list(self.running.values()))
         touched = []
@@ -280,6 +322,9 @@ class BatchScheduler:
             used, seq._loop.batch_gamma = seq._loop.batch_gamma, gamma
             self._answer(seq, logits, used)
             touched.append(seq)
+        if not prompting and len(self.events) == joined and len(calls) == running == len(self.running):
+            # the same sequences all round, decoding or verifying only
+            self.gamma.observe(running, rows > running, self._emitted - emitted, time.perf_counter() - round_start)
         self.round += 1
         return touched
 
@@ -338,6 +383,7 @@ class BatchScheduler:
             if new and seq.first_token_at is None:
                 seq.first_token_at = time.perf_counter()
             seq.tokens += new
+            self._emitted += len(new)
             if piece:
                 seq.pieces.append(piece)
             if reason:

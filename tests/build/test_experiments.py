@@ -230,3 +230,14 @@ def test_masked_draft_is_exact_and_never_cut(tiny_artifacts, tmp_path):
     assert all(r["identical"] for r in rows)  # both equal constrained target-only
     masked = [r for r in rows if r["proposer"] == "draft"]  # drafts inside the grammar: cut at most at an EOS
     assert sum(r["drafted"] for r in masked) > 0 and all(r["grammar_cut"] <= 1 for r in masked)
+
+
+def test_slot_cost_times_the_batch_graph_against_batch_1(tiny_artifacts, tmp_path):
+    out = tmp_path / "slots.json"
+    run_script(
+        "slot_cost", str(tiny_artifacts["noisy-fused-batch4"]), "--sizes", "1,3", "--running", "1,4",
+        "--past", "8", "--calls", "2", "--repeats", "1", "--json", str(out),
+    )  # fmt: skip
+    cells = read(out)["cells"]
+    assert [(c["rows"], c["running"]) for c in cells] == [(1, 1), (1, 4), (3, 1), (3, 4)]
+    assert all(c["batch1_ms"] > 0 and c["batch_ms"] > 0 for c in cells)

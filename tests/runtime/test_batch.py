@@ -15,7 +15,7 @@ import pytest
 from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 
 from specexport_runtime.api import load
-from specexport_runtime.batch import PROBE_GAMMA, BatchGamma, BatchSequence
+from specexport_runtime.batch import GUARD_ROUNDS, PROBE_GAMMA, RECHECK_EVERY, BatchGamma, BatchSequence
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.slots import SlotCall
 
@@ -282,6 +282,29 @@ def test_batch_gamma_prices_the_draft_step():
     for _ in range(20):
         g.record_draft(2, 0.001)
     assert g.choose([drafting] * 2) > 0
+
+
+def test_batch_gamma_guard_follows_what_rounds_realize():
+    """The model promises a gain (rows nearly free, alpha 0.9), but whole drafting rounds realize
+    fewer tokens per second than plain ones: the guard turns drafting down, save one recheck round
+    in RECHECK_EVERY; where drafting realizes more, the model's gamma stands."""
+    g = BatchGamma(gamma_max=8)
+    g.record(2, 2, 0.010)
+    g.record(2, 18, 0.012)
+    seqs = [_seq(0.9, 1.0)] * 2
+    assert g.choose(seqs) == 8  # nothing realized yet: the model's choice
+    for _ in range(GUARD_ROUNDS):
+        g.observe(2, True, 4, 0.100)  # 40 tok/s with drafts
+    picks = [g.choose(seqs) for _ in range(2 * RECHECK_EVERY)]
+    assert picks.count(0) == 2  # too few plain rounds to compare: one in RECHECK_EVERY is plain
+    for _ in range(GUARD_ROUNDS):
+        g.observe(2, False, 2, 0.020)  # 100 tok/s without
+    picks = [g.choose(seqs) for _ in range(4 * RECHECK_EVERY)]
+    assert picks.count(8) == 4 and picks.count(0) == 4 * RECHECK_EVERY - 4
+    for _ in range(40):
+        g.observe(2, True, 40, 0.100)  # drafting now realizes 400 tok/s
+    assert [g.choose(seqs) for _ in range(RECHECK_EVERY)] == [8] * RECHECK_EVERY
+    assert g.rate(3, True) is None  # per batch size
 
 
 def test_a_runtime_older_than_the_batch_graph_refuses_it_in_one_line(tiny_artifacts, monkeypatch):
