@@ -18,7 +18,8 @@ import numpy as np
 
 from . import registry
 from .adaptive import GammaController
-from .batch import DEFAULT_PREFILL_CHUNK, BatchGamma, BatchScheduler
+from .batch import DEFAULT_PREFILL_CHUNK, BatchScheduler
+from .batch_gamma import BatchGamma
 from .config import ADAPTIVE, GeneratorConfig
 from .costs import VerifyCost
 from .datastore import Datastore

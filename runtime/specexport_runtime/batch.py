@@ -17,8 +17,9 @@ with it in a round hands its draft calls out (Proposer.propose_steps), and the s
 them one batched draft call per draft step before the round's target call. Without a draft
 batch graph (or with an EAGLE-3 head) a sequence asking for a draft-model proposer drafts with
 prompt lookup ("ngram") instead; `BatchSequence.proposer` records what it ran. The draft length
-of each round is the batch's (BatchGamma): the target's call cost over total rows and the draft
-step's cost, learned per number of running sequences, against each sequence's acceptance.
+of each round is the batch's (batch_gamma.BatchGamma): the target's call cost over rows and
+running sequences and the draft step's cost, against each sequence's acceptance, checked
+against what whole rounds realize.
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from . import registry
+from .batch_gamma import BatchGamma
 from .config import GeneratorConfig
-from .costs import VerifyCost, ema
+from .costs import ema
 from .errors import InvalidArgument
 from .generator import GenerationResult, GenerationStats, TargetCall, run_generation
 from .proposers import DraftCall
@@ -43,9 +45,6 @@ from .slots import SlotCall, SlotModel
 BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer drafts with in a batch
 DEFAULT_PREFILL_CHUNK = 64
 PRIOR_ROUNDS = 4  # a sequence's (alpha, p) start from its proposer's record, worth this many rounds
-PROBE_GAMMA = 2  # the draft length of rounds that time a batch size's second call size
-GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a batch size needs before the guard compares them
-RECHECK_EVERY = 16  # the guard lets one of this many blocked drafts through, and forces one plain round
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ class BatchSequence:
     _fed: int = 0  # rows of the pending call already fed (a prompt read in chunks)
     _alpha: float = 0.5  # acceptance of its drafts (EMA)
     _proposed: float = 1.0  # drafted tokens / the round's gamma (EMA): how often its proposer finds a draft
-    _rounds: int = 0
+    _rounds: int = 0  # rounds asked to draft (gamma > 0)
+    _drafted_rounds: int = 0  # rounds in which it drafted
 
     @property
     def done(self) -> bool:
@@ -101,105 +101,6 @@ class BatchSequence:
             self.stats,
             None if logprobs is None else logprobs[: len(self.tokens)],
         )
-
-
-class BatchGamma:
-    """Each round's draft length for the whole batch: the gamma in 0..gamma_max that maximizes
-    expected tokens per second, with the call's cost a line over its total rows (costs.VerifyCost,
-    one per number of running sequences) and each sequence's expected tokens from its own
-    acceptance alpha and how often its proposer drafts at all (p): 1 + p * sum_{j=1..g} alpha^j.
-    A draft model that sat out the last round first catches up (one more draft step), which a
-    gamma > 0 then pays for, and a gamma > 0 must promise `margin` more than gamma 0. Until two
-    call sizes are timed for a batch size the gamma is PROBE_GAMMA: the probe rounds time a
-    second call size (one catch-up step each for idle draft models, once per batch size).
-
-    The model leaves out host work and misjudges what it cannot see, so a guard checks it
-    against what rounds realize: tokens per second of whole rounds (drafts, target call, host
-    work) with drafts and without, per batch size (observe()). Where drafting rounds realize less
-    than plain ones, the gamma is 0, with one drafting round in RECHECK_EVERY to keep the
-    comparison current; while plain rounds are too few to compare, one round in RECHECK_EVERY
-    is plain."""
-
-    def __init__(self, gamma_max: int, margin: float = 0.1):
-        """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
-        self.gamma_max, self.margin = gamma_max, margin
-        self.costs: dict[int, VerifyCost] = {}
-        self._last: int | None = None  # the last gamma chosen from costs
-        self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
-        # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
-        self.learned: dict[str, tuple[float, float]] = {}
-        # (running, drafted) -> [rounds, tokens EMA, seconds EMA] of whole rounds (observe)
-        self.realized: dict[tuple[int, bool], list[float]] = {}
-        self._decisions: dict[int, int] = {}  # running sequences -> rounds the guard has judged
-
-    def prior(self, proposer: str) -> tuple[float, float]:
-        """(alpha, p) a new sequence of `proposer` starts from: what its earlier sequences showed."""
-        return self.learned.get(proposer, (0.5, 1.0))
-
-    def learn(self, proposer: str, alpha: float, proposed: float) -> None:
-        a, p = self.learned.get(proposer, (alpha, proposed))  # the first observation starts the record
-        self.learned[proposer] = (a + 0.05 * (alpha - a), p + 0.05 * (proposed - p))
-
-    def cost(self, running: int) -> VerifyCost:
-        return self.costs.setdefault(running, VerifyCost())
-
-    def record(self, running: int, rows: int, seconds: float) -> None:
-        if seconds > 0:
-            self.cost(running).record(rows, seconds)
-
-    def record_draft(self, running: int, seconds: float) -> None:
-        """One batched draft-model call of a round with `running` sequences took `seconds`."""
-        old = self.draft_step.get(running)
-        self.draft_step[running] = seconds if old is None else old + 0.2 * (seconds - old)
-
-    def observe(self, running: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A whole round of `running` sequences (with or without draft rows) emitted `tokens`
-        in `seconds`."""
-        if seconds <= 0:
-            return
-        rec = self.realized.setdefault((running, drafted), [0, 0.0, 0.0])
-        rec[0] += 1
-        rec[1], rec[2] = (ema(old, new, rec[0], 0.1) for old, new in ((rec[1], tokens), (rec[2], seconds)))
-
-    def rate(self, running: int, drafted: bool) -> float | None:
-        """Realized tokens per second of rounds of this kind, once GUARD_ROUNDS were seen."""
-        rounds, tokens, seconds = self.realized.get((running, drafted), (0, 0.0, 0.0))
-        return tokens / seconds if rounds >= GUARD_ROUNDS else None
-
-    def guard(self, running: int, gamma: int) -> int:
-        """The model's gamma, or 0 where rounds with drafts realize less than rounds without."""
-        if gamma == 0:
-            return 0
-        n = self._decisions[running] = self._decisions.get(running, 0) + 1
-        plain, drafted = self.rate(running, False), self.rate(running, True)
-        if plain is None:
-            return 0 if n % RECHECK_EVERY == 0 else gamma  # a plain round now and then, to compare with
-        if drafted is not None and drafted < plain and n % RECHECK_EVERY:
-            return 0
-        return gamma
-
-    def choose(self, seqs: Sequence[BatchSequence]) -> int:
-        """seqs: the running sequences; those with `drafts_with_model` add gamma batched draft calls."""
-        if not seqs or self.gamma_max == 0:
-            return 0
-        cost = self.cost(len(seqs))
-        if cost.line() is None:  # one call size timed at most: a short draft times another
-            self._last = min(PROBE_GAMMA, self.gamma_max)
-            return self._last
-        step = self.draft_step.get(len(seqs), 0.0) if any(s.drafts_with_model for s in seqs) else 0.0
-        catchup = 1 if self._last == 0 else 0  # a draft model idle last round first feeds what it missed
-        best, best_rate, plain = 0, -1.0, 0.0
-        for g in range(self.gamma_max + 1):
-            tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)
-            rows = sum(1 + s._proposed * g for s in seqs)
-            rate = tokens / (cost.seconds(math.ceil(rows)) + (g + (catchup if g else 0)) * step)
-            plain = plain or rate  # g = 0
-            if rate > best_rate * 1.0001:  # ties go to the shorter draft
-                best, best_rate = g, rate
-        if best_rate < plain * (1 + self.margin):  # what the model leaves out (catch-ups, host work) eats small gains
-            best = 0
-        self._last = self.guard(len(seqs), best)
-        return self._last
 
 
 class BatchScheduler:
@@ -403,13 +304,14 @@ class BatchScheduler:
 
     def _learn(self, seq: BatchSequence, before: tuple[int, int], gamma: int | None) -> None:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
-        seq._rounds += 1
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
+            seq._rounds += 1
             seq._proposed = ema(seq._proposed, min(1.0, d / gamma), seq._rounds + PRIOR_ROUNDS, 0.2)
         if d:
-            seq._alpha = ema(seq._alpha, a / d, seq._rounds + PRIOR_ROUNDS, 0.2)
-        if gamma or d:
-            self.gamma.learn(seq.proposer, seq._alpha, seq._proposed)
+            seq._drafted_rounds += 1
+            seq._alpha = ema(seq._alpha, a / d, seq._drafted_rounds + PRIOR_ROUNDS, 0.2)
+        if gamma or d:  # the round's own figures: a sequence's EMAs lean on the record they started from
+            self.gamma.learn(seq.proposer, a / d if d else None, min(1.0, d / gamma) if gamma else None)
 
     def _leave(self, seq: BatchSequence, kind: str) -> None:
         if seq.slot is None:

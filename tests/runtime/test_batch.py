@@ -15,7 +15,15 @@ import pytest
 from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 
 from specexport_runtime.api import load
-from specexport_runtime.batch import GUARD_ROUNDS, PROBE_GAMMA, RECHECK_EVERY, BatchGamma, BatchSequence
+from specexport_runtime.batch import BatchSequence
+from specexport_runtime.batch_gamma import (
+    EVIDENCE_ROUNDS,
+    GUARD_ROUNDS,
+    PROBE_GAMMA,
+    RECHECK_EVERY,
+    BatchCost,
+    BatchGamma,
+)
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.slots import SlotCall
 
@@ -256,21 +264,66 @@ def _seq(alpha: float, proposed: float) -> BatchSequence:
     return s
 
 
-def test_batch_gamma_turns_down_when_rows_are_dear():
+def _gamma() -> BatchGamma:
+    """A BatchGamma whose record of the test sequences' proposer is long enough to stand on."""
     g = BatchGamma(gamma_max=8)
-    assert g.choose([_seq(0.9, 1.0)]) == PROBE_GAMMA  # one call size timed at most: a probe times another
+    g.evidence["ngram"] = EVIDENCE_ROUNDS
+    return g
+
+
+def test_batch_gamma_turns_down_when_rows_are_dear():
+    g = _gamma()
+    assert g.choose([_seq(0.9, 1.0)]) == PROBE_GAMMA  # no call with draft rows timed: a probe times one
     g.record(1, 1, 0.010)
     assert g.choose([_seq(0.9, 1.0)]) == PROBE_GAMMA
     g.record(1, 9, 0.012)  # rows nearly free: long drafts pay
     assert g.choose([_seq(0.9, 1.0)]) == 8
+    assert g.choose([_seq(0.9, 1.0)] * 4) == 8  # one probe serves every batch size
+    dear = _gamma()
     for rows, ms in ((8, 40.0), (72, 200.0)):  # eight sequences, each row costs 2.5 ms
+        dear.record(8, rows, ms / 1e3)
+    assert dear.choose([_seq(0.3, 1.0)] * 8) == 0
+    assert dear.choose([_seq(0.99, 1.0)] * 8) > 0
+
+
+def test_batch_gamma_probes_until_a_proposer_has_a_record():
+    """Acceptance 0.3 says gamma 0, but while the proposer has drafted in fewer than
+    EVIDENCE_ROUNDS rounds that alpha is only its prior: rounds probe with PROBE_GAMMA."""
+    g = BatchGamma(gamma_max=8)
+    for rows, ms in ((8, 40.0), (72, 200.0)):
         g.record(8, rows, ms / 1e3)
-    assert g.choose([_seq(0.3, 1.0)] * 8) == 0
-    assert g.choose([_seq(0.99, 1.0)] * 8) > 0
+    low = [_seq(0.3, 1.0)] * 8
+    for _ in range(EVIDENCE_ROUNDS - 1):
+        assert g.choose(low) == PROBE_GAMMA
+        g.learn("ngram", 0.3, 1.0)
+    g.learn("ngram", None, 0.0)  # a round without a draft is no evidence of the acceptance
+    assert g.choose(low) == PROBE_GAMMA
+    g.learn("ngram", 0.3, 1.0)
+    assert g.choose(low) == 0
+    assert g.prior("ngram") == pytest.approx((0.3, 8 / 9))  # running means: 8 of 9 asked rounds drafted
+    plain = _seq(0.3, 1.0)
+    plain.proposer = "none"  # a sequence that does not speculate needs no record
+    assert BatchGamma(gamma_max=8).choose([plain]) == PROBE_GAMMA  # the call-size probe still comes first
+
+
+def test_batch_cost_fits_rows_and_running_sequences():
+    """Cells from seconds = 0.02 + 0.001 rows + 0.004 running (an independent line) come back."""
+    cost = BatchCost(smoothing=1.0)
+    for running, rows in ((1, 1), (2, 2), (4, 4), (8, 8)):
+        cost.record(running, rows, 0.02 + 0.001 * rows + 0.004 * running)
+    assert cost.fit() is None  # rows and running moved together: a draft row's cost is unknown
+    cost.record(2, 10, 0.02 + 0.010 + 0.008)
+    a, b, c = cost.fit()
+    assert abs(a - 0.02) < 1e-9 and abs(b - 0.001) < 1e-9 and abs(c - 0.004) < 1e-9
+    assert abs(cost.seconds(6, 30) - (0.02 + 0.030 + 0.024)) < 1e-9
+    flat = BatchCost(smoothing=1.0)  # a call with more rows timed faster (noise): slope 0, not < 0
+    flat.record(1, 1, 0.030)
+    flat.record(1, 5, 0.020)
+    assert flat.fit()[1] == 0.0 and abs(flat.seconds(1, 9) - 0.025) < 1e-9
 
 
 def test_batch_gamma_prices_the_draft_step():
-    g = BatchGamma(gamma_max=8)
+    g = _gamma()
     for rows, ms in ((2, 20.0), (18, 24.0)):  # two sequences: rows nearly free
         g.record(2, rows, ms / 1e3)
     drafting = _seq(0.8, 1.0)
@@ -288,7 +341,7 @@ def test_batch_gamma_guard_follows_what_rounds_realize():
     """The model promises a gain (rows nearly free, alpha 0.9), but whole drafting rounds realize
     fewer tokens per second than plain ones: the guard turns drafting down, save one recheck round
     in RECHECK_EVERY; where drafting realizes more, the model's gamma stands."""
-    g = BatchGamma(gamma_max=8)
+    g = _gamma()
     g.record(2, 2, 0.010)
     g.record(2, 18, 0.012)
     seqs = [_seq(0.9, 1.0)] * 2
@@ -304,7 +357,10 @@ def test_batch_gamma_guard_follows_what_rounds_realize():
     for _ in range(40):
         g.observe(2, True, 40, 0.100)  # drafting now realizes 400 tok/s
     assert [g.choose(seqs) for _ in range(RECHECK_EVERY)] == [8] * RECHECK_EVERY
-    assert g.rate(3, True) is None  # per batch size
+    assert g.rate(3, True) is None  # per bucket of batch sizes (1, 2, 3-4, 5-8, ...)
+    for _ in range(GUARD_ROUNDS):
+        g.observe(3, False, 3, 0.030)
+    assert g.rate(4, False) == 100.0 and g.rate(5, False) is None
 
 
 def test_a_runtime_older_than_the_batch_graph_refuses_it_in_one_line(tiny_artifacts, monkeypatch):
