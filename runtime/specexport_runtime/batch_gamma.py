@@ -21,7 +21,7 @@ from .registry import NONE
 
 PROBE_GAMMA = 2  # the draft length of the rounds that time a call with draft rows
 GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a bucket needs before the guard compares them
-RECHECK_EVERY = 16  # the guard lets one of this many blocked drafts through, and forces one plain round
+RECHECK_EVERY = 64  # the guard lets one of this many blocked drafts through, and forces one plain round
 EVIDENCE_ROUNDS = 8  # drafted rounds (over its sequences) a proposer's acceptance needs before gamma 0 stands
 
 
