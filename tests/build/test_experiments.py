@@ -241,3 +241,12 @@ def test_slot_cost_times_the_batch_graph_against_batch_1(tiny_artifacts, tmp_pat
     cells = read(out)["cells"]
     assert [(c["rows"], c["running"]) for c in cells] == [(1, 1), (1, 4), (3, 1), (3, 4)]
     assert all(c["batch1_ms"] > 0 and c["batch_ms"] > 0 for c in cells)
+
+
+def test_tree_attention_compares_tree_and_chain_calls(tmp_path):
+    out = tmp_path / "tree.json"
+    run_script("tree_attention", "--past", "12", "--sizes", "2,5", "--calls", "3", "--json", str(out))
+    doc = read(out)
+    assert [p["path"][0] for p in doc["paths"]] == [0] * len(doc["paths"]) and len(doc["paths"]) >= 3
+    assert all(p["max_abs_diff_out"] < 1e-4 and p["max_abs_diff_k"] < 1e-5 for p in doc["paths"])
+    assert [c["rows"] for c in doc["costs"]] == [2, 5] and all(c["chain_us"] > 0 for c in doc["costs"])
