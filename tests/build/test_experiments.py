@@ -249,4 +249,5 @@ def test_tree_attention_compares_tree_and_chain_calls(tmp_path):
     doc = read(out)
     assert [p["path"][0] for p in doc["paths"]] == [0] * len(doc["paths"]) and len(doc["paths"]) >= 3
     assert all(p["max_abs_diff_out"] < 1e-4 and p["max_abs_diff_k"] < 1e-5 for p in doc["paths"])
+    assert all(p["max_abs_diff_out_vs_biased_chain"] < 1e-4 for p in doc["paths"])
     assert [c["rows"] for c in doc["costs"]] == [2, 5] and all(c["chain_us"] > 0 for c in doc["costs"])
