@@ -33,7 +33,7 @@ def session(batch: int, rows: int):
     """One GroupQueryAttention node (no rotary): q [B, S, H*D], k/v [B, S, H_kv*D], past/present
     [B, H_kv, T_MAX, D], seqlens_k [B] (past + S - 1), total_sequence_length []."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     f = TensorProto.FLOAT
     io = [
@@ -46,13 +46,23 @@ def session(batch: int, rows: int):
         ("total", TensorProto.INT32, []),
     ]
     outputs = [("out", f, [batch, rows, HEADS * HEAD_DIM]), ("ok", f, io[3][2]), ("ov", f, io[4][2])]
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # a refused call is reported in the row, not logged
+    return gqa_session(io, outputs, options, num_heads=HEADS, kv_num_heads=KV_HEADS)
+
+
+def gqa_session(io: list, outputs: list, options, **attrs):
+    """An ONNX Runtime CPU session of one com.microsoft GroupQueryAttention node: io and outputs
+    are (name, element type, shape) in the node's order, attrs its attributes."""
+    import onnxruntime as ort
+    from onnx import helper
+
     node = helper.make_node(
         "GroupQueryAttention",
         [name for name, _, _ in io],
         [name for name, _, _ in outputs],
         domain="com.microsoft",
-        num_heads=HEADS,
-        kv_num_heads=KV_HEADS,
+        **attrs,
     )
     graph = helper.make_graph(
         [node],
@@ -64,8 +74,6 @@ def session(batch: int, rows: int):
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     )
     model.ir_version = 8
-    options = ort.SessionOptions()
-    options.log_severity_level = 4  # a refused call is reported in the row, not logged
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

@@ -28,6 +28,9 @@ sys.path.insert(0, str(REPO / "runtime"))
 
 from specexport import harness  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gqa_batch import gqa_session  # noqa: E402
+
 HEADS, KV_HEADS, HEAD_DIM, T_MAX = 9, 3, 64, 1024
 TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6, 0]  # root, 3 children, grandchildren, one path of depth 4
 
@@ -37,7 +40,7 @@ def session(tree_inputs: bool, threads: int):
     cache [1, H_kv, T_MAX, D]; with tree_inputs also position_ids [1, S] and attention_bias
     [1, 1, S, total]."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
     f, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
     cache = [1, KV_HEADS, T_MAX, HEAD_DIM]
@@ -55,28 +58,9 @@ def session(tree_inputs: bool, threads: int):
     if tree_inputs:
         io += [("position_ids", i64, [1, "S"]), ("attention_bias", f, [1, 1, "S", "T"])]
     outputs = [("out", f, [1, "S", HEADS * HEAD_DIM]), ("ok", f, cache), ("ov", f, cache)]
-    node = helper.make_node(
-        "GroupQueryAttention",
-        [name for name, _, _ in io],
-        [name for name, _, _ in outputs],
-        domain="com.microsoft",
-        num_heads=HEADS,
-        kv_num_heads=KV_HEADS,
-        do_rotary=1,
-    )
-    graph = helper.make_graph(
-        [node],
-        "gqa",
-        [helper.make_tensor_value_info(*spec) for spec in io],
-        [helper.make_tensor_value_info(*spec) for spec in outputs],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    )
-    model.ir_version = 8
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return gqa_session(io, outputs, options, num_heads=HEADS, kv_num_heads=KV_HEADS, do_rotary=1)
 
 
 class Node:
