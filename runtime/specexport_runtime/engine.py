@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import onnxruntime as ort
 from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
-from .model import CacheCursor, CallRows, CallStats, head_rows, plan_rows
+from .model import CacheCursor, CallRows, CallStats, head_rows, move_rows, plan_rows
 
 __all__ = [
     "CacheCursor",
@@ -365,6 +366,20 @@ class OrtModel(CacheCursor):
             io.bind_input(pv, dev, self.config.device_id, dt, past_shape, vp)
             io.bind_output(nk, dev, self.config.device_id, dt, new_shape, kp + offset)
             io.bind_output(nv, dev, self.config.device_id, dt, new_shape, vp + offset)
+
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        """After a tree call whose row r was written at cache row start + r (row 0 the root, the
+        last committed token), keep the accepted path: its rows (ascending, root excluded) move
+        to start + 1, start + 2, ... and the cursor stands after them (CPU buffers only)."""
+        if self.device != "cpu":
+            raise InvalidArgument("keep_path moves host buffers; this model's cache is on the device")
+        if not 0 <= start < self.length:
+            raise InvalidArgument(f"the tree's root row {start} is not a cached row (length {self.length})")
+        if any(not 1 <= int(r) < self.length - start for r in rows):
+            raise InvalidArgument(f"path rows must be tree rows 1..{self.length - start - 1}, got {list(rows)}")
+        src = [start + int(r) for r in rows]
+        move_rows(self._buffers, self.layout.time_axis, src, start + 1)
+        self.length = start + 1 + len(src)
 
     def kv_rows(self, start: int, stop: int) -> list[np.ndarray]:
         """Views of cache rows [start, stop) of every K/V buffer as [n, H_kv, D], whatever the

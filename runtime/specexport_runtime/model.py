@@ -110,6 +110,26 @@ def head_rows(name: str, value: np.ndarray | None, S: int, width: int) -> np.nda
     return value.reshape(S, width)
 
 
+def move_rows(buffers: Sequence[np.ndarray], time_axis: int, src: Sequence[int], dst: int) -> None:
+    """Copy cache rows src[0], src[1], ... of every K/V buffer to rows dst, dst + 1, ... in place
+    (the accepted path of a tree call into the contiguous rows after the committed prefix).
+    buffers: [1, T, H_kv, D] (time_axis 1) or [1, H_kv, T, D] (time_axis 2); src ascending and
+    src[i] >= dst + i, so no row is overwritten before it is read."""
+    src = np.asarray(src, dtype=np.int64)  # [n]
+    n = src.size
+    if n == 0:
+        return
+    if dst < 0 or np.any(src[1:] <= src[:-1]) or np.any(src < dst + np.arange(n)):
+        raise InvalidArgument(f"rows to move must ascend from at least dst + i (dst={dst}), got {src.tolist()}")
+    if src[-1] >= buffers[0].shape[time_axis]:
+        raise InvalidArgument(f"row {int(src[-1])} is past the cache's {buffers[0].shape[time_axis]} rows")
+    if np.array_equal(src, dst + np.arange(n)):
+        return  # already in place (a chain: the path is the first n rows)
+    for b in buffers:
+        view = np.moveaxis(b, time_axis, 0)  # [T, ...] view of the same memory
+        view[dst : dst + n] = view[src]  # fancy indexing reads a copy first
+
+
 class CacheCursor:
     """The KV cache cursor and call checks shared by every backend: `length` valid rows of
     `max_context`, calls of at most `max_rows` logits rows."""

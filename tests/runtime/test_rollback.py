@@ -17,6 +17,7 @@ from exactness_support import (
 from specexport_runtime.adaptive import GammaController
 from specexport_runtime.config import GeneratorConfig
 from specexport_runtime.engine import OrtModel, SessionConfig
+from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.generator import GenerationStats, SpeculativeLoop
 from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal, Proposer
 from specexport_runtime.sampling import SamplingParams
@@ -187,3 +188,45 @@ def test_loop_counts_exact_without_truncation(gens):
     out, stats, log, _ = run_loop(gen, proposer, list(PROMPTS[3]), 60, gamma=5)
     assert len(out) == 1 + stats.accepted + stats.rounds + stats.plain_steps
     assert stats.rounds > 0
+
+
+def test_move_rows_against_a_hand_built_cache():
+    """Rows 5, 7, 8 of a [1, T, H, D] and a [1, H, T, D] buffer land at rows 3, 4, 5; every other
+    row stays; bad paths are refused in one line."""
+    from specexport_runtime.model import move_rows
+
+    T, H, D = 12, 2, 3
+    for time_axis in (1, 2):
+        rows = np.arange(T, dtype=np.float32)[:, None, None] * 100 + np.arange(H * D).reshape(1, H, D)  # [T, H, D]
+        buf = np.ascontiguousarray(np.moveaxis(rows[None], 1, time_axis))  # row t holds 100 t + (h, d)
+        expected = rows.copy()
+        expected[3:6] = rows[[5, 7, 8]]
+        move_rows([buf], time_axis, [5, 7, 8], 3)
+        assert np.array_equal(np.moveaxis(buf[0], time_axis - 1, 0), expected)
+        for src, dst in (([4, 3], 3), ([2], 3), ([5, 12], 3)):
+            with pytest.raises(InvalidArgument):
+                move_rows([buf], time_axis, src, dst)
+
+
+@pytest.mark.parametrize("kind", ["noisy", "noisy-fused"])
+def test_keep_path_leaves_the_rows_a_chain_call_wrote(gens, tiny_artifacts, kind):
+    """A 6-row call after a prefix stands in for a tree call (row r at cache row P + r); keeping
+    rows 2 and 4 gives the cursor P + 3 and cache rows P + 1, P + 2 equal to the call's rows 2 and
+    4 (their K/V as that call wrote them), the prefix untouched. Both cache layouts."""
+    gen = gens(kind)
+    model = OrtModel(
+        tiny_artifacts[kind] / gen.manifest.target.graph, gen.manifest.target.graph_spec(), 64, SessionConfig()
+    )
+    prompt = gen.codec.encode(PROMPTS[0])[:10]
+    model.forward(prompt)
+    P = model.length - 1  # the tree's root is the last prompt token, re-fed: rows P .. P + 5
+    model.truncate(P)
+    model.forward([prompt[-1], 11, 12, 13, 14, 15], last_rows=6)
+    before = [r.copy() for r in model.kv_rows(0, P + 6)]
+    model.keep_path(P, [2, 4])
+    assert model.length == P + 3
+    after = model.kv_rows(0, P + 3)
+    for b, a in zip(before, after):
+        assert np.array_equal(a[: P + 1], b[: P + 1]) and np.array_equal(a[P + 1 : P + 3], b[[P + 2, P + 4]])
+    with pytest.raises(InvalidArgument):
+        model.keep_path(P, [3])  # row 3 is past the kept rows now
