@@ -1,6 +1,7 @@
 """What ONNX Runtime's GroupQueryAttention does with several sequences in one call.
 
-    python benchmarks/experiments/gqa_batch.py [--pasts 5,17,9] [--rows 1,4] [--json OUT]
+    python benchmarks/experiments/gqa_batch.py [--pasts 5,17,9] [--rows 1,4]
+        [--query-seqlens 4,1,0] [--json OUT]
 
 The fused graph's attention is one com.microsoft GroupQueryAttention node per layer over an
 in-place cache buffer [B, H_kv, T_max, D] (docs/graph-contract.md). Batched speculation needs B
@@ -8,8 +9,12 @@ sequences per call, each with its own past length (seqlens_k [B]) and 1 + gamma 
 each --rows S this runs one node on B = len(--pasts) sequences and, beside it, B calls of one
 sequence each on the same inputs, and reports whether ONNX Runtime accepts the batched call and
 the largest difference between a sequence's batched output and its own call's (0.0: the batch
-does not change a sequence's rows, so the bitwise exactness class carries over). Random
-inputs; nothing is timed.
+does not change a sequence's rows, so the bitwise exactness class carries over).
+
+With --query-seqlens Q_1,..,Q_B (one per past; 0 = an idle sequence) it also runs one call of
+right-padded chunks, sequence b with Q_b valid rows, through the node's `query_seqlens` input
+(ONNX Runtime 1.32 and later), compares each sequence's valid rows with its own unpadded call of
+Q_b rows and checks that an idle sequence's cache is unchanged. Random inputs; nothing is timed.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from specexport import harness  # noqa: E402
 HEADS, KV_HEADS, HEAD_DIM, T_MAX = 4, 2, 16, 64
 
 
-def session(batch: int, rows: int):
+def session(batch: int, rows: int, query_seqlens: bool = False):
     """One GroupQueryAttention node (no rotary): q [B, S, H*D], k/v [B, S, H_kv*D], past/present
-    [B, H_kv, T_MAX, D], seqlens_k [B] (past + S - 1), total_sequence_length []."""
+    [B, H_kv, T_MAX, D], seqlens_k [B] (past + S - 1), total_sequence_length []; query_seqlens:
+    also the node's query_seqlens [B] (its 17th input)."""
     import onnxruntime as ort
     from onnx import TensorProto
 
@@ -45,6 +51,8 @@ def session(batch: int, rows: int):
         ("seqlens_k", TensorProto.INT32, [batch]),
         ("total", TensorProto.INT32, []),
     ]
+    if query_seqlens:  # optional inputs 7 .. 15 left out
+        io += [("", f, [])] * 9 + [("query_seqlens", TensorProto.INT32, [batch])]
     outputs = [("out", f, [batch, rows, HEADS * HEAD_DIM]), ("ok", f, io[3][2]), ("ov", f, io[4][2])]
     options = ort.SessionOptions()
     options.log_severity_level = 4  # a refused call is reported in the row, not logged
@@ -53,7 +61,8 @@ def session(batch: int, rows: int):
 
 def gqa_session(io: list, outputs: list, options, **attrs):
     """An ONNX Runtime CPU session of one com.microsoft GroupQueryAttention node: io and outputs
-    are (name, element type, shape) in the node's order, attrs its attributes."""
+    are (name, element type, shape) in the node's order (name "" for an optional input left
+    out), attrs its attributes."""
     import onnxruntime as ort
     from onnx import helper
 
@@ -67,7 +76,7 @@ def gqa_session(io: list, outputs: list, options, **attrs):
     graph = helper.make_graph(
         [node],
         "gqa",
-        [helper.make_tensor_value_info(*spec) for spec in io],
+        [helper.make_tensor_value_info(*spec) for spec in io if spec[0]],
         [helper.make_tensor_value_info(*spec) for spec in outputs],
     )
     model = helper.make_model(
@@ -77,16 +86,22 @@ def gqa_session(io: list, outputs: list, options, **attrs):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def attend(sess, inputs: dict[str, np.ndarray], pasts: np.ndarray) -> np.ndarray:
-    """One call with the cache bound in place (present = past buffer); returns out [B, S, H*D]."""
+def attend(sess, inputs: dict[str, np.ndarray], pasts: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """One call with the cache bound in place (present = past buffer); returns out [B, S, H*D].
+    valid: query_seqlens [B] (rows of each chunk that are real), or None (all S rows)."""
     import onnxruntime as ort
 
     rows = inputs["q"].shape[1]
     binding = sess.io_binding()
     for name in ("q", "k", "v"):
         binding.bind_cpu_input(name, np.ascontiguousarray(inputs[name]))
-    binding.bind_cpu_input("seqlens_k", (pasts + rows - 1).astype(np.int32))
-    binding.bind_cpu_input("total", np.array(pasts.max() + rows, np.int32))
+    if valid is None:
+        binding.bind_cpu_input("seqlens_k", (pasts + rows - 1).astype(np.int32))
+        binding.bind_cpu_input("total", np.array(pasts.max() + rows, np.int32))
+    else:  # T_b = past_b + Q_b rows after the call; total only bounds them
+        binding.bind_cpu_input("seqlens_k", (pasts + valid - 1).astype(np.int32))
+        binding.bind_cpu_input("total", np.array(T_MAX, np.int32))
+        binding.bind_cpu_input("query_seqlens", valid.astype(np.int32))
     for past, present in (("pk", "ok"), ("pv", "ov")):
         buffer = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(inputs[past]))
         binding.bind_ortvalue_input(past, buffer)
@@ -113,6 +128,31 @@ def measure(pasts: np.ndarray, rows: int, rng: np.random.Generator) -> dict:
     return {**row, "accepted": True, "max_abs_diff_per_sequence": diffs}
 
 
+def measure_padded(pasts: np.ndarray, valid: np.ndarray, rng: np.random.Generator) -> dict:
+    """One call of right-padded chunks (query_seqlens = valid) against each sequence's own call."""
+    batch, rows = len(pasts), max(1, int(valid.max()))
+    widths = {"q": HEADS * HEAD_DIM, "k": KV_HEADS * HEAD_DIM, "v": KV_HEADS * HEAD_DIM}
+    inputs = {name: rng.standard_normal((batch, rows, w)).astype(np.float32) for name, w in widths.items()}
+    for name in ("pk", "pv"):
+        inputs[name] = rng.standard_normal((batch, KV_HEADS, T_MAX, HEAD_DIM)).astype(np.float32)
+    row = {"batch": batch, "query_seqlens": valid.tolist(), "pasts": pasts.tolist()}
+    caches = {name: inputs[name].copy() for name in ("pk", "pv")}  # attend() binds copies: keep the originals
+    try:
+        batched = attend(session(batch, rows, query_seqlens=True), {**inputs, **caches}, pasts, valid)
+    except RuntimeError as exc:
+        return {**row, "accepted": False, "error": " ".join(str(exc).split())[-200:]}
+    diffs: list[float | None] = []
+    for b in range(batch):
+        q = int(valid[b])
+        if q == 0:
+            diffs.append(None)
+            continue
+        own = {n: (a[b : b + 1, :q] if n in widths else a[b : b + 1]) for n, a in inputs.items()}
+        solo = attend(session(1, q), own, pasts[b : b + 1])[0]  # [q, H*D]
+        diffs.append(float(np.abs(batched[b, :q] - solo).max()))
+    return {**row, "accepted": True, "max_abs_diff_per_sequence": diffs}
+
+
 def ints(text: str, option: str, minimum: int) -> list[int]:
     """A comma list of integers >= minimum; HarnessError naming the option otherwise."""
     try:
@@ -128,6 +168,11 @@ def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("--pasts", default="5,17,9", help="past length of each sequence (default 5,17,9: B = 3)")
     ap.add_argument("--rows", default="1,4", help="new rows per sequence to try (default 1,4)")
+    ap.add_argument(
+        "--query-seqlens",
+        default=None,
+        help="valid rows of each sequence in one right-padded call (query_seqlens; 0 = idle), one per past",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     ap.add_argument("--json", default=None, metavar="OUT", help="write the machine, command and rows as JSON here")
     return ap
@@ -144,6 +189,14 @@ def main(argv=None) -> int:
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     rng = np.random.default_rng(args.seed)
     results = [measure(pasts, rows, rng) for rows in row_counts]
+    if args.query_seqlens is not None:
+        valid = np.array(ints(args.query_seqlens, "--query-seqlens", 0))
+        if len(valid) != len(pasts) or int((pasts + valid).max()) > T_MAX or np.any((pasts == 0) & (valid == 0)):
+            raise harness.HarnessError(
+                f"--query-seqlens needs one count per past, fitting the {T_MAX}-row cache, and an idle"
+                f" sequence (0) needs a past > 0; got {args.query_seqlens!r} for pasts {pasts.tolist()}"
+            )
+        results.append(measure_padded(pasts, valid, rng))
     print(harness.header(meta))
     for result in results:
         print(json.dumps(result))

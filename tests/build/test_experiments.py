@@ -196,6 +196,16 @@ def test_gqa_batch_reports_each_row_count(tmp_path):
     assert len(verify["max_abs_diff_per_sequence"]) == 2 if verify["accepted"] else "batch_size" in verify["error"]
 
 
+def test_gqa_batch_compares_right_padded_chunks(tmp_path):
+    """--query-seqlens: one call of right-padded chunks; chunks of 2 or more valid rows equal
+    their own calls bit for bit (ONNX Runtime 1.32), an idle sequence is reported as such."""
+    out = tmp_path / "gqa.json"
+    run_script("gqa_batch", "--pasts", "5,17,9", "--rows", "1", "--query-seqlens", "3,0,2", "--json", str(out))
+    padded = read(out)["rows"][-1]
+    assert padded["query_seqlens"] == [3, 0, 2] and padded["accepted"]
+    assert padded["max_abs_diff_per_sequence"] == [0.0, None, 0.0]
+
+
 def test_gqa_batch_refuses_bad_lists():
     proc = subprocess.run(
         [sys.executable, str(EXPERIMENTS / "gqa_batch.py"), "--rows", "0"], capture_output=True, text=True, timeout=60
