@@ -144,6 +144,8 @@ class BatchScheduler:
         self.round_log: list[tuple[int, int, float]] = []  # per round: (running, prefill rows, call seconds)
         self._ids = itertools.count()
         self._emitted = 0  # tokens emitted by every sequence so far (BatchGamma.observe)
+        self._drafted_last = False  # the last round's target call carried draft rows
+        self._gamma = 0  # the batch's gamma for the next round's drafts
 
     # --- requests -------------------------------------------------------------------
     def submit(self, prompt, config: GeneratorConfig | None = None, **overrides) -> BatchSequence:
@@ -213,7 +215,8 @@ class BatchScheduler:
         if all(len(c.ids) <= max_rows for c in calls):  # the line prices decode and verify rows, not prompt chunks
             self.gamma.record(running, rows, seconds)
         self.round_log.append((running, prefill_rows, seconds))
-        gamma = self.gamma.choose(list(self.running.values()))
+        round_gamma, gamma = self._gamma, self.gamma.choose(list(self.running.values()))  # this round's, the next's
+        self._gamma = gamma
         touched = []
         for call, logits in zip(calls, outputs):
             seq = self.running[call.slot]
@@ -223,9 +226,12 @@ class BatchScheduler:
             used, seq._loop.batch_gamma = seq._loop.batch_gamma, gamma
             self._answer(seq, logits, used)
             touched.append(seq)
-        if not prompting and len(self.events) == joined and len(calls) == running == len(self.running):
-            # the same sequences all round, decoding or verifying only
-            self.gamma.observe(running, rows > running, self._emitted - emitted, time.perf_counter() - round_start)
+        drafted, steady = rows > running, (rows > running) == self._drafted_last
+        self._drafted_last = drafted
+        if steady and not prompting and len(self.events) == joined and len(calls) == running == len(self.running):
+            # the same sequences all round, decoding or verifying only, as in the round before
+            seconds = time.perf_counter() - round_start
+            self.gamma.observe(running, drafted, self._emitted - emitted, seconds, round_gamma)
         self.round += 1
         return touched
 

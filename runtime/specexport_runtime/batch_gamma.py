@@ -22,6 +22,7 @@ from .registry import NONE
 PROBE_GAMMA = 2  # the draft length of the rounds that time a call with draft rows
 GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a bucket needs before the guard compares them
 RECHECK_EVERY = 64  # the guard lets one of this many blocked drafts through, and forces one plain round
+SWITCH_ROUNDS = 8  # rounds a switch from plain rounds to drafting is priced over (its catch-up step)
 EVIDENCE_ROUNDS = 8  # drafted rounds (over its sequences) a proposer's acceptance needs before gamma 0 stands
 
 
@@ -81,7 +82,8 @@ class BatchCost:
 class BatchGamma:
     """Each round's draft length for the whole batch: the gamma in 0..gamma_max that maximizes
     expected tokens per second (module docstring). A draft model that sat out the last round
-    first catches up (one more draft step), which a gamma > 0 then pays for, and a gamma > 0 must
+    first catches up (one more draft step), which a gamma > 0 then pays for (spread over
+    SWITCH_ROUNDS rounds: it is paid once per switch), and a gamma > 0 must
     promise `margin` more than gamma 0. Until a call with draft rows is timed the gamma is
     PROBE_GAMMA (one probe serves every batch size), and so it is instead of 0 while a running
     proposer has drafted in fewer than EVIDENCE_ROUNDS rounds (its acceptance is still the prior).
@@ -90,7 +92,8 @@ class BatchGamma:
     what rounds realize (observe()): where rounds with drafts realize fewer tokens per second than
     rounds without, in the same bucket of batch sizes, the gamma is 0, with one drafting round in
     RECHECK_EVERY to keep the comparison current; while plain rounds are too few to compare, one
-    round in RECHECK_EVERY is plain."""
+    round in RECHECK_EVERY is plain. Where rounds with drafts realize `margin` more than plain
+    ones and the model says 0, the batch drafts with the gamma those rounds drafted with."""
 
     def __init__(self, gamma_max: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
@@ -105,6 +108,7 @@ class BatchGamma:
         # (bucket, drafted) -> [rounds, tokens EMA, seconds EMA] of whole rounds (observe)
         self.realized: dict[tuple[int, bool], list[float]] = {}
         self._decisions: dict[int, int] = {}  # bucket -> rounds the guard has judged
+        self._drafted_with: dict[int, int] = {}  # bucket -> the gamma of its last observed drafting round
 
     def prior(self, proposer: str) -> tuple[float, float]:
         """(alpha, p) a new sequence of `proposer` starts from: what its earlier sequences showed
@@ -140,11 +144,15 @@ class BatchGamma:
         near = min(self.draft_step, key=lambda r: (abs(r - running), -r))
         return self.draft_step[near]
 
-    def observe(self, running: int, drafted: bool, tokens: int, seconds: float) -> None:
+    def observe(self, running: int, drafted: bool, tokens: int, seconds: float, gamma: int = 0) -> None:
         """A whole round of `running` sequences (with or without draft rows) emitted `tokens`
-        in `seconds`."""
+        in `seconds`. The scheduler reports steady rounds only: a drafting round after a
+        drafting round, a plain one after a plain one (a switch's catch-up is not the rate);
+        gamma: the batch's gamma the round drafted with."""
         if seconds <= 0:
             return
+        if drafted and gamma:
+            self._drafted_with[bucket(running)] = gamma
         rec = self.realized.setdefault((bucket(running), drafted), [0, 0.0, 0.0])
         rec[0] += 1
         rec[1], rec[2] = (ema(old, new, rec[0], 0.1) for old, new in ((rec[1], tokens), (rec[2], seconds)))
@@ -156,10 +164,14 @@ class BatchGamma:
         return tokens / seconds if rounds >= GUARD_ROUNDS else None
 
     def guard(self, running: int, gamma: int) -> int:
-        """The model's gamma, or 0 where rounds with drafts realize less than rounds without."""
-        if gamma == 0:
-            return 0
+        """The model's gamma, or 0 where rounds with drafts realize less than rounds without; where
+        they realize `margin` more, at least the gamma they drafted with, whatever the model says."""
         key = bucket(running)
+        if gamma == 0:
+            plain, drafted = self.rate(running, False), self.rate(running, True)
+            if plain is not None and drafted is not None and drafted > plain * (1 + self.margin):
+                return self._drafted_with.get(key, min(PROBE_GAMMA, self.gamma_max))
+            return 0
         n = self._decisions[key] = self._decisions.get(key, 0) + 1
         plain, drafted = self.rate(running, False), self.rate(running, True)
         if plain is None:
@@ -178,7 +190,9 @@ class BatchGamma:
             return self._last
         n = len(seqs)
         step = self.draft_seconds(n) if any(s.drafts_with_model for s in seqs) else 0.0
-        catchup = 1 if self._last == 0 else 0  # a draft model idle last round first feeds what it missed
+        # a draft model idle last round first feeds what it missed: one step, paid once when drafting
+        # starts, so it is spread over the rounds a switch lasts at the least
+        catchup = 1 / SWITCH_ROUNDS if self._last == 0 else 0.0
         best, best_rate, plain = 0, -1.0, 0.0
         for g in range(self.gamma_max + 1):
             tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)

@@ -306,6 +306,28 @@ def test_batch_gamma_probes_until_a_proposer_has_a_record():
     assert BatchGamma(gamma_max=8).choose([plain]) == PROBE_GAMMA  # the call-size probe still comes first
 
 
+def test_batch_gamma_guard_drafts_where_rounds_realize_more():
+    """The model says 0 (each row costs 2.5 ms, alpha 0.3), but steady rounds with drafts of
+    gamma 3 realized twice the plain rate: the batch drafts with gamma 3; at half the plain
+    rate it stays at 0."""
+    g = _gamma()
+    for rows, ms in ((8, 40.0), (72, 200.0)):
+        g.record(8, rows, ms / 1e3)
+    seqs = [_seq(0.3, 1.0)] * 8
+    assert g.choose(seqs) == 0
+    for _ in range(GUARD_ROUNDS):
+        g.observe(8, False, 8, 0.040)  # 200 tok/s
+        g.observe(8, True, 24, 0.060, gamma=3)  # 400 tok/s
+    assert g.choose(seqs) == 3
+    slow = _gamma()
+    for rows, ms in ((8, 40.0), (72, 200.0)):
+        slow.record(8, rows, ms / 1e3)
+    for _ in range(GUARD_ROUNDS):
+        slow.observe(8, False, 8, 0.040)
+        slow.observe(8, True, 8, 0.080, gamma=3)  # 100 tok/s
+    assert slow.choose(seqs) == 0
+
+
 def test_batch_cost_fits_rows_and_running_sequences():
     """Cells from seconds = 0.02 + 0.001 rows + 0.004 running (an independent line) come back."""
     cost = BatchCost(smoothing=1.0)
