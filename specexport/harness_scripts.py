@@ -107,6 +107,18 @@ def add_run_options(
     )
 
 
+def int_list(text: str, option: str, minimum: int = 1) -> list[int]:
+    """A comma list of integers >= minimum, in the order given; HarnessError naming the option
+    otherwise (a script's bad input ends in one line, cli())."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < minimum:
+        raise HarnessError(f"{option} takes a comma list of integers >= {minimum}, got {text!r}")
+    return values
+
+
 def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """ap.parse_args(argv), the shared options checked (check_run_options)."""
     args = ap.parse_args(argv)

@@ -153,17 +153,6 @@ def measure_padded(pasts: np.ndarray, valid: np.ndarray, rng: np.random.Generato
     return {**row, "accepted": True, "max_abs_diff_per_sequence": diffs}
 
 
-def ints(text: str, option: str, minimum: int) -> list[int]:
-    """A comma list of integers >= minimum; HarnessError naming the option otherwise."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < minimum:
-        raise harness.HarnessError(f"{option} takes a comma list of integers >= {minimum}, got {text!r}")
-    return values
-
-
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("--pasts", default="5,17,9", help="past length of each sequence (default 5,17,9: B = 3)")
@@ -180,8 +169,8 @@ def parser():
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    pasts = np.array(ints(args.pasts, "--pasts", 0))
-    row_counts = ints(args.rows, "--rows", 1)
+    pasts = np.array(harness.int_list(args.pasts, "--pasts", 0))
+    row_counts = harness.int_list(args.rows, "--rows")
     if int(pasts.max()) + max(row_counts) > T_MAX:
         raise harness.HarnessError(
             f"--pasts + --rows must fit the {T_MAX}-row cache, got {pasts.max()} + {max(row_counts)}"
@@ -190,7 +179,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     results = [measure(pasts, rows, rng) for rows in row_counts]
     if args.query_seqlens is not None:
-        valid = np.array(ints(args.query_seqlens, "--query-seqlens", 0))
+        valid = np.array(harness.int_list(args.query_seqlens, "--query-seqlens", 0))
         if len(valid) != len(pasts) or int((pasts + valid).max()) > T_MAX or np.any((pasts == 0) & (valid == 0)):
             raise harness.HarnessError(
                 f"--query-seqlens needs one count per past, fitting the {T_MAX}-row cache, and an idle"

@@ -26,19 +26,12 @@ sys.path.insert(0, str(REPO / "runtime"))
 from specexport import harness  # noqa: E402
 
 
-def int_list(text: str) -> list[int]:
-    values = sorted({int(s) for s in text.split(",") if s.strip()})
-    if not values or values[0] < 1:
-        raise harness.HarnessError(f"expected a comma list of integers >= 1, got {text!r}")
-    return values
-
-
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", type=Path, help="an artifact built with --max-batch > 1")
     ap.add_argument("--role", choices=("target", "draft"), default="target", help="which graph pair (default target)")
-    ap.add_argument("--sizes", type=int_list, default=[1, 2, 5, 9], help="rows per sequence S (default 1,2,5,9)")
-    ap.add_argument("--running", type=int_list, default=[1, 2, 4, 8], help="sequences per call c (default 1,2,4,8)")
+    ap.add_argument("--sizes", default="1,2,5,9", help="rows per sequence S (default %(default)s)")
+    ap.add_argument("--running", default="1,2,4,8", help="sequences per call c (default %(default)s)")
     ap.add_argument("--past", type=int, default=300, help="cache length of every timed sequence (default 300)")
     ap.add_argument("--calls", type=int, default=9, help="timed calls per cell and round (default 9)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds; the best median is kept (default 3)")
@@ -54,12 +47,14 @@ def main(argv=None) -> int:
 
     args = parser().parse_args(argv)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
+    sizes = sorted(set(harness.int_list(args.sizes, "--sizes")))
+    running = sorted(set(harness.int_list(args.running, "--running")))
     manifest = read_manifest(args.artifact)
     entry = getattr(manifest, args.role)
     if entry is None or entry.max_batch < 2:
         raise harness.HarnessError(f"{args.artifact}'s {args.role} has no batch graph (build with --max-batch > 1)")
     config = SessionConfig(threads=args.threads, shared_pool=True)
-    rows = max(args.sizes)
+    rows = max(sizes)
     solo = OrtModel(
         args.artifact / entry.graph, entry.graph_spec(), manifest.max_context, config, max_rows=rows,
         min_rows=entry.min_rows, cache_pad=entry.cache_pad,
@@ -69,7 +64,7 @@ def main(argv=None) -> int:
         config, max_rows=rows, cache_pad=entry.cache_pad, min_rows=entry.min_rows,
         idle_rows=idle_rows(manifest.contract_version),
     )  # fmt: skip
-    running = [c for c in args.running if c <= slots.slots]
+    running = [c for c in running if c <= slots.slots]
     prompt = [int(t) for t in np.random.default_rng(0).integers(100, entry.vocab_size, args.past)]
     solo.forward(prompt)
     for b in range(slots.slots):
@@ -84,15 +79,15 @@ def main(argv=None) -> int:
         slots.lengths[:c] = args.past
         slots.forward([SlotCall(b, prompt[:s], s) for b in range(c)])
 
-    cells = [("batch-1", 1, s, lambda s=s: solo_call(s)) for s in args.sizes]
-    cells += [("batch", c, s, lambda c=c, s=s: slot_call(c, s)) for s in args.sizes for c in running]
+    cells = [("batch-1", 1, s, lambda s=s: solo_call(s)) for s in sizes]
+    cells += [("batch", c, s, lambda c=c, s=s: slot_call(c, s)) for s in sizes for c in running]
     best: dict[tuple[str, int, int], float] = {}
     for rep in range(args.repeats):
         for graph, c, s, fn in harness.rotated(cells, rep):
             t = harness.median_seconds(fn, args.calls)
             best[(graph, c, s)] = min(t, best.get((graph, c, s), t))
     out = []
-    for s in args.sizes:
+    for s in sizes:
         one = best[("batch-1", 1, s)]
         for c in running:
             t = best[("batch", c, s)]

@@ -149,20 +149,10 @@ def timings(past: int, sizes: list[int], threads: int, calls: int, rng: np.rando
     return out
 
 
-def sizes(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise harness.HarnessError(f"--sizes takes a comma list of integers >= 1, got {text!r}")
-    return values
-
-
 def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("--past", type=int, default=200, help="committed rows before the call (default 200)")
-    ap.add_argument("--sizes", type=sizes, default=[2, 9, 17], help="chain rows to time (default 2,9,17)")
+    ap.add_argument("--sizes", default="2,9,17", help="chain rows to time (default %(default)s)")
     ap.add_argument("--calls", type=int, default=200, help="timed calls per size (default 200)")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default 2)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -172,12 +162,13 @@ def parser():
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if not 0 <= args.past or args.past + max(max(args.sizes), len(TREE_PARENTS)) > T_MAX:
+    sizes = harness.int_list(args.sizes, "--sizes")
+    if not 0 <= args.past or args.past + max(max(sizes), len(TREE_PARENTS)) > T_MAX:
         raise harness.HarnessError(f"--past must be in [0, {T_MAX} - rows], got {args.past}")
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     rng = np.random.default_rng(args.seed)
     paths = compare(args.past, args.threads, rng)
-    costs = timings(args.past, args.sizes, args.threads, args.calls, rng)
+    costs = timings(args.past, sizes, args.threads, args.calls, rng)
     print(harness.header(meta))
     print(f"tree parents {TREE_PARENTS}, past {args.past}: each root-to-leaf path against a chain call of it")
     for row in paths:

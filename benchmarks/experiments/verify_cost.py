@@ -96,11 +96,9 @@ def needed_alpha(goal: float, c: float, costs: dict) -> dict:
     return {"alpha": None, "gamma": None}
 
 
-def sizes(text: str) -> list[int]:
-    values = sorted({int(s) for s in text.split(",") if s.strip()} | {1})
-    if values[0] < 1:
-        raise harness.HarnessError(f"sizes must be >= 1, got {text!r}")
-    return values
+def sizes(text: str, option: str) -> list[int]:
+    """Call sizes of a comma list, sorted, with 1 (the decode step) always in."""
+    return sorted(set(harness.int_list(text, option)) | {1})
 
 
 def parser():
@@ -131,7 +129,7 @@ def parser():
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    target_sizes, draft_sizes = sizes(args.sizes), sizes(args.draft_sizes)
+    target_sizes, draft_sizes = sizes(args.sizes, "--sizes"), sizes(args.draft_sizes, "--draft-sizes")
     goals = [float(g) for g in args.speedups.split(",")]
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     probes = [Probe(p, args.threads, args.past, args.seed) for p in args.artifacts]
