@@ -226,8 +226,8 @@ class BatchScheduler:
             used, seq._loop.batch_gamma = seq._loop.batch_gamma, gamma
             self._answer(seq, logits, used)
             touched.append(seq)
-        drafted, steady = rows > running, (rows > running) == self._drafted_last
-        self._drafted_last = drafted
+        drafted = rows > running  # the call carried draft rows
+        steady, self._drafted_last = drafted == self._drafted_last, drafted
         if steady and not prompting and len(self.events) == joined and len(calls) == running == len(self.running):
             # the same sequences all round, decoding or verifying only, as in the round before
             seconds = time.perf_counter() - round_start

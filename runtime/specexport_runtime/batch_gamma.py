@@ -110,6 +110,11 @@ class BatchGamma:
         self._decisions: dict[int, int] = {}  # bucket -> rounds the guard has judged
         self._drafted_with: dict[int, int] = {}  # bucket -> the gamma of its last observed drafting round
 
+    @property
+    def probe(self) -> int:
+        """The draft length of probe rounds: PROBE_GAMMA, within gamma_max."""
+        return min(PROBE_GAMMA, self.gamma_max)
+
     def prior(self, proposer: str) -> tuple[float, float]:
         """(alpha, p) a new sequence of `proposer` starts from: what its earlier sequences showed
         (0.5 and 1.0 before any)."""
@@ -167,13 +172,12 @@ class BatchGamma:
         """The model's gamma, or 0 where rounds with drafts realize less than rounds without; where
         they realize `margin` more, at least the gamma they drafted with, whatever the model says."""
         key = bucket(running)
+        plain, drafted = self.rate(running, False), self.rate(running, True)
         if gamma == 0:
-            plain, drafted = self.rate(running, False), self.rate(running, True)
             if plain is not None and drafted is not None and drafted > plain * (1 + self.margin):
-                return self._drafted_with.get(key, min(PROBE_GAMMA, self.gamma_max))
+                return self._drafted_with.get(key, self.probe)
             return 0
         n = self._decisions[key] = self._decisions.get(key, 0) + 1
-        plain, drafted = self.rate(running, False), self.rate(running, True)
         if plain is None:
             return 0 if n % RECHECK_EVERY == 0 else gamma  # a plain round now and then, to compare with
         if drafted is not None and drafted < plain and n % RECHECK_EVERY:
@@ -186,7 +190,7 @@ class BatchGamma:
         if not seqs or self.gamma_max == 0:
             return 0
         if self.cost.fit() is None:  # no call with draft rows timed yet: a short draft times one
-            self._last = min(PROBE_GAMMA, self.gamma_max)
+            self._last = self.probe
             return self._last
         n = len(seqs)
         step = self.draft_seconds(n) if any(s.drafts_with_model for s in seqs) else 0.0
@@ -204,6 +208,6 @@ class BatchGamma:
         if best_rate < plain * (1 + self.margin):  # what the model leaves out (catch-ups, host work) eats small gains
             best = 0
         if best == 0 and any(self.evidence.get(s.proposer, 0) < EVIDENCE_ROUNDS for s in seqs if s.proposer != NONE):
-            best = min(PROBE_GAMMA, self.gamma_max)  # its acceptance is still the prior: learn it
+            best = self.probe  # its acceptance is still the prior: learn it
         self._last = self.guard(n, best)
         return self._last
