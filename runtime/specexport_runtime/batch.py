@@ -19,7 +19,8 @@ batch graph (or with an EAGLE-3 head) a sequence asking for a draft-model propos
 prompt lookup ("ngram") instead; `BatchSequence.proposer` records what it ran. The draft length
 of each round is the batch's (batch_gamma.BatchGamma): the target's call cost over rows and
 running sequences and the draft step's cost, against each sequence's acceptance, checked
-against what whole rounds realize.
+against what whole rounds realize; free retrieval drafts have a limit of their own
+(BatchGamma.free_limit), so they go on where the model drafts stop.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import registry
-from .batch_gamma import BatchGamma
+from .batch_gamma import FREE, BatchGamma
 from .config import GeneratorConfig
 from .costs import ema
 from .errors import InvalidArgument
@@ -216,17 +217,17 @@ class BatchScheduler:
             self.gamma.record(running, rows, seconds)
         self.round_log.append((running, prefill_rows, seconds))
         round_gamma, gamma = self._gamma, self.gamma.choose(list(self.running.values()))  # this round's, the next's
-        self._gamma = gamma
+        self._gamma, free = gamma, self.gamma.free_limit(len(self.running))
         touched = []
         for call, logits in zip(calls, outputs):
             seq = self.running[call.slot]
             seq._fed += len(call.ids)
             if seq._fed < len(seq._pending.ids):
                 continue  # a prompt chunk: its logits are not asked for
-            used, seq._loop.batch_gamma = seq._loop.batch_gamma, gamma
+            used, seq._loop.batch_gamma, seq._loop.batch_free = seq._loop.batch_gamma, gamma, free
             self._answer(seq, logits, used)
             touched.append(seq)
-        drafted = rows > running  # the call carried draft rows
+        drafted = bool(round_gamma) and rows > running  # the batch drafted (free retrieval rows come at gamma 0 too)
         steady, self._drafted_last = drafted == self._drafted_last, drafted
         if steady and not prompting and len(self.events) == joined and len(calls) == running == len(self.running):
             # the same sequences all round, decoding or verifying only, as in the round before
@@ -276,7 +277,7 @@ class BatchScheduler:
     def _answer(self, seq: BatchSequence, logits: np.ndarray, used: int | None) -> None:
         """Send the call's logits (a round drafted with gamma `used`); collect what the sequence
         emits up to its next call."""
-        before = (seq.stats.drafted, seq.stats.accepted)
+        before = (seq.stats.drafted, seq.stats.accepted, seq.stats.lookup_rounds)
         try:
             item = seq._events.send(logits)
         except StopIteration:
@@ -308,8 +309,11 @@ class BatchScheduler:
             return
         seq._pending, seq._fed = item, 0
 
-    def _learn(self, seq: BatchSequence, before: tuple[int, int], gamma: int | None) -> None:
+    def _learn(self, seq: BatchSequence, before: tuple[int, int, int], gamma: int | None) -> None:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
+        if seq.stats.lookup_rounds > before[2]:  # a free retrieval draft: its own record (BatchGamma.free_limit)
+            self.gamma.learn(FREE, a / d, None)
+            return
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
             seq._rounds += 1
             seq._proposed = ema(seq._proposed, min(1.0, d / gamma), seq._rounds + PRIOR_ROUNDS, 0.2)

@@ -6,6 +6,11 @@ nearest batch size timed, and each running sequence expects 1 + p * sum_{j=1..g}
 from a draft of g (its acceptance alpha, how often its proposer drafts at all p). A guard then
 checks the model against whole rounds: tokens per second realized with drafts and without, per
 batch-size bucket (1, 2, 3-4, 5-8, ...).
+
+Free retrieval drafts (hybrid's offers where the text repeats, the suffix proposer's) cost rows
+but no draft call, so they have a limit of their own (free_limit): a row is worth adding while
+the tokens it is expected to bring (alpha^j for the j-th, alpha learned over every free draft)
+come faster than plain decoding brings them, at the fitted cost per row.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a bucket needs before t
 RECHECK_EVERY = 64  # the guard lets one of this many blocked drafts through, and forces one plain round
 SWITCH_ROUNDS = 8  # rounds a switch from plain rounds to drafting is priced over (its catch-up step)
 EVIDENCE_ROUNDS = 8  # drafted rounds (over its sequences) a proposer's acceptance needs before gamma 0 stands
+FREE = "retrieval"  # the record of free retrieval drafts (hybrid's offers, suffix), apart from their proposers'
 
 
 def bucket(running: int) -> int:
@@ -183,6 +189,20 @@ class BatchGamma:
         if drafted is not None and drafted < plain and n % RECHECK_EVERY:
             return 0
         return gamma
+
+    def free_limit(self, running: int) -> int:
+        """Most tokens a free retrieval draft of one of `running` sequences may verify in a round
+        (module docstring): gamma_max until a call with draft rows is timed; at least the probe
+        while free drafts have fewer than EVIDENCE_ROUNDS rounds of record."""
+        fit = self.cost.fit()
+        if fit is None or fit[1] <= 0:
+            return self.gamma_max
+        alpha = self.prior(FREE)[0]
+        plain = running / self.cost.seconds(running, running)  # tokens per second of a plain round
+        g = 0
+        while g < self.gamma_max and alpha ** (g + 1) > fit[1] * plain:  # row g+1 brings alpha^(g+1) tokens
+            g += 1
+        return max(g, self.probe) if self.evidence.get(FREE, 0) < EVIDENCE_ROUNDS else g
 
     def choose(self, seqs: Sequence) -> int:
         """seqs: the running sequences (batch.BatchSequence: _alpha, _proposed,

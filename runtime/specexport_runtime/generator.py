@@ -196,12 +196,14 @@ class SpeculativeLoop:
     ):
         """free: the proposer's drafts are a function of the committed tokens (registry `free`).
         batched: target calls are yielded as TargetCall for a batch driver (batch.py), which
-        also sets `batch_gamma` before each round."""
+        also sets `batch_gamma` (the model drafts' length) and `batch_free` (the longest a free
+        retrieval draft may be) before each round."""
         self.target, self.proposer, self.controller, self.guide = target, proposer, controller, guide
         self.cost = cost or (controller.cost if controller is not None else VerifyCost())
         self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
         self.free, self.batched = free, batched
         self.batch_gamma: int | None = None
+        self.batch_free = 0
         # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
         self.ask_when_off = config.speculating and (proposer.proposes_when_off or guide is not None)
         self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
@@ -262,14 +264,19 @@ class SpeculativeLoop:
         Batched, the proposer's draft-model calls are yielded as DraftCall for the batch driver."""
         limit = min(room, self.target.max_rows - 1)
         forced = self.guide.forced(limit) if self.guide is not None else []
+        # in a batch every row costs: a free retrieval draft stops at batch_free (a fixed gamma
+        # caps it too), and is not asked for at 0
+        free = self.batch_free if self.config.gamma is None else 0
+        when_off = self.proposer.proposes_when_off and (not self.batched or free > 0)
         # a proposer that draws from a distribution is not asked when the grammar forces tokens
-        ask = (gamma > 0 or self.proposer.proposes_when_off) and (not forced or self.params.greedy or self.free)
+        ask = (gamma > 0 or when_off) and (not forced or self.params.greedy or self.free)
         proposal = None
-        if ask and self.batched:  # in a batch every row costs: free proposals too stop at the round's gamma
+        if ask and self.batched:
             proposal = yield from self.proposer.propose_steps(committed, min(gamma, limit), self.params, self.rng)
-            if proposal is not None and len(proposal.tokens) > gamma:
-                q = proposal.q[:gamma] if proposal.q is not None else None
-                proposal = replace(proposal, tokens=proposal.tokens[:gamma], q=q)
+            cap = max(gamma, free) if proposal is not None and proposal.lookup else gamma
+            if proposal is not None and len(proposal.tokens) > cap:
+                q = proposal.q[:cap] if proposal.q is not None else None
+                proposal = replace(proposal, tokens=proposal.tokens[:cap], q=q)
         elif ask:
             proposal = self.proposer.propose(committed, min(gamma, limit), self.params, self.rng)
         if self.guide is not None:

@@ -18,6 +18,7 @@ from specexport_runtime.api import load
 from specexport_runtime.batch import BatchSequence
 from specexport_runtime.batch_gamma import (
     EVIDENCE_ROUNDS,
+    FREE,
     GUARD_ROUNDS,
     PROBE_GAMMA,
     RECHECK_EVERY,
@@ -342,6 +343,67 @@ def test_batch_cost_fits_rows_and_running_sequences():
     flat.record(1, 1, 0.030)
     flat.record(1, 5, 0.020)
     assert flat.fit()[1] == 0.0 and abs(flat.seconds(1, 9) - 0.025) < 1e-9
+
+
+def test_free_limit_adds_rows_while_they_bring_tokens_faster_than_plain_rounds():
+    """Two sequences, a call costs 0.018 + 0.001 s per row: a plain round brings 2 tokens in
+    0.020 s (100 tok/s), so a row (0.001 s) pays while it brings more than 0.1 tokens: the j-th
+    row of a free draft brings alpha^j, so alpha 0.5 gives 3 rows (0.125 > 0.1 > 0.0625) and
+    alpha 0.8 all 8 (0.8^8 = 0.17); before a record of EVIDENCE_ROUNDS the probe at least."""
+    assert BatchGamma(gamma_max=8).free_limit(2) == 8  # no call with draft rows timed: free drafts time one
+
+    def limit(alpha: float, rounds: int) -> int:
+        g = BatchGamma(gamma_max=8)
+        for rows in (2, 4, 10):
+            g.record(2, rows, 0.018 + 0.001 * rows)
+        for _ in range(rounds):
+            g.learn(FREE, alpha, None)
+        assert g.prior(FREE)[0] == pytest.approx(alpha) and g.prior("hybrid") == (0.5, 1.0)  # a record apart
+        return g.free_limit(2)
+
+    assert limit(0.05, EVIDENCE_ROUNDS - 1) == PROBE_GAMMA  # a record too short to stand on
+    assert limit(0.05, EVIDENCE_ROUNDS) == 0
+    assert limit(0.5, EVIDENCE_ROUNDS) == 3
+    assert limit(0.8, EVIDENCE_ROUNDS) == 8
+
+
+class _FreeOnly(BatchGamma):
+    """The batch's model drafts are off (gamma 0); free retrieval drafts get `free` rows."""
+
+    def __init__(self, free: int):
+        super().__init__(gamma_max=8)
+        self.free = free
+
+    def choose(self, seqs) -> int:
+        return 0
+
+    def free_limit(self, running: int) -> int:
+        return self.free
+
+
+@pytest.mark.parametrize("free", [0, 6])
+def test_free_drafts_run_while_the_batch_drafts_nothing(pair, solo_greedy, free):
+    """hybrid in a batch whose model gamma is 0: where the text repeats its retrieval drafts
+    still verify (up to the free limit), and no draft-model call is made; with a free limit of
+    0 nothing is drafted at all. Greedy output equals solo target-only either way."""
+    from specexport_runtime.batch import BatchScheduler
+
+    _, batch = pair
+    scheduler = BatchScheduler(batch, batch.slots, gamma=_FreeOnly(free), draft=batch.draft_slots)
+    seqs = [scheduler.submit(p, max_new_tokens=40, proposer="hybrid") for p in PROMPTS]
+    calls = []
+    inner = batch.draft_slots.forward
+    batch.draft_slots.forward = lambda c: calls.append(len(c)) or inner(c)
+    try:
+        scheduler.run()
+    finally:
+        del batch.draft_slots.forward
+    for seq, ref in zip(seqs, solo_greedy):
+        assert seq.tokens == ref
+        assert all(k <= free for k, _ in seq.stats.round_sizes)
+    assert (sum(s.stats.drafted for s in seqs) > 0) == (free > 0)
+    assert sum(s.stats.lookup_rounds for s in seqs) == sum(len(s.stats.round_sizes) for s in seqs)  # all free
+    assert calls == [] and not any(s.stats.by_source.get("draft") for s in seqs)
 
 
 def test_batch_gamma_prices_the_draft_step():
