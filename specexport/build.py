@@ -146,6 +146,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
         exactness=target.exactness,
         feature_layers=features,
         batch=target.batch,
+        tree_graph=target.tree,
     )
     draft_entry = None
     if m.head is not None:

@@ -117,6 +117,7 @@ class TargetExport:
     exactness: str | None  # measured; None when not validated
     padding: Padding
     batch: BatchGraph | None = None
+    tree: str | None = None  # the tree-verify graph (contract 1.7), artifact-relative
 
 
 def export_target(
@@ -148,7 +149,8 @@ def export_target(
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
         result = _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm)
         batch = export_batch(recipe, model, result, tries[0], weights, norm, None)
-        return TargetExport(result, {}, None, tries[0], batch)
+        tree = export_tree(recipe, model, result, tries[0], weights, norm, None)
+        return TargetExport(result, {}, None, tries[0], batch, tree and tree.graph)
     for padding in tries:
         result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
@@ -184,7 +186,10 @@ def export_target(
         report["batch_rows"] = batch.rows
         if batch.rows["exactness"] != rows.exactness:
             progress(f"warning: the batch graph's rows are {batch.rows['exactness']} (batch-1: {rows.exactness})")
-    return TargetExport(result, report, rows.exactness, padding, batch)
+    tree = export_tree(recipe, model, result, padding, weights, norm, probe)
+    if tree is not None:
+        report["tree_rows"] = tree.rows
+    return TargetExport(result, report, rows.exactness, padding, batch, tree and tree.graph)
 
 
 def export_batch(
@@ -199,9 +204,44 @@ def export_batch(
     out_dir = solo.path.parent
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
         result = _export(recipe, model, Path(scratch), padding=padding, weights=weights, norm=norm, slots=K)
-        _share_weights(result.path, solo.path, K)
+        share_weights(result.path, solo.path, BATCH_GRAPH, f"max_batch {K}")
     rows = {} if probe is None else measure_batch_rows(solo, out_dir / BATCH_GRAPH, K, recipe, padding, probe)
     return BatchGraph(f"{out_dir.name}/{BATCH_GRAPH}", K, rows)
+
+
+@dataclass(frozen=True)
+class TreeGraph:
+    """A target's tree-verify graph (contract 1.7) beside its batch-1 graph, sharing its weights file."""
+
+    graph: str  # relative to the artifact root
+    rows: dict  # rowcheck.tree_rows(...).to_dict(); {} when not measured
+
+
+TREE_GRAPH = "tree.onnx"
+
+
+def export_tree(
+    recipe: Recipe, model, solo: ExportResult, padding: Padding, weights, norm, probe: list[int] | None
+) -> TreeGraph | None:
+    """The tree-verify graph as target/tree.onnx (recipe.tree_verify), reading the batch-1
+    graph's weights file, and with a probe its rows measured against the batch-1 graph's
+    (rowcheck.tree_rows). None without tree_verify."""
+    if not recipe.tree_verify:
+        return None
+    with tempfile.TemporaryDirectory(dir=solo.path.parent.parent) as scratch:
+        rows = recipe.max_context + padding.min_rows - 1 + padding.cache_pad  # the batch-1 graph's rotary tables
+        result = build_fused(
+            model, Path(scratch), recipe.max_context, weights=weights, norm=norm, tree=True, table_rows=rows
+        )
+        rel = share_weights(result.path, solo.path, TREE_GRAPH, "tree_verify")
+    if probe is None:
+        return TreeGraph(rel, {})
+    from .rowcheck import tree_rows
+
+    path = solo.path.parent / TREE_GRAPH
+    return TreeGraph(
+        rel, tree_rows(solo, path, recipe.max_context, probe, padding.min_rows, padding.cache_pad).to_dict()
+    )
 
 
 def measure_batch_rows(solo: ExportResult, path: Path, slots: int, recipe: Recipe, padding: Padding, probe) -> dict:
@@ -282,7 +322,13 @@ def export_draft(
     if recipe.max_batch > 1:
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             write(Path(scratch), recipe.max_batch)
-            batch = _share_weights(Path(scratch) / "model.onnx", root / "draft" / "model.onnx", recipe.max_batch)
+            rel = share_weights(
+                Path(scratch) / "model.onnx",
+                root / "draft" / "model.onnx",
+                BATCH_GRAPH,
+                f"max_batch {recipe.max_batch}",
+            )
+            batch = BatchGraph(rel, recipe.max_batch, {})
     validation: dict = {}
     if validate:
         validation = validate_export(base, root / "draft" / "model.onnx", spec, probe, tol).to_dict()
@@ -293,17 +339,18 @@ def export_draft(
     )
 
 
-def _share_weights(batch_graph: Path, solo_graph: Path, slots: int) -> BatchGraph:
-    """Move a batch graph beside its batch-1 graph as batch.onnx once its weights file is checked
-    to be byte for byte the batch-1 graph's (the batch graph then reads that file)."""
-    data = batch_graph.with_name(batch_graph.name + ".data")
+def share_weights(graph: Path, solo_graph: Path, name: str, what: str) -> str:
+    """Move `graph` beside the batch-1 graph as `name` once its weights file is checked to be byte
+    for byte the batch-1 graph's (it then reads that file); returns its artifact-relative path.
+    what: the option that asked for it, named by the error."""
+    data = graph.with_name(graph.name + ".data")
     if sha256_file(data) != sha256_file(solo_graph.with_name(solo_graph.name + ".data")):
         raise BuildError(
-            f"the batch graph's weights differ from {solo_graph.parent.name}/{solo_graph.name}'s; cannot share one"
-            f" weights file (max_batch {slots}); build with max_batch 1"
+            f"the {name} graph's weights differ from {solo_graph.parent.name}/{solo_graph.name}'s; cannot share one"
+            f" weights file; build without {what}"
         )
-    batch_graph.replace(solo_graph.parent / BATCH_GRAPH)  # its external data location is the same file name
-    return BatchGraph(f"{solo_graph.parent.name}/{BATCH_GRAPH}", slots, {})
+    graph.replace(solo_graph.parent / name)  # its external data location is the same file name
+    return f"{solo_graph.parent.name}/{name}"
 
 
 def model_entry(
@@ -318,6 +365,7 @@ def model_entry(
     exactness: str | None = None,
     feature_layers: tuple[int, ...] = (),
     batch: BatchGraph | None = None,
+    tree_graph: str | None = None,
 ) -> ModelEntry:
     return ModelEntry(
         graph=graph,
@@ -340,4 +388,5 @@ def model_entry(
         attention_windows=result_spec.windows,
         batch_graph=batch.graph if batch else None,
         max_batch=batch.slots if batch else 1,
+        tree_graph=tree_graph,
     )

@@ -76,6 +76,12 @@ class _Bar:
     help="Override the recipe's max_batch: sequences one call of the target's batch graph serves"
     " (graph: fused; 1 = no batch graph). See docs/batching.md.",
 )
+@click.option(
+    "--tree-verify/--no-tree-verify",
+    default=None,
+    help="Override the recipe's tree_verify: give the target a tree-verify graph as well (graph: fused;"
+    " contract 1.7), so proposers may draft trees. See docs/trees.md.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def build(
@@ -86,6 +92,7 @@ def build(
     max_context: int | None,
     gamma: int | None,
     max_batch: int | None,
+    tree_verify: bool | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -94,7 +101,7 @@ def build(
     from .recipe import load_recipe, resolve_recipe
 
     spec = load_recipe(resolve_recipe(recipe))
-    given = {"max_context": max_context, "speculation.gamma": gamma, "max_batch": max_batch}
+    given = {"max_context": max_context, "speculation.gamma": gamma, "max_batch": max_batch, "tree_verify": tree_verify}
     overrides = {k: v for k, v in given.items() if v is not None}
     if overrides:
         spec = spec.with_overrides(overrides)

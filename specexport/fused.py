@@ -217,9 +217,11 @@ def _attention(
     weights: WeightPlan,
     caches: dict[str, tuple[str, str]],
     at: fused_slots.Layout,
+    tree: list[str],
 ) -> str:
     """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place
-    (at: each slot's rows and cursor, fused_slots.layout)."""
+    (at: each slot's rows and cursor, fused_slots.layout; tree: a tree graph's
+    fused_slots.tree_inputs, else empty)."""
     arch, spec = cfg.arch, cfg.layers[i]
     H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
     qkv = _linear(g, weights, h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
@@ -243,7 +245,7 @@ def _attention(
     if cfg.attn_softcap is not None:
         attrs["softcap"] = cfg.attn_softcap
     rotary = list(caches[spec.rope]) if spec.rope is not None else []
-    return fused_slots.attention(g, i, qkv_inputs, at, rotary, attrs)
+    return fused_slots.attention(g, i, qkv_inputs, at, rotary, attrs, tree)
 
 
 def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: NormalizedConfig) -> str:
@@ -269,11 +271,12 @@ def _layer(
     weights: WeightPlan,
     caches,
     at: fused_slots.Layout,
+    tree: list[str],
 ) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch = cfg.arch
     attn = module_at(layer, arch.attn)
-    a = _attention(g, i, attn, cfg, h, lw, weights, caches, at)
+    a = _attention(g, i, attn, cfg, h, lw, weights, caches, at, tree)
     stream.add(_branch(g, layer, arch.attn_post_norm, _linear(g, weights, a, lw.o, lw.o_b), cfg))
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
     inter = lw.gate_up.out_features // 2
@@ -300,6 +303,8 @@ def build_fused(
     feature_layers: tuple[int, ...] = (),
     norm: NormalizedConfig | None = None,
     slots: int = 1,
+    tree: bool = False,
+    table_rows: int | None = None,
 ) -> ExportResult:
     """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
 
@@ -316,7 +321,10 @@ def build_fused(
     output_hidden_states[i], 0 <= i < layers) returned as `hidden_states` [1, S, F] for every
     input row (contract 1.2: what an EAGLE-3 draft head reads). norm: the model's normalized
     config (default: normalized from model.config). slots: cache slots (contract 1.5,
-    fused_slots): K > 1 serves K sequences per call, rows packed slot after slot."""
+    fused_slots): K > 1 serves K sequences per call, rows packed slot after slot. tree: the
+    tree-verify graph (contract 1.7): position_ids and tree_bias inputs, one slot, unpadded.
+    table_rows: rows of the rotary tables (default max_context + min_rows - 1 + pad); a graph
+    that shares another's weights file takes that graph's."""
     weights = weights or FloatWeights()
     pad = 1 if pad_attention else 0
     start = time.perf_counter()
@@ -334,6 +342,13 @@ def build_fused(
     V = module_at(base, arch.embed).weight.shape[0]  # embedding [V, hidden]
     if slots < 1 or (slots > 1 and feature_layers):
         raise UnsupportedConfig(f"slots must be >= 1 and a graph of several slots has no features; got {slots}")
+    if tree and (slots > 1 or pad or min_rows > 1):
+        raise UnsupportedConfig(f"a tree graph has one slot and unpadded rows; got slots {slots}, pad {pad}")
+    if tree and cfg.windows:  # its window would count a row's cache index, not its tree position
+        raise UnsupportedConfig(
+            f"a tree graph for a model with attention windows {list(cfg.windows)}: GroupQueryAttention's"
+            " local window counts cache rows, not tree positions; build without tree verify"
+        )
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
@@ -347,10 +362,11 @@ def build_fused(
         feature_width=len(feature_layers) * cfg.hidden,
         windows=cfg.windows,
         slots=slots,
+        tree=tree,
     )
 
     g = Graph(dtype)
-    caches = _rope_caches(g, model, cfg, max_context + min_rows - 1 + pad)
+    caches = _rope_caches(g, model, cfg, table_rows or max_context + min_rows - 1 + pad)
     names = _names(model)
     embed_module = module_at(base, arch.embed)
     x, table = weights.embedding(
@@ -363,12 +379,13 @@ def build_fused(
         (x,) = g.op("Mul", [x, g.scalar("embedding_multiplier", cfg.embedding_multiplier)])
 
     at = fused_slots.layout(g, slots, bool(pad))  # each slot's attention rows and cursor
+    tree_in = fused_slots.tree_inputs(g, ONNX_DTYPE[dtype]) if tree else []
     stream = _Stream(g, x, arch.norm_offset)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
         h = stream.norm(module_at(layer, arch.attn_norm)) if arch.attn_norm else stream.value()
         entering[i] = stream.residual  # the norm (or value()) has just folded the pending addend into it
-        _layer(g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, at)
+        _layer(g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, at, tree_in)
 
     features = None
     if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits
@@ -380,7 +397,9 @@ def build_fused(
         g.op("Identity", [features], [contract.HIDDEN_STATES])
     inputs, outputs = _interface(spec, ONNX_DTYPE[dtype], features is not None)
     padded = pad or min_rows > 1 or feature_layers
-    version = contract.version_for(spec.kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots)
+    version = contract.version_for(
+        spec.kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots, tree=tree
+    )
     return save_graph(g, "specexport_fused", inputs, outputs, spec, version, out_dir, start)
 
 
@@ -421,6 +440,11 @@ def _interface(spec: GraphSpec, elem: int, features: bool) -> tuple[list, list]:
     ]
     if K > 1:
         inputs.append(helper.make_tensor_value_info(contract.SLOT_ROWS, TensorProto.INT64, [K]))
+    if spec.tree:
+        inputs += [
+            helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [1, "seq"]),
+            helper.make_tensor_value_info(contract.TREE_BIAS, TensorProto.FLOAT, ["seq", "seq"]),
+        ]
     outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", spec.embedding_rows])]
     if features:
         outputs.append(

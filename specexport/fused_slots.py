@@ -96,11 +96,38 @@ def slot_rows(g: Graph, slots: int, pad: bool) -> tuple[str, str, str]:
     return g.op("Concat", gather, axis=0)[0], attn, g.op("Concat", back, axis=0)[0]
 
 
-def attention(g: Graph, layer: int, qkv: list[str], at: Layout, rotary: list[str], attrs: dict) -> str:
+def tree_inputs(g: Graph, elem: int) -> list[str]:
+    """A tree graph's (contract 1.7) position_ids [1, S] and GroupQueryAttention's additive
+    attention_bias [1, 1, S, P + S] of the model dtype: 0 over the past rows, tree_bias [S, S]
+    over the call's own rows. Built once per call; every layer reads them."""
+    (s,) = g.op("Shape", [contract.INPUT_IDS], start=1, end=2)  # [1] = S
+    (total,) = g.op("Cast", [contract.TOTAL_SEQUENCE_LENGTH], to=TensorProto.INT64)  # [] = P + S
+    (past,) = g.op("Sub", [g.op("Reshape", [total, g.const("shape", np.array([1], np.int64))])[0], s])  # [1] = P
+    (zeros,) = g.op(
+        "ConstantOfShape", [g.op("Concat", [s, past], axis=0)[0]], value=_zero_tensor(elem)
+    )  # [S, P] of the model dtype
+    (own,) = g.op("Cast", [contract.TREE_BIAS], to=elem)  # [S, S]
+    (bias,) = g.op("Concat", [zeros, own], axis=1)  # [S, P + S]
+    (bias4,) = g.op("Unsqueeze", [bias, g.const("axes", np.array([0, 1], np.int64))])  # [1, 1, S, P + S]
+    return [contract.POSITION_IDS, bias4]
+
+
+def _zero_tensor(elem: int):
+    from onnx import helper
+
+    return helper.make_tensor("zero", elem, [1], [0.0])
+
+
+def attention(
+    g: Graph, layer: int, qkv: list[str], at: Layout, rotary: list[str], attrs: dict, tree: list[str] = ()
+) -> str:
     """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> attention output [1, N, H D],
     K/V written in place into each slot's cache. A padded attention gets a copy of its last row
-    after the real ones (contract 1.2 cache_pad) and drops its output."""
+    after the real ones (contract 1.2 cache_pad) and drops its output. tree: tree_inputs() of a
+    tree graph (one slot, unpadded): positions and bias follow the tree, not the row order."""
     rows, cursor, pad = at.rows, at.cursor, at.pad
+    if tree:
+        rotary = list(rotary) or ["", ""]  # cos/sin come before position_ids (empty on a NoPE layer)
     if rows is None:
         pieces = [[_append_last_row(g, t) if t and pad else t for t in qkv]]
     else:  # [1, N, C] -> [1, M, C] attention rows -> K pieces [1, a_b, C]
@@ -116,7 +143,7 @@ def attention(g: Graph, layer: int, qkv: list[str], at: Layout, rotary: list[str
         caches = [contract.past_key(layer, slot), contract.past_value(layer, slot)]
         a, _, _ = g.op(
             "GroupQueryAttention",
-            [*inputs, *caches, *cursor[b], *rotary],
+            [*inputs, *caches, *cursor[b], *rotary, *tree],
             [g.name("attn"), contract.present_key(layer, slot), contract.present_value(layer, slot)],
             domain=MS,
             **attrs,

@@ -70,6 +70,7 @@ _TOP_KEYS = (
     "description",
     "max_context",
     "max_batch",
+    "tree_verify",
     "graph",
     "target",
     "draft",
@@ -380,6 +381,12 @@ class _Reader(FieldReader):
                 f"max_batch = {max_batch} with an EAGLE-3 head: the batch graph has no feature output;"
                 " use max_batch 1 or another draft form"
             )
+        tree_verify = self.boolean(data, "tree_verify", "", default=False)
+        if tree_verify and not contrib:
+            raise self.fail(
+                f"tree_verify = true needs graph: fused (GroupQueryAttention with position_ids and an"
+                f" attention bias); graph = {graph!r}"
+            )
         if target.precision in QUANTIZED_TARGETS and not contrib:
             raise self.fail(
                 f"target.precision = {target.precision!r} needs graph: fused (MatMulNBits weights in the"
@@ -389,6 +396,7 @@ class _Reader(FieldReader):
             name=name,
             max_context=max_context,
             max_batch=max_batch,
+            tree_verify=tree_verify,
             target=target,
             draft=draft,
             speculation=speculation,

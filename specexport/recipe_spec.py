@@ -246,6 +246,7 @@ class Recipe:
     notes: str | None = None
     tested_here: bool = False
     max_batch: int = 1  # cache slots of the target's batch graph (contract 1.5); 1: no batch graph
+    tree_verify: bool = False  # the target also gets a tree-verify graph (contract 1.7; graph: fused)
     source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
 
     @property
@@ -268,6 +269,7 @@ class Recipe:
             "description": self.description,
             "max_context": self.max_context,
             "max_batch": self.max_batch,
+            "tree_verify": self.tree_verify,
             "graph": self.graph,
             "target": self.target.to_dict(),
             "draft": self.draft.to_dict(),

@@ -120,3 +120,55 @@ def batch_rows(
     slots.lengths[:] = 0
     same, diff, agree = _compare(pairs)
     return BatchRowReport(K, 2 * len(sizes), 2 * sum(sizes), same, diff, agree)
+
+
+TREE_PARENTS = (-1, 0, 0, 1, 1, 2, 3, 6, 0)  # root, 3 children, a path of depth 4: every row kind
+
+
+@dataclass(frozen=True)
+class TreeRowReport:
+    """A tree graph's rows (contract 1.7) against the batch-1 graph's chain call of each
+    root-to-leaf path, on the same prefix."""
+
+    paths: int
+    rows: int  # rows compared
+    bitwise: bool
+    max_abs_diff: float
+    argmax_agreement: float
+
+    @property
+    def exactness(self) -> str:
+        return "bitwise" if self.bitwise else "numerical"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "exactness": self.exactness}
+
+
+def tree_rows(solo, tree_graph, max_context: int, probe: Sequence[int], min_rows: int, cache_pad: int) -> TreeRowReport:
+    """solo: the batch-1 graph's ExportResult (with its contract-1.2 padding); tree_graph: the
+    tree graph's path. The tree's rows are probe tokens in TREE_PARENTS' shape after half the
+    probe as the prefix."""
+    from specexport_runtime.engine import OrtModel, SessionConfig
+    from specexport_runtime.tree import DraftTree
+    from specexport_runtime.tree_model import TreeVerifier
+
+    config = SessionConfig(provider="cpu")
+    model = OrtModel(
+        solo.path, solo.spec, max_context, config, max_rows=len(TREE_PARENTS), min_rows=min_rows, cache_pad=cache_pad
+    )
+    verifier = TreeVerifier(tree_graph, model, config)
+    half = max(2, len(probe) // 2)
+    prefix = list(probe[:half])
+    drafted = [probe[(half + i) % len(probe)] for i in range(1, len(TREE_PARENTS))]
+    tree = DraftTree([prefix[-1], *drafted], list(TREE_PARENTS))  # row 0: the prefix's last token
+    model.forward(prefix[:-1])
+    start = model.length
+    rows = verifier.forward(tree).copy()  # [R, V]
+    pairs = []
+    leaves = [i for i in range(len(tree)) if not tree.children(i)]
+    for leaf in leaves:
+        path = tree.path_to(leaf)
+        model.truncate(start)
+        pairs.append((rows[path], model.forward(tree.tokens[path].tolist(), last_rows=len(path)).copy()))
+    same, diff, agree = _compare(pairs)
+    return TreeRowReport(len(leaves), sum(len(r) for r, _ in pairs), same, diff, agree)

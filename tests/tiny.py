@@ -230,6 +230,7 @@ def write_recipe(
     precision: str = "fp32",
     exactness: str = "bitwise",
     max_batch: int = 1,
+    tree_verify: bool = False,
 ) -> Path:
     import yaml
 
@@ -244,6 +245,8 @@ def write_recipe(
     }
     if max_batch > 1:
         data["max_batch"] = max_batch
+    if tree_verify:
+        data["tree_verify"] = True
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
 
@@ -256,13 +259,16 @@ def build_tiny_artifact(
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
     EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
-    the portable form. A '-numerical' suffix (first) builds the
+    the portable form. A '-tree' suffix (last) adds the target's tree graph (contract 1.7). A
+    '-numerical' suffix (before it) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
     exactness bitwise needs. precision: the target's (and a draft model's) precision."""
     from specexport.build import build_artifact
     from specexport.recipe import load_recipe
 
     graph, exactness, max_batch = "portable", "bitwise", 1
+    tree = draft_kind.endswith("-tree")
+    draft_kind = draft_kind.removesuffix("-tree")
     head, sep, slots = draft_kind.rpartition("-batch")
     if sep and slots.isdigit():
         draft_kind, max_batch = head, int(slots)
@@ -275,6 +281,7 @@ def build_tiny_artifact(
         + ("-fused" if graph == "fused" else "")
         + ("-numerical" if exactness == "numerical" else "")
         + (f"-batch{max_batch}" if max_batch > 1 else "")
+        + ("-tree" if tree else "")
     )
     if draft_kind.endswith("-target"):
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
@@ -306,6 +313,7 @@ def build_tiny_artifact(
             precision=precision,
             exactness=exactness,
             max_batch=max_batch,
+            tree_verify=tree,
         )
     )
     out = workdir / "artifact"

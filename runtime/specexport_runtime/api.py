@@ -42,6 +42,7 @@ from .slots import SlotModel, idle_rows
 from .structured import ConstraintEngine, Grammar, Guide
 from .tokenizer import TextCodec
 from .tools import ToolPlan
+from .tree_model import TreeVerifier
 
 Prompt = str | bytes | Sequence[int]
 CALIBRATION_NAME = "calibration.json"
@@ -74,9 +75,11 @@ class SpecGenerator:
         config: GeneratorConfig | None = None,
         slots: SlotModel | None = None,
         draft_slots: SlotModel | None = None,
+        tree: TreeVerifier | None = None,
     ):
         """slots: the artifact's batch graph (contract 1.5), when loaded with batch=True; the
-        target is then its slot 0 and batch() / scheduler() run several sequences at once."""
+        target is then its slot 0 and batch() / scheduler() run several sequences at once.
+        tree: the target's tree graph on its cache (contract 1.7), for config.tree_nodes > 0."""
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and not isinstance(model, Model):
                 raise TypeError(
@@ -85,6 +88,7 @@ class SpecGenerator:
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.slots, self.draft_slots = slots, draft_slots  # batch graphs (load(..., batch=True))
+        self.tree = tree
         self._batch_gamma: BatchGamma | None = None
         self.eos = set(manifest.tokenizer.eos_token_ids)
         self._draft_kind = None if draft is None else draft.spec.kind
@@ -120,6 +124,11 @@ class SpecGenerator:
             raise TypeError(f"config must be a GeneratorConfig, got {type(config).__name__}")
         if config.speculating:
             self.resolve_proposer(config.proposer)
+        if config.tree_nodes and self.tree is None:
+            raise InvalidArgument(
+                f"tree_nodes {config.tree_nodes} needs the target's tree graph: an artifact built with"
+                " tree_verify, loaded without batch=True on the CPU provider"
+            )
         return config
 
     def resolve_proposer(self, name: str | None) -> str:
@@ -259,6 +268,7 @@ class SpecGenerator:
             guide,
             registry.get(prop.name).free,
             batched,
+            None if batched or target is not None else self.tree,
         )
         return loop, ctl
 
@@ -415,12 +425,16 @@ def load(
             )
         target_config = replace(base, spinning=not (has_draft and manifest.draft.max_batch > 1))
     target, slots = _open_graph(root, manifest, manifest.target, "target", target_config, batch)
+    tree = None
+    if manifest.target.tree_graph and not batch and provider == "cpu":  # its cache: the batch-1 graph's
+        graph = check_graph(root, manifest.target.tree_graph, "target tree graph")
+        tree = TreeVerifier(graph, target, target_config)
     draft = draft_slots = None
     if has_draft:  # the draft's batch graph when it has one, its slot 0 serving batch-1 calls
         draft, draft_slots = _open_graph(
             root, manifest, manifest.draft, "draft", base, batch and manifest.draft.max_batch > 1
         )
-    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots)
+    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots, tree)
 
 
 def _open_graph(

@@ -37,6 +37,7 @@ from .constants import (
     HYBRID_RETRIEVALS,
     MAX_GAMMA,
     MAX_NGRAM,
+    MAX_TREE_NODES,
     MIN_GAMMA,
 )
 from .errors import InvalidArgument
@@ -82,6 +83,7 @@ class GeneratorConfig:
     hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL  # constants.HYBRID_RETRIEVALS
     suffix: SuffixConfig = SuffixConfig()  # global_tokens sizes the generator's store: read from load()'s config
     use_datastore: bool = True  # suffix drafts also come from the artifact's corpus datastore, if any
+    tree_nodes: int = 0  # suffix drafts are trees of up to this many tokens (an artifact with a tree graph); 0: chains
     controller: Mapping[str, Any] = field(default_factory=dict)  # further GammaController fields (e.g. gamma_tolerance)
 
     def __post_init__(self) -> None:
@@ -136,6 +138,12 @@ class GeneratorConfig:
             )
         if not isinstance(self.suffix, SuffixConfig):
             raise _fail("suffix", self.suffix, "a suffix.SuffixConfig")
+        if not _int(self.tree_nodes) or not 0 <= self.tree_nodes <= MAX_TREE_NODES:
+            raise _fail("tree_nodes", self.tree_nodes, f"an integer in 0..{MAX_TREE_NODES} (0: chains)")
+        if self.tree_nodes and self.grammar is not None:
+            raise InvalidArgument(
+                "tree_nodes > 0 with a grammar: constrained decoding verifies chains; use tree_nodes 0"
+            )
 
     def _check_controller(self) -> None:
         if not isinstance(self.controller, Mapping):

@@ -30,6 +30,7 @@ EXACTNESS = (BITWISE, NUMERICAL)
 # n-gram prompt lookup: the suffix lengths tried, longest first
 DEFAULT_NGRAM_SIZES = (3, 2, 1)
 MAX_NGRAM = 16  # longest n-gram size a recipe or manifest may name
+MAX_TREE_NODES = 63  # drafted tokens of one tree: with its root, the 64 rows one call binds
 
 # what the `hybrid` proposer retrieves with besides its draft model or head: "suffix" (suffix
 # drafts from the request, earlier answers and the corpus where they score, then prompt lookup)
@@ -58,6 +59,7 @@ __all__ = [
     "HYBRID_RETRIEVALS",
     "MAX_GAMMA",
     "MAX_NGRAM",
+    "MAX_TREE_NODES",
     "MIN_GAMMA",
     "NUMERICAL",
     "default_feature_layers",

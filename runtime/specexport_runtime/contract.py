@@ -96,6 +96,19 @@ Cache slots (contract 1.5; a target entry's `batch_graph` and `max_batch` K; Gra
     MatMuls run once over N rows; attention is one GroupQueryAttention per slot and layer (an
     idle slot's on one throwaway row written past its cursor).
 
+Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
+    A head_major_inplace decoder of one slot that scores a draft tree in one call: its S rows
+    are the tree's rows in topological order (row 0 the root, the last committed token), with
+    two more inputs after the cursor inputs:
+    position_ids   int64    [1, S]   P + depth of each row (the root at P)
+    tree_bias      float32  [S, S]   additive: 0 where row j is row i or an ancestor of it,
+                                     the dtype's lowest finite value elsewhere
+    Row r's K/V land at cache row P + r (rotary at its own position); the graph attends over
+    the past rows and, among the new ones, the row's ancestors only. The runtime then moves the
+    accepted path's rows to P + 1, P + 2, ... (engine.OrtModel.keep_path) and sets the cursor
+    after them. It shares the batch-1 graph's weights file and cache; the tree graph's rows are
+    numerically, not bitwise, those of the chain graph (docs/graph-contract.md).
+
 EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
 (head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
@@ -106,7 +119,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONTRACT_VERSION = "1.6"
+CONTRACT_VERSION = "1.7"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
@@ -116,6 +129,7 @@ PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (
 WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention local windows
 SLOTS_VERSION = "1.5"  # a head_major_inplace graph with several cache slots (batched sequences)
 IDLE_SLOTS_VERSION = "1.6"  # a slots graph whose idle slots take no rows in input_ids
+TREE_VERSION = "1.7"  # a target's tree-verify graph (position_ids, tree_bias)
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -124,6 +138,8 @@ LOGITS = "logits"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 SLOT_ROWS = "slot_rows"  # contract 1.5: int64 [K] rows of each slot in a batched call
+POSITION_IDS = "position_ids"  # contract 1.7: int64 [1, S] P + depth of each tree row
+TREE_BIAS = "tree_bias"  # contract 1.7: float32 [S, S] 0 on a row's ancestors and itself, lowest elsewhere
 HIDDEN_STATES = "hidden_states"  # contract 1.2: target features for a draft head
 DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds (contract 1.2 added the head)
 GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
@@ -248,12 +264,19 @@ def layout_for_form(form: str) -> KvLayout:
 
 
 def version_for(
-    kv_layout: str, min_rows: int = 1, head: bool = False, windowed: bool = False, slots: int = 1, idle_rows: int = 0
+    kv_layout: str,
+    min_rows: int = 1,
+    head: bool = False,
+    windowed: bool = False,
+    slots: int = 1,
+    idle_rows: int = 0,
+    tree: bool = False,
 ) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
-    batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do)."""
+    batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do);
+    tree: a tree-verify graph (1.7)."""
     layout = layout_of(kv_layout)
     versions = [layout.version]
     if min_rows > 1 or head:
@@ -264,6 +287,8 @@ def version_for(
         versions.append(layout.window_version)
     if slots > 1:
         versions.append(IDLE_SLOTS_VERSION if idle_rows == 0 else SLOTS_VERSION)
+    if tree:
+        versions.append(TREE_VERSION)
     return max(versions, key=parse_version)
 
 
@@ -309,6 +334,7 @@ class GraphSpec:
     hidden_width: int = 0
     windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (contrib_attention only)
     slots: int = 1  # contract 1.5: cache slots, one sequence each, batched in one call (head_major_inplace decoders)
+    tree: bool = False  # contract 1.7: a tree-verify graph (position_ids, tree_bias inputs)
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:
@@ -336,6 +362,12 @@ class GraphSpec:
                 f" got kind {self.kind}, layout {self.kv_layout}, feature_width {self.feature_width}"
             )
 
+        if self.tree and (self.slots > 1 or self.is_head or not self.layout.in_place):
+            raise ValueError(
+                f"a tree graph is a head_major_inplace decoder of one slot; got kind {self.kind},"
+                f" layout {self.kv_layout}, slots {self.slots}"
+            )
+
     @property
     def slot_ids(self) -> tuple[int | None, ...]:
         """The slot suffix of each cache name: (None,) for a 1-slot graph, else 0 .. slots - 1."""
@@ -353,6 +385,7 @@ class GraphSpec:
     def input_names(self) -> list[str]:
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
         names += ([SLOT_ROWS] if self.slots > 1 else []) + list(self.layout.cursor_inputs)
+        names += [POSITION_IDS, TREE_BIAS] if self.tree else []
         for i in range(self.num_layers):
             for b in self.slot_ids:
                 names += [past_key(i, b), past_value(i, b)]

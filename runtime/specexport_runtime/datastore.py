@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ArtifactError
-from .suffix import MAX_CANDIDATES, SEP, SuffixConfig, draft_chain
+from .suffix import MAX_CANDIDATES, SEP, SuffixConfig
+from .suffix_index import Occurrences, draft
 
 VECTOR_RANGE = 4096  # below this many candidates, a column is gathered and searched with numpy
 COUNT_CHUNK = 1 << 20  # tokens counted per step when the first-token table is made
@@ -96,15 +97,17 @@ class Datastore:
             lo, hi, m = a, b, depth + 1
         return m, lo, hi
 
-    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
-        """(tokens, score, match length) by suffix.draft_chain over the occurrences."""
+    def occurrences(self, context: Sequence[int], config: SuffixConfig) -> Occurrences | None:
         m, lo, hi = self.match(context, config.max_depth)
         if m == 0:
-            return [], 0.0, 0
+            return None
         hi = min(hi, lo + MAX_CANDIDATES)  # bound the cost: the first occurrences in suffix order
         ends = self.n - 1 - np.asarray(self._sa[lo:hi], np.int64)  # forward index of each match's last token
-        tokens, score = draft_chain(self.rev[::-1], ends, self.n, min(config.limit(m), room), config.min_prob)
-        return tokens, score, m
+        return Occurrences(m, self.rev[::-1], ends, self.n)
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        """(tokens, score, match length) by suffix_index.draft_chain over the occurrences."""
+        return draft(self.occurrences(context, config), config, room)[:3]
 
     def describe(self) -> dict:
         return {"tokens": self.n, "bytes": int(self.tokens.nbytes + self.sa.nbytes)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,10 @@ from .proposers import DraftCall, Proposal, Proposer
 from .sampling import one_hot, probabilities, residual, sample, token_logprobs, verify_greedy, verify_sampled
 from .structured import Guide
 from .tokenizer import IncrementalDecoder, TextCodec
+from .tree import DraftTree, first_path, verify_tree_greedy, verify_tree_sampled
+
+if TYPE_CHECKING:
+    from .tree_model import TreeVerifier
 
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -51,6 +56,7 @@ class GenerationStats:
     corrections: int = 0  # rounds ending with a rejected draft token
     bonus: int = 0  # rounds where every draft token was accepted
     lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest by the draft model)
+    tree_rounds: int = 0  # rounds verified as a draft tree in one call (contract 1.7)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     round_sizes: list[tuple[int, int]] = field(default_factory=list)  # (drafted k, accepted n) per round
@@ -193,15 +199,17 @@ class SpeculativeLoop:
         guide: Guide | None = None,
         free: bool = False,
         batched: bool = False,
+        tree: TreeVerifier | None = None,
     ):
         """free: the proposer's drafts are a function of the committed tokens (registry `free`).
         batched: target calls are yielded as TargetCall for a batch driver (batch.py), which
         also sets `batch_gamma` (the model drafts' length) and `batch_free` (the longest a free
-        retrieval draft may be) before each round."""
+        retrieval draft may be) before each round. tree: the target's tree graph on its cache,
+        which verifies a proposal that is a tree (Proposal.parents) in one call."""
         self.target, self.proposer, self.controller, self.guide = target, proposer, controller, guide
         self.cost = cost or (controller.cost if controller is not None else VerifyCost())
         self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
-        self.free, self.batched = free, batched
+        self.free, self.batched, self.tree = free, batched, tree
         self.batch_gamma: int | None = None
         self.batch_free = 0
         # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
@@ -282,7 +290,11 @@ class SpeculativeLoop:
         if self.guide is not None:
             return self.guide.shape(proposal, forced, limit)
         proposal = proposal or Proposal([], None)
-        return Proposal(proposal.tokens[:limit], proposal.q, proposal.catchup_seconds, proposal.lookup, proposal.source)
+        if proposal.parents is not None and (self.tree is None or self.batched):  # chains only: its first path
+            picks = first_path(proposal.parents)
+            proposal = replace(proposal, tokens=[proposal.tokens[i] for i in picks], parents=None)
+        parents = None if proposal.parents is None else proposal.parents[:limit]  # a topological prefix is a tree
+        return replace(proposal, tokens=proposal.tokens[:limit], parents=parents)
 
     def speculative_step(self, committed: list[int], gamma: int, room: int) -> Iterator[TargetCall]:
         """-> the round's new tokens."""
@@ -294,12 +306,29 @@ class SpeculativeLoop:
         if k == 0:
             self.stats.grammar_cut += proposal.cut
             return (yield from self.plain_step(committed, proposal.cut_q))
+        if proposal.parents is not None and self.tree is not None and self.target.length == len(committed) - 1:
+            return self.tree_step(committed, proposal, t0, t1)
         # one target call on [last, d1..dk] -> k+1 rows
         logits = self.rows((yield from self.call(committed[self.target.length :] + draft, k + 1)), draft)
         n, token = self.verify(logits, proposal)
         self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
         self.account(proposal, n, t0, t1, time.perf_counter())
         return self.emit(draft[:n] + [token], logits[: n + 1])
+
+    def tree_step(self, committed: list[int], proposal: Proposal, t0: float, t1: float) -> list[int]:
+        """One tree-verify call on [last] + the proposal's tree (contract 1.7): the accepted
+        path's K/V kept in place (keep_path), the rejected rows dropped by the cursor."""
+        tree = DraftTree([committed[-1], *proposal.tokens], [-1, *proposal.parents])
+        start = self.target.length  # the root's cache row
+        logits = self.tree.forward(tree)  # [R, V]
+        if self.params.greedy:
+            rows, token = verify_tree_greedy(tree, logits.argmax(-1))
+        else:  # suffix trees are deterministic drafts: recursive rejection over siblings
+            rows, token = verify_tree_sampled(tree, probabilities(logits, self.params), self.rng)
+        self.target.keep_path(start, rows)
+        self.stats.tree_rounds += 1
+        self.account(proposal, len(rows), t0, t1, time.perf_counter())
+        return self.emit([int(t) for t in tree.tokens[rows]] + [int(token)], logits[[0, *rows]])
 
     def verify(self, logits: np.ndarray, proposal: Proposal) -> tuple[int, int]:
         """(accepted, next token) of a draft against the target's rows [k+1, V]."""

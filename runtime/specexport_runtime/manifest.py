@@ -81,6 +81,8 @@ class ModelEntry:
     # (relative path; it shares the entry's weights file), for batched generation
     batch_graph: str | None = None
     max_batch: int = 1
+    # contract 1.7: a tree-verify graph of the same weights and cache (relative path; a target's)
+    tree_graph: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1 or (self.max_batch > 1) != bool(self.batch_graph):
@@ -113,6 +115,7 @@ class ModelEntry:
             windowed=bool(self.attention_windows),
             slots=self.max_batch,
             idle_rows=idle_rows,
+            tree=bool(self.tree_graph),
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -127,6 +130,8 @@ class ModelEntry:
             del data["attention_windows"]
         if self.max_batch == 1:
             del data["batch_graph"], data["max_batch"]
+        if self.tree_graph is None:
+            del data["tree_graph"]
         return data
 
     @classmethod
@@ -143,8 +148,8 @@ class ModelEntry:
             entry = replace(entry, exactness=measured)
         return entry
 
-    def graph_spec(self, slots: int = 1) -> GraphSpec:
-        """The graph's GraphSpec; slots = max_batch: its batch graph's."""
+    def graph_spec(self, slots: int = 1, tree: bool = False) -> GraphSpec:
+        """The graph's GraphSpec; slots = max_batch: its batch graph's; tree: its tree graph's."""
         return GraphSpec(
             num_layers=self.num_layers,
             num_kv_heads=self.num_kv_heads,
@@ -157,6 +162,7 @@ class ModelEntry:
             hidden_width=self.hidden_width,
             windows=self.attention_windows,
             slots=slots,
+            tree=tree,
         )
 
 
@@ -259,6 +265,13 @@ class Manifest:
                     f"{role} max_batch {entry.max_batch}: a batch graph belongs to a head_major_inplace decoder"
                     " without features"
                 )
+            if entry.tree_graph is not None and (
+                role != "target" or entry.kind != DECODER or not entry.graph_spec().layout.in_place
+            ):
+                raise ArtifactError(
+                    f"{role} tree_graph {entry.tree_graph!r}: a tree graph belongs to a head_major_inplace"
+                    " target decoder"
+                )
             if parse_version(entry.least_version) > parse_version(self.contract_version):
                 raise ArtifactError(
                     f"{role} kv_layout {entry.kv_layout!r} with min_rows {entry.min_rows},"
@@ -275,6 +288,8 @@ class Manifest:
                 out.append((f"{role} graph", entry.graph))
                 if entry.batch_graph:
                     out.append((f"{role} batch_graph", entry.batch_graph))
+                if entry.tree_graph:
+                    out.append((f"{role} tree_graph", entry.tree_graph))
                 if entry.vocab_map:
                     out.append((f"{role} vocab_map", entry.vocab_map))
         out.append(("tokenizer file", self.tokenizer.file))

@@ -59,6 +59,7 @@ ENTRY = {
     "exactness": Field("str", nullable=True, choices=EXACTNESS),
     "batch_graph": Field("str", nullable=True),
     "max_batch": Field("int", lo=1, hi=256),
+    "tree_graph": Field("str", nullable=True),
 }
 TOKENIZER = {
     "file": Field("str", True),

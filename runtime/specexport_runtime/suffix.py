@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from .costs import VerifyCost
 from .errors import InvalidArgument
 from .proposers import Proposal, Proposer, ProposerContext
-from .suffix_index import MAX_CANDIDATES, SEP, RequestSuffix, SuffixStore, draft_chain, longest_match
+from .suffix_index import MAX_CANDIDATES, SEP, RequestSuffix, SuffixStore, draft, draft_chain, longest_match
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,7 @@ class Retrieved:
     tokens: tuple[int, ...]
     scale: float  # the tuner's draft-limit scale it was drafted at
     match: int  # tokens of context matched
+    parents: tuple[int, ...] | None = None  # a draft tree's (suffix_index.draft_tree); None: a chain
 
 
 class SuffixProposer(Proposer):
@@ -254,10 +255,14 @@ class SuffixProposer(Proposer):
         calibration: SourceCalibration | None = None,
         tuner: LimitTuner | None = None,
         cost: VerifyCost | None = None,
+        tree_nodes: int = 0,
     ):
         """datastore: a datastore.Datastore (the artifact's corpus) or None; cost: the target's
-        verify cost (the generator's; default an untimed one, so the tuner keeps the smallest scale)."""
+        verify cost (the generator's; default an untimed one, so the tuner keeps the smallest scale);
+        tree_nodes > 0: draft trees of up to that many tokens (suffix_index.draft_tree), each path
+        at most the draft limit deep, for an artifact with a tree graph (contract 1.7)."""
         self.store, self.config, self.max_context, self.datastore = store, config, max_context, datastore
+        self.tree_nodes = tree_nodes
         self.calibration = calibration if calibration is not None else SourceCalibration()
         self.tuner = tuner if tuner is not None else LimitTuner()
         self.cost = cost if cost is not None else VerifyCost()
@@ -282,10 +287,11 @@ class SuffixProposer(Proposer):
         for name, source in (("request", self.request), ("store", self.store), ("datastore", self.datastore)):
             if source is None:
                 continue
-            tokens, raw, m = source.propose(tail, config, room)
+            tokens, raw, m, parents = draft(source.occurrences(tail, config), config, room, self.tree_nodes)
             score = raw * self.calibration.factor(name)
             if tokens and score > best_score:
-                best, best_score = Retrieved(name, raw, tuple(tokens), scale, m), score
+                tree = None if parents is None else tuple(parents)
+                best, best_score = Retrieved(name, raw, tuple(tokens), scale, m, tree), score
         self._last = best
         return list(best.tokens), best_score, best.source
 
@@ -294,7 +300,8 @@ class SuffixProposer(Proposer):
         calibration and the tuner. Deterministic: q one-hot; no evidence on a draft model's
         acceptance or cost (lookup=True)."""
         self._pending = self._last
-        return Proposal(list(self._last.tokens), None, lookup=True, source=f"suffix-{self._last.source}")
+        last = self._last
+        return Proposal(list(last.tokens), None, lookup=True, source=f"suffix-{last.source}", parents=last.parents)
 
     def offer(self, committed) -> Proposal | None:
         """The best source's draft when its score reaches config.hybrid_min_score, else None."""
@@ -349,6 +356,7 @@ def build_suffix(ctx: ProposerContext) -> SuffixProposer:
         history.calibration,
         history.tuner,
         ctx.verify_cost(),
+        0 if ctx.batched else ctx.config.tree_nodes,  # a batch verifies chains only
     )
 
 

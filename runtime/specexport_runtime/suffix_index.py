@@ -25,9 +25,10 @@ score, match length)`:
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -55,6 +56,84 @@ def longest_match(seq: np.ndarray, ends: np.ndarray, context: Sequence[int], max
             break
         ends, m = keep, m + 1
     return m, ends
+
+
+class Occurrences(NamedTuple):
+    """Where the longest match of the recent tokens ended in a source: seq[c] for c in ends is its
+    last token (positions < stop readable), after m tokens of context matched."""
+
+    m: int
+    seq: np.ndarray  # int32 [N], SEP between responses
+    ends: np.ndarray  # int64 [C]
+    stop: int
+
+
+def draft(occ: Occurrences | None, config: SuffixConfig, room: int, tree_nodes: int = 0) -> Draft:
+    """A source's draft after its occurrences: a chain (draft_chain) of at most the configured
+    limit for the match (and `room`), or with tree_nodes > 0 a tree (draft_tree) of at most that
+    many tokens whose paths are at most that limit deep."""
+    if occ is None or occ.m == 0:
+        return Draft([], 0.0, 0, None)
+    limit = min(config.limit(occ.m), room)
+    if tree_nodes:
+        tokens, parents, score = draft_tree(occ.seq, occ.ends, occ.stop, tree_nodes, limit, config.min_prob)
+        return Draft(tokens, score, occ.m, parents)
+    tokens, score = draft_chain(occ.seq, occ.ends, occ.stop, limit, config.min_prob)
+    return Draft(tokens, score, occ.m, None)
+
+
+class Draft(NamedTuple):
+    tokens: list[int]
+    score: float  # the sum of the drafted tokens' path probabilities
+    match: int  # tokens of context matched
+    parents: list[int] | None  # a tree's: token i's parent row (0 the root, j + 1 token j); None: a chain
+
+
+TREE_BRANCHES = 4  # most children a tree node gets (its most frequent continuations)
+
+
+def draft_tree(
+    seq: np.ndarray, ends: np.ndarray, stop: int, nodes: int, depth: int, min_prob: float
+) -> tuple[list[int], list[int], float]:
+    """(tokens, parents, score): the suffix tree below the occurrences `ends`, best first (SuffixDecoding's
+    tree mode): each node's children are its TREE_BRANCHES most frequent continuations, a
+    child's path probability is its parent's times its count over the parent's occurrences, and
+    the most probable open node is added next while it reaches min_prob, until `nodes` tokens
+    (or none is left), no path deeper than `depth`. parents[i]: the tree row of token i's parent
+    (0 the root, j + 1 for token j), so tokens come in topological order; the score is the sum
+    of the path probabilities (the expected accepted tokens if each is accepted with its own)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    score = 0.0
+    heap: list[tuple[float, int, int, int, np.ndarray]] = []  # (-p, order, parent row, depth, occurrences)
+    order = 0
+
+    def expand(occ: np.ndarray, p: float, row: int, level: int) -> None:
+        nonlocal order
+        if level >= depth or occ.size == 0:
+            return
+        nxt = occ + 1
+        nxt = nxt[nxt < stop]
+        values = seq[nxt]
+        live = values != SEP
+        nxt, values = nxt[live], values[live]
+        if values.size == 0:
+            return
+        ids, counts = np.unique(values, return_counts=True)
+        for k in np.argsort(-counts, kind="stable")[:TREE_BRANCHES]:  # ties: the smaller id first
+            q = p * int(counts[k]) / occ.size
+            if q >= min_prob:
+                heapq.heappush(heap, (-q, order, row, level + 1, nxt[values == ids[k]]))
+                order += 1
+
+    expand(ends, 1.0, 0, 0)
+    while heap and len(tokens) < nodes:
+        neg, _, parent, level, occ = heapq.heappop(heap)
+        tokens.append(int(seq[occ[0]]))
+        parents.append(parent)
+        score += -neg
+        expand(occ, -neg, len(tokens), level)
+    return tokens, parents, score
 
 
 def draft_chain(
@@ -120,18 +199,20 @@ class RequestSuffix:
         self.seq[self.length : self.length + n] = tokens
         self.length += n
 
-    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
-        """(tokens, score, match length) for the request's last tokens (its own sequence ends with
-        `context`); earlier occurrences only."""
+    def occurrences(self, context: Sequence[int], config: SuffixConfig) -> Occurrences | None:
+        """The request's last tokens' longest earlier match (its own sequence ends with `context`)."""
         L = self.length
         if L < 2:
-            return [], 0.0, 0
+            return None
         seq = self.seq[:L]
         ends = np.flatnonzero(seq[: L - 1] == seq[L - 1])[-MAX_CANDIDATES:]  # earlier occurrences of the last token
         context = seq[max(0, L - config.max_depth) :].tolist()
         m, ends = longest_match(seq, ends, context, config.max_depth)
-        tokens, score = draft_chain(seq, ends, L, min(config.limit(m), room), config.min_prob)
-        return tokens, score, m
+        return Occurrences(m, seq, ends, L)
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        """(tokens, score, match length): the chain draft after occurrences()."""
+        return draft(self.occurrences(context, config), config, room)[:3]
 
 
 class SuffixStore:
@@ -195,19 +276,21 @@ class SuffixStore:
         entries = sum(len(v) for v in self.index.values())
         return int(self.buf.nbytes + entries * 8 + len(self.index) * (64 + 56 + 72))
 
-    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+    def occurrences(self, context: Sequence[int], config: SuffixConfig) -> Occurrences | None:
         if len(context) < 2 or not self.index:
-            return [], 0.0, 0
+            return None
         positions = self.index.get((int(context[-2]), int(context[-1])))
         if not positions:
-            return [], 0.0, 0
+            return None
         ends = np.asarray(positions[-MAX_CANDIDATES:], np.int64)
         ends = ends[ends >= self.start] - self.base  # buffer positions of live occurrences
         seq = self.buf[: self.size]
         # the bigram matched: extend from m = 2 (longest_match re-checks one token: cheap)
         m, ends = longest_match(seq, ends, list(context[-config.max_depth :]), config.max_depth)
-        tokens, score = draft_chain(seq, ends, self.size, min(config.limit(m), room), config.min_prob)
-        return tokens, score, m
+        return Occurrences(m, seq, ends, self.size)
+
+    def propose(self, context: Sequence[int], config: SuffixConfig, room: int) -> tuple[list[int], float, int]:
+        return draft(self.occurrences(context, config), config, room)[:3]
 
     def describe(self) -> dict:
         return {

@@ -155,6 +155,19 @@ class DraftTree:
         return np.where(self.ancestors_mask(), dt.type(0), np.finfo(dt).min).astype(dt)
 
 
+def first_path(parents) -> list[int]:
+    """The draft tokens (indices into a proposal's tokens) along the first child of each node
+    from the root: a tree proposal as a chain. parents[i]: token i's parent row (0 the root,
+    j + 1 token j)."""
+    path: list[int] = []
+    row = 0
+    for i, parent in enumerate(parents):
+        if parent == row:
+            path.append(i)
+            row = i + 1
+    return path
+
+
 # ------------------------------------------------------------------ acceptance at one node
 
 

@@ -1,0 +1,152 @@
+"""Tree speculation in the loop (contract 1.7): suffix drafts as trees, one tree-verify call per
+round, the accepted path kept in place. Greedy output must equal target-only output (the
+independent reference: one token per call through the chain graph), and sampled output must
+follow the target's law (chi-square against the exact pair law, TV against target-only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
+
+from specexport_runtime.api import load
+from specexport_runtime.errors import InvalidArgument
+from specexport_runtime.structured import Grammar
+from specexport_runtime.suffix import SuffixConfig
+from specexport_runtime.suffix_index import SEP, TREE_BRANCHES, draft_tree
+
+PROMPTS = [
+    "hello world hello world hello",
+    "abc abc abc abc abc abc abc abc abc",
+    "x = 1\ny = 2\nx = 1\ny =",
+    "for i in range(10):\n    print(i)\nfor i in range(10):",
+    "the quick brown",
+    "one two three one two four one two five one two",
+]
+
+
+@pytest.fixture(scope="module")
+def tree_gen(tiny_artifacts):
+    return load(tiny_artifacts["noisy-fused-tree"])
+
+
+@pytest.mark.parametrize("nodes", [2, 8, 24, 63])
+@pytest.mark.parametrize("proposer", ["suffix", "hybrid"])
+def test_greedy_tree_output_equals_target_only(tree_gen, proposer, nodes):
+    trees = 0
+    for prompt in PROMPTS:
+        ref = tree_gen.generate(prompt, max_new_tokens=48, speculative=False).token_ids
+        out = tree_gen.generate(prompt, max_new_tokens=48, proposer=proposer, tree_nodes=nodes)
+        assert out.token_ids == ref, (prompt, nodes)
+        trees += out.stats.tree_rounds
+    assert trees > 0  # the repetitive prompts drafted trees
+
+
+def test_sampled_trees_follow_the_target_law(tree_gen):
+    """Temperature 1, a fixed tree each round: the root's children are the target's three most
+    likely tokens after the prompt and its most likely first token, and the first child has two
+    children of its own. The first two tokens of 2000 runs (the second from a tree round)
+    against the exact pair law and against target-only runs."""
+    import fixed_tree_support as support
+
+    ids = tree_gen.codec.encode("The quick brown fox")
+    target = tree_gen.target
+    target.reset()
+    first = int(target.forward(ids)[0].argmax())
+    after = np.argsort(-target.forward([first])[0])[:3].tolist()
+    below = np.argsort(-target.forward([after[0]])[0])[:2].tolist()
+    target.reset()
+    N = 2000
+    (eos,) = tree_gen.eos
+    with support.fixed_tree([*after, *below], [0, 0, 0, 1, 1]):
+        runs = [
+            tree_gen.generate(ids, max_new_tokens=2, seed=s, temperature=1.0, proposer="fixedtree", tree_nodes=5)
+            for s in range(N)
+        ]
+    assert sum(r.stats.tree_rounds for r in runs) > N // 2  # the second token came from a tree round
+    spec = [first_pair(r, eos) for r in runs]
+    base = sample_pairs(tree_gen, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
+    check_pairs_follow_target(tree_gen.target, ids, spec, base, eos, "fixed trees")
+
+
+def test_tree_nodes_are_checked(tree_gen, tiny_artifacts):
+    with pytest.raises(InvalidArgument, match="tree_nodes"):
+        tree_gen.generate("hi", tree_nodes=64)
+    with pytest.raises(InvalidArgument, match="tree_nodes"):
+        tree_gen.generate("hi", tree_nodes=-1)
+    with pytest.raises(InvalidArgument, match="grammar"):
+        tree_gen.generate("hi", tree_nodes=4, grammar=Grammar.regex("[a-z]+"))
+    chain_only = load(tiny_artifacts["noisy-fused"])
+    with pytest.raises(InvalidArgument, match="tree graph") as info:
+        chain_only.generate("hi", tree_nodes=4)
+    assert "\n" not in str(info.value)
+
+
+def test_manifest_records_the_tree_graph(tree_gen):
+    entry = tree_gen.manifest.target
+    assert entry.tree_graph == "target/tree.onnx" and tree_gen.manifest.contract_version == "1.7"
+    rows = entry.validation["tree_rows"]
+    assert rows["exactness"] == "numerical" and rows["max_abs_diff"] < 1e-3 and rows["argmax_agreement"] == 1.0
+
+
+# --- suffix_index.draft_tree (pure) ------------------------------------------------------
+
+
+def _seq(*tokens: int) -> np.ndarray:
+    return np.array(tokens, np.int32)
+
+
+def test_draft_tree_is_best_first_by_path_probability():
+    """After token 1: 2 follows four times; then 3 (twice), 4 and 5 once each; after 1 2 3: 6
+    twice. Path probabilities: 2 -> 1, 3 -> 0.5, 6 -> 0.5, 4 -> 0.25, 5 -> 0.25."""
+    seq = _seq(1, 2, 3, 6, SEP, 1, 2, 3, 6, SEP, 1, 2, 4, SEP, 1, 2, 5, SEP, 1)
+    ends = np.array([0, 5, 10, 14])  # the occurrences of 1 before the last one
+    tokens, parents, score = draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.1)
+    assert tokens == [2, 3, 6, 4, 5] and parents == [0, 1, 2, 1, 1]
+    assert score == pytest.approx(1 + 0.5 + 0.5 + 0.25 + 0.25)
+    tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.3)
+    assert (tokens, parents) == ([2, 3, 6], [0, 1, 2])  # 4 and 5 fall below min_prob
+    tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=2, depth=8, min_prob=0.0)
+    assert (tokens, parents) == ([2, 3], [0, 1])  # the node budget
+    tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=9, depth=1, min_prob=0.0)
+    assert (tokens, parents) == ([2], [0])  # no path deeper than `depth`
+
+
+def test_draft_tree_keeps_the_most_frequent_branches():
+    followers = list(range(10, 10 + TREE_BRANCHES + 2))  # more distinct continuations than branches
+    seq = []
+    for i, t in enumerate(followers):
+        seq += [1, t, SEP] * (len(followers) - i)  # token 10 most often, then 11, ...
+    seq = _seq(*seq)
+    ends = np.flatnonzero(seq == 1)
+    tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=20, depth=1, min_prob=0.0)
+    assert tokens == followers[:TREE_BRANCHES] and parents == [0] * TREE_BRANCHES
+
+
+def test_tree_drafts_from_the_proposer_are_topological(tree_gen):
+    prop = tree_gen.build_proposer("suffix", tree_gen.configure(proposer="suffix", tree_nodes=12))
+    ids = tree_gen.codec.encode(PROMPTS[-1])
+    prop.start(ids)
+    tokens, score, source = prop.retrieve(ids)
+    proposal = prop.use_last()
+    assert tokens and proposal.parents is not None and len(proposal.parents) == len(tokens) <= 12
+    assert all(0 <= p <= i for i, p in enumerate(proposal.parents))
+    assert SuffixConfig().min_prob <= score
+
+
+def test_a_tree_proposal_without_a_tree_graph_is_verified_as_its_first_path(tiny_artifacts):
+    """On an artifact without a tree graph (or in a batch) a tree proposal is cut to the path of
+    first children, a chain; the output still equals target-only."""
+    import fixed_tree_support as support
+
+    from specexport_runtime.tree import first_path
+
+    assert first_path([0, 0, 1, 1, 3, 0]) == [0, 2, 4]
+    gen = load(tiny_artifacts["noisy-fused"])
+    ids = gen.codec.encode(PROMPTS[0])
+    ref = gen.generate(ids, max_new_tokens=24, speculative=False).token_ids
+    gen.target.reset()
+    chain = [ref[1]] if len(ref) > 1 else [0]
+    with support.fixed_tree([*chain, 3, 4], [0, 0, 1]):
+        out = gen.generate(ids, max_new_tokens=24, proposer="fixedtree", gamma=4)
+    assert out.token_ids == ref and out.stats.tree_rounds == 0 and out.stats.drafted > 0
