@@ -41,7 +41,7 @@ def generation_row(
     -> {"tokens": the new ids (EOS excluded), "new_tokens", "seconds": wall seconds of the call,
     "first_seconds": its prefill, "decode_seconds": the generation's seconds after the prefill,
     "tok_s": decode tokens/s ((new - 1) / decode_seconds), "drafted", "accepted", "calls": target
-    calls}."""
+    calls, "rounds": verify calls, "tree_rounds": those verifying a tree, "target_seconds"}."""
     kw: dict = {**options, **({"speculative": False} if mode == "off" else {"proposer": mode})}
     if gamma is not None and mode != "off":
         kw["gamma"] = gamma
@@ -59,6 +59,9 @@ def generation_row(
         "drafted": st.drafted,
         "accepted": st.accepted,
         "calls": st.rounds + st.plain_steps,
+        "rounds": st.rounds,  # verify calls (the rest of the calls are plain steps)
+        "tree_rounds": st.tree_rounds,
+        "target_seconds": st.target_seconds,
     }
 
 

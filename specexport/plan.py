@@ -67,8 +67,10 @@ plan_report.py, the model sizes in plan_sizes.py; this module estimates and advi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from specexport_runtime.constants import MAX_TREE_NODES
 
 from .model_config import NormalizedConfig
 from .plan_devices import DEVICES, GIB, Device, UnknownDevice, get_device
@@ -155,6 +157,13 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
             recipe.max_batch,
         )
     ]
+    notes = []
+    if recipe.tree_verify:
+        models.append(_tree_estimate(models[0], max_context))
+        notes.append(
+            "the tree graph is a second ONNX Runtime session over the target's weights file: its"
+            " weights are loaded again (it shares the target's KV cache)"
+        )
     if recipe.draft.kind == "eagle3":
         models.append(_head_estimate(recipe, shapes.target[0], max_context))
     elif recipe.draft.has_graph and shapes.draft is not None:
@@ -180,6 +189,23 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
         max_batch=recipe.max_batch,
         models=models,
         overhead_bytes=int(RUNTIME_OVERHEAD_GIB * GIB),
+        notes=notes,
+    )
+
+
+def _tree_estimate(target: ModelEstimate, max_context: int) -> ModelEstimate:
+    """The target's tree graph (contract 1.7): the target's weights once more (its own session),
+    no KV cache of its own, and per call its attention bias [R, P + R] in the model dtype for a
+    tree of up to MAX_TREE_NODES + 1 rows R (its logits rows land in the target's buffer)."""
+    rows = MAX_TREE_NODES + 1
+    itemsize = 2 if target.precision.startswith("fp16") or target.precision.endswith("fp16") else 4
+    return replace(
+        target,
+        role="tree",
+        model=f"{target.model} (tree graph)",
+        kv_bytes=0,
+        activation_bytes=target.activation_bytes + rows * (max_context + rows) * itemsize,
+        logits_buffer_bytes=0,
     )
 
 

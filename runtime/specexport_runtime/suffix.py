@@ -284,10 +284,11 @@ class SuffixProposer(Proposer):
         scale = self.tuner.choose(self.config.limit_scales, self.cost.line())
         config = self._scaled[scale]
         best, best_score = Retrieved("request", 0.0, (), scale, 0), 0.0
+        line = self.cost.line() if self.tree_nodes else None  # trees are priced by the target's row cost
         for name, source in (("request", self.request), ("store", self.store), ("datastore", self.datastore)):
             if source is None:
                 continue
-            tokens, raw, m, parents = draft(source.occurrences(tail, config), config, room, self.tree_nodes)
+            tokens, raw, m, parents = draft(source.occurrences(tail, config), config, room, self.tree_nodes, line)
             score = raw * self.calibration.factor(name)
             if tokens and score > best_score:
                 tree = None if parents is None else tuple(parents)

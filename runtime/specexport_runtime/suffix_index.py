@@ -68,16 +68,24 @@ class Occurrences(NamedTuple):
     stop: int
 
 
-def draft(occ: Occurrences | None, config: SuffixConfig, room: int, tree_nodes: int = 0) -> Draft:
+def draft(
+    occ: Occurrences | None,
+    config: SuffixConfig,
+    room: int,
+    tree_nodes: int = 0,
+    line: tuple[float, float] | None = None,
+) -> Draft:
     """A source's draft after its occurrences: a chain (draft_chain) of at most the configured
     limit for the match (and `room`), or with tree_nodes > 0 a tree (draft_tree) of at most that
-    many tokens whose paths are at most that limit deep."""
+    many tokens whose paths are at most that limit deep, priced by the target's verify-cost
+    line (a, b) when given. A tree without a branch is returned as a chain (parents None)."""
     if occ is None or occ.m == 0:
         return Draft([], 0.0, 0, None)
     limit = min(config.limit(occ.m), room)
     if tree_nodes:
-        tokens, parents, score = draft_tree(occ.seq, occ.ends, occ.stop, tree_nodes, limit, config.min_prob)
-        return Draft(tokens, score, occ.m, parents)
+        tokens, parents, score = draft_tree(occ.seq, occ.ends, occ.stop, tree_nodes, limit, config.min_prob, line)
+        chain = parents == list(range(len(parents)))  # each token the child of the one before
+        return Draft(tokens, score, occ.m, None if chain else parents)
     tokens, score = draft_chain(occ.seq, occ.ends, occ.stop, limit, config.min_prob)
     return Draft(tokens, score, occ.m, None)
 
@@ -93,7 +101,13 @@ TREE_BRANCHES = 4  # most children a tree node gets (its most frequent continuat
 
 
 def draft_tree(
-    seq: np.ndarray, ends: np.ndarray, stop: int, nodes: int, depth: int, min_prob: float
+    seq: np.ndarray,
+    ends: np.ndarray,
+    stop: int,
+    nodes: int,
+    depth: int,
+    min_prob: float,
+    line: tuple[float, float] | None = None,
 ) -> tuple[list[int], list[int], float]:
     """(tokens, parents, score): the suffix tree below the occurrences `ends`, best first (SuffixDecoding's
     tree mode): each node's children are its TREE_BRANCHES most frequent continuations, a
@@ -101,7 +115,12 @@ def draft_tree(
     the most probable open node is added next while it reaches min_prob, until `nodes` tokens
     (or none is left), no path deeper than `depth`. parents[i]: the tree row of token i's parent
     (0 the root, j + 1 for token j), so tokens come in topological order; the score is the sum
-    of the path probabilities (the expected accepted tokens if each is accepted with its own)."""
+    of the path probabilities (the expected accepted tokens if each is accepted with its own).
+
+    line: the target's verify cost, a + b rows seconds. Nodes come in non-increasing path
+    probability q, and one is added only while it raises the round's expected tokens per second:
+    (1 + score + q) / (a + b (R + 1)) > (1 + score) / (a + b R) for a tree of R rows so far, i.e.
+    q > b (1 + score) / (a + b R); where rows are dear the tree stays small."""
     tokens: list[int] = []
     parents: list[int] = []
     score = 0.0
@@ -127,7 +146,10 @@ def draft_tree(
                 order += 1
 
     expand(ends, 1.0, 0, 0)
+    a, b = line if line is not None else (1.0, 0.0)
     while heap and len(tokens) < nodes:
+        if b > 0 and -heap[0][0] * (a + b * (len(tokens) + 1)) <= b * (1 + score):
+            break  # the next node would lower the round's expected rate (docstring)
         neg, _, parent, level, occ = heapq.heappop(heap)
         tokens.append(int(seq[occ[0]]))
         parents.append(parent)

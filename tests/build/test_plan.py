@@ -247,3 +247,17 @@ def test_plan_counts_every_cache_slot_of_a_batch_graph():
     assert t8.weight_bytes == t1.weight_bytes and d8 == d1  # one weights file; the draft stays batch 1
     assert eight.total_bytes - one.total_bytes == 7 * (t1.kv_bytes + t1.logits_buffer_bytes)
     assert eight.to_dict()["max_batch"] == 8 and "8 sequences per target call" in "\n".join(eight.lines())
+
+
+def test_plan_counts_the_tree_graph_as_a_second_session():
+    """tree_verify: the target's weights once more (a second session), no KV cache of its own, and
+    an attention bias of 64 x (max_context + 64) floats per call."""
+    one = plan("smollm2-135m", "orin-nano-8gb")
+    recipe = load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"tree_verify": True})
+    tree = plan(recipe, "orin-nano-8gb")
+    t1 = one.models[0]
+    (extra,) = [m for m in tree.models if m.role == "tree"]
+    assert extra.weight_bytes == t1.weight_bytes and extra.kv_bytes == 0 and extra.logits_buffer_bytes == 0
+    bias = 64 * (recipe.max_context + 64) * 4
+    assert tree.total_bytes - one.total_bytes == t1.weight_bytes + t1.activation_bytes + bias
+    assert any("second ONNX Runtime session" in n for n in tree.notes)
