@@ -246,6 +246,13 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
         default=0.0,
         help="end a draft round early when the draft's top probability is below this (0 = never)",
     )
+    gen.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=0,
+        help="suffix drafts as trees of up to this many tokens, verified in one call (an artifact built"
+        " with --tree-verify; docs/trees.md); 0 = chains (default)",
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
@@ -290,6 +297,7 @@ def run_generate(args: argparse.Namespace) -> int:
         speculative=not args.no_speculation,
         domain=args.domain,
         min_draft_prob=args.min_draft_prob,
+        tree_nodes=args.tree_nodes,
         **suffix_overrides(args),
     )
     gen = load(

@@ -166,3 +166,23 @@ def test_draft_tree_is_priced_by_the_row_cost():
     assert (dear[0], dear[1]) == ([2, 3, 6], [0, 1, 2])
     got = draft(Occurrences(8, seq, ends, len(seq)), SuffixConfig(), 8, tree_nodes=5, line=(1.0, 0.2))  # m 8: depth 8
     assert got.tokens == [2, 3, 6] and got.parents is None  # no branch left: verified as a chain
+
+
+def test_cli_generates_with_trees(tiny_artifacts):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    art = str(tiny_artifacts["noisy-fused-tree"])
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    args = [sys.executable, "-m", "specexport_runtime.cli", "generate", art, "--prompt", PROMPTS[1], "--json"]
+    runs = {}
+    for extra in ([], ["--proposer", "suffix", "--tree-nodes", "16"]):
+        proc = subprocess.run(args + extra, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        runs[bool(extra)] = json.loads(proc.stdout)
+    assert runs[True]["token_ids"] == runs[False]["token_ids"]
+    assert runs[True]["stats"]["tree_rounds"] > 0
+    bad = subprocess.run(args + ["--tree-nodes", "99"], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "tree_nodes" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
