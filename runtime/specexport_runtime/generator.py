@@ -280,21 +280,31 @@ class SpeculativeLoop:
         ask = (gamma > 0 or when_off) and (not forced or self.params.greedy or self.free)
         proposal = None
         if ask and self.batched:
-            proposal = yield from self.proposer.propose_steps(committed, min(gamma, limit), self.params, self.rng)
+            proposal = self.as_chain(
+                (yield from self.proposer.propose_steps(committed, min(gamma, limit), self.params, self.rng))
+            )
             cap = max(gamma, free) if proposal is not None and proposal.lookup else gamma
             if proposal is not None and len(proposal.tokens) > cap:
                 q = proposal.q[:cap] if proposal.q is not None else None
                 proposal = replace(proposal, tokens=proposal.tokens[:cap], q=q)
         elif ask:
-            proposal = self.proposer.propose(committed, min(gamma, limit), self.params, self.rng)
+            proposal = self.as_chain(self.proposer.propose(committed, min(gamma, limit), self.params, self.rng))
         if self.guide is not None:
             return self.guide.shape(proposal, forced, limit)
         proposal = proposal or Proposal([], None)
-        if proposal.parents is not None and (self.tree is None or self.batched):  # chains only: its first path
-            picks = first_path(proposal.parents)
-            proposal = replace(proposal, tokens=[proposal.tokens[i] for i in picks], parents=None)
         parents = None if proposal.parents is None else proposal.parents[:limit]  # a topological prefix is a tree
         return replace(proposal, tokens=proposal.tokens[:limit], parents=parents)
+
+    def as_chain(self, proposal: Proposal | None) -> Proposal | None:
+        """A tree proposal as its first path (the first child of each node) where only chains are
+        verified: no tree graph, in a batch, or under a grammar; anything else unchanged."""
+        if (
+            proposal is None
+            or proposal.parents is None
+            or (self.tree is not None and not self.batched and self.guide is None)
+        ):
+            return proposal
+        return replace(proposal, tokens=[proposal.tokens[i] for i in first_path(proposal.parents)], parents=None)
 
     def speculative_step(self, committed: list[int], gamma: int, room: int) -> Iterator[TargetCall]:
         """-> the round's new tokens."""
