@@ -117,6 +117,11 @@ class Worker:
         self._thread.start()
 
     @property
+    def alive(self) -> bool:
+        """Whether the generating thread runs (a cluster replica's health check)."""
+        return self._thread.is_alive()
+
+    @property
     def waiting(self) -> int:
         return len(self._queue)
 

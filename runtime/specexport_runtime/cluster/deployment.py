@@ -1,0 +1,118 @@
+"""The Ray Serve application of one artifact, and `serve --replicas/--autoscale` around it.
+
+    HTTP -> Ray Serve proxy (head node) -> Ingress (ingress.Relay, 1 replica, 0 CPUs)
+         -> DeploymentHandle -> SpecReplica x N (replica.py: the artifact, the server's app)
+
+Ray Serve does the rest: it places replicas on the cluster's nodes, routes each request to a
+replica with a free slot, queues at most `max_queue` requests, scales the replica count on
+ongoing + queued requests (autoscale), health-checks replicas (`check_health`) and restarts
+the ones that die.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from ray import serve
+
+from ..errors import SpecExportError
+from .config import ClusterConfig
+from .ingress import Relay
+from .replica import REFUSED, SpecReplica
+
+REPLICA_DEPLOYMENT = "SpecReplica"
+INGRESS_DEPLOYMENT = "Ingress"
+INGRESS_ONGOING = 100_000  # the ingress only relays: the bound that matters is the replicas' queue
+
+
+class ClusterError(SpecExportError):
+    """The cluster could not be started or joined, or the deployment failed."""
+
+
+class IngressBase:
+    """The ingress deployment's class: its ASGI app is a Relay to the replica deployment."""
+
+    def __init__(self, replicas, queue: int, max_body_bytes: int):
+        self.relay = Relay(replicas, queue, max_body_bytes)
+
+    def __serve_build_asgi_app__(self):
+        return self.relay
+
+
+def deployment(artifact: str | Path, config: ClusterConfig | None = None):
+    """A Ray Serve Application serving `artifact` (a folder or a .spx at this path on every node).
+
+    Run it with `serve.run(app, route_prefix="/")`, or compose it into your own; each replica
+    opens and verifies the artifact itself (replica.py)."""
+    config = config if config is not None else ClusterConfig()
+    if not isinstance(config, ClusterConfig):
+        raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
+    replica = serve.deployment(SpecReplica, name=REPLICA_DEPLOYMENT, **config.ray_options())
+    ingress = serve.deployment(
+        serve.ingress()(IngressBase),
+        name=INGRESS_DEPLOYMENT,
+        num_replicas=1,
+        max_ongoing_requests=INGRESS_ONGOING,
+        ray_actor_options={"num_cpus": 0},
+    )
+    return ingress.bind(replica.bind(os.path.abspath(artifact), config), config.queue, config.server.max_body_bytes)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The one line a replica wrote when it refused the artifact, found in a deployment error."""
+    for line in str(exc).splitlines():
+        if REFUSED in line:
+            return line[line.index(REFUSED) :].strip()
+    return None
+
+
+def deploy(artifact: str | Path, config: ClusterConfig):
+    """serve.run the application under `config.name` at "/"; returns its handle. A deployment
+    that fails (a replica refused the artifact, ...) raises ClusterError with one line."""
+    try:
+        return serve.run(deployment(artifact, config), name=config.name, route_prefix="/")
+    except RuntimeError as exc:
+        line = refusal(exc)
+        if line is None:
+            last = [part for part in str(exc).splitlines() if part.strip()]
+            line = f"the deployment of {artifact} failed: {last[-1].strip() if last else type(exc).__name__}"
+        raise ClusterError(line) from None
+
+
+def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
+    """Start (or join: config.ray_address) a Ray cluster, deploy, and serve until SIGINT/SIGTERM."""
+    import ray
+
+    warning = config.server.exposure_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    try:
+        ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterError(
+            f"cannot start or join Ray at {config.ray_address or 'a new local cluster'}: {exc}"
+        ) from None
+    try:
+        serve.start(proxy_location="HeadOnly", http_options={"host": config.server.host, "port": config.server.port})
+        deploy(artifact, config)
+        scale = (
+            f"{config.replicas} replicas"
+            if config.autoscale is None
+            else f"{config.autoscale[0]}..{config.autoscale[1]} replicas (autoscaling)"
+        )
+        print(
+            f"serving {artifact} on http://{config.server.host}:{config.server.port}/v1 with {scale}", file=sys.stderr
+        )
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        serve.delete(config.name)
+    finally:
+        if config.ray_address is None:  # the cluster this command started
+            serve.shutdown()
+        ray.shutdown()
