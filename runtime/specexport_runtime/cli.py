@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
         help="serve an artifact over an OpenAI-compatible HTTP API (needs the serve extra)",
         description="Serve an artifact over HTTP: /v1/chat/completions, /v1/completions, /v1/models,"
         " /health, /metrics (Prometheus). One generation at a time; the others wait in a"
-        " bounded queue. Needs `pip install ./runtime[serve]`. See docs/serving.md.",
+        " bounded queue. Needs `pip install ./runtime[serve]`. With --replicas or --autoscale, on a"
+        " Ray Serve cluster (`pip install ./runtime[cluster]`). See docs/serving.md.",
     )
     add_serve_arguments(srv)
     unp = sub.add_parser(
@@ -150,6 +151,52 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
         help="uvicorn's log level (default info: one access line per request)",
     )
     add_suffix_arguments(srv)
+    add_cluster_arguments(srv)
+
+
+def add_cluster_arguments(srv: argparse.ArgumentParser) -> None:
+    """More than one machine: a Ray Serve cluster of replicas (docs/serving.md#more-than-one-machine)."""
+    group = srv.add_argument_group(
+        "cluster (Ray Serve; needs pip install './runtime[cluster]')",
+        "With --replicas or --autoscale the artifact is served by replicas on a Ray cluster; each replica"
+        " opens and verifies it (a folder or a .spx at the same path on every node). --max-queue is then"
+        " the cluster's queue, --max-batch each replica's slots, --threads each replica's threads.",
+    )
+    scale = group.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=int, default=None, metavar="N", help="a fixed number of replicas")
+    scale.add_argument(
+        "--autoscale",
+        default=None,
+        metavar="MIN:MAX",
+        help="replicas follow the load (queued + running requests) between MIN and MAX",
+    )
+    group.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster ('auto': the one started on this machine with `ray start`; or HOST:PORT);"
+        " default: start a local one for this command",
+    )
+    group.add_argument(
+        "--target-ongoing",
+        type=float,
+        default=None,
+        help="--autoscale: requests per replica (running + queued) the autoscaler aims at (default: --max-batch)",
+    )
+    group.add_argument(
+        "--upscale-delay", type=float, default=5.0, help="--autoscale: seconds above target before adding (default 5)"
+    )
+    group.add_argument(
+        "--downscale-delay",
+        type=float,
+        default=30.0,
+        help="--autoscale: seconds below target before removing a replica (default 30)",
+    )
+    group.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs Ray reserves per replica when placing it (default 1; match --threads)",
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -178,6 +225,12 @@ def run_serve(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         proposer=args.proposer,
     )  # checked before the slow load
+    if args.replicas is not None or args.autoscale is not None:
+        return run_cluster(args, config)
+    if args.ray_address is not None:
+        from .errors import InvalidArgument
+
+        raise InvalidArgument("--ray-address needs --replicas N or --autoscale MIN:MAX")
     if args.max_batch is None:  # the artifact's (its manifest is read again, verified, by load)
         config = replace(config, max_batch=read_manifest(args.artifact).target.max_batch)
     gen = load(
@@ -191,6 +244,53 @@ def run_serve(args: argparse.Namespace) -> int:
         batch=config.max_batch > 1,
     )
     serve(gen, config, log_level=args.log_level)
+    return 0
+
+
+def run_cluster(args: argparse.Namespace, server) -> int:
+    """`serve --replicas/--autoscale`: the artifact on a Ray Serve cluster (cluster/deployment.py)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from .cluster import ClusterExtraMissing, missing_cluster_extra
+    from .cluster.config import ClusterConfig, LoadOptions, parse_autoscale
+    from .errors import InvalidArgument
+    from .manifest import MANIFEST_NAME, read_manifest
+
+    missing = missing_cluster_extra()
+    if missing:
+        raise ClusterExtraMissing(missing)
+    keys = None
+    if args.trusted_key:
+        try:
+            keys = tuple(Path(k).read_bytes() for k in args.trusted_key)
+        except OSError as exc:
+            raise InvalidArgument(f"--trusted-key: cannot read {exc.filename!r}: {exc.strerror}") from None
+    load = LoadOptions(
+        provider=args.provider,
+        threads=args.threads,
+        verify=not args.no_verify,
+        shared_pool=not args.no_shared_pool,
+        trusted_keys=keys,
+        suffix_factor=args.suffix_factor,
+        suffix_max_spec=args.suffix_max_spec,
+    )
+    if args.max_batch is None and (Path(args.artifact) / MANIFEST_NAME).is_file():  # a folder here: its max_batch
+        server = replace(server, max_batch=read_manifest(args.artifact).target.max_batch)
+    config = ClusterConfig(
+        server=server,
+        load=load,
+        replicas=args.replicas,
+        autoscale=None if args.autoscale is None else parse_autoscale(args.autoscale),
+        target_ongoing=args.target_ongoing,
+        upscale_delay=args.upscale_delay,
+        downscale_delay=args.downscale_delay,
+        ray_address=args.ray_address,
+        replica_cpus=args.replica_cpus,
+    )
+    from .cluster.deployment import serve_cluster
+
+    serve_cluster(args.artifact, config)
     return 0
 
 

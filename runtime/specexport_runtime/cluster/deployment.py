@@ -62,25 +62,37 @@ def deployment(artifact: str | Path, config: ClusterConfig | None = None):
     return ingress.bind(replica.bind(os.path.abspath(artifact), config), config.queue, config.server.max_body_bytes)
 
 
-def refusal(exc: BaseException) -> str | None:
-    """The one line a replica wrote when it refused the artifact, found in a deployment error."""
-    for line in str(exc).splitlines():
+def refusal(text: str) -> str | None:
+    """The one line a replica wrote when it refused the artifact, found in a deployment's status."""
+    for line in text.splitlines():
         if REFUSED in line:
             return line[line.index(REFUSED) :].strip()
     return None
 
 
-def deploy(artifact: str | Path, config: ClusterConfig):
-    """serve.run the application under `config.name` at "/"; returns its handle. A deployment
-    that fails (a replica refused the artifact, ...) raises ClusterError with one line."""
+def _failure_line(config: ClusterConfig, artifact: str | Path, exc: RuntimeError) -> str:
+    """One line for a failed deployment: a replica's refusal when there is one (Ray keeps the
+    replicas' constructor errors in the deployment status), else Ray's last line."""
     try:
-        return serve.run(deployment(artifact, config), name=config.name, route_prefix="/")
+        status = serve.status().applications.get(config.name)
+    except RuntimeError:  # Serve itself is gone
+        status = None
+    texts = [str(exc)] + ([d.message for d in status.deployments.values()] if status is not None else [])
+    for text in texts:
+        line = refusal(text)
+        if line is not None:
+            return line
+    last = [part.strip() for part in str(exc).splitlines() if part.strip()]
+    return f"the deployment of {artifact} failed: {last[-1] if last else type(exc).__name__}"
+
+
+def deploy(artifact: str | Path, config: ClusterConfig, route_prefix: str = "/"):
+    """serve.run the application under `config.name` at `route_prefix`; returns its handle. A
+    deployment that fails (a replica refused the artifact, ...) raises ClusterError with one line."""
+    try:
+        return serve.run(deployment(artifact, config), name=config.name, route_prefix=route_prefix)
     except RuntimeError as exc:
-        line = refusal(exc)
-        if line is None:
-            last = [part for part in str(exc).splitlines() if part.strip()]
-            line = f"the deployment of {artifact} failed: {last[-1].strip() if last else type(exc).__name__}"
-        raise ClusterError(line) from None
+        raise ClusterError(_failure_line(config, artifact, exc)) from None
 
 
 def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:

@@ -105,6 +105,8 @@ class Relay:
                 relay.cancel()
             watch.cancel()
             await asyncio.gather(relay, watch, return_exceptions=True)
+        if not relay.cancelled() and relay.exception() is not None:  # the server aborts the connection
+            raise relay.exception()
 
     async def _relay(self, response, send) -> None:
         started = stream = ended = False

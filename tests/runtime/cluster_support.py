@@ -1,0 +1,98 @@
+"""Helpers of the cluster tests (no tests here; modules import the fixture as `fixture_cluster`):
+a local Ray cluster with Serve on a free port, deployments of tiny artifacts, each replica's own
+/metrics, and replica actors by id."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+
+import pytest
+
+from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
+from specexport_runtime.cluster.deployment import REPLICA_DEPLOYMENT, deploy
+from specexport_runtime.cluster.replica import REPLICA_HEADER
+from specexport_runtime.server.config import ServerConfig
+
+LOGICAL_CPUS = 4  # Ray's placement count: 2 replicas + the Serve actors fit whatever the host's cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", name="cluster")
+def fixture_cluster():
+    """A local Ray cluster with Serve's proxy on 127.0.0.1:<port>; yields the port."""
+    import ray
+    from ray import serve
+
+    port = free_port()
+    ray.init(num_cpus=LOGICAL_CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+    ray.shutdown()
+
+
+def config(replicas: int | None = 2, max_queue: int = 32, keys: tuple[bytes, ...] | None = None, **kwargs):
+    return ClusterConfig(
+        server=ServerConfig(max_queue=max_queue),
+        load=LoadOptions(threads=1, trusted_keys=keys),
+        replicas=replicas,
+        replica_cpus=1,
+        **kwargs,
+    )
+
+
+def deploy_at(artifact, cfg: ClusterConfig, route: str = "/"):
+    return deploy(artifact, cfg, route_prefix=route)
+
+
+def running_replicas(app: str) -> int:
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None or REPLICA_DEPLOYMENT not in status.deployments:
+        return 0
+    return status.deployments[REPLICA_DEPLOYMENT].replica_states.get("RUNNING", 0)
+
+
+def replica_metrics(port: int, want: int, tries: int = 200) -> dict[str, bytes]:
+    """{replica id: its /metrics text}: GET /metrics until `want` replicas have answered (the
+    router picks one per request)."""
+    seen: dict[str, bytes] = {}
+    for _ in range(tries):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            body = resp.read()
+            assert resp.status == 200, body
+            seen[resp.getheader(REPLICA_HEADER.decode())] = body
+        finally:
+            conn.close()
+        if len(seen) >= want:
+            return seen
+    raise AssertionError(f"only replicas {sorted(seen)} answered /metrics in {tries} tries")
+
+
+def replica_pid(replica_id: str) -> int:
+    """The process id of the live Serve replica actor `replica_id` (Ray's state API)."""
+    from ray.util.state import list_actors
+
+    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
+        if actor.name and actor.name.endswith(f"#{replica_id}"):
+            return actor.pid
+    raise AssertionError(f"no live actor for replica {replica_id}")
+
+
+def wait_until(predicate, timeout: float, what: str, every: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)

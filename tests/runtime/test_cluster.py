@@ -1,0 +1,119 @@
+"""A local Ray Serve cluster serving a tiny artifact as a signed `.spx`: 2 replicas, each unpacking and
+verifying the package itself; the openai client's concurrent greedy requests equal in-process
+generation, both replicas serve (by their own /metrics), and a tampered package is refused by
+every replica with one line."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+
+from cluster_support import config, deploy_at, fixture_cluster, replica_metrics, running_replicas  # noqa: E402, F401
+from test_server_support import metric_sum, metric_values  # noqa: E402
+
+from specexport_runtime.api import load  # noqa: E402
+from specexport_runtime.cluster.deployment import ClusterError  # noqa: E402
+from specexport_runtime.cluster.replica import REFUSED  # noqa: E402
+from specexport_runtime.package import pack  # noqa: E402
+from specexport_runtime.signing import keygen, sign  # noqa: E402
+
+KIND = "int8"
+N_REQUESTS = 32
+PROMPTS = ["Write a function that adds two numbers.", "The quick brown fox", "for i in range(10): print(i)"]
+
+
+@pytest.fixture(scope="module")
+def package(tiny_artifacts, tmp_path_factory):
+    """(the signed .spx of the tiny int8 artifact, the public key's PEM bytes)."""
+    tmp = tmp_path_factory.mktemp("cluster-spx")
+    root = shutil.copytree(tiny_artifacts[KIND], tmp / "artifact")
+    private, public = keygen(tmp / "keys")
+    sign(root, private)
+    return pack(root, tmp / "tiny.spx"), public.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_artifacts):
+    return load(tiny_artifacts[KIND], threads=1)
+
+
+@pytest.fixture(scope="module")
+def two(cluster, package):
+    spx, key = package
+    deploy_at(spx, config(replicas=2, max_queue=N_REQUESTS, keys=(key,), name="two"))
+    assert running_replicas("two") == 2
+    return cluster
+
+
+def _request(client, model, i):
+    """One of N_REQUESTS different greedy requests: chat or raw completion, streamed or not."""
+    text, n, stream = f"{PROMPTS[i % 3]} #{i}", 6 + i % 10, i % 2 == 1
+    if i % 4 < 2:
+        messages = [{"role": "user", "content": text}]
+        if stream:
+            chunks = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=n, temperature=0, stream=True
+            )
+            return ("chat", text, n), "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), None
+        r = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=n, temperature=0, extra_body={"return_token_ids": True}
+        )
+        return ("chat", text, n), r.choices[0].message.content, r.choices[0].model_extra["token_ids"]
+    if stream:
+        chunks = client.completions.create(model=model, prompt=text, max_tokens=n, temperature=0, stream=True)
+        return ("text", text, n), "".join(c.choices[0].text for c in chunks if c.choices), None
+    r = client.completions.create(
+        model=model, prompt=text, max_tokens=n, temperature=0, extra_body={"return_token_ids": True}
+    )
+    return ("text", text, n), r.choices[0].text, r.choices[0].model_extra["token_ids"]
+
+
+def test_two_replicas_answer_32_concurrent_requests_as_in_process_and_share_them(two, ref):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{two}/v1", api_key="none", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    with ThreadPoolExecutor(N_REQUESTS) as pool:
+        answers = list(pool.map(lambda i: _request(client, model, i), range(N_REQUESTS)))
+    for (kind, text, n), got_text, got_ids in answers:
+        want = (
+            ref.chat([{"role": "user", "content": text}], max_new_tokens=n, speculative=False)
+            if kind == "chat"
+            else ref.generate(text, max_new_tokens=n, speculative=False)
+        )
+        assert got_text == want.text, (kind, text)
+        if got_ids is not None:
+            assert got_ids == want.token_ids, (kind, text)
+    served = {
+        replica: metric_sum(metric_values(text), "specexport:request_success_total")
+        for replica, text in replica_metrics(two, want=2).items()
+    }
+    assert len(served) == 2 and all(count > 0 for count in served.values()), served
+    assert sum(served.values()) == N_REQUESTS
+
+
+def test_a_tampered_package_is_refused_by_every_replica_in_one_line(two, package, tmp_path):
+    from ray import serve
+
+    spx, key = package
+    tampered = shutil.copy(spx, tmp_path / "tampered.spx")
+    with tarfile.open(tampered) as tar:
+        member = next(m for m in tar.getmembers() if m.name == "tokenizer.json")
+    with open(tampered, "r+b") as handle:  # one byte of tokenizer.json, inside the tar
+        handle.seek(member.offset_data + 10)
+        byte = handle.read(1)
+        handle.seek(member.offset_data + 10)
+        handle.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ClusterError) as err:
+        deploy_at(tampered, config(replicas=2, keys=(key,), name="tampered"), route="/tampered")
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(REFUSED), line
+    assert "tokenizer.json" in line and "checksum" in line.lower(), line
+    status = serve.status().applications["tampered"]
+    assert status.status == "DEPLOY_FAILED" and running_replicas("tampered") == 0
+    serve.delete("tampered")
+    assert running_replicas("two") == 2  # the good deployment goes on

@@ -1,0 +1,202 @@
+"""The cluster's pieces without a Ray cluster: settings and their errors, the Ray Serve options they
+become, the one-line deployment error, and the ingress relay's answers when a replica call fails
+(a fake DeploymentHandle raising Ray's own exceptions at chosen points of a response)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from ray.exceptions import ActorDiedError  # noqa: E402
+from ray.serve.exceptions import BackPressureError  # noqa: E402
+
+from specexport_runtime.cli import main as runtime_main  # noqa: E402
+from specexport_runtime.cluster.config import ClusterConfig, parse_autoscale  # noqa: E402
+from specexport_runtime.cluster.deployment import refusal  # noqa: E402
+from specexport_runtime.cluster.ingress import Relay  # noqa: E402
+from specexport_runtime.cluster.replica import REFUSED  # noqa: E402
+from specexport_runtime.errors import InvalidArgument  # noqa: E402
+from specexport_runtime.server.config import ServerConfig  # noqa: E402
+
+SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
+JSON = [(b"content-type", b"application/json")]
+
+
+def test_fixed_and_autoscaled_configs_become_ray_serve_options():
+    fixed = ClusterConfig(server=ServerConfig(max_queue=7, max_batch=3), replicas=2).ray_options()
+    assert (fixed["num_replicas"], fixed["max_ongoing_requests"], fixed["max_queued_requests"]) == (2, 3, 7)
+    assert "autoscaling_config" not in fixed
+    auto = ClusterConfig(replicas=None, autoscale=(0, 4), target_ongoing=2.5, upscale_delay=1, downscale_delay=9)
+    scaling = auto.ray_options()["autoscaling_config"]
+    assert scaling == {
+        "min_replicas": 0,
+        "max_replicas": 4,
+        "initial_replicas": 1,
+        "target_ongoing_requests": 2.5,
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 9,
+    }
+    assert "num_replicas" not in auto.ray_options()
+    # each replica keeps one batch of local headroom; the cluster's queue is max_queue
+    assert ClusterConfig(server=ServerConfig(max_queue=9, max_batch=4)).replica_server.max_queue == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(replicas=0), "replicas must be an integer in 1..1024, got 0"),
+        (dict(replicas=2, autoscale=(1, 2)), "exactly one of replicas"),
+        (dict(replicas=None, autoscale=(3, 2)), "autoscale min 3 is larger than max 2"),
+        (dict(replicas=None, autoscale=(0, 0)), "autoscale must be (min, max)"),
+        (dict(server=ServerConfig(max_queue=0)), "max_queue must be >= 1 on a cluster"),
+        (dict(target_ongoing=0), "target_ongoing must be a number in (0, 10000], got 0"),
+        (dict(health_check_period=0), "health_check_period must be > 0 seconds"),
+        (dict(ray_address=" "), "ray_address must be"),
+    ],
+)
+def test_bad_settings_are_one_typed_line(kwargs, fragment):
+    with pytest.raises(InvalidArgument) as err:
+        ClusterConfig(**kwargs)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_autoscale_parsing():
+    assert parse_autoscale("1:4") == (1, 4)
+    for bad in ("4", "1-4", "a:b", ":3", "1:"):
+        with pytest.raises(InvalidArgument, match="--autoscale expects MIN:MAX"):
+            parse_autoscale(bad)
+
+
+def test_cli_refuses_ray_address_without_replicas_and_bad_autoscale(tmp_path, capsys):
+    assert runtime_main(["serve", str(tmp_path), "--ray-address", "auto"]) == 2
+    assert "--ray-address needs --replicas N or --autoscale MIN:MAX" in capsys.readouterr().err
+    assert runtime_main(["serve", str(tmp_path), "--autoscale", "2"]) == 2
+    assert "--autoscale expects MIN:MAX replicas (e.g. 1:4), got '2'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: the two are exclusive
+        runtime_main(["serve", str(tmp_path), "--replicas", "2", "--autoscale", "1:2"])
+
+
+def test_refusal_finds_the_replicas_line_in_a_deployment_error():
+    text = (
+        "Deploying application failed:\nTraceback (most recent call last):\n  ...\n"
+        f"ReplicaRefused: {REFUSED} (replica ab12 on node-1): checksum mismatch for tokenizer.json\n"
+    )
+    assert refusal(text) == f"{REFUSED} (replica ab12 on node-1): checksum mismatch for tokenizer.json"
+    assert refusal("something else") is None
+
+
+# --- the ingress relay -----------------------------------------------------------------------------
+class FakeResponse:
+    """A DeploymentResponseGenerator: yields `messages`, then raises `error` (if any)."""
+
+    def __init__(self, messages, error):
+        self.messages, self.error, self.cancelled = messages, error, False
+
+    def __aiter__(self):
+        return self._gen()
+
+    async def _gen(self):
+        for message in self.messages:
+            await asyncio.sleep(0)
+            yield message
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakeHandle:
+    def __init__(self, messages, error=None):
+        self.response = FakeResponse(messages, error)
+        self.requests = []
+
+    def options(self, **_):
+        return self
+
+    @property
+    def http(self):
+        return self
+
+    def remote(self, request):
+        self.requests.append(request)
+        return self.response
+
+
+def relay_once(handle, body=b'{"x": 1}'):
+    """Run one POST through a Relay; returns (the request the replica got, the messages sent back)."""
+    sent = []
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if incoming:
+            return incoming.pop()
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": JSON}
+    asyncio.run(Relay(handle, queue=5, max_body_bytes=1024)(scope, receive, send))
+    return handle.requests[0], sent
+
+
+def status_and_body(sent):
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert sent[-1]["type"] == "http.response.body" and not sent[-1].get("more_body", False)
+    return start["status"], dict(start["headers"]), body
+
+
+def test_relay_passes_a_replica_response_through_unchanged():
+    messages = [
+        {"type": "http.response.start", "status": 200, "headers": JSON},
+        {"type": "http.response.body", "body": b'{"ok": true}', "more_body": False},
+    ]
+    request, sent = relay_once(FakeHandle(messages))
+    assert sent == messages
+    assert (request["method"], request["path"], request["body"]) == ("POST", "/v1/completions", b'{"x": 1}')
+
+
+def test_relay_answers_429_when_the_cluster_queue_is_full():
+    _, sent = relay_once(FakeHandle([], BackPressureError(5, 5)))
+    status, headers, body = status_and_body(sent)
+    assert status == 429 and headers[b"retry-after"] == b"1"
+    assert json.loads(body)["error"]["code"] == "queue_full"
+
+
+def test_relay_answers_503_when_the_replica_died_before_answering():
+    _, sent = relay_once(FakeHandle([], ActorDiedError()))
+    status, _, body = status_and_body(sent)
+    assert status == 503
+    error = json.loads(body)["error"]
+    assert (error["code"], error["type"]) == ("replica_failed", "service_unavailable_error")
+
+
+@pytest.mark.parametrize("error", [ActorDiedError(), None], ids=["replica-died", "stream-ended-early"])
+def test_relay_ends_a_broken_stream_with_an_error_event_never_a_clean_finish(error):
+    chunk = b'data: {"choices": [{"text": "ab", "finish_reason": null}]}\n\n'
+    messages = [
+        {"type": "http.response.start", "status": 200, "headers": SSE},
+        {"type": "http.response.body", "body": chunk, "more_body": True},
+    ]
+    _, sent = relay_once(FakeHandle(messages, error))
+    status, _, body = status_and_body(sent)
+    events = [e[len("data: ") :] for e in body.decode().split("\n\n") if e]
+    assert status == 200 and events[0] == chunk.decode()[len("data: ") :].strip()
+    assert json.loads(events[1])["error"]["code"] == "replica_failed" and events[2] == "[DONE]"
+
+
+def test_relay_aborts_a_json_body_the_replica_left_half_sent():
+    messages = [{"type": "http.response.start", "status": 200, "headers": JSON}]
+    with pytest.raises(ActorDiedError):  # the server closes the connection: never a short 200 body
+        relay_once(FakeHandle(messages, ActorDiedError()))
+
+
+def test_relay_hands_an_oversized_body_to_the_replica_app_for_its_413():
+    request, _ = relay_once(FakeHandle([], BackPressureError(1, 1)), body=b"x" * 5000)
+    assert len(request["body"]) > 1024  # the replica's app answers 413, as the single server does
