@@ -80,14 +80,16 @@ def replica_metrics(port: int, want: int, tries: int = 200) -> dict[str, bytes]:
     raise AssertionError(f"only replicas {sorted(seen)} answered /metrics in {tries} tries")
 
 
-def replica_pid(replica_id: str) -> int:
-    """The process id of the live Serve replica actor `replica_id` (Ray's state API)."""
-    from ray.util.state import list_actors
+def kill_replica(replica_id: str) -> None:
+    """Kill the Serve replica actor `replica_id` at once (ray.kill: its worker process is
+    terminated, the requests it runs fail mid-way, Serve starts a replacement)."""
+    import ray
 
-    for actor in list_actors(filters=[("state", "=", "ALIVE")], limit=1000):
-        if actor.name and actor.name.endswith(f"#{replica_id}"):
-            return actor.pid
-    raise AssertionError(f"no live actor for replica {replica_id}")
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["name"].endswith(f"#{replica_id}"):
+            ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
+            return
+    raise AssertionError(f"no named actor for replica {replica_id}")
 
 
 def wait_until(predicate, timeout: float, what: str, every: float = 0.25) -> None:
