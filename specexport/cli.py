@@ -201,12 +201,13 @@ def fetch_default() -> None:
 
 def _register_extensions() -> None:
     """Commands that live in their own modules (artifacts, training, benchmarks, GPU planning)."""
-    from .cli_artifact import inspect, keygen, pack, sign
+    from .cli_artifact import inspect, keygen, pack, sign, triton_repo
     from .cli_bench import bench, calibrate
     from .cli_gpu import check_trt_cmd, plan_cmd
     from .cli_train import train_draft_cmd
 
-    for command in (inspect, pack, keygen, sign, train_draft_cmd, bench, calibrate, check_trt_cmd, plan_cmd):
+    commands = (inspect, pack, keygen, sign, triton_repo, train_draft_cmd, bench, calibrate, check_trt_cmd, plan_cmd)
+    for command in commands:
         cli.add_command(command)
 
 

@@ -105,3 +105,67 @@ def _lines(summary: dict) -> list[str]:
     lines.append(f"  files: {summary['files']} ({summary['bytes'] / 1e6:.1f} MB), checksums {summary['checksums']}")
     lines.append(f"  signature: {summary['signature']}")
     return lines
+
+
+@click.command("triton-repo")
+@click.argument("artifact", type=click.Path(path_type=Path, exists=True))
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The model repository folder to write (must not exist; written next to it, then renamed).",
+)
+@click.option("--name", default=None, help="The model's name in Triton (default: the artifact's name).")
+@click.option("--instances", type=int, default=1, show_default=True, help="Model instances (instance_group count).")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime threads per instance (default: all cores).")
+@click.option(
+    "--provider",
+    type=click.Choice(["cpu", "cuda", "tensorrt"]),
+    default="cpu",
+    show_default=True,
+    help="ONNX Runtime execution provider inside Triton (cuda/tensorrt: instance kind KIND_GPU).",
+)
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="An ed25519 public key (PEM), repeatable: the artifact must be signed by one of them, here and"
+    " again when Triton loads it (the keys are copied into the repository).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (repository, model, files, signed).")
+def triton_repo(
+    artifact: Path,
+    output: Path,
+    name: str | None,
+    instances: int,
+    threads: int | None,
+    provider: str,
+    trusted_keys: tuple[Path, ...],
+    as_json: bool,
+) -> None:
+    """Write a Triton Inference Server model repository for ARTIFACT (a folder or a .spx): config.pbtxt
+    (Python backend, decoupled, inputs and outputs of Triton's generate extension), model.py (the
+    speculative loop, streaming a response per round) and the verified artifact. docs/serving.md."""
+    import json
+
+    from specexport_runtime.triton.repo import RepoSettings, write_repository
+
+    settings = RepoSettings(name=name, instances=instances, threads=threads, provider=provider)
+    report = write_repository(artifact, output, settings, list(trusted_keys) or None)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "repository": str(report.repository),
+                    "model": report.model,
+                    "files": report.files,
+                    "signed": report.signed,
+                }
+            )
+        )
+    else:
+        signed = ", signature checked at load" if report.signed else ""
+        click.echo(f"wrote {report.repository}/{report.model} ({report.files} files{signed})")

@@ -1,0 +1,173 @@
+"""`specexport triton-repo`: the model repository's config.pbtxt parses as Triton's ModelConfig, and
+its model.py, run against a stand-in `triton_python_backend_utils` (tests/triton_stub) the way the
+Python backend runs it (initialize with the JSON model config, execute with decoupled senders),
+streams exactly the tokens of in-process generation. The end-to-end run through a real Triton
+server is test_triton_server.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("tritonclient")
+from google.protobuf import json_format, text_format  # noqa: E402
+from tritonclient.grpc import model_config_pb2  # noqa: E402
+
+from specexport.cli import cli  # noqa: E402
+from specexport_runtime.api import load  # noqa: E402
+from specexport_runtime.errors import ChecksumError, InvalidArgument  # noqa: E402
+from specexport_runtime.package import pack  # noqa: E402
+from specexport_runtime.signing import SignatureError, keygen, sign  # noqa: E402
+from specexport_runtime.triton.repo import RepoSettings, write_repository  # noqa: E402
+
+STUB = Path(__file__).parents[1] / "triton_stub"
+KIND = "int8"
+PROMPT = "The quick brown fox"
+
+
+def parsed_config(repo: Path, name: str):
+    return text_format.Parse((repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+@pytest.fixture()
+def backend(monkeypatch):
+    """Loads a repository's model.py with the stand-in utils module; returns (load_model, pb_utils)."""
+    monkeypatch.syspath_prepend(str(STUB))
+    monkeypatch.delitem(sys.modules, "triton_python_backend_utils", raising=False)
+    import triton_python_backend_utils as pb_utils
+
+    def load_model(repo: Path, name: str):
+        spec = importlib.util.spec_from_file_location(f"triton_model_{name}", repo / name / "1" / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        model = module.TritonPythonModel()
+        config = json_format.MessageToDict(
+            parsed_config(repo, name), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        model.initialize(
+            {
+                "model_config": json.dumps(config),
+                "model_instance_kind": "CPU",
+                "model_instance_name": f"{name}_0_0",
+                "model_repository": str(repo / name),
+                "model_version": "1",
+                "model_name": name,
+            }
+        )
+        return model
+
+    yield load_model, pb_utils
+    sys.modules.pop("triton_python_backend_utils", None)
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_artifacts, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("triton") / "models"
+    write_repository(tiny_artifacts[KIND], out, RepoSettings(name="tiny", threads=1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_artifacts):
+    return load(tiny_artifacts[KIND], threads=1)
+
+
+def request(pb_utils, text: str | None = PROMPT, **inputs):
+    if text is not None:
+        inputs["text_input"] = np.array([text.encode()], dtype=np.object_)
+    return pb_utils.FakeRequest(**inputs)
+
+
+def outputs(response) -> dict:
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+def test_config_pbtxt_parses_as_tritons_model_config(repo):
+    config = parsed_config(repo, "tiny")
+    assert (config.name, config.backend, config.max_batch_size) == ("tiny", "python", 0)
+    assert config.model_transaction_policy.decoupled
+    inputs = {i.name: (model_config_pb2.DataType.Name(i.data_type), list(i.dims), i.optional) for i in config.input}
+    assert inputs["text_input"] == ("TYPE_STRING", [1], False)
+    assert inputs["max_tokens"] == ("TYPE_INT32", [1], True) and inputs["stream"] == ("TYPE_BOOL", [1], True)
+    names = [o.name for o in config.output]
+    assert names[:3] == ["text_output", "token_ids", "finish_reason"] and "speculative" in names
+    assert config.parameters["artifact"].string_value == "artifact"
+    assert config.parameters["threads"].string_value == "1"
+    assert (repo / "tiny" / "1" / "artifact" / "manifest.json").is_file()
+
+
+def test_model_py_streams_the_runtimes_tokens_one_response_per_round(repo, ref, backend):
+    load_model, pb_utils = backend
+    model = load_model(repo, "tiny")
+    want = ref.generate(PROMPT, max_new_tokens=24, speculative=False)
+    streamed = request(pb_utils, max_tokens=np.array([24], np.int32), stream=np.array([True]))
+    whole = request(pb_utils, max_tokens=np.array([24], np.int32))
+    assert model.execute([streamed, whole]) is None  # decoupled: everything goes through the senders
+    sent = streamed.sender.sent
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert all(flags == 0 for _, flags in sent[:-1]) and sent[-1][1] == final and len(sent) > 3
+    rounds = [outputs(r) for r, _ in sent[:-1]]
+    assert [t for o in rounds for t in o["token_ids"].tolist()] == want.token_ids
+    assert "".join(o["text_output"][0].decode() for o in rounds) == want.text
+    last = outputs(sent[-1][0])
+    assert last["finish_reason"][0] == b"length" and last["text_output"][0] == b""
+    figures = json.loads(last["speculative"][0])
+    assert figures["drafted"] == int(last["drafted"][0]) > 0 and figures["rounds"] == int(last["rounds"][0])
+    assert figures["accepted"] == int(last["accepted"][0]) and figures["proposer"] == "draft"
+    ((response, flags),) = whole.sender.sent  # not streamed: one response with everything
+    one = outputs(response)
+    assert flags == final and one["token_ids"].tolist() == want.token_ids
+    assert one["text_output"][0].decode() == want.text
+
+
+def test_bad_requests_get_one_final_error_response(repo, backend):
+    load_model, pb_utils = backend
+    model = load_model(repo, "tiny")
+    missing = request(pb_utils, None, max_tokens=np.array([4], np.int32))
+    too_long = request(pb_utils, max_tokens=np.array([100_000], np.int32))
+    bad_proposer = request(pb_utils, proposer=np.array([b"nope"], dtype=np.object_))
+    model.execute([missing, too_long, bad_proposer])
+    for req, fragment in ((missing, "text_input"), (too_long, "max_tokens 100000"), (bad_proposer, "nope")):
+        ((response, flags),) = req.sender.sent
+        assert flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL and response.has_error()
+        assert fragment in response.error().message(), response.error().message()
+
+
+def test_a_signed_package_is_checked_when_written_and_when_triton_loads_it(tiny_artifacts, tmp_path, backend):
+    load_model, _ = backend
+    root = shutil.copytree(tiny_artifacts[KIND], tmp_path / "artifact")
+    private, public = keygen(tmp_path / "keys")
+    sign(root, private)
+    spx = pack(root, tmp_path / "tiny.spx")
+    report = write_repository(spx, tmp_path / "repo", RepoSettings(name="signed", threads=1), [public])
+    assert report.signed and (tmp_path / "repo" / "signed" / "1" / "keys" / "key0.pem").is_file()
+    load_model(tmp_path / "repo", "signed")  # verifies at load
+    tokenizer = tmp_path / "repo" / "signed" / "1" / "artifact" / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes().replace(b'"', b"'", 1))
+    with pytest.raises(ChecksumError):
+        load_model(tmp_path / "repo", "signed")
+    other, other_public = keygen(tmp_path / "other", "other")
+    with pytest.raises(SignatureError):  # a repository is only written from an artifact the keys trust
+        write_repository(spx, tmp_path / "repo2", trusted_keys=[other_public])
+    assert not (tmp_path / "repo2").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no half-written folder left
+
+
+def test_cli_writes_a_new_repository_and_never_overwrites(tiny_artifacts, tmp_path):
+    out = tmp_path / "models"
+    result = CliRunner().invoke(cli, ["triton-repo", str(tiny_artifacts[KIND]), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["model"] == "tiny-int8" and report["signed"] is False
+    assert report["files"] == sum(1 for p in out.rglob("*") if p.is_file())
+    again = CliRunner().invoke(cli, ["triton-repo", str(tiny_artifacts[KIND]), "-o", str(out)])
+    assert again.exit_code == 2 and "exists; triton-repo writes a new repository" in again.output
+    with pytest.raises(InvalidArgument, match="instances must be an integer in 1..64, got 0"):
+        RepoSettings(instances=0)
