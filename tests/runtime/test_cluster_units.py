@@ -91,7 +91,7 @@ def test_refusal_finds_the_replicas_line_in_a_deployment_error():
 
 # --- the ingress relay -----------------------------------------------------------------------------
 class FakeResponse:
-    """A DeploymentResponseGenerator: yields `messages`, then raises `error` (if any)."""
+    """A DeploymentResponseGenerator: yields `messages` (each as a batch of one), then raises `error`."""
 
     def __init__(self, messages, error):
         self.messages, self.error, self.cancelled = messages, error, False
@@ -100,9 +100,9 @@ class FakeResponse:
         return self._gen()
 
     async def _gen(self):
-        for message in self.messages:
+        for message in self.messages:  # one message a batch; the relay takes batches of any size
             await asyncio.sleep(0)
-            yield message
+            yield [message]
         if self.error is not None:
             raise self.error
 

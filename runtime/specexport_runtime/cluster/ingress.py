@@ -111,15 +111,16 @@ class Relay:
     async def _relay(self, response, send) -> None:
         started = stream = ended = False
         try:
-            async for message in response:
-                if message["type"] == "http.response.start":
-                    started = True
-                    stream = any(
-                        k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message["headers"]
-                    )
-                elif message["type"] == "http.response.body":
-                    ended = not message.get("more_body", False)
-                await send(message)
+            async for batch in response:  # the replica's messages, in batches (replica.SpecReplica.http)
+                for message in batch:
+                    if message["type"] == "http.response.start":
+                        started = True
+                        stream = any(
+                            k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message["headers"]
+                        )
+                    elif message["type"] == "http.response.body":
+                        ended = not message.get("more_body", False)
+                    await send(message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the replica call failed: the client is told, never left with a clean short answer

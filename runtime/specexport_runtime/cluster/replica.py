@@ -90,8 +90,9 @@ class SpecReplica:
         await self._lifespan.__aenter__()
         self._header = (REPLICA_HEADER, self.id.encode())
 
-    async def http(self, request: dict) -> AsyncIterator[dict]:
-        """Run one HTTP request through the app; yields its ASGI send messages in order.
+    async def http(self, request: dict) -> AsyncIterator[list[dict]]:
+        """Run one HTTP request through the app; yields its ASGI send messages in order, in batches
+        (each batch: the messages the app sent since the previous one).
 
         request: {"method", "path", "query_string": bytes, "headers": [(bytes, bytes)], "body": bytes,
         "client": (host, port) | None, "scheme"}. Closing the generator (Ray cancels it when the
@@ -129,11 +130,18 @@ class SpecReplica:
 
         task = asyncio.ensure_future(self.app(scope, receive, send))
         task.add_done_callback(lambda _: outbox.put_nowait(_END))
-        complete = False
+        complete = ended = False
         try:
-            while (message := await outbox.get()) is not _END:
-                complete = message["type"] == "http.response.body" and not message.get("more_body", False)
-                yield message
+            while not ended:  # one batch: what the app sent since the last one (fewer Ray objects under load)
+                batch = [await outbox.get()]
+                while not outbox.empty():
+                    batch.append(outbox.get_nowait())
+                ended = batch[-1] is _END
+                batch = [m for m in batch if m is not _END]
+                for message in batch:
+                    complete = message["type"] == "http.response.body" and not message.get("more_body", False)
+                if batch:
+                    yield batch
         finally:
             gone.set()
             done, _ = await asyncio.wait({task}, timeout=self.state.config.drain_seconds + 5)

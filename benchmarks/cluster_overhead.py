@@ -1,0 +1,174 @@
+"""What the Ray Serve cluster costs per request, and what a second replica adds.
+
+    python benchmarks/cluster_overhead.py ARTIFACT [--threads 1] [--repeats 5] [--requests 16]
+        [--concurrency 4] [--max-tokens 256] [--json OUT]
+
+Three servers of the same artifact, one after the other, each on its own local port:
+  single    `specexport-runtime serve` in a subprocess (uvicorn + the app, --threads)
+  cluster1  a local Ray cluster, `serve --replicas 1` (ingress + 1 replica, --threads each)
+  cluster2  the same application redeployed with 2 replicas
+Overhead: a short greedy completion (8 tokens, not streamed) sent one at a time, `repeats` x 8
+times after 3 warm-ups; the median latency of cluster1 minus that of single, and the same for the
+time to first token of a streamed one. Throughput: `requests` greedy streamed completions of
+`max-tokens` tokens from `concurrency` client threads; generated tokens / wall seconds, the median
+over `repeats`, for single, cluster1 and cluster2. Ray is started with 4 logical CPUs so that
+placement never waits; the host's real cores are what the replicas share (see the ceiling in
+docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "runtime"))
+
+MODEL = "bench"  # --model-name of every server here
+PROMPTS = ["The quick brown fox", "def add(a, b):", "Write a function that adds two numbers.", "for i in range(10):"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def completion(port: int, prompt: str, n: int, stream: bool) -> tuple[float, float, int]:
+    """(seconds to the whole answer, seconds to the first streamed byte of text, tokens) of one request."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": stream}
+    body["return_token_ids"] = True
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first, tokens = None, 0
+    if not stream:
+        data = json.loads(resp.read())
+        assert resp.status == 200, data
+        tokens = len(data["choices"][0]["token_ids"])
+    else:
+        assert resp.status == 200, resp.read()
+        while line := resp.readline():
+            if line.startswith(b"data: {"):
+                event = json.loads(line[6:])
+                for choice in event.get("choices", []):
+                    if choice.get("text") and first is None:
+                        first = time.perf_counter()
+                    tokens += len(choice.get("token_ids") or [])
+    conn.close()
+    end = time.perf_counter()
+    return end - start, (first or end) - start, tokens
+
+
+def overhead(port: int, repeats: int) -> dict:
+    for _ in range(3):
+        completion(port, PROMPTS[0], 8, False)
+    latency = [completion(port, PROMPTS[i % 4], 8, False)[0] for i in range(repeats * 8)]
+    ttft = [completion(port, PROMPTS[i % 4], 8, True)[1] for i in range(repeats * 8)]
+    return {"latency_ms": 1000 * statistics.median(latency), "ttft_ms": 1000 * statistics.median(ttft)}
+
+
+def throughput(port: int, requests: int, concurrency: int, n: int, repeats: int) -> dict:
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            done = list(pool.map(lambda i: completion(port, PROMPTS[i % 4], n, True), range(requests)))
+        runs.append(sum(t for _, _, t in done) / (time.perf_counter() - start))
+    return {"tokens_per_second": statistics.median(runs), "runs": runs}
+
+
+def wait_ready(port: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"no server answered /health on port {port} within {timeout} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact", help="artifact folder")
+    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per server / replica (default 1)")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of each measurement (default 5)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per throughput run (default 16)")
+    parser.add_argument("--concurrency", type=int, default=4, help="client threads of a throughput run (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per throughput request (default 256)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
+    args = parser.parse_args()
+    results: dict = {}
+    load = (args.requests, args.concurrency, args.max_tokens, args.repeats)
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(port)]
+    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
+    cmd += ["--log-level", "warning"]
+    single = subprocess.Popen(cmd)
+    try:
+        wait_ready(port)
+        results["single"] = {**overhead(port, args.repeats), **throughput(port, *load)}
+    finally:
+        single.terminate()
+        single.wait(60)
+
+    import ray
+    from ray import serve
+
+    from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
+    from specexport_runtime.cluster.deployment import deploy
+    from specexport_runtime.server.config import ServerConfig
+
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        for replicas in (1, 2):
+            config = ClusterConfig(
+                server=ServerConfig(max_queue=args.requests, model_name=MODEL),
+                load=LoadOptions(threads=args.threads),
+                replicas=replicas,
+                replica_cpus=1,
+            )
+            deploy(args.artifact, config)
+            wait_ready(port)
+            figures = throughput(port, *load)
+            if replicas == 1:
+                figures = {**overhead(port, args.repeats), **figures}
+            results[f"cluster{replicas}"] = figures
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+    single, one, two = results["single"], results["cluster1"], results["cluster2"]
+    print(f"{'server':10} {'latency ms':>11} {'TTFT ms':>8} {'tok/s':>8}")
+    for name, r in results.items():
+        lat = f"{r['latency_ms']:.1f}" if "latency_ms" in r else "-"
+        ttft = f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "-"
+        print(f"{name:10} {lat:>11} {ttft:>8} {r['tokens_per_second']:>8.1f}")
+    print(
+        f"cluster overhead per request: {one['latency_ms'] - single['latency_ms']:+.1f} ms latency,"
+        f" {one['ttft_ms'] - single['ttft_ms']:+.1f} ms first token;"
+        f" 2 replicas / 1: {two['tokens_per_second'] / one['tokens_per_second']:.2f}x"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
