@@ -192,6 +192,13 @@ def add_cluster_arguments(srv: argparse.ArgumentParser) -> None:
         help="--autoscale: seconds below target before removing a replica (default 30)",
     )
     group.add_argument(
+        "--replica-queue",
+        type=int,
+        default=1,
+        help="requests that may wait at a replica besides its running ones, so that the next one starts"
+        " without a round trip to the ingress (default 1; 0: requests go only to replicas with a free slot)",
+    )
+    group.add_argument(
         "--replica-cpus",
         type=float,
         default=1.0,
@@ -287,6 +294,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
         downscale_delay=args.downscale_delay,
         ray_address=args.ray_address,
         replica_cpus=args.replica_cpus,
+        replica_queue=args.replica_queue,
     )
     from .cluster.deployment import serve_cluster
 

@@ -28,7 +28,10 @@ JSON = [(b"content-type", b"application/json")]
 
 def test_fixed_and_autoscaled_configs_become_ray_serve_options():
     fixed = ClusterConfig(server=ServerConfig(max_queue=7, max_batch=3), replicas=2).ray_options()
-    assert (fixed["num_replicas"], fixed["max_ongoing_requests"], fixed["max_queued_requests"]) == (2, 3, 7)
+    # a replica holds its 3 slots + 1 waiting request (the default replica_queue)
+    assert (fixed["num_replicas"], fixed["max_ongoing_requests"], fixed["max_queued_requests"]) == (2, 4, 7)
+    strict = ClusterConfig(server=ServerConfig(max_batch=3), replica_queue=0).ray_options()
+    assert strict["max_ongoing_requests"] == 3  # only replicas with a free slot get requests
     assert "autoscaling_config" not in fixed
     auto = ClusterConfig(replicas=None, autoscale=(0, 4), target_ongoing=2.5, upscale_delay=1, downscale_delay=9)
     scaling = auto.ray_options()["autoscaling_config"]
@@ -41,8 +44,8 @@ def test_fixed_and_autoscaled_configs_become_ray_serve_options():
         "downscale_delay_s": 9,
     }
     assert "num_replicas" not in auto.ray_options()
-    # each replica keeps one batch of local headroom; the cluster's queue is max_queue
-    assert ClusterConfig(server=ServerConfig(max_queue=9, max_batch=4)).replica_server.max_queue == 4
+    # each replica's app queues its replica_queue plus one batch of headroom; the cluster's queue is max_queue
+    assert ClusterConfig(server=ServerConfig(max_queue=9, max_batch=4)).replica_server.max_queue == 5
 
 
 @pytest.mark.parametrize(
@@ -56,6 +59,7 @@ def test_fixed_and_autoscaled_configs_become_ray_serve_options():
         (dict(target_ongoing=0), "target_ongoing must be a number in (0, 10000], got 0"),
         (dict(health_check_period=0), "health_check_period must be > 0 seconds"),
         (dict(ray_address=" "), "ray_address must be"),
+        (dict(replica_queue=-1), "replica_queue must be an integer in 0..64, got -1"),
     ],
 )
 def test_bad_settings_are_one_typed_line(kwargs, fragment):

@@ -5,7 +5,8 @@ runs) next to the ServerConfig every replica's app runs with. Invariants:
 - exactly one of `replicas` (a fixed count) and `autoscale` ((min, max) replicas) is set;
 - `server.max_queue` is the cluster-wide queue: requests waiting at the ingress for a replica
   slot (Ray Serve's max_queued_requests); one more is answered 429;
-- each replica takes at most `server.max_batch` requests at once (max_ongoing_requests).
+- each replica holds at most `server.max_batch` running + `replica_queue` waiting requests
+  (max_ongoing_requests); Ray routes a request to the replica with the fewest of them.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class ClusterConfig:
     downscale_delay: float = 30.0  # seconds it must stay below before one is removed
     ray_address: str | None = None  # None: start a local Ray; "auto" or host:port: join that cluster
     replica_cpus: float = 1.0  # logical CPUs Ray reserves for each replica (placement only)
+    replica_queue: int = 1  # requests that may wait at a replica (0: only free slots; more hides the hand-off)
     health_check_period: float = 5.0  # seconds between Ray's health checks of each replica
     name: str = APP_NAME
 
@@ -82,6 +84,12 @@ class ClusterConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise InvalidArgument(f"{name} must be a finite number >= 0, got {value!r}")
+        if (
+            not isinstance(self.replica_queue, int)
+            or isinstance(self.replica_queue, bool)
+            or not 0 <= self.replica_queue <= 64
+        ):
+            raise InvalidArgument(f"replica_queue must be an integer in 0..64, got {self.replica_queue!r}")
         if self.health_check_period <= 0:
             raise InvalidArgument(f"health_check_period must be > 0 seconds, got {self.health_check_period!r}")
         if self.target_ongoing is not None and (
@@ -100,22 +108,28 @@ class ClusterConfig:
 
     @property
     def slots(self) -> int:
-        """Requests one replica runs at once (Ray Serve's max_ongoing_requests)."""
+        """Requests one replica runs at once."""
         return self.server.max_batch
 
     @property
+    def per_replica(self) -> int:
+        """Requests Ray hands one replica at once, running and waiting (max_ongoing_requests)."""
+        return self.slots + self.replica_queue
+
+    @property
     def replica_server(self) -> ServerConfig:
-        """What each replica's app runs with: the server's settings, with a local queue of one
-        batch as headroom (Ray sends a replica at most `slots` requests; the headroom absorbs the
-        moment between one request's last chunk and its slot being free)."""
+        """What each replica's app runs with: the server's settings, with a local queue of
+        `replica_queue` plus one batch of headroom (Ray sends a replica at most `per_replica`
+        requests; the headroom absorbs the moment between one request's last chunk and its slot
+        being free)."""
         from dataclasses import replace
 
-        return replace(self.server, max_queue=self.server.max_batch)
+        return replace(self.server, max_queue=self.replica_queue + self.server.max_batch)
 
     def ray_options(self) -> dict:
         """serve.deployment options of the replica deployment."""
         options: dict = {
-            "max_ongoing_requests": self.slots,
+            "max_ongoing_requests": self.per_replica,
             "max_queued_requests": self.queue,
             "health_check_period_s": self.health_check_period,
             "ray_actor_options": {"num_cpus": self.replica_cpus},
