@@ -3,17 +3,18 @@
     python benchmarks/cluster_overhead.py ARTIFACT [--threads 1] [--repeats 5] [--requests 16]
         [--concurrency 4] [--max-tokens 256] [--json OUT]
 
-Three servers of the same artifact, one after the other, each on its own local port:
+Two servers of the same artifact side by side, each on its own local port (so both see the same
+background: Ray's own processes run throughout):
   single    `specexport-runtime serve` in a subprocess (uvicorn + the app, --threads)
-  cluster1  a local Ray cluster, `serve --replicas 1` (ingress + 1 replica, --threads each)
-  cluster2  the same application redeployed with 2 replicas
-Overhead: a short greedy completion (8 tokens, not streamed) sent one at a time, `repeats` x 8
-times after 3 warm-ups; the median latency of cluster1 minus that of single, and the same for the
-time to first token of a streamed one. Throughput: `requests` greedy streamed completions of
-`max-tokens` tokens from `concurrency` client threads; generated tokens / wall seconds, the median
-over `repeats`, for single, cluster1 and cluster2. Ray is started with 4 logical CPUs so that
-placement never waits; the host's real cores are what the replicas share (see the ceiling in
-docs/serving.md).
+  cluster1  a local Ray cluster, `serve --replicas 1` (ingress + 1 replica, --threads each),
+  cluster2  then the same application redeployed with 2 replicas.
+Overhead: a short greedy completion (8 tokens) to single and to cluster1 in alternating pairs,
+`repeats` x 8 pairs after 3 warm-ups each, not streamed (whole-request latency) and streamed (time
+to the first text); the median over pairs of cluster1's time minus single's. Throughput:
+`requests` greedy streamed completions of `max-tokens` tokens from `concurrency` client threads;
+generated tokens / wall seconds, the median over `repeats`, for single, cluster1 and cluster2. Ray
+is started with 4 logical CPUs so that placement never waits; the host's real cores are what the
+replicas share (the ceiling: docs/serving.md).
 """
 
 from __future__ import annotations
@@ -69,12 +70,19 @@ def completion(port: int, prompt: str, n: int, stream: bool) -> tuple[float, flo
     return end - start, (first or end) - start, tokens
 
 
-def overhead(port: int, repeats: int) -> dict:
-    for _ in range(3):
-        completion(port, PROMPTS[0], 8, False)
-    latency = [completion(port, PROMPTS[i % 4], 8, False)[0] for i in range(repeats * 8)]
-    ttft = [completion(port, PROMPTS[i % 4], 8, True)[1] for i in range(repeats * 8)]
-    return {"latency_ms": 1000 * statistics.median(latency), "ttft_ms": 1000 * statistics.median(ttft)}
+def overhead(single: int, cluster: int, repeats: int) -> dict:
+    """Short requests to both servers in alternating pairs (A/B, then B/A); per pair the cluster's
+    time minus the single server's, the median over pairs."""
+    for port in (single, cluster):
+        for _ in range(3):
+            completion(port, PROMPTS[0], 8, False)
+    pairs: dict[str, list[float]] = {"latency_ms": [], "ttft_ms": []}
+    for i in range(repeats * 8):
+        prompt, order = PROMPTS[i % 4], (single, cluster) if i % 2 == 0 else (cluster, single)
+        for name, stream, index in (("latency_ms", False, 0), ("ttft_ms", True, 1)):
+            got = {port: completion(port, prompt, 8, stream)[index] for port in order}
+            pairs[name].append(1000 * (got[cluster] - got[single]))
+    return {name: statistics.median(values) for name, values in pairs.items()}
 
 
 def throughput(port: int, requests: int, concurrency: int, n: int, repeats: int) -> dict:
@@ -113,19 +121,6 @@ def main() -> int:
     args = parser.parse_args()
     results: dict = {}
     load = (args.requests, args.concurrency, args.max_tokens, args.repeats)
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(port)]
-    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
-    cmd += ["--log-level", "warning"]
-    single = subprocess.Popen(cmd)
-    try:
-        wait_ready(port)
-        results["single"] = {**overhead(port, args.repeats), **throughput(port, *load)}
-    finally:
-        single.terminate()
-        single.wait(60)
-
     import ray
     from ray import serve
 
@@ -133,10 +128,15 @@ def main() -> int:
     from specexport_runtime.cluster.deployment import deploy
     from specexport_runtime.server.config import ServerConfig
 
-    port = free_port()
+    single_port, cluster_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(single_port)]
+    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
+    cmd += ["--log-level", "warning"]
+    single = subprocess.Popen(cmd)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": cluster_port})
     try:
+        wait_ready(single_port)
         for replicas in (1, 2):
             config = ClusterConfig(
                 server=ServerConfig(max_queue=args.requests, model_name=MODEL),
@@ -145,25 +145,24 @@ def main() -> int:
                 replica_cpus=1,
             )
             deploy(args.artifact, config)
-            wait_ready(port)
-            figures = throughput(port, *load)
+            wait_ready(cluster_port)
             if replicas == 1:
-                figures = {**overhead(port, args.repeats), **figures}
-            results[f"cluster{replicas}"] = figures
+                results["overhead"] = overhead(single_port, cluster_port, args.repeats)
+                results["single"] = throughput(single_port, *load)
+            results[f"cluster{replicas}"] = throughput(cluster_port, *load)
     finally:
+        single.terminate()
+        single.wait(60)
         serve.shutdown()
         ray.shutdown()
 
-    single, one, two = results["single"], results["cluster1"], results["cluster2"]
-    print(f"{'server':10} {'latency ms':>11} {'TTFT ms':>8} {'tok/s':>8}")
-    for name, r in results.items():
-        lat = f"{r['latency_ms']:.1f}" if "latency_ms" in r else "-"
-        ttft = f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "-"
-        print(f"{name:10} {lat:>11} {ttft:>8} {r['tokens_per_second']:>8.1f}")
+    extra, one = results["overhead"], results["cluster1"]["tokens_per_second"]
+    for name in ("single", "cluster1", "cluster2"):
+        print(f"{name:9} {results[name]['tokens_per_second']:8.1f} tok/s")
     print(
-        f"cluster overhead per request: {one['latency_ms'] - single['latency_ms']:+.1f} ms latency,"
-        f" {one['ttft_ms'] - single['ttft_ms']:+.1f} ms first token;"
-        f" 2 replicas / 1: {two['tokens_per_second'] / one['tokens_per_second']:.2f}x"
+        f"cluster overhead per request (median of paired differences): {extra['latency_ms']:+.1f} ms latency,"
+        f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1:"
+        f" {results['cluster2']['tokens_per_second'] / one:.2f}x"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -95,18 +95,18 @@ def test_refusal_finds_the_replicas_line_in_a_deployment_error():
 
 # --- the ingress relay -----------------------------------------------------------------------------
 class FakeResponse:
-    """A DeploymentResponseGenerator: yields `messages` (each as a batch of one), then raises `error`."""
+    """A DeploymentResponseGenerator: yields `messages` in batches of `batch`, then raises `error`."""
 
-    def __init__(self, messages, error):
-        self.messages, self.error, self.cancelled = messages, error, False
+    def __init__(self, messages, error, batch: int):
+        self.messages, self.error, self.batch, self.cancelled = messages, error, batch, False
 
     def __aiter__(self):
         return self._gen()
 
     async def _gen(self):
-        for message in self.messages:  # one message a batch; the relay takes batches of any size
+        for i in range(0, len(self.messages), self.batch):  # the replica yields batches of messages
             await asyncio.sleep(0)
-            yield [message]
+            yield self.messages[i : i + self.batch]
         if self.error is not None:
             raise self.error
 
@@ -115,8 +115,8 @@ class FakeResponse:
 
 
 class FakeHandle:
-    def __init__(self, messages, error=None):
-        self.response = FakeResponse(messages, error)
+    def __init__(self, messages, error=None, batch: int = 1):
+        self.response = FakeResponse(messages, error, batch)
         self.requests = []
 
     def options(self, **_):
@@ -156,12 +156,13 @@ def status_and_body(sent):
     return start["status"], dict(start["headers"]), body
 
 
-def test_relay_passes_a_replica_response_through_unchanged():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_relay_passes_a_replica_response_through_unchanged(batch):
     messages = [
         {"type": "http.response.start", "status": 200, "headers": JSON},
         {"type": "http.response.body", "body": b'{"ok": true}', "more_body": False},
     ]
-    request, sent = relay_once(FakeHandle(messages))
+    request, sent = relay_once(FakeHandle(messages, batch=batch))
     assert sent == messages
     assert (request["method"], request["path"], request["body"]) == ("POST", "/v1/completions", b'{"x": 1}')
 
