@@ -96,6 +96,12 @@ OPTIONAL = {
     "llguidance",
 }  # lazy: TensorRT extras, the [sign] and [structured] extras
 SERVE = {"uvicorn", "starlette", "prometheus_client"}  # the [serve] extra: only in specexport_runtime/server/
+# what each optional package of the runtime may import besides: its extra
+EXTRAS = {
+    "server": SERVE,
+    "cluster": SERVE | {"ray"},  # the [cluster] extra (ray[serve]) over the server's app
+    "triton": {"triton_python_backend_utils"},  # the module Triton's Python backend provides model.py
+}
 
 
 def _imported_roots(path: Path) -> tuple[set[str], set[str]]:
@@ -119,14 +125,15 @@ def _imported_roots(path: Path) -> tuple[set[str], set[str]]:
 def test_runtime_sources_import_only_allowed_modules():
     """Static check of every runtime module, including imports inside functions (lazy imports
     on rare paths): module level only the allowed packages; in functions also the optional
-    TensorRT extras; the server package also the [serve] extra; torch / transformers / onnx nowhere."""
+    TensorRT extras; the server, cluster and triton packages also their extras (EXTRAS); torch /
+    transformers / onnx nowhere."""
     sources = sorted((RUNTIME / "specexport_runtime").rglob("*.py"))
     assert sources
     ok = ALLOWED | set(sys.stdlib_module_names) | {"__future__", "specexport_runtime"}
     for path in sources:
         top, lazy = _imported_roots(path)
         rel = path.relative_to(REPO)
-        extra = SERVE if path.relative_to(RUNTIME / "specexport_runtime").parts[0] == "server" else set()
+        extra = EXTRAS.get(path.relative_to(RUNTIME / "specexport_runtime").parts[0], set())
         assert not top - ok - extra, f"{rel} imports {sorted(top - ok - extra)} at module level"
         assert not lazy - ok - OPTIONAL - extra, f"{rel} imports {sorted(lazy - ok - OPTIONAL - extra)} in a function"
         assert not (top | lazy) & set(FORBIDDEN), rel
