@@ -31,7 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
+
+from specexport import harness  # noqa: E402
 
 MODEL = "bench"  # --model-name of every server here
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Write a function that adds two numbers.", "for i in range(10):"]
@@ -109,8 +112,8 @@ def wait_ready(port: int, timeout: float = 120) -> None:
     raise SystemExit(f"no server answered /health on port {port} within {timeout} s")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    parser = harness.script_parser(__doc__)
     parser.add_argument("artifact", help="artifact folder")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per server / replica (default 1)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats of each measurement (default 5)")
@@ -118,8 +121,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="client threads of a throughput run (default 4)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per throughput request (default 256)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
-    args = parser.parse_args()
-    results: dict = {}
+    return parser
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
+    results: dict = {"meta": meta}
     load = (args.requests, args.concurrency, args.max_tokens, args.repeats)
     import ray
     from ray import serve
@@ -157,6 +165,7 @@ def main() -> int:
         ray.shutdown()
 
     extra, one = results["overhead"], results["cluster1"]["tokens_per_second"]
+    print(harness.header(meta))
     for name in ("single", "cluster1", "cluster2"):
         print(f"{name:9} {results[name]['tokens_per_second']:8.1f} tok/s")
     print(
@@ -165,9 +174,9 @@ def main() -> int:
         f" {results['cluster2']['tokens_per_second'] / one:.2f}x"
     )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        harness.write_json(args.json, results)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(harness.cli(main))

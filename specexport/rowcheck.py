@@ -74,8 +74,21 @@ def _compare(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[bool, floa
     return same, diff, agree / sum(len(ref) for _, ref in pairs)
 
 
+class _Exactness:
+    """The class and record of a comparison report with `bitwise` (a dataclass)."""
+
+    bitwise: bool
+
+    @property
+    def exactness(self) -> str:
+        return "bitwise" if self.bitwise else "numerical"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "exactness": self.exactness}
+
+
 @dataclass(frozen=True)
-class BatchRowReport:
+class BatchRowReport(_Exactness):
     """A slots graph's rows (contract 1.5) against the batch-1 graph's for the same tokens on the
     same prefix, with other slots in the call holding other sequences and row counts."""
 
@@ -85,13 +98,6 @@ class BatchRowReport:
     bitwise: bool
     max_abs_diff: float
     argmax_agreement: float
-
-    @property
-    def exactness(self) -> str:
-        return "bitwise" if self.bitwise else "numerical"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "exactness": self.exactness}
 
 
 def batch_rows(
@@ -126,7 +132,7 @@ TREE_PARENTS = (-1, 0, 0, 1, 1, 2, 3, 6, 0)  # root, 3 children, a path of depth
 
 
 @dataclass(frozen=True)
-class TreeRowReport:
+class TreeRowReport(_Exactness):
     """A tree graph's rows (contract 1.7) against the batch-1 graph's chain call of each
     root-to-leaf path, on the same prefix."""
 
@@ -135,13 +141,6 @@ class TreeRowReport:
     bitwise: bool
     max_abs_diff: float
     argmax_agreement: float
-
-    @property
-    def exactness(self) -> str:
-        return "bitwise" if self.bitwise else "numerical"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "exactness": self.exactness}
 
 
 def tree_rows(solo, tree_graph, max_context: int, probe: Sequence[int], min_rows: int, cache_pad: int) -> TreeRowReport:

@@ -131,11 +131,7 @@ def draft_tree(
         nonlocal order
         if level >= depth or occ.size == 0:
             return
-        nxt = occ + 1
-        nxt = nxt[nxt < stop]
-        values = seq[nxt]
-        live = values != SEP
-        nxt, values = nxt[live], values[live]
+        nxt, values = _continuations(seq, occ, stop)
         if values.size == 0:
             return
         ids, counts = np.unique(values, return_counts=True)
@@ -171,11 +167,7 @@ def draft_chain(
             run = seq[start : min(stop, start + max_tokens - len(tokens))].tolist()
             run = run[: run.index(SEP)] if SEP in run else run
             return tokens + run, score + p * len(run)
-        nxt = ends + 1
-        nxt = nxt[nxt < stop]
-        values = seq[nxt]
-        live = values != SEP
-        nxt, values = nxt[live], values[live]
+        nxt, values = _continuations(seq, ends, stop)
         if values.size == 0:
             break
         token, count = _mode(values)
@@ -186,6 +178,15 @@ def draft_chain(
         score += p
         ends = nxt[values == token]
     return tokens, score
+
+
+def _continuations(seq: np.ndarray, ends: np.ndarray, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, tokens) that follow the occurrences `ends` within seq[:stop], SEP excluded."""
+    nxt = ends + 1
+    nxt = nxt[nxt < stop]
+    values = seq[nxt]
+    live = values != SEP
+    return nxt[live], values[live]
 
 
 def _mode(values: np.ndarray) -> tuple[int, int]:
