@@ -102,6 +102,9 @@ def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
     warning = config.server.exposure_warning()
     if warning:
         print(warning, file=sys.stderr)
+    if config.ray_address is None:  # a cluster this command starts: replicas at normal priority
+        # (Ray starts workers at nice 15, below its daemons; docs/serving.md measures what that costs)
+        os.environ.setdefault("RAY_worker_niceness", "0")
     try:
         ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
