@@ -296,15 +296,18 @@ class SpeculativeLoop:
         return replace(proposal, tokens=proposal.tokens[:limit], parents=parents)
 
     def as_chain(self, proposal: Proposal | None) -> Proposal | None:
-        """A tree proposal as its first path (the first child of each node) where only chains are
-        verified: no tree graph, in a batch, or under a grammar; anything else unchanged."""
+        """A tree proposal as its first path (the first child of each node, with its draft rows q)
+        where only chains are verified: no tree graph, in a batch, or under a grammar; anything
+        else unchanged."""
         if (
             proposal is None
             or proposal.parents is None
             or (self.tree is not None and not self.batched and self.guide is None)
         ):
             return proposal
-        return replace(proposal, tokens=[proposal.tokens[i] for i in first_path(proposal.parents)], parents=None)
+        picks = first_path(proposal.parents)
+        q = None if proposal.q is None else proposal.q[picks]  # [len(picks), V]: the path's own draft rows
+        return replace(proposal, tokens=[proposal.tokens[i] for i in picks], q=q, parents=None)
 
     def speculative_step(self, committed: list[int], gamma: int, room: int) -> Iterator[TargetCall]:
         """-> the round's new tokens."""

@@ -186,3 +186,19 @@ def test_cli_generates_with_trees(tiny_artifacts):
     assert runs[True]["stats"]["tree_rounds"] > 0
     bad = subprocess.run(args + ["--tree-nodes", "99"], capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and "tree_nodes" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_as_chain_keeps_the_first_path_and_its_draft_rows(tiny_artifacts):
+    """Where only chains are verified, a tree proposal becomes the path of first children, and a
+    sampled tree's draft rows q follow that path (row i of q belongs to token i)."""
+    from specexport_runtime.proposers import Proposal
+
+    gen = load(tiny_artifacts["noisy-fused"])
+    loop, _ = gen.make_loop(gen.configure(proposer="suffix"))
+    V = gen.manifest.target.embedding_rows
+    q = np.eye(4, V)  # [4, V]: token i drawn from row i
+    tree = Proposal([5, 6, 7, 8], q, lookup=True, parents=(0, 0, 1, 3))  # first path: tokens 0, 2, 3
+    chain = loop.as_chain(tree)
+    assert chain.tokens == [5, 7, 8] and chain.parents is None
+    np.testing.assert_array_equal(chain.q, q[[0, 2, 3]])
+    assert loop.as_chain(Proposal([5], None)).tokens == [5]  # a chain stays as it is
