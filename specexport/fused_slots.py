@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from specexport_runtime import contract
 
@@ -103,19 +103,12 @@ def tree_inputs(g: Graph, elem: int) -> list[str]:
     (s,) = g.op("Shape", [contract.INPUT_IDS], start=1, end=2)  # [1] = S
     (total,) = g.op("Cast", [contract.TOTAL_SEQUENCE_LENGTH], to=TensorProto.INT64)  # [] = P + S
     (past,) = g.op("Sub", [g.op("Reshape", [total, g.const("shape", np.array([1], np.int64))])[0], s])  # [1] = P
-    (zeros,) = g.op(
-        "ConstantOfShape", [g.op("Concat", [s, past], axis=0)[0]], value=_zero_tensor(elem)
-    )  # [S, P] of the model dtype
+    zero = helper.make_tensor("zero", elem, [1], [0.0])
+    (zeros,) = g.op("ConstantOfShape", [g.op("Concat", [s, past], axis=0)[0]], value=zero)  # [S, P], model dtype
     (own,) = g.op("Cast", [contract.TREE_BIAS], to=elem)  # [S, S]
     (bias,) = g.op("Concat", [zeros, own], axis=1)  # [S, P + S]
     (bias4,) = g.op("Unsqueeze", [bias, g.const("axes", np.array([0, 1], np.int64))])  # [1, 1, S, P + S]
     return [contract.POSITION_IDS, bias4]
-
-
-def _zero_tensor(elem: int):
-    from onnx import helper
-
-    return helper.make_tensor("zero", elem, [1], [0.0])
 
 
 def attention(

@@ -263,13 +263,19 @@ class OrtModel(CacheCursor):
 
     def _bind_in_place(self, shape: tuple[int, ...]) -> None:
         """head_major_inplace: past_i and present_i are the same buffer, bound once."""
-        io, dev, dt = self._io, self.device, self.dtype
         self._seqlens = np.zeros(1, np.int32)  # [1] = P + S - 1
         self._total = np.zeros((), np.int32)  # [] = P + S
+        self.bind_cache(self._io)
+
+    def bind_cache(self, io: ort.IOBinding) -> None:
+        """Bind this model's K/V buffers in place into `io` (head_major_inplace: past_i and
+        present_i the same memory): its own session's binding, or another graph's on the same
+        cache (the tree graph, tree_model.TreeVerifier)."""
+        dev, dt, shape = self.device, self.dtype, list(self.spec.cache_shape(self.cache_rows))
         for i, (pk, ok, pv, ov) in enumerate(self._names):
             for name_in, name_out, ptr in ((pk, ok, self._ptrs[2 * i]), (pv, ov, self._ptrs[2 * i + 1])):
-                io.bind_input(name_in, dev, self.config.device_id, dt, list(shape), ptr)
-                io.bind_output(name_out, dev, self.config.device_id, dt, list(shape), ptr)
+                io.bind_input(name_in, dev, self.config.device_id, dt, shape, ptr)
+                io.bind_output(name_out, dev, self.config.device_id, dt, shape, ptr)
 
     # read-only views for checks (scripts/devicecheck): where the caches and the logits live
     @property

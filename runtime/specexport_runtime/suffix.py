@@ -281,10 +281,10 @@ class SuffixProposer(Proposer):
         that order); the score is the source's own times its calibration factor."""
         room = max(0, self.max_context - len(committed))  # rows left after feeding `last`
         tail = committed[-self.config.max_depth :]
-        scale = self.tuner.choose(self.config.limit_scales, self.cost.line())
+        line = self.cost.line()  # the target's verify cost: the tuner's scale, and a tree's price
+        scale = self.tuner.choose(self.config.limit_scales, line)
         config = self._scaled[scale]
         best, best_score = Retrieved("request", 0.0, (), scale, 0), 0.0
-        line = self.cost.line() if self.tree_nodes else None  # trees are priced by the target's row cost
         for name, source in (("request", self.request), ("store", self.store), ("datastore", self.datastore)):
             if source is None:
                 continue

@@ -20,6 +20,7 @@ import numpy as np
 from . import contract
 from .engine import OrtModel, SessionConfig, check_contract, make_session
 from .errors import InvalidArgument
+from .model import CallStats
 from .tree import DraftTree
 
 
@@ -36,14 +37,10 @@ class TreeVerifier:
         self.session = make_session(path, config)
         check_contract(self.session, self.spec, str(path))
         self._io = self.session.io_binding()
-        shape = list(model.spec.cache_shape(model.cache_rows))
-        for (pk, ok, pv, ov), (kp, vp) in zip(model._names, zip(model._ptrs[::2], model._ptrs[1::2])):
-            for name_in, name_out, ptr in ((pk, ok, kp), (pv, ov, vp)):
-                self._io.bind_input(name_in, "cpu", 0, model.dtype, shape, ptr)
-                self._io.bind_output(name_out, "cpu", 0, model.dtype, shape, ptr)
+        model.bind_cache(self._io)  # the batch-1 graph's buffers, bound once
         self._seqlens = np.zeros(1, np.int32)  # [1] = P + R - 1
         self._total = np.zeros((), np.int32)  # [] = P + R
-        self.calls, self.seconds = 0, 0.0
+        self.stats = CallStats()  # tree calls by rows
 
     def forward(self, tree: DraftTree) -> np.ndarray:
         """Feed the tree's R >= 2 rows at the cursor P (row 0 the last committed token); return
@@ -66,7 +63,6 @@ class TreeVerifier:
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, m.spec.embedding_rows], m._logits.ctypes.data)
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
+        self.stats.add(R, time.perf_counter() - start)
         m.length = P + R
         return m._logits[0, :R]
