@@ -18,7 +18,6 @@ steps together); the share of rounds verified as trees. Greedy outputs are compa
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -86,9 +85,7 @@ def main(argv=None) -> int:
             ratio = run.ratio(m.name, base, harness.wall_tok_s)
             row[f"vs_{base}"] = ratio["median"]
             row[f"vs_{base}_ci95"] = ratio["ci95"]
-            row[f"vs_{base}_by_domain"] = {
-                d: statistics.median(r for c, r in ratio["per_case"].items() if domain_of[c] == d) for d in domains
-            }
+            row[f"vs_{base}_by_domain"] = harness.by_domain(ratio["per_case"], domain_of)
         row["tokens_per_call"] = (_sum(run, m.name, "accepted") + rounds) / rounds if rounds else None
         row["rows_per_call"] = _sum(run, m.name, "drafted") / rounds + 1 if rounds else None
         row["ms_per_target_call"] = 1000 * _sum(run, m.name, "target_seconds") / calls if calls else None

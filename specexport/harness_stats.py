@@ -3,6 +3,7 @@ over values, and of a ratio of summed tokens over summed seconds)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -32,6 +33,12 @@ def bootstrap_ci(
     stats = stat(vals[rng.integers(0, vals.size, size=(samples, vals.size))], axis=1)
     lo, hi = np.percentile(stats, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def by_domain(per_case: dict[str, float], domain_of: dict[str, str]) -> dict[str, float]:
+    """The median of per-case values within each domain, domains in the order domain_of lists them."""
+    domains = dict.fromkeys(domain_of.values())
+    return {d: statistics.median(v for c, v in per_case.items() if domain_of[c] == d) for d in domains}
 
 
 def ratio_ci(

@@ -17,7 +17,6 @@ Greedy outputs are checked against target-only (exit 1 if any differs).
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -82,9 +81,7 @@ def main(argv=None) -> int:
     rows = []
     for m in methods[1:]:
         ratio = run.ratio(m.name, "off", harness.wall_tok_s)
-        by_domain = {
-            d: statistics.median(r for c, r in ratio["per_case"].items() if domain_of[c] == d) for d in domains
-        }
+        by_domain = harness.by_domain(ratio["per_case"], domain_of)
         same, total = run.same_tokens(m.name, "off")
         rows.append(
             {

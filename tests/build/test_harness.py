@@ -231,3 +231,10 @@ def test_worker_decodes_under_a_cases_grammar(gen, tiny_artifacts, tmp_path):
         assert method.run(Case("y", tuple(ids)))["tokens"] == free
     finally:
         worker.close()
+
+
+def test_by_domain_takes_the_median_within_each_domain():
+    per_case = {"code-1": 1.0, "code-2": 3.0, "code-3": 2.0, "chat-1": 0.5, "chat-2": 1.5}
+    domain_of = {"chat-1": "chat", "code-1": "code", "chat-2": "chat", "code-2": "code", "code-3": "code"}
+    assert harness.by_domain(per_case, domain_of) == {"chat": 1.0, "code": 2.0}
+    assert list(harness.by_domain(per_case, domain_of)) == ["chat", "code"]  # domain_of's order

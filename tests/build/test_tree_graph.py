@@ -40,6 +40,14 @@ def pair(request, tmp_path_factory):
     return m, TreeVerifier(tree.path, m, config)
 
 
+def _after_prompt(m, rng, n: int) -> tuple[int, int]:
+    """Feed all but the last of n random tokens; (that last token, the cursor P after them)."""
+    prompt = rng.integers(0, m.spec.embedding_rows, n).tolist()
+    m.reset()
+    m.forward(prompt[:-1])
+    return prompt[-1], m.length
+
+
 def _tree(rng, V: int, root: int) -> DraftTree:
     tokens = rng.integers(0, V, len(PARENTS))
     tokens[0] = root
@@ -50,11 +58,8 @@ def test_tree_rows_equal_chain_rows_of_each_path(pair):
     m, tv = pair
     rng = np.random.default_rng(0)
     V = m.spec.embedding_rows
-    prompt = rng.integers(0, V, 11).tolist()
-    m.reset()
-    m.forward(prompt[:-1])
-    P = m.length
-    tree = _tree(rng, V, prompt[-1])
+    last, P = _after_prompt(m, rng, 11)
+    tree = _tree(rng, V, last)
     got = tv.forward(tree).copy()  # [R, V]
     assert got.shape == (len(PARENTS), V) and m.length == P + len(PARENTS)
     for leaf in (i for i in range(len(tree)) if not tree.children(i)):
@@ -67,12 +72,8 @@ def test_tree_rows_equal_chain_rows_of_each_path(pair):
 def test_keep_path_leaves_the_cache_of_a_chain_call(pair):
     m, tv = pair
     rng = np.random.default_rng(1)
-    V = m.spec.embedding_rows
-    prompt = rng.integers(0, V, 9).tolist()
-    m.reset()
-    m.forward(prompt[:-1])
-    P = m.length
-    tree = _tree(rng, V, prompt[-1])
+    last, P = _after_prompt(m, rng, 9)
+    tree = _tree(rng, m.spec.embedding_rows, last)
     logits = tv.forward(tree).copy()
     path = tree.path_to(7)  # rows 0, 1, 3, 6, 7
     m.keep_path(P, path[1:])
@@ -93,16 +94,13 @@ def test_greedy_walk_on_the_tree_follows_the_chain_argmax(pair):
     m, tv = pair
     rng = np.random.default_rng(2)
     V = m.spec.embedding_rows
-    prompt = rng.integers(0, V, 8).tolist()
-    m.reset()
-    m.forward(prompt[:-1])
-    P = m.length
-    greedy = [prompt[-1]]
+    last, P = _after_prompt(m, rng, 8)
+    greedy = [last]
     for _ in range(5):  # the chain graph's own greedy tokens, one call each
         greedy.append(int(m.forward(greedy[-1:]).argmax()))
     m.truncate(P)
     tokens = rng.integers(0, V, len(PARENTS))
-    tokens[0] = prompt[-1]
+    tokens[0] = last
     tokens[[2, 1, 3, 6, 7]] = [(greedy[1] + 1) % V, *greedy[1:5]]  # path 0 -> 1 -> 3 -> 6 -> 7; row 2 wrong
     tree = DraftTree(tokens, np.array(PARENTS))
     rows, bonus = verify_tree_greedy(tree, tv.forward(tree).argmax(-1))

@@ -104,6 +104,18 @@ def test_greedy_batch_with_fixed_gamma_and_mixed_configs(pair, solo_greedy, gamm
     assert max(scheduler.batch_sizes) == 4 and scheduler.idle
 
 
+def _run_counting_draft_calls(batch, scheduler) -> list[int]:
+    """Run the scheduler; the number of sequences of every call of the draft's batch graph."""
+    calls: list[int] = []
+    inner = batch.draft_slots.forward
+    batch.draft_slots.forward = lambda c: calls.append(len(c)) or inner(c)
+    try:
+        scheduler.run()
+    finally:
+        del batch.draft_slots.forward
+    return calls
+
+
 @pytest.mark.parametrize("proposer", ["draft", "hybrid"])
 def test_draft_model_drafts_batched(pair, solo_greedy, proposer):
     """With a fixed gamma every sequence drafts with the draft's batch graph (one draft call per
@@ -111,13 +123,7 @@ def test_draft_model_drafts_batched(pair, solo_greedy, proposer):
     _, batch = pair
     scheduler = batch.scheduler()
     seqs = [scheduler.submit(p, max_new_tokens=40, proposer=proposer, gamma=3) for p in PROMPTS]
-    calls = []
-    inner = batch.draft_slots.forward
-    batch.draft_slots.forward = lambda c: calls.append(len(c)) or inner(c)
-    try:
-        scheduler.run()
-    finally:
-        del batch.draft_slots.forward
+    calls = _run_counting_draft_calls(batch, scheduler)
     for seq, ref in zip(seqs, solo_greedy):
         assert seq.tokens == ref and seq.proposer == proposer and seq.drafts_with_model
     assert sum(s.stats.by_source.get("draft", [0, 0, 0])[1] for s in seqs) > 0
@@ -391,13 +397,7 @@ def test_free_drafts_run_while_the_batch_drafts_nothing(pair, solo_greedy, free)
     _, batch = pair
     scheduler = BatchScheduler(batch, batch.slots, gamma=_FreeOnly(free), draft=batch.draft_slots)
     seqs = [scheduler.submit(p, max_new_tokens=40, proposer="hybrid") for p in PROMPTS]
-    calls = []
-    inner = batch.draft_slots.forward
-    batch.draft_slots.forward = lambda c: calls.append(len(c)) or inner(c)
-    try:
-        scheduler.run()
-    finally:
-        del batch.draft_slots.forward
+    calls = _run_counting_draft_calls(batch, scheduler)
     for seq, ref in zip(seqs, solo_greedy):
         assert seq.tokens == ref
         assert all(k <= free for k, _ in seq.stats.round_sizes)
