@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,6 +16,7 @@ from specexport_runtime.cluster.deployment import REPLICA_DEPLOYMENT, deploy
 from specexport_runtime.cluster.replica import REPLICA_HEADER
 from specexport_runtime.server.config import ServerConfig
 
+WAVE = 4  # concurrent /metrics requests per try of replica_metrics
 LOGICAL_CPUS = 4  # Ray's placement count: 2 replicas + the Serve actors fit whatever the host's cores
 
 
@@ -64,19 +66,26 @@ def running_replicas(app: str) -> int:
 def replica_metrics(port: int, want: int, tries: int = 200) -> dict[str, bytes]:
     """{replica id: its /metrics text}: GET /metrics until `want` replicas have answered (the
     router picks one per request)."""
-    seen: dict[str, bytes] = {}
-    for _ in range(tries):
+
+    def one(_) -> tuple[str, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
             conn.request("GET", "/metrics")
             resp = conn.getresponse()
             body = resp.read()
             assert resp.status == 200, body
-            seen[resp.getheader(REPLICA_HEADER.decode())] = body
+            return resp.getheader(REPLICA_HEADER.decode()), body
         finally:
             conn.close()
-        if len(seen) >= want:
-            return seen
+
+    seen: dict[str, bytes] = {}
+    # WAVE requests at a time: an idle router may keep choosing the replica that answers its
+    # queue-length probe first (a loaded host); requests in flight make it spread them
+    with ThreadPoolExecutor(WAVE) as pool:
+        for _ in range(0, tries, WAVE):
+            seen.update(pool.map(one, range(WAVE)))
+            if len(seen) >= want:
+                return seen
     raise AssertionError(f"only replicas {sorted(seen)} answered /metrics in {tries} tries")
 
 
