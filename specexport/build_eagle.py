@@ -5,6 +5,7 @@ graph against an independent forward is in tests/build/test_eagle3.py)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from specexport_runtime import contract
 from specexport_runtime.manifest import ModelEntry
 
+from .build_graphs import share_weights
 from .eagle_graph import build_eagle3_head
 from .eagle_portable import build_portable_head
 from .errors import BuildError
@@ -71,6 +73,7 @@ def export_head(
     embedding = head.embed_tokens if head.embed_tokens is not None else target_embedding(reference)
     result = build_head_graph(head, embedding, root / "draft", recipe)
     np.save(root / VOCAB_MAP, head.draft_to_target(), allow_pickle=False)
+    tree_graph = export_head_tree(head, embedding, result, recipe) if recipe.tree_verify else None
     validation: dict = {
         "layer_ids": list(head.config.layer_ids),
         "layer_ids_source": head.config.layer_ids_source,
@@ -78,6 +81,8 @@ def export_head(
     }
     if target_graph is not None and probe is not None:
         validation.update(agreement(result, head, target_graph, probe))
+        if tree_graph is not None:
+            validation["tree_rows"] = head_tree_check(result, root / tree_graph, target_graph, probe)
     c = head.config
     return ModelEntry(
         graph="draft/model.onnx",
@@ -96,7 +101,44 @@ def export_head(
         kind=contract.EAGLE3_HEAD,
         hidden_width=c.hidden_size,
         vocab_map=VOCAB_MAP,
+        tree_graph=tree_graph,
     )
+
+
+HEAD_TREE_GRAPH = "tree.onnx"
+
+
+def export_head_tree(head: Eagle3Head, embedding: torch.Tensor, solo, recipe: Recipe) -> str:
+    """The head's tree graph (contract 1.8) as draft/tree.onnx beside its graph, reading the same
+    weights file; returns its artifact-relative path. The fused form only (recipe_reader refuses
+    tree_verify with the portable graph form, whose head has a time-major cache)."""
+    if not recipe.layout.contrib_attention:
+        raise BuildError("tree_verify with an EAGLE-3 head needs graph: fused (the portable head has no tree graph)")
+    with tempfile.TemporaryDirectory(dir=solo.path.parent.parent) as scratch:
+        build_eagle3_head(
+            head, embedding, Path(scratch), recipe.max_context, precision=recipe.draft.precision, tree=True
+        )
+        return share_weights(Path(scratch) / "model.onnx", solo.path, HEAD_TREE_GRAPH, "tree_verify")
+
+
+def head_tree_check(result, tree_path: Path, target_graph, probe: list[int]) -> dict:
+    """rowcheck.head_tree_rows on the probe: the target's features of its first half as the
+    catch-up, then the probe's next tokens as the tree's nodes."""
+    from specexport_runtime.eagle_tree import HeadTree
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    from .rowcheck import HEAD_TREE_PARENTS, head_tree_rows
+    from .validate import FeedRunner
+
+    runner = FeedRunner(target_graph.path, target_graph.spec)
+    runner.run(probe, [len(probe) - 1])
+    k = max(1, len(probe) // 2)
+    need = k + 1 + len(HEAD_TREE_PARENTS)
+    tokens = (list(probe) * (need // len(probe) + 1))[:need]
+    config = SessionConfig(provider="cpu")
+    head = OrtModel(result.path, result.spec, len(tokens) + 8, config, max_rows=max(k, 8))
+    report = head_tree_rows(head, HeadTree(tree_path, head, config), runner.features[:k], tokens)
+    return report.to_dict()
 
 
 def build_head_graph(head: Eagle3Head, embedding: torch.Tensor, out_dir: Path, recipe: Recipe):

@@ -149,7 +149,7 @@ def export_target(
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
         result = _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm)
         batch = export_batch(recipe, model, result, tries[0], weights, norm, None)
-        tree = export_tree(recipe, model, result, tries[0], weights, norm, None)
+        tree = export_tree(recipe, model, result, tries[0], weights, norm, None, features)
         return TargetExport(result, {}, None, tries[0], batch, tree and tree.graph)
     for padding in tries:
         result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
@@ -186,7 +186,7 @@ def export_target(
         report["batch_rows"] = batch.rows
         if batch.rows["exactness"] != rows.exactness:
             progress(f"warning: the batch graph's rows are {batch.rows['exactness']} (batch-1: {rows.exactness})")
-    tree = export_tree(recipe, model, result, padding, weights, norm, probe)
+    tree = export_tree(recipe, model, result, padding, weights, norm, probe, features)
     if tree is not None:
         report["tree_rows"] = tree.rows
     return TargetExport(result, report, rows.exactness, padding, batch, tree and tree.graph)
@@ -221,17 +221,32 @@ TREE_GRAPH = "tree.onnx"
 
 
 def export_tree(
-    recipe: Recipe, model, solo: ExportResult, padding: Padding, weights, norm, probe: list[int] | None
+    recipe: Recipe,
+    model,
+    solo: ExportResult,
+    padding: Padding,
+    weights,
+    norm,
+    probe: list[int] | None,
+    features: tuple[int, ...] = (),
 ) -> TreeGraph | None:
     """The tree-verify graph as target/tree.onnx (recipe.tree_verify), reading the batch-1
-    graph's weights file, and with a probe its rows measured against the batch-1 graph's
+    graph's weights file, with the batch-1 graph's feature layers (what an EAGLE-3 head reads
+    after a tree round), and with a probe its rows measured against the batch-1 graph's
     (rowcheck.tree_rows). None without tree_verify."""
     if not recipe.tree_verify:
         return None
     with tempfile.TemporaryDirectory(dir=solo.path.parent.parent) as scratch:
         rows = recipe.max_context + padding.min_rows - 1 + padding.cache_pad  # the batch-1 graph's rotary tables
         result = build_fused(
-            model, Path(scratch), recipe.max_context, weights=weights, norm=norm, tree=True, table_rows=rows
+            model,
+            Path(scratch),
+            recipe.max_context,
+            weights=weights,
+            norm=norm,
+            tree=True,
+            table_rows=rows,
+            feature_layers=features,
         )
         rel = share_weights(result.path, solo.path, TREE_GRAPH, "tree_verify")
     if probe is None:

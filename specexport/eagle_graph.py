@@ -41,6 +41,7 @@ from specexport_runtime.contract import GraphSpec
 
 from .export import ExportResult
 from .formats.blocks import rtn_quantize
+from .fused_slots import tree_inputs
 from .graph_writer import MS, Graph, activation, save_graph
 from .nbits import gather_nbits, matmul_nbits
 
@@ -57,9 +58,11 @@ def _rotary(theta: float, head_dim: int, positions: int) -> tuple[np.ndarray, np
     return freqs.cos().numpy(), freqs.sin().numpy()
 
 
-def head_spec(config, precision: str = "fp32", kv_layout: str = contract.HEAD_MAJOR_INPLACE) -> GraphSpec:
+def head_spec(
+    config, precision: str = "fp32", kv_layout: str = contract.HEAD_MAJOR_INPLACE, tree: bool = False
+) -> GraphSpec:
     """The head graph's cache facts (one layer, the head's own KV heads); kv_layout: this fused
-    graph's, or time_major for the portable head (eagle_portable.py)."""
+    graph's, or time_major for the portable head (eagle_portable.py); tree: its tree graph (1.8)."""
     kv_dtype = "float16" if precision == "fp16" else "float32"
     return GraphSpec(
         1,
@@ -71,21 +74,25 @@ def head_spec(config, precision: str = "fp32", kv_layout: str = contract.HEAD_MA
         feature_width=3 * config.target_hidden_size,
         kind=contract.EAGLE3_HEAD,
         hidden_width=config.hidden_size,
+        tree=tree,
     )
 
 
 def build_eagle3_head(
-    head, embedding: torch.Tensor, out_dir: Path, max_context: int, precision: str = "fp32"
+    head, embedding: torch.Tensor, out_dir: Path, max_context: int, precision: str = "fp32", tree: bool = False
 ) -> ExportResult:
     """Write out_dir/model.onnx (+ data) for `head` (formats.eagle3.Eagle3Head); `embedding` is
-    the target's input embedding [V_target, H] (a published head usually ships none)."""
+    the target's input embedding [V_target, H] (a published head usually ships none).
+    tree: the head's tree graph (contract 1.8): two more inputs after the cursor inputs,
+    position_ids [1, S] (each row's rotary position) and tree_bias [S, M] (additive, over the
+    last M cache rows, the call's S rows last; fused_slots.tree_inputs), same weights."""
     if precision not in HEAD_PRECISIONS:
         raise ValueError(f"head precision {precision!r}: expected one of {', '.join(HEAD_PRECISIONS)}")
     start = time.perf_counter()
     c, w = head.config, head.weights
     H, Hq, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     g = Graph(torch.float16 if precision == "fp16" else torch.float32)
-    spec = head_spec(c, precision)
+    spec = head_spec(c, precision, tree=tree)
     float_type = TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
     cos, sin = _rotary(c.rope_theta, D, max_context)
     cos_name, sin_name = g.const("cos_cache", cos.astype(g.np_dtype)), g.const("sin_cache", sin.astype(g.np_dtype))
@@ -113,6 +120,7 @@ def build_eagle3_head(
     (h,) = g.op("Add", [linear(to_float(HEAD_FEATURES), "fc.weight"), to_float(HEAD_HIDDEN)])  # [1, S, H]
     (x,) = g.op("Concat", [rms(e, "midlayer.input_layernorm.weight"), rms(h, "midlayer.hidden_norm.weight")], axis=-1)
     qkv = linear(x, *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkv"))  # [1, S, (Hq + 2 Hkv) D]
+    tree_in = tree_inputs(g, float_type, span=True) if tree else []  # [position_ids, bias [1, 1, S, P + S]]
     a, _, _ = g.op(
         "GroupQueryAttention",
         [
@@ -125,6 +133,7 @@ def build_eagle3_head(
             contract.TOTAL_SEQUENCE_LENGTH,
             cos_name,
             sin_name,
+            *tree_in,
         ],
         [g.name("attn"), contract.present_key(0), contract.present_value(0)],
         domain=MS,
@@ -156,6 +165,13 @@ def build_eagle3_head(
         helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
         helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [1]),
         helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+    ]
+    if tree:
+        inputs += [
+            helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [1, "seq"]),
+            helper.make_tensor_value_info(contract.TREE_BIAS, TensorProto.FLOAT, ["seq", "span"]),
+        ]
+    inputs += [
         helper.make_tensor_value_info(contract.past_key(0), float_type, cache),
         helper.make_tensor_value_info(contract.past_value(0), float_type, cache),
     ]
@@ -165,4 +181,5 @@ def build_eagle3_head(
         helper.make_tensor_value_info(contract.present_key(0), float_type, cache),
         helper.make_tensor_value_info(contract.present_value(0), float_type, cache),
     ]
-    return save_graph(g, "specexport_eagle3_head", inputs, outputs, spec, contract.ROW_PADDING_VERSION, out_dir, start)
+    version = contract.HEAD_TREE_VERSION if tree else contract.ROW_PADDING_VERSION
+    return save_graph(g, "specexport_eagle3_head", inputs, outputs, spec, version, out_dir, start)

@@ -96,16 +96,19 @@ def slot_rows(g: Graph, slots: int, pad: bool) -> tuple[str, str, str]:
     return g.op("Concat", gather, axis=0)[0], attn, g.op("Concat", back, axis=0)[0]
 
 
-def tree_inputs(g: Graph, elem: int) -> list[str]:
+def tree_inputs(g: Graph, elem: int, span: bool = False) -> list[str]:
     """A tree graph's (contract 1.7) position_ids [1, S] and GroupQueryAttention's additive
     attention_bias [1, 1, S, P + S] of the model dtype: 0 over the past rows, tree_bias [S, S]
-    over the call's own rows. Built once per call; every layer reads them."""
+    over the call's own rows. span (a head's tree graph, contract 1.8): tree_bias is [S, M],
+    M >= S, over the last M cache rows, and 0 before them. Built once per call; every layer
+    reads them."""
     (s,) = g.op("Shape", [contract.INPUT_IDS], start=1, end=2)  # [1] = S
+    (m,) = g.op("Shape", [contract.TREE_BIAS], start=1, end=2) if span else (s,)  # [1] = M (S unless span)
     (total,) = g.op("Cast", [contract.TOTAL_SEQUENCE_LENGTH], to=TensorProto.INT64)  # [] = P + S
-    (past,) = g.op("Sub", [g.op("Reshape", [total, g.const("shape", np.array([1], np.int64))])[0], s])  # [1] = P
+    (past,) = g.op("Sub", [g.op("Reshape", [total, g.const("shape", np.array([1], np.int64))])[0], m])  # [1] P + S - M
     zero = helper.make_tensor("zero", elem, [1], [0.0])
-    (zeros,) = g.op("ConstantOfShape", [g.op("Concat", [s, past], axis=0)[0]], value=zero)  # [S, P], model dtype
-    (own,) = g.op("Cast", [contract.TREE_BIAS], to=elem)  # [S, S]
+    (zeros,) = g.op("ConstantOfShape", [g.op("Concat", [s, past], axis=0)[0]], value=zero)  # [S, P + S - M]
+    (own,) = g.op("Cast", [contract.TREE_BIAS], to=elem)  # [S, M]
     (bias,) = g.op("Concat", [zeros, own], axis=1)  # [S, P + S]
     (bias4,) = g.op("Unsqueeze", [bias, g.const("axes", np.array([0, 1], np.int64))])  # [1, 1, S, P + S]
     return [contract.POSITION_IDS, bias4]

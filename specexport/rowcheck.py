@@ -171,3 +171,57 @@ def tree_rows(solo, tree_graph, max_context: int, probe: Sequence[int], min_rows
         pairs.append((rows[path], model.forward(tree.tokens[path].tolist(), last_rows=len(path)).copy()))
     same, diff, agree = _compare(pairs)
     return TreeRowReport(len(leaves), sum(len(r) for r, _ in pairs), same, diff, agree)
+
+
+HEAD_TREE_PARENTS = (-1, -1, 0, 0, 1, 2, 5)  # a round's nodes (-1: the root's children), depths 1 1 2 2 2 3 4
+
+
+def head_tree_rows(head, tree, features: np.ndarray, tokens: Sequence[int]) -> TreeRowReport:
+    """An EAGLE-3 head's tree graph (contract 1.8) against chain calls of its batch-1 graph.
+
+    head: the head's OrtModel; tree: eagle_tree.HeadTree on its cache; features [k, F] and
+    tokens [k + 1 + len(HEAD_TREE_PARENTS)]: a catch-up of k rows (features[t], tokens[t + 1]),
+    then the nodes of HEAD_TREE_PARENTS with the next tokens, fed one depth per tree call as a
+    round does (draft_hidden: the parent's hidden_out, the catch-up row's for a depth-1 node).
+    Each node's logits are compared with those of the chain call of its path."""
+    k = len(features)
+    parents = HEAD_TREE_PARENTS
+    depth = [1] * len(parents)
+    for i, p in enumerate(parents):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    nodes = [int(t) for t in tokens[k + 1 : k + 1 + len(parents)]]
+    head.reset()
+    head.forward(list(tokens[1 : k + 1]), features=features)
+    base, h0 = head.length, head.hidden_out[0].copy()  # [H]
+    hidden_of, row_of, tree_logits = {}, {}, {}
+    rows = 0
+    for d in range(1, max(depth) + 1):
+        at = [i for i in range(len(parents)) if depth[i] == d]
+        bias = np.full((len(at), rows + len(at)), tree.lowest, np.float32)
+        for s, i in enumerate(at):
+            row_of[i] = rows + s
+            j, allowed = i, []
+            while j >= 0:
+                allowed.append(row_of[j])
+                j = parents[j]
+            bias[s, allowed] = 0.0
+        hidden = np.stack([h0 if parents[i] < 0 else hidden_of[parents[i]] for i in at])
+        logits, out = tree.forward(np.array([nodes[i] for i in at]), hidden, np.full(len(at), base + d - 1), bias)
+        for s, i in enumerate(at):
+            hidden_of[i], tree_logits[i] = out[s].copy(), logits[s].copy()
+        rows += len(at)
+    pairs = []
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(j)
+            j = parents[j]
+        head.truncate(base)
+        h = h0
+        for j in reversed(path):
+            ref = head.forward([nodes[j]], hidden=h[None])
+            h = head.hidden_out[0].copy()
+        pairs.append((tree_logits[i][None], ref.copy()))
+    head.truncate(base)
+    same, diff, agree = _compare(pairs)
+    return TreeRowReport(len(parents), len(parents), same, diff, agree)

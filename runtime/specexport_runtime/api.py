@@ -23,6 +23,7 @@ from .batch_gamma import BatchGamma
 from .config import ADAPTIVE, GeneratorConfig
 from .costs import VerifyCost
 from .datastore import Datastore
+from .eagle_tree import HeadTree
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import (
@@ -76,10 +77,13 @@ class SpecGenerator:
         slots: SlotModel | None = None,
         draft_slots: SlotModel | None = None,
         tree: TreeVerifier | None = None,
+        head_tree: HeadTree | None = None,
     ):
         """slots: the artifact's batch graph (contract 1.5), when loaded with batch=True; the
         target is then its slot 0 and batch() / scheduler() run several sequences at once.
-        tree: the target's tree graph on its cache (contract 1.7), for config.tree_nodes > 0."""
+        tree: the target's tree graph on its cache (contract 1.7), for config.tree_nodes > 0;
+        head_tree: an EAGLE-3 head's tree graph on the head's cache (contract 1.8), with which
+        the eagle proposer drafts trees."""
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and not isinstance(model, Model):
                 raise TypeError(
@@ -88,7 +92,7 @@ class SpecGenerator:
         self.root, self.manifest, self.codec = root, manifest, codec
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.slots, self.draft_slots = slots, draft_slots  # batch graphs (load(..., batch=True))
-        self.tree = tree
+        self.tree, self.head_tree = tree, head_tree
         self._batch_gamma: BatchGamma | None = None
         self.eos = set(manifest.tokenizer.eos_token_ids)
         self._draft_kind = None if draft is None else draft.spec.kind
@@ -434,7 +438,10 @@ def load(
         draft, draft_slots = _open_graph(
             root, manifest, manifest.draft, "draft", base, batch and manifest.draft.max_batch > 1
         )
-    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots, tree)
+    head_tree = None
+    if tree is not None and draft is not None and manifest.draft.tree_graph:  # on the head's cache
+        head_tree = HeadTree(check_graph(root, manifest.draft.tree_graph, "draft tree graph"), draft, base)
+    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots, tree, head_tree)
 
 
 def _open_graph(

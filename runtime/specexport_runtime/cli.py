@@ -358,7 +358,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
         "--tree-nodes",
         type=int,
         default=0,
-        help="suffix drafts as trees of up to this many tokens, verified in one call (an artifact built"
+        help="suffix and EAGLE-3 drafts as trees of up to this many tokens, verified in one call (an artifact built"
         " with --tree-verify; docs/trees.md); 0 = chains (default)",
     )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

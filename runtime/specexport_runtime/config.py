@@ -83,7 +83,7 @@ class GeneratorConfig:
     hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL  # constants.HYBRID_RETRIEVALS
     suffix: SuffixConfig = SuffixConfig()  # global_tokens sizes the generator's store: read from load()'s config
     use_datastore: bool = True  # suffix drafts also come from the artifact's corpus datastore, if any
-    tree_nodes: int = 0  # suffix drafts are trees of up to this many tokens (an artifact with a tree graph); 0: chains
+    tree_nodes: int = 0  # suffix / EAGLE-3 drafts are trees of up to this many tokens (a tree graph); 0: chains
     controller: Mapping[str, Any] = field(default_factory=dict)  # further GammaController fields (e.g. gamma_tolerance)
 
     def __post_init__(self) -> None:

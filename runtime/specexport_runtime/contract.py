@@ -108,6 +108,13 @@ Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
     accepted path's rows to P + 1, P + 2, ... (engine.OrtModel.keep_path) and sets the cursor
     after them. It shares the batch-1 graph's weights file and cache; the tree graph's rows are
     numerically, not bitwise, those of the chain graph (docs/graph-contract.md).
+    A target with features (1.2) returns hidden_states [1, S, F] for every tree row too.
+
+Head tree graph (contract 1.8; an eagle3_head entry's `tree_graph`, head_major_inplace)
+    The EAGLE-3 head with the same two inputs after its cursor inputs, one call per tree depth:
+    tree_bias      float32  [S, M]   M >= S: over the last M cache rows (the call's S rows last),
+                                     0 where the row may attend; rows before them always attend
+    so a call's rows see the head's past and their own ancestors among the M rows of the round.
 
 EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
 (head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with
@@ -119,7 +126,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONTRACT_VERSION = "1.7"
+CONTRACT_VERSION = "1.8"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
@@ -130,6 +137,7 @@ WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention lo
 SLOTS_VERSION = "1.5"  # a head_major_inplace graph with several cache slots (batched sequences)
 IDLE_SLOTS_VERSION = "1.6"  # a slots graph whose idle slots take no rows in input_ids
 TREE_VERSION = "1.7"  # a target's tree-verify graph (position_ids, tree_bias)
+HEAD_TREE_VERSION = "1.8"  # an EAGLE-3 head's tree graph (tree_bias [S, M] over the round's rows)
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -276,7 +284,7 @@ def version_for(
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
     batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do);
-    tree: a tree-verify graph (1.7)."""
+    tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8)."""
     layout = layout_of(kv_layout)
     versions = [layout.version]
     if min_rows > 1 or head:
@@ -288,7 +296,7 @@ def version_for(
     if slots > 1:
         versions.append(IDLE_SLOTS_VERSION if idle_rows == 0 else SLOTS_VERSION)
     if tree:
-        versions.append(TREE_VERSION)
+        versions.append(HEAD_TREE_VERSION if head else TREE_VERSION)
     return max(versions, key=parse_version)
 
 
@@ -362,9 +370,9 @@ class GraphSpec:
                 f" got kind {self.kind}, layout {self.kv_layout}, feature_width {self.feature_width}"
             )
 
-        if self.tree and (self.slots > 1 or self.is_head or not self.layout.in_place):
+        if self.tree and (self.slots > 1 or not self.layout.in_place):
             raise ValueError(
-                f"a tree graph is a head_major_inplace decoder of one slot; got kind {self.kind},"
+                f"a tree graph is a head_major_inplace graph of one slot; got kind {self.kind},"
                 f" layout {self.kv_layout}, slots {self.slots}"
             )
 

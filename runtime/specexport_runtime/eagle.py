@@ -10,19 +10,20 @@ committed[:-1], so features exist for positions 0 .. len - 2):
 
 After the round the chain rows are dropped: the verify call gave the accepted positions their
 real features, so the head is truncated to the rows it computed from features and catches up.
-The chain is linear (no tree): one verify call checks one path, which keeps the acceptance
-math and the exact rejection sampling of the other proposers unchanged; a tree would verify
-several branches per call at the cost of a larger verify on a CPU where verify rows are not
-free (docs/performance.md).
+With tree_nodes > 0 and the head's tree graph (contract 1.8) the round drafts a tree instead
+(eagle_tree.py); after a tree-verify call the target's features are those of the accepted
+path (OrtModel.keep_path), so commit is the same.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
+from .eagle_tree import HeadTree, grow, tree_parents
 from .errors import InvalidArgument
 from .model import Model
 from .proposers import Proposal, Proposer, ProposerContext
@@ -32,8 +33,19 @@ from .sampling import probabilities, sample
 class EagleProposer(Proposer):
     name = "eagle"
 
-    def __init__(self, head: Model, target: Model, draft_to_target: np.ndarray, target_rows: int):
-        """draft_to_target: int64 [V_draft], the target id of each draft-vocabulary row."""
+    def __init__(
+        self,
+        head: Model,
+        target: Model,
+        draft_to_target: np.ndarray,
+        target_rows: int,
+        tree: HeadTree | None = None,
+        tree_nodes: int = 0,
+        cost=None,
+    ):
+        """draft_to_target: int64 [V_draft], the target id of each draft-vocabulary row. tree:
+        the head's tree graph on its cache; with tree_nodes > 0 rounds draft trees of up to that
+        many tokens, priced by `cost` (the target's costs.VerifyCost)."""
         if not target.spec.feature_width or target.spec.feature_width != head.spec.feature_width:
             raise InvalidArgument(
                 f"the target's features ({target.spec.feature_width} wide) do not match the"
@@ -45,6 +57,8 @@ class EagleProposer(Proposer):
         self.features = np.zeros((target.max_context, target.spec.feature_width), np.float32)
         self.known = 0  # positions 0 .. known - 1 have features
         self.real = 0  # head rows 0 .. real - 1 were computed from features
+        self.tree = tree if tree_nodes > 0 else None
+        self.tree_nodes, self.cost = tree_nodes, cost
 
     def start(self, prompt: Sequence[int]) -> None:
         self.head.reset()
@@ -73,6 +87,9 @@ class EagleProposer(Proposer):
             return Proposal([], None)
         logits = self.head.forward(committed[t0 + 1 : n], last_rows=1, features=self.features[t0 : n - 1])
         self.real = n - 1  # head rows computed from features; the chain's rows come after
+        if self.tree is not None:
+            proposal = self._tree(logits[0], params, gamma)
+            return replace(proposal, catchup_seconds=time.perf_counter() - start if rows > 2 else 0.0)
         tokens, qs = [], []
         for i in range(gamma):
             token, q = self._pick(logits[0], params, rng)
@@ -85,6 +102,21 @@ class EagleProposer(Proposer):
         catchup = time.perf_counter() - start if rows > 2 else 0.0  # a backlog (the prompt) is timed apart
         return Proposal(tokens, np.stack(qs) if qs else None, catchup_seconds=catchup, source="eagle")
 
+    def _tree(self, logits: np.ndarray, params, depth: int) -> Proposal:
+        """A draft tree (eagle_tree.grow) after the catch-up row's logits [V_draft]: deterministic
+        top-k siblings (q None), as a chain when it has no branch."""
+        if params.greedy:
+            probs = lambda x: softmax(x)  # noqa: E731
+        else:
+            probs = lambda x: probabilities(x, params)  # noqa: E731
+        line = self.cost.line() if self.cost is not None else None
+        hidden = self.head.hidden_out[0].copy()  # [H] the catch-up row's
+        c, kept = grow(self.tree, logits, hidden, self.head.length, probs, self.d2t, self.tree_nodes, depth, line)
+        tokens = [int(self.d2t[c.draft[i]]) for i in kept]
+        parents = tree_parents(c, kept)
+        chain = parents == list(range(len(parents)))
+        return Proposal(tokens, None, source="eagle", parents=None if chain else tuple(parents))
+
     def commit(self, committed, n_new) -> None:
         """Keep the features the target's last call computed for positions now committed, and
         drop the head's chain rows (computed from its own hidden, not from features)."""
@@ -95,5 +127,15 @@ class EagleProposer(Proposer):
         self.head.truncate(min(self.head.length, self.real, self.known))
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """[R, V] logits -> float64 probabilities (the draft's own, temperature 1)."""
+    x = logits.astype(np.float64)
+    x = np.exp(x - x.max(-1, keepdims=True))
+    return x / x.sum(-1, keepdims=True)
+
+
 def build_eagle(ctx: ProposerContext) -> EagleProposer:
-    return EagleProposer(ctx.draft, ctx.target, ctx.vocab_map(), ctx.manifest.target.embedding_rows)
+    tree = getattr(ctx.host, "head_tree", None)
+    nodes = 0 if ctx.batched or tree is None else ctx.config.tree_nodes  # a batch verifies chains only
+    d2t = ctx.vocab_map()
+    return EagleProposer(ctx.draft, ctx.target, d2t, ctx.manifest.target.embedding_rows, tree, nodes, ctx.verify_cost())

@@ -376,7 +376,8 @@ class OrtModel(CacheCursor):
     def keep_path(self, start: int, rows: Sequence[int]) -> None:
         """After a tree call whose row r was written at cache row start + r (row 0 the root, the
         last committed token), keep the accepted path: its rows (ascending, root excluded) move
-        to start + 1, start + 2, ... and the cursor stands after them (CPU buffers only)."""
+        to start + 1, start + 2, ... and the cursor stands after them (CPU buffers only). The
+        features of a tree call at `start` become the root's and the path's rows [1 + n, F]."""
         if self.device != "cpu":
             raise InvalidArgument("keep_path moves host buffers; this model's cache is on the device")
         if not 0 <= start < self.length:
@@ -386,6 +387,8 @@ class OrtModel(CacheCursor):
         src = [start + int(r) for r in rows]
         move_rows(self._buffers, self.layout.time_axis, src, start + 1)
         self.length = start + 1 + len(src)
+        if self.features is not None and self.last_start == start:
+            self.features = self.features[[0, *(int(r) for r in rows)]]
 
     def kv_rows(self, start: int, stop: int) -> list[np.ndarray]:
         """Views of cache rows [start, stop) of every K/V buffer as [n, H_kv, D], whatever the

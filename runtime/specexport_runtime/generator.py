@@ -364,6 +364,8 @@ class SpeculativeLoop:
         if t2 > t1 and not self.batched:
             self.cost.record(k + 1, t2 - t1)
         if self.controller is not None and not proposal.lookup and k > f:  # retrieval says nothing of a draft model
+            if proposal.parents is not None:  # a tree drafts `depth` positions deep (gamma is its depth)
+                k = int(DraftTree(np.zeros(k + 1, np.int64), [-1, *proposal.parents]).depths().max())
             self.controller.record_round(k - f, max(0, n - f), t1 - t0 - proposal.catchup_seconds)
 
     def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int] | TargetCall | DraftCall]:

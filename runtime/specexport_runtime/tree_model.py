@@ -4,9 +4,10 @@ A TreeVerifier holds a second ONNX Runtime session, for the target entry's `tree
 to the same in-place cache buffers as the target's OrtModel (head_major_inplace, one slot). A
 tree call feeds the R rows of a DraftTree at the model's cursor P: row r's K/V land at cache
 row P + r, each row attends to the past and to its own ancestors, and the logits of every row
-come back. The caller then keeps the accepted path with OrtModel.keep_path(P, rows), which moves
-those rows to P + 1, P + 2, ... and sets the cursor after them; the rejected rows are left past
-the cursor and overwritten by the next call.
+come back (and for a target with features, contract 1.2, their hidden_states rows in
+model.features). The caller then keeps the accepted path with OrtModel.keep_path(P, rows), which
+moves those rows to P + 1, P + 2, ... (and the features to the path's) and sets the cursor after
+them; the rejected rows are left past the cursor and overwritten by the next call.
 """
 
 from __future__ import annotations
@@ -61,8 +62,15 @@ class TreeVerifier:
         io.bind_cpu_input(contract.POSITION_IDS, (P + tree.depths()).reshape(1, R))
         io.bind_cpu_input(contract.TREE_BIAS, tree.attention_bias(np.float32))
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, m.spec.embedding_rows], m._logits.ctypes.data)
+        features = m._feature_buf  # [1, max_rows, F] when the target has features (contract 1.2)
+        if features is not None:
+            io.bind_output(
+                contract.HIDDEN_STATES, "cpu", 0, np.float32, [1, R, m.spec.feature_width], features.ctypes.data
+            )
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(R, time.perf_counter() - start)
-        m.length = P + R
+        m.length, m.last_start = P + R, P
+        if features is not None:  # [R, F] of the tree's rows; keep_path keeps the accepted path's
+            m.features = features[0, :R]
         return m._logits[0, :R]
