@@ -1,9 +1,12 @@
 """Draft trees against draft chains from the same proposer, per domain, in one run.
 
-    python benchmarks/tree_vs_chain.py ARTIFACT [--proposer suffix] [--nodes 8,16,32] [--prompts all]
-        [--limit 3] [--max-new-tokens 128] [--repeats 1] [--threads 2] [--json OUT]
+    python benchmarks/tree_vs_chain.py ARTIFACT [--proposer suffix] [--nodes 8,16,32] [--gamma G]
+        [--prompts all] [--limit 3] [--max-new-tokens 128] [--repeats 1] [--threads 2] [--json OUT]
 
-ARTIFACT must hold a tree graph (`specexport build ... --tree-verify`). Methods, all on one
+ARTIFACT must hold a tree graph (`specexport build ... --tree-verify`); with --proposer eagle
+(EAGLE-3 head trees against the same head's chains) also the head's tree graph, which a build
+with an EAGLE-3 head and tree_verify writes. --gamma fixes the chain length and the eagle tree
+depth (default: the artifact's gamma policy, adaptive). Methods, all on one
 generator (the same ONNX Runtime sessions): off (target only), chain (the proposer drafting
 chains: tree_nodes 0) and tree N for each N of --nodes (drafts of up to N tokens as trees,
 verified in one tree-graph call). The run follows specexport.harness: a warm-up generation per
@@ -32,8 +35,9 @@ def parser():
     ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", help="artifact folder with a tree graph (specexport build --tree-verify)")
     ap.add_argument(
-        "--proposer", default="suffix", help="a proposer that drafts trees: suffix or hybrid (default suffix)"
+        "--proposer", default="suffix", help="a proposer that drafts trees: suffix, hybrid or eagle (default suffix)"
     )
+    ap.add_argument("--gamma", type=int, default=None, help="fixed draft length / eagle tree depth (default adaptive)")
     ap.add_argument("--nodes", default="8,16,32", help="comma list of tree sizes (drafted tokens; default 8,16,32)")
     harness.add_run_options(ap, prompts="all", limit=3, max_new_tokens=128, repeats=1, threads=2)
     return ap
@@ -53,12 +57,14 @@ def main(argv=None) -> int:
     gen = load(args.artifact, threads=args.threads, shared_pool=True)
     if gen.tree is None:
         raise SystemExit(f"{args.artifact} has no tree graph: build it with --tree-verify")
+    if args.proposer == "eagle" and gen.head_tree is None:
+        raise SystemExit(f"{args.artifact} has no EAGLE-3 head tree graph: build its head recipe with --tree-verify")
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
 
     def method(name: str, mode: str, nodes: int = 0) -> harness.Method:
         def run(case: harness.Case) -> dict:
             extra = {"tree_nodes": nodes} if mode != "off" else {}
-            return generation_row(gen, case.ids, mode, args.max_new_tokens, None, **extra)
+            return generation_row(gen, case.ids, mode, args.max_new_tokens, args.gamma, **extra)
 
         return harness.Method(name, run, gen.forget_history, SPECEXPORT_MEMORY)
 

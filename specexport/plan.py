@@ -166,6 +166,9 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
         )
     if recipe.draft.kind == "eagle3":
         models.append(_head_estimate(recipe, shapes.target[0], max_context))
+        if recipe.tree_verify:  # the head's tree graph: its weights again, its cache shared
+            models.append(_tree_estimate(models[-1], max_context, "head tree"))
+            notes.append("the head's tree graph is one more session over the head's weights file")
     elif recipe.draft.has_graph and shapes.draft is not None:
         name = recipe.draft.model.model if recipe.draft.kind == "model" else f"{recipe.target.model} (self-draft)"
         models.append(
@@ -193,15 +196,17 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
     )
 
 
-def _tree_estimate(target: ModelEstimate, max_context: int) -> ModelEstimate:
+def _tree_estimate(target: ModelEstimate, max_context: int, role: str = "tree") -> ModelEstimate:
     """The target's tree graph (contract 1.7): the target's weights once more (its own session),
     no KV cache of its own, and per call its attention bias [R, P + R] in the model dtype for a
-    tree of up to MAX_TREE_NODES + 1 rows R (its logits rows land in the target's buffer)."""
+    tree of up to MAX_TREE_NODES + 1 rows R (its logits rows land in the target's buffer).
+    The same for an EAGLE-3 head's tree graph (contract 1.8, role "head tree"), a bound: its
+    calls have at most eagle_tree.WIDTH rows."""
     rows = MAX_TREE_NODES + 1
     itemsize = 2 if target.precision.startswith("fp16") or target.precision.endswith("fp16") else 4
     return replace(
         target,
-        role="tree",
+        role=role,
         model=f"{target.model} (tree graph)",
         kv_bytes=0,
         activation_bytes=target.activation_bytes + rows * (max_context + rows) * itemsize,

@@ -261,3 +261,16 @@ def test_plan_counts_the_tree_graph_as_a_second_session():
     bias = 64 * (recipe.max_context + 64) * 4
     assert tree.total_bytes - one.total_bytes == t1.weight_bytes + t1.activation_bytes + bias
     assert any("second ONNX Runtime session" in n for n in tree.notes)
+
+
+def test_plan_counts_the_head_tree_graph():
+    """An EAGLE-3 head with tree_verify: the head's weights once more (its tree graph's session),
+    no KV cache of its own, beside the target's tree graph."""
+    recipe = load_recipe(resolve_recipe("smollm2-135m-eagle3")).with_overrides({"tree_verify": True})
+    report = plan(recipe, "orin-nano-8gb")
+    roles = [m.role for m in report.models]
+    assert roles.count("tree") == 1 and roles.count("head tree") == 1
+    head = next(m for m in report.models if m.role == "draft")
+    extra = next(m for m in report.models if m.role == "head tree")
+    assert extra.weight_bytes == head.weight_bytes and extra.kv_bytes == 0
+    assert any("head's tree graph" in n for n in report.notes)
