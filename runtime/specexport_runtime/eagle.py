@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .eagle_tree import HeadTree, grow, tree_parents
+from .eagle_tree import HeadTree, calibration_factor, grow, tree_parents
 from .errors import InvalidArgument
 from .model import Model
 from .proposers import Proposal, Proposer, ProposerContext
@@ -59,6 +59,8 @@ class EagleProposer(Proposer):
         self.real = 0  # head rows 0 .. real - 1 were computed from features
         self.tree = tree if tree_nodes > 0 else None
         self.tree_nodes, self.cost = tree_nodes, cost
+        self.predicted = self.accepted = 0.0  # tree rounds: sum of the kept q, accepted drafts
+        self._pending: float | None = None  # the last tree's predicted accepted tokens, until commit
 
     def start(self, prompt: Sequence[int]) -> None:
         self.head.reset()
@@ -111,7 +113,11 @@ class EagleProposer(Proposer):
             probs = lambda x: probabilities(x, params)  # noqa: E731
         line = self.cost.line() if self.cost is not None else None
         hidden = self.head.hidden_out[0].copy()  # [H] the catch-up row's
-        c, kept = grow(self.tree, logits, hidden, self.head.length, probs, self.d2t, self.tree_nodes, depth, line)
+        factor = calibration_factor(self.predicted, self.accepted)
+        c, kept = grow(
+            self.tree, logits, hidden, self.head.length, probs, self.d2t, self.tree_nodes, depth, line, factor
+        )
+        self._pending = float(sum(c.q[i] for i in kept))
         tokens = [int(self.d2t[c.draft[i]]) for i in kept]
         parents = tree_parents(c, kept)
         chain = parents == list(range(len(parents)))
@@ -125,6 +131,9 @@ class EagleProposer(Proposer):
             self.features[first:stop] = self.target.features[: stop - first]
             self.known = stop
         self.head.truncate(min(self.head.length, self.real, self.known))
+        if self._pending is not None:  # a tree round: n_new - 1 of its drafts accepted
+            self.predicted, self.accepted = self.predicted + self._pending, self.accepted + n_new - 1
+            self._pending = None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ head's rows of the round lie past `real` and are dropped after it (EagleProposer
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -83,8 +84,9 @@ class HeadTree:
         V, H = self.spec.embedding_rows, self.spec.hidden_width
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, S, V], self._logits.ctypes.data)
         io.bind_output(contract.HEAD_HIDDEN_OUT, "cpu", 0, np.float32, [1, S, H], self._hidden.ctypes.data)
+        start = time.perf_counter()
         self.session.run_with_iobinding(io)
-        self.stats.add(S, 0.0)
+        self.stats.add(S, time.perf_counter() - start)
         m.length = P + S
         return self._logits[0, :S], self._hidden[0, :S]
 
@@ -113,6 +115,22 @@ def priced_count(qs, line: tuple[float, float] | None, nodes: int) -> int:
         score += q
         n += 1
     return n
+
+
+def calibration_factor(
+    predicted: float, accepted: float, prior: float = 4.0, lo: float = 0.1, hi: float = 2.0
+) -> float:
+    """How much the head's path probabilities over- or underestimate acceptance: the accepted
+    draft tokens over the predicted ones (the sum of the kept nodes' q, each a node's chance to be
+    on the accepted path) of the rounds so far, each side starting at `prior` tokens (factor 1
+    before any evidence), clipped to [lo, hi]."""
+    return min(hi, max(lo, (accepted + prior) / (predicted + prior)))
+
+
+def calibrated(q: np.ndarray, factor: float) -> np.ndarray:
+    """Path probabilities scaled by the measured factor, at most 1 (the estimate that prices a
+    node: the order of the nodes is unchanged)."""
+    return np.minimum(1.0, q * factor)
 
 
 def keep_best(q: np.ndarray, parents: np.ndarray, depth: np.ndarray, n: int) -> list[int]:
@@ -182,12 +200,14 @@ def grow(
     nodes: int,
     depth: int,
     line: tuple[float, float] | None,
+    factor: float = 1.0,
 ) -> tuple[Candidates, list[int]]:
     """(candidates, kept) of one round: first [V_draft] the catch-up row's logits and
     first_hidden [H] its hidden_out; base the head's cursor after the catch-up (a depth-d
     node's row sits at position base + d - 1); probs: logits [R, V_draft] -> probabilities
     [R, V_draft]; d2t [V_draft] the target id of each draft row (the head embeds target ids);
-    nodes, depth: the tree's budget; line: the target's verify cost (a, b)."""
+    nodes, depth: the tree's budget; line: the target's verify cost (a, b); factor: the
+    measured calibration of q (calibration_factor) for the pricing."""
     c = Candidates([], [], [], [], [])
     ids, p = top_children(probs(first[None])[0], TOP_K)
     c.add(ids, p, -1, 1.0, 1)
@@ -213,5 +233,5 @@ def grow(
         rows += S
     q = np.asarray(c.q)
     order = sorted(range(len(q)), key=lambda i: (-q[i], c.depth[i], i))
-    n = max(1, priced_count(q[order], line, nodes))
+    n = max(1, priced_count(calibrated(q[order], factor), line, nodes))
     return c, keep_best(q, np.asarray(c.parent), np.asarray(c.depth), n)

@@ -19,7 +19,15 @@ from exactness_support import check_pairs_follow_target, first_pair, sample_pair
 from specexport_runtime import eagle
 from specexport_runtime.api import load
 from specexport_runtime.eagle import EagleProposer
-from specexport_runtime.eagle_tree import Candidates, frontier, keep_best, priced_count, top_children
+from specexport_runtime.eagle_tree import (
+    Candidates,
+    calibrated,
+    calibration_factor,
+    frontier,
+    keep_best,
+    priced_count,
+    top_children,
+)
 from specexport_runtime.tree import DraftTree
 
 PROMPTS = ["hello world hello world hello", "abc abc abc abc abc", "x = 1\ny = 2\nx =", "the quick brown"]
@@ -277,3 +285,39 @@ def test_frontier_skips_nodes_whose_children_cannot_make_the_budget():
     assert frontier(c, 1, 2, 9) == [0, 1]  # the width
     assert frontier(c, 1, 8, 2) == [0]  # a child of node 1 would rank 3rd at best
     assert frontier(c, 2, 8, 9) == []
+
+
+def test_calibration_scales_the_path_probabilities_by_the_measured_acceptance():
+    assert calibration_factor(0.0, 0.0) == 1.0  # no evidence: the head's own q
+    assert calibration_factor(36.0, 6.0) == pytest.approx(10 / 40)  # the prior of 4 tokens each side
+    assert calibration_factor(1000.0, 0.0) == 0.1 and calibration_factor(0.0, 1000.0) == 2.0  # clipped
+    q = np.array([0.9, 0.4, 0.1])
+    assert calibrated(q, 0.5).tolist() == [0.45, 0.2, 0.05]
+    assert calibrated(q, 2.0).tolist() == [1.0, 0.8, 0.2]  # at most 1
+    # an overconfident head prices fewer nodes in: a = 1, b = 0.1
+    assert priced_count(calibrated(q, 0.2), (1.0, 0.1), 9) < priced_count(q, (1.0, 0.1), 9)
+
+
+def test_the_eagle_proposer_records_its_tree_rounds_for_the_calibration(gen, free_rows):
+    """One tree round by hand: the proposer's predicted tokens grow by the sum of the kept
+    nodes' q, its accepted ones by the verified path's length."""
+    from specexport_runtime.tree import verify_tree_greedy
+
+    config = gen.configure(proposer="eagle", tree_nodes=8, gamma=3)
+    proposer = gen.build_proposer("eagle", config)
+    ids = gen.codec.encode("The quick brown fox")
+    target = gen.target
+    proposer.start(ids)
+    target.reset()
+    target.forward(ids[:-1])
+    proposer.commit(ids, 1)
+    p = proposer.propose(ids, 3, config.sampling, np.random.default_rng(0))
+    pending = proposer._pending
+    assert p.parents is not None and 0 < pending <= len(p.tokens)
+    tree = DraftTree([ids[-1], *p.tokens], [-1, *p.parents])
+    start = target.length
+    rows, token = verify_tree_greedy(tree, gen.tree.forward(tree).argmax(-1))
+    target.keep_path(start, rows)
+    proposer.commit(ids + [int(t) for t in tree.tokens[rows]] + [token], len(rows) + 1)
+    assert (proposer.predicted, proposer.accepted, proposer._pending) == (pending, len(rows), None)
+    target.reset()
