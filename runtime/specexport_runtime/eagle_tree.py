@@ -175,13 +175,15 @@ class Candidates:
         return out
 
 
-def frontier(c: Candidates, depth: int, width: int, nodes: int) -> list[int]:
-    """The best `width` candidates at `depth` by q (ties: the earlier) that could still have a
-    child among the best `nodes`: fewer than nodes - 1 candidates beat them (a child's q never
-    exceeds its parent's, and the parent comes before it)."""
+def frontier(c: Candidates, depth: int, width: int, limit: int) -> list[int]:
+    """The best `width` candidates at `depth` by q (ties: the earlier) that fewer than `limit`
+    candidates beat. grow's limit: min(nodes - 1, the priced count now). A child's q never
+    exceeds its parent's and it comes after it, so a node ranked nodes - 1 or lower has no
+    child among the best `nodes`; and a node past the priced count fails the pricing test now,
+    where more candidates only make its test (and its children's) harder."""
     at = sorted((i for i in range(len(c.q)) if c.depth[i] == depth), key=lambda i: (-c.q[i], i))[:width]
     qs = np.asarray(c.q)
-    return [i for i in at if int((qs > c.q[i]).sum()) < nodes - 1]
+    return [i for i in at if int((qs > c.q[i]).sum()) < limit]
 
 
 def tree_parents(c: Candidates, kept: list[int]) -> list[int]:
@@ -214,7 +216,8 @@ def grow(
     hidden_of: dict[int, np.ndarray] = {}  # an expanded candidate's hidden_out [H]
     rows = 0  # head rows of this round so far
     for d in range(1, depth):  # expand the depth-d frontier: children at depth d + 1
-        front = frontier(c, d, WIDTH, nodes)
+        priced = priced_count(calibrated(np.sort(np.asarray(c.q))[::-1], factor), line, nodes)
+        front = frontier(c, d, WIDTH, min(nodes - 1, priced))
         S = len(front)
         if S == 0 or tree.head.free < S or S > tree.head.max_rows:
             break

@@ -215,6 +215,19 @@ def test_hybrid_passes_the_heads_trees_through(gen, free_rows):
     assert rounds > 0 and drafted > 4 * rounds
 
 
+def test_dear_rows_shrink_eagle_trees_to_one_token(gen, monkeypatch):
+    """A verify-cost line where rows are all the cost (a 0, b 1): no node pays for its row, so
+    each round drafts the head's top token alone, verified as a chain; output still target-only's."""
+    from specexport_runtime.costs import VerifyCost
+
+    monkeypatch.setattr(VerifyCost, "line", lambda self: (0.0, 1.0))
+    ids = gen.codec.encode(PROMPTS[0])
+    ref = gen.generate(ids, max_new_tokens=24, speculative=False).token_ids
+    out = gen.generate(ids, max_new_tokens=24, proposer="eagle", tree_nodes=24, gamma=4)
+    assert out.token_ids == ref
+    assert out.stats.tree_rounds == 0 and out.stats.rounds > 0 and out.stats.drafted == out.stats.rounds
+
+
 def test_sampled_eagle_trees_follow_the_target_law(gen, free_rows):
     """Temperature 1, trees of up to 8 nodes from the head's top-k (deterministic siblings): the
     first two tokens of 2000 runs (the second from a tree round) against the exact pair law and
@@ -281,10 +294,14 @@ def test_keep_best_is_ancestor_closed_and_topological():
 def test_frontier_skips_nodes_whose_children_cannot_make_the_budget():
     c = Candidates([], [], [], [], [])
     c.add(np.array([5, 6, 7]), np.array([0.5, 0.3, 0.2]), -1, 1.0, 1)
-    assert frontier(c, 1, 8, 9) == [0, 1, 2]
-    assert frontier(c, 1, 2, 9) == [0, 1]  # the width
-    assert frontier(c, 1, 8, 2) == [0]  # a child of node 1 would rank 3rd at best
-    assert frontier(c, 2, 8, 9) == []
+    assert frontier(c, 1, 8, 8) == [0, 1, 2]
+    assert frontier(c, 1, 2, 8) == [0, 1]  # the width
+    assert frontier(c, 1, 8, 1) == [0]  # nodes 2: a child of node 1 would rank 3rd at best
+    assert frontier(c, 2, 8, 8) == []
+    # a line where only the first two candidates pay: node 2 and its children never would
+    line = (1.0, 0.5)  # 0.5 (1 + 0.5) > 0.5; then 0.3 (1 + 1) <= 0.5 (1 + 0.5): one node
+    assert priced_count([0.5, 0.3, 0.2], line, 9) == 1
+    assert frontier(c, 1, 8, min(8, priced_count([0.5, 0.3, 0.2], line, 9))) == [0]
 
 
 def test_calibration_scales_the_path_probabilities_by_the_measured_acceptance():
