@@ -80,7 +80,7 @@ class _Bar:
     "--tree-verify/--no-tree-verify",
     default=None,
     help="Override the recipe's tree_verify: give the target a tree-verify graph as well (graph: fused;"
-    " contract 1.7), so proposers may draft trees. See docs/trees.md.",
+    " contract 1.7), and an EAGLE-3 head its tree graph (1.8), so proposers may draft trees. See docs/trees.md.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
