@@ -97,7 +97,11 @@ class HeadTree:
 def top_children(probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(draft ids [<= k], their probabilities) of one row's k most probable tokens with p > 0,
     most probable first (ties: the smaller id; the draft's argmax order)."""
-    order = np.argsort(-probs, kind="stable")[:k]
+    if k < probs.size:  # O(V): the k-th largest value, then every id reaching it (ties kept, ids ascending)
+        ids = np.flatnonzero(probs >= np.partition(probs, probs.size - k)[probs.size - k])
+    else:
+        ids = np.arange(probs.size)
+    order = ids[np.argsort(-probs[ids], kind="stable")[:k]]
     order = order[probs[order] > 0]
     return order, probs[order]
 

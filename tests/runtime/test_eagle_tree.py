@@ -266,6 +266,11 @@ def test_top_children_are_the_argmax_order_without_zeros():
     ids, p = top_children(np.array([0.1, 0.4, 0.0, 0.4, 0.1]), 4)
     assert ids.tolist() == [1, 3, 0, 4] and p.tolist() == [0.4, 0.4, 0.1, 0.1]
     assert top_children(np.array([0.0, 1.0, 0.0]), 3)[0].tolist() == [1]
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # against a full stable argsort, with many ties and zeros
+        p, k = rng.integers(0, 5, int(rng.integers(1, 40))).astype(np.float64), int(rng.integers(1, 12))
+        want = np.argsort(-p, kind="stable")[:k]
+        assert top_children(p, k)[0].tolist() == want[p[want] > 0].tolist()
 
 
 def test_priced_count_follows_the_verify_cost_line():
