@@ -67,6 +67,8 @@ class BatchSequence:
     config: GeneratorConfig
     proposer: str  # what it drafts with (BATCH_FALLBACK for a draft-model proposer without a draft batch graph)
     drafts_with_model: bool = False  # its proposer calls the draft's batch graph
+    draft_unread: int = 0  # tokens its draft model has not read yet (prompt, plain rounds), at the round's end
+    tokens_left: int = 0  # the most tokens it may still emit (max_new_tokens less its tokens), at the round's end
     slot: int | None = None
     tokens: list[int] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
@@ -216,6 +218,11 @@ class BatchScheduler:
         if all(len(c.ids) <= max_rows for c in calls):  # the line prices decode and verify rows, not prompt chunks
             self.gamma.record(running, rows, seconds)
         self.round_log.append((running, prefill_rows, seconds))
+        if self.draft is not None:
+            for slot, seq in self.running.items():
+                if seq.drafts_with_model:  # its committed tokens, this round's not counted
+                    seq.draft_unread = len(seq.prompt_ids) + len(seq.tokens) - self.draft.view(slot).length
+                    seq.tokens_left = seq.config.max_new_tokens - len(seq.tokens)
         round_gamma, gamma = self._gamma, self.gamma.choose(list(self.running.values()))  # this round's, the next's
         self._gamma, free = gamma, self.gamma.free_limit(len(self.running))
         touched = []
@@ -246,8 +253,7 @@ class BatchScheduler:
             calls = [SlotCall(slot, s._pending.ids, s._pending.last_rows) for slot, s in drafting]
             start = time.perf_counter()
             outputs = self.draft.forward(calls)
-            if all(len(c.ids) <= 2 for c in calls):  # a draft step (a backlog's catch-up is a one-off)
-                self.gamma.record_draft(len(self.running), time.perf_counter() - start)
+            self.gamma.record_draft(len(calls), sum(len(c.ids) for c in calls), time.perf_counter() - start)
             for (_, seq), logits in zip(drafting, outputs):
                 try:
                     item = seq._events.send(logits)

@@ -7,6 +7,13 @@ from a draft of g (its acceptance alpha, how often its proposer drafts at all p)
 checks the model against whole rounds: tokens per second realized with drafts and without, per
 batch-size bucket (1, 2, 3-4, 5-8, ...).
 
+A draft model reads lazily: a sequence's prompt, and the tokens of rounds it sat out, wait
+unread until it next drafts, and then it reads them in one batched call. So the price of
+drafting includes that backlog, at the draft's fitted cost per row (a call of the draft's batch
+graph costs a + b * rows + c * running too), spread over the rounds the sequence may still
+draft (half the tokens it may still emit, at most SWITCH_ROUNDS); where the backlog is long
+(many plain rounds, or prompts not yet read) drafting must promise more before it starts.
+
 Free retrieval drafts (hybrid's offers where the text repeats, the suffix proposer's) cost rows
 but no draft call, so they have a limit of their own (free_limit): a row is worth adding while
 the tokens it is expected to bring (alpha^j for the j-th, alpha learned over every free draft)
@@ -26,8 +33,10 @@ from .registry import NONE
 
 PROBE_GAMMA = 2  # the draft length of the rounds that time a call with draft rows
 GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a bucket needs before the guard compares them
-RECHECK_EVERY = 64  # the guard lets one of this many blocked drafts through, and forces one plain round
-SWITCH_ROUNDS = 8  # rounds a switch from plain rounds to drafting is priced over (its catch-up step)
+RECHECK_EVERY = 64  # judged rounds between the guard's rechecks (doubled after each recheck that confirms)
+RECHECK_BACKOFF = 16  # the recheck interval grows to at most RECHECK_EVERY x this
+RECHECK_ROUNDS = GUARD_ROUNDS + 1  # a recheck's rounds in a row: the first is a switch, the others are observed
+SWITCH_ROUNDS = 32  # most rounds a draft model's catch-up call is spread over (fewer for a sequence near its end)
 EVIDENCE_ROUNDS = 8  # drafted rounds (over its sequences) a proposer's acceptance needs before gamma 0 stands
 FREE = "retrieval"  # the record of free retrieval drafts (hybrid's offers, suffix), apart from their proposers'
 
@@ -87,26 +96,27 @@ class BatchCost:
 
 class BatchGamma:
     """Each round's draft length for the whole batch: the gamma in 0..gamma_max that maximizes
-    expected tokens per second (module docstring). A draft model that sat out the last round
-    first catches up (one more draft step), which a gamma > 0 then pays for (spread over
-    SWITCH_ROUNDS rounds: it is paid once per switch), and a gamma > 0 must
-    promise `margin` more than gamma 0. Until a call with draft rows is timed the gamma is
-    PROBE_GAMMA (one probe serves every batch size), and so it is instead of 0 while a running
-    proposer has drafted in fewer than EVIDENCE_ROUNDS rounds (its acceptance is still the prior).
+    expected tokens per second (module docstring). Drafting pays for the draft model's unread
+    backlog (switch_seconds), and a gamma > 0 must promise `margin` more than
+    gamma 0. Until a call with draft rows is timed the gamma is PROBE_GAMMA (one probe serves
+    every batch size), and so it is instead of 0 while a running proposer has drafted in fewer
+    than EVIDENCE_ROUNDS rounds, unless drafts could not pay here even if every drafted token
+    were accepted (then its acceptance is not worth learning at this batch size).
 
     The model leaves out host work and misjudges what it cannot see, so a guard checks it against
     what rounds realize (observe()): where rounds with drafts realize fewer tokens per second than
-    rounds without, in the same bucket of batch sizes, the gamma is 0, with one drafting round in
-    RECHECK_EVERY to keep the comparison current; while plain rounds are too few to compare, one
-    round in RECHECK_EVERY is plain. Where rounds with drafts realize `margin` more than plain
-    ones and the model says 0, the batch drafts with the gamma those rounds drafted with."""
+    rounds without, in the same bucket of batch sizes, the gamma is 0, save a recheck of
+    RECHECK_ROUNDS drafting rounds in a row (so that they are observed) after RECHECK_EVERY judged
+    rounds, an interval that doubles after each recheck up to RECHECK_BACKOFF times; while plain
+    rounds are too few to compare, a recheck is RECHECK_ROUNDS plain rounds. Where rounds with
+    drafts realize `margin` more than plain ones and the model says 0, the batch drafts with the
+    gamma those rounds drafted with."""
 
     def __init__(self, gamma_max: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
         self.gamma_max, self.margin = gamma_max, margin
-        self.cost = BatchCost()
-        self._last: int | None = None  # the last gamma chosen
-        self.draft_step: dict[int, float] = {}  # running sequences -> seconds of one batched draft call (EMA)
+        self.cost = BatchCost()  # the target's batch-graph calls
+        self.draft_cost = BatchCost()  # the draft model's batch-graph calls: steps and backlog catch-ups
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
         self.learned: dict[str, tuple[float | None, float | None]] = {}
         self.evidence: dict[str, int] = {}  # proposer -> sequence rounds in which it drafted
@@ -114,6 +124,9 @@ class BatchGamma:
         # (bucket, drafted) -> [rounds, tokens EMA, seconds EMA] of whole rounds (observe)
         self.realized: dict[tuple[int, bool], list[float]] = {}
         self._decisions: dict[int, int] = {}  # bucket -> rounds the guard has judged
+        self._every: dict[int, int] = {}  # bucket -> judged rounds between its rechecks (RECHECK_EVERY at first)
+        self._due: dict[int, int] = {}  # bucket -> the judged round of its next recheck
+        self._recheck: dict[int, tuple[bool, int]] = {}  # bucket -> (drafting?, rounds left) of a recheck under way
         self._drafted_with: dict[int, int] = {}  # bucket -> the gamma of its last observed drafting round
 
     @property
@@ -143,17 +156,36 @@ class BatchGamma:
         """One target call of `running` sequences over `rows` rows took `seconds`."""
         self.cost.record(running, rows, seconds)
 
-    def record_draft(self, running: int, seconds: float) -> None:
-        """One batched draft-model call of a round with `running` sequences took `seconds`."""
-        old = self.draft_step.get(running)
-        self.draft_step[running] = seconds if old is None else old + 0.2 * (seconds - old)
+    def record_draft(self, running: int, rows: int, seconds: float) -> None:
+        """One batched draft-model call for `running` sequences over `rows` rows took `seconds`
+        (a draft step feeds each one or two rows; a backlog's catch-up more)."""
+        self.draft_cost.record(running, rows, seconds)
 
     def draft_seconds(self, running: int) -> float:
-        """One draft step at `running` sequences: as timed at the nearest batch size (0 before any)."""
-        if not self.draft_step:
+        """One draft step of `running` sequences: the steps timed at the nearest number of
+        sequences (their cells' mean); 0 before any."""
+        steps: dict[int, list[float]] = {}
+        for (r, rows), seconds in self.draft_cost.cells.items():
+            if rows <= 2 * r:  # one or two rows each: a step
+                steps.setdefault(r, []).append(seconds)
+        if not steps:
             return 0.0
-        near = min(self.draft_step, key=lambda r: (abs(r - running), -r))
-        return self.draft_step[near]
+        near = min(steps, key=lambda r: (abs(r - running), -r))
+        return sum(steps[near]) / len(steps[near])
+
+    def switch_seconds(self, backlog: Sequence[tuple[int, int]]) -> float:
+        """Seconds a round with drafts adds for the draft model's catch-up call. backlog: per
+        sequence drafting with it, (unread, left): the tokens it has not read and the most tokens
+        the sequence may still emit. Its rows beyond a step's two cost the fitted cost of a row
+        (a step's per sequence before a catch-up is timed; 0 before any draft call), spread over
+        the rounds it may still draft: left / 2 (a drafting round emits about two tokens at
+        least), at most SWITCH_ROUNDS."""
+        extra = [(u - 2, left) for u, left in backlog if u > 2]
+        if not extra:
+            return 0.0
+        fit = self.draft_cost.fit()
+        per_row = fit[1] if fit is not None and fit[1] > 0 else self.draft_seconds(len(backlog)) / len(backlog)
+        return per_row * sum(rows / min(SWITCH_ROUNDS, max(1.0, left / 2)) for rows, left in extra)
 
     def observe(self, running: int, drafted: bool, tokens: int, seconds: float, gamma: int = 0) -> None:
         """A whole round of `running` sequences (with or without draft rows) emitted `tokens`
@@ -175,8 +207,9 @@ class BatchGamma:
         return tokens / seconds if rounds >= GUARD_ROUNDS else None
 
     def guard(self, running: int, gamma: int) -> int:
-        """The model's gamma, or 0 where rounds with drafts realize less than rounds without; where
-        they realize `margin` more, at least the gamma they drafted with, whatever the model says."""
+        """The model's gamma, or 0 where rounds with drafts realize less than rounds without, save
+        rechecks (class docstring); where they realize `margin` more, at least the gamma they
+        drafted with, whatever the model says."""
         key = bucket(running)
         plain, drafted = self.rate(running, False), self.rate(running, True)
         if gamma == 0:
@@ -184,10 +217,26 @@ class BatchGamma:
                 return self._drafted_with.get(key, self.probe)
             return 0
         n = self._decisions[key] = self._decisions.get(key, 0) + 1
-        if plain is None:
-            return 0 if n % RECHECK_EVERY == 0 else gamma  # a plain round now and then, to compare with
-        if drafted is not None and drafted < plain and n % RECHECK_EVERY:
+        if key in self._recheck:  # a recheck under way: its rounds come in a row
+            drafting, left = self._recheck.pop(key)
+            if left > 1:
+                self._recheck[key] = (drafting, left - 1)
+            return gamma if drafting else 0
+        every = self._every.get(key, RECHECK_EVERY)
+        due = n >= self._due.get(key, RECHECK_EVERY)
+        if plain is None:  # too few plain rounds to compare with: a plain recheck now and then
+            if not due:
+                return gamma
+            self._recheck[key], self._due[key] = (False, RECHECK_ROUNDS - 1), n + every
             return 0
+        if drafted is not None and drafted < plain:
+            if not due:
+                return 0
+            every = self._every[key] = min(2 * every, RECHECK_EVERY * RECHECK_BACKOFF)
+            self._recheck[key], self._due[key] = (True, RECHECK_ROUNDS - 1), n + every
+            return gamma
+        self._every[key] = RECHECK_EVERY  # drafting holds its own: rechecks at the first interval again
+        self._due[key] = min(self._due.get(key, RECHECK_EVERY), n + RECHECK_EVERY)
         return gamma
 
     def free_limit(self, running: int) -> int:
@@ -204,30 +253,38 @@ class BatchGamma:
             g += 1
         return max(g, self.probe) if self.evidence.get(FREE, 0) < EVIDENCE_ROUNDS else g
 
+    def rates(self, figures: Sequence[tuple[float, float]], step: float, switch: float) -> list[float]:
+        """Expected tokens per second of a round at each gamma 0..gamma_max. figures: each running
+        sequence's (alpha, p); step: seconds of one batched draft step; switch: seconds a round
+        with drafts adds to pay for the draft model's backlog."""
+        n, out = len(figures), []
+        for g in range(self.gamma_max + 1):
+            tokens = sum(1 + p * sum(alpha**j for j in range(1, g + 1)) for alpha, p in figures)
+            rows = sum(1 + p * g for _, p in figures)
+            out.append(tokens / (self.cost.seconds(n, math.ceil(rows)) + (g * step + switch if g else 0.0)))
+        return out
+
     def choose(self, seqs: Sequence) -> int:
-        """seqs: the running sequences (batch.BatchSequence: _alpha, _proposed,
-        drafts_with_model); those drafting with a model add gamma batched draft calls."""
+        """seqs: the running sequences (batch.BatchSequence: _alpha, _proposed, drafts_with_model,
+        draft_unread, tokens_left); those drafting with a model add gamma batched draft steps,
+        and their draft's catch-up (switch_seconds)."""
         if not seqs or self.gamma_max == 0:
             return 0
         if self.cost.fit() is None:  # no call with draft rows timed yet: a short draft times one
-            self._last = self.probe
-            return self._last
-        n = len(seqs)
-        step = self.draft_seconds(n) if any(s.drafts_with_model for s in seqs) else 0.0
-        # a draft model idle last round first feeds what it missed: one step, paid once when drafting
-        # starts, so it is spread over the rounds a switch lasts at the least
-        catchup = 1 / SWITCH_ROUNDS if self._last == 0 else 0.0
-        best, best_rate, plain = 0, -1.0, 0.0
-        for g in range(self.gamma_max + 1):
-            tokens = sum(1 + s._proposed * sum(s._alpha**j for j in range(1, g + 1)) for s in seqs)
-            rows = sum(1 + s._proposed * g for s in seqs)
-            rate = tokens / (self.cost.seconds(n, math.ceil(rows)) + (g + (catchup if g else 0)) * step)
-            plain = plain or rate  # g = 0
-            if rate > best_rate * 1.0001:  # ties go to the shorter draft
-                best, best_rate = g, rate
-        if best_rate < plain * (1 + self.margin):  # what the model leaves out (catch-ups, host work) eats small gains
+            return self.probe
+        model = [s for s in seqs if s.drafts_with_model]
+        step = self.draft_seconds(len(model)) if model else 0.0
+        switch = self.switch_seconds([(s.draft_unread, s.tokens_left) for s in model])
+        rates = self.rates([(s._alpha, s._proposed) for s in seqs], step, switch)
+        best = 0
+        for g in range(1, len(rates)):
+            if rates[g] > rates[best] * 1.0001:  # ties go to the shorter draft
+                best = g
+        if rates[best] < rates[0] * (1 + self.margin):  # what the model leaves out (host work) eats small gains
             best = 0
-        if best == 0 and any(self.evidence.get(s.proposer, 0) < EVIDENCE_ROUNDS for s in seqs if s.proposer != NONE):
-            best = self.probe  # its acceptance is still the prior: learn it
-        self._last = self.guard(n, best)
-        return self._last
+        unproven = any(self.evidence.get(s.proposer, 0) < EVIDENCE_ROUNDS for s in seqs if s.proposer != NONE)
+        if best == 0 and unproven:  # its acceptance is still the prior: learn it where drafts could pay
+            perfect = self.rates([(1.0, 1.0)] * len(seqs), step, switch)
+            if perfect[self.probe] > rates[0] * (1 + self.margin):
+                best = self.probe
+        return self.guard(len(seqs), best)

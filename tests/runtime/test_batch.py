@@ -22,6 +22,8 @@ from specexport_runtime.batch_gamma import (
     GUARD_ROUNDS,
     PROBE_GAMMA,
     RECHECK_EVERY,
+    RECHECK_ROUNDS,
+    SWITCH_ROUNDS,
     BatchCost,
     BatchGamma,
 )
@@ -311,6 +313,34 @@ def test_batch_gamma_probes_until_a_proposer_has_a_record():
     plain = _seq(0.3, 1.0)
     plain.proposer = "none"  # a sequence that does not speculate needs no record
     assert BatchGamma(gamma_max=8).choose([plain]) == PROBE_GAMMA  # the call-size probe still comes first
+    futile = BatchGamma(gamma_max=8)
+    for rows, ms in ((8, 40.0), (72, 360.0)):  # each row costs a whole row's share of a plain call
+        futile.record(8, rows, ms / 1e3)
+    assert futile.choose(low) == 0  # even drafts that were always accepted could not pay: no probe
+
+
+def test_batch_gamma_prices_the_draft_backlog():
+    """A draft model reads what it missed (a prompt, the tokens of plain rounds) in one call
+    before it drafts, at its fitted cost per row, spread over the rounds the sequence may still
+    draft (half its tokens left, at most SWITCH_ROUNDS): with rows nearly free and cheap steps a
+    short backlog drafts, and so does a long one with many tokens left; a long one near the end
+    does not, and a sequence without a draft model pays none."""
+    g = _gamma()
+    for rows, ms in ((2, 20.0), (18, 24.0)):  # two sequences: rows nearly free
+        g.record(2, rows, ms / 1e3)
+    g.record_draft(2, 2, 0.001)  # a step: 1 ms
+    g.record_draft(2, 402, 0.401)  # a catch-up of 400 rows: 1 ms a row
+    s = _seq(0.8, 1.0)
+    s.drafts_with_model = True
+    for unread, left, drafts in ((2, 8, True), (20, 8, True), (200, 1000, True), (200, 16, False)):
+        s.draft_unread, s.tokens_left = unread, left
+        assert (g.choose([s, s]) > 0) == drafts, (unread, left)
+    assert g.switch_seconds([(200, 16)] * 2) == pytest.approx(2 * 198 * 0.001 / 8)
+    assert g.switch_seconds([(200, 10_000)]) == pytest.approx(198 * 0.001 / SWITCH_ROUNDS)
+    assert g.switch_seconds([(2, 1)] * 2) == 0.0  # a step's rows: no catch-up
+    free = _seq(0.8, 1.0)
+    free.draft_unread, free.tokens_left = 200, 16  # not read by a model: no catch-up to pay
+    assert g.choose([free, free]) > 0
 
 
 def test_batch_gamma_guard_drafts_where_rounds_realize_more():
@@ -413,18 +443,26 @@ def test_batch_gamma_prices_the_draft_step():
     drafting = _seq(0.8, 1.0)
     drafting.drafts_with_model = True
     assert g.choose([drafting] * 2) == 8  # no draft step timed yet: its cost is not counted
-    g.record_draft(2, 0.030)  # each draft step costs more than the target call
+    g.record_draft(2, 2, 0.030)  # each draft step costs more than the target call
     assert g.choose([drafting] * 2) == 0
-    g.record_draft(2, 0.001)  # EMA: cheap steps bring it back
-    for _ in range(20):
-        g.record_draft(2, 0.001)
+    for _ in range(20):  # EMA: cheap steps bring it back
+        g.record_draft(2, 2, 0.001)
     assert g.choose([drafting] * 2) > 0
+
+
+def _runs(picks: list[int]) -> list[tuple[int, int]]:
+    """(value, length) of each run of equal picks."""
+    out: list[tuple[int, int]] = []
+    for p in picks:
+        out = out[:-1] + [(p, out[-1][1] + 1)] if out and out[-1][0] == p else out + [(p, 1)]
+    return out
 
 
 def test_batch_gamma_guard_follows_what_rounds_realize():
     """The model promises a gain (rows nearly free, alpha 0.9), but whole drafting rounds realize
-    fewer tokens per second than plain ones: the guard turns drafting down, save one recheck round
-    in RECHECK_EVERY; where drafting realizes more, the model's gamma stands."""
+    fewer tokens per second than plain ones: the guard turns drafting down, save rechecks of
+    RECHECK_ROUNDS drafting rounds in a row (the rounds after the first are observed), each
+    interval twice the last; where drafting realizes more, the model's gamma stands."""
     g = _gamma()
     g.record(2, 2, 0.010)
     g.record(2, 18, 0.012)
@@ -432,12 +470,18 @@ def test_batch_gamma_guard_follows_what_rounds_realize():
     assert g.choose(seqs) == 8  # nothing realized yet: the model's choice
     for _ in range(GUARD_ROUNDS):
         g.observe(2, True, 4, 0.100)  # 40 tok/s with drafts
-    picks = [g.choose(seqs) for _ in range(2 * RECHECK_EVERY)]
-    assert picks.count(0) == 2  # too few plain rounds to compare: one in RECHECK_EVERY is plain
+    picks = [g.choose(seqs) for _ in range(2 * RECHECK_EVERY + RECHECK_ROUNDS)]
+    # too few plain rounds to compare: a plain recheck of RECHECK_ROUNDS rounds every RECHECK_EVERY
+    assert [r for r in _runs(picks) if r[0] == 0] == [(0, RECHECK_ROUNDS)] * 2
     for _ in range(GUARD_ROUNDS):
         g.observe(2, False, 2, 0.020)  # 100 tok/s without
-    picks = [g.choose(seqs) for _ in range(4 * RECHECK_EVERY)]
-    assert picks.count(8) == 4 and picks.count(0) == 4 * RECHECK_EVERY - 4
+    picks = [g.choose(seqs) for _ in range(16 * RECHECK_EVERY)]
+    drafting = [i for i, p in enumerate(picks) if p == 8]
+    runs = _runs(picks)
+    assert {r for r in runs if r[0] == 8} == {(8, RECHECK_ROUNDS)}  # rechecks come as whole runs
+    starts = [drafting[0]] + [b for a, b in zip(drafting, drafting[1:]) if b > a + 1]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) >= 3 and all(b == 2 * a for a, b in zip(gaps, gaps[1:]))  # the interval doubles
     for _ in range(40):
         g.observe(2, True, 40, 0.100)  # drafting now realizes 400 tok/s
     assert [g.choose(seqs) for _ in range(RECHECK_EVERY)] == [8] * RECHECK_EVERY
