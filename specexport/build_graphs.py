@@ -254,9 +254,14 @@ def export_tree(
     from .rowcheck import tree_rows
 
     path = solo.path.parent / TREE_GRAPH
-    return TreeGraph(
-        rel, tree_rows(solo, path, recipe.max_context, probe, padding.min_rows, padding.cache_pad).to_dict()
-    )
+    report = tree_rows(solo, path, recipe.max_context, probe, padding.min_rows, padding.cache_pad).to_dict()
+    if report["argmax_agreement"] < 1.0:  # greedy trees would leave target-only output on such rows
+        raise BuildError(
+            f"tree_verify: the tree graph's rows agree with the batch-1 graph's argmax on only"
+            f" {report['argmax_agreement']:.0%} of {report['rows']} rows (max |logit diff|"
+            f" {report['max_abs_diff']:.3g}), so trees would change greedy output; build without tree_verify"
+        )
+    return TreeGraph(rel, report)
 
 
 def measure_batch_rows(solo: ExportResult, path: Path, slots: int, recipe: Recipe, padding: Padding, probe) -> dict:

@@ -41,6 +41,7 @@ from .recipe_spec import (
     DRAFT_MODEL_PRECISIONS,
     EAGLE3_PRECISIONS,
     GRAPH_KINDS,
+    INT8_ACTIVATIONS,
     MAX_CONTEXT,
     MIN_CONTEXT,
     PORTABLE_EAGLE3_PRECISIONS,
@@ -386,6 +387,13 @@ class _Reader(FieldReader):
             raise self.fail(
                 f"tree_verify = true needs graph: fused (GroupQueryAttention with position_ids and an"
                 f" attention bias); graph = {graph!r}"
+            )
+        if tree_verify and target.quantization is not None and target.quantization.accuracy_level == INT8_ACTIVATIONS:
+            raise self.fail(
+                f"tree_verify = true with target.quantization.accuracy_level = {INT8_ACTIVATIONS}: int8 activations"
+                " turn the tree graph's attention rounding into logit differences of about one (2.46 on"
+                " smollm2-135m-q4, argmax 12/13 rows), so trees would change greedy output; use"
+                " accuracy_level 0 (fp32 activations) or leave tree_verify off"
             )
         if target.precision in QUANTIZED_TARGETS and not contrib:
             raise self.fail(

@@ -27,6 +27,7 @@ TARGET_PRECISIONS = FLOAT_TARGETS + QUANTIZED_TARGETS
 TENSOR_MODES = ("fp32", "int8", "int4", "checkpoint")  # how a quantized target stores its head / embedding
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0/1 fp32 activations, 2 fp16, 3 bf16, 4 int8
 DEFAULT_ACCURACY_LEVEL = 4
+INT8_ACTIVATIONS = 4  # the accuracy_level whose rows are not row-invariant across attention paths (no trees)
 # exactness (constants.EXACTNESS): "bitwise" pads the target (its attention in a fused graph, else its
 # calls to >= 2 rows; contract 1.2) so a row never depends on its call's size; "numerical" leaves it unpadded
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")

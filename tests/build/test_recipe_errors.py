@@ -186,3 +186,15 @@ def test_max_batch_range_and_forms():
     assert parse_recipe(fused, "ok.yaml").max_batch == 4
     eagle = with_(with_(fused, "draft", {"eagle3": {"model": "some/head"}}), "speculation", {})
     bad(eagle, "max_batch = 4 with an EAGLE-3 head")
+
+
+@pytest.mark.parametrize("precision", ["int4", "gguf"])
+def test_tree_verify_refuses_int8_activations(precision):
+    """A quantized target whose MatMulNBits quantize activations to int8 (accuracy_level 4, the
+    default) has tree rows that differ from its chain rows by about a logit: refused in one line;
+    accuracy_level 0 (fp32 activations) takes trees."""
+    data = with_(with_(MINIMAL, "target.precision", precision), "graph", "fused")
+    data = with_(data, "tree_verify", True)
+    msg = bad(data, "tree_verify", "accuracy_level = 4", "accuracy_level 0")
+    assert "\n" not in msg
+    assert parse_recipe(with_(data, "target.quantization.accuracy_level", 0), "ok.yaml").tree_verify

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny import make_model
+from tiny import build_tiny_artifact, make_model
 
 from specexport.fused import build_fused
 from specexport.model_config import UnsupportedConfig
@@ -125,3 +125,26 @@ def test_tree_graph_is_refused_where_it_cannot_be_right(tmp_path):
     spec = GraphSpec(1, 1, 8, 32, kv_layout=contract.HEAD_MAJOR_INPLACE, tree=True)
     assert spec.input_names()[4:6] == [contract.POSITION_IDS, contract.TREE_BIAS]
     assert contract.version_for(contract.HEAD_MAJOR_INPLACE, tree=True) == contract.TREE_VERSION
+
+
+def test_tree_graph_whose_argmax_disagrees_is_refused(tmp_path, monkeypatch):
+    """The build measures the tree rows against chain calls (rowcheck.tree_rows); a tree graph
+    whose rows would change a greedy choice is refused in one line, not shipped."""
+    from specexport import rowcheck
+    from specexport.errors import BuildError
+
+    real = rowcheck.tree_rows
+
+    class Worse:
+        def __init__(self, report):
+            self.report = report
+
+        def to_dict(self):
+            return {**self.report.to_dict(), "argmax_agreement": 12 / 13, "max_abs_diff": 2.46}
+
+    monkeypatch.setattr(rowcheck, "tree_rows", lambda *a, **k: Worse(real(*a, **k)))
+    with pytest.raises(BuildError) as info:
+        build_tiny_artifact(tmp_path, "noisy-fused-tree")
+    msg = str(info.value)
+    assert "argmax on only 92%" in msg and "2.46" in msg and "\n" not in msg
+    assert not any(tmp_path.rglob("tree.onnx"))  # nothing half-written
