@@ -110,6 +110,13 @@ Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
     numerically, not bitwise, those of the chain graph (docs/graph-contract.md).
     A target with features (1.2) returns hidden_states [1, S, F] for every tree row too.
 
+Portable tree verify (contract 1.9; a time_major target entry's `tree_graph`)
+    The same tree call in the time_major layout: the traced decoder with position_ids [1, S] and
+    tree_bias [S, S] after logits_index (ONNX standard ops: the bias joins the explicit mask),
+    past_* the prefix views [1, P, H_kv, D] and new_* [1, S, H_kv, D] the tree rows' K/V, which
+    the runtime binds to cache rows P .. P+S-1 as for a chain call. Windows (1.4's families)
+    apply by position: a row sees the keys within its window of its own position P + depth.
+
 Head tree graph (contract 1.8; an eagle3_head entry's `tree_graph`, head_major_inplace)
     The EAGLE-3 head with the same two inputs after its cursor inputs, one call per tree depth:
     tree_bias      float32  [S, M]   M >= S: over the last M cache rows (the call's S rows last),
@@ -126,7 +133,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONTRACT_VERSION = "1.8"
+CONTRACT_VERSION = "1.9"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
@@ -138,6 +145,7 @@ SLOTS_VERSION = "1.5"  # a head_major_inplace graph with several cache slots (ba
 IDLE_SLOTS_VERSION = "1.6"  # a slots graph whose idle slots take no rows in input_ids
 TREE_VERSION = "1.7"  # a target's tree-verify graph (position_ids, tree_bias)
 HEAD_TREE_VERSION = "1.8"  # an EAGLE-3 head's tree graph (tree_bias [S, M] over the round's rows)
+PORTABLE_TREE_VERSION = "1.9"  # a target's tree-verify graph in the time_major layout
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -208,6 +216,7 @@ class KvLayout:
     contrib_attention: bool
     head_version: str  # the contract version that defined an eagle3_head graph in this layout
     window_version: str | None  # the version attention windows need in this layout (None: windows live in the mask)
+    tree_version: str  # the contract version that defined a target's tree-verify graph in this layout
 
     @property
     def heads_axis(self) -> int:
@@ -238,6 +247,7 @@ LAYOUTS: dict[str, KvLayout] = {
         contrib_attention=False,
         head_version=PORTABLE_HEAD_VERSION,
         window_version=None,
+        tree_version=PORTABLE_TREE_VERSION,
     ),
     HEAD_MAJOR_INPLACE: KvLayout(
         HEAD_MAJOR_INPLACE,
@@ -249,6 +259,7 @@ LAYOUTS: dict[str, KvLayout] = {
         contrib_attention=True,
         head_version=ROW_PADDING_VERSION,
         window_version=WINDOW_VERSION,
+        tree_version=TREE_VERSION,
     ),
 }
 KV_LAYOUTS = tuple(LAYOUTS)
@@ -284,7 +295,7 @@ def version_for(
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
     batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do);
-    tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8)."""
+    tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9)."""
     layout = layout_of(kv_layout)
     versions = [layout.version]
     if min_rows > 1 or head:
@@ -296,7 +307,7 @@ def version_for(
     if slots > 1:
         versions.append(IDLE_SLOTS_VERSION if idle_rows == 0 else SLOTS_VERSION)
     if tree:
-        versions.append(HEAD_TREE_VERSION if head else TREE_VERSION)
+        versions.append(HEAD_TREE_VERSION if head else layout.tree_version)
     return max(versions, key=parse_version)
 
 
@@ -342,7 +353,7 @@ class GraphSpec:
     hidden_width: int = 0
     windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (contrib_attention only)
     slots: int = 1  # contract 1.5: cache slots, one sequence each, batched in one call (head_major_inplace decoders)
-    tree: bool = False  # contract 1.7: a tree-verify graph (position_ids, tree_bias inputs)
+    tree: bool = False  # contract 1.7 (time_major 1.9): a tree-verify graph (position_ids, tree_bias inputs)
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:
@@ -370,10 +381,10 @@ class GraphSpec:
                 f" got kind {self.kind}, layout {self.kv_layout}, feature_width {self.feature_width}"
             )
 
-        if self.tree and (self.slots > 1 or not self.layout.in_place):
+        if self.tree and (self.slots > 1 or (self.is_head and not self.layout.in_place)):
             raise ValueError(
-                f"a tree graph is a head_major_inplace graph of one slot; got kind {self.kind},"
-                f" layout {self.kv_layout}, slots {self.slots}"
+                f"a tree graph is a graph of one slot (an EAGLE-3 head's: head_major_inplace); got kind"
+                f" {self.kind}, layout {self.kv_layout}, slots {self.slots}"
             )
 
     @property

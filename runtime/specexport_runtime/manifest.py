@@ -82,7 +82,7 @@ class ModelEntry:
     batch_graph: str | None = None
     max_batch: int = 1
     # contract 1.7: a tree-verify graph of the same weights and cache (relative path; a target's,
-    # or since 1.8 an EAGLE-3 head's)
+    # since 1.8 an EAGLE-3 head's, since 1.9 a time_major target's)
     tree_graph: str | None = None
 
     def __post_init__(self) -> None:
@@ -267,11 +267,12 @@ class Manifest:
                     " without features"
                 )
             if entry.tree_graph is not None and (
-                entry.kind != (DECODER if role == "target" else EAGLE3_HEAD) or not entry.graph_spec().layout.in_place
+                entry.kind != (DECODER if role == "target" else EAGLE3_HEAD)
+                or (role == "draft" and not entry.graph_spec().layout.in_place)
             ):
                 raise ArtifactError(
-                    f"{role} tree_graph {entry.tree_graph!r}: a tree graph belongs to a head_major_inplace"
-                    " target decoder or EAGLE-3 head"
+                    f"{role} tree_graph {entry.tree_graph!r}: a tree graph belongs to a target decoder"
+                    " (either layout) or a head_major_inplace EAGLE-3 head"
                 )
             if parse_version(entry.least_version) > parse_version(self.contract_version):
                 raise ArtifactError(
