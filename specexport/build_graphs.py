@@ -211,7 +211,8 @@ def export_batch(
 
 @dataclass(frozen=True)
 class TreeGraph:
-    """A target's tree-verify graph (contract 1.7) beside its batch-1 graph, sharing its weights file."""
+    """A target's tree-verify graph (contract 1.7; time_major 1.9) beside its batch-1 graph, sharing
+    its weights file."""
 
     graph: str  # relative to the artifact root
     rows: dict  # rowcheck.tree_rows(...).to_dict(); {} when not measured
@@ -233,21 +234,25 @@ def export_tree(
     """The tree-verify graph as target/tree.onnx (recipe.tree_verify), reading the batch-1
     graph's weights file, with the batch-1 graph's feature layers (what an EAGLE-3 head reads
     after a tree round), and with a probe its rows measured against the batch-1 graph's
-    (rowcheck.tree_rows). None without tree_verify."""
+    (rowcheck.tree_rows). None without tree_verify. The recipe's graph form: fused
+    (GroupQueryAttention, contract 1.7) or portable (traced, time_major, contract 1.9)."""
     if not recipe.tree_verify:
         return None
     with tempfile.TemporaryDirectory(dir=solo.path.parent.parent) as scratch:
-        rows = recipe.max_context + padding.min_rows - 1 + padding.cache_pad  # the batch-1 graph's rotary tables
-        result = build_fused(
-            model,
-            Path(scratch),
-            recipe.max_context,
-            weights=weights,
-            norm=norm,
-            tree=True,
-            table_rows=rows,
-            feature_layers=features,
-        )
+        if recipe.layout.contrib_attention:
+            rows = recipe.max_context + padding.min_rows - 1 + padding.cache_pad  # the batch-1 graph's rotary tables
+            result = build_fused(
+                model,
+                Path(scratch),
+                recipe.max_context,
+                weights=weights,
+                norm=norm,
+                tree=True,
+                table_rows=rows,
+                feature_layers=features,
+            )
+        else:
+            result = export_graph(model, Path(scratch), feature_layers=features, norm=norm, tree=True)
         rel = share_weights(result.path, solo.path, TREE_GRAPH, "tree_verify")
     if probe is None:
         return TreeGraph(rel, {})

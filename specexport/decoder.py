@@ -2,7 +2,8 @@
 
 forward(input_ids, logits_index, past_key_0, past_value_0, ...) ->
     (logits, [hidden_states,] new_key_0, new_value_0, ...)
-exactly as docs/graph-contract.md states (hidden_states only with feature_layers, contract 1.2).
+exactly as docs/graph-contract.md states (hidden_states only with feature_layers, contract 1.2;
+position_ids and tree_bias after logits_index in the tree-verify form, contract 1.9).
 The HF model's norms and weights are used as they are; attention, rotary, the causal (and
 per-layer sliding-window) mask over [past, new] and the row-gathered output projection are
 written here once for every family. What differs between families comes from the family's row
@@ -70,14 +71,18 @@ class ContractDecoder(nn.Module):
         norm: NormalizedConfig | None = None,
         tie_lm_head: bool = True,
         feature_layers: tuple[int, ...] = (),
+        tree: bool = False,
     ):
         """tie_lm_head=False stores the output projection as its own [hidden, V] MatMul weight,
         so that weight-only quantizers (which act on MatMul) also compress it (drafts).
         feature_layers: indices i of the residual streams entering decoder layer i (transformers'
         output_hidden_states[i], 0 <= i < layers), returned in that order as one more output
         `hidden_states` [1, S, len * hidden] float32 for every input row (contract 1.2: what an
-        EAGLE-3 head reads; the fused graph's output of the same name)."""
+        EAGLE-3 head reads; the fused graph's output of the same name).
+        tree: the tree-verify form (contract 1.9): forward takes position_ids [1, S] and tree_bias
+        [S, S] after logits_index, and each row attends to the past and its ancestors (_tree_masks)."""
         super().__init__()
+        self.tree = tree
         self.cfg = cfg = norm or normalize(model.config)
         check_hf_modules(model, cfg)
         self.arch = arch = cfg.arch
@@ -223,21 +228,42 @@ class ContractDecoder(nn.Module):
             out = out * self.cfg.residual_multiplier
         return out
 
+    def _tree_masks(self, past_pos: torch.Tensor, q_pos: torch.Tensor, tree_bias: torch.Tensor) -> dict:
+        """window -> additive mask [S, T] fp32 of a tree call: the whole past (positions < P <=
+        every row's), then tree_bias [S, S] over the call's rows (its ancestors and itself); a
+        window also hides the keys at or below the row's position - window, as a chain decoding
+        of the row's path would (positions: past 0 .. P-1, new rows P + depth)."""
+        lowest = torch.finfo(torch.float32).min
+        past = torch.where(past_pos.unsqueeze(0) <= q_pos.unsqueeze(1), 0.0, lowest)  # [S, P]: zeros
+        masks = {None: torch.cat([past, tree_bias.float()], dim=1)}  # [S, T]
+        k_pos = torch.cat([past_pos, q_pos])  # [T]
+        for window in self.cfg.windows:  # Min, not a sum: two lowest values would overflow to -inf
+            inside = torch.where(k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - window, 0.0, lowest)
+            masks[window] = torch.minimum(masks[None], inside)
+        return masks
+
     # --- forward ------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, logits_index: torch.Tensor, *past: torch.Tensor):
-        # input_ids: [1, S]; logits_index: [R]; past: 2 * L tensors [1, P, H_kv, D]
+        # input_ids: [1, S]; logits_index: [R]; past: 2 * L tensors [1, P, H_kv, D], after
+        # position_ids [1, S] (P + depth) and tree_bias [S, S] in the tree form
         cfg, arch = self.cfg, self.arch
         ids = input_ids.reshape(-1)  # [S]
         H, Hkv = self.num_heads, self.num_kv_heads
+        if self.tree:
+            position_ids, tree_bias, *past = past
         # Positions from shapes only, so the exported graph stays dynamic in S and P.
         past_pos = torch.cumsum(torch.ones_like(past[0][0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P]
-        q_pos = torch.cumsum(torch.ones_like(ids), 0) - 1 + past_pos.numel()  # [S]: P .. P+S-1
-        k_pos = torch.cat([past_pos, q_pos])  # [T]
-        causal = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [S, T], T = P + S
-        masks = {None: torch.where(causal, 0.0, torch.finfo(torch.float32).min)}  # window -> [S, T] fp32
-        for window in cfg.windows:  # a query sees the `window` most recent keys, itself included
-            allowed = causal & (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - window)
-            masks[window] = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+        if self.tree:
+            q_pos = position_ids.reshape(-1)  # [S]: P + depth
+            masks = self._tree_masks(past_pos, q_pos, tree_bias)
+        else:
+            q_pos = torch.cumsum(torch.ones_like(ids), 0) - 1 + past_pos.numel()  # [S]: P .. P+S-1
+            k_pos = torch.cat([past_pos, q_pos])  # [T]
+            causal = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [S, T], T = P + S
+            masks = {None: torch.where(causal, 0.0, torch.finfo(torch.float32).min)}  # window -> [S, T] fp32
+            for window in cfg.windows:  # a query sees the `window` most recent keys, itself included
+                allowed = causal & (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - window)
+                masks[window] = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
 
         x = self.embed(ids)  # [S, hidden]
         if arch.embed_scale and not hasattr(self.embed, "embed_scale"):

@@ -47,6 +47,7 @@ def graph_spec(decoder: ContractDecoder, dtype: torch.dtype) -> GraphSpec:
         embedding_rows=decoder.embedding_rows,
         kv_dtype=_dtype_name(dtype),
         feature_width=len(decoder.feature_layers) * decoder.hidden_size,
+        tree=decoder.tree,
     )
 
 
@@ -56,11 +57,22 @@ def example_inputs(spec: GraphSpec, dtype: torch.dtype) -> tuple[torch.Tensor, .
     past = [
         torch.randn(1, _EXAMPLE_P, spec.num_kv_heads, spec.head_dim, dtype=dtype) for _ in range(2 * spec.num_layers)
     ]
-    return (ids, rows, *past)
+    if not spec.tree:
+        return (ids, rows, *past)
+    # a tree graph (contract 1.9): a root with S - 1 children, positions [1, S] P, P + 1, ..., bias [S, S]
+    depths = torch.ones(_EXAMPLE_S, dtype=torch.int64)
+    depths[0] = 0
+    allowed = torch.eye(_EXAMPLE_S, dtype=torch.bool)
+    allowed[:, 0] = True
+    bias = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    return (ids, rows, (_EXAMPLE_P + depths).unsqueeze(0), bias, *past)
 
 
 def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     axes: dict[str, dict[int, str]] = {contract.INPUT_IDS: {1: "seq"}, contract.LOGITS_INDEX: {0: "rows"}}
+    if spec.tree:
+        axes[contract.POSITION_IDS] = {1: "seq"}
+        axes[contract.TREE_BIAS] = {0: "seq", 1: "seq"}
     axes[contract.LOGITS] = {1: "rows"}
     if spec.feature_width:
         axes[contract.HIDDEN_STATES] = {1: "seq"}
@@ -73,21 +85,30 @@ def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
 
 
 def export_graph(
-    model: torch.nn.Module, out_dir: Path, *, tie_lm_head: bool = True, feature_layers: tuple[int, ...] = (), norm=None
+    model: torch.nn.Module,
+    out_dir: Path,
+    *,
+    tie_lm_head: bool = True,
+    feature_layers: tuple[int, ...] = (),
+    norm=None,
+    tree: bool = False,
 ) -> ExportResult:
     """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data).
     feature_layers: add the `hidden_states` output of those entering layers (ContractDecoder);
-    norm: the model's NormalizedConfig (default: normalized from model.config)."""
+    norm: the model's NormalizedConfig (default: normalized from model.config); tree: the
+    tree-verify graph (contract 1.9: position_ids, tree_bias inputs)."""
     start = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    decoder = ContractDecoder(model, norm, tie_lm_head=tie_lm_head, feature_layers=feature_layers).eval()
+    decoder = ContractDecoder(model, norm, tie_lm_head=tie_lm_head, feature_layers=feature_layers, tree=tree).eval()
     spec = graph_spec(decoder, dtype)
     proto = trace_module(decoder, example_inputs(spec, dtype), spec, dynamic_axes(spec), out_dir)
     if tie_lm_head:
         _share_tied_embedding(proto)
     _fix_output_dims(proto, spec)
-    # a graph with target features needs contract 1.2 (a plain portable graph is 1.0's)
+    # a graph with target features needs contract 1.2 (a plain portable graph is 1.0's); a tree graph 1.9
     version = contract.ROW_PADDING_VERSION if spec.feature_width else None
+    if tree:
+        version = contract.version_for(contract.TIME_MAJOR, 2 if spec.feature_width else 1, tree=True)
     return save_traced(proto, spec, version, out_dir, start)
 
 

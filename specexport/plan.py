@@ -197,7 +197,7 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
 
 
 def _tree_estimate(target: ModelEstimate, max_context: int, role: str = "tree") -> ModelEstimate:
-    """The target's tree graph (contract 1.7): the target's weights once more (its own session),
+    """The target's tree graph (contract 1.7; portable 1.9): the target's weights once more (its own session),
     no KV cache of its own, and per call its attention bias [R, P + R] in the model dtype for a
     tree of up to MAX_TREE_NODES + 1 rows R (its logits rows land in the target's buffer).
     The same for an EAGLE-3 head's tree graph (contract 1.8, role "head tree"), a bound: its

@@ -247,7 +247,7 @@ class Recipe:
     notes: str | None = None
     tested_here: bool = False
     max_batch: int = 1  # cache slots of the target's batch graph (contract 1.5); 1: no batch graph
-    tree_verify: bool = False  # tree graphs: the target's (contract 1.7), an EAGLE-3 head's (1.8); graph: fused
+    tree_verify: bool = False  # tree graphs: the target's (contract 1.7; portable 1.9), an EAGLE-3 head's (1.8, fused)
     source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
 
     @property
