@@ -56,10 +56,13 @@ def fused_supported(model_type: str) -> bool:
     return arch_for(model_type).positions == "rope"
 
 
-def fused_refusal(cfg: NormalizedConfig) -> str | None:
-    """Why the fused graph cannot reproduce `cfg` (None: it can); known from the config alone."""
+def fused_refusal(cfg: NormalizedConfig, tree: bool = False) -> str | None:
+    """Why the fused graph (tree: and its tree graph) cannot reproduce `cfg` (None: it can);
+    known from the config alone."""
     if cfg.arch.positions != "rope":
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"
+    if tree and cfg.windows:
+        return _tree_window_refusal(cfg.windows)
     half = cfg.rotary_dim // 2
     if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
         return (
@@ -67,6 +70,13 @@ def fused_refusal(cfg: NormalizedConfig) -> str | None:
             f" rotary_dim / 2 = {half} to be a multiple of 8; use graph: portable"
         )
     return None
+
+
+def _tree_window_refusal(windows: tuple[int, ...]) -> str:
+    return (
+        f"a tree graph for a model with attention windows {list(windows)}: GroupQueryAttention's local"
+        " window counts cache rows, not tree positions; build without tree verify or with graph: portable"
+    )
 
 
 def _norm_weight(module: torch.nn.Module, offset: float) -> tuple[torch.Tensor, float]:
@@ -345,10 +355,7 @@ def build_fused(
     if tree and (slots > 1 or pad or min_rows > 1):
         raise UnsupportedConfig(f"a tree graph has one slot and unpadded rows; got slots {slots}, pad {pad}")
     if tree and cfg.windows:  # its window would count a row's cache index, not its tree position
-        raise UnsupportedConfig(
-            f"a tree graph for a model with attention windows {list(cfg.windows)}: GroupQueryAttention's"
-            " local window counts cache rows, not tree positions; build without tree verify"
-        )
+        raise UnsupportedConfig(_tree_window_refusal(cfg.windows))
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
