@@ -363,8 +363,14 @@ class OrtModel(CacheCursor):
         return (self._feature_buf if M <= self.max_rows else self._long_features)[0, :M]
 
     def _bind_slots(self, P: int, S: int) -> None:
-        """time_major: past = buffer[:, :P], new = buffer[:, P:P+S] (pointer + offset)."""
-        io, dev, dt, H, D = self._io, self.device, self.dtype, self.spec.num_kv_heads, self.spec.head_dim
+        """time_major: this model's own call of S rows at the cursor P."""
+        self.bind_rows(self._io, P, S)
+
+    def bind_rows(self, io: ort.IOBinding, P: int, S: int) -> None:
+        """time_major: past = buffer[:, :P] [1, P, H_kv, D], new = buffer[:, P:P+S] [1, S, H_kv, D]
+        (pointer + offset) into `io`: this model's own binding, or the tree graph's on the same
+        cache (tree_model.TreeVerifier)."""
+        dev, dt, H, D = self.device, self.dtype, self.spec.num_kv_heads, self.spec.head_dim
         past_shape, new_shape, offset = [1, P, H, D], [1, S, H, D], P * self.row_bytes
         for i, (pk, nk, pv, nv) in enumerate(self._names):
             kp, vp = self._ptrs[2 * i], self._ptrs[2 * i + 1]

@@ -1,10 +1,11 @@
-"""The target's tree-verify graph (contract 1.7) on the cache of its batch-1 graph.
+"""The target's tree-verify graph (contract 1.7; time_major 1.9) on the cache of its batch-1 graph.
 
-A TreeVerifier holds a second ONNX Runtime session, for the target entry's `tree_graph`, bound
-to the same in-place cache buffers as the target's OrtModel (head_major_inplace, one slot). A
-tree call feeds the R rows of a DraftTree at the model's cursor P: row r's K/V land at cache
-row P + r, each row attends to the past and to its own ancestors, and the logits of every row
-come back (and for a target with features, contract 1.2, their hidden_states rows in
+A TreeVerifier holds a second ONNX Runtime session, for the target entry's `tree_graph`, on the
+same cache buffers as the target's OrtModel (one slot): head_major_inplace buffers bound once in
+place, or time_major ones bound per call as the model binds a chain call (past = rows [:P],
+new_* = rows [P:P+R]). A tree call feeds the R rows of a DraftTree at the model's cursor P: row
+r's K/V land at cache row P + r, each row attends to the past and to its own ancestors, and the
+logits of every row come back (and for a target with features, contract 1.2, their hidden_states rows in
 model.features). The caller then keeps the accepted path with OrtModel.keep_path(P, rows), which
 moves those rows to P + 1, P + 2, ... (and the features to the path's) and sets the cursor after
 them; the rejected rows are left past the cursor and overwritten by the next call.
@@ -29,16 +30,17 @@ class TreeVerifier:
     """The tree graph of `model`'s artifact entry, sharing model's cache buffers and cursor."""
 
     def __init__(self, path: Path, model: OrtModel, config: SessionConfig):
-        if not model.layout.in_place or model.spec.slots != 1 or model.device != "cpu":
+        if model.spec.slots != 1 or model.device != "cpu":
             raise InvalidArgument(
-                f"a tree graph shares the cache of a one-slot head_major_inplace model on the CPU;"
+                f"a tree graph shares the cache of a one-slot model on the CPU;"
                 f" got layout {model.spec.kv_layout}, slots {model.spec.slots}, device {model.device}"
             )
         self.model, self.spec = model, replace(model.spec, tree=True)
         self.session = make_session(path, config)
         check_contract(self.session, self.spec, str(path))
         self._io = self.session.io_binding()
-        model.bind_cache(self._io)  # the batch-1 graph's buffers, bound once
+        if model.layout.in_place:
+            model.bind_cache(self._io)  # the batch-1 graph's buffers, bound once
         self._seqlens = np.zeros(1, np.int32)  # [1] = P + R - 1
         self._total = np.zeros((), np.int32)  # [] = P + R
         self.stats = CallStats()  # tree calls by rows
@@ -54,11 +56,14 @@ class TreeVerifier:
         if P + R > m.max_context:
             raise InvalidArgument(f"a tree of {R} rows at position {P} passes max_context {m.max_context}")
         io = self._io
-        self._seqlens[0], self._total[()] = P + R - 1, P + R
         io.bind_cpu_input(contract.INPUT_IDS, tree.tokens.reshape(1, R))
         io.bind_cpu_input(contract.LOGITS_INDEX, m._rows[:R])
-        io.bind_cpu_input(contract.SEQLENS_K, self._seqlens)
-        io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, self._total)
+        if m.layout.in_place:  # the cursor; the cache stays bound
+            self._seqlens[0], self._total[()] = P + R - 1, P + R
+            io.bind_cpu_input(contract.SEQLENS_K, self._seqlens)
+            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, self._total)
+        else:  # time_major: past [1, P, H_kv, D], the R rows' new_* [1, R, H_kv, D] at cache rows P..P+R-1
+            m.bind_rows(io, P, R)
         io.bind_cpu_input(contract.POSITION_IDS, (P + tree.depths()).reshape(1, R))
         io.bind_cpu_input(contract.TREE_BIAS, tree.attention_bias(np.float32))
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, m.spec.embedding_rows], m._logits.ctypes.data)
