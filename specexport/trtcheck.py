@@ -201,6 +201,10 @@ def _constants(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+# inputs whose axis 0 is not the batch: logits_index [R], a tree graph's tree_bias [S, S] (contract 1.9)
+_NO_BATCH_AXIS = (contract.LOGITS_INDEX, contract.TREE_BIAS)
+
+
 def _check_dims(report: TrtReport, graph: onnx.GraphProto, covered: set[str]) -> None:
     init_names = {init.name for init in graph.initializer}
     for value in graph.input:
@@ -212,7 +216,7 @@ def _check_dims(report: TrtReport, graph: onnx.GraphProto, covered: set[str]) ->
             continue
         for axis, dim in enumerate(tensor.shape.dim):
             named = dim.HasField("dim_param") and bool(dim.dim_param)
-            if axis == 0 and value.name != contract.LOGITS_INDEX:
+            if axis == 0 and value.name not in _NO_BATCH_AXIS:
                 if named or not dim.HasField("dim_value"):
                     report.error(f"input {value.name!r} has a dynamic batch axis; engines are built for batch {BATCH}")
                 elif dim.dim_value != BATCH:
@@ -428,7 +432,8 @@ def _prod(dims) -> int:
 def check_artifact(
     artifact: str | Path, trt_version: str = DEFAULT_TRT_VERSION, profiles: Sequence[Profile] | None = None
 ) -> ArtifactTrtReport:
-    """check_trt on every graph the artifact's manifest lists, with the artifact's own profiles."""
+    """check_trt on every graph the artifact's manifest lists (a tree graph as "target tree"),
+    with the artifact's own profiles."""
     root = Path(artifact)
     manifest = read_manifest(root)
     if profiles is None:
@@ -443,6 +448,10 @@ def check_artifact(
             graph.kind = entry.kind
             if entry.kind == contract.EAGLE3_HEAD or entry.feature_width:
                 graph.warnings.append(NATIVE_FEATURES_NOTE)
+            if entry.tree_graph:
+                tree = report.graphs[f"{name} tree"] = check_trt(root / entry.tree_graph, trt_version, profiles)
+                tree.kind = entry.kind
+                tree.warnings.append(TREE_NOTE)
     return report
 
 
@@ -452,4 +461,11 @@ NATIVE_FEATURES_NOTE = (
     "EAGLE-3 tensors (features, draft_hidden, hidden_out, hidden_states): the native backend"
     " (trt_build / trt_backend) binds them but has not run on a GPU yet; the ONNX Runtime TensorRT"
     " provider (--provider tensorrt) runs this graph too"
+)
+
+# a tree graph (contract 1.7 / 1.9): the TensorRT backends build no engine for it yet
+TREE_NOTE = (
+    "tree graph: neither trt_build nor the ONNX Runtime TensorRT provider path runs it yet (tree rounds run"
+    " on ONNX Runtime's CPU provider); its position_ids [1, seq] and tree_bias [seq, seq] need a profile"
+    " of seq up to the tree's rows"
 )
