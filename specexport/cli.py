@@ -79,8 +79,9 @@ class _Bar:
 @click.option(
     "--tree-verify/--no-tree-verify",
     default=None,
-    help="Override the recipe's tree_verify: give the target a tree-verify graph as well (graph: fused;"
-    " contract 1.7), and an EAGLE-3 head its tree graph (1.8), so proposers may draft trees. See docs/trees.md.",
+    help="Override the recipe's tree_verify: give the target a tree-verify graph as well (contract 1.7;"
+    " graph: portable 1.9), and an EAGLE-3 head its tree graph (1.8, graph: fused), so proposers may draft"
+    " trees. See docs/trees.md.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
@@ -120,6 +121,12 @@ def build(
     for role, val in report.validation.items():
         if val:
             click.echo(f"  {role} validation: {_validation_line(val)}")
+        tree = val.get("tree_rows") if val else None
+        if tree:  # the tree graph's rows against chain calls of each path (rowcheck.tree_rows)
+            click.echo(
+                f"  {role} tree rows: max |diff| {tree['max_abs_diff']:.2e}, argmax agreement"
+                f" {tree['argmax_agreement']:.1%}, {tree['exactness']} ({tree['rows']} rows of {tree['paths']} paths)"
+            )
     total = sum(report.sizes.values())
     click.echo(f"  size {total / 1e6:.1f} MB in {len(report.sizes)} files")
 
