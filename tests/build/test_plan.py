@@ -263,6 +263,17 @@ def test_plan_counts_the_tree_graph_as_a_second_session():
     assert any("second ONNX Runtime session" in n for n in tree.notes)
 
 
+def test_plan_counts_the_portable_tree_graph():
+    """graph: portable with tree_verify (contract 1.9): the same second session over the target's
+    weights as the fused form's tree graph, no KV cache of its own."""
+    base = load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"graph": "portable"})
+    one = plan(base, "orin-nano-8gb")
+    tree = plan(base.with_overrides({"tree_verify": True}), "orin-nano-8gb")
+    (extra,) = [m for m in tree.models if m.role == "tree"]
+    assert extra.weight_bytes == one.models[0].weight_bytes and extra.kv_bytes == 0
+    assert tree.total_bytes > one.total_bytes + extra.weight_bytes
+
+
 def test_plan_counts_the_head_tree_graph():
     """An EAGLE-3 head with tree_verify: the head's weights once more (its tree graph's session),
     no KV cache of its own, beside the target's tree graph."""
