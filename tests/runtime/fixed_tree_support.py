@@ -21,3 +21,18 @@ def fixed_tree(tokens: Sequence[int], parents: Sequence[int]) -> Iterator[None]:
             yield
     finally:
         module.TREE = old
+
+
+@contextlib.contextmanager
+def oracle_tree(reference: Sequence[int]) -> Iterator[None]:
+    """The test-only `oracletree` proposer, drafting `reference` (target-only output) on the
+    second branch of a tree each round."""
+    from extra_proposers import fixed_tree as module
+
+    old, module.REFERENCE = module.REFERENCE, tuple(reference)
+    spec = ProposerSpec("oracletree", "extra_proposers.fixed_tree:build_oracle", "an oracle draft tree (test only)")
+    try:
+        with registry.extended(spec):
+            yield
+    finally:
+        module.REFERENCE = old

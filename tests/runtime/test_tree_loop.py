@@ -1,16 +1,21 @@
-"""Tree speculation in the loop (contract 1.7): suffix drafts as trees, one tree-verify call per
-round, the accepted path kept in place. Greedy output must equal target-only output (the
-independent reference: one token per call through the chain graph), and sampled output must
-follow the target's law (chi-square against the exact pair law, TV against target-only)."""
+"""Tree speculation in the loop (contract 1.7; the portable form 1.9): suffix drafts as trees, one
+tree-verify call per round, the accepted path kept in place, on a fused and on a portable
+artifact. Greedy output must equal target-only output (the independent reference: one token per
+call through the chain graph), and sampled output must follow the target's law (chi-square
+against the exact pair law, TV against target-only)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 
+from specexport_runtime import contract
 from specexport_runtime.api import load
-from specexport_runtime.errors import InvalidArgument
+from specexport_runtime.errors import ArtifactError, InvalidArgument
+from specexport_runtime.manifest import read_manifest
 from specexport_runtime.structured import Grammar
 from specexport_runtime.suffix import SuffixConfig
 from specexport_runtime.suffix_index import SEP, TREE_BRANCHES, draft_tree
@@ -25,9 +30,19 @@ PROMPTS = [
 ]
 
 
+# tiny artifacts with a tree graph: fused (GroupQueryAttention, contract 1.7), portable (traced, 1.9)
+TREE_KINDS = ["noisy-fused-tree", "noisy-tree"]
+CHAIN_KIND = {"noisy-fused-tree": "noisy-fused", "noisy-tree": "noisy"}  # the same without a tree graph
+
+
+@pytest.fixture(scope="module", params=TREE_KINDS)
+def tree_kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def tree_gen(tiny_artifacts):
-    return load(tiny_artifacts["noisy-fused-tree"])
+def tree_gen(tree_kind, tiny_artifacts):
+    return load(tiny_artifacts[tree_kind])
 
 
 @pytest.fixture
@@ -49,6 +64,20 @@ def test_greedy_tree_output_equals_target_only(tree_gen, free_rows, proposer, no
         assert out.token_ids == ref, (prompt, nodes)
         trees += out.stats.tree_rounds
     assert trees > 0 or nodes < 8  # the repetitive prompts drafted trees (small ones are often chains)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:4])
+def test_every_round_a_tree_whose_path_moves(tree_gen, prompt):
+    """The oracle proposer drafts target-only output on the second branch of a tree each round
+    (tree rows 2, 5, 6 accepted): every round is a tree round whose kept rows move in the cache,
+    and the output still equals target-only output (one token per call through the chain graph)."""
+    import fixed_tree_support as support
+
+    ref = tree_gen.generate(prompt, max_new_tokens=40, speculative=False).token_ids
+    with support.oracle_tree(ref):
+        out = tree_gen.generate(prompt, max_new_tokens=40, proposer="oracletree", tree_nodes=6)
+    assert out.token_ids == ref
+    assert out.stats.tree_rounds >= 8 and out.stats.accepted >= 3 * out.stats.tree_rounds - 3
 
 
 def test_sampled_trees_follow_the_target_law(tree_gen):
@@ -78,24 +107,51 @@ def test_sampled_trees_follow_the_target_law(tree_gen):
     check_pairs_follow_target(tree_gen.target, ids, spec, base, eos, "fixed trees")
 
 
-def test_tree_nodes_are_checked(tree_gen, tiny_artifacts):
+def test_tree_nodes_are_checked(tree_gen, tree_kind, tiny_artifacts):
     with pytest.raises(InvalidArgument, match="tree_nodes"):
         tree_gen.generate("hi", tree_nodes=64)
     with pytest.raises(InvalidArgument, match="tree_nodes"):
         tree_gen.generate("hi", tree_nodes=-1)
     with pytest.raises(InvalidArgument, match="grammar"):
         tree_gen.generate("hi", tree_nodes=4, grammar=Grammar.regex("[a-z]+"))
-    chain_only = load(tiny_artifacts["noisy-fused"])
+    chain_only = load(tiny_artifacts[CHAIN_KIND[tree_kind]])
     with pytest.raises(InvalidArgument, match="tree graph") as info:
         chain_only.generate("hi", tree_nodes=4)
     assert "\n" not in str(info.value)
 
 
-def test_manifest_records_the_tree_graph(tree_gen):
+def test_manifest_records_the_tree_graph(tree_gen, tree_kind):
     entry = tree_gen.manifest.target
-    assert entry.tree_graph == "target/tree.onnx" and tree_gen.manifest.contract_version == "1.7"
+    portable = entry.kv_layout == contract.TIME_MAJOR
+    assert portable == (tree_kind == "noisy-tree")
+    assert entry.tree_graph == "target/tree.onnx"
+    assert tree_gen.manifest.contract_version == ("1.9" if portable else "1.7")
     rows = entry.validation["tree_rows"]
-    assert rows["exactness"] == "numerical" and rows["max_abs_diff"] < 1e-3 and rows["argmax_agreement"] == 1.0
+    assert rows["max_abs_diff"] < 1e-3 and rows["argmax_agreement"] == 1.0 and rows["rows"] == 13
+    assert rows["exactness"] == ("bitwise" if rows["max_abs_diff"] == 0 else "numerical")
+    if not portable:  # GroupQueryAttention with a bias sums in another order
+        assert rows["exactness"] == "numerical"
+
+
+def test_a_portable_tree_artifact_needs_contract_1_9(tiny_artifacts, tmp_path, monkeypatch):
+    """A 1.8 runtime refuses the portable tree artifact in one line (and still reads the fused
+    one, 1.7); a manifest declaring 1.8 with a time_major tree graph is refused too."""
+    import json
+    import shutil
+
+    root = Path(shutil.copytree(tiny_artifacts["noisy-tree"], tmp_path / "a"))
+    assert read_manifest(root).contract_version == contract.PORTABLE_TREE_VERSION == "1.9"
+    with monkeypatch.context() as patch:
+        patch.setattr(contract, "CONTRACT_VERSION", "1.8")
+        with pytest.raises(ArtifactError, match="'1.9' is not supported") as info:
+            read_manifest(root)
+        assert "\n" not in str(info.value)
+        assert read_manifest(tiny_artifacts["noisy-fused-tree"]).contract_version == "1.7"
+    data = json.loads((root / "manifest.json").read_text())
+    (root / "manifest.json").write_text(json.dumps({**data, "contract_version": "1.8"}))
+    with pytest.raises(ArtifactError, match="needs contract 1.9") as info:
+        read_manifest(root)
+    assert "\n" not in str(info.value)
 
 
 # --- suffix_index.draft_tree (pure) ------------------------------------------------------
@@ -177,14 +233,15 @@ def test_draft_tree_is_priced_by_the_row_cost():
     assert got.tokens == [2, 3, 6] and got.parents is None  # no branch left: verified as a chain
 
 
-def test_cli_generates_with_trees(tiny_artifacts, free_rows, capsys):
+@pytest.mark.parametrize("kind", TREE_KINDS)
+def test_cli_generates_with_trees(tiny_artifacts, free_rows, capsys, kind):
     """`generate --tree-nodes` through the CLI's own main (in process, so the free-rows line holds):
     the same tokens as target-only, some rounds verified as trees; a budget past 63 is one line."""
     import json
 
     from specexport_runtime.cli import main
 
-    args = ["generate", str(tiny_artifacts["noisy-fused-tree"]), "--prompt", PROMPTS[1], "--json"]
+    args = ["generate", str(tiny_artifacts[kind]), "--prompt", PROMPTS[1], "--json"]
     runs = {}
     for extra in ([], ["--proposer", "suffix", "--tree-nodes", "16"]):
         assert main(args + extra) == 0
