@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import torch
 from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.export import export_graph
@@ -31,10 +32,13 @@ PROMPT = 21  # tokens before the tree: past every window below (4 and 16 keys)
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6, 0]  # three children of the root, a path of depth 4
 LOGIT_TOL = 1e-4  # |logit| of the tiny models is O(1); float32 sums over other row counts
 KV_TOL = 1e-4
+FP16_TOL = 1e-2  # an fp16 graph: K/V and activations rounded to fp16 (measured: bitwise on this CPU)
 # (name, make_model arguments): rotary families, NoPE layers, multipliers, fused qkv, learned
-# positions (gpt2), and windows by position (mistral with a 4-key window, gemma2's 16 with softcaps)
+# positions (gpt2), windows by position (mistral with a 4-key window, gemma2's 16 with softcaps),
+# and an fp16 graph (fp16 caches, the mask still float32)
 MODELS = {
     "llama": ("llama", {}),
+    "llama-fp16": ("llama", {}),
     "qwen3": ("qwen3", {}),
     "smollm3": ("smollm3", {}),
     "granite": ("granite", {}),
@@ -45,11 +49,17 @@ MODELS = {
 }
 
 
+def _tol(m) -> float:
+    return FP16_TOL if m.spec.kv_dtype == "float16" else LOGIT_TOL
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def pair(request, tmp_path_factory):
     """(chain OrtModel, TreeVerifier on its cache, chain ExportResult, tree ExportResult)."""
     arch, overrides = MODELS[request.param]
     model = make_model(arch, **overrides)
+    if request.param.endswith("-fp16"):
+        model = model.to(torch.float16)
     windows = normalize(model.config, MAX_CONTEXT).windows
     assert all(w < PROMPT for w in windows)  # the windows bite
     root = tmp_path_factory.mktemp(f"ptree-{request.param}")
@@ -87,7 +97,7 @@ def test_tree_rows_equal_chain_rows_of_each_path(pair):
         path = tree.path_to(leaf)
         m.truncate(P)
         want = m.forward(tree.tokens[path].tolist(), last_rows=len(path))  # [L, V]
-        np.testing.assert_allclose(got[path], want, rtol=0, atol=LOGIT_TOL)
+        np.testing.assert_allclose(got[path], want, rtol=0, atol=_tol(m))
         assert (got[path].argmax(-1) == want.argmax(-1)).all()
 
 
@@ -106,9 +116,9 @@ def test_keep_path_leaves_the_cache_of_a_chain_call(pair):
     m.truncate(P)
     chain = m.forward(tree.tokens[path].tolist(), last_rows=len(path)).copy()
     for a, b in zip(kept, m.kv_rows(0, P + len(path))):
-        np.testing.assert_allclose(a, b, rtol=0, atol=KV_TOL)
-    np.testing.assert_allclose(logits[path], chain, rtol=0, atol=LOGIT_TOL)
-    np.testing.assert_allclose(after_tree, m.forward([following]), rtol=0, atol=LOGIT_TOL)
+        np.testing.assert_allclose(a, b, rtol=0, atol=KV_TOL if m.spec.kv_dtype == "float32" else FP16_TOL)
+    np.testing.assert_allclose(logits[path], chain, rtol=0, atol=_tol(m))
+    np.testing.assert_allclose(after_tree, m.forward([following]), rtol=0, atol=_tol(m))
 
 
 def test_greedy_walk_on_the_tree_follows_the_chain_argmax(pair):
