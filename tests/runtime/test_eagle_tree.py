@@ -39,15 +39,6 @@ def gen(tiny_artifacts):
     return load(tiny_artifacts["eagle3-tree"])
 
 
-@pytest.fixture
-def free_rows(monkeypatch):
-    """The verify-cost line as if rows were free (a 1 s, b 0): trees take every node the budget
-    allows, whatever this host's timings say."""
-    from specexport_runtime.costs import VerifyCost
-
-    monkeypatch.setattr(VerifyCost, "line", lambda self: (1.0, 0.0))
-
-
 # --- build side ---------------------------------------------------------------------------
 
 

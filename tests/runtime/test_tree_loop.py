@@ -45,15 +45,6 @@ def tree_gen(tree_kind, tiny_artifacts):
     return load(tiny_artifacts[tree_kind])
 
 
-@pytest.fixture
-def free_rows(monkeypatch):
-    """The verify-cost line as if rows were free (a 1 s, b 0): suffix trees take every node the
-    budget allows, whatever this host's timings say (the timed line prices nodes out on a loaded host)."""
-    from specexport_runtime.costs import VerifyCost
-
-    monkeypatch.setattr(VerifyCost, "line", lambda self: (1.0, 0.0))
-
-
 @pytest.mark.parametrize("nodes", [2, 8, 24, 63])
 @pytest.mark.parametrize("proposer", ["suffix", "hybrid"])
 def test_greedy_tree_output_equals_target_only(tree_gen, free_rows, proposer, nodes):
