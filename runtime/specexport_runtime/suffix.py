@@ -288,8 +288,11 @@ class SuffixProposer(Proposer):
         for name, source in (("request", self.request), ("store", self.store), ("datastore", self.datastore)):
             if source is None:
                 continue
-            tokens, raw, m, parents = draft(source.occurrences(tail, config), config, room, self.tree_nodes, line)
-            score = raw * self.calibration.factor(name)
+            factor = self.calibration.factor(name)
+            tokens, raw, m, parents = draft(
+                source.occurrences(tail, config), config, room, self.tree_nodes, line, factor
+            )
+            score = raw * factor
             if tokens and score > best_score:
                 tree = None if parents is None else tuple(parents)
                 best, best_score = Retrieved(name, raw, tuple(tokens), scale, m, tree), score

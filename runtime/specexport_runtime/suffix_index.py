@@ -74,16 +74,20 @@ def draft(
     room: int,
     tree_nodes: int = 0,
     line: tuple[float, float] | None = None,
+    factor: float = 1.0,
 ) -> Draft:
     """A source's draft after its occurrences: a chain (draft_chain) of at most the configured
     limit for the match (and `room`), or with tree_nodes > 0 a tree (draft_tree) of at most that
-    many tokens whose paths are at most that limit deep, priced by the target's verify-cost
-    line (a, b) when given. A tree without a branch is returned as a chain (parents None)."""
+    many tokens (at least its first path's) whose paths are at most that limit deep, its
+    branches priced by the target's verify-cost line (a, b) when given, with the source's
+    calibration `factor`. A tree without a branch is returned as a chain (parents None)."""
     if occ is None or occ.m == 0:
         return Draft([], 0.0, 0, None)
     limit = min(config.limit(occ.m), room)
     if tree_nodes:
-        tokens, parents, score = draft_tree(occ.seq, occ.ends, occ.stop, tree_nodes, limit, config.min_prob, line)
+        tokens, parents, score = draft_tree(
+            occ.seq, occ.ends, occ.stop, tree_nodes, limit, config.min_prob, line, factor
+        )
         chain = parents == list(range(len(parents)))  # each token the child of the one before
         return Draft(tokens, score, occ.m, None if chain else parents)
     tokens, score = draft_chain(occ.seq, occ.ends, occ.stop, limit, config.min_prob)
@@ -108,49 +112,68 @@ def draft_tree(
     depth: int,
     min_prob: float,
     line: tuple[float, float] | None = None,
+    factor: float = 1.0,
 ) -> tuple[list[int], list[int], float]:
-    """(tokens, parents, score): the suffix tree below the occurrences `ends`, best first (SuffixDecoding's
+    """(tokens, parents, score): the suffix tree below the occurrences `ends` (SuffixDecoding's
     tree mode): each node's children are its TREE_BRANCHES most frequent continuations, a
-    child's path probability is its parent's times its count over the parent's occurrences, and
-    the most probable open node is added next while it reaches min_prob, until `nodes` tokens
-    (or none is left), no path deeper than `depth`. parents[i]: the tree row of token i's parent
-    (0 the root, j + 1 for token j), so tokens come in topological order; the score is the sum
-    of the path probabilities (the expected accepted tokens if each is accepted with its own).
+    child's path probability q is its parent's times its count over the parent's occurrences,
+    and only children with q >= min_prob count; no path is deeper than `depth`. parents[i]: the
+    tree row of token i's parent (0 the root, j + 1 for token j), so tokens come in topological
+    order; the score is the sum of the path probabilities (the expected accepted tokens if each
+    is accepted with its own).
 
-    line: the target's verify cost, a + b rows seconds. Nodes come in non-increasing path
-    probability q, and one is added only while it raises the round's expected tokens per second:
-    (1 + score + q) / (a + b (R + 1)) > (1 + score) / (a + b R) for a tree of R rows so far, i.e.
-    q > b (1 + score) / (a + b R); where rows are dear the tree stays small."""
+    The tree holds the chain a chain draft would verify first: the most frequent child at each
+    depth (the first path), unpriced, so a tree never drafts less than its chain. Branches then
+    join best first (the most probable open node next) up to `nodes` tokens in all (at least
+    the first path's), each only while it raises the round's expected tokens per second under
+    the target's verify cost `line` (seconds = a + b rows): for a tree of R rows so far,
+    (1 + score + q) / (a + b (R + 1)) > (1 + score) / (a + b R), i.e. q > b (1 + score) / (a + b R),
+    with q and score scaled by `factor` (how far the source's scores have been borne out,
+    at most 1 per node). Where rows are dear the tree is its chain."""
     tokens: list[int] = []
     parents: list[int] = []
-    score = 0.0
+    score = priced = 0.0  # the sum of the path probabilities: raw, and calibrated (the pricing's)
     heap: list[tuple[float, int, int, int, np.ndarray]] = []  # (-p, order, parent row, depth, occurrences)
     order = 0
 
-    def expand(occ: np.ndarray, p: float, row: int, level: int) -> None:
-        nonlocal order
+    def children(occ: np.ndarray, p: float, level: int) -> list[tuple[float, np.ndarray]]:
+        """(q, occurrences) of a node's children, most frequent first (ties: the smaller id)."""
         if level >= depth or occ.size == 0:
-            return
+            return []
         nxt, values = _continuations(seq, occ, stop)
         if values.size == 0:
-            return
+            return []
         ids, counts = np.unique(values, return_counts=True)
-        for k in np.argsort(-counts, kind="stable")[:TREE_BRANCHES]:  # ties: the smaller id first
-            q = p * int(counts[k]) / occ.size
-            if q >= min_prob:
-                heapq.heappush(heap, (-q, order, row, level + 1, nxt[values == ids[k]]))
-                order += 1
+        out = [(p * int(counts[k]) / occ.size, nxt[values == ids[k]]) for k in np.argsort(-counts, kind="stable")]
+        return [(q, o) for q, o in out[:TREE_BRANCHES] if q >= min_prob]
 
-    expand(ends, 1.0, 0, 0)
-    a, b = line if line is not None else (1.0, 0.0)
-    while heap and len(tokens) < nodes:
-        if b > 0 and -heap[0][0] * (a + b * (len(tokens) + 1)) <= b * (1 + score):
-            break  # the next node would lower the round's expected rate (docstring)
-        neg, _, parent, level, occ = heapq.heappop(heap)
+    def add(q: float, occ: np.ndarray, parent: int) -> None:
+        nonlocal score, priced
         tokens.append(int(seq[occ[0]]))
         parents.append(parent)
-        score += -neg
-        expand(occ, -neg, len(tokens), level)
+        score, priced = score + q, priced + min(1.0, q * factor)
+
+    def push(kids: list[tuple[float, np.ndarray]], row: int, level: int) -> None:
+        nonlocal order
+        for q, occ in kids:
+            heapq.heappush(heap, (-q, order, row, level + 1, occ))
+            order += 1
+
+    kids, level = children(ends, 1.0, 0), 0
+    while kids:  # the first path: each node's most frequent child, then its siblings wait in the heap
+        q, occ = kids[0]
+        add(q, occ, len(tokens))
+        push(kids[1:], len(tokens) - 1, level)
+        kids, level = children(occ, q, level + 1), level + 1
+    a, b = line if line is not None else (1.0, 0.0)
+    nodes = max(nodes, len(tokens))
+    while heap and len(tokens) < nodes:
+        q = min(1.0, -heap[0][0] * factor)
+        if b > 0 and q * (a + b * (len(tokens) + 1)) <= b * (1 + priced):
+            break  # the next node would lower the round's expected rate (docstring)
+        neg, _, parent, level, occ = heapq.heappop(heap)
+        add(-neg, occ, parent)
+        push(children(occ, -neg, level), len(tokens), level)
     return tokens, parents, score
 
 

@@ -154,7 +154,8 @@ def _seq(*tokens: int) -> np.ndarray:
 
 def test_draft_tree_is_best_first_by_path_probability():
     """After token 1: 2 follows four times; then 3 (twice), 4 and 5 once each; after 1 2 3: 6
-    twice. Path probabilities: 2 -> 1, 3 -> 0.5, 6 -> 0.5, 4 -> 0.25, 5 -> 0.25."""
+    twice. Path probabilities: 2 -> 1, 3 -> 0.5, 6 -> 0.5, 4 -> 0.25, 5 -> 0.25. The first path
+    (2 3 6, what a chain drafts) comes first and whole; branches best first within the budget."""
     seq = _seq(1, 2, 3, 6, SEP, 1, 2, 3, 6, SEP, 1, 2, 4, SEP, 1, 2, 5, SEP, 1)
     ends = np.array([0, 5, 10, 14])  # the occurrences of 1 before the last one
     tokens, parents, score = draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.1)
@@ -162,8 +163,10 @@ def test_draft_tree_is_best_first_by_path_probability():
     assert score == pytest.approx(1 + 0.5 + 0.5 + 0.25 + 0.25)
     tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.3)
     assert (tokens, parents) == ([2, 3, 6], [0, 1, 2])  # 4 and 5 fall below min_prob
+    tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=4, depth=8, min_prob=0.0)
+    assert (tokens, parents) == ([2, 3, 6, 4], [0, 1, 2, 1])  # the node budget
     tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=2, depth=8, min_prob=0.0)
-    assert (tokens, parents) == ([2, 3], [0, 1])  # the node budget
+    assert (tokens, parents) == ([2, 3, 6], [0, 1, 2])  # the first path (the chain) is never cut
     tokens, parents, _ = draft_tree(seq, ends, len(seq), nodes=9, depth=1, min_prob=0.0)
     assert (tokens, parents) == ([2], [0])  # no path deeper than `depth`
 
@@ -179,14 +182,22 @@ def test_draft_tree_keeps_the_most_frequent_branches():
     assert tokens == followers[:TREE_BRANCHES] and parents == [0] * TREE_BRANCHES
 
 
-def test_tree_drafts_from_the_proposer_are_topological(tree_gen):
-    prop = tree_gen.build_proposer("suffix", tree_gen.configure(proposer="suffix", tree_nodes=12))
+def test_tree_drafts_from_the_proposer_are_topological(tree_gen, free_rows):
+    """A suffix tree holds the chain the same proposer drafts in chain mode as its first path
+    (first children), then branches up to the node budget, in topological order."""
+    from specexport_runtime.tree import first_path
+
     ids = tree_gen.codec.encode(PROMPTS[-1])
+    chain = tree_gen.build_proposer("suffix", tree_gen.configure(proposer="suffix"))
+    chain.start(ids)
+    chain_tokens, _, _ = chain.retrieve(ids)
+    prop = tree_gen.build_proposer("suffix", tree_gen.configure(proposer="suffix", tree_nodes=24))
     prop.start(ids)
     tokens, score, source = prop.retrieve(ids)
     proposal = prop.use_last()
-    assert tokens and proposal.parents is not None and len(proposal.parents) == len(tokens) <= 12
+    assert tokens and proposal.parents is not None and len(proposal.parents) == len(tokens) <= 24
     assert all(0 <= p <= i for i, p in enumerate(proposal.parents))
+    assert [tokens[i] for i in first_path(proposal.parents)] == chain_tokens
     assert SuffixConfig().min_prob <= score
 
 
@@ -220,6 +231,11 @@ def test_draft_tree_is_priced_by_the_row_cost():
     assert cheap[0] == [2, 3, 6, 4, 5]
     dear = draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.1, line=(1.0, 0.2))
     assert (dear[0], dear[1]) == ([2, 3, 6], [0, 1, 2])
+    # b/a 0.05: at face value the branches pay (0.25 x 1.2 > 0.05 x 3); where the source's scores
+    # have been borne out a fifth (factor 0.2) they do not (0.05 x 1.2 <= 0.05 x 1.4)
+    assert draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.1, line=(1.0, 0.05))[0] == [2, 3, 6, 4, 5]
+    calibrated = draft_tree(seq, ends, len(seq), nodes=5, depth=8, min_prob=0.1, line=(1.0, 0.05), factor=0.2)
+    assert calibrated[0] == [2, 3, 6]
     got = draft(Occurrences(8, seq, ends, len(seq)), SuffixConfig(), 8, tree_nodes=5, line=(1.0, 0.2))  # m 8: depth 8
     assert got.tokens == [2, 3, 6] and got.parents is None  # no branch left: verified as a chain
 
