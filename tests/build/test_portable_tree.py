@@ -11,10 +11,10 @@ them by position, as a chain decoding of each path does.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 import torch
+import tree_checks
 from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.export import export_graph
@@ -24,12 +24,10 @@ from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.manifest import sha256_file
-from specexport_runtime.tree import DraftTree, verify_tree_greedy
 from specexport_runtime.tree_model import TreeVerifier
 
 MAX_CONTEXT = 64
 PROMPT = 21  # tokens before the tree: past every window below (4 and 16 keys)
-PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6, 0]  # three children of the root, a path of depth 4
 LOGIT_TOL = 1e-4  # |logit| of the tiny models is O(1); float32 sums over other row counts
 KV_TOL = 1e-4
 FP16_TOL = 1e-2  # an fp16 graph: K/V and activations rounded to fp16 (measured: bitwise on this CPU)
@@ -71,72 +69,19 @@ def pair(request, tmp_path_factory):
     return m, TreeVerifier(tree.path, m, config), chain, tree
 
 
-def _after_prompt(m, rng, n: int = PROMPT) -> tuple[int, int]:
-    """Feed all but the last of n random tokens; (that last token, the cursor P after them)."""
-    prompt = rng.integers(0, m.spec.embedding_rows, n).tolist()
-    m.reset()
-    m.forward(prompt[:-1])
-    return prompt[-1], m.length
-
-
-def _tree(rng, V: int, root: int) -> DraftTree:
-    tokens = rng.integers(0, V, len(PARENTS))
-    tokens[0] = root
-    return DraftTree(tokens, np.array(PARENTS))
-
-
 def test_tree_rows_equal_chain_rows_of_each_path(pair):
     m, tv, _, _ = pair
-    rng = np.random.default_rng(0)
-    V = m.spec.embedding_rows
-    last, P = _after_prompt(m, rng)
-    tree = _tree(rng, V, last)
-    got = tv.forward(tree).copy()  # [R, V]
-    assert got.shape == (len(PARENTS), V) and m.length == P + len(PARENTS)
-    for leaf in (i for i in range(len(tree)) if not tree.children(i)):
-        path = tree.path_to(leaf)
-        m.truncate(P)
-        want = m.forward(tree.tokens[path].tolist(), last_rows=len(path))  # [L, V]
-        np.testing.assert_allclose(got[path], want, rtol=0, atol=_tol(m))
-        assert (got[path].argmax(-1) == want.argmax(-1)).all()
+    tree_checks.check_rows_equal_chain_rows(m, tv, PROMPT, _tol(m))
 
 
 def test_keep_path_leaves_the_cache_of_a_chain_call(pair):
     m, tv, _, _ = pair
-    rng = np.random.default_rng(1)
-    last, P = _after_prompt(m, rng)
-    tree = _tree(rng, m.spec.embedding_rows, last)
-    logits = tv.forward(tree).copy()
-    path = tree.path_to(7)  # rows 0, 1, 3, 6, 7: not the tree's first rows, so rows move
-    m.keep_path(P, path[1:])
-    assert m.length == P + len(path)
-    kept = [rows.copy() for rows in m.kv_rows(0, m.length)]
-    following = int(logits[path[-1]].argmax())
-    after_tree = m.forward([following]).copy()  # reads the kept rows
-    m.truncate(P)
-    chain = m.forward(tree.tokens[path].tolist(), last_rows=len(path)).copy()
-    for a, b in zip(kept, m.kv_rows(0, P + len(path))):
-        np.testing.assert_allclose(a, b, rtol=0, atol=KV_TOL if m.spec.kv_dtype == "float32" else FP16_TOL)
-    np.testing.assert_allclose(logits[path], chain, rtol=0, atol=_tol(m))
-    np.testing.assert_allclose(after_tree, m.forward([following]), rtol=0, atol=_tol(m))
+    tree_checks.check_keep_path(m, tv, PROMPT, _tol(m), KV_TOL if m.spec.kv_dtype == "float32" else FP16_TOL)
 
 
 def test_greedy_walk_on_the_tree_follows_the_chain_argmax(pair):
-    """A tree whose one path is the target's own greedy continuation: the walk accepts it whole."""
     m, tv, _, _ = pair
-    rng = np.random.default_rng(2)
-    V = m.spec.embedding_rows
-    last, P = _after_prompt(m, rng)
-    greedy = [last]
-    for _ in range(5):  # the chain graph's own greedy tokens, one call each
-        greedy.append(int(m.forward(greedy[-1:]).argmax()))
-    m.truncate(P)
-    tokens = rng.integers(0, V, len(PARENTS))
-    tokens[0] = last
-    tokens[[2, 1, 3, 6, 7]] = [(greedy[1] + 1) % V, *greedy[1:5]]  # path 0 -> 1 -> 3 -> 6 -> 7; row 2 wrong
-    tree = DraftTree(tokens, np.array(PARENTS))
-    rows, bonus = verify_tree_greedy(tree, tv.forward(tree).argmax(-1))
-    assert (rows, bonus) == ([1, 3, 6, 7], greedy[5])
+    tree_checks.check_greedy_walk(m, tv, PROMPT)
 
 
 def test_tree_graph_reads_the_chain_graphs_weights_file(pair):
