@@ -11,28 +11,27 @@ from specexport_runtime.registry import ProposerSpec
 
 
 @contextlib.contextmanager
-def fixed_tree(tokens: Sequence[int], parents: Sequence[int]) -> Iterator[None]:
+def _registered(name: str, value, spec: ProposerSpec) -> Iterator[None]:
+    """extra_proposers.fixed_tree.<name> = value and `spec` registered, for the with-block."""
     from extra_proposers import fixed_tree as module
 
-    old, module.TREE = module.TREE, (tuple(tokens), tuple(parents))
-    spec = ProposerSpec("fixedtree", "extra_proposers.fixed_tree:build", "a fixed draft tree (test only)")
+    old = getattr(module, name)
+    setattr(module, name, value)
     try:
         with registry.extended(spec):
             yield
     finally:
-        module.TREE = old
+        setattr(module, name, old)
 
 
-@contextlib.contextmanager
-def oracle_tree(reference: Sequence[int]) -> Iterator[None]:
+def fixed_tree(tokens: Sequence[int], parents: Sequence[int]):
+    """The test-only `fixedtree` proposer, drafting the tree (tokens, parents) each round."""
+    spec = ProposerSpec("fixedtree", "extra_proposers.fixed_tree:build", "a fixed draft tree (test only)")
+    return _registered("TREE", (tuple(tokens), tuple(parents)), spec)
+
+
+def oracle_tree(reference: Sequence[int]):
     """The test-only `oracletree` proposer, drafting `reference` (target-only output) on the
     second branch of a tree each round."""
-    from extra_proposers import fixed_tree as module
-
-    old, module.REFERENCE = module.REFERENCE, tuple(reference)
     spec = ProposerSpec("oracletree", "extra_proposers.fixed_tree:build_oracle", "an oracle draft tree (test only)")
-    try:
-        with registry.extended(spec):
-            yield
-    finally:
-        module.REFERENCE = old
+    return _registered("REFERENCE", tuple(reference), spec)
