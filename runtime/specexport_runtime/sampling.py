@@ -130,6 +130,15 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return x
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """[R, V] logits -> float64 probabilities at temperature 1 (a draft's own law); InvalidArgument
+    for a row without a finite maximum."""
+    x = np.array(logits, dtype=np.float64)  # [R, V] a copy
+    _softmax_numerator(x)
+    x /= x.sum(axis=1, keepdims=True)
+    return x
+
+
 def _softmax_numerator(z: np.ndarray) -> None:
     """In place z := exp(z - rowmax(z)) for z [R, n] float64; every row then has max 1.
 

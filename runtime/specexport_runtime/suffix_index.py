@@ -144,8 +144,9 @@ def draft_tree(
         if values.size == 0:
             return []
         ids, counts = np.unique(values, return_counts=True)
-        out = [(p * int(counts[k]) / occ.size, nxt[values == ids[k]]) for k in np.argsort(-counts, kind="stable")]
-        return [(q, o) for q, o in out[:TREE_BRANCHES] if q >= min_prob]
+        top = np.argsort(-counts, kind="stable")[:TREE_BRANCHES]
+        out = [(p * int(counts[k]) / occ.size, k) for k in top]
+        return [(q, nxt[values == ids[k]]) for q, k in out if q >= min_prob]
 
     def add(q: float, occ: np.ndarray, parent: int) -> None:
         nonlocal score, priced
