@@ -1,11 +1,11 @@
 """The draft length of a batch's rounds (BatchGamma), from what its calls and rounds cost.
 
 One model over every batch size: a call of the target's batch graph costs
-a + b * rows + c * running seconds (BatchCost), a batched draft step costs what it cost at the
-nearest batch size timed, and each running sequence expects 1 + p * sum_{j=1..g} alpha^j tokens
-from a draft of g (its acceptance alpha, how often its proposer drafts at all p). A guard then
-checks the model against whole rounds: tokens per second realized with drafts and without, per
-batch-size bucket (1, 2, 3-4, 5-8, ...).
+a + b * rows + c * running seconds (BatchCost), a batched draft step costs what steps cost at
+that batch size (the draft's own fitted call where none was timed), and each running sequence
+expects 1 + p * sum_{j=1..g} alpha^j tokens from a draft of g (its acceptance alpha, how often
+its proposer drafts at all p). A guard then checks the model against whole rounds: tokens per
+second realized with drafts and without, per batch-size bucket (1, 2, 3-4, 5-8, ...).
 
 A draft model reads lazily: a sequence's prompt, and the tokens of rounds it sat out, wait
 unread until it next drafts, and then it reads them in one batched call. So the price of
@@ -162,12 +162,18 @@ class BatchGamma:
         self.draft_cost.record(running, rows, seconds)
 
     def draft_seconds(self, running: int) -> float:
-        """One draft step of `running` sequences: the steps timed at the nearest number of
-        sequences (their cells' mean); 0 before any."""
+        """One draft step of `running` sequences: the steps timed at that number of sequences
+        (their cells' mean); where none were, the draft's fitted call of one row each (a step at
+        another batch size says little about this one: a batched step grows with its rows), or
+        before a fit the steps timed at the nearest number; 0 before any draft call."""
         steps: dict[int, list[float]] = {}
         for (r, rows), seconds in self.draft_cost.cells.items():
             if rows <= 2 * r:  # one or two rows each: a step
                 steps.setdefault(r, []).append(seconds)
+        if running in steps:
+            return sum(steps[running]) / len(steps[running])
+        if self.draft_cost.fit() is not None:
+            return self.draft_cost.seconds(running, running)
         if not steps:
             return 0.0
         near = min(steps, key=lambda r: (abs(r - running), -r))

@@ -343,6 +343,29 @@ def test_batch_gamma_prices_the_draft_backlog():
     assert g.choose([free, free]) > 0
 
 
+def test_batch_gamma_prices_a_draft_step_at_an_untimed_batch_size():
+    """Steps timed at 1 sequence (10 ms) and a catch-up (the draft's line: 9 ms + 1 ms a row):
+    a step of 8 sequences is the line at 8 rows (17 ms), not the 1-sequence step; a batch size
+    with steps of its own takes theirs. With the target's rows nearly free and alpha 0.9, drafts
+    pay at 8 sequences at the 1-sequence price and not at the line's."""
+    g = _gamma()
+    g.record_draft(1, 1, 0.010)
+    g.record_draft(1, 101, 0.110)  # the line through both: 9 ms + 1 ms a row
+    assert g.draft_seconds(1) == pytest.approx(0.010)
+    assert g.draft_seconds(8) == pytest.approx(0.009 + 8 * 0.001)
+    g.record_draft(8, 8, 0.030)
+    assert g.draft_seconds(8) == pytest.approx(0.030)
+    priced = _gamma()
+    for rows, ms in ((8, 40.0), (40, 56.0)):  # eight sequences: 40 ms a call, 0.5 ms a row
+        priced.record(8, rows, ms / 1e3)
+    s = _seq(0.8, 1.0)
+    s.drafts_with_model = True
+    priced.record_draft(1, 1, 0.010)
+    assert priced.choose([s] * 8) > 0  # at the 1-sequence step (10 ms) drafts would pay
+    priced.record_draft(1, 201, 0.410)  # the line: 8 ms + 2 ms a row, so a step of 8 costs 24 ms
+    assert priced.choose([s] * 8) == 0
+
+
 def test_batch_gamma_guard_drafts_where_rounds_realize_more():
     """The model says 0 (each row costs 2.5 ms, alpha 0.3), but steady rounds with drafts of
     gamma 3 realized twice the plain rate: the batch drafts with gamma 3; at half the plain
