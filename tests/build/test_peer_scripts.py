@@ -215,3 +215,24 @@ def test_batch_throughput_runs_on_a_batch_artifact(tiny_artifacts, tmp_path, cap
         assert row["tok_s"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
     with pytest.raises(SystemExit):
         module.main([*args, "--concurrency", "8"])  # more clients than the artifact's slots
+
+
+def test_versus_checkout_runs_both_sides_in_workers(tiny_artifacts, tmp_path, capsys):
+    """benchmarks/versus_checkout.py end to end with this checkout as its own baseline: a worker
+    per side, every method's row, greedy outputs identical to baseline off; a folder that is not
+    a checkout ends in one line."""
+    module = load_script(BENCHMARKS / "versus_checkout.py")
+    art, out = tiny_artifacts["self"], tmp_path / "vs.json"
+    repo = BENCHMARKS.parent
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "q0", "messages": [{"role": "user", "content": "a b c a b c"}]}) + "\n")
+    args = [str(repo), str(art), "--current-artifact", str(art), "--modes", "off,draft", "--prompts", str(prompts)]
+    assert module.main([*args, "--max-new-tokens", "8", "--threads", "1", "--json", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {f"{side} {m}" for side in ("baseline", "current", "current-build") for m in ("off", "draft")}
+    for name, row in rows.items():
+        assert row["identical_to_baseline_off"] == row["prompts"] > 0
+        assert (row["vs_baseline"] is None) == name.startswith("baseline") and row["tok_s"] > 0
+    assert "current draft" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not a specexport checkout"):
+        module.main([str(tmp_path), str(art)])
