@@ -52,7 +52,7 @@ def _worker(name: str, roots: list[Path], artifact: Path, threads: int, log: Pat
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(r) for r in roots)}
     cmd = [sys.executable, "-m", "specexport.harness_workers", str(artifact), str(threads)]
-    return WorkerProcess(name, cmd, log, env=env)
+    return WorkerProcess(name, cmd, log, env=env, cwd=roots[0])  # `python -m` imports from its cwd first
 
 
 def _method(worker, name: str, mode: str, new: int) -> harness.Method:
@@ -78,9 +78,10 @@ def main(argv=None) -> int:
     _, codec, _ = open_artifact(args.artifact, verify=False)
     cases = harness.make_cases(codec, harness.load_prompt_set(args.prompts, limit=args.limit))
     here = [REPO, REPO / "runtime"]
-    sides = [("baseline", [base, base / "runtime"], args.artifact), ("current", here, args.artifact)]
+    artifact = args.artifact.resolve()  # the workers run in their checkouts
+    sides = [("baseline", [base, base / "runtime"], artifact), ("current", here, artifact)]
     if args.current_artifact is not None:
-        sides.append(("current-build", here, args.current_artifact))
+        sides.append(("current-build", here, args.current_artifact.resolve()))
     with tempfile.TemporaryDirectory() as logs:
         workers = [_worker(n, roots, art, args.threads, Path(logs) / f"{n}.log") for n, roots, art in sides]
         try:

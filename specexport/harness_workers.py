@@ -121,11 +121,12 @@ def _import_roots() -> str:
 class WorkerProcess:
     """A line-JSON worker (module docstring); its stderr goes to `log`, named in errors."""
 
-    def __init__(self, name: str, cmd: list[str], log: Path, env: dict | None = None):
+    def __init__(self, name: str, cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None = None):
+        """cwd: the worker's working directory (`python -m` imports from it first)."""
         self.name, self.log = name, log
         with open(log, "w") as err:
             self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=cwd
             )
         self._read()  # '@@ready'
 

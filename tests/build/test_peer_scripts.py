@@ -236,3 +236,25 @@ def test_versus_checkout_runs_both_sides_in_workers(tiny_artifacts, tmp_path, ca
     assert "current draft" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not a specexport checkout"):
         module.main([str(tmp_path), str(art)])
+    # the baseline side runs the baseline checkout's worker, not this one's: a stand-in that
+    # answers every generation with the same two tokens differs from this checkout's outputs
+    stub = tmp_path / "stub"
+    (stub / "specexport").mkdir(parents=True)
+    (stub / "specexport" / "__init__.py").write_text("")
+    (stub / "specexport" / "harness_workers.py").write_text(STUB_WORKER)
+    args = [str(stub), str(art), "--modes", "off", "--prompts", str(prompts), "--max-new-tokens", "8"]
+    assert module.main([*args, "--threads", "1", "--json", str(out)]) == 1
+    samples = json.loads(out.read_text())["run"]["samples"]
+    assert {tuple(s["tokens"]) for s in samples if s["method"] == "baseline off"} == {(7, 7)}
+    assert all(s["tokens"] != [7, 7] for s in samples if s["method"] == "current off")
+
+
+# a baseline checkout's worker that answers every generation with tokens [7, 7]
+STUB_WORKER = """
+import json, sys
+print("@@ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    out = {} if req.get("op") == "forget" else {"tokens": [7, 7], "new_tokens": 2}
+    print("@@" + json.dumps(out), flush=True)
+"""
