@@ -389,6 +389,7 @@ def load(
     trusted_keys: Sequence[str | Path | bytes] | None = None,
     config: GeneratorConfig | Mapping[str, Any] | None = None,
     batch: bool = False,
+    prepack: bool = True,
 ) -> SpecGenerator:
     """Open an artifact: check manifest, contract version and checksums, create both sessions
     and allocate their KV buffers at max context.
@@ -408,7 +409,11 @@ def load(
 
     batch: load the target's batch graph (an artifact built with max_batch > 1, contract 1.5)
     instead of its batch-1 graph: one session for max_batch sequences (batch(), scheduler()),
-    its slot 0 serving generate() and the rest."""
+    its slot 0 serving generate() and the rest.
+
+    prepack (CPU): False keeps ONNX Runtime from repacking the weights per session; the sessions
+    then map the weights files and share their pages (about half the resident memory of the
+    default recipe, at about 0.8x its decode speed on the development CPU; docs/trees.md)."""
     root = Path(artifact)
     if trusted_keys is not None:
         verify_signature(root, trusted_keys)
@@ -419,7 +424,7 @@ def load(
     if config.speculating:  # the same check as SpecGenerator.check, before the slow part
         registry.check_available(config.proposer, manifest.draft_kind)
     has_draft = manifest.draft is not None
-    base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool)
+    base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool, prepack=prepack)
     target_config = replace(base, spinning=not has_draft)
     if batch:  # spinning as for a lone session unless the draft's batch graph shares the cores
         if manifest.target.max_batch < 2:

@@ -70,6 +70,9 @@ class SessionConfig:
     trt_cache_dir: str | None = None  # TensorRT EP engine/timing cache folder
     trt_fp16: bool = False
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON at this prefix (end_profiling)
+    # CPU: repack constant MatMul weights per session (faster; off: the weights file is mapped and
+    # sessions on one file share its pages, about 0.8x decode speed, docs/trees.md "Memory")
+    prepack: bool = True
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -120,6 +123,8 @@ def make_session(path: Path, config: SessionConfig) -> ort.InferenceSession:
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[config.optimization]
+    if not config.prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     if _use_shared_pool(config):
         opts.use_per_session_threads = False
     else:

@@ -182,3 +182,19 @@ def test_resident_memory_flat(target):
     gc.collect()
     growth = proc.memory_info().rss - before
     assert growth < 2 * 1024 * 1024, f"RSS grew by {growth / 1e6:.2f} MB over 300 steps"
+
+
+def test_prepack_off_gives_the_same_logits(tiny_artifacts):
+    """load(..., prepack=False) turns ONNX Runtime's weight repacking off in every session it
+    makes (the session option is set) and decodes the same greedy tokens as the default."""
+    from specexport_runtime.api import load
+
+    art = tiny_artifacts["self"]
+    mapped, repacked = load(art, prepack=False), load(art)
+    for model in (mapped.target, mapped.draft):
+        options = model.session.get_session_options()
+        assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    with pytest.raises(RuntimeError, match="disable_prepacking"):  # the default leaves it unset
+        repacked.target.session.get_session_options().get_session_config_entry("session.disable_prepacking")
+    a = mapped.generate(IDS, max_new_tokens=12, speculative=False).token_ids
+    assert a == repacked.generate(IDS, max_new_tokens=12, speculative=False).token_ids and len(a) > 0
