@@ -99,6 +99,12 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     )
     srv.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")
     srv.add_argument(
+        "--no-prepack",
+        action="store_true",
+        help="CPU: do not repack the weights per ONNX Runtime session; the weights files are mapped and shared"
+        " (about half the resident memory, about 0.75x decode speed; docs/trees.md)",
+    )
+    srv.add_argument(
         "--max-body-bytes",
         type=int,
         default=1 << 20,
@@ -233,6 +239,10 @@ def run_serve(args: argparse.Namespace) -> int:
         proposer=args.proposer,
     )  # checked before the slow load
     if args.replicas is not None or args.autoscale is not None:
+        if args.no_prepack:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument("--no-prepack applies to one server process; cluster replicas repack their weights")
         return run_cluster(args, config)
     if args.ray_address is not None:
         from .errors import InvalidArgument
@@ -249,6 +259,7 @@ def run_serve(args: argparse.Namespace) -> int:
         trusted_keys=args.trusted_key,
         config=suffix_overrides(args),
         batch=config.max_batch > 1,
+        prepack=not args.no_prepack,
     )
     serve(gen, config, log_level=args.log_level)
     return 0
@@ -371,6 +382,12 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
         "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
     )
     gen.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    gen.add_argument(
+        "--no-prepack",
+        action="store_true",
+        help="CPU: do not repack the weights per ONNX Runtime session; the weights files are mapped and shared"
+        " (about half the resident memory, about 0.75x decode speed; docs/trees.md)",
+    )
     gen.add_argument("--domain", default=None, help="calibration profile to start gamma from")
     gen.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
     gen.add_argument(
@@ -416,6 +433,7 @@ def run_generate(args: argparse.Namespace) -> int:
         shared_pool=not args.no_shared_pool,
         trusted_keys=args.trusted_key,
         config=config,
+        prepack=not args.no_prepack,
     )
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [

@@ -205,3 +205,9 @@ def test_relay_aborts_a_json_body_the_replica_left_half_sent():
 def test_relay_hands_an_oversized_body_to_the_replica_app_for_its_413():
     request, _ = relay_once(FakeHandle([], BackPressureError(1, 1)), body=b"x" * 5000)
     assert len(request["body"]) > 1024  # the replica's app answers 413, as the single server does
+
+
+def test_cli_refuses_no_prepack_for_cluster_replicas(tmp_path, capsys):
+    """--no-prepack is a one-process option: with --replicas it is refused in one line, not ignored."""
+    assert runtime_main(["serve", str(tmp_path), "--replicas", "2", "--no-prepack"]) == 2
+    assert "--no-prepack applies to one server process" in capsys.readouterr().err

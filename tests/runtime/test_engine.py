@@ -198,3 +198,21 @@ def test_prepack_off_gives_the_same_logits(tiny_artifacts):
         repacked.target.session.get_session_options().get_session_config_entry("session.disable_prepacking")
     a = mapped.generate(IDS, max_new_tokens=12, speculative=False).token_ids
     assert a == repacked.generate(IDS, max_new_tokens=12, speculative=False).token_ids and len(a) > 0
+
+
+def test_generate_cli_passes_no_prepack_to_load(tiny_artifacts, monkeypatch, capsys):
+    """`specexport-runtime generate --no-prepack` loads with prepack=False; without it, True."""
+    from specexport_runtime import api, cli
+
+    seen = []
+    real = api.load
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("prepack"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "load", spy)  # the CLI imports it from api when it runs
+    art = str(tiny_artifacts["self"])
+    for extra in (["--no-prepack"], []):
+        assert cli.main(["generate", art, "--prompt", "hello", "--max-new-tokens", "4", *extra]) == 0
+    assert seen == [False, True]
