@@ -90,8 +90,11 @@ def unpack(
         )
     versions = _versions(target)
     versions.mkdir(parents=True, exist_ok=True)
-    for stale in versions.glob(TMP_PREFIX + "*"):  # a crashed earlier unpack
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in versions.glob(TMP_PREFIX + "*"):  # a crashed earlier unpack: a folder, or its switch's link
+        if stale.is_symlink():
+            stale.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = versions / f"{TMP_PREFIX}{os.getpid()}-{time.time_ns()}"
     tmp.mkdir()
     try:

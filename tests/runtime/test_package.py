@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import os
 import subprocess
 import sys
 import tarfile
@@ -138,6 +139,18 @@ def test_an_unpack_killed_at_any_moment_leaves_the_previous_version(spx, tmp_pat
     now = target.resolve()  # the old version, or the new one if the kill came after the switch
     assert now == old.resolve() or (now.parent == old.resolve().parent and not now.name.startswith("."))
     unpack(spx, target)  # the next unpack cleans what the killed one left
+    assert not list((tmp_path / "model.versions").glob(".unpack-*"))
+
+
+def test_unpack_removes_the_link_a_killed_switch_left(spx, tmp_path):
+    """A process killed between making its switch link and renaming it over the target leaves
+    `.unpack-link-PID` (a symlink, which rmtree refuses): the next unpack removes it too."""
+    target = tmp_path / "model"
+    old = unpack(spx, target)
+    stale = tmp_path / "model.versions" / ".unpack-link-999999"
+    os.symlink(old.name, stale)
+    (tmp_path / "model.versions" / ".unpack-999999-1").mkdir()
+    unpack(spx, target)
     assert not list((tmp_path / "model.versions").glob(".unpack-*"))
 
 
