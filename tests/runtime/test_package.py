@@ -5,8 +5,8 @@ moment leaving the previous version loadable."""
 from __future__ import annotations
 
 import io
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
