@@ -23,7 +23,6 @@ if any differs).
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -47,25 +46,9 @@ def parser():
     return ap
 
 
-def _worker(name: str, roots: list[Path], artifact: Path, threads: int, log: Path):
-    from specexport.harness_workers import WorkerProcess
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(r) for r in roots)}
-    cmd = [sys.executable, "-m", "specexport.harness_workers", str(artifact), str(threads)]
-    return WorkerProcess(name, cmd, log, env=env, cwd=roots[0])  # `python -m` imports from its cwd first
-
-
-def _method(worker, name: str, mode: str, new: int) -> harness.Method:
-    from specexport.harness_workers import SPECEXPORT_MEMORY
-
-    def run(case: harness.Case) -> dict:
-        return worker.request({"op": "generate", "ids": list(case.ids), "mode": mode, "new": new, "gamma": None})
-
-    return harness.Method(name, run, lambda: worker.request({"op": "forget"}), SPECEXPORT_MEMORY)
-
-
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
+    from specexport.harness_workers import SpecexportWorker
     from specexport_runtime.api import open_artifact
 
     base = args.baseline.resolve()
@@ -77,16 +60,17 @@ def main(argv=None) -> int:
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     _, codec, _ = open_artifact(args.artifact, verify=False)
     cases = harness.make_cases(codec, harness.load_prompt_set(args.prompts, limit=args.limit))
-    here = [REPO, REPO / "runtime"]
-    artifact = args.artifact.resolve()  # the workers run in their checkouts
-    sides = [("baseline", [base, base / "runtime"], artifact), ("current", here, artifact)]
+    sides = [("baseline", base, args.artifact), ("current", None, args.artifact)]  # None: this checkout
     if args.current_artifact is not None:
-        sides.append(("current-build", here, args.current_artifact.resolve()))
+        sides.append(("current-build", None, args.current_artifact))
     with tempfile.TemporaryDirectory() as logs:
-        workers = [_worker(n, roots, art, args.threads, Path(logs) / f"{n}.log") for n, roots, art in sides]
+        workers = [
+            SpecexportWorker(art, args.threads, Path(logs) / f"{n}.log", checkout=checkout)
+            for n, checkout, art in sides
+        ]
         try:
             methods = [
-                _method(w, f"{n} {mode}", mode, args.max_new_tokens)
+                w.method(f"{n} {mode}", mode, args.max_new_tokens)
                 for (n, _, _), w in zip(sides, workers)
                 for mode in modes
             ]

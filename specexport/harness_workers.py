@@ -161,12 +161,20 @@ class WorkerProcess:
 class SpecexportWorker(WorkerProcess):
     """specexport's worker on one artifact (module docstring)."""
 
-    def __init__(self, artifact: Path, threads: int, log: Path):
+    def __init__(self, artifact: Path, threads: int, log: Path, checkout: Path | None = None):
+        """checkout: the specexport source tree whose worker runs (default: this one). The worker
+        runs in it, since `python -m` imports from its working directory first."""
+        if checkout is None:
+            root, roots, name = Path(__file__).resolve().parents[1], _import_roots(), Path(artifact).name
+        else:
+            root = Path(checkout).resolve()
+            roots, name = os.pathsep.join([str(root), str(root / "runtime")]), f"{Path(artifact).name} ({root})"
         super().__init__(
-            f"specexport worker {Path(artifact).name}",
-            [sys.executable, "-m", "specexport.harness_workers", str(artifact), str(threads)],
+            f"specexport worker {name}",
+            [sys.executable, "-m", "specexport.harness_workers", str(Path(artifact).resolve()), str(threads)],
             log,
-            env={**os.environ, "PYTHONPATH": _import_roots()},
+            env={**os.environ, "PYTHONPATH": roots},
+            cwd=root,
         )
 
     def method(
