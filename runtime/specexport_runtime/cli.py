@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+NO_PREPACK_HELP = (  # generate and serve
+    "CPU: do not repack the weights per ONNX Runtime session; the weights files are mapped and shared"
+    " (about half the resident memory, about 0.75x decode speed; docs/trees.md)"
+)
+
+
 def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument("artifact", help="artifact folder written by `specexport build`")
     srv.add_argument(
@@ -98,12 +104,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
         " default: the artifact's)",
     )
     srv.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: all cores)")
-    srv.add_argument(
-        "--no-prepack",
-        action="store_true",
-        help="CPU: do not repack the weights per ONNX Runtime session; the weights files are mapped and shared"
-        " (about half the resident memory, about 0.75x decode speed; docs/trees.md)",
-    )
+    srv.add_argument("--no-prepack", action="store_true", help=NO_PREPACK_HELP)
     srv.add_argument(
         "--max-body-bytes",
         type=int,
@@ -238,15 +239,13 @@ def run_serve(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         proposer=args.proposer,
     )  # checked before the slow load
+    from .errors import InvalidArgument
+
     if args.replicas is not None or args.autoscale is not None:
         if args.no_prepack:
-            from .errors import InvalidArgument
-
             raise InvalidArgument("--no-prepack applies to one server process; cluster replicas repack their weights")
         return run_cluster(args, config)
     if args.ray_address is not None:
-        from .errors import InvalidArgument
-
         raise InvalidArgument("--ray-address needs --replicas N or --autoscale MIN:MAX")
     if args.max_batch is None:  # the artifact's (its manifest is read again, verified, by load)
         config = replace(config, max_batch=read_manifest(args.artifact).target.max_batch)
@@ -382,12 +381,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
         "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
     )
     gen.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
-    gen.add_argument(
-        "--no-prepack",
-        action="store_true",
-        help="CPU: do not repack the weights per ONNX Runtime session; the weights files are mapped and shared"
-        " (about half the resident memory, about 0.75x decode speed; docs/trees.md)",
-    )
+    gen.add_argument("--no-prepack", action="store_true", help=NO_PREPACK_HELP)
     gen.add_argument("--domain", default=None, help="calibration profile to start gamma from")
     gen.add_argument("--no-verify", action="store_true", help="skip the checksum verification at load")
     gen.add_argument(

@@ -71,7 +71,7 @@ class SessionConfig:
     trt_fp16: bool = False
     profile_prefix: str | None = None  # ONNX Runtime's profiler on, its JSON at this prefix (end_profiling)
     # CPU: repack constant MatMul weights per session (faster; off: the weights file is mapped and
-    # sessions on one file share its pages, about 0.8x decode speed, docs/trees.md "Memory")
+    # sessions on one file share its pages, about 0.75x decode speed; docs/trees.md, "What it costs and gains")
     prepack: bool = True
 
     def __post_init__(self) -> None:
