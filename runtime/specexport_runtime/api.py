@@ -413,7 +413,9 @@ def load(
 
     prepack (CPU): False keeps ONNX Runtime from repacking the weights per session; the sessions
     then map the weights files and share their pages (about half the resident memory of the
-    default recipe, at about 0.75x its decode speed on the development CPU; docs/trees.md)."""
+    default recipe, at about 0.75x its decode speed on the development CPU), and a verify call's
+    rows equal one-row calls numerically, not bit for bit, whatever the manifest's class says
+    (docs/trees.md)."""
     root = Path(artifact)
     if trusted_keys is not None:
         verify_signature(root, trusted_keys)

@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
 NO_PREPACK_HELP = (  # generate and serve
     "CPU: do not repack the weights per ONNX Runtime session; the weights files are mapped and shared"
-    " (about half the resident memory, about 0.75x decode speed; docs/trees.md)"
+    " (about half the resident memory, about 0.75x decode speed; the rows of a verify call are then equal"
+    " to one-row calls numerically, not bit for bit; docs/trees.md)"
 )
 
 
