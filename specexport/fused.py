@@ -61,8 +61,6 @@ def fused_refusal(cfg: NormalizedConfig, tree: bool = False) -> str | None:
     known from the config alone."""
     if cfg.arch.positions != "rope":
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"
-    if tree and cfg.windows:
-        return _tree_window_refusal(cfg.windows)
     half = cfg.rotary_dim // 2
     if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
         return (
@@ -70,13 +68,6 @@ def fused_refusal(cfg: NormalizedConfig, tree: bool = False) -> str | None:
             f" rotary_dim / 2 = {half} to be a multiple of 8; use graph: portable"
         )
     return None
-
-
-def _tree_window_refusal(windows: tuple[int, ...]) -> str:
-    return (
-        f"a tree graph for a model with attention windows {list(windows)}: GroupQueryAttention's local"
-        " window counts cache rows, not tree positions; build without tree verify or with graph: portable"
-    )
 
 
 def _norm_weight(module: torch.nn.Module, offset: float) -> tuple[torch.Tensor, float]:
@@ -227,11 +218,11 @@ def _attention(
     weights: WeightPlan,
     caches: dict[str, tuple[str, str]],
     at: fused_slots.Layout,
-    tree: list[str],
+    tree: fused_slots.TreeInputs,
 ) -> str:
     """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place
     (at: each slot's rows and cursor, fused_slots.layout; tree: a tree graph's
-    fused_slots.tree_inputs, else empty)."""
+    fused_slots.tree_inputs per window, else empty)."""
     arch, spec = cfg.arch, cfg.layers[i]
     H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
     qkv = _linear(g, weights, h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
@@ -250,12 +241,12 @@ def _attention(
     attrs = dict(
         num_heads=H, kv_num_heads=Hkv, scale=cfg.attn_scale, do_rotary=int(spec.rope is not None), rotary_interleaved=0
     )
-    if spec.window is not None:  # a query sees the `window` most recent keys including its own, as in transformers
-        attrs["local_window_size"] = spec.window
+    if spec.window is not None and not tree:  # a query sees the `window` most recent keys including its own
+        attrs["local_window_size"] = spec.window  # (as in transformers); a tree graph's bias holds its window
     if cfg.attn_softcap is not None:
         attrs["softcap"] = cfg.attn_softcap
     rotary = list(caches[spec.rope]) if spec.rope is not None else []
-    return fused_slots.attention(g, i, qkv_inputs, at, rotary, attrs, tree)
+    return fused_slots.attention(g, i, qkv_inputs, at, rotary, attrs, tree.get(spec.window, []) if tree else [])
 
 
 def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: NormalizedConfig) -> str:
@@ -281,7 +272,7 @@ def _layer(
     weights: WeightPlan,
     caches,
     at: fused_slots.Layout,
-    tree: list[str],
+    tree: fused_slots.TreeInputs,
 ) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch = cfg.arch
@@ -354,8 +345,6 @@ def build_fused(
         raise UnsupportedConfig(f"slots must be >= 1 and a graph of several slots has no features; got {slots}")
     if tree and (slots > 1 or pad or min_rows > 1):
         raise UnsupportedConfig(f"a tree graph has one slot and unpadded rows; got slots {slots}, pad {pad}")
-    if tree and cfg.windows:  # its window would count a row's cache index, not its tree position
-        raise UnsupportedConfig(_tree_window_refusal(cfg.windows))
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
@@ -386,7 +375,7 @@ def build_fused(
         (x,) = g.op("Mul", [x, g.scalar("embedding_multiplier", cfg.embedding_multiplier)])
 
     at = fused_slots.layout(g, slots, bool(pad))  # each slot's attention rows and cursor
-    tree_in = fused_slots.tree_inputs(g, ONNX_DTYPE[dtype]) if tree else []
+    tree_in = fused_slots.tree_inputs_by_window(g, ONNX_DTYPE[dtype], cfg.windows) if tree else {}
     stream = _Stream(g, x, arch.norm_offset)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):

@@ -114,6 +114,36 @@ def tree_inputs(g: Graph, elem: int, span: bool = False) -> list[str]:
     return [contract.POSITION_IDS, bias4]
 
 
+TreeInputs = dict  # window (None: none) -> tree_inputs() for the layers of that window; {} outside a tree graph
+
+
+def tree_inputs_by_window(g: Graph, elem: int, windows: tuple[int, ...]) -> TreeInputs:
+    """tree_inputs() of a target's tree graph, and for each attention window W a bias that also
+    hides the keys W or more positions before a row's own position P + depth (cache row j < P at
+    position j, the call's rows at their position_ids), as a chain decoding of the row's path
+    would: GroupQueryAttention's local_window_size would count cache rows, and tree rows lie at
+    rows P + i, not P + depth. Windowed layers then run without local_window_size."""
+    base = tree_inputs(g, elem)
+    out: TreeInputs = {None: base}
+    if not windows:
+        return out
+    i64 = lambda stem, v: g.const(stem, np.array(v, np.int64))  # noqa: E731
+    (s,) = g.op("Shape", [contract.INPUT_IDS], start=1, end=2)  # [1] = S
+    (total,) = g.op("Cast", [contract.TOTAL_SEQUENCE_LENGTH], to=TensorProto.INT64)  # [] = P + S
+    (past,) = g.op("Sub", [total, g.op("Squeeze", [s, i64("axes", [0])])[0]])  # [] = P
+    (rows,) = g.op("Unsqueeze", [g.op("Range", [i64("zero", 0), past, i64("one", 1)])[0], i64("axes", [0])])  # [1, P]
+    (keys,) = g.op("Concat", [rows, contract.POSITION_IDS], axis=1)  # [1, P + S] each key's position
+    (query,) = g.op("Unsqueeze", [contract.POSITION_IDS, i64("axes", [2])])  # [1, S, 1]
+    (gap,) = g.op("Sub", [query, g.op("Unsqueeze", [keys, i64("axes", [1])])[0]])  # [1, S, P + S] query - key
+    (gap4,) = g.op("Unsqueeze", [gap, i64("axes", [1])])  # [1, 1, S, P + S]
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    lowest = g.const("lowest", np.array(np.finfo(dtype).min, dtype))
+    for w in windows:
+        (far,) = g.op("GreaterOrEqual", [gap4, i64("window", w)])
+        out[w] = [base[0], g.op("Where", [far, lowest, base[1]])[0]]
+    return out
+
+
 def attention(
     g: Graph, layer: int, qkv: list[str], at: Layout, rotary: list[str], attrs: dict, tree: list[str] = ()
 ) -> str:

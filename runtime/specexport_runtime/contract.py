@@ -109,6 +109,8 @@ Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
     after them. It shares the batch-1 graph's weights file and cache; the tree graph's rows are
     numerically, not bitwise, those of the chain graph (docs/graph-contract.md).
     A target with features (1.2) returns hidden_states [1, S, F] for every tree row too.
+    Windows (1.4's families) apply by position, as in 1.9: the graph's bias hides keys W or more
+    positions before a row's P + depth (GroupQueryAttention's local window would count rows).
 
 Portable tree verify (contract 1.9; a time_major target entry's `tree_graph`)
     The same tree call in the time_major layout: the traced decoder with position_ids [1, S] and

@@ -60,8 +60,6 @@ def test_tree_calls_are_checked(pair):
 
 
 def test_tree_graph_is_refused_where_it_cannot_be_right(tmp_path):
-    with pytest.raises(UnsupportedConfig, match="attention windows"):
-        build_fused(make_model("mistral", sliding_window=4), tmp_path / "w", MAX_CONTEXT, tree=True)
     with pytest.raises(UnsupportedConfig, match="one slot"):
         build_fused(make_model("llama"), tmp_path / "s", MAX_CONTEXT, tree=True, slots=2)
     with pytest.raises(ValueError, match="tree graph"):
