@@ -18,7 +18,7 @@ import tree_checks
 from tiny import make_model, save_hf_folder, write_recipe
 
 from specexport.export import export_graph
-from specexport.model_config import UnsupportedConfig, normalize
+from specexport.model_config import normalize
 from specexport.trtcheck import check_trt
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
