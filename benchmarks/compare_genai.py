@@ -156,7 +156,7 @@ def format_table(rows: list[dict]) -> str:
         f"{'decode':>8}{'==ref':>7}{'==off':>7}  exactness"
     ]
     for r in rows:
-        ci = "[{:.2f}-{:.2f}]".format(*r["vs_ref_ci95"]) if r["vs_ref_ci95"] else "-"
+        ci = harness.ci_cell(r["vs_ref_ci95"])
         lines.append(
             f"{r['method']:<{width}}{r.get('precision') or '-':>8}{r['ref']:>7}{r['tok_s']:>8.1f}"
             f"{r['vs_ref']:>6.2f}x  {ci:<13}{r['first_ms']:>7.1f}ms{r['decode_tok_s']:>8.1f}"

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     print(f"{'method':<30} {'tok/s':>8} {'x hf greedy':>12}  {'[95% CI]':<13}  identical to hf greedy")
     for r in rows:
         ident = "yes" if r["identical"] == r["prompts"] else f"no ({r['identical']}/{r['prompts']} prompts)"
-        ci = "[{:.2f}-{:.2f}]".format(*r["ratio_ci95"]) if r["ratio_ci95"] else "-"
+        ci = harness.ci_cell(r["ratio_ci95"])
         print(f"{r['method']:<30} {r['tok_s']:8.1f} {r['ratio']:11.2f}x  {ci:<13}  {ident}")
     if assistant is None:
         print(

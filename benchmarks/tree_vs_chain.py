@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         cells = []
         for base in ("off", "chain"):
             if f"vs_{base}" in r:
-                ci = "[{:.2f}-{:.2f}]".format(*r[f"vs_{base}_ci95"]) if r[f"vs_{base}_ci95"] else "-"
+                ci = harness.ci_cell(r[f"vs_{base}_ci95"])
                 cells.append(f"{r[f'vs_{base}']:>7.2f}x  {ci:<13}")
             else:
                 cells.append(f"{'-':>8}  {'':<13}")

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     )
     print(f"{'method':<28}{'tok/s':>8}{'vs baseline':>13}  {'[95% CI]':<13}{'same':>6}")
     for r in rows:
-        ci = "[{:.2f}-{:.2f}]".format(*r["vs_baseline_ci95"]) if r["vs_baseline_ci95"] else ""
+        ci = harness.ci_cell(r["vs_baseline_ci95"], "")
         vs = f"{r['vs_baseline']:.3f}x" if r["vs_baseline"] is not None else "-"
         print(f"{r['method']:<28}{r['tok_s']:>8.1f}{vs:>13}  {ci:<13}{r['identical_to_baseline_off']:>4}/{len(cases)}")
     if args.json:

@@ -60,7 +60,7 @@ from .harness_scripts import (
     script_parser,
     write_json,
 )
-from .harness_stats import BOOTSTRAP_SAMPLES, bootstrap_ci, by_domain, percentiles, ratio_ci
+from .harness_stats import BOOTSTRAP_SAMPLES, bootstrap_ci, by_domain, ci_cell, percentiles, ratio_ci
 
 # pause before each timed call of a run that switches between engine processes, so the previous
 # engine's spinning thread pool has gone idle
@@ -323,6 +323,7 @@ __all__ = [
     "bootstrap_ci",
     "by_domain",
     "check_run_options",
+    "ci_cell",
     "cli",
     "encode_prompt",
     "header",

@@ -59,3 +59,8 @@ def ratio_ci(
         return None
     lo, hi = np.percentile(ratio, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def ci_cell(ci: Sequence[float] | None, empty: str = "-") -> str:
+    """A report table's cell for a 95 % interval: "[lo-hi]" to two decimals, `empty` without one."""
+    return "[{:.2f}-{:.2f}]".format(*ci) if ci else empty

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     )
     print(f"{'setting':<16}{'all':>8}  {'[95% CI]':<13}" + "".join(f"{d:>12}" for d in domains))
     for r in rows:
-        ci = "[{:.2f}-{:.2f}]".format(*r["ci95"]) if r["ci95"] else "-"
+        ci = harness.ci_cell(r["ci95"])
         cells = "".join(f"{r['by_domain'][d]:>11.2f}x" for d in domains)
         print(f"{r['setting']:<16}{r['speedup']:>7.2f}x  {ci:<13}{cells}")
     if args.json:

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         )
     )
     for c, r in result["configs"].items():
-        ci = "[{:.2f}-{:.2f}]".format(*r["median_speedup_ci95"]) if r["median_speedup_ci95"] else "-"
+        ci = harness.ci_cell(r["median_speedup_ci95"])
         print(
             f"  {c:<10} {r['speedup']:.3f}x  median {r['median_speedup']:.3f}x {ci}  identical {r['identical']}"
             + (f"  tuner {r['tuner']}" if r["tuner"] else "")

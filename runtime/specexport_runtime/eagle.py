@@ -28,6 +28,7 @@ from .errors import InvalidArgument
 from .model import Model
 from .proposers import Proposal, Proposer, ProposerContext
 from .sampling import probabilities, sample, softmax
+from .tree import tree_parents_or_none
 
 
 class EagleProposer(Proposer):
@@ -119,9 +120,7 @@ class EagleProposer(Proposer):
         )
         self._pending = float(sum(c.q[i] for i in kept))
         tokens = [int(self.d2t[c.draft[i]]) for i in kept]
-        parents = tree_parents(c, kept)
-        chain = parents == list(range(len(parents)))
-        return Proposal(tokens, None, source="eagle", parents=None if chain else tuple(parents))
+        return Proposal(tokens, None, source="eagle", parents=tree_parents_or_none(tree_parents(c, kept)))
 
     def commit(self, committed, n_new) -> None:
         """Keep the features the target's last call computed for positions now committed, and

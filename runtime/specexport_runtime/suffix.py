@@ -294,8 +294,7 @@ class SuffixProposer(Proposer):
             )
             score = raw * factor
             if tokens and score > best_score:
-                tree = None if parents is None else tuple(parents)
-                best, best_score = Retrieved(name, raw, tuple(tokens), scale, m, tree), score
+                best, best_score = Retrieved(name, raw, tuple(tokens), scale, m, parents), score
         self._last = best
         return list(best.tokens), best_score, best.source
 

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from .tree import tree_parents_or_none
+
 if TYPE_CHECKING:
     from .suffix import SuffixConfig
 
@@ -88,8 +90,7 @@ def draft(
         tokens, parents, score = draft_tree(
             occ.seq, occ.ends, occ.stop, tree_nodes, limit, config.min_prob, line, factor
         )
-        chain = parents == list(range(len(parents)))  # each token the child of the one before
-        return Draft(tokens, score, occ.m, None if chain else parents)
+        return Draft(tokens, score, occ.m, tree_parents_or_none(parents))
     tokens, score = draft_chain(occ.seq, occ.ends, occ.stop, limit, config.min_prob)
     return Draft(tokens, score, occ.m, None)
 
@@ -98,7 +99,7 @@ class Draft(NamedTuple):
     tokens: list[int]
     score: float  # the sum of the drafted tokens' path probabilities
     match: int  # tokens of context matched
-    parents: list[int] | None  # a tree's: token i's parent row (0 the root, j + 1 token j); None: a chain
+    parents: tuple[int, ...] | None  # a tree's: token i's parent row (0 the root, j + 1 token j); None: a chain
 
 
 TREE_BRANCHES = 4  # most children a tree node gets (its most frequent continuations)

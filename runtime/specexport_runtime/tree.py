@@ -155,6 +155,12 @@ class DraftTree:
         return np.where(self.ancestors_mask(), dt.type(0), np.finfo(dt).min).astype(dt)
 
 
+def tree_parents_or_none(parents: Sequence[int]) -> tuple[int, ...] | None:
+    """A proposal's parents (0 the root, j + 1 token j) as Proposal.parents: None when each token
+    is the child of the one before (a chain, verified by the chain graph)."""
+    return None if list(parents) == list(range(len(parents))) else tuple(int(p) for p in parents)
+
+
 def first_path(parents) -> list[int]:
     """The draft tokens (indices into a proposal's tokens) along the first child of each node
     from the root: a tree proposal as a chain. parents[i]: token i's parent row (0 the root,

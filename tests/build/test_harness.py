@@ -233,6 +233,11 @@ def test_worker_decodes_under_a_cases_grammar(gen, tiny_artifacts, tmp_path):
         worker.close()
 
 
+def test_ci_cell_prints_an_interval_or_the_empty_mark():
+    assert harness.ci_cell((0.9512, 1.1049)) == "[0.95-1.10]"
+    assert harness.ci_cell(None) == "-" and harness.ci_cell(None, "") == ""
+
+
 def test_by_domain_takes_the_median_within_each_domain():
     per_case = {"code-1": 1.0, "code-2": 3.0, "code-3": 2.0, "chat-1": 0.5, "chat-2": 1.5}
     domain_of = {"chat-1": "chat", "code-1": "code", "chat-2": "chat", "code-2": "code", "code-3": "code"}

@@ -15,6 +15,7 @@ from specexport_runtime.sampling import one_hot, residual, verify_greedy, verify
 from specexport_runtime.tree import (
     DraftTree,
     residual_without,
+    tree_parents_or_none,
     verify_tree_greedy,
     verify_tree_multidraft,
     verify_tree_sampled,
@@ -103,6 +104,11 @@ def test_chain_and_single_root():
     root = DraftTree([4], [-1])
     assert root.is_chain() and root.depths().tolist() == [0] and root.ancestors_mask().tolist() == [[True]]
     assert not DraftTree([1, 2, 3], [-1, 0, 0]).is_chain()
+
+
+def test_proposal_parents_of_a_chain_are_none():
+    assert tree_parents_or_none([0, 1, 2]) is None and tree_parents_or_none([]) is None
+    assert tree_parents_or_none([0, 0, 1]) == (0, 0, 1) and tree_parents_or_none(np.array([0, 1, 1])) == (0, 1, 1)
 
 
 # ------------------------------------------------------------------------- greedy
