@@ -293,6 +293,25 @@ class OrtModel(CacheCursor):
         """The host buffer [1, max_rows, V] every call's logits rows land in."""
         return self._logits
 
+    def bind_row_outputs(self, io: ort.IOBinding, R: int) -> None:
+        """Bind logits_index 0..R-1, the logits [1, R, V] and (contract 1.2) the hidden_states
+        [1, R, F] of an R-row call into this model's host buffers: another graph's call on this
+        cache (tree_model.TreeVerifier), whose results called_rows() then takes."""
+        io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[:R])
+        logits = [1, R, self.spec.embedding_rows]
+        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, logits, self._logits.ctypes.data)
+        if self._feature_buf is not None:
+            shape = [1, R, self.spec.feature_width]
+            io.bind_output(contract.HIDDEN_STATES, "cpu", 0, np.float32, shape, self._feature_buf.ctypes.data)
+
+    def called_rows(self, P: int, R: int) -> np.ndarray:
+        """After such a call of R rows at cursor P: the cursor stands at P + R, features holds the
+        R rows' [R, F]; returns their logits, a view [R, V] that the next call overwrites."""
+        self.length, self.last_start = P + R, P
+        if self._feature_buf is not None:
+            self.features = self._feature_buf[0, :R]
+        return self._logits[0, :R]
+
     def bound_outputs(self) -> list:
         """The OrtValues the last call's outputs were bound to."""
         return self._io.get_outputs()

@@ -57,7 +57,6 @@ class TreeVerifier:
             raise InvalidArgument(f"a tree of {R} rows at position {P} passes max_context {m.max_context}")
         io = self._io
         io.bind_cpu_input(contract.INPUT_IDS, tree.tokens.reshape(1, R))
-        io.bind_cpu_input(contract.LOGITS_INDEX, m._rows[:R])
         if m.layout.in_place:  # the cursor; the cache stays bound
             self._seqlens[0], self._total[()] = P + R - 1, P + R
             io.bind_cpu_input(contract.SEQLENS_K, self._seqlens)
@@ -66,16 +65,8 @@ class TreeVerifier:
             m.bind_rows(io, P, R)
         io.bind_cpu_input(contract.POSITION_IDS, (P + tree.depths()).reshape(1, R))
         io.bind_cpu_input(contract.TREE_BIAS, tree.attention_bias(np.float32))
-        io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, m.spec.embedding_rows], m._logits.ctypes.data)
-        features = m._feature_buf  # [1, max_rows, F] when the target has features (contract 1.2)
-        if features is not None:
-            io.bind_output(
-                contract.HIDDEN_STATES, "cpu", 0, np.float32, [1, R, m.spec.feature_width], features.ctypes.data
-            )
+        m.bind_row_outputs(io, R)  # logits (and features, contract 1.2) of every row into the model's buffers
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(R, time.perf_counter() - start)
-        m.length, m.last_start = P + R, P
-        if features is not None:  # [R, F] of the tree's rows; keep_path keeps the accepted path's
-            m.features = features[0, :R]
-        return m._logits[0, :R]
+        return m.called_rows(P, R)  # keep_path keeps the accepted path's features
