@@ -261,3 +261,16 @@ def test_tree_attention_compares_tree_and_chain_calls(tmp_path):
     assert all(p["max_abs_diff_out"] < 1e-4 and p["max_abs_diff_k"] < 1e-5 for p in doc["paths"])
     assert all(p["max_abs_diff_out_vs_biased_chain"] < 1e-4 for p in doc["paths"])
     assert [c["rows"] for c in doc["costs"]] == [2, 5] and all(c["chain_us"] > 0 for c in doc["costs"])
+
+
+def test_free_rows_runs_off_on_and_no_free_on_one_batch_generator(tiny_artifacts, prompt_file, tmp_path):
+    out = tmp_path / "free.json"
+    run_script(
+        "free_rows", str(tiny_artifacts["ngram-fused-batch4"]), "--clients", "2", "--prompts", str(prompt_file),
+        "--max-new-tokens", "8", "--repeats", "2", "--threads", "1", "--proposer", "suffix", "--json", str(out),
+    )  # fmt: skip
+    doc = read(out)
+    assert list(doc["methods"]) == ["off", "on", "no-free"]
+    assert all(m["identical_to_off"] == 2 and len(m["vs_off"]) == 2 for m in doc["methods"].values())
+    assert doc["methods"]["off"]["vs_off"] == [1.0, 1.0] and doc["methods"]["off"]["drafted"] == 0
+    assert doc["methods"]["on"]["drafted"] > 0  # the prompts repeat: suffix drafts were verified
