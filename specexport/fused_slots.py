@@ -114,7 +114,7 @@ def tree_inputs(g: Graph, elem: int, span: bool = False) -> list[str]:
     return [contract.POSITION_IDS, bias4]
 
 
-TreeInputs = dict  # window (None: none) -> tree_inputs() for the layers of that window; {} outside a tree graph
+TreeInputs = dict[int | None, list[str]]  # window (None: none) -> tree_inputs() of its layers; {} outside a tree graph
 
 
 def tree_inputs_by_window(g: Graph, elem: int, windows: tuple[int, ...]) -> TreeInputs:
