@@ -33,7 +33,7 @@ def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
     )
     norm = normalize(config, recipe.max_context)
     if recipe.layout.contrib_attention:  # what the fused exporter cannot write
-        problem = fused_refusal(norm, tree=recipe.tree_verify and spec is recipe.target)
+        problem = fused_refusal(norm)
         if problem:
             raise UnsupportedConfig(f"{spec.model}: {problem}")
     return norm

@@ -56,8 +56,8 @@ def fused_supported(model_type: str) -> bool:
     return arch_for(model_type).positions == "rope"
 
 
-def fused_refusal(cfg: NormalizedConfig, tree: bool = False) -> str | None:
-    """Why the fused graph (tree: and its tree graph) cannot reproduce `cfg` (None: it can);
+def fused_refusal(cfg: NormalizedConfig) -> str | None:
+    """Why the fused graphs (its tree graph included) cannot reproduce `cfg` (None: they can);
     known from the config alone."""
     if cfg.arch.positions != "rope":
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"

@@ -102,6 +102,12 @@ def tree_inputs(g: Graph, elem: int, span: bool = False) -> list[str]:
     over the call's own rows. span (a head's tree graph, contract 1.8): tree_bias is [S, M],
     M >= S, over the last M cache rows, and 0 before them. Built once per call; every layer
     reads them."""
+    return [contract.POSITION_IDS, _tree_bias(g, elem, span)[0]]
+
+
+def _tree_bias(g: Graph, elem: int, span: bool) -> tuple[str, str]:
+    """(tree_inputs()'s attention_bias [1, 1, S, P + S], the rows before its tree_bias [1] =
+    P + S - M: P unless span)."""
     (s,) = g.op("Shape", [contract.INPUT_IDS], start=1, end=2)  # [1] = S
     (m,) = g.op("Shape", [contract.TREE_BIAS], start=1, end=2) if span else (s,)  # [1] = M (S unless span)
     (total,) = g.op("Cast", [contract.TOTAL_SEQUENCE_LENGTH], to=TensorProto.INT64)  # [] = P + S
@@ -111,7 +117,7 @@ def tree_inputs(g: Graph, elem: int, span: bool = False) -> list[str]:
     (own,) = g.op("Cast", [contract.TREE_BIAS], to=elem)  # [S, M]
     (bias,) = g.op("Concat", [zeros, own], axis=1)  # [S, P + S]
     (bias4,) = g.op("Unsqueeze", [bias, g.const("axes", np.array([0, 1], np.int64))])  # [1, 1, S, P + S]
-    return [contract.POSITION_IDS, bias4]
+    return bias4, past
 
 
 TreeInputs = dict[int | None, list[str]]  # window (None: none) -> tree_inputs() of its layers; {} outside a tree graph
@@ -123,14 +129,13 @@ def tree_inputs_by_window(g: Graph, elem: int, windows: tuple[int, ...]) -> Tree
     position j, the call's rows at their position_ids), as a chain decoding of the row's path
     would: GroupQueryAttention's local_window_size would count cache rows, and tree rows lie at
     rows P + i, not P + depth. Windowed layers then run without local_window_size."""
-    base = tree_inputs(g, elem)
+    bias4, past1 = _tree_bias(g, elem, span=False)  # [1, 1, S, P + S], [1] = P
+    base = [contract.POSITION_IDS, bias4]
     out: TreeInputs = {None: base}
     if not windows:
         return out
     i64 = lambda stem, v: g.const(stem, np.array(v, np.int64))  # noqa: E731
-    (s,) = g.op("Shape", [contract.INPUT_IDS], start=1, end=2)  # [1] = S
-    (total,) = g.op("Cast", [contract.TOTAL_SEQUENCE_LENGTH], to=TensorProto.INT64)  # [] = P + S
-    (past,) = g.op("Sub", [total, g.op("Squeeze", [s, i64("axes", [0])])[0]])  # [] = P
+    (past,) = g.op("Squeeze", [past1, i64("axes", [0])])  # [] = P
     (rows,) = g.op("Unsqueeze", [g.op("Range", [i64("zero", 0), past, i64("one", 1)])[0], i64("axes", [0])])  # [1, P]
     (keys,) = g.op("Concat", [rows, contract.POSITION_IDS], axis=1)  # [1, P + S] each key's position
     (query,) = g.op("Unsqueeze", [contract.POSITION_IDS, i64("axes", [2])])  # [1, S, 1]

@@ -1,7 +1,7 @@
 """Does turning ONNX Runtime's weight repacking off (load(..., prepack=False)) change exactness?
 
     python benchmarks/experiments/prepack_exactness.py ARTIFACT [--prompts all] [--limit 1]
-        [--max-new-tokens 128] [--threads 2]
+        [--max-new-tokens 128] [--threads 2] [--json OUT]
 
 For repacked and mapped weights in turn: greedy output with the artifact's default proposer
 against target-only output per prompt, and the target's logits of 9 tokens fed in one call
@@ -11,7 +11,6 @@ agreement); then whether target-only output is the same in both settings. Nothin
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -24,13 +23,10 @@ sys.path.insert(0, str(REPO / "runtime"))
 from specexport import harness  # noqa: E402
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser():
+    ap = harness.script_parser(__doc__)
     ap.add_argument("artifact", type=Path, help="artifact folder")
-    ap.add_argument("--prompts", default="all", help="calibration domains or JSONL files (default all)")
-    ap.add_argument("--limit", type=int, default=1, help="first N prompts of each domain (default 1)")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generation (default 128)")
-    ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default 2)")
+    harness.add_run_options(ap, prompts="all", limit=1, max_new_tokens=128, repeats=None, threads=2)
     return ap
 
 
@@ -46,16 +42,18 @@ def row_check(model, ids: list[int]) -> tuple[float, bool]:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = harness.parse_args(parser(), argv)
     from specexport_runtime.api import load
 
-    outputs = {}
+    meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
+    print(harness.header(meta))
+    outputs, settings = {}, {}
     for prepack in (True, False):
         gen = load(args.artifact, threads=args.threads, prepack=prepack)
         cases = harness.make_cases(gen.codec, harness.load_prompt_set(args.prompts, args.limit))
         long = [c for c in cases if len(c.ids) >= 39]
         if not long:
-            parser().error("the row check needs a prompt of at least 39 tokens")
+            raise harness.HarnessError("the row check needs a prompt of at least 39 tokens; none of --prompts has one")
         pairs = []
         for case in cases:
             off = gen.generate(list(case.ids), max_new_tokens=args.max_new_tokens, speculative=False).token_ids
@@ -68,10 +66,19 @@ def main(argv=None) -> int:
         print(f"{name}: speculative == target-only {same}/{len(pairs)}; 9-row call vs 1-row calls: max |diff|")
         print(f"    {diff:.3g}, argmax {'equal' if argmax else 'DIFFERS'}")
         outputs[prepack] = [off for off, _ in pairs]
+        settings[name] = {
+            "speculative_equals_target_only": same,
+            "prompts": len(pairs),
+            "max_abs_diff_9_rows": diff,
+            "argmax_equal": argmax,
+        }
     same = sum(a == b for a, b in zip(outputs[True], outputs[False]))
     print(f"target-only output, repacked == mapped: {same}/{len(outputs[True])}")
+    if args.json:
+        doc = {"meta": meta, "settings": settings, "target_only_repacked_equals_mapped": same}
+        harness.write_json(args.json, doc)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(harness.cli(main))

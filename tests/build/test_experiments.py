@@ -274,3 +274,20 @@ def test_free_rows_runs_off_on_and_no_free_on_one_batch_generator(tiny_artifacts
     assert all(m["identical_to_off"] == 2 and len(m["vs_off"]) == 2 for m in doc["methods"].values())
     assert doc["methods"]["off"]["vs_off"] == [1.0, 1.0] and doc["methods"]["off"]["drafted"] == 0
     assert doc["methods"]["on"]["drafted"] > 0  # the prompts repeat: suffix drafts were verified
+
+
+def test_prepack_exactness_checks_repacked_and_mapped_weights(tiny_artifacts, tmp_path):
+    prompts = tmp_path / "long.jsonl"
+    text = "def add(a, b):\n    return a + b\n" * 4  # over 39 tokens: the row check's 30 + 9
+    prompts.write_text(json.dumps({"id": "long", "domain": "code", "prompt": text, "max_new_tokens": 10}) + "\n")
+    out = tmp_path / "prepack.json"
+    run_script(
+        "prepack_exactness", str(tiny_artifacts["noisy-fused"]), "--prompts", str(prompts),
+        "--max-new-tokens", "8", "--threads", "1", "--json", str(out),
+    )  # fmt: skip
+    doc = read(out)
+    assert set(doc["settings"]) == {"repacked", "mapped"}
+    for s in doc["settings"].values():  # greedy speculation equals target-only either way
+        assert s["speculative_equals_target_only"] == s["prompts"] == 1 and s["argmax_equal"]
+        assert 0 <= s["max_abs_diff_9_rows"] < 1e-3
+    assert doc["target_only_repacked_equals_mapped"] == 1
