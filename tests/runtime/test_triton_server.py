@@ -1,7 +1,8 @@
 """The `triton-repo` repository end to end through a real Triton Inference Server: the tritonserver 2.51
 binary and Python backend that the nvidia-pytriton wheel bundles, run on this machine's CPU from
 .venv-triton (scripts/triton_env). Greedy tokens through tritonclient's gRPC stream (decoupled, one
-response per round) and through the HTTP generate extension equal in-process generation.
+response per round) and through the HTTP generate extension equal in-process generation; bad input
+gets a one-line error and the model answers the next request.
 
 Marker `triton` (.ci/run's second pass, after scripts/triton_env)."""
 
@@ -147,3 +148,16 @@ def test_http_generate_extension_equals_in_process(triton, want):
     assert resp.status == 200, body
     assert body["token_ids"] == want.token_ids and body["text_output"] == want.text
     assert body["finish_reason"] == "length" and json.loads(body["speculative"])["drafted"] == body["drafted"]
+
+
+def test_bad_input_gets_a_one_line_invalid_argument_error_and_the_model_goes_on(triton, want):
+    http_port, _ = triton
+    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=60)
+    conn.request("POST", "/v2/models/tiny/generate", body=json.dumps({"text_input": PROMPT, "max_tokens": 100_000}))
+    resp = conn.getresponse()
+    body = json.loads(resp.read())
+    assert resp.status == 400, body  # the real backend takes TritonError(message, TritonError.INVALID_ARG)
+    assert "max_tokens 100000 + the prompt's" in body["error"] and "\n" not in body["error"], body
+    conn.request("POST", "/v2/models/tiny/generate", body=json.dumps({"text_input": PROMPT, "max_tokens": N}))
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())["token_ids"] == want.token_ids

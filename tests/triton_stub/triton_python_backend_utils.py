@@ -1,8 +1,9 @@
 """A stand-in for Triton's `triton_python_backend_utils` (the module the Python backend provides to
 model.py), with the part of its documented interface a decoupled model uses: Tensor, InferenceResponse,
-TritonError, get_input_tensor_by_name, using_decoupled_model_transaction_policy and the FINAL flag.
-Requests and their response senders are the tests' own (FakeRequest, Sender below), recording what
-the model sends."""
+TritonError (with its codes), get_input_tensor_by_name, using_decoupled_model_transaction_policy and
+the FINAL flag.
+Requests (with is_cancelled) and their response senders are the tests' own (FakeRequest, Sender
+below), recording what the model sends."""
 
 from __future__ import annotations
 
@@ -25,11 +26,18 @@ class Tensor:
 
 
 class TritonError:
-    def __init__(self, message: str):
-        self._message = message
+    """An error with a code (the Python backend's since 23.10; the numbers are the stand-in's own)."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message: str, code: int = UNKNOWN):
+        self._message, self._code = message, code
 
     def message(self) -> str:
         return self._message
+
+    def code(self) -> int:
+        return self._code
 
 
 class InferenceResponse:
@@ -73,12 +81,20 @@ class Sender:
 
 
 class FakeRequest:
-    def __init__(self, **inputs):
+    """A request of `inputs` (numpy arrays by input name). is_cancelled() answers False
+    `cancel_after` times, then True (None: never cancelled); `cancel_checks` counts the calls."""
+
+    def __init__(self, cancel_after: int | None = None, **inputs):
         self._inputs = [Tensor(name, np.asarray(value)) for name, value in inputs.items()]
         self.sender = Sender()
+        self.cancel_after, self.cancel_checks = cancel_after, 0
 
     def inputs(self) -> list:
         return self._inputs
+
+    def is_cancelled(self) -> bool:
+        self.cancel_checks += 1
+        return self.cancel_after is not None and self.cancel_checks > self.cancel_after
 
     def get_response_sender(self) -> Sender:
         return self.sender

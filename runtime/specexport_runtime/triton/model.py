@@ -16,41 +16,87 @@ figures with the FINAL flag; otherwise one response with everything and the FINA
 
 The artifact sits next to this file (parameter `artifact`, default "artifact"); it is opened with
 its checksums verified, and with its signature checked against the keys listed in the parameter
-`trusted_keys` (comma-separated paths relative to this folder) when there are any. A request
-that fails (bad input, a prompt too long) gets one error response with the FINAL flag.
+`trusted_keys` (comma-separated paths relative to this folder) when there are any. A config.pbtxt
+without the decoupled transaction policy is refused at initialize.
+
+Every request ends with exactly one response carrying the FINAL flag, after any streamed rounds:
+    the figures                 the generation ran to its end
+    error INVALID_ARG           bad input (missing text_input, an option out of range, a prompt too long)
+    error CANCELLED             the client cancelled the request (request.is_cancelled(), checked
+                                before the first round and between rounds; the generation is abandoned)
+    error INTERNAL              anything else (a runtime failure, a bug): "internal error: <type>",
+                                logged with its traceback; the next request is answered as usual
+(codes where the backend's TritonError has them, else a plain error).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-OPTIONS = {  # optional input -> (GeneratorConfig field, how to read its one element)
-    "max_tokens": ("max_new_tokens", int),
-    "temperature": ("temperature", float),
-    "top_k": ("top_k", int),
-    "top_p": ("top_p", float),
-    "seed": ("seed", int),
+from specexport_runtime.errors import InvalidArgument, PromptError
+
+log = logging.getLogger("specexport.triton")
+OPTIONS = {  # optional input -> (GeneratorConfig field, how to read its one element, what it must be)
+    "max_tokens": ("max_new_tokens", int, "an integer"),
+    "temperature": ("temperature", float, "a number"),
+    "top_k": ("top_k", int, "an integer"),
+    "top_p": ("top_p", float, "a number"),
+    "seed": ("seed", int, "an integer"),
 }
+DECOUPLED = "model_transaction_policy { decoupled: true }"
 
 
 def _scalar(request, name: str):
-    """The one element of an optional input, or None when the request does not carry it."""
+    """The one element of an optional input (a Python value: str for STRING), or None when the
+    request does not carry it."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return None
     values = tensor.as_numpy().reshape(-1)
     if values.size != 1:
-        raise ValueError(f"input {name} must hold one element, got {values.size}")
+        raise InvalidArgument(f"input {name} must hold one element, got {values.size}")
     value = values[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else value
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(f"input {name} must be UTF-8 text, got {value[:40]!r}") from exc
+    return value
+
+
+def _option(request, name: str):
+    """The GeneratorConfig value of optional input `name` (OPTIONS), or None when it is absent."""
+    value = _scalar(request, name)
+    if value is None:
+        return None
+    kind, what = OPTIONS[name][1:]
+    try:
+        return kind(value)
+    except (ValueError, OverflowError, TypeError) as exc:  # int(inf), int(nan), int(None), float("x")
+        raise InvalidArgument(f"input {name} must be {what}, got {value!r}") from exc
 
 
 def _tensor(name: str, value, dtype) -> object:
     return pb_utils.Tensor(name, np.array(value, dtype=dtype))
+
+
+def _failure(message: str, code: str) -> object:
+    """An error response; `code` names a TritonError code, used where this backend has it (the
+    Python backend of Triton 23.10 and later)."""
+    value = getattr(pb_utils.TritonError, code, None)
+    error = pb_utils.TritonError(message) if value is None else pb_utils.TritonError(message, value)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def _cancelled(request) -> bool:
+    """Whether the client cancelled `request` (False on a backend older than 23.10, which cannot tell)."""
+    return hasattr(request, "is_cancelled") and bool(request.is_cancelled())
 
 
 class TritonPythonModel:
@@ -58,6 +104,11 @@ class TritonPythonModel:
         from specexport_runtime.api import load
 
         config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):  # execute answers through senders
+            raise InvalidArgument(
+                f"model {config.get('name', '')!r} needs `{DECOUPLED}` in its config.pbtxt"
+                " (it sends a response per round through each request's sender), got a non-decoupled policy"
+            )
         params = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
         here = Path(args["model_repository"]) / args["model_version"]
         keys = [str(here / key) for key in params.get("trusted_keys", "").split(",") if key]
@@ -69,7 +120,6 @@ class TritonPythonModel:
             verify=True,
             trusted_keys=keys or None,
         )
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
 
     def execute(self, requests: list) -> None:
         """Decoupled: each request's responses go through its own sender; requests run in turn
@@ -79,20 +129,35 @@ class TritonPythonModel:
         return None
 
     def _run(self, request, sender) -> None:
-        from specexport_runtime.errors import SpecExportError
+        """Answer one request: its streamed rounds, then exactly one FINAL response whatever failed
+        (an exception never leaves here, so the requests after it are answered too)."""
+        try:
+            response = self._answer(request, sender)
+        except Exception as exc:  # a runtime failure or a bug (not KeyboardInterrupt / SystemExit)
+            log.exception("specexport triton model: a request failed")
+            response = _failure(f"internal error: {type(exc).__name__} (the server log has the traceback)", "INTERNAL")
+        try:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the sender is gone (the client left): nobody is left to answer
+            log.exception("specexport triton model: the final response could not be sent")
+
+    def _answer(self, request, sender) -> object:
+        """The request's last response (figures, or a bad-input or cancelled error); with stream
+        true the rounds go through `sender` first. Raises on anything but bad input."""
         from specexport_runtime.generator import validate_prompt_ids
         from specexport_runtime.server.responses import FINISH_REASONS, Outcome, speculative
 
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if _cancelled(request):  # while it waited for this instance
+            return _failure("request cancelled before it started", "CANCELLED")
         try:
             text = _scalar(request, "text_input")
             if not isinstance(text, str):
-                raise ValueError("input text_input (STRING [1]) is required")
+                raise InvalidArgument("input text_input (STRING [1]) is required")
             overrides = {}
-            for name, (field, kind) in OPTIONS.items():
-                value = _scalar(request, name)
+            for name, (field, _, _) in OPTIONS.items():
+                value = _option(request, name)
                 if value is not None:
-                    overrides[field] = kind(value)
+                    overrides[field] = value
             proposer = _scalar(request, "proposer")
             if proposer is not None:
                 overrides["proposer"] = self.gen.resolve_proposer(proposer)
@@ -101,14 +166,17 @@ class TritonPythonModel:
             context = self.gen.manifest.max_context
             ids = validate_prompt_ids(self.gen.codec.encode(text), self.gen.manifest.target.embedding_rows, context)
             if len(ids) + config.max_new_tokens > context:  # as `specexport serve` answers it: never cut silently
-                raise ValueError(
+                raise InvalidArgument(
                     f"max_tokens {config.max_new_tokens} + the prompt's {len(ids)} tokens exceed this model's"
                     f" context of {context} tokens (at most {context - len(ids)} new tokens fit)"
                 )
             run = self.gen.events(ids, config)
-            tokens: list[int] = []
-            pieces: list[str] = []
-            reason = "length"
+        except ValueError as exc:  # bad input: the checks above and the runtime's (InvalidArgument, PromptError)
+            return _failure(str(exc), "INVALID_ARG")
+        tokens: list[int] = []
+        pieces: list[str] = []
+        reason = "length"
+        try:
             for new, piece, why in run:
                 reason = why or reason
                 if stream and new:
@@ -119,11 +187,13 @@ class TritonPythonModel:
                     sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
                 tokens += new
                 pieces.append(piece)
-        except (SpecExportError, ValueError) as exc:
-            sender.send(
-                pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))), flags=final
-            )
-            return
+                # after the last round the iterator must run out (the proposer learns from it): only between rounds
+                if why is None and _cancelled(request):
+                    return _failure(f"request cancelled after {len(tokens)} tokens", "CANCELLED")
+        except (InvalidArgument, PromptError) as exc:  # an input only the running generation could check
+            return _failure(str(exc), "INVALID_ARG")
+        finally:
+            run.close()  # abandons the generation when it stopped early (no-op when it ran to its end)
         stats = run.stats
         figures = speculative(
             Outcome(
@@ -146,7 +216,7 @@ class TritonPythonModel:
             _tensor("acceptance_rate", [stats.acceptance_rate], np.float32),
             _tensor("speculative", [json.dumps(figures).encode()], np.object_),
         ]
-        sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=final)
+        return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def finalize(self) -> None:
         self.gen = None

@@ -48,6 +48,14 @@ OUTPUTS = [
 ]
 
 
+def check_model_name(name: object, source: str = "name", hint: str = "") -> str:
+    """`name` when it may name a Triton model: letters, digits, '-' and '_' only, so it is one folder
+    of the repository and a plain string in config.pbtxt; InvalidArgument otherwise."""
+    if not isinstance(name, str) or not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise InvalidArgument(f"{source} must be letters, digits, '-' and '_', got {name!r}{hint}")
+    return name
+
+
 @dataclass(frozen=True)
 class RepoSettings:
     name: str | None = None  # the model's name in Triton (None: the artifact's manifest name)
@@ -56,8 +64,8 @@ class RepoSettings:
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime's, inside Triton's Python environment)
 
     def __post_init__(self) -> None:
-        if self.name is not None and (not self.name or not self.name.replace("-", "").replace("_", "").isalnum()):
-            raise InvalidArgument(f"name must be letters, digits, '-' and '_', got {self.name!r}")
+        if self.name is not None:
+            check_model_name(self.name)
         if not isinstance(self.instances, int) or not 1 <= self.instances <= 64:
             raise InvalidArgument(f"instances must be an integer in 1..64, got {self.instances!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -126,7 +134,10 @@ def write_repository(
             verify_signature(source, trusted_keys)
         manifest = read_manifest(source)
         verify_files(source, manifest)
-        name = settings.name or manifest.name
+        # the name becomes a folder and a config.pbtxt string: checked whichever source it comes from
+        name = settings.name or check_model_name(
+            manifest.name, "the artifact's manifest name", " (pass --name to name the Triton model)"
+        )
         model = tmp / "repo" / name
         version = model / VERSION
         names = (
