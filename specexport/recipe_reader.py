@@ -62,7 +62,7 @@ from .recipe_spec import (
 
 __all__ = ["parse_recipe"]
 
-NAME_PATTERN = r"[a-z0-9._-]+"
+NAME_PATTERN = r"[a-z0-9][a-z0-9._-]{0,127}"  # within the runtime's manifest name rule (NAME_RE)
 _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
 
 # the keys allowed in each section of a recipe

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from .schema import check_manifest
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # an artifact's name: safe in a path and a config
 SIGNATURE_NAME = "manifest.sig"  # signing.py: never listed in files (it signs the manifest that lists them)
 MAX_MIN_ROWS = 16
 
@@ -329,6 +331,11 @@ class Manifest:
                     " (upgrade specexport-runtime or rebuild the artifact)"
                 )
             check_manifest(data)  # types, ranges, known keys, sizes: before anything is built from it
+            if not NAME_RE.match(data["name"]):  # it names folders (unpack's versions) and Triton models
+                raise ArtifactError(
+                    f"manifest name {data['name']!r} is not a plain name (letters, digits, '.', '_' and '-', starting"
+                    " with a letter or digit, at most 128): this artifact was not written by `specexport build`"
+                )
             spec = data.get("speculation") or {}
             tok = data["tokenizer"]
             return cls(

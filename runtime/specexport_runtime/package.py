@@ -19,6 +19,7 @@ unpack   into a versions folder next to the target and switch a symlink:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tarfile
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from .errors import ArtifactError, InvalidArgument
-from .manifest import MANIFEST_NAME, SIGNATURE_NAME, read_manifest, verify_files
+from .manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest, read_manifest, verify_files
 from .paths import confined
 
 SUFFIX = ".spx"
@@ -70,6 +71,24 @@ def _check_member(member: tarfile.TarInfo, seen: set[str]) -> str:
         raise PackageError(f"package member {name!r} would land outside the artifact")
     seen.add(name)
     return name
+
+
+def peek_manifest(package: Path) -> Manifest:
+    """The manifest of a .spx package, read from its first member without unpacking or verifying
+    anything: for settings that must be known before the package is installed (serve's
+    max_batch on a cluster); whatever runs the artifact still unpacks and verifies it."""
+    try:
+        with tarfile.open(package, "r:") as tar:
+            first = tar.next()
+            if first is None or first.name != MANIFEST_NAME or not first.isreg():
+                raise PackageError(f"{str(package)!r} does not start with {MANIFEST_NAME}: it is not a .spx package")
+            data = tar.extractfile(first).read()
+    except (OSError, tarfile.TarError) as exc:
+        raise PackageError(f"{str(package)!r} is not a readable .spx (tar) package: {exc}") from None
+    try:
+        return Manifest.from_dict(json.loads(data))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PackageError(f"the {MANIFEST_NAME} of {str(package)!r} is not valid JSON: {exc}") from None
 
 
 def _versions(target: Path) -> Path:

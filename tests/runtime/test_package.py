@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from specexport_runtime.api import load
-from specexport_runtime.package import PackageError, pack, rollback, unpack
+from specexport_runtime.errors import ArtifactError
+from specexport_runtime.manifest import read_manifest
+from specexport_runtime.package import PackageError, pack, peek_manifest, rollback, unpack
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,40 @@ def test_escaping_or_foreign_members_are_refused(spx, tmp_path, add, message):
         unpack(_evil(tmp_path, spx, add), tmp_path / "model")
     assert not (tmp_path / "model").exists() and not (tmp_path / "escape.txt").exists()
     assert not list((tmp_path / "model.versions").glob(".unpack-*"))  # nothing half-written left
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "x\ny", 'q"uote', ""])
+def test_a_manifest_name_that_could_leave_its_folder_is_refused(spx, tmp_path, name):
+    """unpack names the version folder after the manifest: a name with a path in it would land it
+    elsewhere (without a signature nothing else stops such a package)."""
+    import json
+
+    out = tmp_path / "renamed.spx"
+    with tarfile.open(spx) as src, tarfile.open(out, "w") as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name == "manifest.json":
+                data = json.dumps({**json.loads(data), "name": name}).encode()
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data))
+    with pytest.raises(ArtifactError, match="is not a plain name"):
+        unpack(out, tmp_path / "model")
+    with pytest.raises(ArtifactError, match="is not a plain name"):
+        peek_manifest(out)
+    assert not (tmp_path / "model").exists() and not list(tmp_path.glob("escape*"))
+
+
+def test_peek_manifest_reads_a_package_without_unpacking_it(spx, tiny_artifacts, tmp_path):
+    assert peek_manifest(spx) == read_manifest(tiny_artifacts["ngram"])
+    with pytest.raises(PackageError, match="not a readable .spx"):
+        peek_manifest(tmp_path / "absent.spx")
+    with pytest.raises(PackageError, match="does not start with manifest.json"):
+        reordered = tmp_path / "reordered.spx"
+        with tarfile.open(spx) as src, tarfile.open(reordered, "w") as dst:
+            members = src.getmembers()
+            for m in members[1:] + members[:1]:
+                dst.addfile(m, src.extractfile(m))
+        peek_manifest(reordered)
 
 
 def _link(name: str, to: str) -> tarfile.TarInfo:
