@@ -273,7 +273,8 @@ def run_cluster(args: argparse.Namespace, server) -> int:
     from .cluster import ClusterExtraMissing, missing_cluster_extra
     from .cluster.config import ClusterConfig, LoadOptions, parse_autoscale
     from .errors import InvalidArgument
-    from .manifest import MANIFEST_NAME, read_manifest
+    from .manifest import read_manifest
+    from .package import SUFFIX, peek_manifest
 
     missing = missing_cluster_extra()
     if missing:
@@ -293,13 +294,21 @@ def run_cluster(args: argparse.Namespace, server) -> int:
         suffix_factor=args.suffix_factor,
         suffix_max_spec=args.suffix_max_spec,
     )
-    if args.max_batch is None and (Path(args.artifact) / MANIFEST_NAME).is_file():  # a folder here: its max_batch
-        server = replace(server, max_batch=read_manifest(args.artifact).target.max_batch)
+    autoscale = None if args.autoscale is None else parse_autoscale(args.autoscale)
+    if args.max_batch is None:  # the artifact's (a .spx's manifest is read, not verified: every replica verifies)
+        path = Path(args.artifact)
+        if not path.exists():
+            raise InvalidArgument(
+                f"{args.artifact!r} is not on this machine: give --max-batch (each replica's slots) to serve an"
+                " artifact that only the worker nodes hold"
+            )
+        manifest = peek_manifest(path) if path.suffix == SUFFIX and path.is_file() else read_manifest(path)
+        server = replace(server, max_batch=manifest.target.max_batch)
     config = ClusterConfig(
         server=server,
         load=load,
         replicas=args.replicas,
-        autoscale=None if args.autoscale is None else parse_autoscale(args.autoscale),
+        autoscale=autoscale,
         target_ongoing=args.target_ongoing,
         upscale_delay=args.upscale_delay,
         downscale_delay=args.downscale_delay,

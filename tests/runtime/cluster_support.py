@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
-from specexport_runtime.cluster.deployment import REPLICA_DEPLOYMENT, deploy
+from specexport_runtime.cluster.deployment import deploy, running_replicas  # noqa: F401 (the tests' import)
 from specexport_runtime.cluster.replica import REPLICA_HEADER
 from specexport_runtime.server.config import ServerConfig
 
@@ -40,9 +40,16 @@ def fixture_cluster():
     ray.shutdown()
 
 
-def config(replicas: int | None = 2, max_queue: int = 32, keys: tuple[bytes, ...] | None = None, **kwargs):
+def config(
+    replicas: int | None = 2,
+    max_queue: int = 32,
+    keys: tuple[bytes, ...] | None = None,
+    max_batch: int = 1,
+    api_key: str | None = None,
+    **kwargs,
+):
     return ClusterConfig(
-        server=ServerConfig(max_queue=max_queue),
+        server=ServerConfig(max_queue=max_queue, max_batch=max_batch, api_key=api_key),
         load=LoadOptions(threads=1, trusted_keys=keys),
         replicas=replicas,
         replica_cpus=1,
@@ -54,23 +61,15 @@ def deploy_at(artifact, cfg: ClusterConfig, route: str = "/"):
     return deploy(artifact, cfg, route_prefix=route)
 
 
-def running_replicas(app: str) -> int:
-    from ray import serve
-
-    status = serve.status().applications.get(app)
-    if status is None or REPLICA_DEPLOYMENT not in status.deployments:
-        return 0
-    return status.deployments[REPLICA_DEPLOYMENT].replica_states.get("RUNNING", 0)
-
-
-def replica_metrics(port: int, want: int, tries: int = 200) -> dict[str, bytes]:
+def replica_metrics(port: int, want: int, tries: int = 200, key: str | None = None) -> dict[str, bytes]:
     """{replica id: its /metrics text}: GET /metrics until `want` replicas have answered (the
-    router picks one per request)."""
+    router picks one per request); key: the API key, when the deployment has one."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
 
     def one(_) -> tuple[str, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
-            conn.request("GET", "/metrics")
+            conn.request("GET", "/metrics", headers=headers)
             resp = conn.getresponse()
             body = resp.read()
             assert resp.status == 200, body

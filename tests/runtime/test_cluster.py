@@ -1,10 +1,13 @@
-"""A local Ray Serve cluster serving a tiny artifact as a signed `.spx`: 2 replicas, each unpacking and
-verifying the package itself; the openai client's concurrent greedy requests equal in-process
-generation, both replicas serve (by their own /metrics), and a tampered package is refused by
-every replica with one line."""
+"""A local Ray Serve cluster serving a tiny batch artifact as a signed `.spx`: 2 replicas of 4 slots,
+each unpacking and verifying the package itself; the openai client's concurrent greedy requests
+equal in-process solo generation, both replicas serve (by their own /metrics), the ingress answers
+/health and refuses a missing API key itself, and a tampered package is refused by every replica
+with one line."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import shutil
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +22,13 @@ from test_server_support import metric_sum, metric_values  # noqa: E402
 
 from specexport_runtime.api import load  # noqa: E402
 from specexport_runtime.cluster.deployment import ClusterError  # noqa: E402
-from specexport_runtime.cluster.replica import REFUSED  # noqa: E402
+from specexport_runtime.cluster.replica import REFUSED, REPLICA_HEADER  # noqa: E402
 from specexport_runtime.package import pack  # noqa: E402
 from specexport_runtime.signing import keygen, sign  # noqa: E402
 
-KIND = "int8"
+KIND = "noisy-fused-batch8"  # bitwise: a sequence's batched tokens equal its solo run
+SLOTS = 4  # each replica's max_batch
+KEY = "cluster-test-key"
 N_REQUESTS = 32
 PROMPTS = ["Write a function that adds two numbers.", "The quick brown fox", "for i in range(10): print(i)"]
 
@@ -46,7 +51,7 @@ def ref(tiny_artifacts):
 @pytest.fixture(scope="module")
 def two(cluster, package):
     spx, key = package
-    deploy_at(spx, config(replicas=2, max_queue=N_REQUESTS, keys=(key,), name="two"))
+    deploy_at(spx, config(replicas=2, max_queue=N_REQUESTS, keys=(key,), max_batch=SLOTS, api_key=KEY, name="two"))
     assert running_replicas("two") == 2
     return cluster
 
@@ -75,7 +80,7 @@ def _request(client, model, i):
 
 
 def test_two_replicas_answer_32_concurrent_requests_as_in_process_and_share_them(two, ref):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{two}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{two}/v1", api_key=KEY, max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     with ThreadPoolExecutor(N_REQUESTS) as pool:
         answers = list(pool.map(lambda i: _request(client, model, i), range(N_REQUESTS)))
@@ -90,10 +95,36 @@ def test_two_replicas_answer_32_concurrent_requests_as_in_process_and_share_them
             assert got_ids == want.token_ids, (kind, text)
     served = {
         replica: metric_sum(metric_values(text), "specexport:request_success_total")
-        for replica, text in replica_metrics(two, want=2).items()
+        for replica, text in replica_metrics(two, want=2, key=KEY).items()
     }
     assert len(served) == 2 and all(count > 0 for count in served.values()), served
     assert sum(served.values()) == N_REQUESTS
+    # each replica's batch-size histogram: some target call of some replica ran 2 or more sequences
+    together = [
+        metric_sum(values, "specexport:batch_size_count") - metric_sum(values, "specexport:batch_size_bucket", le="1.0")
+        for values in map(metric_values, replica_metrics(two, want=2, key=KEY).values())
+    ]
+    assert max(together) > 0, together
+
+
+def _ask(port: int, method: str, path: str, headers: dict) -> tuple[int, dict, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body=b'{"prompt": "x"}' if method == "POST" else None, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_the_ingress_answers_health_and_refuses_a_missing_key_before_any_replica(two):
+    status, headers, body = _ask(two, "GET", "/health", {})
+    assert status == 200 and body == {"status": "ok", "replicas_running": 2}
+    assert REPLICA_HEADER.decode() not in headers  # no replica answered it
+    for auth in ({}, {"Authorization": "Bearer wrong"}):
+        status, headers, body = _ask(two, "POST", "/v1/completions", {"Content-Type": "application/json", **auth})
+        assert status == 401 and body["error"]["code"] == "invalid_api_key", body
+        assert REPLICA_HEADER.decode() not in headers
 
 
 def test_a_tampered_package_is_refused_by_every_replica_in_one_line(two, package, tmp_path):

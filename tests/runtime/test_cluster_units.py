@@ -131,8 +131,9 @@ class FakeHandle:
         return self.response
 
 
-def relay_once(handle, body=b'{"x": 1}'):
-    """Run one POST through a Relay; returns (the request the replica got, the messages sent back)."""
+def relay_once(handle, body=b'{"x": 1}', relay=None, method="POST", path="/v1/completions", headers=()):
+    """Run one request through a Relay; returns (the request the replica got or None, the messages
+    sent back)."""
     sent = []
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -144,9 +145,10 @@ def relay_once(handle, body=b'{"x": 1}'):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": JSON}
-    asyncio.run(Relay(handle, queue=5, max_body_bytes=1024)(scope, receive, send))
-    return handle.requests[0], sent
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "headers": [*JSON, *headers]}
+    relay = relay or Relay(handle, queue=5, max_body_bytes=1024)
+    asyncio.run(relay(scope, receive, send))
+    return (handle.requests[0] if handle.requests else None), sent
 
 
 def status_and_body(sent):
@@ -211,3 +213,97 @@ def test_cli_refuses_no_prepack_for_cluster_replicas(tmp_path, capsys):
     """--no-prepack is a one-process option: with --replicas it is refused in one line, not ignored."""
     assert runtime_main(["serve", str(tmp_path), "--replicas", "2", "--no-prepack"]) == 2
     assert "--no-prepack applies to one server process" in capsys.readouterr().err
+
+
+OK = [
+    {"type": "http.response.start", "status": 200, "headers": JSON},
+    {"type": "http.response.body", "body": b'{"ok": true}', "more_body": False},
+]
+
+
+def test_relay_refuses_a_missing_or_wrong_key_itself_before_any_replica_call():
+    for headers in ((), ((b"authorization", b"Bearer wrong"),), ((b"authorization", b"Basic s3cret"),)):
+        handle = FakeHandle(OK)
+        relay = Relay(handle, queue=5, max_body_bytes=1024, api_key="s3cret")
+        request, sent = relay_once(handle, relay=relay, headers=headers)
+        status, _, body = status_and_body(sent)
+        assert request is None and status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    handle = FakeHandle(OK)
+    relay = Relay(handle, queue=5, max_body_bytes=1024, api_key="s3cret")
+    request, sent = relay_once(handle, relay=relay, headers=((b"authorization", b"Bearer s3cret"),))
+    assert request is not None and sent == OK
+
+
+@pytest.mark.parametrize("running, min_replicas, status", [(2, 1, 200), (0, 1, 503), (0, 0, 200)])
+def test_relay_answers_health_itself_from_the_replica_count(running, min_replicas, status):
+    asked = []
+
+    async def replicas():
+        asked.append(1)
+        return running
+
+    handle = FakeHandle(OK)
+    relay = Relay(handle, queue=5, max_body_bytes=1024, api_key="k", replicas=replicas, min_replicas=min_replicas)
+    for _ in range(2):  # no key needed; the count is cached between close probes
+        request, sent = relay_once(handle, relay=relay, method="GET", path="/health")
+        got, _, body = status_and_body(sent)
+        assert request is None and got == status
+        assert json.loads(body) == {"status": "ok" if status == 200 else "unavailable", "replicas_running": running}
+    assert len(asked) == 1
+
+
+def test_a_replica_stopped_by_ray_may_finish_its_requests():
+    """Ray kills a replica it stops (downscaling, redeploy) after graceful_shutdown_timeout_s: that
+    must outlast any request (the request timeout ends each one), so removing a replica cuts none."""
+    config = ClusterConfig(server=ServerConfig(request_timeout=120, drain_seconds=10))
+    assert config.ray_options()["graceful_shutdown_timeout_s"] >= 120 + 10
+
+
+def test_serve_stops_after_the_drain_or_a_second_signal(monkeypatch):
+    import threading
+    import time
+
+    from specexport_runtime.cluster import deployment as dep
+
+    deleted = threading.Event()
+
+    def slow_delete(name):
+        deleted.wait(30)
+
+    monkeypatch.setattr(dep.serve, "delete", slow_delete)
+    config = ClusterConfig(server=ServerConfig(drain_seconds=20))
+    signals = threading.Semaphore(0)
+    threading.Timer(0.3, signals.release).start()  # the operator signals again
+    start = time.monotonic()
+    assert dep.drain(config, signals) is False  # still deleting: the caller shuts down what runs
+    assert time.monotonic() - start < 5
+    deleted.set()
+    monkeypatch.setattr(dep.serve, "delete", lambda name: None)
+    assert dep.drain(config, threading.Semaphore(0)) is True
+
+
+def _cluster_config_of(argv, monkeypatch) -> ClusterConfig:
+    from specexport_runtime.cluster import deployment as dep
+
+    seen = []
+    monkeypatch.setattr(dep, "serve_cluster", lambda artifact, config: seen.append(config))
+    assert runtime_main(argv) == 0
+    return seen[0]
+
+
+def test_cli_takes_max_batch_from_a_folder_or_a_package(tiny_artifacts, tmp_path, monkeypatch):
+    from specexport_runtime.package import pack
+
+    folder = tiny_artifacts["noisy-fused-batch8"]
+    spx = pack(folder, tmp_path / "batch.spx")
+    for artifact in (folder, spx):
+        config = _cluster_config_of(["serve", str(artifact), "--replicas", "2"], monkeypatch)
+        assert config.server.max_batch == 8, artifact
+    config = _cluster_config_of(["serve", str(spx), "--replicas", "2", "--max-batch", "3"], monkeypatch)
+    assert config.server.max_batch == 3
+
+
+def test_cli_asks_for_max_batch_when_the_artifact_is_not_here(tmp_path, capsys):
+    assert runtime_main(["serve", str(tmp_path / "elsewhere.spx"), "--replicas", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "is not on this machine: give --max-batch" in err and err.count("\n") == 1

@@ -126,6 +126,14 @@ class ClusterConfig:
 
         return replace(self.server, max_queue=self.replica_queue + self.server.max_batch)
 
+    @property
+    def shutdown_grace(self) -> float:
+        """Seconds a replica that Ray stops (downscaling, a redeploy, the app's deletion) waits for
+        its requests before Ray kills it: the request timeout, which ends every request, and the
+        drain's seconds on top. So removing a replica never cuts a request; `serve` bounds its own
+        shutdown by drain_seconds instead (deployment.serve_cluster)."""
+        return self.server.request_timeout + self.server.drain_seconds + 5
+
     def ray_options(self) -> dict:
         """serve.deployment options of the replica deployment."""
         options: dict = {
@@ -134,7 +142,7 @@ class ClusterConfig:
             "health_check_period_s": self.health_check_period,
             "ray_actor_options": {"num_cpus": self.replica_cpus},
             "max_constructor_retry_count": 1,  # a replica that refuses the artifact fails the deployment
-            "graceful_shutdown_timeout_s": self.server.drain_seconds + 5,
+            "graceful_shutdown_timeout_s": self.shutdown_grace,
         }
         if self.autoscale is None:
             options["num_replicas"] = self.replicas

@@ -11,10 +11,12 @@ the ones that die.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ray import serve
@@ -36,8 +38,16 @@ class ClusterError(SpecExportError):
 class IngressBase:
     """The ingress deployment's class: its ASGI app is a Relay to the replica deployment."""
 
-    def __init__(self, replicas, queue: int, max_body_bytes: int):
-        self.relay = Relay(replicas, queue, max_body_bytes)
+    def __init__(self, replicas, config: ClusterConfig):
+        app = serve.get_replica_context().app_name
+        self.relay = Relay(
+            replicas,
+            config.queue,
+            config.server.max_body_bytes,
+            api_key=config.server.api_key,
+            replicas=lambda: asyncio.to_thread(running_replicas, app),
+            min_replicas=config.replicas if config.autoscale is None else config.autoscale[0],
+        )
 
     def __serve_build_asgi_app__(self):
         return self.relay
@@ -59,7 +69,15 @@ def deployment(artifact: str | Path, config: ClusterConfig | None = None):
         max_ongoing_requests=INGRESS_ONGOING,
         ray_actor_options={"num_cpus": 0},
     )
-    return ingress.bind(replica.bind(os.path.abspath(artifact), config), config.queue, config.server.max_body_bytes)
+    return ingress.bind(replica.bind(os.path.abspath(artifact), config), config)
+
+
+def running_replicas(app: str) -> int:
+    """Replicas of `app`'s replica deployment in the RUNNING state (Ray's controller asked)."""
+    status = serve.status().applications.get(app)
+    if status is None or REPLICA_DEPLOYMENT not in status.deployments:
+        return 0
+    return status.deployments[REPLICA_DEPLOYMENT].replica_states.get("RUNNING", 0)
 
 
 def refusal(text: str) -> str | None:
@@ -95,6 +113,29 @@ def deploy(artifact: str | Path, config: ClusterConfig, route_prefix: str = "/")
         raise ClusterError(_failure_line(config, artifact, exc)) from None
 
 
+def drain(config: ClusterConfig, signals: threading.Semaphore) -> bool:
+    """Delete the application: each replica finishes its requests first (Ray waits for them, up to
+    config.shutdown_grace). This command waits drain_seconds (+ 5) for that, or until a second
+    signal; then it returns whether the application is gone (a cluster it started is then shut
+    down with whatever still runs: those clients see their connections close)."""
+    deleting = threading.Thread(target=serve.delete, args=(config.name,), daemon=True)
+    deleting.start()
+    print(
+        f"draining: running requests may finish for {config.server.drain_seconds:g} s (signal again to stop now)",
+        file=sys.stderr,
+    )
+    deadline = time.monotonic() + config.server.drain_seconds + 5
+    while deleting.is_alive() and time.monotonic() < deadline:
+        if signals.acquire(timeout=0.2):
+            break
+    if deleting.is_alive() and config.ray_address is not None:
+        print(
+            f"the application {config.name!r} is still draining on the cluster: Ray removes it once its requests end",
+            file=sys.stderr,
+        )
+    return not deleting.is_alive()
+
+
 def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
     """Start (or join: config.ray_address) a Ray cluster, deploy, and serve until SIGINT/SIGTERM."""
     import ray
@@ -111,9 +152,15 @@ def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
         raise ClusterError(
             f"cannot start or join Ray at {config.ray_address or 'a new local cluster'}: {exc}"
         ) from None
+    drained = True  # nothing left running that Serve's own shutdown should wait for
     try:
         serve.start(proxy_location="HeadOnly", http_options={"host": config.server.host, "port": config.server.port})
-        deploy(artifact, config)
+        try:
+            deploy(artifact, config)
+        except ClusterError:
+            if config.ray_address is not None:  # a joined cluster keeps running: leave no failed app on it
+                serve.delete(config.name)
+            raise
         scale = (
             f"{config.replicas} replicas"
             if config.autoscale is None
@@ -122,12 +169,12 @@ def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
         print(
             f"serving {artifact} on http://{config.server.host}:{config.server.port}/v1 with {scale}", file=sys.stderr
         )
-        stop = threading.Event()
+        signals = threading.Semaphore(0)
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
-        serve.delete(config.name)
+            signal.signal(sig, lambda *_: signals.release())
+        signals.acquire()
+        drained = drain(config, signals)
     finally:
-        if config.ray_address is None:  # the cluster this command started
+        if config.ray_address is None and drained:  # the cluster this command started, idle
             serve.shutdown()
         ray.shutdown()

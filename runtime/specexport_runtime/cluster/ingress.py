@@ -3,10 +3,15 @@
 Ray Serve's proxy hands every HTTP request to this ASGI app (the `Ingress` deployment, no model,
 no CPU reserved). It reads the body, sends the request through a DeploymentHandle to the replica
 deployment and writes back the ASGI messages the replica's app sends, unchanged. Ray's router
-picks a replica with a free slot (max_ongoing_requests = the replica's max_batch) and holds at
-most `max_queue` requests for the whole deployment (max_queued_requests, one ingress replica).
+sends it to the less loaded of two replicas with room (max_ongoing_requests = the replica's
+max_batch + replica_queue) and holds at most `max_queue` requests for the deployment
+(max_queued_requests, counted by this ingress's router: one ingress replica).
 
 Answers of its own (OpenAI's error JSON, as the single-machine server writes them):
+    GET /health                             200 {"status": "ok", "replicas_running": n}, or 503
+                                            "unavailable" when none runs and min replicas > 0
+                                            (never queued behind generation)
+    no or a wrong API key (when one is set) 401 invalid_api_key, before the request takes a slot
     the queue is full                       429 queue_full, Retry-After: 1
     the replica died before it answered     503 replica_failed (Retry-After: 1)
     the replica died mid-stream (SSE)       an error event, then data: [DONE]
@@ -19,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
 from ..server.app import _send_json
-from ..server.errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError
+from ..server.errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError, check_api_key
 from ..server.responses import DONE, sse
 
 log = logging.getLogger("specexport.cluster")
@@ -63,12 +70,38 @@ def classify(exc: BaseException, queue: int) -> ApiError:
     return ApiError(500, f"internal server error: {type(exc).__name__}", SERVER, None, "internal_error")
 
 
-class Relay:
-    """ASGI app: HTTP request -> replica.http(request) stream -> ASGI messages to the client."""
+HEALTH_CACHE_SECONDS = 1.0  # /health asks Ray for the replica count at most this often
 
-    def __init__(self, handle, queue: int, max_body_bytes: int):
+
+class Relay:
+    """ASGI app: HTTP request -> replica.http(request) stream -> ASGI messages to the client.
+
+    replicas: returns how many replicas run (asked for /health, cached HEALTH_CACHE_SECONDS);
+    min_replicas: below 1 (scale to zero), no running replica is still healthy."""
+
+    def __init__(
+        self,
+        handle,
+        queue: int,
+        max_body_bytes: int,
+        api_key: str | None = None,
+        replicas: Callable[[], Awaitable[int]] | None = None,
+        min_replicas: int = 1,
+    ):
         self.handle = handle.options(stream=True)  # a DeploymentHandle of the replica deployment
         self.queue, self.max_body_bytes = queue, max_body_bytes
+        self.key = api_key.encode() if api_key is not None else None
+        self.replicas, self.min_replicas = replicas, min_replicas
+        self._count: tuple[float, int] | None = None  # (monotonic time, running replicas) last asked
+
+    async def health(self, send) -> None:
+        now = time.monotonic()
+        if self.replicas is not None and (self._count is None or now - self._count[0] > HEALTH_CACHE_SECONDS):
+            self._count = (now, await self.replicas())
+        running = None if self._count is None else self._count[1]
+        ok = running is None or running > 0 or self.min_replicas < 1
+        body = {"status": "ok" if ok else "unavailable", "replicas_running": running}
+        await _send_json(send, 200 if ok else 503, body, {})
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -77,6 +110,14 @@ class Relay:
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["type"] != "http":
+            return
+        if scope["path"] == "/health" and scope["method"] == "GET":
+            await self.health(send)
+            return
+        try:  # every other route of the app asks for the key: refused here, before it takes a slot
+            check_api_key(self.key, _header(scope, b"authorization"))
+        except ApiError as error:
+            await _send_json(send, error.status, error.body(), error.headers)
             return
         body, more = bytearray(), True
         while more and len(body) <= self.max_body_bytes:  # the replica answers 413 past the limit
@@ -149,3 +190,10 @@ class Relay:
 async def _disconnected(receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None

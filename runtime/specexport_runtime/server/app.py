@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -31,7 +30,7 @@ from ..structured import Grammar, GrammarError, StructuredUnavailable
 from ..tools import ToolError, ToolPlan
 from .batch_worker import BatchWorker
 from .config import ServerConfig
-from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request
+from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request, check_api_key
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import DONE, Renderer, sse
 from .schemas import CHAT, GenerationRequest, check_model, parse_chat, parse_completion
@@ -81,23 +80,8 @@ class ServerState:
         self._key = config.api_key.encode() if config.api_key is not None else None
 
     def authorize(self, request: Request) -> None:
-        """Raise 401 unless the request carries the API key (when one is set); constant-time compare."""
-        if self._key is None:
-            return
-        header = request.headers.get("authorization")
-        if header is None:
-            raise ApiError(
-                401,
-                "missing API key: send the header 'Authorization: Bearer KEY'",
-                INVALID_REQUEST,
-                None,
-                "invalid_api_key",
-            )
-        scheme, _, token = header.partition(" ")
-        if not hmac.compare_digest(token.strip().encode(), self._key) or scheme.lower() != "bearer":
-            raise ApiError(
-                401, "incorrect API key in the Authorization header", INVALID_REQUEST, None, "invalid_api_key"
-            )
+        """Raise 401 unless the request carries the API key (when one is set)."""
+        check_api_key(self._key, request.headers.get("authorization"))
 
     def prepare(self, req: GenerationRequest) -> Prepared:
         """Tokenize and check a request against the artifact (runs in a thread pool: templates and

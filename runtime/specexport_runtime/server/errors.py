@@ -6,6 +6,7 @@ fault (dotted and indexed, e.g. `messages[1].role`) or is None when no field is.
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 
 INVALID_REQUEST = "invalid_request_error"
@@ -41,3 +42,21 @@ def unsupported(param: str, what: str) -> ApiError:
     return ApiError(
         400, f"{param} is not supported by this server: {what}", INVALID_REQUEST, param, "unsupported_parameter"
     )
+
+
+def check_api_key(key: bytes | None, header: str | None) -> None:
+    """Raise 401 unless `header` (the request's Authorization value) is 'Bearer KEY' for `key`
+    (None: no key is set, every request passes); the token is compared in constant time."""
+    if key is None:
+        return
+    if header is None:
+        raise ApiError(
+            401,
+            "missing API key: send the header 'Authorization: Bearer KEY'",
+            INVALID_REQUEST,
+            None,
+            "invalid_api_key",
+        )
+    scheme, _, token = header.partition(" ")
+    if not hmac.compare_digest(token.strip().encode(), key) or scheme.lower() != "bearer":
+        raise ApiError(401, "incorrect API key in the Authorization header", INVALID_REQUEST, None, "invalid_api_key")
