@@ -7,14 +7,17 @@ Two servers of the same artifact side by side, each on its own local port (so bo
 background: Ray's own processes run throughout):
   single    `specexport-runtime serve` in a subprocess (uvicorn + the app, --threads)
   cluster1  a local Ray cluster, `serve --replicas 1` (ingress + 1 replica, --threads each),
-  cluster2  then the same application redeployed with 2 replicas.
+  cluster2  the same application scaled to 2 replicas.
 Overhead: a short greedy completion (8 tokens) to single and to cluster1 in alternating pairs,
 `repeats` x 8 pairs after 3 warm-ups each, not streamed (whole-request latency) and streamed (time
 to the first text); the median over pairs of cluster1's time minus single's. Throughput:
 `requests` greedy streamed completions of `max-tokens` tokens from `concurrency` client threads;
-generated tokens / wall seconds, the median over `repeats`, for single, cluster1 and cluster2. Ray
-is started with 4 logical CPUs so that placement never waits; the host's real cores are what the
-replicas share (the ceiling: docs/serving.md).
+generated tokens / wall seconds, the median over `repeats`. Each repeat runs the three in a
+rotated order (the application is rescaled between cluster1 and cluster2), and every server or
+rescale gets one run outside the set first (its first long requests are slower). Ray is started
+with 4 logical CPUs so that placement never waits, and its workers at normal priority as `serve
+--replicas` starts them (RAY_worker_niceness=0 unless set: set 15 to measure Ray's default); the
+host's real cores are what the replicas share (the ceiling: docs/serving.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -88,14 +92,12 @@ def overhead(single: int, cluster: int, repeats: int) -> dict:
     return {name: statistics.median(values) for name, values in pairs.items()}
 
 
-def throughput(port: int, requests: int, concurrency: int, n: int, repeats: int) -> dict:
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
-            done = list(pool.map(lambda i: completion(port, PROMPTS[i % 4], n, True), range(requests)))
-        runs.append(sum(t for _, _, t in done) / (time.perf_counter() - start))
-    return {"tokens_per_second": statistics.median(runs), "runs": runs}
+def throughput(port: int, requests: int, concurrency: int, n: int) -> float:
+    """Generated tokens per wall second of `requests` streamed completions from `concurrency` clients."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        done = list(pool.map(lambda i: completion(port, PROMPTS[i % 4], n, True), range(requests)))
+    return sum(t for _, _, t in done) / (time.perf_counter() - start)
 
 
 def wait_ready(port: int, timeout: float = 120) -> None:
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     results: dict = {"meta": meta}
-    load = (args.requests, args.concurrency, args.max_tokens, args.repeats)
+    load = (args.requests, args.concurrency, args.max_tokens)
     import ray
     from ray import serve
 
@@ -141,37 +143,55 @@ def main(argv=None) -> int:
     cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
     cmd += ["--log-level", "warning"]
     single = subprocess.Popen(cmd)
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as `serve --replicas` starts its own Ray
+    meta["ray_worker_niceness"] = os.environ["RAY_worker_niceness"]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": cluster_port})
+    runs: dict[str, list[float]] = {"single": [], "cluster1": [], "cluster2": []}
+    deployed = None
+
+    def scale(replicas: int) -> None:
+        config = ClusterConfig(
+            server=ServerConfig(max_queue=args.requests, model_name=MODEL),
+            load=LoadOptions(threads=args.threads),
+            replicas=replicas,
+            replica_cpus=1,
+        )
+        deploy(args.artifact, config)
+        wait_ready(cluster_port)
+        throughput(cluster_port, *load)  # outside the set
+
     try:
         wait_ready(single_port)
-        for replicas in (1, 2):
-            config = ClusterConfig(
-                server=ServerConfig(max_queue=args.requests, model_name=MODEL),
-                load=LoadOptions(threads=args.threads),
-                replicas=replicas,
-                replica_cpus=1,
-            )
-            deploy(args.artifact, config)
-            wait_ready(cluster_port)
-            if replicas == 1:
-                results["overhead"] = overhead(single_port, cluster_port, args.repeats)
-                results["single"] = throughput(single_port, *load)
-            results[f"cluster{replicas}"] = throughput(cluster_port, *load)
+        throughput(single_port, *load)  # outside the set
+        scale(1)
+        deployed = "cluster1"
+        results["overhead"] = overhead(single_port, cluster_port, args.repeats)
+        for repeat in range(args.repeats):
+            names = list(runs)
+            for name in names[repeat % 3 :] + names[: repeat % 3]:
+                if name != "single" and name != deployed:
+                    scale(int(name[-1]))
+                    deployed = name
+                runs[name].append(throughput(single_port if name == "single" else cluster_port, *load))
     finally:
         single.terminate()
         single.wait(60)
         serve.shutdown()
         ray.shutdown()
+    for name, values in runs.items():
+        results[name] = {"tokens_per_second": statistics.median(values), "runs": values}
+    # per repeat (neighbours in time: the host's drift cancels), then the median
+    results["two_over_one"] = statistics.median(b / a for a, b in zip(runs["cluster1"], runs["cluster2"]))
 
-    extra, one = results["overhead"], results["cluster1"]["tokens_per_second"]
+    extra = results["overhead"]
     print(harness.header(meta))
     for name in ("single", "cluster1", "cluster2"):
         print(f"{name:9} {results[name]['tokens_per_second']:8.1f} tok/s")
     print(
         f"cluster overhead per request (median of paired differences): {extra['latency_ms']:+.1f} ms latency,"
-        f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1:"
-        f" {results['cluster2']['tokens_per_second'] / one:.2f}x"
+        f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1: {results['two_over_one']:.2f}x"
+        " (median of per-repeat ratios)"
     )
     if args.json:
         harness.write_json(args.json, results)
