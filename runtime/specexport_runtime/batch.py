@@ -318,7 +318,7 @@ class BatchScheduler:
     def _learn(self, seq: BatchSequence, before: tuple[int, int, int], gamma: int | None) -> None:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
         if seq.stats.lookup_rounds > before[2]:  # a free retrieval draft: its own record (BatchGamma.free_limit)
-            self.gamma.learn(FREE, a / d, None)
+            self.gamma.learn(FREE, a / d, None, seq.id)
             return
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
             seq._rounds += 1
@@ -327,7 +327,7 @@ class BatchScheduler:
             seq._drafted_rounds += 1
             seq._alpha = ema(seq._alpha, a / d, seq._drafted_rounds + PRIOR_ROUNDS, 0.2)
         if gamma or d:  # the round's own figures: a sequence's EMAs lean on the record they started from
-            self.gamma.learn(seq.proposer, a / d if d else None, min(1.0, d / gamma) if gamma else None)
+            self.gamma.learn(seq.proposer, a / d if d else None, min(1.0, d / gamma) if gamma else None, seq.id)
 
     def _leave(self, seq: BatchSequence, kind: str) -> None:
         if seq.slot is None:

@@ -39,6 +39,9 @@ RECHECK_ROUNDS = GUARD_ROUNDS + 1  # a recheck's rounds in a row: the first is a
 SWITCH_ROUNDS = 32  # most rounds a draft model's catch-up call is spread over (fewer for a sequence near its end)
 EVIDENCE_ROUNDS = 8  # drafted rounds (over its sequences) a proposer's acceptance needs before gamma 0 stands
 FREE = "retrieval"  # the record of free retrieval drafts (hybrid's offers, suffix), apart from their proposers'
+PRIOR_ALPHA = 0.5  # a new sequence's acceptance before any sequence of its proposer drafted
+TRUST_SEQUENCES = 2  # the prior's weight, in sequences: a record of n sequences weighs n / (n + this)
+SEQUENCES_KEPT = 64  # sequences counted per proposer (past them the record is trusted: 64 / 66)
 
 
 def bucket(running: int) -> int:
@@ -119,6 +122,8 @@ class BatchGamma:
         self.draft_cost = BatchCost()  # the draft model's batch-graph calls: steps and backlog catch-ups
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
         self.learned: dict[str, tuple[float | None, float | None]] = {}
+        # proposer -> ids of the sequences whose drafts it learned from (at most SEQUENCES_KEPT)
+        self._sequences: dict[str, set[int]] = {}
         self.evidence: dict[str, int] = {}  # proposer -> sequence rounds in which it drafted
         self._asked: dict[str, int] = {}  # proposer -> sequence rounds asked to draft
         # (bucket, drafted) -> [rounds, tokens EMA, seconds EMA] of whole rounds (observe)
@@ -136,17 +141,24 @@ class BatchGamma:
 
     def prior(self, proposer: str) -> tuple[float, float]:
         """(alpha, p) a new sequence of `proposer` starts from: what its earlier sequences showed
-        (0.5 and 1.0 before any)."""
+        (PRIOR_ALPHA and 1.0 before any). The acceptance leans towards PRIOR_ALPHA while few
+        sequences showed it: one sequence's text (a warm-up prompt) says little of the next's."""
         a, p = self.learned.get(proposer, (None, None))
-        return 0.5 if a is None else a, 1.0 if p is None else p
+        if a is not None:
+            n = len(self._sequences.get(proposer, ()))
+            a = (n * a + TRUST_SEQUENCES * PRIOR_ALPHA) / (n + TRUST_SEQUENCES)
+        return PRIOR_ALPHA if a is None else a, 1.0 if p is None else p
 
-    def learn(self, proposer: str, alpha: float | None, proposed: float | None) -> None:
-        """One round of a sequence running `proposer`: the share of its drafted tokens accepted
-        (None: it drafted nothing) and of the asked gamma it drafted (None: none was asked)."""
+    def learn(self, proposer: str, alpha: float | None, proposed: float | None, sequence: int = 0) -> None:
+        """One round of sequence `sequence` running `proposer`: the share of its drafted tokens
+        accepted (None: it drafted nothing) and of the asked gamma it drafted (None: none was asked)."""
         a, p = self.learned.get(proposer, (None, None))
         if alpha is not None:
             n = self.evidence[proposer] = self.evidence.get(proposer, 0) + 1
             a = ema(a, alpha, n, 0.05)
+            seen = self._sequences.setdefault(proposer, set())
+            if len(seen) < SEQUENCES_KEPT:
+                seen.add(sequence)
         if proposed is not None:
             self._asked[proposer] = self._asked.get(proposer, 0) + 1
             p = ema(p, proposed, self._asked[proposer], 0.05)

@@ -20,10 +20,13 @@ from specexport_runtime.batch_gamma import (
     EVIDENCE_ROUNDS,
     FREE,
     GUARD_ROUNDS,
+    PRIOR_ALPHA,
     PROBE_GAMMA,
     RECHECK_EVERY,
     RECHECK_ROUNDS,
+    SEQUENCES_KEPT,
     SWITCH_ROUNDS,
+    TRUST_SEQUENCES,
     BatchCost,
     BatchGamma,
 )
@@ -309,7 +312,9 @@ def test_batch_gamma_probes_until_a_proposer_has_a_record():
     assert g.choose(low) == PROBE_GAMMA
     g.learn("ngram", 0.3, 1.0)
     assert g.choose(low) == 0
-    assert g.prior("ngram") == pytest.approx((0.3, 8 / 9))  # running means: 8 of 9 asked rounds drafted
+    # running means (8 of 9 asked rounds drafted), and one sequence's acceptance leans on the prior
+    shrunk = (0.3 + TRUST_SEQUENCES * PRIOR_ALPHA) / (1 + TRUST_SEQUENCES)
+    assert g.prior("ngram") == pytest.approx((shrunk, 8 / 9))
     plain = _seq(0.3, 1.0)
     plain.proposer = "none"  # a sequence that does not speculate needs no record
     assert BatchGamma(gamma_max=8).choose([plain]) == PROBE_GAMMA  # the call-size probe still comes first
@@ -415,15 +420,34 @@ def test_free_limit_adds_rows_while_they_bring_tokens_faster_than_plain_rounds()
         g = BatchGamma(gamma_max=8)
         for rows in (2, 4, 10):
             g.record(2, rows, 0.018 + 0.001 * rows)
-        for _ in range(rounds):
-            g.learn(FREE, alpha, None)
-        assert g.prior(FREE)[0] == pytest.approx(alpha) and g.prior("hybrid") == (0.5, 1.0)  # a record apart
+        for i in range(rounds):  # each round a sequence of its own: past SEQUENCES_KEPT the record stands
+            g.learn(FREE, alpha, None, sequence=i)
+        n = min(rounds, SEQUENCES_KEPT)
+        shrunk = (n * alpha + TRUST_SEQUENCES * PRIOR_ALPHA) / (n + TRUST_SEQUENCES)
+        assert g.prior(FREE)[0] == pytest.approx(shrunk) and g.prior("hybrid") == (0.5, 1.0)  # a record apart
         return g.free_limit(2)
 
     assert limit(0.05, EVIDENCE_ROUNDS - 1) == PROBE_GAMMA  # a record too short to stand on
-    assert limit(0.05, EVIDENCE_ROUNDS) == 0
-    assert limit(0.5, EVIDENCE_ROUNDS) == 3
-    assert limit(0.8, EVIDENCE_ROUNDS) == 8
+    assert limit(0.05, 100) == 0  # 0.064 after the lean on the prior
+    assert limit(0.5, 100) == 3
+    assert limit(0.8, 100) == 8  # 0.79
+
+
+def test_a_record_of_few_sequences_leans_on_the_prior():
+    """One warm-up sequence that drafted well says little of the next prompt's text: a new
+    sequence starts nearer PRIOR_ALPHA, and trusts the record more as sequences add to it."""
+    g = BatchGamma(gamma_max=8)
+    for _ in range(100):  # 100 rounds of one sequence
+        g.learn("hybrid", 0.96, 1.0, sequence=7)
+    one = g.prior("hybrid")[0]
+    assert one == pytest.approx((0.96 + 2 * 0.5) / 3)
+    for seq in range(8, 15):  # 7 more sequences, one round each
+        g.learn("hybrid", 0.96, 1.0, sequence=seq)
+    assert one < g.prior("hybrid")[0] == pytest.approx((8 * 0.96 + 2 * 0.5) / 10, abs=1e-6)
+    for seq in range(100, 300):  # the count stops at SEQUENCES_KEPT
+        g.learn("hybrid", 0.96, 1.0, sequence=seq)
+    assert g.prior("hybrid")[0] == pytest.approx((64 * 0.96 + 2 * 0.5) / 66, abs=1e-6)
+    assert len(g._sequences["hybrid"]) == SEQUENCES_KEPT
 
 
 class _FreeOnly(BatchGamma):
