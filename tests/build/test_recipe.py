@@ -272,7 +272,7 @@ _draft = st.one_of(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    name=st.from_regex(r"[a-z0-9._-]{1,20}", fullmatch=True),
+    name=st.from_regex(r"[a-z0-9][a-z0-9._-]{0,19}", fullmatch=True),
     max_context=st.integers(16, 131072),
     target=st.builds(lambda m, p: {**m, "precision": p}, _model, st.sampled_from(["fp32", "fp16"])),
     draft=_draft,
