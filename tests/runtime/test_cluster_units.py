@@ -307,3 +307,15 @@ def test_cli_asks_for_max_batch_when_the_artifact_is_not_here(tmp_path, capsys):
     assert runtime_main(["serve", str(tmp_path / "elsewhere.spx"), "--replicas", "2"]) == 2
     err = capsys.readouterr().err
     assert "is not on this machine: give --max-batch" in err and err.count("\n") == 1
+
+
+def test_the_cluster_extra_names_the_server_packages_a_replica_needs(monkeypatch):
+    import importlib.util
+
+    from specexport_runtime.cluster import missing_cluster_extra
+
+    assert missing_cluster_extra() is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    line = missing_cluster_extra()
+    assert line == "a cluster needs the cluster extra (uvicorn not installed): pip install ./runtime[cluster]"

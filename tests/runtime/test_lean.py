@@ -99,7 +99,7 @@ SERVE = {"uvicorn", "starlette", "prometheus_client"}  # the [serve] extra: only
 # what each optional package of the runtime may import besides: its extra
 EXTRAS = {
     "server": SERVE,
-    "cluster": SERVE | {"ray"},  # the [cluster] extra (ray[serve]) over the server's app
+    "cluster": SERVE | {"ray"},  # the [cluster] extra: ray[serve] and the [serve] extra (the replicas run the app)
     "triton": {"triton_python_backend_utils"},  # the module Triton's Python backend provides model.py
 }
 
