@@ -140,3 +140,20 @@ def test_autoscaling_adds_a_replica_under_a_queue_and_removes_it_after(cluster, 
     assert len({r["replica"] for r in results}) == 2, "both replicas served"
     wait_until(lambda: running_replicas("autoscale") == 1, 90, "the idle cluster to scale back to 1")
     serve.delete("autoscale")
+
+
+def test_the_cluster_queue_bound_answers_429_through_ray(cluster, long_artifact):
+    """One replica of one slot, nothing waiting at it (replica_queue 0), and a cluster queue of 1:
+    of 4 long requests at once, one runs, one waits at the ingress, and the rest get 429
+    queue_full from Ray's back-pressure on the streaming handle; the admitted ones finish whole."""
+    from ray import serve
+
+    deploy_at(long_artifact, config(replicas=1, max_queue=1, replica_queue=0, name="bounded"))
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: _read_stream(cluster), range(4)))
+    refused = [r for r in results if r["status"] == 429]
+    served = [r for r in results if r["status"] == 200]
+    assert len(refused) >= 2 and all(r["error"] == "queue_full" for r in refused), results
+    assert served and all(r["error"] is None and r["finish"] == "length" for r in served), results
+    assert len(refused) + len(served) == 4
+    serve.delete("bounded")
