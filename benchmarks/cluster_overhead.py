@@ -7,7 +7,9 @@ Two servers of the same artifact side by side, each on its own local port (so bo
 background: Ray's own processes run throughout):
   single    `specexport-runtime serve` in a subprocess (uvicorn + the app, --threads)
   cluster1  a local Ray cluster, `serve --replicas 1` (ingress + 1 replica, --threads each),
-  cluster2  the same application scaled to 2 replicas.
+  cluster2  the same application scaled to 2 replicas,
+  single2   two single servers side by side, the clients' requests alternating between them: what
+            the host's cores allow two processes without Ray (the ceiling of cluster2).
 Overhead: a short greedy completion (8 tokens) to single and to cluster1 in alternating pairs,
 `repeats` x 8 pairs after 3 warm-ups each, not streamed (whole-request latency) and streamed (time
 to the first text); the median over pairs of cluster1's time minus single's. Throughput:
@@ -92,11 +94,12 @@ def overhead(single: int, cluster: int, repeats: int) -> dict:
     return {name: statistics.median(values) for name, values in pairs.items()}
 
 
-def throughput(port: int, requests: int, concurrency: int, n: int) -> float:
-    """Generated tokens per wall second of `requests` streamed completions from `concurrency` clients."""
+def throughput(ports: list[int], requests: int, concurrency: int, n: int) -> float:
+    """Generated tokens per wall second of `requests` streamed completions from `concurrency`
+    clients, request i to ports[i % len(ports)]."""
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        done = list(pool.map(lambda i: completion(port, PROMPTS[i % 4], n, True), range(requests)))
+        done = list(pool.map(lambda i: completion(ports[i % len(ports)], PROMPTS[i % 4], n, True), range(requests)))
     return sum(t for _, _, t in done) / (time.perf_counter() - start)
 
 
@@ -138,16 +141,20 @@ def main(argv=None) -> int:
     from specexport_runtime.cluster.deployment import deploy
     from specexport_runtime.server.config import ServerConfig
 
-    single_port, cluster_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(single_port)]
-    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
-    cmd += ["--log-level", "warning"]
-    single = subprocess.Popen(cmd)
+    single_port, second_port, cluster_port = free_port(), free_port(), free_port()
+    singles = []
+    for port in (single_port, second_port):
+        cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(port)]
+        cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
+        cmd += ["--log-level", "warning"]
+        singles.append(subprocess.Popen(cmd))
     os.environ.setdefault("RAY_worker_niceness", "0")  # as `serve --replicas` starts its own Ray
     meta["ray_worker_niceness"] = os.environ["RAY_worker_niceness"]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": cluster_port})
-    runs: dict[str, list[float]] = {"single": [], "cluster1": [], "cluster2": []}
+    runs: dict[str, list[float]] = {"single": [], "cluster1": [], "cluster2": [], "single2": []}
+    ports = {"single": [single_port], "single2": [single_port, second_port], "cluster1": [cluster_port]}
+    ports["cluster2"] = ports["cluster1"]
     deployed = None
 
     def scale(replicas: int) -> None:
@@ -159,39 +166,42 @@ def main(argv=None) -> int:
         )
         deploy(args.artifact, config)
         wait_ready(cluster_port)
-        throughput(cluster_port, *load)  # outside the set
+        throughput([cluster_port], *load)  # outside the set
 
     try:
-        wait_ready(single_port)
-        throughput(single_port, *load)  # outside the set
+        for port in (single_port, second_port):
+            wait_ready(port)
+        throughput([single_port, second_port], *load)  # outside the set
         scale(1)
         deployed = "cluster1"
         results["overhead"] = overhead(single_port, cluster_port, args.repeats)
         for repeat in range(args.repeats):
             names = list(runs)
-            for name in names[repeat % 3 :] + names[: repeat % 3]:
-                if name != "single" and name != deployed:
+            for name in names[repeat % 4 :] + names[: repeat % 4]:
+                if name.startswith("cluster") and name != deployed:
                     scale(int(name[-1]))
                     deployed = name
-                runs[name].append(throughput(single_port if name == "single" else cluster_port, *load))
+                runs[name].append(throughput(ports[name], *load))
     finally:
-        single.terminate()
-        single.wait(60)
+        for process in singles:
+            process.terminate()
+            process.wait(60)
         serve.shutdown()
         ray.shutdown()
     for name, values in runs.items():
         results[name] = {"tokens_per_second": statistics.median(values), "runs": values}
     # per repeat (neighbours in time: the host's drift cancels), then the median
     results["two_over_one"] = statistics.median(b / a for a, b in zip(runs["cluster1"], runs["cluster2"]))
+    results["single_two_over_one"] = statistics.median(b / a for a, b in zip(runs["single"], runs["single2"]))
 
     extra = results["overhead"]
     print(harness.header(meta))
-    for name in ("single", "cluster1", "cluster2"):
+    for name in ("single", "cluster1", "cluster2", "single2"):
         print(f"{name:9} {results[name]['tokens_per_second']:8.1f} tok/s")
     print(
         f"cluster overhead per request (median of paired differences): {extra['latency_ms']:+.1f} ms latency,"
-        f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1: {results['two_over_one']:.2f}x"
-        " (median of per-repeat ratios)"
+        f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1: {results['two_over_one']:.2f}x,"
+        f" 2 single servers / 1: {results['single_two_over_one']:.2f}x (medians of per-repeat ratios)"
     )
     if args.json:
         harness.write_json(args.json, results)
