@@ -52,19 +52,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def completion(port: int, prompt: str, n: int, stream: bool) -> tuple[float, float, int]:
-    """(seconds to the whole answer, seconds to the first streamed byte of text, tokens) of one request."""
+def completion(port: int, prompt: str, n: int, stream: bool) -> tuple[float, float, int, float]:
+    """(seconds to the whole answer, seconds to the first streamed byte of text, tokens, seconds the
+    server itself spent: queue + first token + the other tokens at its decode rate, from the
+    response's `speculative` figures; 0 for a stream) of one request."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": stream}
     body["return_token_ids"] = True
     start = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
-    first, tokens = None, 0
+    first, tokens, inside = None, 0, 0.0
     if not stream:
         data = json.loads(resp.read())
         assert resp.status == 200, data
         tokens = len(data["choices"][0]["token_ids"])
+        figures = data["speculative"]
+        rest = (tokens - 1) / figures["decode_tokens_per_second"] if tokens > 1 else 0.0
+        inside = figures.get("queue_seconds", 0.0) + figures["time_to_first_token_seconds"] + rest
     else:
         assert resp.status == 200, resp.read()
         while line := resp.readline():
@@ -76,21 +81,23 @@ def completion(port: int, prompt: str, n: int, stream: bool) -> tuple[float, flo
                     tokens += len(choice.get("token_ids") or [])
     conn.close()
     end = time.perf_counter()
-    return end - start, (first or end) - start, tokens
+    return end - start, (first or end) - start, tokens, inside
 
 
 def overhead(single: int, cluster: int, repeats: int) -> dict:
     """Short requests to both servers in alternating pairs (A/B, then B/A); per pair the cluster's
-    time minus the single server's, the median over pairs."""
+    time minus the single server's, the median over pairs; `inside_ms`: the same of the time the
+    server itself spent on the non-streamed request (what is not the hops)."""
     for port in (single, cluster):
         for _ in range(3):
             completion(port, PROMPTS[0], 8, False)
-    pairs: dict[str, list[float]] = {"latency_ms": [], "ttft_ms": []}
+    pairs: dict[str, list[float]] = {"latency_ms": [], "inside_ms": [], "ttft_ms": []}
     for i in range(repeats * 8):
         prompt, order = PROMPTS[i % 4], (single, cluster) if i % 2 == 0 else (cluster, single)
-        for name, stream, index in (("latency_ms", False, 0), ("ttft_ms", True, 1)):
-            got = {port: completion(port, prompt, 8, stream)[index] for port in order}
-            pairs[name].append(1000 * (got[cluster] - got[single]))
+        for names, stream, indices in ((("latency_ms", "inside_ms"), False, (0, 3)), (("ttft_ms",), True, (1,))):
+            got = {port: completion(port, prompt, 8, stream) for port in order}
+            for name, index in zip(names, indices):
+                pairs[name].append(1000 * (got[cluster][index] - got[single][index]))
     return {name: statistics.median(values) for name, values in pairs.items()}
 
 
@@ -100,7 +107,7 @@ def throughput(ports: list[int], requests: int, concurrency: int, n: int) -> flo
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         done = list(pool.map(lambda i: completion(ports[i % len(ports)], PROMPTS[i % 4], n, True), range(requests)))
-    return sum(t for _, _, t in done) / (time.perf_counter() - start)
+    return sum(t for _, _, t, _ in done) / (time.perf_counter() - start)
 
 
 def wait_ready(port: int, timeout: float = 120) -> None:
@@ -199,7 +206,8 @@ def main(argv=None) -> int:
     for name in ("single", "cluster1", "cluster2", "single2"):
         print(f"{name:9} {results[name]['tokens_per_second']:8.1f} tok/s")
     print(
-        f"cluster overhead per request (median of paired differences): {extra['latency_ms']:+.1f} ms latency,"
+        f"cluster overhead per request (median of paired differences): {extra['latency_ms']:+.1f} ms latency"
+        f" (of which inside the server {extra['inside_ms']:+.1f} ms),"
         f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1: {results['two_over_one']:.2f}x,"
         f" 2 single servers / 1: {results['single_two_over_one']:.2f}x (medians of per-repeat ratios)"
     )
