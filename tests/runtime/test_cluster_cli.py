@@ -5,10 +5,8 @@ this process meanwhile."""
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +17,8 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
-from test_server_support import SseStream  # noqa: E402
+from cluster_support import free_port  # noqa: E402
+from test_server_support import SseStream, answers_ok  # noqa: E402
 from tiny import build_tiny_artifact  # noqa: E402
 
 from specexport_runtime.api import load  # noqa: E402
@@ -35,23 +34,8 @@ def long_artifact(tmp_path_factory) -> Path:
     return build_tiny_artifact(tmp_path_factory.mktemp("tiny-long"), "ngram", max_context=2048)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(port: int) -> bool:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-
-
 def test_sigint_drains_the_running_request_then_stops(long_artifact, tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", str(long_artifact), "--replicas", "1"]
     cmd += ["--threads", "1", "--port", str(port), "--drain-seconds", "60"]
@@ -60,7 +44,7 @@ def test_sigint_drains_the_running_request_then_stops(long_artifact, tmp_path):
     try:
         deadline = time.monotonic() + 180
         # serving once the command says so (its signal handlers are set then), and /health answers
-        while "serving " not in (tmp_path / "serve.log").read_text(errors="replace") or not _healthy(port):
+        while "serving " not in (tmp_path / "serve.log").read_text(errors="replace") or not answers_ok(port, "/health"):
             assert proc.poll() is None, (tmp_path / "serve.log").read_text(errors="replace")
             assert time.monotonic() < deadline, "the cluster did not serve within 180 s"
             time.sleep(0.5)
@@ -89,4 +73,4 @@ def test_sigint_drains_the_running_request_then_stops(long_artifact, tmp_path):
             proc.wait(30)
     output = (tmp_path / "serve.log").read_text(errors="replace")
     assert "draining: running requests may finish for 60 s" in output, output[-2000:]
-    assert not _healthy(port)
+    assert not answers_ok(port, "/health")

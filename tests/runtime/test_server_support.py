@@ -143,6 +143,16 @@ def get(port: int, path: str, key: str | None = KEY, timeout: float = 30) -> tup
         conn.close()
 
 
+def answers_ok(port: int, path: str) -> bool:
+    """Whether GET `path` on 127.0.0.1:`port` answers 200 now (False while nothing listens)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
 class SseStream:
     """A streaming request on its own connection, read line by line (the framing is checked by callers)."""
 

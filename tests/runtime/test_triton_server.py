@@ -22,6 +22,8 @@ import pytest
 
 pytest.importorskip("tritonclient")
 
+from test_server_support import answers_ok  # noqa: E402
+
 from specexport_runtime.api import load  # noqa: E402
 from specexport_runtime.triton.repo import RepoSettings, write_repository  # noqa: E402
 
@@ -80,7 +82,7 @@ def triton(tiny_artifacts, tmp_path_factory):
     )
     try:
         deadline = time.monotonic() + 120
-        while not _ready(http_port):
+        while not answers_ok(http_port, "/v2/health/ready"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = (tmp / "tritonserver.log").read_bytes()[-3000:].decode(errors="replace")
                 raise AssertionError(f"tritonserver did not become ready:\n{tail}")
@@ -90,15 +92,6 @@ def triton(tiny_artifacts, tmp_path_factory):
         proc.terminate()
         proc.wait(30)
         log.close()
-
-
-def _ready(port: int) -> bool:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", "/v2/health/ready")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
