@@ -19,6 +19,7 @@ from ..server.config import ServerConfig
 
 MAX_REPLICAS = 1024
 APP_NAME = "specexport"  # Ray Serve application name of `serve --replicas/--autoscale`
+SHUTDOWN_SLACK = 5.0  # seconds past a drain for a replica's last round and its stop
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,12 @@ class ClusterConfig:
         its requests before Ray kills it: the request timeout, which ends every request, and the
         drain's seconds on top. So removing a replica never cuts a request; `serve` bounds its own
         shutdown by drain_seconds instead (deployment.serve_cluster)."""
-        return self.server.request_timeout + self.server.drain_seconds + 5
+        return self.server.request_timeout + self.server.drain_seconds + SHUTDOWN_SLACK
+
+    @property
+    def min_replicas(self) -> int:
+        """The fewest replicas meant to run: the fixed count, or autoscaling's minimum (0: scale to zero)."""
+        return self.replicas if self.autoscale is None else self.autoscale[0]
 
     def ray_options(self) -> dict:
         """serve.deployment options of the replica deployment."""

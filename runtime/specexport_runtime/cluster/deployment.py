@@ -22,7 +22,7 @@ from pathlib import Path
 from ray import serve
 
 from ..errors import SpecExportError
-from .config import ClusterConfig
+from .config import SHUTDOWN_SLACK, ClusterConfig
 from .ingress import Relay
 from .replica import REFUSED, SpecReplica
 
@@ -46,7 +46,7 @@ class IngressBase:
             config.server.max_body_bytes,
             api_key=config.server.api_key,
             replicas=lambda: asyncio.to_thread(running_replicas, app),
-            min_replicas=config.replicas if config.autoscale is None else config.autoscale[0],
+            min_replicas=config.min_replicas,
         )
 
     def __serve_build_asgi_app__(self):
@@ -115,7 +115,7 @@ def deploy(artifact: str | Path, config: ClusterConfig, route_prefix: str = "/")
 
 def drain(config: ClusterConfig, signals: threading.Semaphore) -> bool:
     """Delete the application: each replica finishes its requests first (Ray waits for them, up to
-    config.shutdown_grace). This command waits drain_seconds (+ 5) for that, or until a second
+    config.shutdown_grace). This command waits drain_seconds (+ SHUTDOWN_SLACK) for that, or until a second
     signal; then it returns whether the application is gone (a cluster it started is then shut
     down with whatever still runs: those clients see their connections close)."""
     deleting = threading.Thread(target=serve.delete, args=(config.name,), daemon=True)
@@ -124,7 +124,7 @@ def drain(config: ClusterConfig, signals: threading.Semaphore) -> bool:
         f"draining: running requests may finish for {config.server.drain_seconds:g} s (signal again to stop now)",
         file=sys.stderr,
     )
-    deadline = time.monotonic() + config.server.drain_seconds + 5
+    deadline = time.monotonic() + config.server.drain_seconds + SHUTDOWN_SLACK
     while deleting.is_alive() and time.monotonic() < deadline:
         if signals.acquire(timeout=0.2):
             break

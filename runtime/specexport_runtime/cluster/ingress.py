@@ -27,6 +27,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from starlette.datastructures import Headers
+
 from ..server.app import _send_json
 from ..server.errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError, check_api_key
 from ..server.responses import DONE, sse
@@ -115,7 +117,7 @@ class Relay:
             await self.health(send)
             return
         try:  # every other route of the app asks for the key: refused here, before it takes a slot
-            check_api_key(self.key, _header(scope, b"authorization"))
+            check_api_key(self.key, Headers(scope=scope).get("authorization"))
         except ApiError as error:
             await _send_json(send, error.status, error.body(), error.headers)
             return
@@ -190,10 +192,3 @@ class Relay:
 async def _disconnected(receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def _header(scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None

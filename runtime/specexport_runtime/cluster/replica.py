@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from ..errors import SpecExportError
-from .config import ClusterConfig, LoadOptions
+from .config import SHUTDOWN_SLACK, ClusterConfig, LoadOptions
 
 log = logging.getLogger("specexport.cluster")
 REPLICA_HEADER = b"x-specexport-replica"
@@ -144,7 +144,7 @@ class SpecReplica:
                     yield batch
         finally:
             gone.set()
-            done, _ = await asyncio.wait({task}, timeout=self.state.config.drain_seconds + 5)
+            done, _ = await asyncio.wait({task}, timeout=self.state.config.drain_seconds + SHUTDOWN_SLACK)
             if not done:
                 task.cancel()
         error = None if task.cancelled() else task.exception()
