@@ -10,16 +10,20 @@ background: Ray's own processes run throughout):
   cluster2  the same application scaled to 2 replicas,
   single2   two single servers side by side, the clients' requests alternating between them: what
             the host's cores allow two processes without Ray (the ceiling of cluster2).
-Overhead: a short greedy completion (8 tokens) to single and to cluster1 in alternating pairs,
-`repeats` x 8 pairs after 3 warm-ups each, not streamed (whole-request latency) and streamed (time
-to the first text); the median over pairs of cluster1's time minus single's. Throughput:
+Overhead: first the hops alone, `repeats` x 20 alternating pairs of GET /v1/models (answered by
+the replica's app, no model work: proxy -> ingress -> replica and back); then a short greedy
+completion (8 tokens) to single and to cluster1 in alternating pairs, `repeats` x 8 pairs after 3
+warm-ups each, not streamed (whole-request latency) and streamed (time to the first text); each the
+median over pairs of cluster1's time minus single's. The completions' differences scatter by tens
+of ms either way (the speculative rounds of two servers differ), so the hops' figure is the tight one. Throughput:
 `requests` greedy streamed completions of `max-tokens` tokens from `concurrency` client threads;
 generated tokens / wall seconds, the median over `repeats`. Each repeat runs the three in a
 rotated order (the application is rescaled between cluster1 and cluster2), and every server or
 rescale gets one run outside the set first (its first long requests are slower). Ray is started
-with 4 logical CPUs so that placement never waits, and its workers at normal priority as `serve
---replicas` starts them (RAY_worker_niceness=0 unless set: set 15 to measure Ray's default); the
-host's real cores are what the replicas share (the ceiling: docs/serving.md).
+with 4 logical CPUs so that placement never waits, and with the settings `serve --replicas` starts
+its Ray with (deployment.RAY_ENVIRONMENT, unless set: e.g. RAY_SERVE_PROXY_USE_GRPC=0 measures Ray's
+default proxy hop, RAY_worker_niceness=15 its default worker priority); the host's real cores are
+what the replicas share (the ceiling: docs/serving.md).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -84,6 +87,18 @@ def completion(port: int, prompt: str, n: int, stream: bool) -> tuple[float, flo
     return end - start, (first or end) - start, tokens, inside
 
 
+def get(port: int, path: str) -> float:
+    """Seconds to the whole answer of GET `path`."""
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 200, resp.status
+    conn.close()
+    return time.perf_counter() - start
+
+
 def overhead(single: int, cluster: int, repeats: int) -> dict:
     """Short requests to both servers in alternating pairs (A/B, then B/A); per pair the cluster's
     time minus the single server's, the median over pairs; `inside_ms`: the same of the time the
@@ -91,7 +106,11 @@ def overhead(single: int, cluster: int, repeats: int) -> dict:
     for port in (single, cluster):
         for _ in range(3):
             completion(port, PROMPTS[0], 8, False)
-    pairs: dict[str, list[float]] = {"latency_ms": [], "inside_ms": [], "ttft_ms": []}
+    pairs: dict[str, list[float]] = {"hops_ms": [], "latency_ms": [], "inside_ms": [], "ttft_ms": []}
+    for i in range(repeats * 20):
+        order = (single, cluster) if i % 2 == 0 else (cluster, single)
+        got = {port: get(port, "/v1/models") for port in order}
+        pairs["hops_ms"].append(1000 * (got[cluster] - got[single]))
     for i in range(repeats * 8):
         prompt, order = PROMPTS[i % 4], (single, cluster) if i % 2 == 0 else (cluster, single)
         for names, stream, indices in ((("latency_ms", "inside_ms"), False, (0, 3)), (("ttft_ms",), True, (1,))):
@@ -145,7 +164,7 @@ def main(argv=None) -> int:
     from ray import serve
 
     from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
-    from specexport_runtime.cluster.deployment import deploy
+    from specexport_runtime.cluster.deployment import deploy, ray_environment
     from specexport_runtime.server.config import ServerConfig
 
     single_port, second_port, cluster_port = free_port(), free_port(), free_port()
@@ -155,8 +174,7 @@ def main(argv=None) -> int:
         cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
         cmd += ["--log-level", "warning"]
         singles.append(subprocess.Popen(cmd))
-    os.environ.setdefault("RAY_worker_niceness", "0")  # as `serve --replicas` starts its own Ray
-    meta["ray_worker_niceness"] = os.environ["RAY_worker_niceness"]
+    meta["ray_environment"] = ray_environment()  # as `serve --replicas` starts its own Ray
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": cluster_port})
     runs: dict[str, list[float]] = {"single": [], "cluster1": [], "cluster2": [], "single2": []}
@@ -206,7 +224,8 @@ def main(argv=None) -> int:
     for name in ("single", "cluster1", "cluster2", "single2"):
         print(f"{name:9} {results[name]['tokens_per_second']:8.1f} tok/s")
     print(
-        f"cluster overhead per request (median of paired differences): {extra['latency_ms']:+.1f} ms latency"
+        f"cluster overhead per request (median of paired differences): {extra['hops_ms']:+.1f} ms hops alone,"
+        f" {extra['latency_ms']:+.1f} ms latency"
         f" (of which inside the server {extra['inside_ms']:+.1f} ms),"
         f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1: {results['two_over_one']:.2f}x,"
         f" 2 single servers / 1: {results['single_two_over_one']:.2f}x (medians of per-repeat ratios)"

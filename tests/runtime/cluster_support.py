@@ -32,7 +32,10 @@ def fixture_cluster():
     import ray
     from ray import serve
 
+    from specexport_runtime.cluster.deployment import ray_environment
+
     port = free_port()
+    ray_environment()  # the Ray settings `serve --replicas` starts its cluster with
     ray.init(num_cpus=LOGICAL_CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("ray.serve")
 
 from cluster_support import config, deploy_at, fixture_cluster, kill_replica, running_replicas, wait_until  # noqa: E402, F401
-from test_server_support import SseStream, post  # noqa: E402
+from test_server_support import SseStream, get, metric_sum, metric_values, post  # noqa: E402
 from tiny import build_tiny_artifact  # noqa: E402
 
 from specexport_runtime.api import load  # noqa: E402
@@ -103,6 +103,40 @@ def test_a_replica_killed_mid_stream_fails_its_requests_cleanly_and_comes_back(c
         assert status == 200 and headers[REPLICA_HEADER.decode()] != victim_replica[0], body
     wait_until(lambda: running_replicas("failover") == 2, 90, "Ray to restart the killed replica")
     serve.delete("failover")
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_replica_slot(cluster, long_artifact):
+    """One replica of one slot: a client closes its connection after the first text of a long
+    answer; the cancel reaches the replica through the ingress (its job stops: the replica's own
+    metrics count a cancelled request and no running one, long before the answer could end), and
+    the next request is served whole."""
+    from ray import serve
+
+    deploy_at(long_artifact, config(replicas=1, max_queue=1, replica_queue=0, name="leave"))
+    sse = SseStream(cluster, "/v1/completions", _stream_body(PROMPT, LONG), key=None, timeout=60)
+    assert sse.resp.status == 200
+    while not ((event := sse.next_event()) and event != "[DONE]" and event["choices"][0]["text"]):
+        assert event is not None, "the stream ended before its first text"
+    sse.conn.sock.shutdown(2)  # the client leaves mid-answer (~2 s of tokens left)
+    sse.conn.close()
+
+    def replica_metrics() -> dict:
+        status, body = get(cluster, "/metrics", key=None)
+        assert status == 200
+        return metric_values(body)
+
+    wait_until(
+        lambda: (
+            metric_sum(replica_metrics(), "specexport:requests_cancelled_total") == 1
+            and metric_sum(replica_metrics(), "specexport:num_requests_running") == 0
+        ),
+        10,
+        "the replica to cancel the job of the client that left",
+    )
+    assert metric_sum(replica_metrics(), "specexport:request_success_total") == 0
+    after = _read_stream(cluster, "x", 8)
+    assert after["status"] == 200 and after["finish"] == "length" and after["error"] is None, after
+    serve.delete("leave")
 
 
 def test_autoscaling_adds_a_replica_under_a_queue_and_removes_it_after(cluster, long_artifact):

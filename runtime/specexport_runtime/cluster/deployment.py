@@ -29,6 +29,10 @@ from .replica import REFUSED, SpecReplica
 REPLICA_DEPLOYMENT = "SpecReplica"
 INGRESS_DEPLOYMENT = "Ingress"
 INGRESS_ONGOING = 100_000  # the ingress only relays: the bound that matters is the replicas' queue
+# Ray settings of a cluster this command starts (Ray's processes read them when they start; a set
+# value wins): workers at normal priority (Ray starts them at nice 15, below its daemons), and the
+# HTTP proxy's hop to the ingress over gRPC instead of Ray actor calls. docs/serving.md measures both.
+RAY_ENVIRONMENT = {"RAY_worker_niceness": "0", "RAY_SERVE_PROXY_USE_GRPC": "1"}
 
 
 class ClusterError(SpecExportError):
@@ -136,6 +140,14 @@ def drain(config: ClusterConfig, signals: threading.Semaphore) -> bool:
     return not deleting.is_alive()
 
 
+def ray_environment() -> dict[str, str]:
+    """Set RAY_ENVIRONMENT in this process's environment where unset (before ray.init starts a
+    cluster); returns the values in effect."""
+    for name, value in RAY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in RAY_ENVIRONMENT}
+
+
 def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
     """Start (or join: config.ray_address) a Ray cluster, deploy, and serve until SIGINT/SIGTERM."""
     import ray
@@ -143,9 +155,8 @@ def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
     warning = config.server.exposure_warning()
     if warning:
         print(warning, file=sys.stderr)
-    if config.ray_address is None:  # a cluster this command starts: replicas at normal priority
-        # (Ray starts workers at nice 15, below its daemons; docs/serving.md measures what that costs)
-        os.environ.setdefault("RAY_worker_niceness", "0")
+    if config.ray_address is None:  # a cluster this command starts (a joined one has its own settings)
+        ray_environment()
     try:
         ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:

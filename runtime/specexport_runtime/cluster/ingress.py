@@ -90,7 +90,9 @@ class Relay:
         replicas: Callable[[], Awaitable[int]] | None = None,
         min_replicas: int = 1,
     ):
-        self.handle = handle.options(stream=True)  # a DeploymentHandle of the replica deployment
+        # a DeploymentHandle of the replica deployment; by value: over the replicas' gRPC servers,
+        # not Ray actor calls (a shorter hop: docs/serving.md)
+        self.handle = handle.options(stream=True, _by_reference=False)
         self.queue, self.max_body_bytes = queue, max_body_bytes
         self.key = api_key.encode() if api_key is not None else None
         self.replicas, self.min_replicas = replicas, min_replicas
