@@ -93,18 +93,15 @@ def main(argv=None) -> int:
             for _ in range(20):
                 co.get(port, "/v1/models")
         extra: dict[str, dict[str, float]] = {}
-        for name, n, measure in (
-            ("health_ms", args.pairs, lambda port: co.get(port, "/health")),
-            ("models_ms", args.pairs, lambda port: co.get(port, "/v1/models")),
-            ("ttft_ms", args.completions, None),
+        for name, n, measure in (  # measure(port, i) -> seconds
+            ("health_ms", args.pairs, lambda port, i: co.get(port, "/health")),
+            ("models_ms", args.pairs, lambda port, i: co.get(port, "/v1/models")),
+            ("ttft_ms", args.completions, lambda port, i: co.completion(port, co.PROMPTS[i % 4], 8, True)[1]),
         ):
             diffs: dict[int, list[float]] = {proxied: [], own: []}
             for i in range(n):
                 order = (single, proxied, own) if i % 2 == 0 else (own, proxied, single)
-                if measure is None:
-                    got = {port: co.completion(port, co.PROMPTS[i % 4], 8, True)[1] for port in order}
-                else:
-                    got = {port: measure(port) for port in order}
+                got = {port: measure(port, i) for port in order}
                 for port in (proxied, own):
                     diffs[port].append(1000 * (got[port] - got[single]))
             extra[name] = {"proxy_ingress": statistics.median(diffs[proxied]), "own": statistics.median(diffs[own])}

@@ -125,14 +125,14 @@ def test_a_client_that_leaves_mid_stream_frees_its_replica_slot(cluster, long_ar
         assert status == 200
         return metric_values(body)
 
-    wait_until(
-        lambda: (
-            metric_sum(replica_metrics(), "specexport:requests_cancelled_total") == 1
-            and metric_sum(replica_metrics(), "specexport:num_requests_running") == 0
-        ),
-        10,
-        "the replica to cancel the job of the client that left",
-    )
+    def cancelled() -> bool:
+        values = replica_metrics()  # one scrape: both figures from the same moment
+        return (
+            metric_sum(values, "specexport:requests_cancelled_total") == 1
+            and metric_sum(values, "specexport:num_requests_running") == 0
+        )
+
+    wait_until(cancelled, 10, "the replica to cancel the job of the client that left")
     assert metric_sum(replica_metrics(), "specexport:request_success_total") == 0
     after = _read_stream(cluster, "x", 8)
     assert after["status"] == 200 and after["finish"] == "length" and after["error"] is None, after
