@@ -3,27 +3,29 @@
     python benchmarks/cluster_overhead.py ARTIFACT [--threads 1] [--repeats 5] [--requests 16]
         [--concurrency 4] [--max-tokens 256] [--json OUT]
 
-Two servers of the same artifact side by side, each on its own local port (so both see the same
+Servers of the same artifact side by side, each on its own local port (so all see the same
 background: Ray's own processes run throughout):
   single    `specexport-runtime serve` in a subprocess (uvicorn + the app, --threads)
-  cluster1  a local Ray cluster, `serve --replicas 1` (ingress + 1 replica, --threads each),
-  cluster2  the same application scaled to 2 replicas,
+  cluster1  `specexport-runtime serve --replicas 1 --ray-address auto` in a subprocess, joined to a
+            local Ray cluster this script starts: the command's own HTTP front + 1 replica
+            (--threads each), as an operator runs it;
+  cluster2  the same command with --replicas 2 (the command is restarted to rescale);
   single2   two single servers side by side, the clients' requests alternating between them: what
             the host's cores allow two processes without Ray (the ceiling of cluster2).
 Overhead: first the hops alone, `repeats` x 20 alternating pairs of GET /v1/models (answered by
-the replica's app, no model work: proxy -> ingress -> replica and back); then a short greedy
-completion (8 tokens) to single and to cluster1 in alternating pairs, `repeats` x 8 pairs after 3
-warm-ups each, not streamed (whole-request latency) and streamed (time to the first text); each the
+the replica's app, no model work: front -> replica and back); then a short greedy completion (8
+tokens) to single and to cluster1 in alternating pairs, `repeats` x 8 pairs after 3 warm-ups
+each, not streamed (whole-request latency) and streamed (time to the first text); each the
 median over pairs of cluster1's time minus single's. The completions' differences scatter by tens
 of ms either way (the speculative rounds of two servers differ), so the hops' figure is the tight one. Throughput:
 `requests` greedy streamed completions of `max-tokens` tokens from `concurrency` client threads;
-generated tokens / wall seconds, the median over `repeats`. Each repeat runs the three in a
-rotated order (the application is rescaled between cluster1 and cluster2), and every server or
-rescale gets one run outside the set first (its first long requests are slower). Ray is started
-with 4 logical CPUs so that placement never waits, and with the settings `serve --replicas` starts
-its Ray with (deployment.RAY_ENVIRONMENT, unless set: e.g. RAY_SERVE_PROXY_USE_GRPC=0 measures Ray's
-default proxy hop, RAY_worker_niceness=15 its default worker priority); the host's real cores are
-what the replicas share (the ceiling: docs/serving.md).
+generated tokens / wall seconds, the median over `repeats`. Each repeat runs the four in a
+rotated order, and every server or rescale gets one run outside the set first (its first long
+requests are slower). Ray is started with 4 logical CPUs so that placement never waits, and with
+the settings `serve --replicas` starts its Ray with (deployment.RAY_ENVIRONMENT, unless set:
+e.g. RAY_worker_niceness=15 measures Ray's default worker priority); the host's real cores are
+what the replicas share (the ceiling: docs/serving.md). benchmarks/experiments/ingress_hops.py
+compares this front with Ray's own HTTP proxy.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -46,6 +50,11 @@ sys.path.insert(0, str(REPO / "runtime"))
 from specexport import harness  # noqa: E402
 
 MODEL = "bench"  # --model-name of every server here
+# the servers' environment: this checkout's packages first
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "runtime"), os.environ.get("PYTHONPATH", "")]),
+}
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Write a function that adds two numbers.", "for i in range(10):"]
 
 
@@ -155,6 +164,25 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cluster_command(artifact: str, port: int, replicas: int, args) -> subprocess.Popen:
+    """`serve --replicas N` joined to this script's Ray cluster, serving on `port`."""
+    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", artifact, "--port", str(port)]
+    cmd += ["--replicas", str(replicas), "--ray-address", "auto", "--replica-cpus", "1"]
+    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
+    return subprocess.Popen(cmd + ["--log-level", "warning"], env=ENV)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGINT (the command drains and leaves the cluster), then wait."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
@@ -163,9 +191,7 @@ def main(argv=None) -> int:
     import ray
     from ray import serve
 
-    from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
-    from specexport_runtime.cluster.deployment import deploy, ray_environment
-    from specexport_runtime.server.config import ServerConfig
+    from specexport_runtime.cluster.deployment import ray_environment
 
     single_port, second_port, cluster_port = free_port(), free_port(), free_port()
     singles = []
@@ -173,24 +199,21 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(port)]
         cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
         cmd += ["--log-level", "warning"]
-        singles.append(subprocess.Popen(cmd))
+        singles.append(subprocess.Popen(cmd, env=ENV))
     meta["ray_environment"] = ray_environment()  # as `serve --replicas` starts its own Ray
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": cluster_port})
     runs: dict[str, list[float]] = {"single": [], "cluster1": [], "cluster2": [], "single2": []}
     ports = {"single": [single_port], "single2": [single_port, second_port], "cluster1": [cluster_port]}
     ports["cluster2"] = ports["cluster1"]
+    command: subprocess.Popen | None = None
     deployed = None
 
     def scale(replicas: int) -> None:
-        config = ClusterConfig(
-            server=ServerConfig(max_queue=args.requests, model_name=MODEL),
-            load=LoadOptions(threads=args.threads),
-            replicas=replicas,
-            replica_cpus=1,
-        )
-        deploy(args.artifact, config)
-        wait_ready(cluster_port)
+        nonlocal command
+        if command is not None:
+            stop(command)
+        command = cluster_command(args.artifact, cluster_port, replicas, args)
+        wait_ready(cluster_port, 300)
         throughput([cluster_port], *load)  # outside the set
 
     try:
@@ -208,6 +231,8 @@ def main(argv=None) -> int:
                     deployed = name
                 runs[name].append(throughput(ports[name], *load))
     finally:
+        if command is not None:
+            stop(command)
         for process in singles:
             process.terminate()
             process.wait(60)

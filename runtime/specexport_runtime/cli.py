@@ -318,7 +318,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
     )
     from .cluster.deployment import serve_cluster
 
-    serve_cluster(args.artifact, config)
+    serve_cluster(args.artifact, config, log_level=args.log_level)
     return 0
 
 

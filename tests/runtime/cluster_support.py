@@ -1,6 +1,7 @@
 """Helpers of the cluster tests (no tests here; modules import the fixture as `fixture_cluster`):
-a local Ray cluster with Serve on a free port, deployments of tiny artifacts, each replica's own
-/metrics, and replica actors by id."""
+a local Ray cluster with Serve's proxy on a free port, deployments of tiny artifacts (behind an
+HTTP front in this process, as `serve --replicas` runs them, or behind Ray's proxy), each
+replica's own /metrics, and replica actors by id."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
-from specexport_runtime.cluster.deployment import deploy, running_replicas  # noqa: F401 (the tests' import)
+from specexport_runtime.cluster.deployment import (
+    REPLICA_DEPLOYMENT,
+    deploy,
+    relay,
+    running_replicas,  # noqa: F401 (the tests' import)
+)
+from specexport_runtime.cluster.front import Front, listen
 from specexport_runtime.cluster.replica import REPLICA_HEADER
 from specexport_runtime.server.config import ServerConfig
 
 WAVE = 4  # concurrent /metrics requests per try of replica_metrics
 LOGICAL_CPUS = 4  # Ray's placement count: 2 replicas + the Serve actors fit whatever the host's cores
+FRONTS: list[Front] = []  # the fronts this module's tests started (stopped with the cluster)
 
 
 def free_port() -> int:
@@ -39,6 +47,9 @@ def fixture_cluster():
     ray.init(num_cpus=LOGICAL_CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port
+    for front in FRONTS:
+        front.stop()
+    FRONTS.clear()
     serve.shutdown()
     ray.shutdown()
 
@@ -60,8 +71,23 @@ def config(
     )
 
 
-def deploy_at(artifact, cfg: ClusterConfig, route: str = "/"):
-    return deploy(artifact, cfg, route_prefix=route)
+def deploy_at(artifact, cfg: ClusterConfig, route: str | None = None) -> int | None:
+    """Deploy `artifact` under cfg.name. route None (what `serve --replicas` runs): the replicas
+    alone, behind an HTTP front in this process: returns the front's port. A route:
+    deployment() behind Ray's proxy at that route (the `cluster` fixture's port): returns None."""
+    deploy(artifact, cfg, route_prefix=route)
+    return None if route is not None else front_for(cfg)
+
+
+def front_for(cfg: ClusterConfig) -> int:
+    """An HTTP front in this process relaying to cfg.name's replicas; returns its port."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=cfg.name)
+    front = Front(relay(handle, cfg, cfg.name), listen("127.0.0.1", 0), log_level="warning")
+    front.start()
+    FRONTS.append(front)
+    return front.port
 
 
 def replica_metrics(port: int, want: int, tries: int = 200, key: str | None = None) -> dict[str, bytes]:

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
-from cluster_support import config, deploy_at, fixture_cluster, replica_metrics, running_replicas  # noqa: E402, F401
+from cluster_support import config, deploy_at, fixture_cluster, front_for, replica_metrics, running_replicas  # noqa: E402, F401
 from test_server_support import metric_sum, metric_values  # noqa: E402
 
 from specexport_runtime.api import load  # noqa: E402
@@ -50,10 +50,13 @@ def ref(tiny_artifacts):
 
 @pytest.fixture(scope="module")
 def two(cluster, package):
+    """Ports of two entries to the same 2 replicas: (an HTTP front in this process, as `serve
+    --replicas` runs it; Ray's proxy and the ingress deployment, as deployment() composes it)."""
     spx, key = package
-    deploy_at(spx, config(replicas=2, max_queue=N_REQUESTS, keys=(key,), max_batch=SLOTS, api_key=KEY, name="two"))
+    cfg = config(replicas=2, max_queue=N_REQUESTS, keys=(key,), max_batch=SLOTS, api_key=KEY, name="two")
+    deploy_at(spx, cfg, route="/")
     assert running_replicas("two") == 2
-    return cluster
+    return front_for(cfg), cluster
 
 
 def _request(client, model, i):
@@ -80,10 +83,13 @@ def _request(client, model, i):
 
 
 def test_two_replicas_answer_32_concurrent_requests_as_in_process_and_share_them(two, ref):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{two}/v1", api_key=KEY, max_retries=0, timeout=120)
-    model = client.models.list().data[0].id
+    """Half of the requests through the front, half through Ray's proxy, all at once."""
+    clients = [
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120) for port in two
+    ]
+    model = clients[0].models.list().data[0].id
     with ThreadPoolExecutor(N_REQUESTS) as pool:
-        answers = list(pool.map(lambda i: _request(client, model, i), range(N_REQUESTS)))
+        answers = list(pool.map(lambda i: _request(clients[i % 2], model, i), range(N_REQUESTS)))
     for (kind, text, n), got_text, got_ids in answers:
         want = (
             ref.chat([{"role": "user", "content": text}], max_new_tokens=n, speculative=False)
@@ -95,14 +101,14 @@ def test_two_replicas_answer_32_concurrent_requests_as_in_process_and_share_them
             assert got_ids == want.token_ids, (kind, text)
     served = {
         replica: metric_sum(metric_values(text), "specexport:request_success_total")
-        for replica, text in replica_metrics(two, want=2, key=KEY).items()
+        for replica, text in replica_metrics(two[0], want=2, key=KEY).items()
     }
     assert len(served) == 2 and all(count > 0 for count in served.values()), served
     assert sum(served.values()) == N_REQUESTS
     # each replica's batch-size histogram: some target call of some replica ran 2 or more sequences
     together = [
         metric_sum(values, "specexport:batch_size_count") - metric_sum(values, "specexport:batch_size_bucket", le="1.0")
-        for values in map(metric_values, replica_metrics(two, want=2, key=KEY).values())
+        for values in map(metric_values, replica_metrics(two[0], want=2, key=KEY).values())
     ]
     assert max(together) > 0, together
 
@@ -117,12 +123,15 @@ def _ask(port: int, method: str, path: str, headers: dict) -> tuple[int, dict, d
         conn.close()
 
 
-def test_the_ingress_answers_health_and_refuses_a_missing_key_before_any_replica(two):
-    status, headers, body = _ask(two, "GET", "/health", {})
+@pytest.mark.parametrize("entry", [0, 1], ids=["front", "ray-proxy"])
+def test_the_ingress_answers_health_and_refuses_a_missing_key_before_any_replica(two, entry):
+    status, headers, body = _ask(two[entry], "GET", "/health", {})
     assert status == 200 and body == {"status": "ok", "replicas_running": 2}
     assert REPLICA_HEADER.decode() not in headers  # no replica answered it
     for auth in ({}, {"Authorization": "Bearer wrong"}):
-        status, headers, body = _ask(two, "POST", "/v1/completions", {"Content-Type": "application/json", **auth})
+        status, headers, body = _ask(
+            two[entry], "POST", "/v1/completions", {"Content-Type": "application/json", **auth}
+        )
         assert status == 401 and body["error"]["code"] == "invalid_api_key", body
         assert REPLICA_HEADER.decode() not in headers
 

@@ -5,6 +5,7 @@ this process meanwhile."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 pytest.importorskip("ray.serve")
 
 from cluster_support import free_port  # noqa: E402
-from test_server_support import SseStream, answers_ok  # noqa: E402
+from test_server_support import SseStream, answers_ok, get, post  # noqa: E402
 from tiny import build_tiny_artifact  # noqa: E402
 
 from specexport_runtime.api import load  # noqa: E402
@@ -63,9 +64,11 @@ def test_sigint_drains_the_running_request_then_stops(long_artifact, tmp_path):
             if text and not signalled.is_set():  # mid-stream: the operator presses Ctrl-C
                 proc.send_signal(signal.SIGINT)
                 signalled.set()
+                refused = _draining(port, time.monotonic() + 30)
         assert signalled.is_set() and finish == "length", (len(text), events[-3:])
         want = load(long_artifact, threads=1).generate(PROMPT, max_new_tokens=LONG, speculative=False)
         assert text == want.text  # the whole answer, not one cut at the signal
+        assert refused == (503, "shutting_down")  # a new request while the running one drains
         assert proc.wait(120) == 0
     finally:
         if proc.poll() is None:
@@ -74,3 +77,15 @@ def test_sigint_drains_the_running_request_then_stops(long_artifact, tmp_path):
     output = (tmp_path / "serve.log").read_text(errors="replace")
     assert "draining: running requests may finish for 60 s" in output, output[-2000:]
     assert not answers_ok(port, "/health")
+
+
+def _draining(port: int, deadline: float) -> tuple[int, str]:
+    """Once /health says draining (503): (status, error code) of a new completion request."""
+    while True:
+        status, body = get(port, "/health", key=None)
+        if status == 503 and json.loads(body)["status"] == "draining":
+            break
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.05)
+    status, _, body = post(port, "/v1/completions", {"model": "tiny-ngram", "prompt": "x", "max_tokens": 4}, None)
+    return status, body["error"]["code"]

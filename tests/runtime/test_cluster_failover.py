@@ -73,7 +73,7 @@ def _read_stream(port: int, prompt: str = PROMPT, n: int = LONG, on_text=None) -
 def test_a_replica_killed_mid_stream_fails_its_requests_cleanly_and_comes_back(cluster, long_artifact, ref):
     from ray import serve
 
-    deploy_at(long_artifact, config(replicas=2, max_queue=8, health_check_period=1.0, name="failover"))
+    port = deploy_at(long_artifact, config(replicas=2, max_queue=8, health_check_period=1.0, name="failover"))
     want = ref.generate(PROMPT, max_new_tokens=LONG, speculative=False).text
     victim_replica: list[str] = []
     running = threading.Event()
@@ -83,9 +83,9 @@ def test_a_replica_killed_mid_stream_fails_its_requests_cleanly_and_comes_back(c
         running.set()
 
     with ThreadPoolExecutor(5) as pool:
-        victim = pool.submit(_read_stream, cluster, PROMPT, LONG, on_text)
+        victim = pool.submit(_read_stream, port, PROMPT, LONG, on_text)
         assert running.wait(60), "the victim's stream started"
-        others = [pool.submit(_read_stream, cluster) for _ in range(4)]  # in flight or queued meanwhile
+        others = [pool.submit(_read_stream, port) for _ in range(4)]  # in flight or queued meanwhile
         kill_replica(victim_replica[0])  # mid-stream: ~2 s of tokens are left
         results = [victim.result(timeout=120)] + [f.result(timeout=120) for f in others]
     assert results[0]["error"] == "replica_failed" and results[0]["finish"] is None, results[0]
@@ -98,7 +98,7 @@ def test_a_replica_killed_mid_stream_fails_its_requests_cleanly_and_comes_back(c
     # new requests succeed on a live replica, and Ray brings the killed one back
     for _ in range(4):
         status, headers, body = post(
-            cluster, "/v1/completions", {"model": "tiny-ngram", "prompt": "x", "max_tokens": 4}, None
+            port, "/v1/completions", {"model": "tiny-ngram", "prompt": "x", "max_tokens": 4}, None
         )
         assert status == 200 and headers[REPLICA_HEADER.decode()] != victim_replica[0], body
     wait_until(lambda: running_replicas("failover") == 2, 90, "Ray to restart the killed replica")
@@ -112,8 +112,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_replica_slot(cluster, long_ar
     the next request is served whole."""
     from ray import serve
 
-    deploy_at(long_artifact, config(replicas=1, max_queue=1, replica_queue=0, name="leave"))
-    sse = SseStream(cluster, "/v1/completions", _stream_body(PROMPT, LONG), key=None, timeout=60)
+    port = deploy_at(long_artifact, config(replicas=1, max_queue=1, replica_queue=0, name="leave"))
+    sse = SseStream(port, "/v1/completions", _stream_body(PROMPT, LONG), key=None, timeout=60)
     assert sse.resp.status == 200
     while not ((event := sse.next_event()) and event != "[DONE]" and event["choices"][0]["text"]):
         assert event is not None, "the stream ended before its first text"
@@ -121,7 +121,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_replica_slot(cluster, long_ar
     sse.conn.close()
 
     def replica_metrics() -> dict:
-        status, body = get(cluster, "/metrics", key=None)
+        status, body = get(port, "/metrics", key=None)
         assert status == 200
         return metric_values(body)
 
@@ -134,7 +134,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_replica_slot(cluster, long_ar
 
     wait_until(cancelled, 10, "the replica to cancel the job of the client that left")
     assert metric_sum(replica_metrics(), "specexport:request_success_total") == 0
-    after = _read_stream(cluster, "x", 8)
+    after = _read_stream(port, "x", 8)
     assert after["status"] == 200 and after["finish"] == "length" and after["error"] is None, after
     serve.delete("leave")
 
@@ -151,7 +151,7 @@ def test_autoscaling_adds_a_replica_under_a_queue_and_removes_it_after(cluster, 
         max_queue=16,
         name="autoscale",
     )
-    deploy_at(long_artifact, cfg)
+    port = deploy_at(long_artifact, cfg)
     assert running_replicas("autoscale") == 1
     peak = [1]
     stop = threading.Event()
@@ -165,7 +165,7 @@ def test_autoscaling_adds_a_replica_under_a_queue_and_removes_it_after(cluster, 
     watcher.start()
     try:
         with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda _: _read_stream(cluster), range(8)))
+            results = list(pool.map(lambda _: _read_stream(port), range(8)))
     finally:
         stop.set()
         watcher.join()
@@ -182,9 +182,9 @@ def test_the_cluster_queue_bound_answers_429_through_ray(cluster, long_artifact)
     queue_full from Ray's back-pressure on the streaming handle; the admitted ones finish whole."""
     from ray import serve
 
-    deploy_at(long_artifact, config(replicas=1, max_queue=1, replica_queue=0, name="bounded"))
+    port = deploy_at(long_artifact, config(replicas=1, max_queue=1, replica_queue=0, name="bounded"))
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: _read_stream(cluster), range(4)))
+        results = list(pool.map(lambda _: _read_stream(port), range(4)))
     refused = [r for r in results if r["status"] == 429]
     served = [r for r in results if r["status"] == 200]
     assert len(refused) >= 2 and all(r["error"] == "queue_full" for r in refused), results

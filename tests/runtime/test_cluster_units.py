@@ -286,7 +286,7 @@ def _cluster_config_of(argv, monkeypatch) -> ClusterConfig:
     from specexport_runtime.cluster import deployment as dep
 
     seen = []
-    monkeypatch.setattr(dep, "serve_cluster", lambda artifact, config: seen.append(config))
+    monkeypatch.setattr(dep, "serve_cluster", lambda artifact, config, **_: seen.append(config))
     assert runtime_main(argv) == 0
     return seen[0]
 
@@ -319,3 +319,70 @@ def test_the_cluster_extra_names_the_server_packages_a_replica_needs(monkeypatch
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
     line = missing_cluster_extra()
     assert line == "a cluster needs the cluster extra (uvicorn not installed): pip install ./runtime[cluster]"
+
+
+class HangingResponse(FakeResponse):
+    """A stream that sends its start and one chunk, then waits for the replica's next round."""
+
+    def __init__(self, messages):
+        super().__init__(messages, None, len(messages))
+
+    async def _gen(self):
+        yield self.messages
+        await asyncio.sleep(3600)
+
+
+def test_a_draining_relay_refuses_new_requests_and_cuts_running_ones_with_an_error_event():
+    chunk = b'data: {"choices": [{"text": "ab", "finish_reason": null}]}\n\n'
+    messages = [
+        {"type": "http.response.start", "status": 200, "headers": SSE},
+        {"type": "http.response.body", "body": chunk, "more_body": True},
+    ]
+
+    async def scenario():
+        handle = FakeHandle([])
+        handle.response = HangingResponse(messages)
+        relay = Relay(handle, queue=5, max_body_bytes=1024)
+        sent, later = [], []
+        incoming = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive():
+            if incoming:
+                return incoming.pop()
+            await asyncio.sleep(3600)
+
+        async def send(message):
+            sent.append(message)
+
+        async def send_later(message):
+            later.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": JSON}
+        running = asyncio.ensure_future(relay(scope, receive, send))
+        while len(sent) < 2:  # the stream has begun
+            await asyncio.sleep(0)
+        relay.begin_drain()
+        incoming.append({"type": "http.request", "body": b"{}", "more_body": False})
+        await relay(scope, receive, send_later)  # a new request while draining
+        health = []
+
+        async def send_health(message):
+            health.append(message)
+
+        await relay({**scope, "method": "GET", "path": "/health"}, receive, send_health)
+        assert not running.done()  # the running stream goes on while draining
+        await relay.close()  # the drain's deadline: what still runs is cut
+        await asyncio.wait_for(running, 5)
+        return handle, sent, later, health
+
+    handle, sent, later, health = asyncio.run(scenario())
+    status, _, body = status_and_body(later)
+    assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
+    status, _, body = status_and_body(health)
+    assert status == 503 and json.loads(body)["status"] == "draining"
+    status, _, body = status_and_body(sent)
+    events = [e[len("data: ") :] for e in body.decode().split("\n\n") if e]
+    assert status == 200 and len(events) == 3, events
+    assert json.loads(events[1])["error"]["code"] == "shutting_down" and events[2] == "[DONE]"
+    assert handle.response.cancelled  # the replica's generator is told to stop
+    assert len(handle.requests) == 1  # the refused request never reached a replica

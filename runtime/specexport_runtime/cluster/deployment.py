@@ -1,5 +1,13 @@
 """The Ray Serve application of one artifact, and `serve --replicas/--autoscale` around it.
 
+`serve --replicas/--autoscale` (serve_cluster): Ray Serve runs the replica deployment alone, and
+the command's own process is the HTTP front (front.py):
+
+    HTTP -> this process (uvicorn, ingress.Relay) -> DeploymentHandle -> SpecReplica x N
+
+`deployment()` (for users who compose their own Ray Serve applications): the same Relay as an
+ingress deployment behind Ray's HTTP proxy, which adds two hops (docs/serving.md measures them):
+
     HTTP -> Ray Serve proxy (head node) -> Ingress (ingress.Relay, 1 replica, 0 CPUs)
          -> DeploymentHandle -> SpecReplica x N (replica.py: the artifact, the server's app)
 
@@ -23,6 +31,7 @@ from ray import serve
 
 from ..errors import SpecExportError
 from .config import SHUTDOWN_SLACK, ClusterConfig
+from .front import Front, listen
 from .ingress import Relay
 from .replica import REFUSED, SpecReplica
 
@@ -39,33 +48,43 @@ class ClusterError(SpecExportError):
     """The cluster could not be started or joined, or the deployment failed."""
 
 
+def relay(handle, config: ClusterConfig, app: str) -> Relay:
+    """The ingress app relaying to `app`'s replicas through `handle` (a DeploymentHandle of them)."""
+    return Relay(
+        handle,
+        config.queue,
+        config.server.max_body_bytes,
+        api_key=config.server.api_key,
+        replicas=lambda: asyncio.to_thread(running_replicas, app),
+        min_replicas=config.min_replicas,
+    )
+
+
 class IngressBase:
     """The ingress deployment's class: its ASGI app is a Relay to the replica deployment."""
 
     def __init__(self, replicas, config: ClusterConfig):
-        app = serve.get_replica_context().app_name
-        self.relay = Relay(
-            replicas,
-            config.queue,
-            config.server.max_body_bytes,
-            api_key=config.server.api_key,
-            replicas=lambda: asyncio.to_thread(running_replicas, app),
-            min_replicas=config.min_replicas,
-        )
+        self.relay = relay(replicas, config, serve.get_replica_context().app_name)
 
     def __serve_build_asgi_app__(self):
         return self.relay
 
 
+def replica_application(artifact: str | Path, config: ClusterConfig):
+    """The replica deployment alone, bound to `artifact` (no HTTP route of its own)."""
+    replica = serve.deployment(SpecReplica, name=REPLICA_DEPLOYMENT, **config.ray_options())
+    return replica.bind(os.path.abspath(artifact), config)
+
+
 def deployment(artifact: str | Path, config: ClusterConfig | None = None):
-    """A Ray Serve Application serving `artifact` (a folder or a .spx at this path on every node).
+    """A Ray Serve Application serving `artifact` (a folder or a .spx at this path on every node)
+    over HTTP through Ray's proxy.
 
     Run it with `serve.run(app, route_prefix="/")`, or compose it into your own; each replica
     opens and verifies the artifact itself (replica.py)."""
     config = config if config is not None else ClusterConfig()
     if not isinstance(config, ClusterConfig):
         raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
-    replica = serve.deployment(SpecReplica, name=REPLICA_DEPLOYMENT, **config.ray_options())
     ingress = serve.deployment(
         serve.ingress()(IngressBase),
         name=INGRESS_DEPLOYMENT,
@@ -73,7 +92,7 @@ def deployment(artifact: str | Path, config: ClusterConfig | None = None):
         max_ongoing_requests=INGRESS_ONGOING,
         ray_actor_options={"num_cpus": 0},
     )
-    return ingress.bind(replica.bind(os.path.abspath(artifact), config), config)
+    return ingress.bind(replica_application(artifact, config), config)
 
 
 def running_replicas(app: str) -> int:
@@ -108,11 +127,14 @@ def _failure_line(config: ClusterConfig, artifact: str | Path, exc: RuntimeError
     return f"the deployment of {artifact} failed: {last[-1] if last else type(exc).__name__}"
 
 
-def deploy(artifact: str | Path, config: ClusterConfig, route_prefix: str = "/"):
-    """serve.run the application under `config.name` at `route_prefix`; returns its handle. A
-    deployment that fails (a replica refused the artifact, ...) raises ClusterError with one line."""
+def deploy(artifact: str | Path, config: ClusterConfig, route_prefix: str | None = "/"):
+    """serve.run the application under `config.name`; returns its ingress's handle. route_prefix
+    None deploys the replicas alone (replica_application: the handle is theirs, for a Relay
+    outside Ray), else deployment() at that HTTP route. A deployment that fails (a replica refused
+    the artifact, ...) raises ClusterError with one line."""
+    app = replica_application(artifact, config) if route_prefix is None else deployment(artifact, config)
     try:
-        return serve.run(deployment(artifact, config), name=config.name, route_prefix=route_prefix)
+        return serve.run(app, name=config.name, route_prefix=route_prefix)
     except RuntimeError as exc:
         raise ClusterError(_failure_line(config, artifact, exc)) from None
 
@@ -120,8 +142,8 @@ def deploy(artifact: str | Path, config: ClusterConfig, route_prefix: str = "/")
 def drain(config: ClusterConfig, signals: threading.Semaphore) -> bool:
     """Delete the application: each replica finishes its requests first (Ray waits for them, up to
     config.shutdown_grace). This command waits drain_seconds (+ SHUTDOWN_SLACK) for that, or until a second
-    signal; then it returns whether the application is gone (a cluster it started is then shut
-    down with whatever still runs: those clients see their connections close)."""
+    signal; then it returns whether the application is gone (the front then cuts what still runs,
+    each client told with an error, and a cluster this command started is shut down)."""
     deleting = threading.Thread(target=serve.delete, args=(config.name,), daemon=True)
     deleting.start()
     print(
@@ -134,7 +156,7 @@ def drain(config: ClusterConfig, signals: threading.Semaphore) -> bool:
             break
     if deleting.is_alive() and config.ray_address is not None:
         print(
-            f"the application {config.name!r} is still draining on the cluster: Ray removes it once its requests end",
+            f"the application {config.name!r} is still being removed from the cluster: its requests are cut now",
             file=sys.stderr,
         )
     return not deleting.is_alive()
@@ -148,44 +170,52 @@ def ray_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in RAY_ENVIRONMENT}
 
 
-def serve_cluster(artifact: str | Path, config: ClusterConfig) -> None:
-    """Start (or join: config.ray_address) a Ray cluster, deploy, and serve until SIGINT/SIGTERM."""
+def serve_cluster(artifact: str | Path, config: ClusterConfig, log_level: str = "info") -> None:
+    """Start (or join: config.ray_address) a Ray cluster, deploy the replicas, serve HTTP from this
+    process (front.py) until SIGINT/SIGTERM, then drain: new requests get 503, running ones may
+    finish for drain_seconds, what still runs then is cut with an error (never a clean short answer)."""
     import ray
 
     warning = config.server.exposure_warning()
     if warning:
         print(warning, file=sys.stderr)
+    sock = listen(config.server.host, config.server.port)  # before Ray starts: a busy port fails at once
     if config.ray_address is None:  # a cluster this command starts (a joined one has its own settings)
         ray_environment()
     try:
         ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        sock.close()
         raise ClusterError(
             f"cannot start or join Ray at {config.ray_address or 'a new local cluster'}: {exc}"
         ) from None
-    drained = True  # nothing left running that Serve's own shutdown should wait for
+    drained, front = True, None  # drained: nothing left running that Serve's own shutdown should wait for
     try:
-        serve.start(proxy_location="HeadOnly", http_options={"host": config.server.host, "port": config.server.port})
+        serve.start(proxy_location="Disabled")  # no Ray HTTP proxy: this process is the front
         try:
-            deploy(artifact, config)
+            handle = deploy(artifact, config, route_prefix=None)
         except ClusterError:
             if config.ray_address is not None:  # a joined cluster keeps running: leave no failed app on it
                 serve.delete(config.name)
             raise
+        front = Front(relay(handle, config, config.name), sock, log_level)
+        front.start()
         scale = (
             f"{config.replicas} replicas"
             if config.autoscale is None
             else f"{config.autoscale[0]}..{config.autoscale[1]} replicas (autoscaling)"
         )
-        print(
-            f"serving {artifact} on http://{config.server.host}:{config.server.port}/v1 with {scale}", file=sys.stderr
-        )
+        print(f"serving {artifact} on http://{front.address}/v1 with {scale}", file=sys.stderr)
         signals = threading.Semaphore(0)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: signals.release())
         signals.acquire()
+        front.begin_drain()
         drained = drain(config, signals)
     finally:
+        if front is not None:
+            front.stop()
+        sock.close()
         if config.ray_address is None and drained:  # the cluster this command started, idle
             serve.shutdown()
         ray.shutdown()

@@ -1,7 +1,8 @@
 """The cluster's HTTP ingress: relays each request to a replica and answers what only the cluster knows.
 
-Ray Serve's proxy hands every HTTP request to this ASGI app (the `Ingress` deployment, no model,
-no CPU reserved). It reads the body, sends the request through a DeploymentHandle to the replica
+`serve --replicas` runs this ASGI app under uvicorn in its own process (front.py); a Ray Serve
+application composed by hand (deployment.deployment) runs it as the `Ingress` deployment behind
+Ray's HTTP proxy. It reads the body, sends the request through a DeploymentHandle to the replica
 deployment and writes back the ASGI messages the replica's app sends, unchanged. Ray's router
 sends it to the less loaded of two replicas with room (max_ongoing_requests = the replica's
 max_batch + replica_queue) and holds at most `max_queue` requests for the deployment
@@ -17,6 +18,9 @@ Answers of its own (OpenAI's error JSON, as the single-machine server writes the
     the replica died mid-stream (SSE)       an error event, then data: [DONE]
     the replica died mid-JSON-body          the connection is aborted (never a short 200 body)
     the client left                         the replica's generator is cancelled: its job stops
+    draining (begin_drain)                  new requests 503 shutting_down, /health 503 "draining"
+    cut (close: the drain's deadline)       what still runs ends as a dead replica's would, with
+                                            503 / an error event shutting_down
 A response is never ended cleanly unless the replica's app ended it.
 """
 
@@ -32,6 +36,7 @@ from starlette.datastructures import Headers
 from ..server.app import _send_json
 from ..server.errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError, check_api_key
 from ..server.responses import DONE, sse
+from ..server.worker import shutting_down
 
 log = logging.getLogger("specexport.cluster")
 
@@ -97,6 +102,23 @@ class Relay:
         self.key = api_key.encode() if api_key is not None else None
         self.replicas, self.min_replicas = replicas, min_replicas
         self._count: tuple[float, int] | None = None  # (monotonic time, running replicas) last asked
+        self.draining = False
+        self._cut: asyncio.Event | None = None  # set by close(); made in the serving loop
+
+    def begin_drain(self) -> None:
+        """From now on new requests get 503 shutting_down; the running ones go on."""
+        self.draining = True
+
+    async def close(self) -> None:
+        """Cut every request still running: each ends with 503 / an error event (shutting_down),
+        never as a clean short answer; its replica generator is cancelled. Run in the serving loop."""
+        self.draining = True
+        self._cut_event().set()
+
+    def _cut_event(self) -> asyncio.Event:
+        if self._cut is None:
+            self._cut = asyncio.Event()
+        return self._cut
 
     async def health(self, send) -> None:
         now = time.monotonic()
@@ -104,8 +126,9 @@ class Relay:
             self._count = (now, await self.replicas())
         running = None if self._count is None else self._count[1]
         ok = running is None or running > 0 or self.min_replicas < 1
-        body = {"status": "ok" if ok else "unavailable", "replicas_running": running}
-        await _send_json(send, 200 if ok else 503, body, {})
+        status = "draining" if self.draining else "ok" if ok else "unavailable"
+        body = {"status": status, "replicas_running": running}
+        await _send_json(send, 200 if status == "ok" else 503, body, {})
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -120,6 +143,8 @@ class Relay:
             return
         try:  # every other route of the app asks for the key: refused here, before it takes a slot
             check_api_key(self.key, Headers(scope=scope).get("authorization"))
+            if self.draining:
+                raise shutting_down()
         except ApiError as error:
             await _send_json(send, error.status, error.body(), error.headers)
             return
@@ -139,56 +164,76 @@ class Relay:
             "client": scope.get("client"),
             "scheme": scope.get("scheme", "http"),
         }
-        response = self.handle.http.remote(request)
-        relay = asyncio.ensure_future(self._relay(response, send))
+        response, progress = self.handle.http.remote(request), Progress()
+        relay = asyncio.ensure_future(self._relay(response, send, progress))
         watch = asyncio.ensure_future(_disconnected(receive))
+        cut = asyncio.ensure_future(self._cut_event().wait())
+        left = False  # the client disconnected
         try:
-            await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((relay, watch, cut), return_when=asyncio.FIRST_COMPLETED)
+            left = watch.done()
         finally:
-            if not relay.done():  # the client left: the replica's generator is cancelled, its job stops
+            if not relay.done():  # the client left or the front stops: the replica's generator is cancelled
                 response.cancel()
                 relay.cancel()
             watch.cancel()
-            await asyncio.gather(relay, watch, return_exceptions=True)
-        if not relay.cancelled() and relay.exception() is not None:  # the server aborts the connection
+            cut.cancel()
+            await asyncio.gather(relay, watch, cut, return_exceptions=True)
+        if relay.cancelled():
+            if self._cut_event().is_set() and not left:  # cut: the client is still there, and told
+                await self._fail(send, progress, shutting_down())
+        elif relay.exception() is not None:  # the server aborts the connection
             raise relay.exception()
 
-    async def _relay(self, response, send) -> None:
-        started = stream = ended = False
+    async def _relay(self, response, send, progress: Progress) -> None:
         try:
             async for batch in response:  # the replica's messages, in batches (replica.SpecReplica.http)
                 for message in batch:
-                    if message["type"] == "http.response.start":
-                        started = True
-                        stream = any(
-                            k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message["headers"]
-                        )
-                    elif message["type"] == "http.response.body":
-                        ended = not message.get("more_body", False)
+                    progress.see(message)
                     await send(message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the replica call failed: the client is told, never left with a clean short answer
-            if ended:
-                return
-            error = classify(exc, self.queue)
-            if not started:
-                await _send_json(send, error.status, error.body(), error.headers)
-            elif stream:
+            if progress.stream and progress.started and not progress.ended:
                 log.warning("replica failed mid-stream: %s", exc)
-                await send({"type": "http.response.body", "body": sse(error.body()) + DONE, "more_body": False})
-            else:
-                raise  # a JSON body already begun: the server aborts the connection
+            await self._fail(send, progress, classify(exc, self.queue), exc)
             return
-        if not ended:  # the replica's stream ended without the response's last message
-            if not started:
-                error = replica_failed("it answered nothing")
-                await _send_json(send, error.status, error.body(), error.headers)
-            elif stream:
-                error = replica_failed("its stream ended early")
-                await send({"type": "http.response.body", "body": sse(error.body()) + DONE, "more_body": False})
-            else:
-                raise RuntimeError("the replica's response ended without its last body message")
+        if not progress.started:
+            await self._fail(send, progress, replica_failed("it answered nothing"))
+        elif not progress.ended:
+            await self._fail(send, progress, replica_failed("its stream ended early"))
+
+    @staticmethod
+    async def _fail(send, progress: Progress, error: ApiError, cause: BaseException | None = None) -> None:
+        """End a response the replica did not end: `error` as the status when nothing was sent, an
+        error event and [DONE] on a stream; a JSON body already begun is aborted (raises)."""
+        if progress.ended:
+            return
+        if not progress.started:
+            await _send_json(send, error.status, error.body(), error.headers)
+        elif progress.stream:
+            await send({"type": "http.response.body", "body": sse(error.body()) + DONE, "more_body": False})
+        elif cause is not None:
+            raise cause
+        else:
+            raise RuntimeError(f"the replica's JSON response was cut: {error.message}")
+        progress.ended = True
+
+
+class Progress:
+    """What of one response went to the client: its start (and whether it is an SSE stream), its end."""
+
+    def __init__(self) -> None:
+        self.started = self.stream = self.ended = False
+
+    def see(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.stream = any(
+                k == b"content-type" and v.startswith(b"text/event-stream") for k, v in message.get("headers", [])
+            )
+        elif message["type"] == "http.response.body":
+            self.ended = not message.get("more_body", False)
 
 
 async def _disconnected(receive) -> None:
