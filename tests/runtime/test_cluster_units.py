@@ -386,3 +386,24 @@ def test_a_draining_relay_refuses_new_requests_and_cuts_running_ones_with_an_err
     assert json.loads(events[1])["error"]["code"] == "shutting_down" and events[2] == "[DONE]"
     assert handle.response.cancelled  # the replica's generator is told to stop
     assert len(handle.requests) == 1  # the refused request never reached a replica
+
+
+def test_a_whole_response_ends_the_relay_without_waiting_for_the_generator_to_close():
+    """The client may close as soon as the last body message arrives: that must not read as a
+    client leaving mid-answer (no cancel of the replica call, nothing logged as a failure)."""
+    handle = FakeHandle([])
+    handle.response = HangingResponse(OK)  # the generator's own end comes later
+    sent = []
+    incoming = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive():
+        if incoming:
+            return incoming.pop()
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": JSON}
+    asyncio.run(asyncio.wait_for(Relay(handle, queue=5, max_body_bytes=1024)(scope, receive, send), 5))
+    assert sent == OK and not handle.response.cancelled

@@ -191,10 +191,14 @@ class Relay:
                 for message in batch:
                     progress.see(message)
                     await send(message)
+                if progress.ended:  # the response is whole: the generator's own end is not awaited (the
+                    return  # client may close at once, which must not read as leaving mid-answer)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the replica call failed: the client is told, never left with a clean short answer
-            if progress.stream and progress.started and not progress.ended:
+            if progress.ended:
+                return
+            if progress.stream and progress.started:
                 log.warning("replica failed mid-stream: %s", exc)
             await self._fail(send, progress, classify(exc, self.queue), exc)
             return
