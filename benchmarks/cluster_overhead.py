@@ -111,11 +111,12 @@ def get(port: int, path: str) -> float:
 def overhead(single: int, cluster: int, repeats: int) -> dict:
     """Short requests to both servers in alternating pairs (A/B, then B/A); per pair the cluster's
     time minus the single server's, the median over pairs; `inside_ms`: the same of the time the
-    server itself spent on the non-streamed request (what is not the hops)."""
+    server itself spent on the non-streamed request (what is not the hops); `outside_ms`: per pair,
+    the extra latency less that (what the cluster adds around the server's work)."""
     for port in (single, cluster):
         for _ in range(3):
             completion(port, PROMPTS[0], 8, False)
-    pairs: dict[str, list[float]] = {"hops_ms": [], "latency_ms": [], "inside_ms": [], "ttft_ms": []}
+    pairs: dict[str, list[float]] = {"hops_ms": [], "latency_ms": [], "inside_ms": [], "outside_ms": [], "ttft_ms": []}
     for i in range(repeats * 20):
         order = (single, cluster) if i % 2 == 0 else (cluster, single)
         got = {port: get(port, "/v1/models") for port in order}
@@ -126,6 +127,8 @@ def overhead(single: int, cluster: int, repeats: int) -> dict:
             got = {port: completion(port, prompt, 8, stream) for port in order}
             for name, index in zip(names, indices):
                 pairs[name].append(1000 * (got[cluster][index] - got[single][index]))
+            if not stream:  # the pair's extra latency less the servers' own difference: what the cluster adds
+                pairs["outside_ms"].append(pairs["latency_ms"][-1] - pairs["inside_ms"][-1])
     return {name: statistics.median(values) for name, values in pairs.items()}
 
 
@@ -251,7 +254,7 @@ def main(argv=None) -> int:
     print(
         f"cluster overhead per request (median of paired differences): {extra['hops_ms']:+.1f} ms hops alone,"
         f" {extra['latency_ms']:+.1f} ms latency"
-        f" (of which inside the server {extra['inside_ms']:+.1f} ms),"
+        f" (of which inside the server {extra['inside_ms']:+.1f} ms; around it {extra['outside_ms']:+.1f} ms),"
         f" {extra['ttft_ms']:+.1f} ms first token; 2 replicas / 1: {results['two_over_one']:.2f}x,"
         f" 2 single servers / 1: {results['single_two_over_one']:.2f}x (medians of per-repeat ratios)"
     )

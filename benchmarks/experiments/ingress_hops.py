@@ -1,10 +1,11 @@
-"""Where the cluster's per-request time goes: Ray Serve's proxy + the ingress deployment, against
-the same ingress (cluster.ingress.Relay) in a plain uvicorn process outside Ray.
+"""Where the cluster's per-request time goes: Ray Serve's proxy + the ingress deployment (what
+cluster.deployment() composes), against the same relay (cluster.ingress.Relay) in a plain uvicorn
+process outside Ray (what `serve --replicas` runs: cluster/front.py).
 
     python benchmarks/experiments/ingress_hops.py ARTIFACT [--pairs 150] [--completions 48]
 
 One host, one local Ray cluster (started with deployment.RAY_ENVIRONMENT), three entry points side
-by side: a single `specexport-runtime serve` process; the application `serve --replicas 1` runs
+by side: a single `specexport-runtime serve` process; the application deployment() composes
 (HTTP -> Ray's proxy -> Ingress deployment -> replica); and a second replica deployment with no
 HTTP route whose Relay runs in its own uvicorn process (HTTP -> Relay -> replica, the same gRPC
 handle call). Requests go one at a time to all three in alternating order; reported: medians of

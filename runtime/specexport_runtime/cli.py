@@ -168,7 +168,8 @@ def add_cluster_arguments(srv: argparse.ArgumentParser) -> None:
         "cluster (Ray Serve; needs pip install './runtime[cluster]')",
         "With --replicas or --autoscale the artifact is served by replicas on a Ray cluster; each replica"
         " opens and verifies it (a folder or a .spx at the same path on every node). --max-queue is then"
-        " the cluster's queue, --max-batch each replica's slots, --threads each replica's threads.",
+        " the cluster's queue, --max-batch each replica's slots, --threads each replica's threads; this"
+        " process serves HTTP on --host/--port and relays each request to a replica.",
     )
     scale = group.add_mutually_exclusive_group()
     scale.add_argument("--replicas", type=int, default=None, metavar="N", help="a fixed number of replicas")
@@ -204,7 +205,7 @@ def add_cluster_arguments(srv: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="requests that may wait at a replica besides its running ones, so that the next one starts"
-        " without a round trip to the ingress (default 1; 0: requests go only to replicas with a free slot)",
+        " without a round trip to this process (default 1; 0: requests go only to replicas with a free slot)",
     )
     group.add_argument(
         "--replica-cpus",
