@@ -131,24 +131,34 @@ class FakeHandle:
         return self.response
 
 
+class Client:
+    """One ASGI connection: the request's body once, then nothing (the client stays); .sent: what
+    the app sent it."""
+
+    def __init__(self, body: bytes = b'{"x": 1}'):
+        self.sent: list[dict] = []
+        self.incoming = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive(self) -> dict:
+        if self.incoming:
+            return self.incoming.pop()
+        await asyncio.sleep(3600)
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+
+def http_scope(method: str = "POST", path: str = "/v1/completions", headers=()) -> dict:
+    return {"type": "http", "method": method, "path": path, "query_string": b"", "headers": [*JSON, *headers]}
+
+
 def relay_once(handle, body=b'{"x": 1}', relay=None, method="POST", path="/v1/completions", headers=()):
     """Run one request through a Relay; returns (the request the replica got or None, the messages
     sent back)."""
-    sent = []
-    incoming = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive():
-        if incoming:
-            return incoming.pop()
-        await asyncio.sleep(3600)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "query_string": b"", "headers": [*JSON, *headers]}
+    client = Client(body)
     relay = relay or Relay(handle, queue=5, max_body_bytes=1024)
-    asyncio.run(relay(scope, receive, send))
-    return (handle.requests[0] if handle.requests else None), sent
+    asyncio.run(relay(http_scope(method, path, headers), client.receive, client.send))
+    return (handle.requests[0] if handle.requests else None), client.sent
 
 
 def status_and_body(sent):
@@ -343,37 +353,17 @@ def test_a_draining_relay_refuses_new_requests_and_cuts_running_ones_with_an_err
         handle = FakeHandle([])
         handle.response = HangingResponse(messages)
         relay = Relay(handle, queue=5, max_body_bytes=1024)
-        sent, later = [], []
-        incoming = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-        async def receive():
-            if incoming:
-                return incoming.pop()
-            await asyncio.sleep(3600)
-
-        async def send(message):
-            sent.append(message)
-
-        async def send_later(message):
-            later.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": JSON}
-        running = asyncio.ensure_future(relay(scope, receive, send))
-        while len(sent) < 2:  # the stream has begun
+        first, later, health = Client(), Client(), Client()
+        running = asyncio.ensure_future(relay(http_scope(), first.receive, first.send))
+        while len(first.sent) < 2:  # the stream has begun
             await asyncio.sleep(0)
         relay.begin_drain()
-        incoming.append({"type": "http.request", "body": b"{}", "more_body": False})
-        await relay(scope, receive, send_later)  # a new request while draining
-        health = []
-
-        async def send_health(message):
-            health.append(message)
-
-        await relay({**scope, "method": "GET", "path": "/health"}, receive, send_health)
+        await relay(http_scope(), later.receive, later.send)  # a new request while draining
+        await relay(http_scope("GET", "/health"), health.receive, health.send)
         assert not running.done()  # the running stream goes on while draining
         await relay.close()  # the drain's deadline: what still runs is cut
         await asyncio.wait_for(running, 5)
-        return handle, sent, later, health
+        return handle, first.sent, later.sent, health.sent
 
     handle, sent, later, health = asyncio.run(scenario())
     status, _, body = status_and_body(later)
@@ -393,17 +383,8 @@ def test_a_whole_response_ends_the_relay_without_waiting_for_the_generator_to_cl
     client leaving mid-answer (no cancel of the replica call, nothing logged as a failure)."""
     handle = FakeHandle([])
     handle.response = HangingResponse(OK)  # the generator's own end comes later
-    sent = []
-    incoming = [{"type": "http.request", "body": b"{}", "more_body": False}]
-
-    async def receive():
-        if incoming:
-            return incoming.pop()
-        await asyncio.sleep(3600)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": JSON}
-    asyncio.run(asyncio.wait_for(Relay(handle, queue=5, max_body_bytes=1024)(scope, receive, send), 5))
-    assert sent == OK and not handle.response.cancelled
+    client = Client()
+    asyncio.run(
+        asyncio.wait_for(Relay(handle, queue=5, max_body_bytes=1024)(http_scope(), client.receive, client.send), 5)
+    )
+    assert client.sent == OK and not handle.response.cancelled
