@@ -388,3 +388,29 @@ def test_a_whole_response_ends_the_relay_without_waiting_for_the_generator_to_cl
         asyncio.wait_for(Relay(handle, queue=5, max_body_bytes=1024)(http_scope(), client.receive, client.send), 5)
     )
     assert client.sent == OK and not handle.response.cancelled
+
+
+@pytest.mark.parametrize("joined, deleted", [("auto", ["specexport"]), (None, [])])
+def test_a_front_that_fails_leaves_no_application_on_a_joined_cluster(monkeypatch, joined, deleted):
+    """serve --replicas --ray-address: the application goes with the command, also when the
+    command fails after deploying (here its HTTP front does not start)."""
+    import ray
+
+    from specexport_runtime.cluster import deployment as dep
+    from specexport_runtime.cluster.front import FrontError
+
+    def failing_front(*args, **kwargs):
+        raise FrontError("the HTTP front did not start on 127.0.0.1:0")
+
+    gone: list[str] = []
+    monkeypatch.setattr(ray, "init", lambda **_: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(dep.serve, "start", lambda **_: None)
+    monkeypatch.setattr(dep.serve, "shutdown", lambda: None)
+    monkeypatch.setattr(dep.serve, "delete", gone.append)
+    monkeypatch.setattr(dep, "deploy", lambda *args, **kwargs: FakeHandle(OK))
+    monkeypatch.setattr(dep, "Front", failing_front)
+    config = ClusterConfig(server=ServerConfig(port=0), ray_address=joined)
+    with pytest.raises(FrontError):
+        dep.serve_cluster("artifact", config)
+    assert gone == deleted

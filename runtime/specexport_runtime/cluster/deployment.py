@@ -194,24 +194,27 @@ def serve_cluster(artifact: str | Path, config: ClusterConfig, log_level: str = 
         serve.start(proxy_location="Disabled")  # no Ray HTTP proxy: this process is the front
         try:
             handle = deploy(artifact, config, route_prefix=None)
-        except ClusterError:
-            if config.ray_address is not None:  # a joined cluster keeps running: leave no failed app on it
+            front = Front(relay(handle, config, config.name), sock, log_level)
+            front.start()
+            scale = (
+                f"{config.replicas} replicas"
+                if config.autoscale is None
+                else f"{config.autoscale[0]}..{config.autoscale[1]} replicas (autoscaling)"
+            )
+            print(f"serving {artifact} on http://{front.address}/v1 with {scale}", file=sys.stderr)
+            signals = threading.Semaphore(0)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: signals.release())
+            signals.acquire()
+            front.begin_drain()
+            drained = drain(config, signals)
+        except BaseException:  # a failed deployment or front, an interrupt before the signals are ours
+            if front is not None:
+                front.stop()
+                front = None
+            if config.ray_address is not None:  # a joined cluster keeps running: the application goes with us
                 serve.delete(config.name)
             raise
-        front = Front(relay(handle, config, config.name), sock, log_level)
-        front.start()
-        scale = (
-            f"{config.replicas} replicas"
-            if config.autoscale is None
-            else f"{config.autoscale[0]}..{config.autoscale[1]} replicas (autoscaling)"
-        )
-        print(f"serving {artifact} on http://{front.address}/v1 with {scale}", file=sys.stderr)
-        signals = threading.Semaphore(0)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: signals.release())
-        signals.acquire()
-        front.begin_drain()
-        drained = drain(config, signals)
     finally:
         if front is not None:
             front.stop()
