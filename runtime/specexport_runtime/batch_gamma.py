@@ -23,7 +23,7 @@ come faster than plain decoding brings them, at the fitted cost per row.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -191,19 +191,19 @@ class BatchGamma:
         near = min(steps, key=lambda r: (abs(r - running), -r))
         return sum(steps[near]) / len(steps[near])
 
-    def switch_seconds(self, backlog: Sequence[tuple[int, int]]) -> float:
+    def switch_seconds(self, backlog: Sequence[tuple[int, int]], horizon: float = SWITCH_ROUNDS) -> float:
         """Seconds a round with drafts adds for the draft model's catch-up call. backlog: per
         sequence drafting with it, (unread, left): the tokens it has not read and the most tokens
         the sequence may still emit. Its rows beyond a step's two cost the fitted cost of a row
         (a step's per sequence before a catch-up is timed; 0 before any draft call), spread over
         the rounds it may still draft: left / 2 (a drafting round emits about two tokens at
-        least), at most SWITCH_ROUNDS."""
+        least), at most `horizon` (SWITCH_ROUNDS; a recheck's RECHECK_ROUNDS)."""
         extra = [(u - 2, left) for u, left in backlog if u > 2]
         if not extra:
             return 0.0
         fit = self.draft_cost.fit()
         per_row = fit[1] if fit is not None and fit[1] > 0 else self.draft_seconds(len(backlog)) / len(backlog)
-        return per_row * sum(rows / min(SWITCH_ROUNDS, max(1.0, left / 2)) for rows, left in extra)
+        return per_row * sum(rows / min(horizon, max(1.0, left / 2)) for rows, left in extra)
 
     def observe(self, running: int, drafted: bool, tokens: int, seconds: float, gamma: int = 0) -> None:
         """A whole round of `running` sequences (with or without draft rows) emitted `tokens`
@@ -224,10 +224,12 @@ class BatchGamma:
         rounds, tokens, seconds = self.realized.get((bucket(running), drafted), (0, 0.0, 0.0))
         return tokens / seconds if rounds >= GUARD_ROUNDS else None
 
-    def guard(self, running: int, gamma: int) -> int:
+    def guard(self, running: int, gamma: int, worth: Callable[[], bool] | None = None) -> int:
         """The model's gamma, or 0 where rounds with drafts realize less than rounds without, save
         rechecks (class docstring); where they realize `margin` more, at least the gamma they
-        drafted with, whatever the model says."""
+        drafted with, whatever the model says. worth(): whether a drafting recheck that is due
+        would pay for itself (choose: its draft catch-up spread over the recheck's own rounds);
+        when not, it waits another interval."""
         key = bucket(running)
         plain, drafted = self.rate(running, False), self.rate(running, True)
         if gamma == 0:
@@ -249,6 +251,9 @@ class BatchGamma:
             return 0
         if drafted is not None and drafted < plain:
             if not due:
+                return 0
+            if worth is not None and not worth():  # the catch-up alone would sink it: later
+                self._due[key] = n + every
                 return 0
             every = self._every[key] = min(2 * every, RECHECK_EVERY * RECHECK_BACKOFF)
             self._recheck[key], self._due[key] = (True, RECHECK_ROUNDS - 1), n + every
@@ -292,8 +297,10 @@ class BatchGamma:
             return self.probe
         model = [s for s in seqs if s.drafts_with_model]
         step = self.draft_seconds(len(model)) if model else 0.0
-        switch = self.switch_seconds([(s.draft_unread, s.tokens_left) for s in model])
-        rates = self.rates([(s._alpha, s._proposed) for s in seqs], step, switch)
+        backlog = [(s.draft_unread, s.tokens_left) for s in model]
+        figures = [(s._alpha, s._proposed) for s in seqs]
+        switch = self.switch_seconds(backlog)
+        rates = self.rates(figures, step, switch)
         best = 0
         for g in range(1, len(rates)):
             if rates[g] > rates[best] * 1.0001:  # ties go to the shorter draft
@@ -305,4 +312,9 @@ class BatchGamma:
             perfect = self.rates([(1.0, 1.0)] * len(seqs), step, switch)
             if perfect[self.probe] > rates[0] * (1 + self.margin):
                 best = self.probe
-        return self.guard(len(seqs), best)
+
+        def worth() -> bool:  # a recheck drafts RECHECK_ROUNDS rounds, then stops: its catch-up is theirs alone
+            rechecked = self.rates(figures, step, self.switch_seconds(backlog, RECHECK_ROUNDS))
+            return rechecked[best] > rechecked[0]
+
+        return self.guard(len(seqs), best, worth)

@@ -548,3 +548,27 @@ def test_a_runtime_older_than_the_batch_graph_refuses_it_in_one_line(tiny_artifa
         load(tiny_artifacts[KIND])
     assert "'1.6' is not supported" in str(info.value) and "\n" not in str(info.value)
     assert load(tiny_artifacts["noisy-fused"]).manifest.target.max_batch == 1
+
+
+def test_a_recheck_waits_while_its_draft_catch_up_would_sink_it():
+    """Drafting realized less than plain rounds, and a recheck is due. With a short backlog the
+    recheck drafts; with a long one that the model spreads over many rounds (so it still says
+    draft) but that the recheck's RECHECK_ROUNDS rounds alone would pay for, it waits another
+    interval and the batch decodes plainly."""
+
+    def guarded(unread: int) -> list[int]:
+        g = _gamma()
+        for rows, ms in ((2, 20.0), (18, 24.0)):  # two sequences: rows nearly free
+            g.record(2, rows, ms / 1e3)
+        g.record_draft(2, 2, 0.001)  # a step: 1 ms
+        g.record_draft(2, 402, 0.401)  # a catch-up: 1 ms a row
+        for _ in range(GUARD_ROUNDS):
+            g.observe(2, True, 4, 0.100)  # 40 tok/s with drafts
+            g.observe(2, False, 2, 0.020)  # 100 tok/s without
+        s = _seq(0.8, 1.0)
+        s.drafts_with_model, s.draft_unread, s.tokens_left = True, unread, 1000
+        return [g.choose([s, s]) for _ in range(2 * RECHECK_EVERY)]  # one recheck is due in these
+
+    short, long = guarded(4), guarded(400)
+    assert max(long) == 0 < max(short)  # the model says draft for both; only the short recheck runs
+    assert [r for r in _runs(short) if r[0] > 0] == [(max(short), RECHECK_ROUNDS)]
