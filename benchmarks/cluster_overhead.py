@@ -167,12 +167,18 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_command(artifact: str, port: int, args, *extra: str) -> subprocess.Popen:
+    """`specexport-runtime serve ARTIFACT` on `port` with this run's threads and queue, plus `extra`."""
+    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", artifact, "--port", str(port)]
+    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
+    return subprocess.Popen([*cmd, "--log-level", "warning", *extra], env=ENV)
+
+
 def cluster_command(artifact: str, port: int, replicas: int, args) -> subprocess.Popen:
     """`serve --replicas N` joined to this script's Ray cluster, serving on `port`."""
-    cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", artifact, "--port", str(port)]
-    cmd += ["--replicas", str(replicas), "--ray-address", "auto", "--replica-cpus", "1"]
-    cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
-    return subprocess.Popen(cmd + ["--log-level", "warning"], env=ENV)
+    return serve_command(
+        artifact, port, args, "--replicas", str(replicas), "--ray-address", "auto", "--replica-cpus", "1"
+    )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -197,12 +203,7 @@ def main(argv=None) -> int:
     from specexport_runtime.cluster.deployment import ray_environment
 
     single_port, second_port, cluster_port = free_port(), free_port(), free_port()
-    singles = []
-    for port in (single_port, second_port):
-        cmd = [sys.executable, "-m", "specexport_runtime.cli", "serve", args.artifact, "--port", str(port)]
-        cmd += ["--threads", str(args.threads), "--max-queue", str(args.requests), "--model-name", MODEL]
-        cmd += ["--log-level", "warning"]
-        singles.append(subprocess.Popen(cmd, env=ENV))
+    singles = [serve_command(args.artifact, port, args) for port in (single_port, second_port)]
     meta["ray_environment"] = ray_environment()  # as `serve --replicas` starts its own Ray
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     runs: dict[str, list[float]] = {"single": [], "cluster1": [], "cluster2": [], "single2": []}
