@@ -112,8 +112,8 @@ class BatchGamma:
     RECHECK_ROUNDS drafting rounds in a row (so that they are observed) after RECHECK_EVERY judged
     rounds, an interval that doubles after each recheck up to RECHECK_BACKOFF times; while plain
     rounds are too few to compare, a recheck is RECHECK_ROUNDS plain rounds. Where rounds with
-    drafts realize `margin` more than plain ones and the model says 0, the batch drafts with the
-    gamma those rounds drafted with."""
+    drafts realize `margin` more than plain ones, the draft model's catch-up added, and the model
+    says 0, the batch drafts with the gamma those rounds drafted with."""
 
     def __init__(self, gamma_max: int, margin: float = 0.1):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
@@ -218,22 +218,25 @@ class BatchGamma:
         rec[0] += 1
         rec[1], rec[2] = (ema(old, new, rec[0], 0.1) for old, new in ((rec[1], tokens), (rec[2], seconds)))
 
-    def rate(self, running: int, drafted: bool) -> float | None:
+    def rate(self, running: int, drafted: bool, extra: float = 0.0) -> float | None:
         """Realized tokens per second of rounds of this kind in running's bucket, once
-        GUARD_ROUNDS were seen."""
+        GUARD_ROUNDS were seen; extra: seconds added to each round (a catch-up's share)."""
         rounds, tokens, seconds = self.realized.get((bucket(running), drafted), (0, 0.0, 0.0))
-        return tokens / seconds if rounds >= GUARD_ROUNDS else None
+        return tokens / (seconds + extra) if rounds >= GUARD_ROUNDS else None
 
-    def guard(self, running: int, gamma: int, worth: Callable[[], bool] | None = None) -> int:
+    def guard(self, running: int, gamma: int, worth: Callable[[], bool] | None = None, switch: float = 0.0) -> int:
         """The model's gamma, or 0 where rounds with drafts realize less than rounds without, save
         rechecks (class docstring); where they realize `margin` more, at least the gamma they
         drafted with, whatever the model says. worth(): whether a drafting recheck that is due
         would pay for itself (choose: its draft catch-up spread over the recheck's own rounds);
-        when not, it waits another interval."""
+        when not, it waits another interval. switch: seconds a drafting round adds now for the
+        draft model's catch-up (switch_seconds): the steady rounds observed never paid it, so
+        rounds with drafts must realize `margin` more with it added before they overrule a 0."""
         key = bucket(running)
         plain, drafted = self.rate(running, False), self.rate(running, True)
         if gamma == 0:
-            if plain is not None and drafted is not None and drafted > plain * (1 + self.margin):
+            paid = self.rate(running, True, switch)  # what drafting from here realizes, its catch-up paid
+            if plain is not None and paid is not None and paid > plain * (1 + self.margin):
                 return self._drafted_with.get(key, self.probe)
             return 0
         n = self._decisions[key] = self._decisions.get(key, 0) + 1
@@ -317,4 +320,4 @@ class BatchGamma:
             rechecked = self.rates(figures, step, self.switch_seconds(backlog, RECHECK_ROUNDS))
             return rechecked[best] > rechecked[0]
 
-        return self.guard(len(seqs), best, worth)
+        return self.guard(len(seqs), best, worth, switch)

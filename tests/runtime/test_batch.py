@@ -393,6 +393,30 @@ def test_batch_gamma_guard_drafts_where_rounds_realize_more():
     assert slow.choose(seqs) == 0
 
 
+def test_realized_drafting_overrules_a_zero_only_with_the_draft_catch_up_paid():
+    """Steady rounds with drafts realized twice the plain rate and the model says 0 (rows cost
+    2.5 ms, alpha 0.3). Sequences drafting with a draft model must first read their backlog
+    (1 ms a row, spread over 32 rounds): with 2 unread tokens each the batch drafts with gamma 3
+    as the rounds did; with 400 each (0.1 s a round) drafting would realize 24 tokens in 0.16 s,
+    below plain's 200 tok/s, and the batch stays plain."""
+
+    def pick(unread: int) -> int:
+        g = _gamma()
+        for rows, ms in ((8, 40.0), (72, 200.0)):
+            g.record(8, rows, ms / 1e3)
+        g.record_draft(8, 8, 0.008)  # a step: 8 ms
+        g.record_draft(8, 808, 0.808)  # a catch-up: 1 ms a row
+        for _ in range(GUARD_ROUNDS):
+            g.observe(8, False, 8, 0.040)  # 200 tok/s
+            g.observe(8, True, 24, 0.060, gamma=3)  # 400 tok/s, no catch-up in them
+        s = _seq(0.3, 1.0)
+        s.drafts_with_model, s.draft_unread, s.tokens_left = True, unread, 1000
+        return g.choose([s] * 8)
+
+    assert pick(2) == 3
+    assert pick(400) == 0
+
+
 def test_batch_cost_fits_rows_and_running_sequences():
     """Cells from seconds = 0.02 + 0.001 rows + 0.004 running (an independent line) come back."""
     cost = BatchCost(smoothing=1.0)
