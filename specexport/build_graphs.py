@@ -65,7 +65,7 @@ def _export(
     slots: int = 1,
 ) -> ExportResult:
     """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place);
-    slots > 1: the fused batch graph (contract 1.5)."""
+    slots > 1: the batch graph (fused: contract 1.6; portable: 1.10)."""
     if recipe.layout.contrib_attention:
         return build_fused(
             model,
@@ -79,7 +79,7 @@ def _export(
             norm=norm,
             slots=slots,
         )
-    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm)
+    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm, slots=slots)
 
 
 def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeights | None:

@@ -74,7 +74,7 @@ class _Bar:
     type=int,
     default=None,
     help="Override the recipe's max_batch: sequences one call of the target's batch graph serves"
-    " (graph: fused; 1 = no batch graph). See docs/batching.md.",
+    " (either graph form; 1 = no batch graph). See docs/batching.md.",
 )
 @click.option(
     "--tree-verify/--no-tree-verify",

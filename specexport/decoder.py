@@ -3,7 +3,8 @@
 forward(input_ids, logits_index, past_key_0, past_value_0, ...) ->
     (logits, [hidden_states,] new_key_0, new_value_0, ...)
 exactly as docs/graph-contract.md states (hidden_states only with feature_layers, contract 1.2;
-position_ids and tree_bias after logits_index in the tree-verify form, contract 1.9).
+position_ids and tree_bias after logits_index in the tree-verify form, contract 1.9; slot_rows
+after logits_index and per-slot caches with several cache slots, contract 1.10).
 The HF model's norms and weights are used as they are; attention, rotary, the causal (and
 per-layer sliding-window) mask over [past, new] and the row-gathered output projection are
 written here once for every family. What differs between families comes from the family's row
@@ -72,6 +73,7 @@ class ContractDecoder(nn.Module):
         tie_lm_head: bool = True,
         feature_layers: tuple[int, ...] = (),
         tree: bool = False,
+        slots: int = 1,
     ):
         """tie_lm_head=False stores the output projection as its own [hidden, V] MatMul weight,
         so that weight-only quantizers (which act on MatMul) also compress it (drafts).
@@ -80,9 +82,14 @@ class ContractDecoder(nn.Module):
         `hidden_states` [1, S, len * hidden] float32 for every input row (contract 1.2: what an
         EAGLE-3 head reads; the fused graph's output of the same name).
         tree: the tree-verify form (contract 1.9): forward takes position_ids [1, S] and tree_bias
-        [S, S] after logits_index, and each row attends to the past and its ancestors (_tree_masks)."""
+        [S, S] after logits_index, and each row attends to the past and its ancestors (_tree_masks).
+        slots: K > 1 cache slots (contract 1.10): forward takes slot_rows [K] after logits_index
+        and each slot's caches; the rows are packed slot after slot and each slot's attend over
+        its own past with the batch-1 graph's operators."""
         super().__init__()
-        self.tree = tree
+        if slots < 1 or (slots > 1 and (tree or feature_layers)):
+            raise UnsupportedConfig(f"slots must be >= 1, and a graph of several has no tree or features; got {slots}")
+        self.tree, self.slots = tree, slots
         self.cfg = cfg = norm or normalize(model.config)
         check_hf_modules(model, cfg)
         self.arch = arch = cfg.arch
@@ -228,6 +235,33 @@ class ContractDecoder(nn.Module):
             out = out * self.cfg.residual_multiplier
         return out
 
+    def _chain_masks(self, past_pos: torch.Tensor, q_pos: torch.Tensor) -> dict:
+        """window -> additive mask [S, T] fp32 of a chain call: causal over [past, new] (rows at
+        positions P .. P+S-1); a window hides the keys `window` or more positions back."""
+        k_pos = torch.cat([past_pos, q_pos])  # [T]
+        causal = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [S, T], T = P + S
+        masks = {None: torch.where(causal, 0.0, torch.finfo(torch.float32).min)}
+        for window in self.cfg.windows:  # a query sees the `window` most recent keys, itself included
+            allowed = causal & (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - window)
+            masks[window] = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+        return masks
+
+    def _slot_rows(self, ids: torch.Tensor, slot_rows: torch.Tensor | None, past: tuple) -> list:
+        """Per slot: (its rows' span in the packed call or None for all of them, positions [n],
+        masks by window). One slot (slot_rows None): the whole call at the past's length."""
+        K = self.slots
+        ends = torch.cumsum(slot_rows, 0) if slot_rows is not None else None  # [K]
+        out = []
+        for b in range(K):
+            key = past[2 * b]  # layer 0's past key of slot b: [1, P_b, H_kv, D]
+            # positions from shapes only, so the exported graph stays dynamic in S and P
+            past_pos = torch.cumsum(torch.ones_like(key[0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P_b]
+            span = None if ends is None else (ends[b] - slot_rows[b], ends[b])
+            rows = ids if span is None else ids[span[0] : span[1]]  # [n_b]
+            q_pos = torch.cumsum(torch.ones_like(rows), 0) - 1 + past_pos.numel()  # [n_b]: P_b .. P_b+n_b-1
+            out.append((span, q_pos, self._chain_masks(past_pos, q_pos)))
+        return out
+
     def _tree_masks(self, past_pos: torch.Tensor, q_pos: torch.Tensor, tree_bias: torch.Tensor) -> dict:
         """window -> additive mask [S, T] fp32 of a tree call: the whole past (positions < P <=
         every row's), then tree_bias [S, S] over the call's rows (its ancestors and itself); a
@@ -244,26 +278,24 @@ class ContractDecoder(nn.Module):
 
     # --- forward ------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, logits_index: torch.Tensor, *past: torch.Tensor):
-        # input_ids: [1, S]; logits_index: [R]; past: 2 * L tensors [1, P, H_kv, D], after
-        # position_ids [1, S] (P + depth) and tree_bias [S, S] in the tree form
+        # input_ids: [1, S] (K slots: [1, N], every slot's rows packed); logits_index: [R]; past:
+        # 2 * L tensors [1, P, H_kv, D], after position_ids [1, S] (P + depth) and tree_bias [S, S]
+        # in the tree form; K slots: slot_rows [K] first, then 2 * L * K (layer i, slot b at 2 (i K + b))
         cfg, arch = self.cfg, self.arch
         ids = input_ids.reshape(-1)  # [S]
-        H, Hkv = self.num_heads, self.num_kv_heads
+        H, Hkv, K = self.num_heads, self.num_kv_heads, self.slots
+        slot_rows = None
         if self.tree:
             position_ids, tree_bias, *past = past
-        # Positions from shapes only, so the exported graph stays dynamic in S and P.
-        past_pos = torch.cumsum(torch.ones_like(past[0][0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P]
+        elif K > 1:
+            slot_rows, *past = past
         if self.tree:
+            past_pos = torch.cumsum(torch.ones_like(past[0][0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P]
             q_pos = position_ids.reshape(-1)  # [S]: P + depth
-            masks = self._tree_masks(past_pos, q_pos, tree_bias)
+            slots = [(None, q_pos, self._tree_masks(past_pos, q_pos, tree_bias))]
         else:
-            q_pos = torch.cumsum(torch.ones_like(ids), 0) - 1 + past_pos.numel()  # [S]: P .. P+S-1
-            k_pos = torch.cat([past_pos, q_pos])  # [T]
-            causal = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [S, T], T = P + S
-            masks = {None: torch.where(causal, 0.0, torch.finfo(torch.float32).min)}  # window -> [S, T] fp32
-            for window in cfg.windows:  # a query sees the `window` most recent keys, itself included
-                allowed = causal & (k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - window)
-                masks[window] = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+            slots = self._slot_rows(ids, slot_rows, tuple(past))  # per slot: (span, positions, masks)
+            q_pos = slots[0][1] if K == 1 else torch.cat([p for _, p, _ in slots])  # [S]
 
         x = self.embed(ids)  # [S, hidden]
         if arch.embed_scale and not hasattr(self.embed, "embed_scale"):
@@ -292,13 +324,17 @@ class ContractDecoder(nn.Module):
                 qkv = qkv * cos_all + torch.matmul(qkv, self.rot_matrix.to(qkv.dtype)) * sin_all
                 scaling = None  # folded into q by the rotary tables
             q, k, v = qkv.split([H, Hkv, Hkv], dim=2)  # k, v: [1, S, H_kv, D] = the new_* outputs
-            k_all = torch.cat([past[2 * i], k], dim=1)  # [1, T, H_kv, D]
-            v_all = torch.cat([past[2 * i + 1], v], dim=1)
-            a = self._attention(q, k_all, v_all, masks[spec.window], scaling)
+            outs = []
+            for b, (span, _, masks) in enumerate(slots):  # slot b: its rows against its own past
+                qb, kb, vb = (q, k, v) if span is None else (t[:, span[0] : span[1]] for t in (q, k, v))
+                k_all = torch.cat([past[2 * (i * K + b)], kb], dim=1)  # [1, T_b, H_kv, D]
+                v_all = torch.cat([past[2 * (i * K + b) + 1], vb], dim=1)
+                outs.append(self._attention(qb, k_all, v_all, masks[spec.window], scaling))  # [n_b, H D]
+                new_kv += [kb, vb]
+            a = outs[0] if K == 1 else torch.cat(outs, dim=0)  # [S, H D]
             x = x + self._branch(layer, arch.attn_post_norm, getattr(attn, arch.out_proj)(a))
             h = module_at(layer, arch.mlp_norm)(x) if arch.mlp_norm else x
             x = x + self._branch(layer, arch.mlp_post_norm, self._mlp(i, layer, h))
-            new_kv += [k, v]
 
         rows = self.final_norm(x.index_select(0, logits_index))  # [R, hidden]
         if self.tie_lm_head:

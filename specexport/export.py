@@ -48,10 +48,24 @@ def graph_spec(decoder: ContractDecoder, dtype: torch.dtype) -> GraphSpec:
         kv_dtype=_dtype_name(dtype),
         feature_width=len(decoder.feature_layers) * decoder.hidden_size,
         tree=decoder.tree,
+        slots=decoder.slots,
     )
 
 
 def example_inputs(spec: GraphSpec, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    if spec.slots > 1:  # slot b: S + b rows after a past of P + b (distinct, so that none is frozen)
+        K = spec.slots
+        counts = torch.arange(_EXAMPLE_S, _EXAMPLE_S + K, dtype=torch.int64)  # slot_rows [K]
+        n = int(counts.sum())
+        ids = torch.arange(n, dtype=torch.int64).unsqueeze(0) % spec.embedding_rows  # [1, N]
+        rows = torch.arange(n - _EXAMPLE_R, n, dtype=torch.int64)  # [R]
+        past = [
+            torch.randn(1, _EXAMPLE_P + b, spec.num_kv_heads, spec.head_dim, dtype=dtype)
+            for _ in range(spec.num_layers)
+            for b in range(K)
+            for _ in range(2)
+        ]
+        return (ids, rows, counts, *past)
     ids = torch.arange(_EXAMPLE_S, dtype=torch.int64).unsqueeze(0) % spec.embedding_rows  # [1, S]
     rows = torch.arange(_EXAMPLE_S - _EXAMPLE_R, _EXAMPLE_S, dtype=torch.int64)  # [R]
     past = [
@@ -77,10 +91,12 @@ def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     if spec.feature_width:
         axes[contract.HIDDEN_STATES] = {1: "seq"}
     for i in range(spec.num_layers):
-        axes[contract.past_key(i)] = {1: "past"}
-        axes[contract.past_value(i)] = {1: "past"}
-        axes[contract.new_key(i)] = {1: "seq"}
-        axes[contract.new_value(i)] = {1: "seq"}
+        for b in spec.slot_ids:  # a slot's own past and rows (contract 1.10)
+            tag = "" if b is None else f"_slot{b}"
+            axes[contract.past_key(i, b)] = {1: f"past{tag}"}
+            axes[contract.past_value(i, b)] = {1: f"past{tag}"}
+            axes[contract.new_key(i, b)] = {1: f"seq{tag}"}
+            axes[contract.new_value(i, b)] = {1: f"seq{tag}"}
     return axes
 
 
@@ -92,14 +108,18 @@ def export_graph(
     feature_layers: tuple[int, ...] = (),
     norm=None,
     tree: bool = False,
+    slots: int = 1,
 ) -> ExportResult:
     """Trace `model` (in its own dtype, fp32 or fp16) into out_dir/model.onnx (+ .data).
     feature_layers: add the `hidden_states` output of those entering layers (ContractDecoder);
     norm: the model's NormalizedConfig (default: normalized from model.config); tree: the
-    tree-verify graph (contract 1.9: position_ids, tree_bias inputs)."""
+    tree-verify graph (contract 1.9: position_ids, tree_bias inputs); slots: K > 1 cache slots
+    (contract 1.10: slot_rows and per-slot caches)."""
     start = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    decoder = ContractDecoder(model, norm, tie_lm_head=tie_lm_head, feature_layers=feature_layers, tree=tree).eval()
+    decoder = ContractDecoder(
+        model, norm, tie_lm_head=tie_lm_head, feature_layers=feature_layers, tree=tree, slots=slots
+    ).eval()
     spec = graph_spec(decoder, dtype)
     proto = trace_module(decoder, example_inputs(spec, dtype), spec, dynamic_axes(spec), out_dir)
     if tie_lm_head:
@@ -109,6 +129,8 @@ def export_graph(
     version = contract.ROW_PADDING_VERSION if spec.feature_width else None
     if tree:
         version = contract.version_for(contract.TIME_MAJOR, 2 if spec.feature_width else 1, tree=True)
+    if slots > 1:
+        version = contract.version_for(contract.TIME_MAJOR, slots=slots)
     return save_traced(proto, spec, version, out_dir, start)
 
 
@@ -205,11 +227,13 @@ def _fix_output_dims(proto: onnx.ModelProto, spec: GraphSpec) -> None:
 
 
 def fix_output_dims(proto: onnx.ModelProto, shapes: dict[str, tuple], spec: GraphSpec) -> None:
-    """Set each graph output's dims to `shapes` (int: fixed, str: symbolic) plus new_* [1, seq, H_kv, D]."""
+    """Set each graph output's dims to `shapes` (int: fixed, str: symbolic) plus new_* [1, seq, H_kv, D]
+    (a slot's [1, seq_slot{b}, H_kv, D])."""
     shapes = dict(shapes)
     for i in range(spec.num_layers):
-        for name in (contract.new_key(i), contract.new_value(i)):
-            shapes[name] = (1, "seq", spec.num_kv_heads, spec.head_dim)
+        for b in spec.slot_ids:  # a slot's rows: seq_slot{b} (contract 1.10)
+            for name in (contract.new_key(i, b), contract.new_value(i, b)):
+                shapes[name] = (1, "seq" if b is None else f"seq_slot{b}", spec.num_kv_heads, spec.head_dim)
     for output in proto.graph.output:
         dims = output.type.tensor_type.shape.dim
         for dim, value in zip(dims, shapes[output.name]):

@@ -372,11 +372,6 @@ class _Reader(FieldReader):
                 f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}"
             )
         max_batch = self.integer(data, "max_batch", "", lo=1, hi=MAX_BATCH, default=1)
-        if max_batch > 1 and not contrib:
-            raise self.fail(
-                f"max_batch = {max_batch} needs graph: fused (one GroupQueryAttention per cache slot);"
-                f" graph = {graph!r} builds batch-1 graphs"
-            )
         if max_batch > 1 and draft.kind == "eagle3":
             raise self.fail(
                 f"max_batch = {max_batch} with an EAGLE-3 head: the batch graph has no feature output;"

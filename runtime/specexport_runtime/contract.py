@@ -96,6 +96,15 @@ Cache slots (contract 1.5; a target entry's `batch_graph` and `max_batch` K; Gra
     MatMuls run once over N rows; attention is one GroupQueryAttention per slot and layer (an
     idle slot's on one throwaway row written past its cursor).
 
+Portable cache slots (contract 1.10; a time_major entry's `batch_graph` and `max_batch` K)
+    The traced decoder serving K sequences per call in the time_major layout: input_ids [1, N]
+    packs every slot's rows (slot 0 first) and slot_rows int64 [K] says how many each has (0 for
+    an idle slot), as in 1.6; each layer has per-slot inputs past_key_{i}_slot{b} [1, P_b, H_kv, D]
+    (the prefix view of slot b's buffer, P_b its own cursor) and outputs new_key_{i}_slot{b}
+    [1, n_b, H_kv, D] (bound to its rows P_b .. P_b + n_b - 1). The MatMuls run once over N rows;
+    each slot's rows attend over their own past and themselves (its positions P_b, P_b + 1, ...),
+    with the batch-1 graph's operators, so a slot's rows are those of a batch-1 call of its rows.
+
 Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
     A head_major_inplace decoder of one slot that scores a draft tree in one call: its S rows
     are the tree's rows in topological order (row 0 the root, the last committed token), with
@@ -135,7 +144,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CONTRACT_VERSION = "1.9"
+CONTRACT_VERSION = "1.10"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
@@ -148,6 +157,7 @@ IDLE_SLOTS_VERSION = "1.6"  # a slots graph whose idle slots take no rows in inp
 TREE_VERSION = "1.7"  # a target's tree-verify graph (position_ids, tree_bias)
 HEAD_TREE_VERSION = "1.8"  # an EAGLE-3 head's tree graph (tree_bias [S, M] over the round's rows)
 PORTABLE_TREE_VERSION = "1.9"  # a target's tree-verify graph in the time_major layout
+PORTABLE_SLOTS_VERSION = "1.10"  # a time_major decoder with several cache slots
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -182,12 +192,12 @@ def past_value(layer: int, slot: int | None = None) -> str:
     return _slot(f"past_value_{layer}", slot)
 
 
-def new_key(layer: int) -> str:
-    return f"new_key_{layer}"
+def new_key(layer: int, slot: int | None = None) -> str:
+    return _slot(f"new_key_{layer}", slot)
 
 
-def new_value(layer: int) -> str:
-    return f"new_value_{layer}"
+def new_value(layer: int, slot: int | None = None) -> str:
+    return _slot(f"new_value_{layer}", slot)
 
 
 def present_key(layer: int, slot: int | None = None) -> str:
@@ -219,6 +229,7 @@ class KvLayout:
     head_version: str  # the contract version that defined an eagle3_head graph in this layout
     window_version: str | None  # the version attention windows need in this layout (None: windows live in the mask)
     tree_version: str  # the contract version that defined a target's tree-verify graph in this layout
+    slots_version: str  # the contract version that defined a decoder of several cache slots (idle slots: 0 rows)
 
     @property
     def heads_axis(self) -> int:
@@ -235,7 +246,7 @@ class KvLayout:
         """Names of layer i's K and V outputs: present_* (the bound buffer) or new_* (the S new rows)."""
         if self.in_place:
             return present_key(layer, slot), present_value(layer, slot)
-        return new_key(layer), new_value(layer)
+        return new_key(layer, slot), new_value(layer, slot)
 
 
 LAYOUTS: dict[str, KvLayout] = {
@@ -250,6 +261,7 @@ LAYOUTS: dict[str, KvLayout] = {
         head_version=PORTABLE_HEAD_VERSION,
         window_version=None,
         tree_version=PORTABLE_TREE_VERSION,
+        slots_version=PORTABLE_SLOTS_VERSION,
     ),
     HEAD_MAJOR_INPLACE: KvLayout(
         HEAD_MAJOR_INPLACE,
@@ -262,6 +274,7 @@ LAYOUTS: dict[str, KvLayout] = {
         head_version=ROW_PADDING_VERSION,
         window_version=WINDOW_VERSION,
         tree_version=TREE_VERSION,
+        slots_version=IDLE_SLOTS_VERSION,
     ),
 }
 KV_LAYOUTS = tuple(LAYOUTS)
@@ -296,7 +309,8 @@ def version_for(
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
-    batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do);
+    batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do;
+    time_major 1.10);
     tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9)."""
     layout = layout_of(kv_layout)
     versions = [layout.version]
@@ -307,7 +321,7 @@ def version_for(
     if windowed and layout.window_version:
         versions.append(layout.window_version)
     if slots > 1:
-        versions.append(IDLE_SLOTS_VERSION if idle_rows == 0 else SLOTS_VERSION)
+        versions.append(SLOTS_VERSION if idle_rows and layout.in_place else layout.slots_version)
     if tree:
         versions.append(HEAD_TREE_VERSION if head else layout.tree_version)
     return max(versions, key=parse_version)
@@ -354,7 +368,7 @@ class GraphSpec:
     kind: str = DECODER
     hidden_width: int = 0
     windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (contrib_attention only)
-    slots: int = 1  # contract 1.5: cache slots, one sequence each, batched in one call (head_major_inplace decoders)
+    slots: int = 1  # contract 1.5 (time_major 1.10): cache slots, one sequence each, batched in one call (decoders)
     tree: bool = False  # contract 1.7 (time_major 1.9): a tree-verify graph (position_ids, tree_bias inputs)
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
@@ -377,10 +391,10 @@ class GraphSpec:
             raise ValueError(f"windows must be >= 1, got {list(self.windows)}")
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
-        if self.slots > 1 and (self.is_head or not self.layout.in_place or self.feature_width):
+        if self.slots > 1 and (self.is_head or self.feature_width):
             raise ValueError(
-                f"a graph of {self.slots} slots is a head_major_inplace decoder without features;"
-                f" got kind {self.kind}, layout {self.kv_layout}, feature_width {self.feature_width}"
+                f"a graph of {self.slots} slots is a decoder without features;"
+                f" got kind {self.kind}, feature_width {self.feature_width}"
             )
 
         if self.tree and (self.slots > 1 or (self.is_head and not self.layout.in_place)):

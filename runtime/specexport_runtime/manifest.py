@@ -79,7 +79,7 @@ class ModelEntry:
     exactness: str | None = None
     # contract 1.4: the distinct GroupQueryAttention windows of a head_major_inplace graph
     attention_windows: tuple[int, ...] = ()
-    # contract 1.5: a slots graph of the same weights serving max_batch sequences per call
+    # contract 1.5 (time_major 1.10): a slots graph of the same weights serving max_batch sequences per call
     # (relative path; it shares the entry's weights file), for batched generation
     batch_graph: str | None = None
     max_batch: int = 1
@@ -261,12 +261,9 @@ class Manifest:
                 )
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
-            if entry.max_batch > 1 and (
-                entry.kind != DECODER or not entry.graph_spec().layout.in_place or entry.feature_width
-            ):
+            if entry.max_batch > 1 and (entry.kind != DECODER or entry.feature_width):
                 raise ArtifactError(
-                    f"{role} max_batch {entry.max_batch}: a batch graph belongs to a head_major_inplace decoder"
-                    " without features"
+                    f"{role} max_batch {entry.max_batch}: a batch graph belongs to a decoder without features"
                 )
             if entry.tree_graph is not None and (
                 entry.kind != (DECODER if role == "target" else EAGLE3_HEAD)

@@ -1,13 +1,16 @@
-"""ONNX Runtime backend for a slots graph (contract 1.5): K sequences, one cache slot each, fed
-in one call.
+"""ONNX Runtime backend for a slots graph (contract 1.5; time_major 1.10): K sequences, one cache
+slot each, fed in one call.
 
-Each layer's K and V live in one buffer [K, H_kv, T_max, D] allocated once; slot b's graph inputs
-past_key_{i}_slot{b} / present_key_{i}_slot{b} are bound once to its [1, H_kv, T_max, D] part,
-and its GroupQueryAttention writes rows P_b .. P_b + S_b - 1 there in place. A call packs the
+Each layer's K and V live in one buffer [K, H_kv, T_max, D] (fused) or [K, T_max, H_kv, D]
+(time_major) allocated once. Fused: slot b's graph inputs past_key_{i}_slot{b} /
+present_key_{i}_slot{b} are bound once to its [1, H_kv, T_max, D] part, and its
+GroupQueryAttention writes rows P_b .. P_b + S_b - 1 there in place. Time_major: per call, slot
+b's past_key_{i}_slot{b} is bound to its rows [0, P_b) and new_key_{i}_slot{b} to rows
+[P_b, P_b + S_b) of its part (rebound only where P_b or S_b changed). A call packs the
 slots' rows one slot after another (slot_rows [K]); a slot without rows in a call has 0 rows
-(contract 1.6: the graph gives its attention one throwaway row, written past its valid rows and
-never read), or one throwaway token of its own in a 1.5 graph (idle_rows 1). Each slot keeps its
-own cursor; rollback is a cursor move per slot.
+(contract 1.6: the fused graph gives its attention one throwaway row, written past its valid
+rows and never read), or one throwaway token of its own in a 1.5 graph (idle_rows 1). Each slot
+keeps its own cursor; rollback is a cursor move per slot.
 
 `SlotModel.view(b)` is slot b as the speculative loop sees its target (the cursor side of
 model.Model); the calls themselves go through `forward(calls)` for all slots at once.
@@ -103,26 +106,52 @@ class SlotModel:
         self.cache_rows = max_context + min_rows - 1 + cache_pad
         self.session = make_session(path, config)
         check_contract(self.session, spec, str(path))
-        dtype = NP_DTYPES[spec.kv_dtype]
+        dtype = self._dtype = NP_DTYPES[spec.kv_dtype]
         K, H, D, T = spec.slots, spec.num_kv_heads, spec.head_dim, self.cache_rows
-        # one [K, H_kv, T, D] buffer per layer and K/V, filled (not calloc'd, so resident from the start)
-        self._buffers = [np.full((K, H, T, D), 0, dtype) for _ in range(2 * spec.num_layers)]
+        # one [K, H_kv, T, D] (time_major: [K, T, H_kv, D]) buffer per layer and K/V, filled (not
+        # calloc'd, so resident from the start)
+        shape = (K, *spec.layout.cache_shape(T, H, D)[1:])
+        self._buffers = [np.full(shape, 0, dtype) for _ in range(2 * spec.num_layers)]
         # logits of every slot's rows: [1, K * max_rows, V] fp32, allocated once
         self._logits = np.full((1, K * max_rows, spec.embedding_rows), 0, np.float32)
         self.lengths = np.zeros(K, np.int64)  # per-slot cursor P_b
         self.stats = CallStats()
         self._io = self.session.io_binding()
-        shape = [1, H, T, D]
-        for i in range(spec.num_layers):
-            for b in range(K):
-                outs = spec.layout.kv_outputs(i, b)
-                for j, (name_in, name_out) in enumerate(
-                    ((contract.past_key(i, b), outs[0]), (contract.past_value(i, b), outs[1]))
-                ):
-                    ptr = self._buffers[2 * i + j][b].ctypes.data
-                    self._io.bind_input(name_in, "cpu", 0, dtype, shape, ptr)
-                    self._io.bind_output(name_out, "cpu", 0, dtype, shape, ptr)
         self._views = [SlotView(self, b) for b in range(K)]
+        # per slot: (past name, output name, the slot's buffer part) of every layer's K and V;
+        # time_major: the (P, S) bound last
+        self._kv = [
+            [
+                (name_in, name_out, buf[b].ctypes.data)
+                for i in range(spec.num_layers)
+                for name_in, name_out, buf in zip(
+                    (contract.past_key(i, b), contract.past_value(i, b)),
+                    spec.layout.kv_outputs(i, b),
+                    self._buffers[2 * i : 2 * i + 2],
+                )
+            ]
+            for b in range(K)
+        ]
+        self._bound: list[tuple[int, int] | None] = [None] * K
+        self._row_bytes = H * D * np.dtype(dtype).itemsize
+        if spec.layout.in_place:  # past_* and present_* of a slot are one [1, H_kv, T, D] part, bound once
+            for names in self._kv:
+                for name_in, name_out, ptr in names:
+                    self._io.bind_input(name_in, "cpu", 0, dtype, [1, H, T, D], ptr)
+                    self._io.bind_output(name_out, "cpu", 0, dtype, [1, H, T, D], ptr)
+
+    def _bind_rows(self, rows: np.ndarray) -> None:
+        """time_major: slot b's past_* = its rows [0, P_b) [1, P_b, H_kv, D] and new_* = rows
+        [P_b, P_b + S_b) (pointer + offset), rebound where (P_b, S_b) changed since its last call."""
+        H, D, dt = self.spec.num_kv_heads, self.spec.head_dim, self._dtype
+        for b, names in enumerate(self._kv):
+            P, S = int(self.lengths[b]), int(rows[b])
+            if self._bound[b] == (P, S):
+                continue
+            self._bound[b] = (P, S)
+            for name_in, name_out, ptr in names:
+                self._io.bind_input(name_in, "cpu", 0, dt, [1, P, H, D], ptr)
+                self._io.bind_output(name_out, "cpu", 0, dt, [1, S, H, D], ptr + P * self._row_bytes)
 
     def view(self, slot: int) -> SlotView:
         return self._views[slot]
@@ -132,7 +161,8 @@ class SlotModel:
 
     def kv_rows(self, slot: int, start: int, stop: int) -> list[np.ndarray]:
         """Views of slot `slot`'s cache rows [start, stop) of every K/V buffer as [n, H_kv, D]."""
-        return [np.moveaxis(b[slot], 1, 0)[start:stop] for b in self._buffers]
+        axis = self.spec.layout.time_axis - 1  # of b[slot]: [H_kv, T, D] or [T, H_kv, D]
+        return [np.moveaxis(b[slot], axis, 0)[start:stop] for b in self._buffers]
 
     def forward(self, calls: Sequence[SlotCall]) -> list[np.ndarray]:
         """One graph call for every slot in `calls` (each at most once); returns each call's
@@ -175,8 +205,11 @@ class SlotModel:
         io.bind_cpu_input(contract.INPUT_IDS, np.concatenate(ids)[None])
         io.bind_cpu_input(contract.LOGITS_INDEX, np.asarray(index, np.int64))
         io.bind_cpu_input(contract.SLOT_ROWS, rows)
-        io.bind_cpu_input(contract.SEQLENS_K, seqlens)
-        io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
+        if self.spec.layout.in_place:
+            io.bind_cpu_input(contract.SEQLENS_K, seqlens)
+            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
+        else:
+            self._bind_rows(rows)
         V = self.spec.embedding_rows
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, V], self._logits.ctypes.data)
         t0 = time.perf_counter()

@@ -182,7 +182,7 @@ def test_top_level_not_a_mapping():
 def test_max_batch_range_and_forms():
     bad(with_(MINIMAL, "max_batch", 0), "max_batch = 0", "1..64")
     bad(with_(MINIMAL, "max_batch", "8"), "max_batch", "a string")
-    bad(with_(MINIMAL, "max_batch", 4), "max_batch = 4 needs graph: fused", "'portable'")
+    assert parse_recipe(with_(MINIMAL, "max_batch", 4), "ok.yaml").max_batch == 4  # portable (contract 1.10)
     fused = with_(with_(MINIMAL, "graph", "fused"), "max_batch", 4)
     assert parse_recipe(fused, "ok.yaml").max_batch == 4
     eagle = with_(with_(fused, "draft", {"eagle3": {"model": "some/head"}}), "speculation", {})
