@@ -111,3 +111,19 @@ def test_a_runtime_older_than_the_portable_batch_graph_refuses_it(tiny_artifacts
     with pytest.raises(ArtifactError) as info:
         load(tiny_artifacts[KIND])
     assert "'1.10' is not supported" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma3_text"])
+def test_portable_batch_of_other_families_equals_solo(tmp_path_factory, arch):
+    """Learned positions (GPT-2: only the portable form serves it) and per-layer windows with two
+    rotary tables (Gemma 3, window 16 < the sequences): rows bitwise, greedy batch = solo."""
+    from tiny import build_tiny_artifact
+
+    root = build_tiny_artifact(tmp_path_factory.mktemp(f"portable-{arch}"), "ngram-batch3", arch=arch)
+    rows = json.loads((root / "manifest.json").read_text())["target"]["validation"]["batch_rows"]
+    assert rows["bitwise"] and rows["slots"] == 3
+    solo, batch = load(root), load(root, batch=True)
+    prompts = PROMPTS[:4]
+    ref = [solo.generate(p, max_new_tokens=40, speculative=False).token_ids for p in prompts]
+    results = batch.batch(prompts, max_new_tokens=40, proposer="ngram", gamma=3)
+    assert [r.token_ids for r in results] == ref
