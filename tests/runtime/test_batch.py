@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import batch_support
 import numpy as np
 import pytest
+from batch_support import PROMPTS, generator_pair
 from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 
 from specexport_runtime.api import load
@@ -34,29 +36,16 @@ from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.slots import SlotCall
 
 KIND = "noisy-fused-batch4"  # a draft model with its own batch graph: it drafts batched too
-PROMPTS = [
-    "def add(a, b):",
-    "hello world hello world hello",
-    "x = 1\ny = 2\nx = 1\ny =",
-    "abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc",
-    "the quick brown",
-    "for i in range(10):\n    print(i)\nfor i in range(10):",
-    "a",
-    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen one two",
-]
 
 
 @pytest.fixture(scope="module")
 def pair(tiny_artifacts):
-    """(batch-1 generator, batch generator) of one artifact."""
-    root = tiny_artifacts[KIND]
-    return load(root), load(root, batch=True)
+    return generator_pair(tiny_artifacts[KIND])
 
 
 @pytest.fixture(scope="module")
 def solo_greedy(pair):
-    solo, _ = pair
-    return [solo.generate(p, max_new_tokens=40, speculative=False).token_ids for p in PROMPTS]
+    return batch_support.solo_greedy(pair[0], PROMPTS, 40)
 
 
 def test_manifest_records_the_batch_graph(tiny_artifacts):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 
+import batch_support
 import numpy as np
 import pytest
+from batch_support import PROMPTS, generator_pair
 
 from specexport_runtime import contract
 from specexport_runtime.api import load
@@ -18,26 +20,16 @@ from specexport_runtime.errors import ArtifactError
 from specexport_runtime.slots import SlotCall
 
 KIND = "noisy-batch3"  # portable target and draft model, 3 slots each
-PROMPTS = [
-    "def add(a, b):",
-    "hello world hello world hello",
-    "abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc abc",
-    "the quick brown",
-    "a",
-    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen one two",
-]
 
 
 @pytest.fixture(scope="module")
 def pair(tiny_artifacts):
-    root = tiny_artifacts[KIND]
-    return load(root), load(root, batch=True)
+    return generator_pair(tiny_artifacts[KIND])
 
 
 @pytest.fixture(scope="module")
 def solo_greedy(pair):
-    solo, _ = pair
-    return [solo.generate(p, max_new_tokens=32, speculative=False).token_ids for p in PROMPTS]
+    return batch_support.solo_greedy(pair[0], PROMPTS, 32)
 
 
 def test_manifest_and_graph_of_the_portable_batch_graph(tiny_artifacts):
@@ -122,8 +114,8 @@ def test_portable_batch_of_other_families_equals_solo(tmp_path_factory, arch):
     root = build_tiny_artifact(tmp_path_factory.mktemp(f"portable-{arch}"), "ngram-batch3", arch=arch)
     rows = json.loads((root / "manifest.json").read_text())["target"]["validation"]["batch_rows"]
     assert rows["bitwise"] and rows["slots"] == 3
-    solo, batch = load(root), load(root, batch=True)
+    solo, batch = generator_pair(root)
     prompts = PROMPTS[:4]
-    ref = [solo.generate(p, max_new_tokens=40, speculative=False).token_ids for p in prompts]
+    ref = batch_support.solo_greedy(solo, prompts, 40)
     results = batch.batch(prompts, max_new_tokens=40, proposer="ngram", gamma=3)
     assert [r.token_ids for r in results] == ref
