@@ -198,14 +198,14 @@ class SlotModel:
                 out_at[b] = len(index)
                 index.extend(range(start + S - c.last_rows, start + S))
             start += rows[b]
-        P = np.minimum(self.lengths, self.max_context - 1)  # a throwaway row of a full slot stays in the cache
-        seqlens = (P + rows - 1).astype(np.int32)  # [K]
-        total = (P + rows).astype(np.int32)  # [K]
         io, R = self._io, len(index)
         io.bind_cpu_input(contract.INPUT_IDS, np.concatenate(ids)[None])
         io.bind_cpu_input(contract.LOGITS_INDEX, np.asarray(index, np.int64))
         io.bind_cpu_input(contract.SLOT_ROWS, rows)
         if self.spec.layout.in_place:
+            P = np.minimum(self.lengths, self.max_context - 1)  # a throwaway row of a full slot stays in the cache
+            seqlens = (P + rows - 1).astype(np.int32)  # [K]; bound arrays stay referenced until the run
+            total = (P + rows).astype(np.int32)  # [K]
             io.bind_cpu_input(contract.SEQLENS_K, seqlens)
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
         else:
