@@ -26,7 +26,18 @@ from torch import nn
 from .architectures import module_at
 from .model_config import NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
 
-__all__ = ["ContractDecoder", "UnsupportedConfig", "rotary_inv_freq"]
+__all__ = ["ContractDecoder", "UnsupportedConfig", "call_positions", "past_positions", "rotary_inv_freq"]
+
+
+# Positions from shapes only, so that a traced graph stays dynamic in S and P.
+def past_positions(past_key: torch.Tensor) -> torch.Tensor:
+    """0 .. P-1 [P] of a past key [1, P, H_kv, D]."""
+    return torch.cumsum(torch.ones_like(past_key[0, :, 0, 0], dtype=torch.int64), 0) - 1
+
+
+def call_positions(past_pos: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """P .. P+S-1 [S] of a chain call's S ids after the past positions [P]."""
+    return torch.cumsum(torch.ones_like(ids), 0) - 1 + past_pos.numel()
 
 
 def _linear_parts(*modules: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -253,12 +264,10 @@ class ContractDecoder(nn.Module):
         ends = torch.cumsum(slot_rows, 0) if slot_rows is not None else None  # [K]
         out = []
         for b in range(K):
-            key = past[2 * b]  # layer 0's past key of slot b: [1, P_b, H_kv, D]
-            # positions from shapes only, so the exported graph stays dynamic in S and P
-            past_pos = torch.cumsum(torch.ones_like(key[0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P_b]
+            past_pos = past_positions(past[2 * b])  # [P_b] from layer 0's past key of slot b
             span = None if ends is None else (ends[b] - slot_rows[b], ends[b])
             rows = ids if span is None else ids[span[0] : span[1]]  # [n_b]
-            q_pos = torch.cumsum(torch.ones_like(rows), 0) - 1 + past_pos.numel()  # [n_b]: P_b .. P_b+n_b-1
+            q_pos = call_positions(past_pos, rows)  # [n_b]: P_b .. P_b+n_b-1
             out.append((span, q_pos, self._chain_masks(past_pos, q_pos)))
         return out
 
@@ -290,7 +299,7 @@ class ContractDecoder(nn.Module):
         elif K > 1:
             slot_rows, *past = past
         if self.tree:
-            past_pos = torch.cumsum(torch.ones_like(past[0][0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P]
+            past_pos = past_positions(past[0])  # [P]
             q_pos = position_ids.reshape(-1)  # [S]: P + depth
             slots = [(None, q_pos, self._tree_masks(past_pos, q_pos, tree_bias))]
         else:

@@ -38,6 +38,7 @@ from torch import nn
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
+from .decoder import call_positions, past_positions
 from .eagle_graph import head_spec
 from .export import ExportResult, fix_output_dims, save_traced, trace_module
 
@@ -117,9 +118,8 @@ class PortableHead(nn.Module):
         # input_ids [1, S]; features [1, S, F] fp32; draft_hidden [1, S, H] fp32; logits_index [R];
         # past_key / past_value [1, P, Hkv, D]
         ids = input_ids.reshape(-1)  # [S]
-        # positions from shapes only, so the graph stays dynamic in S and P (as the decoder)
-        past_pos = torch.cumsum(torch.ones_like(past_key[0, :, 0, 0], dtype=torch.int64), 0) - 1  # [P]
-        q_pos = torch.cumsum(torch.ones_like(ids), 0) - 1 + past_pos.numel()  # [S]: P .. P+S-1
+        past_pos = past_positions(past_key)  # [P]
+        q_pos = call_positions(past_pos, ids)  # [S]: P .. P+S-1
         k_pos = torch.cat([past_pos, q_pos])  # [T], T = P + S
         mask = torch.where(k_pos.unsqueeze(0) <= q_pos.unsqueeze(1), 0.0, torch.finfo(torch.float32).min)  # [S, T]
 

@@ -125,12 +125,8 @@ def export_graph(
     if tie_lm_head:
         _share_tied_embedding(proto)
     _fix_output_dims(proto, spec)
-    # a graph with target features needs contract 1.2 (a plain portable graph is 1.0's); a tree graph 1.9
-    version = contract.ROW_PADDING_VERSION if spec.feature_width else None
-    if tree:
-        version = contract.version_for(contract.TIME_MAJOR, 2 if spec.feature_width else 1, tree=True)
-    if slots > 1:
-        version = contract.version_for(contract.TIME_MAJOR, slots=slots)
+    # a plain portable graph is 1.0's; target features need 1.2, a tree graph 1.9, cache slots 1.10
+    version = contract.version_for(contract.TIME_MAJOR, 2 if spec.feature_width else 1, tree=tree, slots=slots)
     return save_traced(proto, spec, version, out_dir, start)
 
 
