@@ -22,6 +22,7 @@ from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
 from .model_config import normalize
 from .recipe_spec import Recipe
 from .sources import ModelSource, resolve_source, snapshot
+from .streaming import input_embedding
 
 VOCAB_MAP = "draft/vocab_map.npy"  # int64 [V_draft]: the target id of each draft row
 
@@ -49,7 +50,7 @@ def target_embedding(reference) -> torch.Tensor:
     """The target's input embedding [V, H] in float32 as its decoder sees it (what the head
     embeds its tokens with; the trainer uses the same): the table times Gemma's sqrt(hidden) or
     Granite's embedding_multiplier, which transformers applies after the lookup."""
-    table = reference.get_input_embeddings().weight.detach().float()
+    table = input_embedding(reference).float()
     norm = normalize(reference.config)
     if norm.arch.embed_scale:
         table = table * torch.tensor(norm.hidden**0.5, dtype=torch.float32)

@@ -19,10 +19,11 @@ from .errors import BuildError
 from .export import ExportResult, export_graph
 from .fused import build_fused
 from .model_config import NormalizedConfig
-from .quantize import QUANTIZED_PRECISIONS, quantize_graph
+from .quantize import ACCURACY_LEVEL, QUANTIZED_PRECISIONS, quantize_graph
 from .quantized_target import QuantizedWeights
-from .recipe_spec import BLOCK_SIZE, QUANTIZED_TARGETS, ModelSpec, Recipe
+from .recipe_spec import BLOCK_SIZE, BLOCKED_PRECISIONS, QUANTIZED_TARGETS, ModelSpec, Recipe
 from .sources import ModelSource
+from .streaming import is_streamed
 from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range
 
 if TYPE_CHECKING:
@@ -63,9 +64,12 @@ def _export(
     features: tuple[int, ...] = (),
     norm: NormalizedConfig | None = None,
     slots: int = 1,
+    dtype: torch.dtype = torch.float32,
+    progress: Progress | None = None,
 ) -> ExportResult:
-    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place);
-    slots > 1: the batch graph (fused: contract 1.6; portable: 1.10)."""
+    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place,
+    written one weight at a time in `dtype`); slots > 1: the batch graph (fused: contract 1.6;
+    portable: 1.10). The portable form traces a loaded model of its own dtype (_module_for)."""
     if recipe.layout.contrib_attention:
         return build_fused(
             model,
@@ -78,23 +82,35 @@ def _export(
             feature_layers=features,
             norm=norm,
             slots=slots,
+            dtype=dtype,
+            on_layer=_layer_progress(progress) if progress else None,
         )
+    model = _module_for(model, dtype)
     return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm, slots=slots)
+
+
+def _module_for(model, dtype: torch.dtype):
+    """A loaded model in `dtype` for the traced (portable) form (a copy when the dtype differs)."""
+    if is_streamed(model):
+        raise BuildError("graph: portable traces a loaded model; this build streamed its weights")
+    return model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
+
+
+def _layer_progress(progress: Progress):
+    """on_layer for build_fused: a line every tenth of the layers (and the last)."""
+
+    def on_layer(i: int, n: int) -> None:
+        if (i + 1) % max(1, n // 10) == 0 or i + 1 == n:
+            progress(f"  wrote layer {i + 1}/{n}")
+
+    return on_layer
 
 
 def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeights | None:
     q = spec.quantization
     if spec.precision not in QUANTIZED_TARGETS or q is None:
         return None
-    return QuantizedWeights(
-        spec.precision,
-        q.block_size or BLOCK_SIZE,
-        q.accuracy_level,
-        q.head,
-        q.embedding,
-        blocks,
-        float_weights=dict(reference.named_parameters()),
-    )
+    return QuantizedWeights(spec.precision, q.block_size or BLOCK_SIZE, q.accuracy_level, q.head, q.embedding, blocks)
 
 
 @dataclass(frozen=True)
@@ -137,7 +153,8 @@ def export_target(
     spec = recipe.target
     weights = _target_weights(spec, blocks, reference)
     fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
-    model = copy.deepcopy(reference).to(torch.float16) if fp16 else reference
+    dtype = torch.float16 if fp16 else torch.float32
+    model = reference  # the writer converts each weight to dtype as it writes it
     # padded attention is GroupQueryAttention's (the fused form)
     tries = (
         (Padding(),)
@@ -147,12 +164,32 @@ def export_target(
         else BITWISE_PORTABLE
     )
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
-        result = _export(recipe, model, out_dir, padding=tries[0], weights=weights, features=features, norm=norm)
-        batch = export_batch(recipe, model, result, tries[0], weights, norm, None)
-        tree = export_tree(recipe, model, result, tries[0], weights, norm, None, features)
+        result = _export(
+            recipe,
+            model,
+            out_dir,
+            padding=tries[0],
+            weights=weights,
+            features=features,
+            norm=norm,
+            dtype=dtype,
+            progress=progress,
+        )
+        batch = export_batch(recipe, model, result, tries[0], weights, norm, None, dtype)
+        tree = export_tree(recipe, model, result, tries[0], weights, norm, None, features, dtype)
         return TargetExport(result, {}, None, tries[0], batch, tree and tree.graph)
     for padding in tries:
-        result = _export(recipe, model, out_dir, padding=padding, weights=weights, features=features, norm=norm)
+        result = _export(
+            recipe,
+            model,
+            out_dir,
+            padding=padding,
+            weights=weights,
+            features=features,
+            norm=norm,
+            dtype=dtype,
+            progress=progress,
+        )
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
         if rows.bitwise:
             break
@@ -181,19 +218,26 @@ def export_target(
         )
         report["weights"] = weights.describe()
     report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
-    batch = export_batch(recipe, model, result, padding, weights, norm, probe)
+    batch = export_batch(recipe, model, result, padding, weights, norm, probe, dtype)
     if batch is not None:
         report["batch_rows"] = batch.rows
         if batch.rows["exactness"] != rows.exactness:
             progress(f"warning: the batch graph's rows are {batch.rows['exactness']} (batch-1: {rows.exactness})")
-    tree = export_tree(recipe, model, result, padding, weights, norm, probe, features)
+    tree = export_tree(recipe, model, result, padding, weights, norm, probe, features, dtype)
     if tree is not None:
         report["tree_rows"] = tree.rows
     return TargetExport(result, report, rows.exactness, padding, batch, tree and tree.graph)
 
 
 def export_batch(
-    recipe: Recipe, model, solo: ExportResult, padding: Padding, weights, norm, probe: list[int] | None
+    recipe: Recipe,
+    model,
+    solo: ExportResult,
+    padding: Padding,
+    weights,
+    norm,
+    probe: list[int] | None,
+    dtype: torch.dtype = torch.float32,
 ) -> BatchGraph | None:
     """The batch graph of recipe.max_batch slots as target/batch.onnx beside the batch-1 graph,
     reading the same weights file (checked byte for byte), and with a probe its rows measured
@@ -203,7 +247,9 @@ def export_batch(
         return None
     out_dir = solo.path.parent
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
-        result = _export(recipe, model, Path(scratch), padding=padding, weights=weights, norm=norm, slots=K)
+        result = _export(
+            recipe, model, Path(scratch), padding=padding, weights=weights, norm=norm, slots=K, dtype=dtype
+        )
         share_weights(result.path, solo.path, BATCH_GRAPH, f"max_batch {K}")
     rows = {} if probe is None else measure_batch_rows(solo, out_dir / BATCH_GRAPH, K, recipe, padding, probe)
     return BatchGraph(f"{out_dir.name}/{BATCH_GRAPH}", K, rows)
@@ -230,6 +276,7 @@ def export_tree(
     norm,
     probe: list[int] | None,
     features: tuple[int, ...] = (),
+    dtype: torch.dtype = torch.float32,
 ) -> TreeGraph | None:
     """The tree-verify graph as target/tree.onnx (recipe.tree_verify), reading the batch-1
     graph's weights file, with the batch-1 graph's feature layers (what an EAGLE-3 head reads
@@ -250,9 +297,12 @@ def export_tree(
                 tree=True,
                 table_rows=rows,
                 feature_layers=features,
+                dtype=dtype,
             )
         else:
-            result = export_graph(model, Path(scratch), feature_layers=features, norm=norm, tree=True)
+            result = export_graph(
+                _module_for(model, dtype), Path(scratch), feature_layers=features, norm=norm, tree=True
+            )
         rel = share_weights(result.path, solo.path, TREE_GRAPH, "tree_verify")
     if probe is None:
         return TreeGraph(rel, {})
@@ -324,22 +374,25 @@ def export_draft(
     recipe: Recipe, m: LoadedModels, root: Path, probe: list[int], vocab: int, validate: bool
 ) -> ModelEntry:
     """A draft graph (a draft model, or a copy of the target) at the recipe's draft precision:
-    quantized ones are exported float, then quantized (their agreement is reported, not
-    required); float ones validated like a target. With max_batch > 1 (fused) it gets a batch
-    graph too, draft/batch.onnx on the same weights file."""
+    quantized ones are written quantized (fused: the writer's round-to-nearest MatMulNBits, one
+    weight at a time; portable and dynamic-int8: exported float, then quantized), their
+    agreement reported, not required; float ones validated like a target. With max_batch > 1 it
+    gets a batch graph too, draft/batch.onnx on the same weights file."""
     precision = recipe.draft.precision
     base, norm = (m.draft, m.draft_norm) if m.draft is not None else (m.reference, m.norm)
-    model = (
-        base if precision in QUANTIZED_PRECISIONS or precision == "fp32" else copy.deepcopy(base).to(_dtype(precision))
-    )
+    block = recipe.draft.block_size or BLOCK_SIZE
 
     def write(out: Path, slots: int):
+        if precision in BLOCKED_PRECISIONS and recipe.layout.contrib_attention:
+            weights = QuantizedWeights(precision, block, ACCURACY_LEVEL, precision, "fp32", {})
+            spec = _export(recipe, base, out, tie_lm_head=False, weights=weights, norm=norm, slots=slots).spec
+            return spec, QUANTIZED
         with tempfile.TemporaryDirectory(dir=root) as scratch:
             if precision in QUANTIZED_PRECISIONS:
                 raw = _export(recipe, base, Path(scratch), tie_lm_head=False, norm=norm, slots=slots)
-                quantize_graph(raw.path, out, precision, recipe.draft.block_size or BLOCK_SIZE)
+                quantize_graph(raw.path, out, precision, block)
                 return raw.spec, QUANTIZED
-            spec = _export(recipe, model, out, norm=norm, slots=slots).spec
+            spec = _export(recipe, base, out, norm=norm, slots=slots, dtype=_dtype(precision)).spec
             return spec, FP16 if precision == "fp16" else FP32
 
     spec, tol = write(root / "draft", 1)

@@ -6,13 +6,17 @@ draft model with its tokenizer checked against the target's, or an EAGLE-3 head)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .build_eagle import load_head
+from .errors import BuildError
+from .formats.hf_quantized import quantization_method
 from .fused import fused_refusal
 from .model_config import NormalizedConfig, UnsupportedConfig, normalize, read_config
 from .recipe_spec import CHECKPOINT_TARGETS, ModelSpec, Recipe
 from .sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source
+from .streaming import open_streamed, streamable
 from .tokcheck import check_pair
 
 if TYPE_CHECKING:
@@ -49,11 +53,34 @@ def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> Norma
     return norm
 
 
-def _load_target(source: ModelSource, spec: ModelSpec) -> tuple[Any, dict]:
+def _load_float(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: Progress):
+    """The float32 reference of a float checkpoint: streamed (a transformers skeleton reading each
+    weight from the safetensors files when it is needed; streaming.py) where the fused writer
+    reads it, else loaded whole by transformers (GGUF files, pre-quantized folders, the traced
+    portable form)."""
+    folder = Path(source.location)
+    if (
+        source.kind == "folder"
+        and recipe.layout.contrib_attention
+        and streamable(folder)
+        and quantization_method(folder) is None
+    ):
+        config = read_config(source.location, trust_remote_code=spec.trust_remote_code)
+        try:
+            model = open_streamed(folder, config)
+        except BuildError as exc:
+            progress(f"{exc}; loading it whole instead")
+        else:
+            progress("streaming the weights tensor by tensor (safetensors)")
+            return model
+    return load_model(source, "float32", spec.trust_remote_code)
+
+
+def _load_target(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: Progress) -> tuple[Any, dict]:
     """(float32 reference model, the checkpoint's quantized blocks; {} unless a checkpoint format)."""
     if spec.precision in CHECKPOINT_TARGETS:
         return load_blocks(source, spec.precision)
-    return load_model(source, "float32", spec.trust_remote_code), {}
+    return _load_float(source, spec, recipe, progress), {}
 
 
 @dataclass
@@ -82,7 +109,7 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
     progress(f"loading target {recipe.target.model}")
     source = _source(recipe.target)
     tokenizer = load_tokenizer(source, recipe.target.trust_remote_code)
-    reference, blocks = _load_target(source, recipe.target)
+    reference, blocks = _load_target(source, recipe.target, recipe, progress)
     m = LoadedModels(source, tokenizer, reference, blocks, _loaded_config(reference, t_norm, recipe.max_context))
     clock.stage("load_target")
     if recipe.draft.kind == "eagle3":
@@ -94,7 +121,7 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
         progress(f"loading draft {recipe.draft.model.model}")
         m.draft_source = _source(recipe.draft.model)
         d_tok = load_tokenizer(m.draft_source, recipe.draft.model.trust_remote_code)
-        m.draft = load_model(m.draft_source, "float32", recipe.draft.model.trust_remote_code)
+        m.draft = _load_float(m.draft_source, recipe.draft.model, recipe, progress)
         m.draft_norm = _loaded_config(m.draft, d_norm, recipe.max_context)
         compat = check_pair(
             tokenizer,

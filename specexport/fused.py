@@ -10,7 +10,9 @@ residual add rides along). About 11 nodes per layer instead of ~33 in the portab
 CPU, and more so for a quantized draft, per-node overhead rivals the matrix work
 (docs/performance.md).
 
-The graph is built from the Hugging Face modules' weights with onnx.helper (no tracing). It
+The graph is written with onnx.helper (no tracing), one weight at a time: each is read from the
+model's TensorSource by its Hugging Face name (streaming.py: a safetensors checkpoint read tensor
+by tensor, or a loaded model's parameters) and appended to model.onnx.data as it is written. It
 reproduces the same families as the portable decoder except learned positions (GPT-2): the
 family's row (architectures.py) says where each weight lives and how the layer is wired, the
 normalized config (model_config.py) what it computes; validate.py checks the numerics against
@@ -33,12 +35,13 @@ GroupQueryAttention's local_window_size counts the query's own key since ONNX Ru
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
@@ -47,8 +50,20 @@ from . import fused_slots
 from .architectures import ArchSpec, arch_for, module_at
 from .decoder import rotary_inv_freq
 from .export import ExportResult
-from .graph_writer import MS, ONNX_DTYPE, FloatWeights, Graph, Linear, WeightPlan, activation, save_graph, softcap
+from .graph_writer import (
+    MS,
+    ONNX_DTYPE,
+    DataFile,
+    FloatWeights,
+    Graph,
+    Linear,
+    WeightPlan,
+    activation,
+    save_graph,
+    softcap,
+)
 from .model_config import NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
+from .streaming import Weights, source_of
 
 
 def fused_supported(model_type: str) -> bool:
@@ -70,13 +85,13 @@ def fused_refusal(cfg: NormalizedConfig) -> str | None:
     return None
 
 
-def _norm_weight(module: torch.nn.Module, offset: float) -> tuple[torch.Tensor, float]:
+def _norm_weight(module: torch.nn.Module, offset: float, w: Weights) -> tuple[torch.Tensor, float]:
     eps = getattr(module, "variance_epsilon", None)
     if eps is None:
         eps = getattr(module, "eps", None)
     if eps is None or getattr(module, "weight", None) is None:
         raise UnsupportedConfig(f"norm module {type(module).__name__} has no weight/eps the fused graph can use")
-    return module.weight.detach().float() + offset, float(eps)
+    return w.of(module).float() + offset, float(eps)
 
 
 def _rope_caches(g: Graph, model: torch.nn.Module, cfg: NormalizedConfig, positions: int) -> dict[str, tuple[str, str]]:
@@ -106,17 +121,16 @@ class LayerWeights:
     down_b: torch.Tensor | None
 
 
-def _bias(*modules: torch.nn.Module) -> torch.Tensor | None:
+def _bias(w: Weights, *modules: torch.nn.Module) -> torch.Tensor | None:
     if all(getattr(m, "bias", None) is None for m in modules):
         return None
-    return torch.cat([m.bias.detach() if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in modules])
+    return torch.cat([w.bias(m) if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in modules])
 
 
-def _layer_weights(
-    layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, names: dict[int, str], i: int
-) -> LayerWeights:
+def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, w: Weights, i: int) -> LayerWeights:
+    """Layer i's weights, read from the source (one layer's weights at a time)."""
     attn, mlp = module_at(layer, arch.attn), module_at(layer, arch.mlp)
-    part = lambda m: (names[id(m.weight)], m.weight)  # noqa: E731
+    part = w.part
     if arch.qkv == "separate":
         mods = (attn.q_proj, attn.k_proj, attn.v_proj)
     elif arch.qkv == "fused":
@@ -136,13 +150,13 @@ def _layer_weights(
         raise UnsupportedConfig(f"mlp kind {arch.mlp_kind!r} is not supported by the fused graph")
     return LayerWeights(
         qkv,
-        _bias(*mods),
+        _bias(w, *mods),
         Linear(f"l{i}_o", (part(out),)),
-        _bias(out),
+        _bias(w, out),
         Linear(f"l{i}_gate_up", tuple(part(m) for m in up_mods)),
-        _bias(*up_mods),
+        _bias(w, *up_mods),
         Linear(f"l{i}_down", (part(mlp.down_proj),)),
-        _bias(mlp.down_proj),
+        _bias(w, mlp.down_proj),
     )
 
 
@@ -150,12 +164,12 @@ class _Stream:
     """The residual stream: `residual` plus a `pending` addend that the next norm folds in
     (SkipSimplifiedLayerNormalization: one node for the add and the norm)."""
 
-    def __init__(self, g: Graph, x: str, offset: float):
-        self.g, self.residual, self.pending, self.offset = g, x, None, offset
+    def __init__(self, g: Graph, x: str, offset: float, weights: Weights):
+        self.g, self.residual, self.pending, self.offset, self.weights = g, x, None, offset, weights
 
     def norm(self, module: torch.nn.Module) -> str:
         """norm(residual + pending); residual := residual + pending."""
-        w, eps = _norm_weight(module, self.offset)
+        w, eps = _norm_weight(module, self.offset, self.weights)
         if self.pending is None:
             return self.g.op(
                 "SimplifiedLayerNormalization",
@@ -193,18 +207,18 @@ def _linear(g: Graph, weights: WeightPlan, x: str, site: Linear, bias: torch.Ten
     return y
 
 
-def _head_norm(g: Graph, x: str, module: torch.nn.Module, heads: int, D: int, offset: float) -> str:
+def _head_norm(g: Graph, x: str, module: torch.nn.Module, heads: int, D: int, offset: float, ws: Weights) -> str:
     """RMSNorm over head_dim of x [1, S, heads D] -> [1, S, heads D]."""
-    w, eps = _norm_weight(module, offset)
+    w, eps = _norm_weight(module, offset, ws)
     (y,) = g.op("Reshape", [x, g.const("shape", np.array([1, -1, heads, D], np.int64))])
     (y,) = g.op("SimplifiedLayerNormalization", [y, g.weight("head_norm", w)], axis=-1, epsilon=eps, stash_type=1)
     (y,) = g.op("Reshape", [y, g.const("shape", np.array([1, -1, heads * D], np.int64))])
     return y
 
 
-def _full_norm(g: Graph, x: str, module: torch.nn.Module, offset: float) -> str:
+def _full_norm(g: Graph, x: str, module: torch.nn.Module, offset: float, ws: Weights) -> str:
     """RMSNorm over the whole last dim of x [1, S, C] (OLMo 2's q/k norm)."""
-    w, eps = _norm_weight(module, offset)
+    w, eps = _norm_weight(module, offset, ws)
     return g.op("SimplifiedLayerNormalization", [x, g.weight("qk_norm", w)], axis=-1, epsilon=eps, stash_type=1)[0]
 
 
@@ -219,6 +233,7 @@ def _attention(
     caches: dict[str, tuple[str, str]],
     at: fused_slots.Layout,
     tree: fused_slots.TreeInputs,
+    ws: Weights,
 ) -> str:
     """h [1, S, hidden] -> the attention output before o_proj [1, S, H D], K/V written in place
     (at: each slot's rows and cursor, fused_slots.layout; tree: a tree graph's
@@ -230,11 +245,14 @@ def _attention(
         q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
         if arch.qk_norm == "head":
             q, k = (
-                _head_norm(g, q, attn.q_norm, H, D, arch.norm_offset),
-                _head_norm(g, k, attn.k_norm, Hkv, D, arch.norm_offset),
+                _head_norm(g, q, attn.q_norm, H, D, arch.norm_offset, ws),
+                _head_norm(g, k, attn.k_norm, Hkv, D, arch.norm_offset, ws),
             )
         else:
-            q, k = _full_norm(g, q, attn.q_norm, arch.norm_offset), _full_norm(g, k, attn.k_norm, arch.norm_offset)
+            q, k = (
+                _full_norm(g, q, attn.q_norm, arch.norm_offset, ws),
+                _full_norm(g, k, attn.k_norm, arch.norm_offset, ws),
+            )
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [qkv, "", ""]  # packed q|k|v
@@ -249,10 +267,10 @@ def _attention(
     return fused_slots.attention(g, i, qkv_inputs, at, rotary, attrs, tree.get(spec.window, []) if tree else [])
 
 
-def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: NormalizedConfig) -> str:
+def _branch(g: Graph, layer: torch.nn.Module, post: str | None, out: str, cfg: NormalizedConfig, ws: Weights) -> str:
     """An attention or MLP output as added to the residual stream: post-norm, residual multiplier."""
     if post is not None:
-        w, eps = _norm_weight(module_at(layer, post), cfg.arch.norm_offset)
+        w, eps = _norm_weight(module_at(layer, post), cfg.arch.norm_offset, ws)
         (out,) = g.op(
             "SimplifiedLayerNormalization", [out, g.weight("post_norm", w)], axis=-1, epsilon=eps, stash_type=1
         )
@@ -275,21 +293,21 @@ def _layer(
     tree: fused_slots.TreeInputs,
 ) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
-    arch = cfg.arch
+    arch, ws = cfg.arch, stream.weights
     attn = module_at(layer, arch.attn)
-    a = _attention(g, i, attn, cfg, h, lw, weights, caches, at, tree)
-    stream.add(_branch(g, layer, arch.attn_post_norm, _linear(g, weights, a, lw.o, lw.o_b), cfg))
+    a = _attention(g, i, attn, cfg, h, lw, weights, caches, at, tree, ws)
+    stream.add(_branch(g, layer, arch.attn_post_norm, _linear(g, weights, a, lw.o, lw.o_b), cfg, ws))
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
     inter = lw.gate_up.out_features // 2
     gate_up = _linear(g, weights, h, lw.gate_up, lw.gate_up_b)  # [1, S, 2 I]: one weight stream per MLP input
     gate, up = g.op("Split", [gate_up, g.const("split", np.array([inter, inter], np.int64))], 2, axis=-1)
     (hidden,) = g.op("Mul", [activation(g, gate, cfg.activation), up])
-    stream.add(_branch(g, layer, arch.mlp_post_norm, _linear(g, weights, hidden, lw.down, lw.down_b), cfg))
+    stream.add(_branch(g, layer, arch.mlp_post_norm, _linear(g, weights, hidden, lw.down, lw.down_b), cfg, ws))
 
 
-def _names(model: torch.nn.Module) -> dict[int, str]:
-    """id(parameter) -> its Hugging Face name (the first name of a tied parameter)."""
-    return {id(p): n for n, p in model.named_parameters()}
+def _paths(model: torch.nn.Module) -> dict[int, str]:
+    """id(module) -> its path in the model (a parameter's Hugging Face name is path.attribute)."""
+    return {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
 
 
 def build_fused(
@@ -306,10 +324,15 @@ def build_fused(
     slots: int = 1,
     tree: bool = False,
     table_rows: int | None = None,
+    dtype: torch.dtype | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
-    """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model`.
+    """Write out_dir/model.onnx (+ data) in the head_major_inplace layout for `model` (a loaded
+    transformers model, or a streamed skeleton: streaming.open_streamed), reading one weight at a
+    time from its source and appending it to the data file as it is written.
 
-    weights: how weights are stored (default FloatWeights: the model's dtype). min_rows: the
+    weights: how weights are stored (default FloatWeights: the graph dtype). dtype: the graph's
+    float dtype (default: the model's); weights are converted one at a time. min_rows: the
     manifest's min_rows for this graph (contract 1.2: the runtime pads calls). pad_attention:
     every GroupQueryAttention gets one row more than the call, a copy of its last row (contract
     1.2 cache_pad 1): ONNX Runtime's GroupQueryAttention computes a 1-row call on another path
@@ -325,7 +348,8 @@ def build_fused(
     fused_slots): K > 1 serves K sequences per call, rows packed slot after slot. tree: the
     tree-verify graph (contract 1.7): position_ids and tree_bias inputs, one slot, unpadded.
     table_rows: rows of the rotary tables (default max_context + min_rows - 1 + pad); a graph
-    that shares another's weights file takes that graph's."""
+    that shares another's weights file takes that graph's. on_layer(i, n): called once layer i of
+    n is written (progress)."""
     weights = weights or FloatWeights()
     pad = 1 if pad_attention else 0
     start = time.perf_counter()
@@ -335,7 +359,7 @@ def build_fused(
     problem = fused_refusal(cfg)
     if problem:
         raise UnsupportedConfig(problem)
-    dtype = next(model.parameters()).dtype
+    dtype = dtype or next(model.parameters()).dtype
     if dtype not in ONNX_DTYPE:
         raise UnsupportedConfig(f"dtype {dtype} is not supported (float32 or float16)")
     base = module_at(model, arch.decoder)
@@ -361,13 +385,54 @@ def build_fused(
         tree=tree,
     )
 
-    g = Graph(dtype)
+    g = Graph(dtype, data=DataFile(out_dir))
+    try:
+        return _write(
+            g,
+            model,
+            cfg,
+            spec,
+            weights,
+            max_context,
+            min_rows,
+            pad,
+            feature_layers,
+            tree,
+            table_rows,
+            on_layer,
+            start,
+            out_dir,
+            tie_lm_head,
+        )
+    finally:
+        if g.data is not None:
+            g.data.close()
+
+
+def _write(
+    g: Graph,
+    model,
+    cfg: NormalizedConfig,
+    spec: GraphSpec,
+    weights: WeightPlan,
+    max_context: int,
+    min_rows: int,
+    pad: int,
+    feature_layers: tuple[int, ...],
+    tree: bool,
+    table_rows: int | None,
+    on_layer,
+    start: float,
+    out_dir: Path,
+    tie_lm_head: bool,
+) -> ExportResult:
+    arch, dtype, slots = cfg.arch, g.dtype, spec.slots
+    base = module_at(model, arch.decoder)
+    layers = module_at(base, arch.layers)
     caches = _rope_caches(g, model, cfg, table_rows or max_context + min_rows - 1 + pad)
-    names = _names(model)
+    ws = Weights(source_of(model), _paths(model))
     embed_module = module_at(base, arch.embed)
-    x, table = weights.embedding(
-        g, contract.INPUT_IDS, Linear("embed", ((names[id(embed_module.weight)], embed_module.weight),))
-    )
+    x, table = weights.embedding(g, contract.INPUT_IDS, Linear("embed", (ws.part(embed_module),)))
     if arch.embed_scale:  # [1, S, hidden]
         scale = getattr(embed_module, "embed_scale", None)
         (x,) = g.op("Mul", [x, g.scalar("embed_scale", float(scale) if scale is not None else cfg.hidden**0.5)])
@@ -376,22 +441,24 @@ def build_fused(
 
     at = fused_slots.layout(g, slots, bool(pad))  # each slot's attention rows and cursor
     tree_in = fused_slots.tree_inputs_by_window(g, ONNX_DTYPE[dtype], cfg.windows) if tree else {}
-    stream = _Stream(g, x, arch.norm_offset)
+    stream = _Stream(g, x, arch.norm_offset, ws)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
         h = stream.norm(module_at(layer, arch.attn_norm)) if arch.attn_norm else stream.value()
         entering[i] = stream.residual  # the norm (or value()) has just folded the pending addend into it
-        _layer(g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, names, i), weights, caches, at, tree_in)
+        _layer(g, i, layer, cfg, stream, h, _layer_weights(layer, arch, cfg, ws, i), weights, caches, at, tree_in)
+        if on_layer is not None:
+            on_layer(i, len(layers))
 
     features = None
     if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits
         (features,) = g.op("Concat", [entering[i] for i in feature_layers], axis=-1)
         if dtype != torch.float32:
             (features,) = g.op("Cast", [features], to=TensorProto.FLOAT)
-    _logits(g, model, cfg, stream, base, table if tie_lm_head else None, names, dtype, weights)
+    _logits(g, model, cfg, stream, base, table if tie_lm_head else None, ws, dtype, weights)
     if features is not None:
         g.op("Identity", [features], [contract.HIDDEN_STATES])
-    inputs, outputs = _interface(spec, ONNX_DTYPE[dtype], features is not None)
+    inputs, outputs = fused_slots.interface(spec, ONNX_DTYPE[dtype], features is not None)
     padded = pad or min_rows > 1 or feature_layers
     version = contract.version_for(
         spec.kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots, tree=tree
@@ -400,7 +467,15 @@ def build_fused(
 
 
 def _logits(
-    g: Graph, model, cfg: NormalizedConfig, stream: _Stream, base, table: str | None, names, dtype, weights: WeightPlan
+    g: Graph,
+    model,
+    cfg: NormalizedConfig,
+    stream: _Stream,
+    base,
+    table: str | None,
+    ws: Weights,
+    dtype,
+    weights: WeightPlan,
 ) -> None:
     """Logits only for the requested rows: gather, final norm, output projection, Granite's
     divisor and Gemma 2's softcap (in the model dtype, as transformers), then float32."""
@@ -411,10 +486,10 @@ def _logits(
     (h2,) = g.op("Squeeze", [h, g.const("axes", np.array([0], np.int64))])  # [R, hidden]
     head = model.get_output_embeddings()
     embed = module_at(base, cfg.arch.embed)
-    tied = table is not None and head.weight.data_ptr() == embed.weight.data_ptr()
-    logits = weights.head(g, h2, Linear("lm_head", ((names[id(head.weight)], head.weight),)), table if tied else None)
+    tied = table is not None and ws.name(head) == ws.name(embed)
+    logits = weights.head(g, h2, Linear("lm_head", (ws.part(head),)), table if tied else None)
     if getattr(head, "bias", None) is not None:
-        (logits,) = g.op("Add", [logits, g.weight("lm_b", head.bias)])
+        (logits,) = g.op("Add", [logits, g.weight("lm_b", ws.bias(head))])
     if cfg.logits_divisor is not None:
         (logits,) = g.op("Div", [logits, g.scalar("logits_scaling", cfg.logits_divisor)])
     if cfg.final_softcap is not None:
@@ -422,37 +497,3 @@ def _logits(
     if dtype != torch.float32:
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
     g.op("Unsqueeze", [logits, g.const("axes", np.array([0], np.int64))], [contract.LOGITS])
-
-
-def _interface(spec: GraphSpec, elem: int, features: bool) -> tuple[list, list]:
-    """Graph inputs and outputs in the contract's order (GraphSpec), which the runtime checks by name."""
-    cache = [1, spec.num_kv_heads, "cache_rows", spec.head_dim]  # the runtime binds T_max rows (in place)
-    K = spec.slots
-    inputs = [
-        helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [1, "seq"]),
-        helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
-        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [K]),
-        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, [K] if K > 1 else []),
-    ]
-    if K > 1:
-        inputs.append(helper.make_tensor_value_info(contract.SLOT_ROWS, TensorProto.INT64, [K]))
-    if spec.tree:
-        inputs += [
-            helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [1, "seq"]),
-            helper.make_tensor_value_info(contract.TREE_BIAS, TensorProto.FLOAT, ["seq", "seq"]),
-        ]
-    outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", spec.embedding_rows])]
-    if features:
-        outputs.append(
-            helper.make_tensor_value_info(contract.HIDDEN_STATES, TensorProto.FLOAT, [1, "seq", spec.feature_width])
-        )
-    for i in range(spec.num_layers):
-        for b in spec.slot_ids:
-            inputs += [
-                helper.make_tensor_value_info(n, elem, cache)
-                for n in (contract.past_key(i, b), contract.past_value(i, b))
-            ]
-            outputs += [helper.make_tensor_value_info(n, elem, cache) for n in spec.layout.kv_outputs(i, b)]
-    order_in = {n: k for k, n in enumerate(spec.input_names())}
-    order_out = {n: k for k, n in enumerate(spec.output_names())}
-    return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

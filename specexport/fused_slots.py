@@ -1,4 +1,5 @@
-"""GroupQueryAttention of the fused graph, for one cache or for several cache slots.
+"""GroupQueryAttention of the fused graph, for one cache or for several cache slots, and the
+graph's inputs and outputs in the contract's order (`interface`).
 
 A slots graph (contract 1.5) serves K sequences in one call: their rows are packed one slot
 after another in input_ids [1, N] (slot_rows [K] says how many each has), so every MatMul reads
@@ -23,6 +24,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
 
 from .graph_writer import MS, Graph
 
@@ -184,3 +186,37 @@ def attention(
         return _drop_last_row(g, outs[0]) if pad else outs[0]
     (joined,) = g.op("Concat", outs, axis=1)  # [1, M, H D]
     return g.op("Gather", [joined, rows[2]], axis=1)[0]  # [1, N, H D]
+
+
+def interface(spec: GraphSpec, elem: int, features: bool) -> tuple[list, list]:
+    """Graph inputs and outputs in the contract's order (GraphSpec), which the runtime checks by name."""
+    cache = [1, spec.num_kv_heads, "cache_rows", spec.head_dim]  # the runtime binds T_max rows (in place)
+    K = spec.slots
+    inputs = [
+        helper.make_tensor_value_info(contract.INPUT_IDS, TensorProto.INT64, [1, "seq"]),
+        helper.make_tensor_value_info(contract.LOGITS_INDEX, TensorProto.INT64, ["rows"]),
+        helper.make_tensor_value_info(contract.SEQLENS_K, TensorProto.INT32, [K]),
+        helper.make_tensor_value_info(contract.TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, [K] if K > 1 else []),
+    ]
+    if K > 1:
+        inputs.append(helper.make_tensor_value_info(contract.SLOT_ROWS, TensorProto.INT64, [K]))
+    if spec.tree:
+        inputs += [
+            helper.make_tensor_value_info(contract.POSITION_IDS, TensorProto.INT64, [1, "seq"]),
+            helper.make_tensor_value_info(contract.TREE_BIAS, TensorProto.FLOAT, ["seq", "seq"]),
+        ]
+    outputs = [helper.make_tensor_value_info(contract.LOGITS, TensorProto.FLOAT, [1, "rows", spec.embedding_rows])]
+    if features:
+        outputs.append(
+            helper.make_tensor_value_info(contract.HIDDEN_STATES, TensorProto.FLOAT, [1, "seq", spec.feature_width])
+        )
+    for i in range(spec.num_layers):
+        for b in spec.slot_ids:
+            inputs += [
+                helper.make_tensor_value_info(n, elem, cache)
+                for n in (contract.past_key(i, b), contract.past_value(i, b))
+            ]
+            outputs += [helper.make_tensor_value_info(n, elem, cache) for n in spec.layout.kv_outputs(i, b)]
+    order_in = {n: k for k, n in enumerate(spec.input_names())}
+    order_out = {n: k for k, n in enumerate(spec.output_names())}
+    return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

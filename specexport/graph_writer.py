@@ -1,24 +1,28 @@
 """Writing ONNX graphs directly (no tracing): a tiny node writer, how weights are stored, saving.
 
 Used by the fused decoder (fused.py), quantized targets (quantized_target.py) and the EAGLE-3
-head (eagle_graph.py).
+head (eagle_graph.py). A Graph made with a `DataFile` appends each initializer over 1 KiB to
+model.onnx.data as it is made (the writer then holds no weight after writing it); without one it
+keeps them in memory until save_graph.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from io import BufferedWriter
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
-from .export import ExportResult, write_onnx
+from .export import DATA_NAME, GRAPH_NAME, ExportResult, write_onnx
 
 OPSET = 17
 MS = "com.microsoft"
@@ -26,13 +30,51 @@ ONNX_DTYPE = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT
 NP_DTYPE = {torch.float32: np.float32, torch.float16: np.float16}
 
 
+INLINE_BYTES = 1024  # initializers up to this size stay inside model.onnx
+ALIGN_FROM, ALIGN = 1 << 20, 1 << 16  # tensors of 1 MiB or more start at a 64 KiB offset (mmap-able)
+
+
+class DataFile:
+    """out_dir/model.onnx.data written as initializers are made: raw little-endian bytes, each
+    tensor's (offset, length) recorded in its TensorProto."""
+
+    def __init__(self, out_dir: Path):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / DATA_NAME
+        self._file: BufferedWriter | None = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+        self.offset = 0
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        assert self._file is not None, "data file closed"
+        array = np.ascontiguousarray(array)
+        if array.nbytes >= ALIGN_FROM and self.offset % ALIGN:
+            pad = ALIGN - self.offset % ALIGN
+            self._file.write(b"\0" * pad)
+            self.offset += pad
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", DATA_NAME), ("offset", str(self.offset)), ("length", str(array.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        self._file.write(memoryview(array.reshape(-1).view(np.uint8)))
+        self.offset += array.nbytes
+        return t
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 @dataclass
 class Graph:
-    """A tiny ONNX graph writer: unique names, initializers from numpy."""
+    """A tiny ONNX graph writer: unique names, initializers from numpy (streamed to `data`
+    when given)."""
 
     dtype: torch.dtype
     nodes: list = field(default_factory=list)
     inits: list = field(default_factory=list)
+    data: DataFile | None = None
     _n: int = 0
 
     def name(self, stem: str) -> str:
@@ -41,7 +83,10 @@ class Graph:
 
     def const(self, stem: str, array: np.ndarray) -> str:
         name = self.name(stem)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        if self.data is not None and array.nbytes > INLINE_BYTES:
+            self.inits.append(self.data.tensor(name, array))
+        else:
+            self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
     def scalar(self, stem: str, value: float) -> str:
@@ -139,5 +184,11 @@ def save_graph(
     )
     proto.ir_version = 8
     helper.set_model_props(proto, contract.graph_metadata(spec.kv_layout, version))
-    path, size = write_onnx(proto, out_dir)
+    if g.data is None:
+        path, size = write_onnx(proto, out_dir)
+    else:  # the weights are in g.data already
+        g.data.close()
+        path = out_dir / GRAPH_NAME
+        onnx.save_model(proto, str(path))
+        size = path.stat().st_size + g.data.path.stat().st_size
     return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)

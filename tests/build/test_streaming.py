@@ -1,0 +1,151 @@
+"""Streamed builds: a safetensors checkpoint read tensor by tensor gives the same graph, byte for
+byte, as the same checkpoint loaded whole by transformers, and its lazy reference the same logits;
+a tied head reads the embedding whatever the file holds; the data file is written as the graph is
+(big tensors external, mmap-aligned); a checkpoint whose names are not the model's is loaded whole."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from tiny import make_model, make_tokenizer, save_hf_folder, tiny_config, write_recipe
+
+from specexport.build import build_artifact
+from specexport.errors import BuildError
+from specexport.fused import build_fused
+from specexport.graph_writer import ALIGN, ALIGN_FROM, INLINE_BYTES
+from specexport.model_config import read_config
+from specexport.quantized_target import QuantizedWeights
+from specexport.recipe import load_recipe
+from specexport.streaming import SafetensorsSource, open_streamed, source_of
+from specexport.validate import reference_logits
+
+MAX_CONTEXT = 128
+FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "smollm3", "granite", "olmo2"]
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _loaded(folder):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streamed_graph_is_the_loaded_models_byte_for_byte(tmp_path, family):
+    folder = save_hf_folder(make_model(family), tmp_path / "hf")
+    streamed = open_streamed(folder, read_config(str(folder)))
+    a = build_fused(streamed, tmp_path / "s", MAX_CONTEXT, pad_attention=True)
+    b = build_fused(_loaded(folder), tmp_path / "l", MAX_CONTEXT, pad_attention=True)
+    assert _sha(a.path.with_name("model.onnx.data")) == _sha(b.path.with_name("model.onnx.data"))
+    assert _sha(a.path) == _sha(b.path)
+    assert all(p.device.type == "meta" for p in streamed.parameters())  # nothing stayed loaded
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3"])
+def test_streamed_reference_gives_the_loaded_models_logits(tmp_path, family):
+    folder = save_hf_folder(make_model(family), tmp_path / "hf")
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 300, 24)]
+    streamed = open_streamed(folder, read_config(str(folder)))
+    got = reference_logits(streamed, ids)
+    assert np.array_equal(got, reference_logits(_loaded(folder), ids))
+    assert all(p.device.type == "meta" for p in streamed.parameters())
+
+
+def test_quantized_weights_stream_like_loaded_ones(tmp_path):
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
+    plan = QuantizedWeights("int4", 32, 4, "int8", "fp32", {})
+    a = build_fused(open_streamed(folder, read_config(str(folder))), tmp_path / "s", MAX_CONTEXT, weights=plan)
+    b = build_fused(_loaded(folder), tmp_path / "l", MAX_CONTEXT, weights=plan)
+    assert _sha(a.path.with_name("model.onnx.data")) == _sha(b.path.with_name("model.onnx.data"))
+
+
+def test_a_tied_head_is_the_embedding_unless_the_file_holds_its_own(tmp_path):
+    """tie_word_embeddings: a head the checkpoint lacks reads the embedding; one it holds with other
+    values is used untied, as transformers 5 loads it; the streamed graph and reference follow."""
+    from safetensors.torch import load_file, save_file
+
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")  # tie_word_embeddings: true
+    tensors = load_file(folder / "model.safetensors")
+    assert "lm_head.weight" not in tensors
+    assert source_of(open_streamed(folder, read_config(str(folder)))).canonical("lm_head.weight") == (
+        "model.embed_tokens.weight"
+    )
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    streamed = open_streamed(folder, read_config(str(folder)))
+    assert source_of(streamed).canonical("lm_head.weight") == "lm_head.weight"
+    loaded = _loaded(folder)
+    a = build_fused(streamed, tmp_path / "s", MAX_CONTEXT)  # a fresh skeleton: its head is tied to the table
+    b = build_fused(loaded, tmp_path / "l", MAX_CONTEXT)
+    assert _sha(a.path.with_name("model.onnx.data")) == _sha(b.path.with_name("model.onnx.data"))
+    ids = [5, 17, 42, 99, 7, 3]
+    assert np.array_equal(reference_logits(streamed, ids), reference_logits(loaded, ids))
+
+
+def test_the_writer_streams_big_tensors_to_aligned_offsets(tmp_path):
+    folder = save_hf_folder(make_model("llama", vocab_size=4096, hidden_size=128), tmp_path / "hf")
+    result = build_fused(open_streamed(folder, read_config(str(folder))), tmp_path / "g", MAX_CONTEXT)
+    proto = onnx.load(str(result.path), load_external_data=False)
+    sizes = {}
+    for t in proto.graph.initializer:
+        n = int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        external = t.data_location == onnx.TensorProto.EXTERNAL
+        assert external == (n > INLINE_BYTES), t.name
+        if external:
+            info = {e.key: e.value for e in t.external_data}
+            sizes[t.name] = (int(info["offset"]), int(info["length"]))
+            assert int(info["length"]) == n
+            if n >= ALIGN_FROM:
+                assert int(info["offset"]) % ALIGN == 0, t.name
+    assert any(n >= ALIGN_FROM for _, n in sizes.values())  # the [4096, 128] fp32 embedding
+    end = max(o + n for o, n in sizes.values())
+    assert end == result.path.with_name("model.onnx.data").stat().st_size
+
+
+def test_unmatched_names_are_refused_for_streaming(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
+    tensors = {f"language_model.{k}": v for k, v in load_file(folder / "model.safetensors").items()}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(BuildError, match="cannot be streamed"):
+        open_streamed(folder, read_config(str(folder)))
+
+
+def test_sharded_checkpoints_are_read_through_their_index(tmp_path):
+    model = make_model("qwen3")
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder, max_shard_size="100KB")
+    make_tokenizer().save_pretrained(folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    source = SafetensorsSource(folder)
+    for name, p in model.named_parameters():
+        assert torch.equal(source.get(name), p.detach())
+
+
+def test_a_fused_folder_build_streams_and_validates(tmp_path):
+    """A fused recipe over a safetensors folder streams its target (the build says so), and the
+    manifest's validation equals that of the same checkpoint loaded whole (the portable form)."""
+    tok = make_tokenizer()
+    folder = save_hf_folder(make_model("qwen3"), tmp_path / "hf", tok)
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml", folder, {"from_target": {"precision": "int8"}}, graph="fused", max_context=MAX_CONTEXT
+        )
+    )
+    lines: list[str] = []
+    build_artifact(recipe, tmp_path / "a", progress=lines.append)
+    assert any("streaming the weights" in line for line in lines)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["target"]["validation"]["max_abs_diff"] < 1e-4
+    assert manifest["draft"]["validation"]["argmax_agreement"] > 0.5
+    assert tiny_config("qwen3").num_hidden_layers == manifest["target"]["num_layers"]
