@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -67,9 +66,10 @@ class ModuleSource:
 
 
 class SafetensorsSource:
-    """A Hugging Face folder's safetensors file(s), memory-mapped: `get` copies one tensor out.
+    """A Hugging Face folder's safetensors file(s): `get` maps the file, copies one tensor out and
+    unmaps it again (a file kept mapped would leave every tensor read so far resident).
 
-    aliases: name -> stored name (a tied output head reads the embedding)."""
+    aliases: name -> stored name, for names the files lack (a tied output head: the embedding)."""
 
     def __init__(self, folder: Path, aliases: dict[str, str] | None = None):
         self.folder = Path(folder)
@@ -85,8 +85,6 @@ class SafetensorsSource:
             raise BuildError(f"folder {str(folder)!r} holds neither {SINGLE} nor {INDEX}")
         self._file_of: dict[str, str] = dict(weight_map)
         self._aliases = dict(aliases or {})
-        self._stack = ExitStack()
-        self._open: dict[str, object] = {}
 
     def names(self) -> Iterator[str]:
         return iter(self._file_of)
@@ -98,20 +96,17 @@ class SafetensorsSource:
         return self.canonical(name) in self._file_of
 
     def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
         stored = self.canonical(name)
         file = self._file_of.get(stored)
         if file is None:
             raise BuildError(f"{self.folder.name}: no tensor {name!r} in the checkpoint")
-        handle = self._open.get(file)
-        if handle is None:
-            from safetensors import safe_open
-
-            handle = self._open[file] = self._stack.enter_context(safe_open(str(self.folder / file), framework="pt"))
-        return handle.get_tensor(stored)
+        with safe_open(str(self.folder / file), framework="pt") as handle:
+            return handle.get_tensor(stored)  # a copy: it outlives the mapping
 
     def close(self) -> None:
-        self._stack.close()
-        self._open.clear()
+        pass
 
 
 def streamable(folder: Path) -> bool:

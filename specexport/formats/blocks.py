@@ -159,6 +159,9 @@ def compatible(parts: list[BlockQuantized]) -> bool:
     )
 
 
+CHUNK_VALUES = 1 << 24  # float32 values rtn_quantize works on at once
+
+
 def rtn_quantize(w: np.ndarray, bits: int, block: int, symmetric: bool = True) -> BlockQuantized:
     """Round-to-nearest block quantization of a float weight [N, K].
 
@@ -173,6 +176,17 @@ def rtn_quantize(w: np.ndarray, bits: int, block: int, symmetric: bool = True) -
         raise FormatError(f"bits {bits!r} is not one of {BITS}")
     if block < MIN_BLOCK or block & (block - 1) or K % block:
         raise FormatError(f"block {block!r} must be a power of two >= {MIN_BLOCK} dividing K = {K}")
+    rows = max(1, CHUNK_VALUES // K)  # rows quantized at a time: the temporaries stay ~64 MB
+    if N > rows:
+        parts = [rtn_quantize(w[i : i + rows], bits, block, symmetric) for i in range(0, N, rows)]
+        zero = None if symmetric else np.concatenate([p.zero for p in parts])
+        return BlockQuantized(
+            q=np.concatenate([p.q for p in parts]),
+            scale=np.concatenate([p.scale for p in parts]),
+            zero=zero,
+            bits=bits,
+            block=block,
+        )
     levels = 1 << bits
     blocks = w.reshape(N, K // block, block)  # [N, nb, block]
     if symmetric:

@@ -21,6 +21,7 @@ from quantized_checkpoints import VARIANTS, write_checkpoint, write_tiny_gguf
 from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
 
 from specexport.build import build_artifact
+from specexport.build_graphs import BITWISE_FUSED
 from specexport.formats.gguf import read_gguf_blocks
 from specexport.formats.hf_quantized import load_quantized_folder
 from specexport.fused import build_fused
@@ -118,7 +119,10 @@ def test_gptq_recipe_builds_with_the_checkpoint_blocks(tmp_path):
     build_artifact(recipe, tmp_path / "a")
     target = json.loads((tmp_path / "a" / "manifest.json").read_text())["target"]
     assert target["precision"] == "gptq" and target["exactness"] == "bitwise"
-    assert (target["min_rows"], target["cache_pad"]) == (1, 1)  # padded attention, 1-row calls
+    # the cheapest padding that measures bitwise on this CPU: padded attention (1-row calls) where
+    # GroupQueryAttention's 1-row path agrees with its many-row one, else padded calls
+    assert (target["min_rows"], target["cache_pad"]) in [(p.min_rows, p.cache_pad) for p in BITWISE_FUSED]
+    assert target["validation"]["rows"]["max_abs_diff"] == 0.0
     assert target["validation"]["weights"] == {
         "accuracy_level": 4,
         "block_size": None,
@@ -280,7 +284,8 @@ def test_real_q4_recipe_is_bitwise_exact(tmp_path_factory):
     out = tmp_path_factory.mktemp("q4") / "a"
     report = build_artifact(recipe, out)
     target = report.manifest.target
-    assert (target.precision, target.exactness, target.min_rows, target.cache_pad) == ("gguf", "bitwise", 1, 1)
+    assert (target.precision, target.exactness) == ("gguf", "bitwise")
+    assert (target.min_rows, target.cache_pad) in [(p.min_rows, p.cache_pad) for p in BITWISE_FUSED]
     assert target.validation["argmax_agreement"] >= 0.9  # int8 activations vs the float32 model of the file
     gen = load(out)
     for text in [

@@ -149,3 +149,19 @@ def test_a_fused_folder_build_streams_and_validates(tmp_path):
     assert manifest["target"]["validation"]["max_abs_diff"] < 1e-4
     assert manifest["draft"]["validation"]["argmax_agreement"] > 0.5
     assert tiny_config("qwen3").num_hidden_layers == manifest["target"]["num_layers"]
+
+
+@pytest.mark.parametrize("bits, symmetric", [(4, True), (8, True), (4, False)])
+def test_round_to_nearest_in_row_chunks_equals_one_pass(monkeypatch, bits, symmetric):
+    """rtn_quantize bounds its temporaries by quantizing a big weight in row chunks; the codes,
+    scales and zero points are those of one pass over the whole weight."""
+    from specexport.formats import blocks
+
+    w = np.random.default_rng(bits).standard_normal((300, 256)).astype(np.float32)
+    whole = blocks.rtn_quantize(w, bits, 32, symmetric)
+    monkeypatch.setattr(blocks, "CHUNK_VALUES", 256 * 7)  # 7 rows at a time, a ragged last chunk
+    chunked = blocks.rtn_quantize(w, bits, 32, symmetric)
+    assert np.array_equal(whole.q, chunked.q) and np.array_equal(whole.scale, chunked.scale)
+    assert (whole.zero is None) == (chunked.zero is None)
+    if whole.zero is not None:
+        assert np.array_equal(whole.zero, chunked.zero)
