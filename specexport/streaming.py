@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -126,10 +127,15 @@ def skeleton(config) -> torch.nn.Module:
     return model.eval()
 
 
-def lazy_forward(model: torch.nn.Module, source: TensorSource, dtype: torch.dtype = torch.float32) -> None:
+DTYPE_ATTR = "weight_dtype"  # the dtype a streamed skeleton's forwards load their weights in
+
+
+def lazy_forward(model: torch.nn.Module, source: TensorSource) -> None:
     """Hook every module of `model` that owns parameters: each forward loads them from `source`
-    (in `dtype`) just before and puts them back on the meta device just after, so a forward holds
-    one module's weights at a time."""
+    (in the model's `weight_dtype`, float32 unless weights_dtype says otherwise) just before and
+    puts them back on the meta device just after, so a forward holds one module's weights at a
+    time."""
+    setattr(model, DTYPE_ATTR, torch.float32)
     for prefix, module in model.named_modules():
         own = [n for n, p in module._parameters.items() if p is not None]  # a bias may be None
         if not own:
@@ -137,6 +143,7 @@ def lazy_forward(model: torch.nn.Module, source: TensorSource, dtype: torch.dtyp
         names = {p: f"{prefix}.{p}" if prefix else p for p in own}
 
         def load(mod, _args, names=names):
+            dtype = getattr(model, DTYPE_ATTR)
             for p, full in names.items():
                 mod._parameters[p] = torch.nn.Parameter(source.get(full).to(dtype), requires_grad=False)
 
@@ -148,6 +155,26 @@ def lazy_forward(model: torch.nn.Module, source: TensorSource, dtype: torch.dtyp
 
         module.register_forward_pre_hook(load)
         module.register_forward_hook(drop)
+
+
+@contextmanager
+def weights_dtype(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """Run `model`'s forwards in `dtype` within the block: a streamed skeleton loads its weights in
+    it; a loaded float32 model is converted in place and back (float32 -> float64 -> float32 is
+    exact)."""
+    if hasattr(model, DTYPE_ATTR):
+        setattr(model, DTYPE_ATTR, dtype)
+        try:
+            yield
+        finally:
+            setattr(model, DTYPE_ATTR, torch.float32)
+        return
+    before = next(model.parameters()).dtype
+    torch.nn.Module.to(model, dtype)  # not transformers' override, which refuses quantized-origin models
+    try:
+        yield
+    finally:
+        torch.nn.Module.to(model, before)
 
 
 SOURCE_ATTR = "weight_source"  # where a streamed skeleton carries its TensorSource

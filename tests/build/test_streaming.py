@@ -165,3 +165,53 @@ def test_round_to_nearest_in_row_chunks_equals_one_pass(monkeypatch, bits, symme
     assert (whole.zero is None) == (chunked.zero is None)
     if whole.zero is not None:
         assert np.array_equal(whole.zero, chunked.zero)
+
+
+def _wide_phi3():
+    """Phi-4-mini's head shape (head_dim 128, rotary 96) at hidden 512: wide enough that
+    transformers' own fp32 logits are ~2e-4 from float64, past the fixed 1e-4 floor."""
+    return make_model(
+        "phi3",
+        hidden_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=128,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+    )
+
+
+def test_the_fp32_bound_follows_the_references_own_error(tmp_path):
+    """A wide model's fp32 graph differs from the fp32 reference by more than a fixed 1e-4 but by
+    no more than a few times transformers' own fp32 error against float64: the derived bound
+    passes it, the fixed one would refuse it, and a graph off by a real error still fails."""
+    from specexport.validate import FP32, ExportValidationError, Tolerance, validate_export
+
+    model = _wide_phi3()
+    ids = [int(i) for i in np.random.default_rng(0).integers(3, 300, 40)]
+    graph = build_fused(model, tmp_path / "g", MAX_CONTEXT)
+    report = validate_export(model, graph.path, graph.spec, ids, FP32)
+    assert report.max_abs_diff > 1e-4  # the fixed floor alone would refuse this graph
+    assert all(s.reference_error > 0 and s.max_abs_diff <= s.bound for s in report.steps)
+    with pytest.raises(ExportValidationError):
+        validate_export(model, graph.path, graph.spec, ids, Tolerance(max_abs=1e-4, rel=5e-6))
+    with torch.no_grad():  # a graph 1% off in one weight: a bug the bound must still catch
+        model.model.layers[1].mlp.down_proj.weight.mul_(1.01)
+    broken = build_fused(model, tmp_path / "b", MAX_CONTEXT)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.div_(1.01)
+    with pytest.raises(ExportValidationError, match="fp32 reference's error"):
+        validate_export(model, broken.path, broken.spec, ids, FP32)
+
+
+def test_float64_forwards_leave_the_reference_as_it_was(tmp_path):
+    from specexport.validate import float64_logits
+
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
+    ids = [5, 17, 42, 99, 7, 3]
+    for model in (_loaded(folder), open_streamed(folder, read_config(str(folder)))):
+        before = reference_logits(model, ids)
+        exact = float64_logits(model, ids)
+        assert exact.dtype == np.float64 and 0 < np.abs(exact - before).max() < 1e-4
+        assert np.array_equal(reference_logits(model, ids), before)  # back to float32, bit for bit
