@@ -6,6 +6,7 @@ with its row invariance measured (the padding a bitwise target needs), the draft
 from __future__ import annotations
 
 import copy
+import gc
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -191,6 +192,7 @@ def export_target(
             progress=progress,
         )
         rows = measure_rows(result.path, result.spec, recipe.max_context, padding, probe)
+        gc.collect()  # its session (the weights repacked: 5.9 GB for a 1B fp32 target) goes now
         if rows.bitwise:
             break
         if spec.exactness == "bitwise":

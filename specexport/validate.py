@@ -237,27 +237,30 @@ def validate_export(
     verify_len: int = 5,
     rollback: int = 2,
 ) -> ValidationReport:
-    """probe_ids: at least verify_len + 2 tokens; the first len - verify_len are the prompt."""
+    """probe_ids: at least verify_len + 2 tokens; the first len - verify_len are the prompt.
+    Every reference forward runs before the graph's session opens, so the build's memory holds
+    one of them at a time (a streamed reference loads weights per module; the session maps them
+    all)."""
     if len(probe_ids) < verify_len + 2:
         raise ValueError(f"probe_ids has {len(probe_ids)} tokens; need at least {verify_len + 2}")
     n0 = len(probe_ids) - verify_len
-    runner = FeedRunner(graph, spec)
+    keep = probe_ids[: len(probe_ids) - rollback]
+    token = (probe_ids[len(keep)] + 1) % spec.embedding_rows  # a token the cache has not seen there
     full = reference_logits(reference, probe_ids)  # [N, V]
     exact = _exact(reference, probe_ids, tolerance)  # [N, V] float64, or None
+    edited = reference_logits(reference, keep + [token])[-1:]  # [1, V]
+    edited_exact = _exact(reference, keep + [token], tolerance, last=1)
 
     def rows(a, sl):
         return None if a is None else a[sl]
 
+    runner = FeedRunner(graph, spec)
     got = runner.run(probe_ids[:n0], list(range(n0)))
     prefill = compare("prefill", got, full[:n0], tolerance, rows(exact, slice(None, n0)))
     got = runner.run(probe_ids[n0:], list(range(verify_len)))
     verify = compare("verify", got, full[n0:], tolerance, rows(exact, slice(n0, None)))
     runner.rollback(rollback)
-    keep = probe_ids[: len(probe_ids) - rollback]
-    token = (probe_ids[len(keep)] + 1) % spec.embedding_rows  # a token the cache has not seen there
-    ref = reference_logits(reference, keep + [token])[-1:]
-    exact = _exact(reference, keep + [token], tolerance, last=1)
-    after = compare("rollback", runner.run([token], [0]), ref, tolerance, exact)
+    after = compare("rollback", runner.run([token], [0]), edited, tolerance, edited_exact)
     return ValidationReport((prefill, verify, after)).check_agreement(tolerance)
 
 
@@ -276,9 +279,9 @@ def validate_long_range(
     tokens = (probe_ids * (length // len(probe_ids) + 1))[:length]
     n0 = length - verify_len
     rows = min(rows, n0)
-    runner = FeedRunner(graph, spec)
     full = reference_logits(reference, tokens, last=rows + verify_len)  # [rows + verify_len, V]
     exact = _exact(reference, tokens, tolerance, last=rows + verify_len)
+    runner = FeedRunner(graph, spec)  # after the reference forwards (validate_export)
     got = runner.run(tokens[:n0], list(range(n0 - rows, n0)))
     prefill = compare("long prefill", got, full[:rows], tolerance, None if exact is None else exact[:rows])
     got = runner.run(tokens[n0:], list(range(verify_len)))
