@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "runtime"))
 
 SHAPES = {
     # meta-llama/Llama-3.2-1B-Instruct, Llama-3.2-3B-Instruct and Llama-3.1-8B-Instruct config.json
@@ -28,6 +33,9 @@ SHAPES = {
                          num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
     "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    # the tests' dry run
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, vocab_size=49152),
 }  # fmt: skip
 LLAMA3 = dict(
     model_type="llama",
@@ -104,15 +112,24 @@ def _tokenizer(out: Path) -> None:
     AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file).save_pretrained(out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", choices=sorted(SHAPES), help="the real model whose shape is copied")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="folder to write")
-    parser.add_argument("--std", type=float, default=0.02, help="standard deviation of the random weights")
-    parser.add_argument("--seed", type=int, default=0, help="random seed")
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shape", choices=sorted(SHAPES), help="the real model whose shape is copied")
+    ap.add_argument("-o", "--output", type=Path, required=True, help="folder to write (new or empty)")
+    ap.add_argument("--std", type=float, default=0.02, help="standard deviation of the random weights")
+    ap.add_argument("--seed", type=int, default=0, help="random seed")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.output.exists() and any(args.output.iterdir()):
+        raise SystemExit(f"error: output folder {str(args.output)!r} is not empty")
+    if args.std <= 0:
+        raise SystemExit(f"error: --std {args.std} must be > 0")
     write_checkpoint(args.shape, args.output, args.std, args.seed)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -215,3 +215,24 @@ def test_float64_forwards_leave_the_reference_as_it_was(tmp_path):
         exact = float64_logits(model, ids)
         assert exact.dtype == np.float64 and 0 < np.abs(exact - before).max() < 1e-4
         assert np.array_equal(reference_logits(model, ids), before)  # back to float32, bit for bit
+
+
+def test_random_checkpoint_script_writes_a_streamable_folder_that_builds(tmp_path):
+    """benchmarks/random_checkpoint.py, dry: its tiny shape's folder (fp16 shards, the default
+    model's tokenizer, recipes) builds with its fp32 + int8 recipe, streamed."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "random_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("bench_random_checkpoint", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "ckpt"
+    assert script.main(["tiny", "-o", str(out)]) == 0
+    with pytest.raises(SystemExit, match="not empty"):
+        script.main(["tiny", "-o", str(out)])
+    lines: list[str] = []
+    build_artifact(load_recipe(out / "fp32-int8.yaml"), tmp_path / "a", progress=lines.append)
+    assert any("streaming the weights" in line for line in lines)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["target"]["embedding_rows"] == 49152 and manifest["draft"]["precision"] == "int8"
