@@ -87,6 +87,7 @@ class PrefixPool:
         self.max_bytes = max_bytes
         self.roots: dict[str, Node] = {}
         self.nbytes = 0
+        self.nodes = self.tokens = 0  # nodes and the ids of their edges (kept as counts: describe() never walks)
         self.clock = 0
         self.stats = PoolStats()
 
@@ -160,6 +161,7 @@ class PrefixPool:
             if child is None:
                 child = Node(ids[pos:length].copy(), node, used=now, namespace=namespace)
                 node.children[int(ids[pos])] = child
+                self.nodes, self.tokens = self.nodes + 1, self.tokens + child.tokens.size
             else:
                 c = _common(child.tokens, ids[pos:length])
                 if c < child.tokens.size:
@@ -196,6 +198,7 @@ class PrefixPool:
             else:
                 del node.rows[part]
         self.nbytes += upper.nbytes + node.nbytes - before
+        self.nodes += 1
         parent.children[int(upper.tokens[0])] = upper
         node.tokens = node.tokens[at:].copy()
         node.parent = upper
@@ -222,6 +225,7 @@ class PrefixPool:
         if node.children:
             raise InvalidArgument("only a leaf of the prefix pool can be evicted")
         self.nbytes -= node.nbytes
+        self.nodes, self.tokens = self.nodes - 1, self.tokens - node.tokens.size
         self.stats.evictions += 1
         self.stats.evicted_tokens += int(node.tokens.size)
         del node.parent.children[int(node.tokens[0])]
@@ -237,17 +241,16 @@ class PrefixPool:
 
     def clear(self) -> None:
         self.roots.clear()
-        self.nbytes = 0
+        self.nbytes = self.nodes = self.tokens = 0
 
     def describe(self) -> dict:
-        """What /metrics and the stats report."""
+        """What /metrics and the stats report (counts only: safe to call from another thread)."""
         s = self.stats
-        nodes = list(self._nodes())
         return {
             "bytes": self.nbytes,
             "max_bytes": self.max_bytes,
-            "nodes": len(nodes),
-            "tokens": int(sum(n.tokens.size for n in nodes)),
+            "nodes": self.nodes,
+            "tokens": int(self.tokens),
             "namespaces": len(self.roots),
             "lookups": s.lookups,
             "hits": s.hits,

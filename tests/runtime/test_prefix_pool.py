@@ -79,6 +79,8 @@ def test_matches_the_longest_prefix_and_its_rows_as_brute_force_does():
             if m.rows[part]:
                 read_back(pool, m, part, m.rows[part], q)
     assert pool.nbytes == sum(a.nbytes for n in pool._nodes() for a in n.rows.values())
+    nodes = list(pool._nodes())
+    assert (pool.nodes, pool.tokens) == (len(nodes), sum(n.tokens.size for n in nodes))
 
 
 def test_eviction_keeps_the_bound_and_drops_the_least_recently_used_first():
