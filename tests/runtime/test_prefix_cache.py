@@ -195,3 +195,47 @@ def test_a_bad_setting_is_refused_in_one_line():
         GeneratorConfig(cache_prompt="yes")
     with pytest.raises(InvalidArgument, match="cache_salt must be a string"):
         GeneratorConfig(cache_salt=3)
+
+
+@pytest.mark.parametrize("proposer", ["draft", "hybrid"])
+def test_batch_slots_adopt_a_prefix_and_equal_a_cold_batch(tiny_artifacts, proposer):
+    """Sequences leaving their slots keep their rows; the next batch's sequences start from them
+    (in whatever slot) and give the cold batch's tokens, which are the solo target-only tokens."""
+    root = tiny_artifacts["noisy-fused-batch4"]
+    warm, cold = load(root, batch=True), load(root, batch=True, config={"prefix_cache_bytes": 0})
+    first = [f"{SYSTEM} {t}" for t in TURNS]
+    warm.batch(first, max_new_tokens=12, proposer=proposer)
+    cold.batch(first, max_new_tokens=12, proposer=proposer)
+    second = [f"{p} and then?" for p in first[::-1]] + [SYSTEM]
+    got = warm.batch(second, max_new_tokens=12, proposer=proposer)
+    want = cold.batch(second, max_new_tokens=12, proposer=proposer)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert all(r.stats.cached_tokens > len(SYSTEM) // 4 for r in got), [r.stats.cached_tokens for r in got]
+    assert all(r.stats.cached_tokens == 0 for r in want)
+    solo = [cold.generate(p, max_new_tokens=12, speculative=False).token_ids for p in second]
+    assert [r.token_ids for r in got] == solo
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"proposer": "eagle"}, {"proposer": "hybrid"}, {"proposer": "eagle", **SEEDED}],
+    ids=["eagle", "hybrid", "eagle-seeded"],
+)
+def test_an_eagle_head_hit_equals_a_cold_start(pair, settings):
+    """An EAGLE-3 head also restores the target's features of the cached positions (and, greedy,
+    its own rows)."""
+    warm, cold = pair("eagle3", fresh=str(settings))
+    got = check_turns(warm, cold, settings)
+    assert warm.prefix_cache.describe()["hits"] >= 2 and got[2][1] > got[1][1]
+
+
+def test_a_prefix_ending_inside_a_word_reuses_the_common_ids(pair):
+    warm, cold = pair("noisy", prefix_cache_bytes=1 << 26)
+    short, longer = SYSTEM + " The quick br", SYSTEM + " The quick brown fox"
+    a = warm.generate(short, max_new_tokens=6, cache_salt="word")
+    stored = warm.codec.encode(short) + a.token_ids
+    ids = warm.codec.encode(longer)
+    common = next((i for i, (x, y) in enumerate(zip(ids, stored)) if x != y), min(len(ids), len(stored)))
+    got = warm.generate(longer, max_new_tokens=12, cache_salt="word")
+    assert got.stats.cached_tokens == min(common, len(ids) - 1) > 0
+    assert got.token_ids == cold.generate(longer, max_new_tokens=12).token_ids
