@@ -239,3 +239,33 @@ def test_a_prefix_ending_inside_a_word_reuses_the_common_ids(pair):
     got = warm.generate(longer, max_new_tokens=12, cache_salt="word")
     assert got.stats.cached_tokens == min(common, len(ids) - 1) > 0
     assert got.token_ids == cold.generate(longer, max_new_tokens=12).token_ids
+
+
+def test_many_batched_sessions_keep_the_bound_and_their_answers(tiny_artifacts):
+    """Twelve sessions with distinct histories, two turns each, four slots at once, a pool that
+    holds a few of them: the bound holds after every sequence leaves, and every answer is the
+    cold batch's."""
+    root = tiny_artifacts["noisy-fused-batch4"]
+    warm = load(root, batch=True, config={"prefix_cache_bytes": 200 * warm_row_bytes_of(root)})
+    cold = load(root, batch=True, config={"prefix_cache_bytes": 0})
+    pool = warm.prefix_cache.pool
+    sessions = [f"Session {k}: {SYSTEM[: 20 + 3 * k]}" for k in range(12)]
+    for _ in range(2):  # two turns
+        scheduler = warm.scheduler()
+        seqs = [scheduler.submit(p, max_new_tokens=8, proposer="draft") for p in sessions]
+        while not scheduler.idle:
+            scheduler.step()
+            assert pool.nbytes <= pool.max_bytes
+        want = cold.batch(sessions, max_new_tokens=8, proposer="draft")
+        assert [s.result().token_ids for s in seqs] == [r.token_ids for r in want]
+        sessions = [p + s.text + " ok?" for p, s in zip(sessions, seqs)]
+    stats = warm.prefix_cache.describe()
+    assert stats["evictions"] > 0 and stats["hits"] > 0, stats
+
+
+def warm_row_bytes_of(root) -> int:
+    """Bytes of one cached row of the target and the draft of an artifact (its manifest)."""
+    from specexport_runtime.manifest import read_manifest
+
+    m = read_manifest(root)
+    return sum(e.graph_spec().kv_bytes(1) for e in (m.target, m.draft))
