@@ -21,7 +21,6 @@ from .adaptive import GammaController
 from .batch import DEFAULT_PREFILL_CHUNK, BatchScheduler
 from .batch_gamma import BatchGamma
 from .config import ADAPTIVE, GeneratorConfig
-from .constants import BITWISE
 from .costs import VerifyCost
 from .datastore import Datastore
 from .eagle_tree import HeadTree
@@ -108,8 +107,8 @@ class SpecGenerator:
         self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
         self._datastore: Datastore | None = None
         self._constraints: ConstraintEngine | None = None
-        bitwise = manifest.draft is not None and manifest.draft.exactness == BITWISE
-        self.prefix_cache = PrefixCache(target, draft, self._config.prefix_cache_bytes, bitwise)  # prefix_cache.py
+        draft_class = getattr(manifest.draft, "exactness", None)
+        self.prefix_cache = PrefixCache(target, draft, self._config.prefix_cache_bytes, draft_class)  # prefix_cache.py
 
     # --- configuration ------------------------------------------------------------------
     @property

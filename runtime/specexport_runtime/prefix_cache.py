@@ -40,6 +40,7 @@ import numpy as np
 
 from . import registry
 from .config import GeneratorConfig
+from .constants import BITWISE
 from .contract import DECODER
 from .eagle import EagleProposer
 from .hybrid import HybridProposer
@@ -162,9 +163,10 @@ class PrefixCache:
     max_bytes None: the size of the target's and draft's own caches at max_context (and of the
     target's features there, for an EAGLE-3 head)."""
 
-    def __init__(self, target: Model, draft: Model | None, max_bytes: int | None, draft_bitwise: bool = False):
-        """draft_bitwise: the draft's manifest entry measured its rows bitwise (exactness)."""
-        self.target, self.draft, self.draft_bitwise = target, draft, draft_bitwise
+    def __init__(self, target: Model, draft: Model | None, max_bytes: int | None, draft_class: str | None = None):
+        """draft_class: the exactness the draft's manifest entry measured (constants.EXACTNESS, or
+        None): a bitwise draft's rows are reused for sampling too."""
+        self.target, self.draft, self.draft_bitwise = target, draft, draft_class == BITWISE
         if max_bytes is None:
             max_bytes = target.kv_nbytes() + (draft.kv_nbytes() if draft is not None else 0)
             if draft is not None and draft.spec.is_head:  # and the features an EAGLE-3 head reads: [T, F] fp32
