@@ -279,6 +279,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
     from .errors import InvalidArgument
     from .manifest import read_manifest
     from .package import SUFFIX, peek_manifest
+    from .server.config import prefix_overrides
 
     missing = missing_cluster_extra()
     if missing:
@@ -297,6 +298,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
         trusted_keys=keys,
         suffix_factor=args.suffix_factor,
         suffix_max_spec=args.suffix_max_spec,
+        **prefix_overrides(args),
     )
     autoscale = None if args.autoscale is None else parse_autoscale(args.autoscale)
     if args.max_batch is None:  # the artifact's (a .spx's manifest is read, not verified: every replica verifies)

@@ -117,3 +117,11 @@ def test_serve_options():
         ServerConfig(share_prefix_cache="yes")
     assert prefix_namespace("Bearer a", False) != prefix_namespace("Bearer b", False)
     assert prefix_namespace("Bearer a", True) == prefix_namespace(None, False) == ""
+
+
+def test_cluster_replicas_take_the_bound(tiny_artifacts, tmp_path):
+    from specexport_runtime.cluster.config import LoadOptions
+    from specexport_runtime.cluster.replica import open_generator
+
+    gen = open_generator(str(tiny_artifacts[KIND]), LoadOptions(threads=1, prefix_cache_bytes=12345), False, tmp_path)
+    assert gen.prefix_cache.pool.max_bytes == 12345
