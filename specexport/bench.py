@@ -282,6 +282,7 @@ def run_bench(
     if not registry.get(proposer).speculative:
         raise InvalidArgument(f"proposer must be one of {', '.join(registry.speculative_names())}, got {proposer!r}")
     settings = {k: v for k, v in (("hybrid_retrieval", hybrid_retrieval), ("suffix", suffix)) if v is not None}
+    settings = {"cache_prompt": False, **settings}  # cold prefills: repeats never reuse each other's prompt rows
     base = gen.configure(proposer=proposer, temperature=temperature, top_p=top_p, top_k=top_k, **settings)
 
     cases = make_cases(gen.codec, prompts, per_prompt_limit=True)

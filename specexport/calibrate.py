@@ -222,7 +222,7 @@ def calibrate(
     by_domain = _prompts_by_domain(domains, prompts, prompts_per_domain)
     measure_g = max(gammas)
     cases = {d: make_cases(gen.codec, plist, per_prompt_limit=True) for d, plist in by_domain.items()}
-    greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None)
+    greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None, cache_prompt=False)
     # warm-up on a prompt outside the calibrated set (first-call allocations, ORT arena growth)
     run_one(gen, warmup_case(gen.codec), greedy.replace(proposer=proposers[0], max_new_tokens=WARMUP_TOKENS))
     rounds, in_loop = _observe(gen, cases, proposers, greedy, max_new_tokens, progress)

@@ -42,7 +42,8 @@ def generation_row(
     "first_seconds": its prefill, "decode_seconds": the generation's seconds after the prefill,
     "tok_s": decode tokens/s ((new - 1) / decode_seconds), "drafted", "accepted", "calls": target
     calls, "rounds": verify calls, "tree_rounds": those verifying a tree, "target_seconds"}."""
-    kw: dict = {**options, **({"speculative": False} if mode == "off" else {"proposer": mode})}
+    # cold prefills (no prefix cache): a measured repeat never reuses an earlier one's prompt rows
+    kw: dict = {"cache_prompt": False, **options, **({"speculative": False} if mode == "off" else {"proposer": mode})}
     if gamma is not None and mode != "off":
         kw["gamma"] = gamma
     start = time.perf_counter()

@@ -383,6 +383,12 @@ def plan(
         report.notes.append(
             f"headroom under {TIGHT_FRACTION:.0%} of the budget: measure on the device (tegrastats / nvidia-smi)"
         )
+    kv = sum(m.kv_bytes for m in report.models)
+    report.notes.append(
+        f"prefix cache (CPU provider: serve, gen.generate): by default up to {gib(kv)} more host memory, the KV"
+        " caches' size again, for prompt prefixes reused across requests (an EAGLE-3 head adds the target's"
+        " features); --prefix-cache-mib / prefix_cache_bytes bound it, 0 turns it off (docs/prefix-cache.md)"
+    )
     tcfg = target[0]
     if tcfg.windows:
         layers = sum(layer.window is not None for layer in tcfg.layers)

@@ -37,6 +37,7 @@ from .generator import (
 from .manifest import Manifest, ModelEntry, read_manifest, verify_files
 from .model import Model
 from .paths import check_graph, confined
+from .prefix_cache import PrefixCache
 from .proposers import Proposer, ProposerContext
 from .signing import verify as verify_signature
 from .slots import SlotModel, idle_rows
@@ -106,6 +107,8 @@ class SpecGenerator:
         self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
         self._datastore: Datastore | None = None
         self._constraints: ConstraintEngine | None = None
+        draft_class = getattr(manifest.draft, "exactness", None)
+        self.prefix_cache = PrefixCache(target, draft, self._config.prefix_cache_bytes, draft_class)  # prefix_cache.py
 
     # --- configuration ------------------------------------------------------------------
     @property
@@ -233,9 +236,8 @@ class SpecGenerator:
     def _start(self, prompt_ids: list[int], config: GeneratorConfig) -> Generation:
         """Everything is checked and built here; the rounds run as the Generation is iterated."""
         loop, ctl = self.make_loop(config)
-        return Generation(
-            self._rounds(loop, prompt_ids, config, ctl), loop.stats, config, config.gamma_policy, loop.logprobs
-        )
+        rounds = self.prefix_cache.run(loop, config, prompt_ids, self._rounds(loop, prompt_ids, config, ctl))
+        return Generation(rounds, loop.stats, config, config.gamma_policy, loop.logprobs)
 
     def make_loop(
         self, config: GeneratorConfig, target: Model | None = None, batched: bool = False, draft: Model | None = None

@@ -271,6 +271,7 @@ class BatchScheduler:
             if draft is not None:
                 draft.reset()
             loop, _ = self.gen.make_loop(seq.config, target=view, batched=True, draft=draft)
+            self.gen.prefix_cache.attach(loop, seq.config, draft)  # its prefill starts from a cached prefix
             seq.slot, seq._loop, seq.stats = slot, loop, loop.stats
             seq._alpha, seq._proposed = self.gamma.prior(seq.proposer)
             seq._events = run_generation(
@@ -336,6 +337,8 @@ class BatchScheduler:
             seq._events.close()
         if kind == "cancel":
             seq.finish_reason = "cancelled"
+        if getattr(seq._loop, "prefix", None) is not None:  # its slots' committed rows go to the prefix pool
+            seq._loop.prefix.keep(seq.prompt_ids + seq.tokens)
         self.model.view(seq.slot).reset()  # an empty slot's throwaway attention row reads no past
         if self.draft is not None:
             self.draft.view(seq.slot).reset()

@@ -14,6 +14,7 @@ import traceback
 
 from . import registry
 from .errors import SpecExportError
+from .server.config import add_prefix_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,6 +136,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument(
         "--model-name", default=None, help="model id clients send and /v1/models lists (default: the artifact's name)"
     )
+    add_prefix_arguments(srv)
     srv.add_argument(
         "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
     )
@@ -225,7 +227,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from .api import load
     from .manifest import read_manifest
-    from .server.config import ServerConfig
+    from .server.config import ServerConfig, prefix_overrides
     from .server.run import serve
 
     config = ServerConfig(
@@ -240,6 +242,7 @@ def run_serve(args: argparse.Namespace) -> int:
         stall_seconds=args.stall_seconds,
         model_name=args.model_name,
         proposer=args.proposer,
+        share_prefix_cache=args.share_prefix_cache,
     )  # checked before the slow load
     from .errors import InvalidArgument
 
@@ -258,7 +261,7 @@ def run_serve(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         shared_pool=not args.no_shared_pool,
         trusted_keys=args.trusted_key,
-        config=suffix_overrides(args),
+        config={**suffix_overrides(args), **prefix_overrides(args)},
         batch=config.max_batch > 1,
         prepack=not args.no_prepack,
     )
@@ -276,6 +279,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
     from .errors import InvalidArgument
     from .manifest import read_manifest
     from .package import SUFFIX, peek_manifest
+    from .server.config import prefix_overrides
 
     missing = missing_cluster_extra()
     if missing:
@@ -294,6 +298,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
         trusted_keys=keys,
         suffix_factor=args.suffix_factor,
         suffix_max_spec=args.suffix_max_spec,
+        **prefix_overrides(args),
     )
     autoscale = None if args.autoscale is None else parse_autoscale(args.autoscale)
     if args.max_batch is None:  # the artifact's (a .spx's manifest is read, not verified: every replica verifies)

@@ -85,10 +85,16 @@ class GeneratorConfig:
     use_datastore: bool = True  # suffix drafts also come from the artifact's corpus datastore, if any
     tree_nodes: int = 0  # suffix / EAGLE-3 drafts are trees of up to this many tokens (a tree graph); 0: chains
     controller: Mapping[str, Any] = field(default_factory=dict)  # further GammaController fields (e.g. gamma_tolerance)
+    # prefix reuse (prefix_cache.py): whether this call reuses and leaves cached prompt rows, the
+    # namespace its prefixes match in (e.g. an API key), and the pool's byte bound (read from
+    # load()'s config; None: the size of the target's and draft's caches; 0: no pool)
+    cache_prompt: bool = True
+    cache_salt: str | None = None
+    prefix_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         registry.get(self.proposer)  # a registered name (InvalidArgument naming the known ones)
-        for name in ("speculative", "adaptive", "use_datastore"):
+        for name in ("speculative", "adaptive", "use_datastore", "cache_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "true or false")
         if self.gamma is not None and (not _int(self.gamma) or not MIN_GAMMA <= self.gamma <= MAX_GAMMA):
@@ -119,6 +125,11 @@ class GeneratorConfig:
         if not isinstance(stop, (tuple, list)) or any(not isinstance(s, str) or not s for s in stop):
             raise _fail("stop", self.stop, "non-empty strings")
         object.__setattr__(self, "stop", tuple(stop))
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise _fail("cache_salt", self.cache_salt, "a string or None (prefixes match within one salt)")
+        bound = self.prefix_cache_bytes
+        if bound is not None and (not _int(bound) or bound < 0):
+            raise _fail("prefix_cache_bytes", bound, "an integer >= 0 (bytes; 0: no prefix pool) or None (default)")
         self._check_proposer_settings()
         self._check_controller()
 

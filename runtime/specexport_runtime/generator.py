@@ -45,6 +45,7 @@ class TargetCall:
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix pool (prefill skipped them)
     new_tokens: int = 0
     rounds: int = 0  # speculative rounds (one target verify call each)
     plain_steps: int = 0  # 1-token target steps (speculation off or nothing drafted)
@@ -215,6 +216,7 @@ class SpeculativeLoop:
         # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
         self.ask_when_off = config.speculating and (proposer.proposes_when_off or guide is not None)
         self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
+        self.prefix = None  # a prefix_cache.Lease: the prefill starts from the prompt's cached rows
 
     def rows(self, logits: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
         """The target's logits rows [R, V] of a call on [last, draft] as decoding sees them."""
@@ -249,7 +251,8 @@ class SpeculativeLoop:
         self.proposer.constrain(self.guide.allowed if self.guide is not None else None)
         self.proposer.start(prompt)
         start = time.perf_counter()
-        logits = self.rows((yield from self.call(prompt)))
+        skip = self.prefix.restore(prompt) if self.prefix is not None else 0  # rows [0, skip) restored
+        logits = self.rows((yield from self.call(prompt[skip:])))
         token = self.pick(logits[0])
         self.stats.prefill_seconds = time.perf_counter() - start
         return self.emit([token], logits)

@@ -56,9 +56,10 @@ def check_counts(
     if result.finish_reason == "length":
         assert s.new_tokens == max_new
     # one target call per round or plain step (plus the prefill); it is fed each token once:
-    # the prompt, then [last, d1..dk] per round and [last] per plain step
+    # the prompt (less its prefix from the prefix pool), then [last, d1..dk] per round and [last] per plain step
+    fed = prompt_len - s.cached_tokens + s.rounds + s.drafted + s.plain_steps
     assert gen.target.stats.calls - calls_before["target_calls"] == 1 + s.rounds + s.plain_steps
-    assert gen.target.stats.tokens - calls_before["target_tokens"] == prompt_len + s.rounds + s.drafted + s.plain_steps
+    assert gen.target.stats.tokens - calls_before["target_tokens"] == fed
     if proposer == "draft":
         # the draft model runs once per drafted token; a backlog (the prompt, or tokens of plain
         # steps: at most one backlog per run of plain steps, plus the start) costs one extra call

@@ -36,6 +36,7 @@ class LoadOptions:
     trusted_keys: tuple[bytes, ...] | None = None
     suffix_factor: float | None = None
     suffix_max_spec: int | None = None
+    prefix_cache_bytes: int | None = None  # each replica's prefix pool bound (None: its default; prefix_cache.py)
 
     def __post_init__(self) -> None:
         if self.provider not in ("cpu", "cuda", "tensorrt"):

@@ -49,6 +49,9 @@ def open_generator(artifact: str, load: LoadOptions, batch: bool, scratch: Path)
     if path.suffix == SUFFIX and path.is_file():
         path = unpack(path, scratch / "artifact", trusted_keys=load.trusted_keys, keep=0)
     suffix = SuffixConfig.fixed_limit(load.suffix_factor, load.suffix_max_spec)
+    config = {} if suffix is None else {"suffix": suffix}
+    if load.prefix_cache_bytes is not None:
+        config["prefix_cache_bytes"] = load.prefix_cache_bytes
     return load_artifact(
         path,
         provider=load.provider,
@@ -56,7 +59,7 @@ def open_generator(artifact: str, load: LoadOptions, batch: bool, scratch: Path)
         verify=load.verify,
         shared_pool=load.shared_pool,
         trusted_keys=load.trusted_keys,
-        config={} if suffix is None else {"suffix": suffix},
+        config=config,
         batch=batch,
     )
 

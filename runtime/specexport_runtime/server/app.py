@@ -29,7 +29,7 @@ from ..generator import validate_prompt_ids
 from ..structured import Grammar, GrammarError, StructuredUnavailable
 from ..tools import ToolError, ToolPlan
 from .batch_worker import BatchWorker
-from .config import ServerConfig
+from .config import ServerConfig, prefix_namespace
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request, check_api_key
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import DONE, Renderer, sse
@@ -75,6 +75,7 @@ class ServerState:
         # a request's defaults: the generator's config with the server's default proposer
         self.base = gen.configure(proposer=self.default_proposer)
         self.metrics = Metrics(self.model)
+        self.metrics.watch_prefix_cache(gen.prefix_cache.describe)
         self.worker = make_worker(gen, config, self.metrics)
         self.created = int(time.time())
         self._key = config.api_key.encode() if config.api_key is not None else None
@@ -83,9 +84,16 @@ class ServerState:
         """Raise 401 unless the request carries the API key (when one is set)."""
         check_api_key(self._key, request.headers.get("authorization"))
 
-    def prepare(self, req: GenerationRequest) -> Prepared:
+    def cache_salt(self, request: Request) -> str:
+        """The prefix pool's namespace of a request (prefix_cache.py): one per Authorization header
+        presented, so no key sees another's cached prefixes (or their timing), unless the server
+        shares them (--share-prefix-cache)."""
+        return prefix_namespace(request.headers.get("authorization"), self.config.share_prefix_cache)
+
+    def prepare(self, req: GenerationRequest, salt: str = "") -> Prepared:
         """Tokenize and check a request against the artifact (runs in a thread pool: templates and
-        tokenizers are thread-safe, and the generator's mutable state is not touched)."""
+        tokenizers are thread-safe, and the generator's mutable state is not touched); salt: its
+        prefix pool namespace (cache_salt)."""
         codec, manifest = self.gen.codec, self.gen.manifest
         param = "messages" if req.kind == CHAT else "prompt"
         plan = grammar = None
@@ -147,6 +155,8 @@ class ServerState:
                 stop=s.stop,
                 grammar=grammar,
                 logprobs=req.logprobs,
+                cache_prompt=s.cache_prompt,
+                cache_salt=salt,
             )
         except InvalidArgument as exc:  # schemas check the same ranges; this is the runtime's own word
             raise bad_request(str(exc), None) from None
@@ -239,7 +249,7 @@ async def _generation(request: Request, parse):
         raise shutting_down()
     req = parse(await read_json(request, state.config.max_body_bytes))
     check_model(req.model, state.model)
-    prepared = await run_in_threadpool(state.prepare, req)
+    prepared = await run_in_threadpool(state.prepare, req, state.cache_salt(request))
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
     state.worker.submit(job)
     renderer = Renderer(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import ipaddress
 import math
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ class ServerConfig:
     model_name: str | None = None  # the id /v1/models lists (None: the artifact's manifest name)
     proposer: str | None = None  # default proposer of requests that name none (None: the artifact's)
     max_batch: int = 1  # requests generating at once (> 1: the artifact's batch graph, batch_worker.py)
+    share_prefix_cache: bool = False  # cached prompt prefixes are shared across API keys (prefix_cache.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
@@ -50,6 +53,8 @@ class ServerConfig:
             raise InvalidArgument("api_key must be a non-empty string without surrounding whitespace")
         if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= 64:
             raise InvalidArgument(f"max_batch must be an integer in 1..64, got {self.max_batch!r}")
+        if not isinstance(self.share_prefix_cache, bool):
+            raise InvalidArgument(f"share_prefix_cache must be true or false, got {self.share_prefix_cache!r}")
         if self.model_name is not None and not self.model_name:
             raise InvalidArgument("model_name must be a non-empty string")
 
@@ -71,3 +76,38 @@ class ServerConfig:
             f"warning: serving on {self.host}:{self.port} without --api-key: anyone who can reach this"
             " address can use the model (bind 127.0.0.1, or set --api-key)"
         )
+
+
+def prefix_namespace(authorization: str | None, shared: bool) -> str:
+    """A request's prefix pool namespace: a digest of its Authorization header ('' without one, or
+    when the server shares prefixes across keys)."""
+    if shared or not authorization:
+        return ""
+    return hashlib.sha256(authorization.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def add_prefix_arguments(srv: argparse.ArgumentParser) -> None:
+    """The `serve` options of the prefix pool (prefix_cache.py, docs/serving.md)."""
+    srv.add_argument(
+        "--prefix-cache-mib",
+        type=float,
+        default=None,
+        help="memory bound of the cache of prompt prefixes reused across requests, in MiB (0: off;"
+        " default: as much as the target's and draft's own caches at max_context)",
+    )
+    srv.add_argument(
+        "--share-prefix-cache",
+        action="store_true",
+        help="let requests with different API keys reuse each other's cached prefixes (default: one pool"
+        " namespace per Authorization header, since a shared cache shows through timing what others sent)",
+    )
+
+
+def prefix_overrides(args: argparse.Namespace) -> dict:
+    """load()'s config overrides of the prefix options: {} or {"prefix_cache_bytes": N}."""
+    mib = args.prefix_cache_mib
+    if mib is None:
+        return {}
+    if not math.isfinite(mib) or mib < 0:
+        raise InvalidArgument(f"--prefix-cache-mib must be a number of MiB >= 0, got {mib!r}")
+    return {"prefix_cache_bytes": int(mib * (1 << 20))}

@@ -62,6 +62,13 @@ TOKEN_BUCKETS = (
     2.5,
 )
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX_GAUGES = {  # PrefixPool.describe() key -> help of its gauge specexport:prefix_cache_<key>
+    "bytes": "Bytes of K/V rows held by the prefix pool.",
+    "max_bytes": "The prefix pool's memory bound in bytes.",
+    "tokens": "Token positions held by the prefix pool.",
+    "evictions": "Pool nodes evicted for the memory bound (since start).",
+    "token_hit_rate": "Prompt tokens served from the pool / prompt tokens looked up (since start).",
+}
 
 
 class Metrics:
@@ -90,6 +97,12 @@ class Metrics:
         )
         self.prompt_tokens = Counter(
             PREFIX + "prompt_tokens", "Prompt tokens of the requests that ran.", m, registry=registry
+        )
+        self.prefix_queries = Counter(
+            PREFIX + "prefix_cache_queries", "Prompt tokens looked up in the prefix pool.", m, registry=registry
+        )
+        self.prefix_hits = Counter(
+            PREFIX + "prefix_cache_hits", "Prompt tokens served from the prefix pool.", m, registry=registry
         )
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", m, registry=registry)
         self.ttft = Histogram(
@@ -169,6 +182,8 @@ class Metrics:
             self.drafted_per_pos.labels(model, str(pos)).inc(drafted)
             self.accepted_per_pos.labels(model, str(pos)).inc(accepted)
         self.prompt_tokens.labels(model).inc(stats.prompt_tokens)
+        self.prefix_queries.labels(model).inc(stats.prompt_tokens)
+        self.prefix_hits.labels(model).inc(stats.cached_tokens)
         self.generation_tokens.labels(model).inc(stats.new_tokens)
         self.queue_time.labels(model).observe(queue_seconds)
         if ttft is not None:
@@ -177,6 +192,13 @@ class Metrics:
             decode = stats.total_seconds - stats.prefill_seconds
             self.tpot.labels(model).observe(max(0.0, decode) / (stats.new_tokens - 1))
         self.e2e.labels(model).observe(e2e)
+
+    def watch_prefix_cache(self, describe) -> None:
+        """Gauges of the generator's prefix pool, read at each scrape: describe() ->
+        prefix_pool.PrefixPool.describe()'s dict (counts only, safe from this thread)."""
+        for key, what in PREFIX_GAUGES.items():
+            gauge = Gauge(PREFIX + "prefix_cache_" + key, what, ["model_name"], registry=self.registry)
+            gauge.labels(self.model).set_function(lambda key=key: describe()[key])
 
     def observe_batch(self, sequences: int) -> None:
         """One round of the batch scheduler served `sequences` running requests."""

@@ -54,6 +54,7 @@ def usage(stats: GenerationStats) -> dict:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.new_tokens,
         "total_tokens": stats.prompt_tokens + stats.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},  # from the prefix pool
     }
 
 
@@ -79,6 +80,7 @@ def speculative(outcome: Outcome) -> dict:
         "time_to_first_token_seconds": outcome.ttft_seconds,
         "queue_seconds": outcome.queue_seconds,
         "prefill_seconds": s.prefill_seconds,
+        "cached_tokens": s.cached_tokens,  # prompt tokens whose K/V came from the prefix pool
     }
 
 

@@ -57,6 +57,7 @@ COMMON = (
     "gamma",
     "top_k",
     "return_token_ids",
+    "cache_prompt",
     *IGNORED,
 )
 CHAT_FIELDS = (
@@ -84,6 +85,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     proposer: str | None = None  # None: the server's default
     gamma: int | None = None  # None: adaptive
+    cache_prompt: bool = True  # reuse and leave cached prompt rows (llama-server's field; prefix_cache.py)
 
 
 @dataclass(frozen=True)
@@ -290,7 +292,8 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
         if not MIN_GAMMA <= gamma <= MAX_GAMMA:
             expected = f"an integer in {MIN_GAMMA}..{MAX_GAMMA} (absent = adaptive)"
             raise bad_request(f"gamma must be {expected}, got {gamma!r}", "gamma")
-    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma)
+    cache_prompt = read_bool(body, "cache_prompt", True)
+    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma, cache_prompt)
 
 
 def _max_tokens(body: dict, names: tuple[str, ...]) -> tuple[int | None, str]:

@@ -1,0 +1,238 @@
+"""Prefix reuse across requests: a generation starts from the longest cached prefix of its prompt.
+
+A SpecGenerator has one PrefixCache over a PrefixPool (prefix_pool.py). For each generation
+(`run`), a Lease decides which models' rows it reuses and keeps:
+    target   always (its rows [0, P) are the prefix's K/V)
+    draft    a draft model the proposer runs (registry `needs` a decoder), when its rows are
+             row-invariant (a bitwise entry) or decoding is greedy (then the draft's rows only
+             change which tokens are proposed, never which are emitted)
+    features an EAGLE-3 proposer's target features of the cached positions ([1, n, F] rows: the
+             head reads them for every position), and with greedy decoding its head's own rows
+             (head row t pairs features[t] with token t + 1, so a prefix of m tokens gives m - 1)
+Any other proposer that runs a head gets no reuse.
+
+restore (the loop's prefill, after the caches were reset and the proposer started):
+    the target gets rows [0, m) with m = min(match, len(prompt) - 1), so the prefill still feeds
+    at least the prompt's last token (its logits row picks the first token); the draft gets
+    rows [0, min(its match, len(prompt))) and feeds the rest as its usual backlog.
+In a batch (batch.py) the scheduler attaches a lease to each joining sequence's loop on its slots;
+its prefill restores likewise, and the scheduler keeps the rows when the sequence leaves its slot.
+keep (the generation finished or was closed): rows [0, min(model.length, len(prompt + output)))
+    of each part go to the pool (cache row t is committed token t's K/V, and the emitted output
+    is a prefix of the committed tokens). Nothing is kept when any model was called by someone
+    else since this generation's last round (its rows are no longer this generation's), and a
+    generation that verified draft trees keeps only its prompt's rows (the tree graph's rows equal
+    the chain graph's numerically, not bitwise).
+
+Exactness: for a `bitwise` target a row does not depend on how the tokens were grouped into
+calls (measured by benchmarks/experiments/prefix_rows.py: prefill split at any point, or fed
+token by token), so a hit gives the same rows, logits and tokens as a cold start, greedy and
+seeded sampling alike. For a `numerical` target the rows agree numerically (as speculation and
+target-only do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import registry
+from .config import GeneratorConfig
+from .constants import BITWISE
+from .contract import DECODER
+from .eagle import EagleProposer
+from .hybrid import HybridProposer
+from .model import Model
+from .prefix_pool import PrefixPool
+
+if TYPE_CHECKING:
+    from .generator import SpeculativeLoop
+
+TARGET, DRAFT, HEAD, FEATURES = "target", "draft", "head", "features"  # the pool's parts
+
+
+def rows_reader(model: Model):
+    """f(start, stop) -> a copy of the model's cache rows [start, stop) as [B, n, H_kv, D] (B = 2 x
+    layers), and f(start, rows) that writes them back; None for a model whose cache is not in host
+    memory (TensorRT, a CUDA provider)."""
+    if getattr(model, "device", "cpu") != "cpu":
+        return None
+    if hasattr(model, "kv_rows"):  # OrtModel
+        views = model.kv_rows
+    elif hasattr(model, "slot") and hasattr(model.model, "kv_rows"):  # slots.SlotView
+        views = lambda a, b: model.model.kv_rows(model.slot, a, b)  # noqa: E731
+    else:
+        return None
+
+    def read(start: int, stop: int) -> np.ndarray:
+        return np.stack(views(start, stop))  # [B, n, H_kv, D]
+
+    def write(start: int, rows: np.ndarray) -> None:
+        for dst, src in zip(views(start, start + rows.shape[1]), rows):  # dst: [n, H_kv, D]
+            dst[...] = src
+
+    return read, write
+
+
+def eagle_of(proposer) -> EagleProposer | None:
+    """The EAGLE-3 proposer a proposer drafts with (itself, or hybrid's draft side), or None."""
+    if isinstance(proposer, EagleProposer):
+        return proposer
+    inner = getattr(proposer, "draft", None) if isinstance(proposer, HybridProposer) else None
+    return inner if isinstance(inner, EagleProposer) else None
+
+
+class Lease:
+    """One generation's use of the pool: which parts it restores and keeps (module docstring)."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        loop: SpeculativeLoop,
+        namespace: str,
+        parts: dict[str, Model],
+        eagle: EagleProposer | None = None,
+    ):
+        """parts: the models whose K/V rows it reuses (target, draft or head); eagle: an EAGLE-3
+        proposer whose target features it reuses too (part FEATURES: [1, n, F] rows).
+        A solo loop's models are the generator's, which any caller may run: keep() then checks
+        that none ran since the generation's last round (`mark`). A batched loop's are its slots,
+        which only its scheduler runs, and the scheduler keeps a sequence's rows as it leaves."""
+        self.cache, self.loop, self.namespace, self.parts, self.eagle = cache, loop, namespace, parts, eagle
+        self.names = (*parts, FEATURES) if eagle is not None else tuple(parts)
+        self.prompt_len = 0
+        self.started = False  # restore() ran: the caches hold this generation's rows
+        self.guarded = not loop.batched
+        self.mark: tuple | None = None  # the models' call counts and cursors after the last round seen
+
+    def fingerprint(self) -> tuple:
+        return tuple((m.stats.calls, m.length) for m in self.parts.values())
+
+    def restore(self, prompt: Sequence[int]) -> int:
+        """Rows [0, m) of each part from the pool into its cache (cursor after them); returns the
+        target's m, the prompt tokens the prefill skips."""
+        pool = self.cache.pool
+        self.prompt_len, self.started = len(prompt), True
+        match = pool.match(self.namespace, prompt, self.names)
+        # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
+        # every restored target row, and its row t pairs features[t] with token t + 1
+        skip = min(match.rows[TARGET], len(prompt) - 1, match.rows.get(FEATURES, len(prompt)))
+        stops = {TARGET: skip, DRAFT: min(match.rows.get(DRAFT, 0), len(prompt))}
+        stops[HEAD] = min(match.rows.get(HEAD, 0), max(0, skip - 1))
+        for part, model in self.parts.items():
+            if stops[part] > 0:
+                _, write = rows_reader(model)
+                pool.read(match, part, stops[part], write)
+                model.length = stops[part]  # rows [0, stop) now hold prompt[:stop]'s K/V
+        if self.eagle is not None and skip > 0:
+            pool.read(match, FEATURES, skip, self._write_features)
+            self.eagle.known = skip  # features of positions [0, skip)
+            self.eagle.real = stops[HEAD]  # head rows computed from features
+        pool.stats.lookups += 1
+        pool.stats.hits += skip > 0
+        pool.stats.prompt_tokens += len(prompt)
+        pool.stats.cached_tokens += skip
+        self.loop.stats.cached_tokens = skip
+        return skip
+
+    def keep(self, tokens: Sequence[int]) -> None:
+        """The generation ended (or was closed) with the committed prefix `tokens` (prompt + output)."""
+        if not self.started or (self.guarded and self.mark != self.fingerprint()):
+            return  # never started, or another caller used the models since its last round
+        limit = len(tokens) if self.loop.stats.tree_rounds == 0 else self.prompt_len
+        sources = {}
+        for part, model in self.parts.items():
+            read, _ = rows_reader(model)
+            sources[part] = (min(model.length, limit), read)
+        if self.eagle is not None:
+            known = min(self.eagle.known, limit)
+            sources[FEATURES] = (known, lambda a, b: self.eagle.features[None, a:b].copy())  # [1, n, F]
+            if HEAD in sources:  # rows computed from features, whose token t + 1 is committed
+                sources[HEAD] = (min(sources[HEAD][0], self.eagle.real, known, limit - 1), sources[HEAD][1])
+        self.cache.pool.insert(self.namespace, tokens, sources)
+
+    def _write_features(self, start: int, rows: np.ndarray) -> None:
+        """rows [1, n, F] of the target's features into the EAGLE proposer's positions [start, start + n)."""
+        self.eagle.features[start : start + rows.shape[1]] = rows[0]
+
+
+class PrefixCache:
+    """The generator's pool and what decides, per generation, what it reuses (module docstring).
+    max_bytes None: the size of the target's and draft's own caches at max_context (and of the
+    target's features there, for an EAGLE-3 head)."""
+
+    def __init__(self, target: Model, draft: Model | None, max_bytes: int | None, draft_class: str | None = None):
+        """draft_class: the exactness the draft's manifest entry measured (constants.EXACTNESS, or
+        None): a bitwise draft's rows are reused for sampling too."""
+        self.target, self.draft, self.draft_bitwise = target, draft, draft_class == BITWISE
+        if max_bytes is None:
+            max_bytes = target.kv_nbytes() + (draft.kv_nbytes() if draft is not None else 0)
+            if draft is not None and draft.spec.is_head:  # and the features an EAGLE-3 head reads: [T, F] fp32
+                max_bytes += target.max_context * target.spec.feature_width * 4
+        self.pool = PrefixPool(int(max_bytes))
+
+    @property
+    def enabled(self) -> bool:
+        return self.pool.max_bytes > 0 and rows_reader(self.target) is not None
+
+    def parts(self, loop: SpeculativeLoop, config: GeneratorConfig, draft: Model | None) -> dict[str, Model] | None:
+        """The models a generation reuses rows of (draft: the draft model its proposer runs); None:
+        no reuse."""
+        parts: dict[str, Model] = {TARGET: loop.target}
+        name = loop.proposer.name
+        if config.speculating and registry.get(name).uses_draft and draft is not None:
+            exact = config.sampling.greedy or self.draft_bitwise  # draft rows only steer proposals when greedy
+            if draft.spec.is_head:  # its features part comes with the lease (eagle_of)
+                if eagle_of(loop.proposer) is None:
+                    return None  # a head this module does not know how to restore
+                if exact and rows_reader(draft) is not None:
+                    parts[HEAD] = draft
+            elif draft.spec.kind == DECODER and exact and rows_reader(draft) is not None:
+                parts[DRAFT] = draft
+        return parts
+
+    def lease(self, loop: SpeculativeLoop, config: GeneratorConfig, draft: Model | None) -> Lease | None:
+        """A generation's lease (draft: the draft model its proposer runs, if any), or None: no
+        reuse for this call."""
+        if not config.cache_prompt or not self.enabled or rows_reader(loop.target) is None:
+            return None
+        parts = self.parts(loop, config, draft)
+        if parts is None:
+            return None
+        eagle = eagle_of(loop.proposer) if draft is not None and draft.spec.is_head else None
+        return Lease(self, loop, config.cache_salt or "", parts, eagle)
+
+    def attach(self, loop: SpeculativeLoop, config: GeneratorConfig, draft: Model | None) -> Lease | None:
+        """A batched loop's lease on its slots (draft: its draft model's slot, or None), set as its
+        prefix (its prefill restores); the scheduler calls keep() with the sequence's tokens when
+        it leaves its slot."""
+        loop.prefix = self.lease(loop, config, draft)
+        return loop.prefix
+
+    def run(self, loop: SpeculativeLoop, config: GeneratorConfig, prompt: list[int], events: Iterator) -> Iterator:
+        """`events` (a generation's (ids, text, reason) per round) with the pool around it: the loop
+        restores its prefix at prefill, and the committed tokens are kept when it ends or closes."""
+        lease = self.lease(loop, config, self.draft)
+        if lease is None:
+            return events
+        loop.prefix = lease
+        return self._keeping(lease, prompt, events)
+
+    @staticmethod
+    def _keeping(lease: Lease, prompt: list[int], events: Iterator) -> Iterator:
+        output: list[int] = []
+        try:
+            for event in events:
+                output += event[0]
+                lease.mark = lease.fingerprint()
+                yield event
+        except GeneratorExit:  # closed after a round: its caches still hold committed rows
+            events.close()
+            lease.keep(prompt + output)
+            raise
+        lease.keep(prompt + output)
+
+    def describe(self) -> dict:
+        return self.pool.describe()
