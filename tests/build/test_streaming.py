@@ -236,3 +236,24 @@ def test_random_checkpoint_script_writes_a_streamable_folder_that_builds(tmp_pat
     assert any("streaming the weights" in line for line in lines)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["target"]["embedding_rows"] == 49152 and manifest["draft"]["precision"] == "int8"
+
+
+def test_build_memory_script_places_the_peak_in_a_stage(tmp_path, capsys):
+    """benchmarks/build_memory.py, dry, on a tiny folder recipe: one line per progress message
+    with its RSS and the peak so far, ending with done."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "build_memory.py"
+    spec = importlib.util.spec_from_file_location("bench_build_memory", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
+    recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram"}, graph="fused", max_context=MAX_CONTEXT)
+    assert script.main([str(recipe), "-o", str(tmp_path / "a"), "--no-validate"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any("streaming the weights" in line for line in lines) and lines[-1].endswith("done")
+    peaks = [float(line.split("peak")[1].split("GB")[0]) for line in lines]
+    assert peaks == sorted(peaks) and peaks[-1] > 0
+    with pytest.raises(SystemExit, match="--interval"):
+        script.main([str(recipe), "-o", str(tmp_path / "b"), "--interval", "0"])
