@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from .build_graphs import export_draft, export_target, model_entry
 from .build_load import load_models
 from .build_package import package_artifact
 from .errors import BuildError
+from .progress import Clock, Progress, quiet
 from .recipe_spec import Recipe
 
 DEFAULT_PROBE = (
@@ -54,13 +53,6 @@ class BuildReport:
         }
 
 
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
 def check_output(output: Path, force: bool) -> None:
     if output.exists() and not force:
         raise OutputExists(f"output folder {str(output)!r} already exists (pass --force to replace it)")
@@ -83,7 +75,7 @@ def _probe_ids(tokenizer, recipe: Recipe) -> list[int]:
 
 
 def build_artifact(
-    recipe: Recipe, output: Path, *, force: bool = False, validate: bool | None = None, progress: Progress = _quiet
+    recipe: Recipe, output: Path, *, force: bool = False, validate: bool | None = None, progress: Progress = quiet
 ) -> BuildReport:
     output = Path(output)
     check_output(output, force)
@@ -104,19 +96,6 @@ def build_artifact(
         raise
     report.output = output
     return report
-
-
-class Clock:
-    """Seconds per build stage, in order."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def stage(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = round(now - self._last, 2)
-        self._last = now
 
 
 def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) -> BuildReport:

@@ -14,11 +14,11 @@ import torch
 from specexport_runtime import contract
 from specexport_runtime.manifest import ModelEntry
 
-from .build_graphs import share_weights
 from .eagle_graph import build_eagle3_head
 from .eagle_portable import build_portable_head
 from .errors import BuildError
 from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
+from .graph_writer import share_weights
 from .model_config import normalize
 from .recipe_spec import Recipe
 from .sources import ModelSource, resolve_source, snapshot

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specexport_runtime.manifest import ModelEntry, sha256_file
+from specexport_runtime.manifest import ModelEntry
 
 from .errors import BuildError
 from .export import ExportResult, export_graph
 from .fused import build_fused
+from .graph_writer import share_weights
 from .model_config import NormalizedConfig
 from .quantize import ACCURACY_LEVEL, QUANTIZED_PRECISIONS, quantize_graph
 from .quantized_target import QuantizedWeights
@@ -28,8 +29,8 @@ from .streaming import is_streamed
 from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range
 
 if TYPE_CHECKING:
-    from .build import Progress
     from .build_load import LoadedModels
+    from .progress import Progress
 
 
 def _dtype(precision: str) -> torch.dtype:
@@ -417,20 +418,6 @@ def export_draft(
     return model_entry(
         "draft/model.onnx", m.draft_source or m.source, base, precision, spec, vocab, validation, batch=batch
     )
-
-
-def share_weights(graph: Path, solo_graph: Path, name: str, what: str) -> str:
-    """Move `graph` beside the batch-1 graph as `name` once its weights file is checked to be byte
-    for byte the batch-1 graph's (it then reads that file); returns its artifact-relative path.
-    what: the option that asked for it, named by the error."""
-    data = graph.with_name(graph.name + ".data")
-    if sha256_file(data) != sha256_file(solo_graph.with_name(solo_graph.name + ".data")):
-        raise BuildError(
-            f"the {name} graph's weights differ from {solo_graph.parent.name}/{solo_graph.name}'s; cannot share one"
-            f" weights file; build without {what}"
-        )
-    graph.replace(solo_graph.parent / name)  # its external data location is the same file name
-    return f"{solo_graph.parent.name}/{name}"
 
 
 def model_entry(

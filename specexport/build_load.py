@@ -20,7 +20,7 @@ from .streaming import open_streamed, streamable
 from .tokcheck import check_pair
 
 if TYPE_CHECKING:
-    from .build import Clock, Progress
+    from .progress import Clock, Progress
 
 
 def _source(spec: ModelSpec) -> ModelSource:

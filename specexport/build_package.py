@@ -27,8 +27,8 @@ from .recipe_spec import Recipe
 from .tokcheck import tokenizer_hash
 
 if TYPE_CHECKING:
-    from .build import Clock, Progress
     from .build_load import LoadedModels
+    from .progress import Clock, Progress
 
 
 def _eos_ids(tokenizer, model) -> tuple[int, ...]:

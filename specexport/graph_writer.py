@@ -21,7 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
+from specexport_runtime.manifest import sha256_file
 
+from .errors import BuildError
 from .export import DATA_NAME, GRAPH_NAME, ExportResult, write_onnx
 
 OPSET = 17
@@ -192,3 +194,17 @@ def save_graph(
         onnx.save_model(proto, str(path))
         size = path.stat().st_size + g.data.path.stat().st_size
     return ExportResult(path, spec, time.perf_counter() - start, len(g.nodes), size)
+
+
+def share_weights(graph: Path, solo_graph: Path, name: str, what: str) -> str:
+    """Move `graph` beside the batch-1 graph as `name` once its weights file is checked to be byte
+    for byte the batch-1 graph's (it then reads that file); returns its artifact-relative path.
+    what: the option that asked for it, named by the error."""
+    data = graph.with_name(graph.name + ".data")
+    if sha256_file(data) != sha256_file(solo_graph.with_name(solo_graph.name + ".data")):
+        raise BuildError(
+            f"the {name} graph's weights differ from {solo_graph.parent.name}/{solo_graph.name}'s; cannot share one"
+            f" weights file; build without {what}"
+        )
+    graph.replace(solo_graph.parent / name)  # its external data location is the same file name
+    return f"{solo_graph.parent.name}/{name}"

@@ -144,11 +144,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .features import HEAD_MAJOR_INPLACE, TIME_MAJOR, features_for, needs_version, parse_version
+
 CONTRACT_VERSION = "1.10"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
-TIME_MAJOR = "time_major"  # contract 1.0; the kv_layout string of manifests and graph metadata
-HEAD_MAJOR_INPLACE = "head_major_inplace"  # contract 1.1
+# TIME_MAJOR, HEAD_MAJOR_INPLACE: the kv_layout strings of manifests and graph metadata (features.py)
 ROW_PADDING_VERSION = "1.2"  # manifest entries with min_rows / exactness
 PORTABLE_HEAD_VERSION = "1.3"  # an eagle3_head graph in the time_major layout (the portable form)
 WINDOW_VERSION = "1.4"  # a head_major_inplace graph with GroupQueryAttention local windows
@@ -312,19 +313,8 @@ def version_for(
     batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do;
     time_major 1.10);
     tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9)."""
-    layout = layout_of(kv_layout)
-    versions = [layout.version]
-    if min_rows > 1 or head:
-        versions.append(ROW_PADDING_VERSION)
-    if head:
-        versions.append(layout.head_version)
-    if windowed and layout.window_version:
-        versions.append(layout.window_version)
-    if slots > 1:
-        versions.append(SLOTS_VERSION if idle_rows and layout.in_place else layout.slots_version)
-    if tree:
-        versions.append(HEAD_TREE_VERSION if head else layout.tree_version)
-    return max(versions, key=parse_version)
+    layout_of(kv_layout)  # ValueError for an unknown layout
+    return needs_version(features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree), kv_layout)
 
 
 def window_runtime_error(spec: GraphSpec, ort_version: str) -> str | None:
@@ -442,14 +432,6 @@ class GraphSpec:
         """Bytes of all K and V buffers of this graph at max context (every slot)."""
         itemsize = 4 if self.kv_dtype == "float32" else 2
         return 2 * self.num_layers * self.slots * max_context * self.num_kv_heads * self.head_dim * itemsize
-
-
-def parse_version(version: str) -> tuple[int, int]:
-    try:
-        major, minor = version.split(".")
-        return int(major), int(minor)
-    except ValueError as exc:
-        raise ValueError(f"contract version {version!r} is not of the form MAJOR.MINOR") from exc
 
 
 def is_supported(version: str) -> bool:

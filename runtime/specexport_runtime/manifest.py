@@ -36,6 +36,8 @@ from .contract import (
     version_for,
 )
 from .errors import ArtifactError, ChecksumError, InvalidArgument
+from .features import FEATURES, features_for
+from .features import unknown as unknown_features
 from .paths import confined
 from .schema import check_manifest
 
@@ -109,6 +111,18 @@ class ModelEntry:
         """The lowest contract version under which this entry is readable (a 1.5 batch graph
         gives idle slots one row)."""
         return self._version(idle_rows=1)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The graph features this entry needs (features.py), as built now."""
+        return features_for(
+            self.kv_layout,
+            2 if self.padded or self.feature_width else 1,
+            head=self.kind == EAGLE3_HEAD,
+            windowed=bool(self.attention_windows),
+            slots=self.max_batch,
+            tree=bool(self.tree_graph),
+        )
 
     def _version(self, idle_rows: int) -> str:
         return version_for(
@@ -281,6 +295,13 @@ class Manifest:
                 )
         return self
 
+    def _check_features(self, listed: list[str] | None) -> Manifest:
+        """A manifest that lists its graph features lists every one its entries need."""
+        missing = sorted(set(self.graph_features) - set(listed or self.graph_features))
+        if missing:
+            raise ArtifactError(f"manifest graph_features lacks {', '.join(missing)}, which its graphs need")
+        return self
+
     def named_paths(self) -> list[tuple[str, str]]:
         """(what, relative path) of every file the manifest names."""
         out = [("manifest files entry", rel) for rel in self.files]
@@ -303,11 +324,17 @@ class Manifest:
             ]
         return out
 
+    @property
+    def graph_features(self) -> list[str]:
+        """Every feature the artifact's graphs need, sorted (the manifest's `graph_features`)."""
+        return sorted({f for entry in (self.target, self.draft) if entry is not None for f in entry.features})
+
     def to_json(self) -> str:
         data = asdict(self)
         for role in ("target", "draft"):
             entry = getattr(self, role)
             data[role] = None if entry is None else entry.json_dict()
+        data["graph_features"] = self.graph_features
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -319,6 +346,12 @@ class Manifest:
             if isinstance(schema, bool) or schema != SCHEMA_VERSION:
                 raise ArtifactError(
                     f"manifest schema_version {schema!r} is not supported; this runtime reads {SCHEMA_VERSION}"
+                )
+            lacking = unknown_features(data.get("graph_features", []))
+            if lacking:  # by name, before the version: it says what this runtime lacks
+                raise ArtifactError(
+                    f"this artifact's graphs need {', '.join(lacking)}, which this specexport-runtime does not"
+                    f" implement (it knows {', '.join(sorted(FEATURES))}); upgrade specexport-runtime"
                 )
             contract = data["contract_version"]
             if not isinstance(contract, str) or not is_supported(contract):
@@ -335,22 +368,26 @@ class Manifest:
                 )
             spec = data.get("speculation") or {}
             tok = data["tokenizer"]
-            return cls(
-                name=data["name"],
-                max_context=int(data["max_context"]),
-                target=ModelEntry.from_json(data["target"]),
-                draft=ModelEntry.from_json(data["draft"]) if data.get("draft") else None,
-                tokenizer=TokenizerEntry(**{**tok, "eos_token_ids": tuple(tok.get("eos_token_ids", ()))}),
-                speculation=SpeculationDefaults(
-                    **{**spec, "ngram_sizes": tuple(spec.get("ngram_sizes", DEFAULT_NGRAM_SIZES))}
-                ),
-                generation=dict(data.get("generation", {})),
-                files=dict(data.get("files", {})),
-                tools=dict(data.get("tools", {})),
-                retrieval=RetrievalEntry(**data["retrieval"]) if data.get("retrieval") else None,
-                contract_version=contract,
-                schema_version=schema,
-            )._check_layouts()
+            return (
+                cls(
+                    name=data["name"],
+                    max_context=int(data["max_context"]),
+                    target=ModelEntry.from_json(data["target"]),
+                    draft=ModelEntry.from_json(data["draft"]) if data.get("draft") else None,
+                    tokenizer=TokenizerEntry(**{**tok, "eos_token_ids": tuple(tok.get("eos_token_ids", ()))}),
+                    speculation=SpeculationDefaults(
+                        **{**spec, "ngram_sizes": tuple(spec.get("ngram_sizes", DEFAULT_NGRAM_SIZES))}
+                    ),
+                    generation=dict(data.get("generation", {})),
+                    files=dict(data.get("files", {})),
+                    tools=dict(data.get("tools", {})),
+                    retrieval=RetrievalEntry(**data["retrieval"]) if data.get("retrieval") else None,
+                    contract_version=contract,
+                    schema_version=schema,
+                )
+                ._check_layouts()
+                ._check_features(data.get("graph_features"))
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"manifest is malformed: {exc!r} (expected schema {SCHEMA_VERSION})") from exc
 

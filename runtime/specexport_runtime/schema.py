@@ -101,6 +101,7 @@ TOP = {
     "files": Field("files"),
     "tools": Field("json"),
     "retrieval": Field("retrieval", nullable=True),
+    "graph_features": Field("json"),  # features.py names; checked by Manifest.from_dict
 }
 SECTIONS = {
     "entry": ENTRY,
