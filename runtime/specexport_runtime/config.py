@@ -40,10 +40,10 @@ from .constants import (
     MAX_TREE_NODES,
     MIN_GAMMA,
 )
+from .drafts import SuffixConfig
 from .errors import InvalidArgument
 from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 from .structured import Grammar
-from .suffix import SuffixConfig
 
 OFF, FIXED, SEEDED, ARTIFACT, ADAPTIVE = "off", "fixed", "fixed (seeded sampling)", "fixed (artifact)", "adaptive"
 # GammaController fields the generator sets itself (from the config and the calibration)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .constants import DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES
+from .drafts import DraftCall, Proposal  # noqa: F401 (the proposer interface's names, re-exported)
 from .errors import InvalidArgument
 from .model import Model
 from .ngram import NgramProposer as NgramIndex
@@ -31,30 +32,6 @@ if TYPE_CHECKING:
 
 
 Allowed = Callable[[Sequence[int]], np.ndarray]  # draft -> bool [V]: what a grammar allows after it
-
-
-@dataclass(frozen=True)
-class Proposal:
-    tokens: list[int]
-    q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
-    catchup_seconds: float = 0.0  # one-off cost of feeding the draft a backlog (its prefill), not per token
-    lookup: bool = False  # a free retrieval round (lookup, suffix): no evidence on a draft model's acceptance or cost
-    source: str = ""  # what drafted it (stats per source): draft, eagle, lookup, suffix-request, suffix-store
-    forced: int = 0  # the first `forced` tokens are forced by a grammar (structured.Guide), not the proposer's
-    cut_q: np.ndarray | None = None  # [V] the distribution of a drawn token a grammar cut after `tokens` (sampling)
-    cut: int = 0  # proposer tokens a grammar forbade, dropped from the end of `tokens`
-    # a draft tree (contract 1.7): parents[i] is token i's parent row, 0 the root (the last
-    # committed token) and j + 1 token j (so j < i); None: a chain
-    parents: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class DraftCall:
-    """A batched proposer's draft-model call (Proposer.propose_steps): `ids` fed at its draft
-    cursor, and the logits rows [last_rows, V_draft] of the last of them expected back."""
-
-    ids: list[int]
-    last_rows: int = 1
 
 
 def run_steps(steps: Iterator[DraftCall]):

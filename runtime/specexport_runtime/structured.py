@@ -227,7 +227,7 @@ class Guide:
         counts as rejected."""
         from dataclasses import replace
 
-        from .proposers import Proposal
+        from .drafts import Proposal
 
         f = len(forced)
         if proposal is not None and (f == 0 or (proposal.q is None and list(proposal.tokens[:f]) == forced)):

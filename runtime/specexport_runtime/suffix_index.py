@@ -35,7 +35,7 @@ import numpy as np
 from .tree import tree_parents_or_none
 
 if TYPE_CHECKING:
-    from .suffix import SuffixConfig
+    from .drafts import SuffixConfig
 
 SEP = -1  # between responses in a SuffixStore: no match or draft crosses it
 MAX_CANDIDATES = 512  # most recent occurrences considered per match (bounds the cost per round)
