@@ -38,6 +38,7 @@ from .manifest import Manifest, ModelEntry, read_manifest, verify_files
 from .model import Model
 from .paths import check_graph, confined
 from .proposers import Proposer, ProposerContext
+from .seeded import stream_for
 from .signing import verify as verify_signature
 from .slots import SlotModel, idle_rows
 from .structured import ConstraintEngine, Grammar, Guide
@@ -266,7 +267,7 @@ class SpecGenerator:
             prop,
             ctl,
             replace(config, gamma=gamma),
-            np.random.default_rng(config.seed),
+            stream_for(config.seed, config.temperature, config.seeded_noise),
             GenerationStats(),
             self.verify_cost,
             guide,

@@ -9,9 +9,11 @@ setting its attributes.
 Gamma policy (`gamma_policy`), in order:
     off                       the proposer is 'none' or speculative is False: target only
     fixed                     gamma is given: every round drafts up to gamma tokens
-    fixed (seeded sampling)   sampling with a seed: the controller's starting gamma (calibrated,
+    fixed (seeded sampling)   sampling with a seed and seeded_noise False (rejection sampling from
+                              the seed's stream): the controller's starting gamma (calibrated,
                               else initial_gamma), fixed, so that a seed reproduces the draws
-                              whatever the machine's timings
+                              whatever the machine's timings. With seeded_noise (the default) a
+                              seeded output does not depend on gamma, and the policy is adaptive
     fixed (artifact)          the artifact was built with `speculation.adaptive: false`: the
                               starting gamma as above, fixed
     adaptive                  adaptive.GammaController picks gamma each round from measured
@@ -75,6 +77,9 @@ class GeneratorConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int | None = None  # None: fresh entropy
+    # with a seed: per-position noise (seeded.py), the same tokens with any proposer, gamma or batch;
+    # False: rejection sampling from the seed's stream (reproducible for the same proposer and gamma)
+    seeded_noise: bool = True
     stop: tuple[str, ...] = ()  # a str is read as one stop string
     grammar: Grammar | None = None  # constrained decoding (structured.py; the `structured` extra)
     logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives (0..20)
@@ -88,7 +93,7 @@ class GeneratorConfig:
 
     def __post_init__(self) -> None:
         registry.get(self.proposer)  # a registered name (InvalidArgument naming the known ones)
-        for name in ("speculative", "adaptive", "use_datastore"):
+        for name in ("speculative", "adaptive", "use_datastore", "seeded_noise"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "true or false")
         if self.gamma is not None and (not _int(self.gamma) or not MIN_GAMMA <= self.gamma <= MAX_GAMMA):
@@ -201,7 +206,7 @@ class GeneratorConfig:
             return OFF
         if self.gamma is not None:
             return FIXED
-        if self.seed is not None and self.temperature > 0:
+        if self.seed is not None and self.temperature > 0 and not self.seeded_noise:
             return SEEDED
         return ADAPTIVE if self.adaptive else ARTIFACT
 

@@ -38,7 +38,7 @@ class Outcome:
     finish_reason: str  # the runtime's: 'eos' | 'stop' | 'length'
     stats: GenerationStats
     proposer: str  # the proposer that ran ('none': target only)
-    gamma_policy: str  # 'adaptive' | 'fixed' | 'fixed (seeded sampling)' | 'off'
+    gamma_policy: str  # config.GeneratorConfig.gamma_policy: 'adaptive' | 'fixed' | 'fixed (artifact)' | 'off' | ...
     gamma: int | None  # the fixed draft length, when one was asked for
     queue_seconds: float
     ttft_seconds: float | None  # request arrival (before queueing) to the first token
