@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,10 +27,12 @@ from starlette.routing import Route
 from ..config import GeneratorConfig
 from ..errors import InvalidArgument, PromptError
 from ..generator import validate_prompt_ids
+from ..slots import too_few_slots
 from ..structured import Grammar, GrammarError, StructuredUnavailable
 from ..tools import ToolError, ToolPlan
 from .batch_worker import BatchWorker
 from .config import ServerConfig
+from .cors import CorsMiddleware
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request, check_api_key
 from .metrics import CONTENT_TYPE, Metrics
 from .responses import DONE, Renderer, sse
@@ -58,10 +61,7 @@ def make_worker(gen, config: ServerConfig, metrics: Metrics) -> Worker:
     if config.max_batch == 1:
         return Worker(gen, config, metrics)
     if gen.slots is None or config.max_batch > gen.slots.slots:
-        raise InvalidArgument(
-            f"--max-batch {config.max_batch} needs the artifact's batch graph with at least that many slots;"
-            f" this artifact has max_batch {gen.manifest.target.max_batch} (build with --max-batch)"
-        )
+        raise too_few_slots(gen.root, gen.manifest.target.max_batch, config.max_batch)
     return BatchWorker(gen, config, metrics, config.max_batch)
 
 
@@ -350,7 +350,12 @@ def create_app(gen, config: ServerConfig) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers=handlers,
+        lifespan=lifespan,
+        middleware=[Middleware(CorsMiddleware, patterns=config.cors_origins)],
+    )
     app.state.server = state
     return app
 

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from ..batch import BatchSequence
 from ..errors import SpecExportError
 from ..generator import FINISH_REASONS
+from .backpressure import update_mean
 from .config import ServerConfig
 from .errors import SERVER, ApiError
+from .logs import log_request
 from .metrics import Metrics
 from .responses import Outcome
 from .worker import Finished, Job, Round, Started, Worker
@@ -61,6 +63,10 @@ class BatchWorker(Worker):
     @property
     def running(self) -> int:
         return self._running
+
+    @property
+    def slots(self) -> int:
+        return self.max_batch
 
     @property
     def idle(self) -> bool:
@@ -177,7 +183,7 @@ class BatchWorker(Worker):
             return
         if seq.stats is not None:
             self.metrics.record_generation(seq.stats, run.start - job.arrived, run.ttft, end - job.arrived)
-        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - run.start)
+        self._mean_seconds = update_mean(self._mean_seconds, end - run.start)
         if gone:
             job.state = "cancelled"
             self.metrics.cancelled.labels(self.metrics.model, gone).inc()
@@ -191,6 +197,7 @@ class BatchWorker(Worker):
         outcome = Outcome(
             finish, seq.stats, proposer, "batch", job.config.gamma, run.start - job.arrived, run.ttft, interrupted
         )
+        log_request(job, outcome)
         self.metrics.success.labels(
             self.metrics.model, outcome.openai_finish_reason if not interrupted else interrupted
         ).inc()

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
+from .cors import LOCAL_ORIGINS, parse_origins
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -24,6 +25,7 @@ class ServerConfig:
     model_name: str | None = None  # the id /v1/models lists (None: the artifact's manifest name)
     proposer: str | None = None  # default proposer of requests that name none (None: the artifact's)
     max_batch: int = 1  # requests generating at once (> 1: the artifact's batch graph, batch_worker.py)
+    cors_origins: tuple[str, ...] = LOCAL_ORIGINS  # web pages that may call from a browser (cors.py); () = none
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
@@ -50,6 +52,7 @@ class ServerConfig:
             raise InvalidArgument("api_key must be a non-empty string without surrounding whitespace")
         if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= 64:
             raise InvalidArgument(f"max_batch must be an integer in 1..64, got {self.max_batch!r}")
+        object.__setattr__(self, "cors_origins", parse_origins(self.cors_origins))
         if self.model_name is not None and not self.model_name:
             raise InvalidArgument("model_name must be a non-empty string")
 

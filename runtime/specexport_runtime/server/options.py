@@ -1,0 +1,35 @@
+"""`serve` options of the HTTP front that are not the generator's: CORS and the log format
+(their behaviour: cors.py, logs.py; docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .cors import LOCAL_ORIGINS
+from .logs import FORMATS
+
+
+def add_http_arguments(srv: argparse.ArgumentParser) -> None:
+    srv.add_argument(
+        "--cors-origins",
+        default=",".join(LOCAL_ORIGINS),
+        metavar="LIST",
+        help="web pages that may call the server from a browser: a comma list of origins (scheme://host,"
+        " scheme://host:PORT, scheme://host:* for any port, or * for any page); 'none' turns CORS off"
+        " (default: pages served from this machine, http(s)://localhost, 127.0.0.1 and [::1] on any"
+        " port; a website elsewhere cannot read answers; docs/serving.md#cors)",
+    )
+    srv.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        default="info",
+        help="log level of the server and uvicorn (default info: a start-up summary, one line per request"
+        " and one access line per response; docs/serving.md#logs)",
+    )
+    srv.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="log lines on stderr: text (timestamp level logger message key=value ...) or json (one"
+        " object per line); a start-up summary, then one line per request (default text)",
+    )
