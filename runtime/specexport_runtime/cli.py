@@ -416,6 +416,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from .api import load
+    from .limits import check_room
 
     config = dict(
         max_new_tokens=args.max_new_tokens,
@@ -448,7 +449,8 @@ def run_generate(args: argparse.Namespace) -> int:
         ]
         ids = gen.codec.encode_chat(messages)
     else:
-        ids = args.prompt
+        ids = gen.codec.encode(args.prompt)
+    check_room("--max-new-tokens", args.max_new_tokens, len(ids), gen.manifest.max_context)  # as the server's 400
     run = gen.events(ids)
     if args.stream and not args.json:
         for piece in run.pieces():

@@ -43,6 +43,7 @@ from .constants import (
     MIN_GAMMA,
 )
 from .errors import InvalidArgument
+from .penalties import check_penalty
 from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 from .structured import Grammar
 from .suffix import SuffixConfig
@@ -80,6 +81,8 @@ class GeneratorConfig:
     # with a seed: per-position noise (seeded.py), the same tokens with any proposer, gamma or batch;
     # False: rejection sampling from the seed's stream (reproducible for the same proposer and gamma)
     seeded_noise: bool = True
+    min_p: float = 0.0  # keep tokens with at least min_p x the top probability (0 = off; sampling.py)
+    repetition_penalty: float = 1.0  # on the target's rows before verification (1 = off; penalties.py)
     stop: tuple[str, ...] = ()  # a str is read as one stop string
     grammar: Grammar | None = None  # constrained decoding (structured.py; the `structured` extra)
     logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives (0..20)
@@ -109,7 +112,8 @@ class GeneratorConfig:
             raise _fail("domain", self.domain, "a calibration domain name or None")
         if not _int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise _fail("max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # its own checks
+        self.sampling  # noqa: B018 (SamplingParams' own checks)
+        object.__setattr__(self, "repetition_penalty", check_penalty(self.repetition_penalty))
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise _fail(
                 "grammar",
@@ -145,6 +149,10 @@ class GeneratorConfig:
             raise _fail("suffix", self.suffix, "a suffix.SuffixConfig")
         if not _int(self.tree_nodes) or not 0 <= self.tree_nodes <= MAX_TREE_NODES:
             raise _fail("tree_nodes", self.tree_nodes, f"an integer in 0..{MAX_TREE_NODES} (0: chains)")
+        if self.tree_nodes and self.repetition_penalty != 1.0:
+            raise InvalidArgument(
+                "tree_nodes > 0 with a repetition_penalty: penalized rows are verified as chains; use tree_nodes 0"
+            )
         if self.tree_nodes and self.grammar is not None:
             raise InvalidArgument(
                 "tree_nodes > 0 with a grammar: constrained decoding verifies chains; use tree_nodes 0"
@@ -192,7 +200,7 @@ class GeneratorConfig:
     # --- derived ---------------------------------------------------------------------------
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p)
 
     @property
     def speculating(self) -> bool:

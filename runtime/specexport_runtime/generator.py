@@ -21,6 +21,7 @@ from .config import GeneratorConfig
 from .costs import VerifyCost
 from .errors import PromptError
 from .model import Model
+from .penalties import repetition_rows
 from .proposers import DraftCall, Proposal, Proposer
 from .sampling import one_hot, probabilities, residual, sample, token_logprobs, verify_greedy, verify_sampled
 from .seeded import SeededNoise, tree_picks, verify_seeded
@@ -218,8 +219,11 @@ class SpeculativeLoop:
         self.ask_when_off = config.speculating and (proposer.proposes_when_off or guide is not None)
         self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
 
-    def rows(self, logits: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
-        """The target's logits rows [R, V] of a call on [last, draft] as decoding sees them."""
+    def rows(self, logits: np.ndarray, context: Sequence[int], draft: Sequence[int] = ()) -> np.ndarray:
+        """The target's logits rows [R, V] of a call on [last, draft] after `context` (the tokens
+        before the first row's draw) as decoding sees them: penalized (penalties.py), masked."""
+        if self.config.repetition_penalty != 1.0:
+            logits = repetition_rows(logits, context, draft, self.config.repetition_penalty)
         return self.guide.masked(logits, draft) if self.guide is not None else logits
 
     def pick(self, row: np.ndarray, position: int, cut_q: np.ndarray | None = None) -> int:
@@ -254,7 +258,7 @@ class SpeculativeLoop:
         self.proposer.constrain(self.guide.allowed if self.guide is not None else None)
         self.proposer.start(prompt)
         start = time.perf_counter()
-        logits = self.rows((yield from self.call(prompt)))
+        logits = self.rows((yield from self.call(prompt)), prompt)
         token = self.pick(logits[0], len(prompt))
         self.stats.prefill_seconds = time.perf_counter() - start
         return self.emit([token], logits)
@@ -262,7 +266,7 @@ class SpeculativeLoop:
     def plain_step(self, committed: list[int], cut_q: np.ndarray | None = None) -> Iterator[TargetCall]:
         """-> [next token]."""
         start = time.perf_counter()
-        logits = self.rows((yield from self.call(committed[self.target.length :])))
+        logits = self.rows((yield from self.call(committed[self.target.length :])), committed)
         token = self.pick(logits[0], len(committed), cut_q)
         seconds = time.perf_counter() - start
         self.stats.plain_steps += 1
@@ -327,7 +331,7 @@ class SpeculativeLoop:
         if proposal.parents is not None and self.tree is not None and self.target.length == len(committed) - 1:
             return self.tree_step(committed, proposal, t0, t1)
         # one target call on [last, d1..dk] -> k+1 rows
-        logits = self.rows((yield from self.call(committed[self.target.length :] + draft, k + 1)), draft)
+        logits = self.rows((yield from self.call(committed[self.target.length :] + draft, k + 1)), committed, draft)
         n, token = self.verify(logits, proposal, len(committed))
         self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
         self.account(proposal, n, t0, t1, time.perf_counter())

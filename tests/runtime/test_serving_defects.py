@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from exactness_support import fixture_gens  # noqa: F401 (this module's `gens` fixture)
 
 from specexport_runtime.api import load
 from specexport_runtime.cli import main
 from specexport_runtime.errors import InvalidArgument
+from specexport_runtime.penalties import check_penalty, repetition_rows
+from specexport_runtime.sampling import SamplingParams, probabilities
 
 
 def test_serve_max_batch_on_a_batch_1_artifact_names_the_rebuild(tiny_artifacts, capsys):
@@ -20,3 +24,153 @@ def test_serve_max_batch_on_a_batch_1_artifact_names_the_rebuild(tiny_artifacts,
     assert f"specexport build {root / 'recipe.json'} --max-batch 4 -o " in err and "max_batch 1" in err
     with pytest.raises(InvalidArgument, match=r"specexport build .*recipe\.json --max-batch"):
         load(root, batch=True)
+
+
+# --- min_p and repetition_penalty: applied to the target's rows before verification ------------
+
+
+def test_min_p_keeps_tokens_with_at_least_min_p_times_the_top_probability():
+    """Against a hand computation on one row (softmax, cut, renormalize), on both paths of
+    `probabilities` (top-k fast path and full row)."""
+    logits = np.log(np.array([[0.5, 0.2, 0.14, 0.1, 0.06]]))
+    for top_k in (0, 4):
+        p = probabilities(logits, SamplingParams(temperature=1.0, top_k=top_k, min_p=0.25))[0]
+        keep = np.array([0.5, 0.2, 0.14, 0, 0])
+        np.testing.assert_allclose(p, keep / keep.sum(), rtol=1e-12)
+    with pytest.raises(InvalidArgument, match="min_p must be a number in \\[0, 1\\)"):
+        SamplingParams(temperature=1.0, min_p=1.0)
+
+
+def _penalized_by_hand(row: np.ndarray, seen: set[int], r: float) -> np.ndarray:
+    out = row.astype(np.float64).copy()
+    for t in seen:
+        out[t] = out[t] / r if out[t] > 0 else out[t] * r
+    return out
+
+
+def test_repetition_rows_penalize_each_rows_own_context():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 12)).astype(np.float32)
+    context, draft = [1, 5, 5, 7], [2, 5, 9]
+    got = repetition_rows(logits, context, draft, 1.5)
+    for j in range(4):
+        expect = _penalized_by_hand(logits[j], set(context) | set(draft[:j]), 1.5)
+        np.testing.assert_allclose(got[j], expect, rtol=1e-6)
+    np.testing.assert_array_equal(repetition_rows(logits, context, draft, 1.0), logits)
+    assert not np.shares_memory(got, logits)
+    for bad in (0, -1.0, float("nan"), 11.0, True):
+        with pytest.raises(InvalidArgument, match="repetition_penalty must be a number in \\(0, 10\\]"):
+            check_penalty(bad)
+
+
+def _greedy_by_hand(model, prompt: list[int], n: int, r: float, eos: int) -> list[int]:
+    """Target-only greedy with the repetition penalty, one token per call, penalty by hand."""
+    model.reset()
+    seq, out = list(prompt), []
+    row = model.forward(seq)[0]
+    for _ in range(n):
+        token = int(_penalized_by_hand(row, set(seq), r).argmax())
+        if token == eos:
+            break
+        out.append(token)
+        seq.append(token)
+        row = model.forward([token])[0]
+    model.reset()
+    return out
+
+
+@pytest.mark.parametrize("proposer", ["draft", "ngram", "hybrid", "suffix"])
+def test_repetition_penalty_is_exact_under_speculation(gens, proposer):
+    """Greedy, penalty 1.3: the speculative output equals a hand-penalized target-only run (one
+    token per call), and differs from the unpenalized output (the penalty acts)."""
+    gen = gens("noisy")
+    prompt = gen.codec.encode("for i in range(10):\n    print(i)\nfor i in range(10):")
+    (eos,) = gen.eos
+    ref = _greedy_by_hand(gen.target, prompt, 40, 1.3, eos)
+    out = gen.generate(prompt, max_new_tokens=40, proposer=proposer, gamma=4, repetition_penalty=1.3)
+    assert out.token_ids == ref
+    assert out.stats.drafted > 0 or proposer in ("ngram", "suffix")  # a penalized answer rarely repeats itself
+    plain = gen.generate(prompt, max_new_tokens=40, speculative=False)
+    assert plain.token_ids != ref
+
+
+def test_seeded_sampling_with_min_p_and_penalty_is_the_targets(gens):
+    gen = gens("noisy")
+    kw = dict(max_new_tokens=40, temperature=1.0, min_p=0.05, repetition_penalty=1.2)
+    for seed in (1, 2, 3):
+        ref = gen.generate("def add(a, b):", seed=seed, speculative=False, **kw).token_ids
+        for proposer in ("draft", "hybrid"):
+            assert gen.generate("def add(a, b):", seed=seed, proposer=proposer, **kw).token_ids == ref
+    with pytest.raises(InvalidArgument, match="tree_nodes > 0 with a repetition_penalty"):
+        gen.configure(tree_nodes=4, repetition_penalty=1.2)
+
+
+def test_the_server_takes_min_p_and_repetition_penalty(tiny_artifacts):
+    pytest.importorskip("uvicorn")
+    from test_server_support import KEY, LiveServer, msgs, post
+
+    gen = load(tiny_artifacts["noisy"], threads=1)
+    ref = load(tiny_artifacts["noisy"], threads=1)
+    srv = LiveServer(gen, api_key=KEY)
+    try:
+        body = {"model": srv.state.model, "messages": msgs("count to ten"), "max_tokens": 24, "proposer": "draft"}
+        body.update(temperature=0.8, seed=5, min_p=0.1, repetition_penalty=1.2)
+        status, _, answer = post(srv.port, "/v1/chat/completions", body)
+        assert status == 200, answer
+        mine = ref.chat(msgs("count to ten"), max_new_tokens=24, temperature=0.8, seed=5, min_p=0.1,
+                        repetition_penalty=1.2, speculative=False)  # fmt: skip
+        assert answer["choices"][0]["message"]["content"] == mine.text
+        for field, value in (("min_p", 1.5), ("repetition_penalty", 0)):
+            status, _, err = post(srv.port, "/v1/chat/completions", {**body, field: value})
+            assert status == 400 and err["error"]["param"] == field and repr(value) in err["error"]["message"]
+    finally:
+        srv.close()
+
+
+# --- a truncated .spx (a failed download) ------------------------------------------------------
+
+
+def _cut_points(pkg) -> dict[str, int]:
+    import tarfile
+
+    with tarfile.open(pkg) as tar:
+        members = tar.getmembers()
+    big = max(members, key=lambda m: m.size)
+    return {
+        "inside the manifest's header": 300,
+        "at a member boundary": members[2].offset,
+        "inside the largest file": big.offset_data + big.size // 2,
+    }
+
+
+def test_a_truncated_package_says_download_again_and_leaves_nothing(tiny_artifacts, tmp_path, capsys):
+    from specexport_runtime.package import pack
+
+    full = pack(tiny_artifacts["noisy"], tmp_path / "model.spx")
+    data = full.read_bytes()
+    capsys.readouterr()
+    for where, cut in _cut_points(full).items():
+        pkg = tmp_path / f"cut-{cut}.spx"
+        pkg.write_bytes(data[:cut])
+        into = tmp_path / "device" / "model"
+        assert main(["unpack", str(pkg), "--into", str(into)]) == 2, where
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("error: ") and "download it again" in err, (where, err)
+        assert str(pkg) in err and "rebuild" not in err and "Traceback" not in err
+        assert not into.exists() and not into.with_name("model.versions").exists(), where
+    assert main(["unpack", str(full), "--into", str(tmp_path / "device" / "model")]) == 0  # the whole one installs
+
+
+def test_generate_refuses_max_new_tokens_beyond_the_context(tiny_artifacts, capsys):
+    """As the server's 400: one line naming the option, the prompt's tokens and the room left
+    (it used to clamp silently); a request that fits still runs."""
+    root = str(tiny_artifacts["noisy"])
+    capsys.readouterr()
+    assert main(["generate", root, "--prompt", "hello world", "--max-new-tokens", "5000"]) == 2
+    err = capsys.readouterr().err.strip()
+    n = len(load(root).codec.encode("hello world"))
+    assert err == (
+        f"error: --max-new-tokens 5000 + the prompt's {n} tokens exceed this model's context of 256 tokens"
+        f" (at most {256 - n} new tokens fit)"
+    )
+    assert main(["generate", root, "--prompt", "hello world", "--max-new-tokens", str(256 - n), "--json"]) == 0

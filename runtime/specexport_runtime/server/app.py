@@ -27,6 +27,7 @@ from starlette.routing import Route
 from ..config import GeneratorConfig
 from ..errors import InvalidArgument, PromptError
 from ..generator import validate_prompt_ids
+from ..limits import context_overflow
 from ..slots import too_few_slots
 from ..structured import Grammar, GrammarError, StructuredUnavailable
 from ..tools import ToolError, ToolPlan
@@ -121,15 +122,9 @@ class ServerState:
         s = req.sampling
         room = context - len(ids)
         max_tokens = room if s.max_tokens is None else s.max_tokens
-        if max_tokens > room:
-            raise ApiError(
-                400,
-                f"{req.max_tokens_param} {max_tokens} + the prompt's {len(ids)} tokens exceed this model's"
-                f" context of {context} tokens (at most {room} new tokens fit)",
-                INVALID_REQUEST,
-                req.max_tokens_param,
-                "context_length_exceeded",
-            )
+        overflow = context_overflow(req.max_tokens_param, max_tokens, len(ids), context)
+        if overflow is not None:
+            raise ApiError(400, overflow, INVALID_REQUEST, req.max_tokens_param, "context_length_exceeded")
         try:
             proposer = self.gen.resolve_proposer(s.proposer or self.default_proposer)
         except InvalidArgument as exc:
@@ -143,6 +138,8 @@ class ServerState:
                 temperature=s.temperature,
                 top_k=s.top_k,
                 top_p=s.top_p,
+                min_p=s.min_p,
+                repetition_penalty=s.repetition_penalty,
                 seed=s.seed,
                 stop=s.stop,
                 grammar=grammar,

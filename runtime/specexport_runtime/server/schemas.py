@@ -13,7 +13,9 @@ llguidance refuses is a 400 naming the field); `logprobs` / `top_logprobs` (chat
 
 Extensions (not in OpenAI's API): `proposer` (a registered proposer, registry.names(); 'none' =
 target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive),
-`top_k`, `return_token_ids` (vLLM's name: the generated token ids in each choice or chunk),
+`top_k`, `min_p` and `repetition_penalty` (vLLM's and llama-server's: applied to the target's
+rows before verification, so speculation stays exact), `return_token_ids` (vLLM's name: the
+generated token ids in each choice or chunk),
 `response_format` on /v1/completions (as vLLM and llama-server accept it).
 
 The chat messages and the completion prompt are read in messages.py, scalar fields in fields.py.
@@ -26,6 +28,7 @@ from typing import Any
 
 from .. import registry
 from ..constants import MAX_GAMMA, MIN_GAMMA
+from ..penalties import MAX_PENALTY
 from .errors import ApiError, bad_request, unsupported
 from .fields import check_utf8, kind_of, read_bool, read_int, read_number
 from .messages import read_messages, read_prompt
@@ -56,6 +59,8 @@ COMMON = (
     "proposer",
     "gamma",
     "top_k",
+    "min_p",
+    "repetition_penalty",
     "return_token_ids",
     *IGNORED,
 )
@@ -84,6 +89,8 @@ class Sampling:
     stop: tuple[str, ...] = ()
     proposer: str | None = None  # None: the server's default
     gamma: int | None = None  # None: adaptive
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,14 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
     top_k = read_int(body, "top_k", 0)
     if top_k < 0:
         raise bad_request(f"top_k must be >= 0 (0 = off), got {top_k!r}", "top_k")
+    min_p = read_number(body, "min_p", 0.0)
+    if not 0.0 <= min_p < 1.0:
+        raise bad_request(f"min_p must be in [0, 1) (0 = off), got {min_p!r}", "min_p")
+    penalty = read_number(body, "repetition_penalty", 1.0)
+    if not 0.0 < penalty <= MAX_PENALTY:
+        raise bad_request(
+            f"repetition_penalty must be in (0, {MAX_PENALTY:g}] (1 = off), got {penalty!r}", "repetition_penalty"
+        )
     seed = body.get("seed")
     if seed is not None:
         seed = read_int(body, "seed", 0)
@@ -290,7 +305,7 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
         if not MIN_GAMMA <= gamma <= MAX_GAMMA:
             expected = f"an integer in {MIN_GAMMA}..{MAX_GAMMA} (absent = adaptive)"
             raise bad_request(f"gamma must be {expected}, got {gamma!r}", "gamma")
-    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma)
+    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma, min_p, penalty)
 
 
 def _max_tokens(body: dict, names: tuple[str, ...]) -> tuple[int | None, str]:
