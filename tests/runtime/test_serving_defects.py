@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from exactness_support import fixture_gens  # noqa: F401 (this module's `gens` fixture)
@@ -174,3 +176,53 @@ def test_generate_refuses_max_new_tokens_beyond_the_context(tiny_artifacts, caps
         f" (at most {256 - n} new tokens fit)"
     )
     assert main(["generate", root, "--prompt", "hello world", "--max-new-tokens", str(256 - n), "--json"]) == 0
+
+
+# --- regex patterns whose counted repetitions explode ------------------------------------------
+
+
+def test_regex_expansion_estimate():
+    from specexport_runtime.regex_size import MAX_EXPANSION, expansion, schema_patterns
+
+    assert expansion("^a{1000}{1000}$") == 1_000_000  # the issue's pattern: counts in a row multiply
+    assert expansion("(ab{50}){50}c{20}") == (1 + 50) * 50 + 20
+    assert expansion("[a-z]{3,8}@x\\.com") == 8 + 6 and expansion("(?:ab|cd){2,5}") == 20
+    assert expansion("a+b*c?") == 3 and expansion("a{10,}") == 10 and expansion("[{]}{2}") == 3
+    schema = {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "x{3}"}},
+              "patternProperties": {"^k{2}$": {"pattern": "y"}}}  # fmt: skip
+    assert sorted(schema_patterns(schema)) == ["^k{2}$", "x{3}", "y"]
+    assert expansion(f"a{{{MAX_EXPANSION}}}") == MAX_EXPANSION
+
+
+def test_an_exploding_pattern_is_a_400_before_streaming(tiny_artifacts):
+    """The issue's schema pattern `^a{1000}{1000}$`: refused when the grammar is built (API) and
+    with a 400 naming response_format before any stream starts (server), one line, no parser
+    state; a pattern of ordinary size still streams."""
+    pytest.importorskip("llguidance")
+    pytest.importorskip("uvicorn")
+    from test_server_support import KEY, LiveServer, SseStream, msgs
+
+    from specexport_runtime.structured import Grammar, GrammarError
+
+    bad = {"type": "string", "pattern": "^a{1000}{1000}$"}
+    with pytest.raises(GrammarError, match="expands to about 1,000,000 positions"):
+        Grammar.json_schema(bad)
+    with pytest.raises(GrammarError, match="limit is 20,000"):
+        Grammar.regex("a{1000}{1000}")
+    gen = load(tiny_artifacts["ngram"], threads=1)
+    srv = LiveServer(gen, api_key=KEY)
+    try:
+        for schema, ok in ((bad, False), ({"type": "string", "pattern": "^[a-z]{2,8}$"}, True)):
+            fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+            body = {"model": srv.state.model, "messages": msgs("hi"), "max_tokens": 4, "stream": True}
+            stream = SseStream(srv.port, "/v1/chat/completions", {**body, "response_format": fmt}, key=KEY)
+            if ok:
+                assert stream.resp.status == 200
+                stream.events()
+                continue
+            assert stream.resp.status == 400
+            err = json.loads(stream.resp.read())["error"]
+            assert err["param"] == "response_format" and "1,000,000" in err["message"]
+            assert "\n" not in err["message"] and "<state>" not in err["message"]
+    finally:
+        srv.close()
