@@ -1,11 +1,9 @@
 """The server's log: a start-up summary, one line per request, errors; text or JSON lines.
 
 Every record goes to stderr with a UTC timestamp. Loggers and levels:
-    specexport.server   INFO     the start-up summary (event "startup"), one line per ended request
-                                 (event "request": finished or cancelled)
-                        WARNING  a request that failed with a 5xx, a client error the server could
-                                 not check before queueing
-                        ERROR    an unhandled error (with its traceback)
+    specexport.server   INFO     the start-up summary (event "startup"), one line per finished
+                                 request (event "request"; one cut by a timeout or the drain too)
+                        ERROR    an unhandled error or a failed generation (with its traceback)
     uvicorn.error       INFO     listening, shutdown; WARNING/ERROR: uvicorn's own problems
     uvicorn.access      INFO     one HTTP access line per response (off below info)
 `--log-level` sets the level of all of them. `--log-format text` writes
