@@ -136,7 +136,7 @@ def test_startup_summary_and_one_line_per_request(gen, fmt):
         try:
             log_startup(gen, srv.config, 1.25)
             body = {"model": srv.state.model, "messages": msgs("hi"), "max_tokens": 5, "proposer": "draft"}
-            status, _, answer = post(srv.port, "/v1/chat/completions", body)
+            status, headers, answer = post(srv.port, "/v1/chat/completions", body)
             assert status == 200
         finally:
             srv.close()
@@ -147,15 +147,17 @@ def test_startup_summary_and_one_line_per_request(gen, fmt):
     requests = [line for line in lines if " request " in line or '"event": "request"' in line]
     assert len(startup) == 1 and len(requests) == 1, out.getvalue()
     usage = answer["usage"]
+    rid = {k.lower(): v for k, v in headers.items()}["x-request-id"]  # the response names its log line
     if fmt == "json":
         s, r = json.loads(startup[0]), json.loads(requests[0])
         assert s["event"] == "startup" and s["load_seconds"] == 1.25 and s["slots"] == 1 and s["proposer"]
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["ts"]) and r["level"] == "INFO"
         assert (r["prompt_tokens"], r["new_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
         assert r["proposer"] == "draft" and r["finish"] in ("length", "eos")
-        assert {"id", "tok_s", "acceptance", "queue_s", "ttft_s", "total_s"} <= set(r)
+        assert {"id", "tok_s", "acceptance", "queue_s", "ttft_s", "total_s"} <= set(r) and r["id"] == rid
     else:
         assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO specexport.server request id=\w+ ", requests[0])
+        assert f"id={rid} " in requests[0]
         assert f"prompt_tokens={usage['prompt_tokens']} new_tokens={usage['completion_tokens']}" in requests[0]
         assert "proposer=draft" in requests[0] and "acceptance=" in requests[0] and "tok_s=" in requests[0]
         assert "load_seconds=1.25" in startup[0] and "slots=1" in startup[0]

@@ -405,7 +405,7 @@ class GenerationResponse:
                 logprobs += event.logprobs
             elif isinstance(event, Finished):
                 body = self.renderer.completion("".join(text), tokens, event.outcome, logprobs)
-                await _send_json(send, 200, body)
+                await _send_json(send, 200, body, {"x-request-id": self.job.id})  # the log line's id
                 return
             elif isinstance(event, Failed):
                 await _send_json(send, event.error.status, event.error.body(), event.error.headers)
@@ -419,7 +419,8 @@ class GenerationResponse:
         if not isinstance(event, Started):  # the worker posts Started before any round
             raise TypeError(f"job {self.job.id}: expected Started first, got {type(event).__name__}")
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            headers = [*SSE_HEADERS, (b"x-request-id", self.job.id.encode())]  # the log line's id
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             role = self.renderer.role_chunk()
             if role:
                 await send({"type": "http.response.body", "body": role, "more_body": True})

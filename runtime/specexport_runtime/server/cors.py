@@ -25,7 +25,7 @@ from ..errors import InvalidArgument
 LOCAL_ORIGINS = tuple(f"{s}://{h}:*" for s in ("http", "https") for h in ("localhost", "127.0.0.1", "[::1]"))
 ALLOW_METHODS = "GET, POST, OPTIONS"
 ALLOW_HEADERS = "authorization, content-type"  # when the preflight names none
-EXPOSE_HEADERS = "retry-after, retry-after-ms"
+EXPOSE_HEADERS = "retry-after, retry-after-ms, x-request-id"
 MAX_AGE = "600"  # seconds a browser may cache a preflight's answer
 _PATTERN = re.compile(r"^(https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\])(?::(\d{1,5}|\*))?$")
 _DEFAULT_PORT = {"http": "80", "https": "443"}
