@@ -239,6 +239,7 @@ def run_serve(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         proposer=args.proposer,
         cors_origins=args.cors_origins,
+        web_page=not args.no_web_page,
     )  # checked before the slow load
     from .errors import InvalidArgument
 

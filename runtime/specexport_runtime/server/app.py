@@ -36,6 +36,7 @@ from .config import ServerConfig
 from .cors import CorsMiddleware
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request, check_api_key
 from .metrics import CONTENT_TYPE, Metrics
+from .page import web_page
 from .responses import DONE, Renderer, sse
 from .schemas import CHAT, GenerationRequest, check_model, parse_chat, parse_completion
 from .worker import Failed, Finished, Job, Round, Started, Worker, shutting_down
@@ -238,6 +239,7 @@ async def _generation(request: Request, parse):
     check_model(req.model, state.model)
     prepared = await run_in_threadpool(state.prepare, req)
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
+    job.trace = req.trace and req.stream
     state.worker.submit(job)
     renderer = Renderer(
         req.kind,
@@ -247,6 +249,8 @@ async def _generation(request: Request, parse):
         prepared.plan,
         state.gen.codec if req.logprobs is not None else None,
     )
+    if job.trace:
+        renderer.trace_codec = state.gen.codec
     return GenerationResponse(state.worker, job, renderer, req.stream)
 
 
@@ -345,6 +349,7 @@ def create_app(gen, config: ServerConfig) -> Starlette:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *([Route("/", web_page, methods=["GET"])] if config.web_page else []),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(
@@ -427,7 +432,7 @@ class GenerationResponse:
             while True:
                 event = await self.job.next_event()
                 if isinstance(event, Round):
-                    chunk = self.renderer.content_chunk(event.text, event.tokens, event.logprobs)
+                    chunk = self.renderer.content_chunk(event.text, event.tokens, event.logprobs, event.kinds)
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     continue

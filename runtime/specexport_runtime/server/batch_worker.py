@@ -30,6 +30,7 @@ from .errors import SERVER, ApiError
 from .logs import log_request
 from .metrics import Metrics
 from .responses import Outcome
+from .trace import counters, round_kinds
 from .worker import Finished, Job, Round, Started, Worker
 
 log = logging.getLogger("specexport.server")
@@ -47,6 +48,7 @@ class Running:
     sent_pieces: int = 0
     backlog: deque = field(default_factory=deque)  # rounds not yet posted (no credit)
     stalled_since: float | None = None
+    mark: tuple = (0, 0, 0, 0, 0)  # trace.counters after the last collected round
 
 
 class BatchWorker(Worker):
@@ -149,7 +151,11 @@ class BatchWorker(Worker):
             run.job.round_times.append(now)
             if run.ttft is None and tokens:
                 run.ttft = now - run.job.arrived
-            run.backlog.append(Round(tokens, "".join(pieces), lp))
+            kinds: tuple[str, ...] = ()
+            if run.job.trace and seq.stats is not None:
+                now_counts = counters(seq.stats)
+                kinds, run.mark = tuple(round_kinds(run.mark, now_counts, len(tokens))), now_counts
+            run.backlog.append(Round(tokens, "".join(pieces), lp, kinds))
         run.sent_tokens, run.sent_pieces = len(seq.tokens), len(seq.pieces)
 
     def _flush(self) -> None:

@@ -26,6 +26,7 @@ class ServerConfig:
     proposer: str | None = None  # default proposer of requests that name none (None: the artifact's)
     max_batch: int = 1  # requests generating at once (> 1: the artifact's batch graph, batch_worker.py)
     cors_origins: tuple[str, ...] = LOCAL_ORIGINS  # web pages that may call from a browser (cors.py); () = none
+    web_page: bool = True  # GET / serves the chat page that shows speculation (page.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:

@@ -20,6 +20,12 @@ def add_http_arguments(srv: argparse.ArgumentParser) -> None:
         " port; a website elsewhere cannot read answers; docs/serving.md#cors)",
     )
     srv.add_argument(
+        "--no-web-page",
+        action="store_true",
+        help="do not serve the chat page at / (default: served; it shows how each token came, acceptance and"
+        " tok/s as they happen; no external resources)",
+    )
+    srv.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
         default="info",

@@ -16,7 +16,8 @@ target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent
 `top_k`, `min_p` and `repetition_penalty` (vLLM's and llama-server's: applied to the target's
 rows before verification, so speculation stays exact), `return_token_ids` (vLLM's name: the
 generated token ids in each choice or chunk),
-`response_format` on /v1/completions (as vLLM and llama-server accept it).
+`response_format` on /v1/completions (as vLLM and llama-server accept it), `trace` (streamed
+chunks carry how each token came: trace.py).
 
 The chat messages and the completion prompt are read in messages.py, scalar fields in fields.py.
 """
@@ -62,6 +63,7 @@ COMMON = (
     "min_p",
     "repetition_penalty",
     "return_token_ids",
+    "trace",
     *IGNORED,
 )
 CHAT_FIELDS = (
@@ -109,6 +111,7 @@ class GenerationRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool = True  # False: at most one tool call per answer
     logprobs: int | None = None  # alternatives per token when log-probabilities are asked for (None: not asked)
+    trace: bool = False  # streamed chunks say how each token came (trace.py; the web page asks for it)
 
 
 def parse_chat(body: Any) -> GenerationRequest:
@@ -136,6 +139,7 @@ def parse_chat(body: Any) -> GenerationRequest:
         _sampling(body, max_tokens),
         *_streaming(body),
         messages=read_messages(body),
+        trace=read_bool(body, "trace", False),
         max_tokens_param=param,
         response_format=_response_format(body),
         tools=None if not tools else tuple(tools),
@@ -205,6 +209,7 @@ def parse_completion(body: Any) -> GenerationRequest:
         _sampling(body, max_tokens),
         *_streaming(body),
         prompt=read_prompt(body),
+        trace=read_bool(body, "trace", False),
         logprobs=logprobs,
         response_format=_response_format(body),
     )

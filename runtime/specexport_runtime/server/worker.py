@@ -34,6 +34,7 @@ from .errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError
 from .logs import log_request
 from .metrics import Metrics
 from .responses import Outcome
+from .trace import counters, round_kinds
 
 log = logging.getLogger("specexport.server")
 MAX_BACKLOG = 16  # rounds the worker may run ahead of the handler
@@ -51,6 +52,7 @@ class Round:
     tokens: list[int]
     text: str
     logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked (sampling.token_logprobs)
+    kinds: tuple[str, ...] = ()  # per token, when the request asked for a trace (trace.py)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class Job:
     started: float | None = None
     ended: float | None = None
     round_times: list[float] = field(default_factory=list)  # time.monotonic() after each round
+    trace: bool = False  # Round.kinds wanted (the request's `trace`)
 
     def post(self, event: Event) -> bool:
         """Worker thread: hand an event to the handler; False when its loop is gone."""
@@ -259,6 +262,7 @@ class Worker:
             self._fail(job, ApiError(400, str(exc), param="prompt", code="invalid_value"), "invalid")
             return
         delivered = 0  # tokens handed over: the offset of the next round's logprobs
+        mark = counters(events.stats)
         try:
             for tokens, text, reason in events:
                 now = time.monotonic()
@@ -268,7 +272,10 @@ class Worker:
                 finish = reason or finish
                 lp = events.logprobs[delivered : delivered + len(tokens)] if events.logprobs is not None else []
                 delivered += len(tokens)
-                gone = self._deliver(job, Round(tokens, text, lp))
+                kinds: tuple[str, ...] = ()
+                if job.trace:
+                    kinds, mark = tuple(round_kinds(mark, counters(events.stats), len(tokens))), counters(events.stats)
+                gone = self._deliver(job, Round(tokens, text, lp, kinds))
                 if gone:
                     break
                 if reason is None:  # after the last round the iterator must run out, so the proposer learns
