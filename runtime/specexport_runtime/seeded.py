@@ -25,6 +25,7 @@ ulp so that U lies in (0, 1) and E in (0, +inf). Only tokens with p > 0 are hash
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 
@@ -34,6 +35,7 @@ from .errors import InvalidArgument
 from .sampling import sample
 
 _MASK = (1 << 64) - 1
+_BLOCK = 4096  # token ids raced at once by seeded_pick (temporaries of 32 KB)
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
@@ -52,27 +54,59 @@ def position_key(seed: int, position: int) -> int:
 
 def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """U(seed, position, i) for token ids [n] (int, >= 0) -> [n] float64 in (0, 1)."""
-    ids = np.asarray(ids, dtype=np.uint64)  # [n]
-    z = ids + np.uint64(1)
+    return _uniforms(position_key(seed, position), ids)
+
+
+def _uniforms(key: int, ids: np.ndarray) -> np.ndarray:
+    """Element i of the SplitMix64 stream at `key` for ids [n] -> [n] float64 in (0, 1)."""
+    z = np.asarray(ids, dtype=np.uint64) + np.uint64(1)  # [n]
     z *= np.uint64(_GOLDEN)  # wraps mod 2^64 (array arithmetic: no overflow warning)
-    z += np.uint64(position_key(seed, position))
-    z ^= z >> np.uint64(30)
+    z += np.uint64(key)
+    t = np.empty_like(z)  # explicit temporaries: numpy's `z ^= z >> k` takes a slow overlap-safe path
+    np.bitwise_xor(z, np.right_shift(z, np.uint64(30), out=t), out=z)
     z *= np.uint64(_M1)
-    z ^= z >> np.uint64(27)
+    np.bitwise_xor(z, np.right_shift(z, np.uint64(27), out=t), out=z)
     z *= np.uint64(_M2)
-    z ^= z >> np.uint64(31)
-    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    np.bitwise_xor(z, np.right_shift(z, np.uint64(31), out=t), out=z)
+    # top 53 bits, through int64 (exact below 2^53), whose float conversion is vectorized
+    u = np.right_shift(z, np.uint64(11), out=t).view(np.int64).astype(np.float64)
+    u += 0.5
+    u *= 1.0 / (1 << 53)
+    return u
 
 
 def seeded_pick(p: np.ndarray, seed: int, position: int) -> int:
     """The seeded token of one position: argmax over {i : p[i] > 0} of p[i] / -log U(seed,
-    position, i). p: [V] >= 0 (need not sum to 1). Distributed as p over seeds (or positions)."""
+    position, i). p: [V] >= 0 (need not sum to 1). Distributed as p over seeds (or positions).
+
+    A wide support is raced in blocks of _BLOCK token ids (small temporaries, no allocation the
+    size of the vocabulary), and a logarithm is taken only where a token can still win: with
+    `best` the best race so far (first the most probable token's), token i can beat it only if
+    p[i] / -log U > best, which needs p[i] > best (1 - U) since -log U >= 1 - U. The result is
+    the exact argmax of the whole race (first index on a tie, which has probability zero)."""
     p = np.asarray(p)
-    ids = np.flatnonzero(p > 0)  # [n] the support; only these are hashed
-    if ids.size == 0 or not np.all(np.isfinite(p[ids])):
+    positive = p > 0  # [V] bool
+    n = int(np.count_nonzero(positive))
+    if n == 0 or not np.all(np.isfinite(p)):
         raise InvalidArgument("a seeded pick needs a row with positive, finite mass")
-    race = p[ids].astype(np.float64) / -np.log(uniforms(seed, position, ids))  # [n] p / Exp(1)
-    return int(ids[int(race.argmax())])
+    key = position_key(seed, position)
+    if n <= _BLOCK:  # a filtered row (top-k, top-p, min-p, a grammar): race its support at once
+        ids = np.flatnonzero(positive)  # [n]
+        race = p[ids].astype(np.float64) / -np.log(_uniforms(key, ids))
+        return int(ids[int(race.argmax())])
+    top = int(p.argmax())
+    winner = top
+    best = float(p[top]) / -math.log(float(_uniforms(key, np.array([top]))[0]))
+    for b0 in range(0, p.size, _BLOCK):
+        pb = p[b0 : b0 + _BLOCK].astype(np.float64)  # [<= _BLOCK]
+        u = _uniforms(key, np.arange(b0, b0 + pb.size))
+        cand = np.flatnonzero(pb > best * (1.0 - u))  # [m] the tokens that may still win
+        if cand.size:
+            race = pb[cand] / -np.log(u[cand])
+            j = int(race.argmax())
+            if race[j] > best:
+                best, winner = float(race[j]), b0 + int(cand[j])
+    return winner
 
 
 class SeededNoise:

@@ -93,6 +93,23 @@ def test_neighbouring_positions_are_independent():
     assert chi2_sf(stat, df) > ALPHA
 
 
+@pytest.mark.parametrize("vocab", [50, 5000, 20000])
+def test_seeded_pick_is_the_argmax_of_the_whole_race(vocab):
+    """Against the race written out over the whole support (no blocks, no pruning), on peaked and
+    flat rows, full and filtered (zeros): seeded_pick's blocks and its bound change nothing."""
+    from specexport_runtime.sampling import SamplingParams, probabilities
+
+    rng = np.random.default_rng(vocab)
+    for trial in range(30):
+        logits = rng.normal(size=(1, vocab)) * rng.choice([0.1, 1.0, 4.0])
+        kw = {"temperature": 1.0} if trial % 2 else {"temperature": 0.8, "top_p": 0.9}
+        p = probabilities(logits, SamplingParams(**kw))[0]
+        ids = np.flatnonzero(p > 0)
+        for seed in range(3):
+            race = p[ids] / -np.log(uniforms(seed, trial, ids))
+            assert seeded_pick(p, seed, trial) == ids[race.argmax()]
+
+
 def test_seeded_pick_scales_and_dtype_do_not_matter_and_bad_rows_fail():
     for s in range(50):
         t = seeded_pick(P, s, 3)
@@ -102,8 +119,9 @@ def test_seeded_pick_scales_and_dtype_do_not_matter_and_bad_rows_fail():
     assert {seeded_pick(onehot, s, 0) for s in range(30)} == {4}
     with pytest.raises(InvalidArgument, match="positive, finite mass"):
         seeded_pick(np.zeros(5), 0, 0)
-    with pytest.raises(InvalidArgument, match="positive, finite mass"):
-        seeded_pick(np.array([0.5, np.inf]), 0, 0)
+    for bad in ([0.5, np.inf], [0.5, np.nan], [np.nan] * 3):
+        with pytest.raises(InvalidArgument, match="positive, finite mass"):
+            seeded_pick(np.array(bad), 0, 0)
     with pytest.raises(InvalidArgument, match="seed must be an integer >= 0, got -1"):
         SeededNoise(-1)
 
