@@ -240,6 +240,7 @@ def run_serve(args: argparse.Namespace) -> int:
         proposer=args.proposer,
         cors_origins=args.cors_origins,
         web_page=not args.no_web_page,
+        body_seconds=args.body_seconds,
     )  # checked before the slow load
     from .errors import InvalidArgument
 

@@ -226,3 +226,31 @@ def test_an_exploding_pattern_is_a_400_before_streaming(tiny_artifacts):
             assert "\n" not in err["message"] and "<state>" not in err["message"]
     finally:
         srv.close()
+
+
+def test_a_stalled_upload_gets_408_and_the_connection_closes(tiny_artifacts):
+    """Headers sent, the body never completed: 408 `request_timeout` after --body-seconds (it used to
+    be held open with no limit), then the server closes the connection; the server goes on."""
+    pytest.importorskip("uvicorn")
+    import socket
+    import time
+
+    from test_server_support import LiveServer, get
+
+    srv = LiveServer(load(tiny_artifacts["noisy"], threads=1), body_seconds=0.5)
+    try:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(head + b"Content-Length: 100\r\n\r\n{")
+        start = time.monotonic()
+        data = b""
+        while chunk := sock.recv(65536):  # until the server closes
+            data += chunk
+        waited = time.monotonic() - start
+        sock.close()
+        status, _, body = data.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 408") and b"connection: close" in status.lower()
+        assert json.loads(body)["error"]["code"] == "request_timeout" and 0.4 < waited < 5
+        assert get(srv.port, "/health", key=None)[0] == 200
+    finally:
+        srv.close()

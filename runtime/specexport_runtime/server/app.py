@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -199,15 +200,31 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(request: Request, limit: int):
+async def read_json(request: Request, limit: int, seconds: float = math.inf):
+    """The request body as JSON: 413 over `limit` bytes, 408 when it has not all arrived within
+    `seconds` of the headers (a stalled upload is not held open)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+
+    async def receive_all() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise _too_large(limit)
+
+    try:
+        await asyncio.wait_for(receive_all(), None if math.isinf(seconds) else seconds)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {seconds:g} s (--body-seconds); {len(body)} bytes came",
+            INVALID_REQUEST,
+            None,
+            "request_timeout",
+            {"Connection": "close"},  # the rest of the body will not come
+        ) from None
     if not body.strip():
         raise bad_request("the request body is empty (expected a JSON object)", None, "invalid_json")
     try:
@@ -235,7 +252,7 @@ async def _generation(request: Request, parse):
     state.authorize(request)
     if state.worker.draining:
         raise shutting_down()
-    req = parse(await read_json(request, state.config.max_body_bytes))
+    req = parse(await read_json(request, state.config.max_body_bytes, state.config.body_seconds))
     check_model(req.model, state.model)
     prepared = await run_in_threadpool(state.prepare, req)
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)

@@ -20,6 +20,13 @@ def add_http_arguments(srv: argparse.ArgumentParser) -> None:
         " port; a website elsewhere cannot read answers; docs/serving.md#cors)",
     )
     srv.add_argument(
+        "--body-seconds",
+        type=float,
+        default=30.0,
+        help="a request body that has not fully arrived this many seconds after its headers gets 408 and"
+        " the connection is closed (a stalled upload is not held open; default 30)",
+    )
+    srv.add_argument(
         "--no-web-page",
         action="store_true",
         help="do not serve the chat page at / (default: served; it shows how each token came, acceptance and"
