@@ -15,7 +15,7 @@ import traceback
 
 from . import registry
 from .errors import SpecExportError
-from .server.options import add_http_arguments
+from .server.options import add_http_arguments, http_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -238,9 +238,7 @@ def run_serve(args: argparse.Namespace) -> int:
         stall_seconds=args.stall_seconds,
         model_name=args.model_name,
         proposer=args.proposer,
-        cors_origins=args.cors_origins,
-        web_page=not args.no_web_page,
-        body_seconds=args.body_seconds,
+        **http_settings(args),
     )  # checked before the slow load
     from .errors import InvalidArgument
 

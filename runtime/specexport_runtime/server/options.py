@@ -1,5 +1,5 @@
-"""`serve` options of the HTTP front that are not the generator's: CORS and the log format
-(their behaviour: cors.py, logs.py; docs/serving.md)."""
+"""`serve` options of the HTTP front that are not the generator's: CORS, the web page, the body
+timeout and the log (their behaviour: cors.py, page.py, app.read_json, logs.py; docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import argparse
 
 from .cors import LOCAL_ORIGINS
 from .logs import FORMATS
+
+
+def http_settings(args: argparse.Namespace) -> dict:
+    """The ServerConfig fields of add_http_arguments' options."""
+    return {"cors_origins": args.cors_origins, "web_page": not args.no_web_page, "body_seconds": args.body_seconds}
 
 
 def add_http_arguments(srv: argparse.ArgumentParser) -> None:
