@@ -254,3 +254,34 @@ def test_a_stalled_upload_gets_408_and_the_connection_closes(tiny_artifacts):
         assert get(srv.port, "/health", key=None)[0] == 200
     finally:
         srv.close()
+
+
+# --- tool calls cut by max_tokens ---------------------------------------------------------------
+
+
+def test_calls_cut_by_max_tokens_come_back_as_the_completed_calls():
+    """tool_choice 'required' with parallel calls: a model that repeats calls until max_tokens used to
+    get its whole answer back as content; now the calls it completed are tool_calls and the
+    finish reason says 'length'. A cut before the first complete call stays content."""
+    from specexport_runtime.generator import GenerationStats
+    from specexport_runtime.server.responses import Outcome, Renderer
+    from specexport_runtime.tools import ToolPlan
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}}}}}]  # fmt: skip
+    plan = ToolPlan.create(tools, "required", True, True)
+    call = '{"name": "get_time", "arguments": {"city": "Oslo"}}'
+    cut = '{"tool_calls": [' + call + ", " + call + ', {"name": "get_ti'
+    content, calls = plan.parse(cut)
+    assert (
+        content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"city": "Oslo"})] * 2
+    )
+    assert plan.parse('{"tool_calls": [{"name": "get_ti') == ('{"tool_calls": [{"name": "get_ti', ())
+    whole = '{"tool_calls": [' + call + "]}"
+    assert len(plan.parse(whole)[1]) == 1
+    renderer = Renderer("chat", "m", plan=plan)
+    body = renderer.completion(cut, [], Outcome("length", GenerationStats(), "none", "off", None, 0.0, None))
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["message"]["tool_calls"]) == 2
+    body = renderer.completion(whole, [], Outcome("eos", GenerationStats(), "none", "off", None, 0.0, None))
+    assert body["choices"][0]["finish_reason"] == "tool_calls"

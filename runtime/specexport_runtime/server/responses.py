@@ -178,7 +178,9 @@ class Renderer:
         return data
 
     def _finish(self, outcome: Outcome, calls: tuple[ToolCall, ...]) -> str:
-        return "tool_calls" if calls else outcome.openai_finish_reason
+        """'tool_calls' for an answer of calls, 'length' when max_tokens cut it (with the calls it
+        completed), else the generation's."""
+        return "tool_calls" if calls and outcome.finish_reason != "length" else outcome.openai_finish_reason
 
     # --- streaming ---
     def role_chunk(self) -> bytes | None:
