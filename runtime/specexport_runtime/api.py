@@ -39,8 +39,9 @@ from .model import Model
 from .paths import check_graph, confined
 from .prefix_cache import PrefixCache
 from .proposers import Proposer, ProposerContext
+from .seeded import stream_for
 from .signing import verify as verify_signature
-from .slots import SlotModel, idle_rows
+from .slots import SlotModel, idle_rows, too_few_slots
 from .structured import ConstraintEngine, Grammar, Guide
 from .tokenizer import TextCodec
 from .tools import ToolPlan
@@ -268,7 +269,7 @@ class SpecGenerator:
             prop,
             ctl,
             replace(config, gamma=gamma),
-            np.random.default_rng(config.seed),
+            stream_for(config.seed, config.temperature, config.seeded_noise),
             GenerationStats(),
             self.verify_cost,
             guide,
@@ -432,10 +433,7 @@ def load(
     target_config = replace(base, spinning=not has_draft)
     if batch:  # spinning as for a lone session unless the draft's batch graph shares the cores
         if manifest.target.max_batch < 2:
-            raise InvalidArgument(
-                f"batch=True needs an artifact built with max_batch > 1; {root} has max_batch"
-                f" {manifest.target.max_batch}"
-            )
+            raise too_few_slots(root, manifest.target.max_batch, 4)  # batch=True: any number of slots > 1
         target_config = replace(base, spinning=not (has_draft and manifest.draft.max_batch > 1))
     target, slots = _open_graph(root, manifest, manifest.target, "target", target_config, batch)
     tree = None

@@ -10,11 +10,13 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 
 from . import registry
 from .errors import SpecExportError
 from .server.config import add_prefix_arguments
+from .server.options import add_http_arguments, http_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -154,12 +156,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
         help="an ed25519 public key (PEM); repeatable: the artifact must be signed by one of them"
         " (specexport sign; needs pip install './runtime[sign]')",
     )
-    srv.add_argument(
-        "--log-level",
-        choices=["critical", "error", "warning", "info", "debug"],
-        default="info",
-        help="uvicorn's log level (default info: one access line per request)",
-    )
+    add_http_arguments(srv)
     add_suffix_arguments(srv)
     add_cluster_arguments(srv)
 
@@ -229,6 +226,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from .manifest import read_manifest
     from .server.config import ServerConfig, prefix_overrides
     from .server.run import serve
+    from .slots import too_few_slots
 
     config = ServerConfig(
         max_batch=1 if args.max_batch is None else args.max_batch,
@@ -243,6 +241,7 @@ def run_serve(args: argparse.Namespace) -> int:
         model_name=args.model_name,
         proposer=args.proposer,
         share_prefix_cache=args.share_prefix_cache,
+        **http_settings(args),
     )  # checked before the slow load
     from .errors import InvalidArgument
 
@@ -252,8 +251,11 @@ def run_serve(args: argparse.Namespace) -> int:
         return run_cluster(args, config)
     if args.ray_address is not None:
         raise InvalidArgument("--ray-address needs --replicas N or --autoscale MIN:MAX")
-    if args.max_batch is None:  # the artifact's (its manifest is read again, verified, by load)
-        config = replace(config, max_batch=read_manifest(args.artifact).target.max_batch)
+    has = read_manifest(args.artifact).target.max_batch  # read again, verified, by load
+    if config.max_batch > has:  # before the slow load, naming the rebuild
+        raise too_few_slots(args.artifact, has, config.max_batch)
+    config = replace(config, max_batch=has if args.max_batch is None else config.max_batch)
+    started = time.monotonic()
     gen = load(
         args.artifact,
         provider=args.provider,
@@ -265,7 +267,7 @@ def run_serve(args: argparse.Namespace) -> int:
         batch=config.max_batch > 1,
         prepack=not args.no_prepack,
     )
-    serve(gen, config, log_level=args.log_level)
+    serve(gen, config, args.log_level, args.log_format, time.monotonic() - started)
     return 0
 
 
@@ -419,6 +421,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from .api import load
+    from .limits import check_room
 
     config = dict(
         max_new_tokens=args.max_new_tokens,
@@ -451,7 +454,8 @@ def run_generate(args: argparse.Namespace) -> int:
         ]
         ids = gen.codec.encode_chat(messages)
     else:
-        ids = args.prompt
+        ids = gen.codec.encode(args.prompt)
+    check_room("--max-new-tokens", args.max_new_tokens, len(ids), gen.manifest.max_context)  # as the server's 400
     run = gen.events(ids)
     if args.stream and not args.json:
         for piece in run.pieces():

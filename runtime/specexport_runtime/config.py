@@ -9,9 +9,11 @@ setting its attributes.
 Gamma policy (`gamma_policy`), in order:
     off                       the proposer is 'none' or speculative is False: target only
     fixed                     gamma is given: every round drafts up to gamma tokens
-    fixed (seeded sampling)   sampling with a seed: the controller's starting gamma (calibrated,
+    fixed (seeded sampling)   sampling with a seed and seeded_noise False (rejection sampling from
+                              the seed's stream): the controller's starting gamma (calibrated,
                               else initial_gamma), fixed, so that a seed reproduces the draws
-                              whatever the machine's timings
+                              whatever the machine's timings. With seeded_noise (the default) a
+                              seeded output does not depend on gamma, and the policy is adaptive
     fixed (artifact)          the artifact was built with `speculation.adaptive: false`: the
                               starting gamma as above, fixed
     adaptive                  adaptive.GammaController picks gamma each round from measured
@@ -42,6 +44,7 @@ from .constants import (
 )
 from .drafts import SuffixConfig
 from .errors import InvalidArgument
+from .penalties import check_penalty
 from .sampling import MAX_TOP_LOGPROBS, SamplingParams
 from .structured import Grammar
 
@@ -75,6 +78,11 @@ class GeneratorConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int | None = None  # None: fresh entropy
+    # with a seed: per-position noise (seeded.py), the same tokens with any proposer, gamma or batch;
+    # False: rejection sampling from the seed's stream (reproducible for the same proposer and gamma)
+    seeded_noise: bool = True
+    min_p: float = 0.0  # keep tokens with at least min_p x the top probability (0 = off; sampling.py)
+    repetition_penalty: float = 1.0  # on the target's rows before verification (1 = off; penalties.py)
     stop: tuple[str, ...] = ()  # a str is read as one stop string
     grammar: Grammar | None = None  # constrained decoding (structured.py; the `structured` extra)
     logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives (0..20)
@@ -94,7 +102,7 @@ class GeneratorConfig:
 
     def __post_init__(self) -> None:
         registry.get(self.proposer)  # a registered name (InvalidArgument naming the known ones)
-        for name in ("speculative", "adaptive", "use_datastore", "cache_prompt"):
+        for name in ("speculative", "adaptive", "use_datastore", "cache_prompt", "seeded_noise"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "true or false")
         if self.gamma is not None and (not _int(self.gamma) or not MIN_GAMMA <= self.gamma <= MAX_GAMMA):
@@ -110,7 +118,8 @@ class GeneratorConfig:
             raise _fail("domain", self.domain, "a calibration domain name or None")
         if not _int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise _fail("max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)  # its own checks
+        self.sampling  # noqa: B018 (SamplingParams' own checks)
+        object.__setattr__(self, "repetition_penalty", check_penalty(self.repetition_penalty))
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise _fail(
                 "grammar",
@@ -151,6 +160,10 @@ class GeneratorConfig:
             raise _fail("suffix", self.suffix, "a suffix.SuffixConfig")
         if not _int(self.tree_nodes) or not 0 <= self.tree_nodes <= MAX_TREE_NODES:
             raise _fail("tree_nodes", self.tree_nodes, f"an integer in 0..{MAX_TREE_NODES} (0: chains)")
+        if self.tree_nodes and self.repetition_penalty != 1.0:
+            raise InvalidArgument(
+                "tree_nodes > 0 with a repetition_penalty: penalized rows are verified as chains; use tree_nodes 0"
+            )
         if self.tree_nodes and self.grammar is not None:
             raise InvalidArgument(
                 "tree_nodes > 0 with a grammar: constrained decoding verifies chains; use tree_nodes 0"
@@ -198,7 +211,7 @@ class GeneratorConfig:
     # --- derived ---------------------------------------------------------------------------
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed, self.min_p)
 
     @property
     def speculating(self) -> bool:
@@ -212,7 +225,7 @@ class GeneratorConfig:
             return OFF
         if self.gamma is not None:
             return FIXED
-        if self.seed is not None and self.temperature > 0:
+        if self.seed is not None and self.temperature > 0 and not self.seeded_noise:
             return SEEDED
         return ADAPTIVE if self.adaptive else ARTIFACT
 

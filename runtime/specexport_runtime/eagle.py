@@ -27,7 +27,8 @@ from .eagle_tree import HeadTree, calibration_factor, grow, tree_parents
 from .errors import InvalidArgument
 from .model import Model
 from .proposers import Proposal, Proposer, ProposerContext
-from .sampling import probabilities, sample, softmax
+from .sampling import probabilities, softmax
+from .seeded import SeededNoise, draw
 from .tree import tree_parents_or_none
 
 
@@ -73,12 +74,16 @@ class EagleProposer(Proposer):
         q[self.d2t] = q_draft
         return q
 
-    def _pick(self, logits: np.ndarray, params, rng) -> tuple[int, np.ndarray | None]:
-        """(target id, its q row over target ids or None for greedy) from draft logits [V_draft]."""
+    def _pick(self, logits: np.ndarray, params, rng, position: int) -> tuple[int, np.ndarray | None]:
+        """(target id, its q row over target ids or None for greedy) from draft logits [V_draft]
+        for sequence `position`; seeded noise is keyed by target ids, so it picks on the q row."""
         if params.greedy:
             return int(self.d2t[int(logits.argmax())]), None
         q = probabilities(logits[None], params)[0]  # [V_draft]
-        return int(self.d2t[sample(q, rng)]), self._to_target(q)
+        q_target = self._to_target(q)  # [V_target]
+        if isinstance(rng, SeededNoise):
+            return draw(q_target, rng, position), q_target
+        return int(self.d2t[draw(q, rng, position)]), q_target
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
         start = time.perf_counter()
@@ -95,7 +100,7 @@ class EagleProposer(Proposer):
             return replace(proposal, catchup_seconds=time.perf_counter() - start if rows > 2 else 0.0)
         tokens, qs = [], []
         for i in range(gamma):
-            token, q = self._pick(logits[0], params, rng)
+            token, q = self._pick(logits[0], params, rng, n + i)
             tokens.append(token)
             if q is not None:
                 qs.append(q)

@@ -21,8 +21,10 @@ from .config import GeneratorConfig
 from .costs import VerifyCost
 from .errors import PromptError
 from .model import Model
+from .penalties import repetition_rows
 from .proposers import DraftCall, Proposal, Proposer
 from .sampling import one_hot, probabilities, residual, sample, token_logprobs, verify_greedy, verify_sampled
+from .seeded import SeededNoise, tree_picks, verify_seeded
 from .structured import Guide
 from .tokenizer import IncrementalDecoder, TextCodec
 from .tree import DraftTree, first_path, verify_tree_greedy, verify_tree_sampled
@@ -194,7 +196,7 @@ class SpeculativeLoop:
         proposer: Proposer,
         controller: GammaController | None,
         config: GeneratorConfig,
-        rng: np.random.Generator,
+        rng: np.random.Generator | SeededNoise,
         stats: GenerationStats,
         cost: VerifyCost | None = None,
         guide: Guide | None = None,
@@ -211,6 +213,7 @@ class SpeculativeLoop:
         self.cost = cost or (controller.cost if controller is not None else VerifyCost())
         self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
         self.free, self.batched, self.tree = free, batched, tree
+        self.seeded = isinstance(rng, SeededNoise)  # seeded.py: every draw a pick at its position
         self.batch_gamma: int | None = None
         self.batch_free = 0
         # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
@@ -218,16 +221,22 @@ class SpeculativeLoop:
         self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
         self.prefix = None  # a prefix_cache.Lease: the prefill starts from the prompt's cached rows
 
-    def rows(self, logits: np.ndarray, draft: Sequence[int] = ()) -> np.ndarray:
-        """The target's logits rows [R, V] of a call on [last, draft] as decoding sees them."""
+    def rows(self, logits: np.ndarray, context: Sequence[int], draft: Sequence[int] = ()) -> np.ndarray:
+        """The target's logits rows [R, V] of a call on [last, draft] after `context` (the tokens
+        before the first row's draw) as decoding sees them: penalized (penalties.py), masked."""
+        if self.config.repetition_penalty != 1.0:
+            logits = repetition_rows(logits, context, draft, self.config.repetition_penalty)
         return self.guide.masked(logits, draft) if self.guide is not None else logits
 
-    def pick(self, row: np.ndarray, cut_q: np.ndarray | None = None) -> int:
-        """One token from a logits row [V]; cut_q: a drawn draft token's distribution that a
-        grammar cut, so the token is its correction (sampling.verify_sampled)."""
+    def pick(self, row: np.ndarray, position: int, cut_q: np.ndarray | None = None) -> int:
+        """The token at sequence `position` from a logits row [V]; cut_q: a drawn draft token's
+        distribution that a grammar cut, so the token is its correction (sampling.verify_sampled;
+        a seeded pick does not depend on drafts)."""
         if self.params.greedy:
             return int(row.argmax())
         p = probabilities(row[None], self.params)[0]
+        if self.seeded:
+            return self.rng.pick(p, position)
         return sample(p if cut_q is None else residual(p, cut_q), self.rng)
 
     def emit(self, tokens: list[int], rows: np.ndarray) -> list[int]:
@@ -252,16 +261,16 @@ class SpeculativeLoop:
         self.proposer.start(prompt)
         start = time.perf_counter()
         skip = self.prefix.restore(prompt) if self.prefix is not None else 0  # rows [0, skip) restored
-        logits = self.rows((yield from self.call(prompt[skip:])))
-        token = self.pick(logits[0])
+        logits = self.rows((yield from self.call(prompt[skip:])), prompt)
+        token = self.pick(logits[0], len(prompt))
         self.stats.prefill_seconds = time.perf_counter() - start
         return self.emit([token], logits)
 
     def plain_step(self, committed: list[int], cut_q: np.ndarray | None = None) -> Iterator[TargetCall]:
         """-> [next token]."""
         start = time.perf_counter()
-        logits = self.rows((yield from self.call(committed[self.target.length :])))
-        token = self.pick(logits[0], cut_q)
+        logits = self.rows((yield from self.call(committed[self.target.length :])), committed)
+        token = self.pick(logits[0], len(committed), cut_q)
         seconds = time.perf_counter() - start
         self.stats.plain_steps += 1
         self.stats.target_seconds += seconds
@@ -325,8 +334,8 @@ class SpeculativeLoop:
         if proposal.parents is not None and self.tree is not None and self.target.length == len(committed) - 1:
             return self.tree_step(committed, proposal, t0, t1)
         # one target call on [last, d1..dk] -> k+1 rows
-        logits = self.rows((yield from self.call(committed[self.target.length :] + draft, k + 1)), draft)
-        n, token = self.verify(logits, proposal)
+        logits = self.rows((yield from self.call(committed[self.target.length :] + draft, k + 1)), committed, draft)
+        n, token = self.verify(logits, proposal, len(committed))
         self.target.truncate(len(committed) + n)  # keep [.., last, d1..dn]; drop rejected rows
         self.account(proposal, n, t0, t1, time.perf_counter())
         return self.emit(draft[:n] + [token], logits[: n + 1])
@@ -339,6 +348,9 @@ class SpeculativeLoop:
         logits = self.tree.forward(tree)  # [R, V]
         if self.params.greedy:
             rows, token = verify_tree_greedy(tree, logits.argmax(-1))
+        elif self.seeded:  # row r draws position len(committed) + depth(r)
+            picks = tree_picks(probabilities(logits, self.params), tree.depths(), self.rng, len(committed))
+            rows, token = verify_tree_greedy(tree, picks)
         else:  # suffix trees are deterministic drafts: recursive rejection over siblings
             rows, token = verify_tree_sampled(tree, probabilities(logits, self.params), self.rng)
         self.target.keep_path(start, rows)
@@ -346,12 +358,15 @@ class SpeculativeLoop:
         self.account(proposal, len(rows), t0, t1, time.perf_counter())
         return self.emit([int(t) for t in tree.tokens[rows]] + [int(token)], logits[[0, *rows]])
 
-    def verify(self, logits: np.ndarray, proposal: Proposal) -> tuple[int, int]:
-        """(accepted, next token) of a draft against the target's rows [k+1, V]."""
+    def verify(self, logits: np.ndarray, proposal: Proposal, start: int) -> tuple[int, int]:
+        """(accepted, next token) of a draft against the target's rows [k+1, V]; row j draws the
+        token at sequence position start + j."""
         draft = proposal.tokens
         if self.params.greedy:
             return verify_greedy(logits.argmax(-1), draft)
         p = probabilities(logits, self.params)  # [k+1, V]
+        if self.seeded:
+            return verify_seeded(p, draft, self.rng, start)
         q = proposal.q[: len(draft)] if proposal.q is not None else one_hot(draft, p.shape[1])
         return verify_sampled(p, q, draft, self.rng, proposal.cut_q)
 

@@ -14,7 +14,9 @@ unpack   into a versions folder next to the target and switch a symlink:
          verified; only then is the folder renamed to its version name and the symlink switched.
          A crash at any point leaves DIR pointing at the previous complete version (or absent
          on a first install): never at a mix. A temporary folder left by a crash is removed by
-         the next unpack.
+         the next unpack. A package that ends early or whose files do not match its manifest (a
+         failed download) is a PackageError saying to download it again; a failed first install
+         leaves no DIR.versions behind.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from .errors import ArtifactError, InvalidArgument
-from .manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest, read_manifest, verify_files
+from .manifest import MANIFEST_NAME, SIGNATURE_NAME, Manifest, read_manifest, sha256_file, verify_files
 from .paths import confined
 
 SUFFIX = ".spx"
@@ -108,6 +110,7 @@ def unpack(
             f"(a symlink into {_versions(target).name}/): choose a new path"
         )
     versions = _versions(target)
+    first_install = not versions.exists()
     versions.mkdir(parents=True, exist_ok=True)
     for stale in versions.glob(TMP_PREFIX + "*"):  # a crashed earlier unpack: a folder, or its switch's link
         if stale.is_symlink():
@@ -120,26 +123,20 @@ def unpack(
         try:
             tar = tarfile.open(package, "r:")
         except (OSError, tarfile.TarError) as exc:
-            raise PackageError(f"{str(package)!r} is not a readable .spx (tar) package: {exc}") from None
-        with tar:
-            seen: set[str] = set()
-            for i, member in enumerate(tar):
-                name = _check_member(member, seen)
-                if i == 0 and name != MANIFEST_NAME:
-                    raise PackageError(f"the package's first member is {name!r}; a .spx starts with {MANIFEST_NAME}")
-                dest = confined(tmp, name, "package member")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                with open(dest, "wb") as out:
-                    shutil.copyfileobj(source, out, 1 << 20)
-                    out.flush()
-                    os.fsync(out.fileno())
+            raise PackageError(
+                f"{str(package)!r} is not a readable .spx (tar) package ({exc}):"
+                " if it was downloaded, download it again"
+            ) from None
+        seen: set[str] = set()
+        try:
+            _extract(tar, tmp, seen)
+        except (tarfile.TarError, EOFError) as exc:  # the tar ends early or is garbled: a failed download
+            raise PackageError(f"{str(package)!r} is incomplete or damaged ({exc}): download it again") from None
         if trusted_keys is not None:
             from .signing import verify as verify_signature
 
             verify_signature(tmp, trusted_keys)
-        manifest = read_manifest(tmp)
-        verify_files(tmp, manifest)
+        manifest = _verify_download(package, tmp)
         unlisted = seen - set(manifest.files) - {MANIFEST_NAME, SIGNATURE_NAME}
         if unlisted:
             raise PackageError(f"package member {sorted(unlisted)[0]!r} is not listed in its manifest")
@@ -147,11 +144,47 @@ def unpack(
         os.rename(tmp, version)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if first_install:  # leave nothing behind
+            shutil.rmtree(versions, ignore_errors=True)
         raise
     _switch(target, version)
     for old in _older_versions(versions, version)[keep:]:  # keep the current one and `keep` before it
         shutil.rmtree(old, ignore_errors=True)
     return version
+
+
+def _verify_download(package: Path, tmp: Path) -> Manifest:
+    """The extracted package's manifest after every listed file was checked; a file missing (the tar
+    ended at a member boundary) or differing from its checksum is a PackageError: download again."""
+    try:
+        manifest = read_manifest(tmp)
+    except ArtifactError as exc:
+        raise PackageError(f"{str(package)!r} holds no valid manifest ({exc}): download it again") from None
+    for rel, expected in sorted(manifest.files.items()):
+        path = confined(tmp, rel, "manifest files entry")
+        if not path.is_file():
+            raise PackageError(f"{str(package)!r} ends before {rel!r} (an incomplete download): download it again")
+        if sha256_file(path) != expected:
+            raise PackageError(
+                f"{str(package)!r}: {rel!r} differs from its manifest checksum (a damaged download): download it again"
+            )
+    return manifest
+
+
+def _extract(tar: tarfile.TarFile, tmp: Path, seen: set[str]) -> None:
+    """Every member of `tar` into `tmp`, each checked first (_check_member); names into `seen`."""
+    with tar:
+        for i, member in enumerate(tar):
+            name = _check_member(member, seen)
+            if i == 0 and name != MANIFEST_NAME:
+                raise PackageError(f"the package's first member is {name!r}; a .spx starts with {MANIFEST_NAME}")
+            dest = confined(tmp, name, "package member")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            with open(dest, "wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
 
 
 def _switch(target: Path, version: Path) -> None:

@@ -23,7 +23,8 @@ from .drafts import DraftCall, Proposal  # noqa: F401 (the proposer interface's 
 from .errors import InvalidArgument
 from .model import Model
 from .ngram import NgramProposer as NgramIndex
-from .sampling import SamplingParams, pad_vocab, probabilities, sample
+from .sampling import SamplingParams, pad_vocab, probabilities
+from .seeded import draw
 from .structured import apply_mask
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class DraftModelProposer(Proposer):
                 confidence = self._confidence(logits[0]) if self.min_confidence > 0 else 1.0
             else:
                 q = probabilities(logits, params)  # [1, V_draft]
-                token = sample(q[0], rng)
+                token = draw(q[0], rng, len(committed) + i)  # d_{i+1} sits at position len(committed) + i
                 qs.append(q[0])
                 confidence = float(q[0].max()) if self.min_confidence > 0 else 1.0
             tokens.append(token)

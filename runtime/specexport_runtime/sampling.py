@@ -37,15 +37,17 @@ _NUCLEUS_CANDIDATES = 1024
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are drawn. temperature 0 is greedy (top_k/top_p are then ignored).
+    """How tokens are drawn. temperature 0 is greedy (top_k/top_p/min_p are then ignored).
 
-    top_k = 0 disables top-k; top_p = 1.0 disables top-p. seed None draws fresh entropy.
+    top_k = 0 disables top-k; top_p = 1.0 disables top-p; min_p = 0 disables min-p (keep the
+    tokens with at least min_p times the top token's probability). seed None draws fresh entropy.
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -57,6 +59,9 @@ class SamplingParams:
         tp = self.top_p
         if isinstance(tp, bool) or not isinstance(tp, numbers.Real) or not (0.0 < tp <= 1.0):
             raise InvalidArgument(f"top_p must be a number in (0, 1] (1 = off), got {tp!r}")
+        mp = self.min_p
+        if isinstance(mp, bool) or not isinstance(mp, numbers.Real) or not (0.0 <= mp < 1.0):
+            raise InvalidArgument(f"min_p must be a number in [0, 1) (0 = off), got {mp!r}")
         s = self.seed
         if s is not None and (isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0):
             raise InvalidArgument(f"seed must be None or an integer >= 0, got {s!r}")
@@ -71,13 +76,14 @@ class SamplingParams:
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Sampling distribution of each logits row: temperature, then top-k, then top-p.
+    """Sampling distribution of each logits row: temperature, then top-k, then top-p, then min-p.
 
     logits: [R, V] (float32 from the graph) -> probs [R, V] float64, rows sum to 1.
     top-k keeps every token whose logit is >= the k-th largest (ties at the boundary are
     all kept, so the result does not depend on token order). top-p keeps the smallest set of
     most probable tokens whose mass reaches top_p (always at least the top token), again
-    keeping every token tied with the last one kept. Raises InvalidArgument for greedy
+    keeping every token tied with the last one kept. min-p then keeps the tokens whose probability
+    is at least min_p times the top token's (the top token always stays). Raises InvalidArgument for greedy
     params (use argmax) and for rows with no finite logit (or NaN / +inf).
     """
     if params.greedy:
@@ -103,6 +109,8 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
             _softmax_numerator(z)
             if top_p < 1.0:
                 _apply_nucleus(z, z, top_p)
+            if params.min_p > 0:  # rows have max 1 (_softmax_numerator), which every filter keeps
+                np.putmask(z, z < params.min_p, 0.0)
             z /= z.sum(axis=1, keepdims=True)
             out = np.zeros((R, V), dtype=np.float64)  # [R, V]
             np.put_along_axis(out, top, z, axis=1)
@@ -126,6 +134,8 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
                 break
             m *= 8
         _apply_nucleus(x, cand, top_p)
+    if params.min_p > 0:
+        np.putmask(x, x < params.min_p, 0.0)
     x /= x.sum(axis=1, keepdims=True)
     return x
 

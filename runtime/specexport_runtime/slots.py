@@ -32,6 +32,17 @@ from .errors import ContractError, InvalidArgument
 from .model import CacheCursor, CallStats, plan_rows
 
 
+def too_few_slots(root, has: int, wanted: int) -> InvalidArgument:
+    """The error of asking an artifact with `has` batch slots (1: no batch graph) for `wanted`,
+    naming the command that rebuilds it with them (recipe.json is the recipe it was built from)."""
+    root = Path(root)
+    return InvalidArgument(
+        f"{wanted} requests at once need an artifact with a batch graph of at least {wanted} slots; {root} has"
+        f" max_batch {has}. Rebuild it with slots: specexport build {root / 'recipe.json'} --max-batch {wanted}"
+        f" -o {root.parent / (root.name + f'-batch{wanted}')} (docs/batching.md)"
+    )
+
+
 def idle_rows(contract_version: str) -> int:
     """The rows an idle slot feeds in a slots graph of this contract version (SlotModel)."""
     return 0 if contract.parse_version(contract_version) >= contract.parse_version(contract.IDLE_SLOTS_VERSION) else 1

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgument, SpecExportError
+from .regex_size import schema_patterns, too_large
 
 EXTRA = "structured"  # pip install specexport-runtime[structured]
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark")
@@ -79,6 +80,9 @@ class Grammar:
                 raise GrammarError(f"json_schema is not valid JSON: {exc.msg} at {exc.pos}") from None
         if not isinstance(schema, Mapping):
             raise GrammarError(f"json_schema must be a JSON object (a schema), got {type(schema).__name__}")
+        for pattern in schema_patterns(schema):  # refused now, not after the prefill (regex_size.py)
+            if (reason := too_large(pattern)) is not None:
+                raise GrammarError(f"json_schema: {reason}")
         return cls("json_schema", json.dumps(schema), bool(strict))  # key order kept: properties follow it
 
     @classmethod
@@ -90,6 +94,8 @@ class Grammar:
     def regex(cls, pattern: str) -> Grammar:
         if not isinstance(pattern, str) or not pattern:
             raise GrammarError(f"regex must be a non-empty string, got {pattern!r}")
+        if (reason := too_large(pattern)) is not None:
+            raise GrammarError(reason)
         return cls("regex", pattern)
 
     @classmethod

@@ -229,18 +229,39 @@ class ToolPlan:
         )
 
     def parse(self, text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
-        """(content, tool calls) of an answer made under grammar(); a text that is no tool call is content."""
+        """(content, tool calls) of an answer made under grammar(); a text that is no tool call is
+        content. An answer cut short (max_tokens) inside its list of calls gives the calls it
+        completed; one cut before its first complete call is content."""
         if not self.active or not text.lstrip().startswith("{"):
             return text, ()
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError:  # cut short (max_tokens): the prefix is not a complete call
-            return text, ()
-        calls = tuple(
-            ToolCall(f"call_{uuid.uuid4().hex[:24]}", c["name"], json.dumps(c["arguments"]))
-            for c in data.get("tool_calls", [])
-        )
+            found = json.loads(text).get("tool_calls", [])
+        except json.JSONDecodeError:  # cut short: the calls completed before the cut
+            found = _complete_calls(text)
+            if not found:
+                return text, ()
+        calls = tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", c["name"], json.dumps(c["arguments"])) for c in found)
         return None, calls
+
+
+def _complete_calls(text: str) -> list[dict]:
+    """The complete call objects at the start of a cut `{"tool_calls": [call, call, ...` (the
+    grammar writes JSON with fixed separators, JSON_OPTIONS)."""
+    head = '{"tool_calls": ['
+    if not text.startswith(head):
+        return []
+    decoder, pos, calls = json.JSONDecoder(), len(head), []
+    while True:
+        try:
+            call, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return calls
+        if not isinstance(call, dict) or not {"name", "arguments"} <= set(call):
+            return calls
+        calls.append(call)
+        if not text.startswith(JSON_OPTIONS["item_separator"], pos):
+            return calls
+        pos += len(JSON_OPTIONS["item_separator"])
 
 
 # keys a turn may carry beside 'role', by role (any other role: 'content' only)

@@ -212,6 +212,8 @@ def check_pairs_follow_target(target, ids, spec, base, eos: int, label: str = ""
 def check_first_two_tokens_follow_target(gen, ids, proposer: str, N: int = 2000) -> None:
     """Temperature 1, gamma 3, `proposer`: the first two tokens of N speculative samples against
     the exact target law (chi-square, ALPHA) and against N target-only samples (TV bound, DELTA)."""
-    spec = sample_pairs(gen, ids, range(N), True, temperature=1.0, top_k=0, gamma=3, proposer=proposer)
+    spec = sample_pairs(
+        gen, ids, range(N), True, temperature=1.0, top_k=0, gamma=3, proposer=proposer, seeded_noise=False
+    )
     base = sample_pairs(gen, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
     check_pairs_follow_target(gen.target, ids, spec, base, min(gen.eos), proposer)

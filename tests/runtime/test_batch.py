@@ -133,7 +133,7 @@ def test_sampling_law_with_a_batched_draft_model(pair):
     N = 2000
     scheduler = batch.scheduler()
     kw = dict(max_new_tokens=2, temperature=1.0, top_k=0)
-    seqs = [scheduler.submit(ids, seed=s, gamma=3, proposer="draft", **kw) for s in range(N)]
+    seqs = [scheduler.submit(ids, seed=s, gamma=3, proposer="draft", seeded_noise=False, **kw) for s in range(N)]
     scheduler.run()
     assert sum(s.stats.drafted for s in seqs) > N  # most first rounds drafted with the model
     spec = [first_pair(s.result(), eos) for s in seqs]
@@ -190,7 +190,9 @@ def test_sampling_law_per_sequence_in_a_batch(pair):
 
     scheduler = batch.scheduler()
     seqs = [
-        scheduler.submit(ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, gamma=3, proposer="ngram")
+        scheduler.submit(
+            ids, max_new_tokens=2, seed=s, temperature=1.0, top_k=0, gamma=3, proposer="ngram", seeded_noise=False
+        )
         for s in range(N)
     ]
     scheduler.run()

@@ -72,7 +72,8 @@ def test_frozen_normalised_and_replace_checks_names():
     [
         ({}, cfg.ADAPTIVE),
         ({"gamma": 3}, cfg.FIXED),
-        ({"temperature": 0.7, "seed": 1}, cfg.SEEDED),
+        ({"temperature": 0.7, "seed": 1}, cfg.ADAPTIVE),  # seeded noise: the output does not depend on gamma
+        ({"temperature": 0.7, "seed": 1, "seeded_noise": False}, cfg.SEEDED),
         ({"temperature": 0.0, "seed": 1}, cfg.ADAPTIVE),  # greedy: a seed changes nothing
         ({"adaptive": False}, cfg.ARTIFACT),
         ({"adaptive": False, "gamma": 2}, cfg.FIXED),

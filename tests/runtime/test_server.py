@@ -149,7 +149,8 @@ def test_completions_raw_prompt_text_and_token_ids(client, ref, model):
 
 
 def test_seeded_sampling_reproduces_in_process(client, ref, model):
-    """temperature > 0 with a seed: the server draws what in-process generation draws."""
+    """temperature > 0 with a seed: the server draws what in-process generation draws, and what
+    the target alone draws (seeded noise: independent of speculation, so gamma stays adaptive)."""
     r = client.chat.completions.create(
         model=model,
         messages=msgs(PROMPTS[3]),
@@ -159,9 +160,11 @@ def test_seeded_sampling_reproduces_in_process(client, ref, model):
         seed=1234,
         extra_body={"proposer": "draft"},
     )
-    mine = ref.chat(msgs(PROMPTS[3]), max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234, proposer="draft")
-    assert r.choices[0].message.content == mine.text
-    assert r.model_extra["speculative"]["gamma_policy"] == "fixed (seeded sampling)"
+    kw = dict(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=1234)
+    mine = ref.chat(msgs(PROMPTS[3]), proposer="draft", **kw)
+    alone = ref.chat(msgs(PROMPTS[3]), speculative=False, **kw)
+    assert r.choices[0].message.content == mine.text == alone.text
+    assert r.model_extra["speculative"]["gamma_policy"] == "adaptive"
 
 
 def test_stop_string(client, ref, model):

@@ -240,6 +240,7 @@ def test_sampling_follows_the_masked_target(gens, kind, proposer):
                 gamma=3,
                 proposer=proposer,
                 grammar=grammar,
+                seeded_noise=False,  # rejection sampling (cut_q); seeded noise: test_seeded.py
             )
             tokens = list(r.token_ids) + [eos] * (2 - len(r.token_ids))
             out.append(tuple(tokens))

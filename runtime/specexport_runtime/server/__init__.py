@@ -8,7 +8,9 @@ Modules: config (ServerConfig), errors (ApiError, OpenAI-style error JSON), sche
 validation, with messages for the chat messages and the prompt, fields for scalar fields),
 worker (the one thread that owns the SpecGenerator, fed by a bounded FIFO queue), responses
 (response and SSE chunk bodies, the `speculative` object), metrics (Prometheus), app (Starlette
-routes and ASGI responses), run (uvicorn with a draining shutdown).
+routes and ASGI responses), run (uvicorn with a draining shutdown), backpressure (Retry-After),
+cors (which web pages may call), logs (start-up summary, one line per request), options (the
+`serve` options of those three).
 """
 
 from __future__ import annotations

@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,12 +28,16 @@ from starlette.routing import Route
 from ..config import GeneratorConfig
 from ..errors import InvalidArgument, PromptError
 from ..generator import validate_prompt_ids
+from ..limits import context_overflow
+from ..slots import too_few_slots
 from ..structured import Grammar, GrammarError, StructuredUnavailable
 from ..tools import ToolError, ToolPlan
 from .batch_worker import BatchWorker
 from .config import ServerConfig, prefix_namespace
+from .cors import CorsMiddleware
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER, ApiError, bad_request, check_api_key
 from .metrics import CONTENT_TYPE, Metrics
+from .page import web_page
 from .responses import DONE, Renderer, sse
 from .schemas import CHAT, GenerationRequest, check_model, parse_chat, parse_completion
 from .worker import Failed, Finished, Job, Round, Started, Worker, shutting_down
@@ -58,10 +64,7 @@ def make_worker(gen, config: ServerConfig, metrics: Metrics) -> Worker:
     if config.max_batch == 1:
         return Worker(gen, config, metrics)
     if gen.slots is None or config.max_batch > gen.slots.slots:
-        raise InvalidArgument(
-            f"--max-batch {config.max_batch} needs the artifact's batch graph with at least that many slots;"
-            f" this artifact has max_batch {gen.manifest.target.max_batch} (build with --max-batch)"
-        )
+        raise too_few_slots(gen.root, gen.manifest.target.max_batch, config.max_batch)
     return BatchWorker(gen, config, metrics, config.max_batch)
 
 
@@ -129,15 +132,9 @@ class ServerState:
         s = req.sampling
         room = context - len(ids)
         max_tokens = room if s.max_tokens is None else s.max_tokens
-        if max_tokens > room:
-            raise ApiError(
-                400,
-                f"{req.max_tokens_param} {max_tokens} + the prompt's {len(ids)} tokens exceed this model's"
-                f" context of {context} tokens (at most {room} new tokens fit)",
-                INVALID_REQUEST,
-                req.max_tokens_param,
-                "context_length_exceeded",
-            )
+        overflow = context_overflow(req.max_tokens_param, max_tokens, len(ids), context)
+        if overflow is not None:
+            raise ApiError(400, overflow, INVALID_REQUEST, req.max_tokens_param, "context_length_exceeded")
         try:
             proposer = self.gen.resolve_proposer(s.proposer or self.default_proposer)
         except InvalidArgument as exc:
@@ -151,6 +148,8 @@ class ServerState:
                 temperature=s.temperature,
                 top_k=s.top_k,
                 top_p=s.top_p,
+                min_p=s.min_p,
+                repetition_penalty=s.repetition_penalty,
                 seed=s.seed,
                 stop=s.stop,
                 grammar=grammar,
@@ -211,15 +210,31 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(request: Request, limit: int):
+async def read_json(request: Request, limit: int, seconds: float = math.inf):
+    """The request body as JSON: 413 over `limit` bytes, 408 when it has not all arrived within
+    `seconds` of the headers (a stalled upload is not held open)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.strip().isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+
+    async def receive_all() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise _too_large(limit)
+
+    try:
+        await asyncio.wait_for(receive_all(), None if math.isinf(seconds) else seconds)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {seconds:g} s (--body-seconds); {len(body)} bytes came",
+            INVALID_REQUEST,
+            None,
+            "request_timeout",
+            {"Connection": "close"},  # the rest of the body will not come
+        ) from None
     if not body.strip():
         raise bad_request("the request body is empty (expected a JSON object)", None, "invalid_json")
     try:
@@ -247,10 +262,11 @@ async def _generation(request: Request, parse):
     state.authorize(request)
     if state.worker.draining:
         raise shutting_down()
-    req = parse(await read_json(request, state.config.max_body_bytes))
+    req = parse(await read_json(request, state.config.max_body_bytes, state.config.body_seconds))
     check_model(req.model, state.model)
     prepared = await run_in_threadpool(state.prepare, req, state.cache_salt(request))
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
+    job.trace = req.trace and req.stream
     state.worker.submit(job)
     renderer = Renderer(
         req.kind,
@@ -260,6 +276,8 @@ async def _generation(request: Request, parse):
         prepared.plan,
         state.gen.codec if req.logprobs is not None else None,
     )
+    if job.trace:
+        renderer.trace_codec = state.gen.codec
     return GenerationResponse(state.worker, job, renderer, req.stream)
 
 
@@ -358,9 +376,15 @@ def create_app(gen, config: ServerConfig) -> Starlette:
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *([Route("/", web_page, methods=["GET"])] if config.web_page else []),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers=handlers,
+        lifespan=lifespan,
+        middleware=[Middleware(CorsMiddleware, patterns=config.cors_origins)],
+    )
     app.state.server = state
     return app
 
@@ -413,7 +437,7 @@ class GenerationResponse:
                 logprobs += event.logprobs
             elif isinstance(event, Finished):
                 body = self.renderer.completion("".join(text), tokens, event.outcome, logprobs)
-                await _send_json(send, 200, body)
+                await _send_json(send, 200, body, {"x-request-id": self.job.id})  # the log line's id
                 return
             elif isinstance(event, Failed):
                 await _send_json(send, event.error.status, event.error.body(), event.error.headers)
@@ -427,14 +451,15 @@ class GenerationResponse:
         if not isinstance(event, Started):  # the worker posts Started before any round
             raise TypeError(f"job {self.job.id}: expected Started first, got {type(event).__name__}")
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            headers = [*SSE_HEADERS, (b"x-request-id", self.job.id.encode())]  # the log line's id
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             role = self.renderer.role_chunk()
             if role:
                 await send({"type": "http.response.body", "body": role, "more_body": True})
             while True:
                 event = await self.job.next_event()
                 if isinstance(event, Round):
-                    chunk = self.renderer.content_chunk(event.text, event.tokens, event.logprobs)
+                    chunk = self.renderer.content_chunk(event.text, event.tokens, event.logprobs, event.kinds)
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     continue

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 from ..batch import BatchSequence
 from ..errors import SpecExportError
 from ..generator import FINISH_REASONS
+from .backpressure import update_mean
 from .config import ServerConfig
 from .errors import SERVER, ApiError
+from .logs import log_request
 from .metrics import Metrics
 from .responses import Outcome
+from .trace import counters, round_kinds
 from .worker import Finished, Job, Round, Started, Worker
 
 log = logging.getLogger("specexport.server")
@@ -45,6 +48,7 @@ class Running:
     sent_pieces: int = 0
     backlog: deque = field(default_factory=deque)  # rounds not yet posted (no credit)
     stalled_since: float | None = None
+    mark: tuple = (0, 0, 0, 0, 0)  # trace.counters after the last collected round
 
 
 class BatchWorker(Worker):
@@ -61,6 +65,10 @@ class BatchWorker(Worker):
     @property
     def running(self) -> int:
         return self._running
+
+    @property
+    def slots(self) -> int:
+        return self.max_batch
 
     @property
     def idle(self) -> bool:
@@ -143,7 +151,11 @@ class BatchWorker(Worker):
             run.job.round_times.append(now)
             if run.ttft is None and tokens:
                 run.ttft = now - run.job.arrived
-            run.backlog.append(Round(tokens, "".join(pieces), lp))
+            kinds: tuple[str, ...] = ()
+            if run.job.trace and seq.stats is not None:
+                now_counts = counters(seq.stats)
+                kinds, run.mark = tuple(round_kinds(run.mark, now_counts, len(tokens))), now_counts
+            run.backlog.append(Round(tokens, "".join(pieces), lp, kinds))
         run.sent_tokens, run.sent_pieces = len(seq.tokens), len(seq.pieces)
 
     def _flush(self) -> None:
@@ -177,7 +189,7 @@ class BatchWorker(Worker):
             return
         if seq.stats is not None:
             self.metrics.record_generation(seq.stats, run.start - job.arrived, run.ttft, end - job.arrived)
-        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - run.start)
+        self._mean_seconds = update_mean(self._mean_seconds, end - run.start)
         if gone:
             job.state = "cancelled"
             self.metrics.cancelled.labels(self.metrics.model, gone).inc()
@@ -191,6 +203,7 @@ class BatchWorker(Worker):
         outcome = Outcome(
             finish, seq.stats, proposer, "batch", job.config.gamma, run.start - job.arrived, run.ttft, interrupted
         )
+        log_request(job, outcome)
         self.metrics.success.labels(
             self.metrics.model, outcome.openai_finish_reason if not interrupted else interrupted
         ).inc()

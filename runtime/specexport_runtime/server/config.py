@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
+from .cors import LOCAL_ORIGINS, parse_origins
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -27,6 +28,9 @@ class ServerConfig:
     proposer: str | None = None  # default proposer of requests that name none (None: the artifact's)
     max_batch: int = 1  # requests generating at once (> 1: the artifact's batch graph, batch_worker.py)
     share_prefix_cache: bool = False  # cached prompt prefixes are shared across API keys (prefix_cache.py)
+    cors_origins: tuple[str, ...] = LOCAL_ORIGINS  # web pages that may call from a browser (cors.py); () = none
+    web_page: bool = True  # GET / serves the chat page that shows speculation (page.py)
+    body_seconds: float = 30.0  # a request body not complete this long after its headers gets 408
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
@@ -39,7 +43,7 @@ class ServerConfig:
             raise InvalidArgument(f"max_queue must be an integer in 0..100000, got {self.max_queue!r}")
         if not isinstance(self.max_body_bytes, int) or not 1024 <= self.max_body_bytes <= 1 << 30:
             raise InvalidArgument(f"max_body_bytes must be an integer in 1024..{1 << 30}, got {self.max_body_bytes!r}")
-        for name in ("request_timeout", "stall_seconds"):
+        for name in ("request_timeout", "stall_seconds", "body_seconds"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise InvalidArgument(f"{name} must be a finite number of seconds > 0, got {value!r}")
@@ -55,6 +59,7 @@ class ServerConfig:
             raise InvalidArgument(f"max_batch must be an integer in 1..64, got {self.max_batch!r}")
         if not isinstance(self.share_prefix_cache, bool):
             raise InvalidArgument(f"share_prefix_cache must be true or false, got {self.share_prefix_cache!r}")
+        object.__setattr__(self, "cors_origins", parse_origins(self.cors_origins))
         if self.model_name is not None and not self.model_name:
             raise InvalidArgument("model_name must be a non-empty string")
 

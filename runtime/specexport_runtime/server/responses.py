@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..generator import GenerationStats
 from ..tools import ToolCall, ToolPlan
 from .schemas import CHAT
+from .trace import trace_items
 
 # runtime finish reasons -> OpenAI's ('eos' and a stop string are both 'stop')
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -38,7 +39,7 @@ class Outcome:
     finish_reason: str  # the runtime's: 'eos' | 'stop' | 'length'
     stats: GenerationStats
     proposer: str  # the proposer that ran ('none': target only)
-    gamma_policy: str  # 'adaptive' | 'fixed' | 'fixed (seeded sampling)' | 'off'
+    gamma_policy: str  # config.GeneratorConfig.gamma_policy: 'adaptive' | 'fixed' | 'fixed (artifact)' | 'off' | ...
     gamma: int | None  # the fixed draft length, when one was asked for
     queue_seconds: float
     ttft_seconds: float | None  # request arrival (before queueing) to the first token
@@ -111,6 +112,7 @@ class Renderer:
         self.mode: str | None = None  # with tools: 'content' or 'call' once the answer's first text shows
         self.held: list[str] = []  # a tool call's text, held back until it is complete
         self.offset = 0  # completions: characters of text sent so far (logprobs.text_offset)
+        self.trace_codec = None  # the artifact's codec when the request asked for a trace (trace.py)
 
     def _envelope(self, chunk: bool) -> dict:
         if self.kind == CHAT:
@@ -178,7 +180,9 @@ class Renderer:
         return data
 
     def _finish(self, outcome: Outcome, calls: tuple[ToolCall, ...]) -> str:
-        return "tool_calls" if calls else outcome.openai_finish_reason
+        """'tool_calls' for an answer of calls, 'length' when max_tokens cut it (with the calls it
+        completed), else the generation's."""
+        return "tool_calls" if calls and outcome.finish_reason != "length" else outcome.openai_finish_reason
 
     # --- streaming ---
     def role_chunk(self) -> bytes | None:
@@ -187,15 +191,21 @@ class Renderer:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         return sse(self._chunk([choice]))
 
-    def content_chunk(self, text: str, tokens: list[int], logprobs: list[dict] | None = None) -> bytes | None:
+    def content_chunk(
+        self, text: str, tokens: list[int], logprobs: list[dict] | None = None, kinds: tuple[str, ...] = ()
+    ) -> bytes | None:
         if self.plan is not None and self.mode is None and text:
             self.mode = "call" if text.startswith("{") else "content"
         if self.mode == "call":
             self.held.append(text)
             return None
-        if not text and not (self.return_token_ids and tokens):
+        traced = self.trace_codec is not None and kinds
+        if not text and not (self.return_token_ids and tokens) and not traced:
             return None  # nothing to say this round (a held-back stop prefix or a partial character)
-        return sse(self._chunk([self._choice(text, tokens, None, chunk=True, logprobs=logprobs or None)]))
+        chunk = self._chunk([self._choice(text, tokens, None, chunk=True, logprobs=logprobs or None)])
+        if traced:
+            chunk["trace"] = trace_items(self.trace_codec, tokens, kinds)
+        return sse(chunk)
 
     def final_chunks(self, outcome: Outcome) -> bytes:
         out, calls = b"", ()

@@ -17,6 +17,7 @@ import uvicorn
 
 from .app import create_app
 from .config import ServerConfig
+from .logs import configure, log_startup
 
 GRACEFUL_TIMEOUT_SECONDS = 5  # uvicorn's own wait for open connections after the drain
 
@@ -32,8 +33,11 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def make_server(gen, config: ServerConfig, log_level: str = "info", access_log: bool = True) -> DrainingServer:
-    """A server for `gen` (not started): `.run()` blocks; `.run(sockets=[s])` serves a bound socket."""
+def make_server(
+    gen, config: ServerConfig, log_level: str = "info", access_log: bool = True, own_logging: bool = False
+) -> DrainingServer:
+    """A server for `gen` (not started): `.run()` blocks; `.run(sockets=[s])` serves a bound socket.
+    own_logging: logging is configured already (logs.configure); uvicorn keeps its hands off it."""
     app = create_app(gen, config)
     uv = uvicorn.Config(
         app,
@@ -44,13 +48,20 @@ def make_server(gen, config: ServerConfig, log_level: str = "info", access_log: 
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_TIMEOUT_SECONDS,
         server_header=False,
+        **({"log_config": None} if own_logging else {}),
     )
     return DrainingServer(uv, app.state.server)
 
 
-def serve(gen, config: ServerConfig, log_level: str = "info") -> None:
-    """Serve until SIGTERM/SIGINT; warns on stderr when reachable from elsewhere without an API key."""
+def serve(
+    gen, config: ServerConfig, log_level: str = "info", log_format: str = "text", load_seconds: float | None = None
+) -> None:
+    """Serve until SIGTERM/SIGINT; warns on stderr when reachable from elsewhere without an API key.
+    Logs (logs.py) in `log_format` at `log_level`, starting with the start-up summary."""
     warning = config.exposure_warning()
     if warning:
         print(warning, file=sys.stderr)
-    make_server(gen, config, log_level).run()
+    configure(log_format, log_level)
+    server = make_server(gen, config, log_level, own_logging=True)
+    log_startup(gen, config, load_seconds)
+    server.run()

@@ -13,8 +13,11 @@ llguidance refuses is a 400 naming the field); `logprobs` / `top_logprobs` (chat
 
 Extensions (not in OpenAI's API): `proposer` (a registered proposer, registry.names(); 'none' =
 target only), `gamma` (fixed draft length constants.MIN_GAMMA..MAX_GAMMA; absent = adaptive),
-`top_k`, `return_token_ids` (vLLM's name: the generated token ids in each choice or chunk),
-`response_format` on /v1/completions (as vLLM and llama-server accept it).
+`top_k`, `min_p` and `repetition_penalty` (vLLM's and llama-server's: applied to the target's
+rows before verification, so speculation stays exact), `return_token_ids` (vLLM's name: the
+generated token ids in each choice or chunk),
+`response_format` on /v1/completions (as vLLM and llama-server accept it), `trace` (streamed
+chunks carry how each token came: trace.py).
 
 The chat messages and the completion prompt are read in messages.py, scalar fields in fields.py.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from .. import registry
 from ..constants import MAX_GAMMA, MIN_GAMMA
+from ..penalties import MAX_PENALTY
 from .errors import ApiError, bad_request, unsupported
 from .fields import check_utf8, kind_of, read_bool, read_int, read_number
 from .messages import read_messages, read_prompt
@@ -56,8 +60,11 @@ COMMON = (
     "proposer",
     "gamma",
     "top_k",
+    "min_p",
+    "repetition_penalty",
     "return_token_ids",
     "cache_prompt",
+    "trace",
     *IGNORED,
 )
 CHAT_FIELDS = (
@@ -86,6 +93,8 @@ class Sampling:
     proposer: str | None = None  # None: the server's default
     gamma: int | None = None  # None: adaptive
     cache_prompt: bool = True  # reuse and leave cached prompt rows (llama-server's field; prefix_cache.py)
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,7 @@ class GenerationRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool = True  # False: at most one tool call per answer
     logprobs: int | None = None  # alternatives per token when log-probabilities are asked for (None: not asked)
+    trace: bool = False  # streamed chunks say how each token came (trace.py; the web page asks for it)
 
 
 def parse_chat(body: Any) -> GenerationRequest:
@@ -131,6 +141,7 @@ def parse_chat(body: Any) -> GenerationRequest:
         _sampling(body, max_tokens),
         *_streaming(body),
         messages=read_messages(body),
+        trace=read_bool(body, "trace", False),
         max_tokens_param=param,
         response_format=_response_format(body),
         tools=None if not tools else tuple(tools),
@@ -200,6 +211,7 @@ def parse_completion(body: Any) -> GenerationRequest:
         _sampling(body, max_tokens),
         *_streaming(body),
         prompt=read_prompt(body),
+        trace=read_bool(body, "trace", False),
         logprobs=logprobs,
         response_format=_response_format(body),
     )
@@ -276,6 +288,14 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
     top_k = read_int(body, "top_k", 0)
     if top_k < 0:
         raise bad_request(f"top_k must be >= 0 (0 = off), got {top_k!r}", "top_k")
+    min_p = read_number(body, "min_p", 0.0)
+    if not 0.0 <= min_p < 1.0:
+        raise bad_request(f"min_p must be in [0, 1) (0 = off), got {min_p!r}", "min_p")
+    penalty = read_number(body, "repetition_penalty", 1.0)
+    if not 0.0 < penalty <= MAX_PENALTY:
+        raise bad_request(
+            f"repetition_penalty must be in (0, {MAX_PENALTY:g}] (1 = off), got {penalty!r}", "repetition_penalty"
+        )
     seed = body.get("seed")
     if seed is not None:
         seed = read_int(body, "seed", 0)
@@ -293,7 +313,19 @@ def _sampling(body: dict, max_tokens: int | None) -> Sampling:
             expected = f"an integer in {MIN_GAMMA}..{MAX_GAMMA} (absent = adaptive)"
             raise bad_request(f"gamma must be {expected}, got {gamma!r}", "gamma")
     cache_prompt = read_bool(body, "cache_prompt", True)
-    return Sampling(max_tokens, temperature, top_p, top_k, seed, _stop(body), proposer, gamma, cache_prompt)
+    return Sampling(
+        max_tokens,
+        temperature,
+        top_p,
+        top_k,
+        seed,
+        _stop(body),
+        proposer,
+        gamma,
+        cache_prompt=cache_prompt,
+        min_p=min_p,
+        repetition_penalty=penalty,
+    )
 
 
 def _max_tokens(body: dict, names: tuple[str, ...]) -> tuple[int | None, str]:

@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig
 from ..errors import SpecExportError
+from .backpressure import DEFAULT_SECONDS, expected_wait, retry_headers, update_mean
 from .config import ServerConfig
 from .errors import RATE_LIMIT, SERVER, UNAVAILABLE, ApiError
+from .logs import log_request
 from .metrics import Metrics
 from .responses import Outcome
+from .trace import counters, round_kinds
 
 log = logging.getLogger("specexport.server")
 MAX_BACKLOG = 16  # rounds the worker may run ahead of the handler
@@ -49,6 +52,7 @@ class Round:
     tokens: list[int]
     text: str
     logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked (sampling.token_logprobs)
+    kinds: tuple[str, ...] = ()  # per token, when the request asked for a trace (trace.py)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Job:
     started: float | None = None
     ended: float | None = None
     round_times: list[float] = field(default_factory=list)  # time.monotonic() after each round
+    trace: bool = False  # Round.kinds wanted (the request's `trace`)
 
     def post(self, event: Event) -> bool:
         """Worker thread: hand an event to the handler; False when its loop is gone."""
@@ -109,7 +114,7 @@ class Worker:
         self.draining = False
         self.drain_deadline = math.inf  # time.monotonic(); running jobs are cut after it
         self.history: deque[Job] = deque(maxlen=HISTORY)
-        self._mean_seconds = 1.0  # running mean of a job's run time, for Retry-After
+        self._mean_seconds: float | None = None  # running mean of a job's run time, for Retry-After
         self._thread = threading.Thread(target=self._run, name="specexport-worker", daemon=True)
 
     # --- handler side (event loop thread) ----------------------------------------------------
@@ -135,6 +140,11 @@ class Worker:
         """Requests generating now."""
         return int(self.current is not None)
 
+    @property
+    def slots(self) -> int:
+        """Requests that generate at once."""
+        return 1
+
     def _full(self) -> bool:
         """The queue holds at most max_queue jobs besides the running one."""
         return len(self._queue) + (self.current is not None) > self.config.max_queue
@@ -145,7 +155,8 @@ class Worker:
             if self.draining or self._stopping:
                 raise shutting_down()
             if self._full():
-                wait = self._mean_seconds * (len(self._queue) + 1)
+                mean = DEFAULT_SECONDS if self._mean_seconds is None else self._mean_seconds
+                wait = expected_wait(mean, len(self._queue), self.slots, self.running)
                 raise ApiError(
                     429,
                     f"the server is busy: {len(self._queue)} requests are waiting (--max-queue"
@@ -153,7 +164,7 @@ class Worker:
                     RATE_LIMIT,
                     None,
                     "queue_full",
-                    {"Retry-After": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, round(wait * 1000)))},
+                    retry_headers(wait),
                 )
             self._queue.append(job)
             self.metrics.waiting.labels(self.metrics.model).set(len(self._queue))
@@ -251,6 +262,7 @@ class Worker:
             self._fail(job, ApiError(400, str(exc), param="prompt", code="invalid_value"), "invalid")
             return
         delivered = 0  # tokens handed over: the offset of the next round's logprobs
+        mark = counters(events.stats)
         try:
             for tokens, text, reason in events:
                 now = time.monotonic()
@@ -260,7 +272,10 @@ class Worker:
                 finish = reason or finish
                 lp = events.logprobs[delivered : delivered + len(tokens)] if events.logprobs is not None else []
                 delivered += len(tokens)
-                gone = self._deliver(job, Round(tokens, text, lp))
+                kinds: tuple[str, ...] = ()
+                if job.trace:
+                    kinds, mark = tuple(round_kinds(mark, counters(events.stats), len(tokens))), counters(events.stats)
+                gone = self._deliver(job, Round(tokens, text, lp, kinds))
                 if gone:
                     break
                 if reason is None:  # after the last round the iterator must run out, so the proposer learns
@@ -277,7 +292,7 @@ class Worker:
             events.close()  # abandons the generation when we broke out (no-op when it ran to its end)
         end = time.monotonic()
         job.ended = end
-        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - start)
+        self._mean_seconds = update_mean(self._mean_seconds, end - start)
         stats = events.stats  # this generation's own (SpecGenerator.events)
         self.metrics.record_generation(stats, start - job.arrived, ttft, end - job.arrived)
         if gone:
@@ -289,6 +304,7 @@ class Worker:
         outcome = Outcome(
             finish, stats, proposer, events.gamma_policy, job.config.gamma, start - job.arrived, ttft, interrupted
         )
+        log_request(job, outcome)
         self.metrics.success.labels(
             self.metrics.model, outcome.openai_finish_reason if not interrupted else interrupted
         ).inc()
