@@ -16,7 +16,7 @@ import traceback
 from . import registry
 from .errors import SpecExportError
 from .server.config import add_prefix_arguments
-from .server.options import add_http_arguments, http_settings
+from .server.options import add_cluster_arguments, add_http_arguments, http_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,59 +159,6 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     add_http_arguments(srv)
     add_suffix_arguments(srv)
     add_cluster_arguments(srv)
-
-
-def add_cluster_arguments(srv: argparse.ArgumentParser) -> None:
-    """More than one machine: a Ray Serve cluster of replicas (docs/serving.md#more-than-one-machine)."""
-    group = srv.add_argument_group(
-        "cluster (Ray Serve; needs pip install './runtime[cluster]')",
-        "With --replicas or --autoscale the artifact is served by replicas on a Ray cluster; each replica"
-        " opens and verifies it (a folder or a .spx at the same path on every node). --max-queue is then"
-        " the cluster's queue, --max-batch each replica's slots, --threads each replica's threads; this"
-        " process serves HTTP on --host/--port and relays each request to a replica.",
-    )
-    scale = group.add_mutually_exclusive_group()
-    scale.add_argument("--replicas", type=int, default=None, metavar="N", help="a fixed number of replicas")
-    scale.add_argument(
-        "--autoscale",
-        default=None,
-        metavar="MIN:MAX",
-        help="replicas follow the load (queued + running requests) between MIN and MAX",
-    )
-    group.add_argument(
-        "--ray-address",
-        default=None,
-        help="join this Ray cluster ('auto': the one started on this machine with `ray start`; or HOST:PORT);"
-        " default: start a local one for this command",
-    )
-    group.add_argument(
-        "--target-ongoing",
-        type=float,
-        default=None,
-        help="--autoscale: requests per replica (running + queued) the autoscaler aims at (default: --max-batch)",
-    )
-    group.add_argument(
-        "--upscale-delay", type=float, default=5.0, help="--autoscale: seconds above target before adding (default 5)"
-    )
-    group.add_argument(
-        "--downscale-delay",
-        type=float,
-        default=30.0,
-        help="--autoscale: seconds below target before removing a replica (default 30)",
-    )
-    group.add_argument(
-        "--replica-queue",
-        type=int,
-        default=1,
-        help="requests that may wait at a replica besides its running ones, so that the next one starts"
-        " without a round trip to this process (default 1; 0: requests go only to replicas with a free slot)",
-    )
-    group.add_argument(
-        "--replica-cpus",
-        type=float,
-        default=1.0,
-        help="CPUs Ray reserves per replica when placing it (default 1; match --threads)",
-    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
