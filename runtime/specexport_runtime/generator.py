@@ -23,7 +23,15 @@ from .errors import PromptError
 from .model import Model
 from .penalties import repetition_rows
 from .proposers import DraftCall, Proposal, Proposer
-from .sampling import one_hot, probabilities, residual, sample, token_logprobs, verify_greedy, verify_sampled
+from .sampling import (
+    probabilities,
+    residual,
+    sample,
+    token_logprobs,
+    verify_deterministic,
+    verify_greedy,
+    verify_sampled,
+)
 from .seeded import SeededNoise, tree_picks, verify_seeded
 from .stats import GenerationResult, GenerationStats  # noqa: F401 (re-exported: generator.GenerationStats)
 from .structured import Guide
@@ -281,8 +289,9 @@ class SpeculativeLoop:
         p = probabilities(logits, self.params)  # [k+1, V]
         if self.seeded:
             return verify_seeded(p, draft, self.rng, start)
-        q = proposal.q[: len(draft)] if proposal.q is not None else one_hot(draft, p.shape[1])
-        return verify_sampled(p, q, draft, self.rng, proposal.cut_q)
+        if proposal.q is None:  # a deterministic draft: compared by index
+            return verify_deterministic(p, draft, self.rng, proposal.cut_q)
+        return verify_sampled(p, proposal.q[: len(draft)], draft, self.rng, proposal.cut_q)
 
     def account(self, proposal: Proposal, n: int, t0: float, t1: float, t2: float) -> None:
         """Stats, the verify cost and the controller's evidence of one verified round."""

@@ -2,8 +2,9 @@
 
 Like "prompt lookup decoding": take the last n tokens of the history, find their most
 recent EARLIER occurrence (in the prompt or in generated text) and propose the tokens that
-followed it. Larger n is tried first. The proposer is deterministic, so the verifier uses
-one-hot q rows (sampling.one_hot) and stays exact under sampling.
+followed it. Larger n is tried first. The proposer is deterministic (q one-hot), so the
+verifier compares its drafts by index (sampling.verify_deterministic) and stays exact under
+sampling.
 
 Index invariant: after the history has length L, index[n] maps every n-gram that ENDS
 before L (exclusive end e <= L - 1) to the largest such e. The suffix n-gram (exclusive end

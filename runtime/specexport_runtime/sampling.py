@@ -308,6 +308,50 @@ def verify_sampled(
     return gamma, sample(p[gamma] if cut_q is None else residual(p[gamma], cut_q), rng)
 
 
+def residual_without(p: np.ndarray, x: int) -> np.ndarray:
+    """p with token x zeroed, renormalised: residual(p, one_hot(x)) without building the
+    one-hot row (the working distribution after a deterministic draft x is rejected).
+
+    p: [V] float64 -> [V] float64, a new array. Guard as in `residual`: when nothing is left
+    (p is one-hot at x, so x is accepted with probability 1 and never rejected) p is returned.
+    """
+    r = np.array(p, dtype=np.float64)  # [V] copy
+    r[x] = 0.0
+    s = r.sum()
+    if not s > 0.0:  # also catches NaN
+        return np.asarray(p, dtype=np.float64)
+    r /= s
+    return r
+
+
+def verify_deterministic(
+    p: np.ndarray, draft_tokens, rng: np.random.Generator, cut_q: np.ndarray | None = None
+) -> tuple[int, int]:
+    """verify_sampled for a deterministic draft (q one-hot at each drafted token), by index:
+    d_i is kept with probability min(1, p_i(d_i) / 1) = p_i(d_i), and a rejection's correction
+    is drawn from residual_without(p_i, d_i), which equals residual(p_i, one_hot(d_i)) bit for
+    bit. The same random numbers are drawn as by verify_sampled with one-hot rows, so the two
+    return the same (n_accepted, next_token) for the same generator state, without the [gamma, V]
+    float64 rows (2 MB a row at a 262,144-token vocabulary).
+
+    p: [gamma+1, V] target probabilities; draft_tokens: [gamma] int; cut_q: as verify_sampled."""
+    p = np.asarray(p)
+    d = np.asarray(draft_tokens, dtype=np.int64).reshape(-1)  # [gamma]
+    gamma = d.size
+    if p.ndim != 2 or p.shape[0] != gamma + 1:
+        raise InvalidArgument(f"p must have shape [gamma+1 = {gamma + 1}, V], got {p.shape}")
+    V = p.shape[1]
+    if cut_q is not None and np.shape(cut_q) != (V,):
+        raise InvalidArgument(f"cut_q must have shape [V] = {(V,)}, got {np.shape(cut_q)}")
+    if gamma and (d.min() < 0 or d.max() >= V):
+        raise InvalidArgument(f"draft tokens must lie in [0, {V}), got {d.tolist()}")
+    for i in range(gamma):
+        x = int(d[i])
+        if rng.random() >= accept_probability(p[i, x], 1.0):
+            return i, sample(residual_without(p[i], x), rng)
+    return gamma, sample(p[gamma] if cut_q is None else residual(p[gamma], cut_q), rng)
+
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 

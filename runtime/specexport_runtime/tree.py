@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidArgument
-from .sampling import accept_probability, residual, sample
+from .sampling import accept_probability, residual, residual_without, sample
 
 
 def _int_vector(values, name: str) -> np.ndarray:
@@ -175,22 +175,6 @@ def first_path(parents) -> list[int]:
 
 
 # ------------------------------------------------------------------ acceptance at one node
-
-
-def residual_without(p: np.ndarray, x: int) -> np.ndarray:
-    """p with token x zeroed, renormalised: residual(p, one_hot(x)) without building the
-    one-hot row (the working distribution after a deterministic draft x is rejected).
-
-    p: [V] float64 -> [V] float64, a new array. Guard as in `residual`: when nothing is left
-    (p is one-hot at x, so x is accepted with probability 1 and never rejected) p is returned.
-    """
-    r = np.array(p, dtype=np.float64)  # [V] copy
-    r[x] = 0.0
-    s = r.sum()
-    if not s > 0.0:  # also catches NaN
-        return np.asarray(p, dtype=np.float64)
-    r /= s
-    return r
 
 
 def verify_siblings_deterministic(

@@ -358,3 +358,23 @@ def test_verify_sampled_shape_errors():
         verify_sampled(p, np.full((2, 3), 1 / 3), [0, 1], rng)
     with pytest.raises(InvalidArgument, match="draft tokens"):
         verify_sampled(p, np.full((2, 4), 0.25), [0, 4], rng)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_deterministic_drafts_verify_by_index_as_with_one_hot_rows(seed):
+    """verify_deterministic (by index) returns what verify_sampled returns with one-hot q rows,
+    from the same generator state, and leaves the generator in the same state: draft tokens the
+    target likes, dislikes and forbids, with and without a grammar's cut_q."""
+    from specexport_runtime.sampling import one_hot, verify_deterministic
+
+    rng = np.random.default_rng(seed)
+    V, gamma = 50, int(rng.integers(0, 6))
+    p = rng.dirichlet(np.full(V, 0.3), size=gamma + 1)  # [gamma+1, V], peaked
+    p[:, rng.integers(0, V, 5)] = 0.0  # tokens the target forbids
+    p /= p.sum(-1, keepdims=True)
+    likely = p.argmax(-1)[:gamma]
+    draft = [int(likely[i]) if rng.random() < 0.6 else int(rng.integers(0, V)) for i in range(gamma)]
+    cut_q = rng.dirichlet(np.ones(V)) if seed % 3 == 0 else None
+    a, b = np.random.default_rng(1000 + seed), np.random.default_rng(1000 + seed)
+    assert verify_deterministic(p, draft, a, cut_q) == verify_sampled(p, one_hot(draft, V), draft, b, cut_q)
+    assert a.random() == b.random()
