@@ -268,6 +268,7 @@ def test_recipe_errors(target, graph, needles):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # two real Q4 builds, ~90 s: the tiny int4 targets cover the padding by default
 def test_real_q4_recipe_is_bitwise_exact(tmp_path_factory):
     """smollm2-135m-q4: the GGUF's own Q4_1 / Q8_0 blocks; greedy n-gram speculation equals
     target-only decoding token for token on chat prompts, and the manifest says bitwise. The

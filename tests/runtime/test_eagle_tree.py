@@ -219,6 +219,7 @@ def test_dear_rows_shrink_eagle_trees_to_one_token(gen, monkeypatch):
     assert out.stats.tree_rounds == 0 and out.stats.rounds > 0 and out.stats.drafted == out.stats.rounds
 
 
+@pytest.mark.slow  # ~30 s of sampling; test_tree_loop's sampled-tree law tests run by default
 def test_sampled_eagle_trees_follow_the_target_law(gen, free_rows):
     """Temperature 1, trees of up to 8 nodes from the head's top-k (deterministic siblings): the
     first two tokens of 2000 runs (the second from a tree round) against the exact pair law and
