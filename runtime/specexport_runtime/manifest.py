@@ -115,19 +115,16 @@ class ModelEntry:
     @property
     def features(self) -> tuple[str, ...]:
         """The graph features this entry needs (features.py), as built now."""
-        return features_for(
-            self.kv_layout,
-            2 if self.padded or self.feature_width else 1,
-            head=self.kind == EAGLE3_HEAD,
-            windowed=bool(self.attention_windows),
-            slots=self.max_batch,
-            tree=bool(self.tree_graph),
-        )
+        return features_for(**self._graph_facts(idle_rows=0))
 
     def _version(self, idle_rows: int) -> str:
-        return version_for(
-            self.kv_layout,
-            2 if self.padded or self.feature_width else 1,
+        return version_for(**self._graph_facts(idle_rows))
+
+    def _graph_facts(self, idle_rows: int) -> dict[str, Any]:
+        """What features_for / version_for read of this entry."""
+        return dict(
+            kv_layout=self.kv_layout,
+            min_rows=2 if self.padded or self.feature_width else 1,
             head=self.kind == EAGLE3_HEAD,
             windowed=bool(self.attention_windows),
             slots=self.max_batch,

@@ -270,6 +270,21 @@ def verify_greedy(target_argmax, draft_tokens) -> tuple[int, int]:
     return n, int(a[n])
 
 
+def _round_inputs(p, draft_tokens, cut_q) -> tuple[np.ndarray, np.ndarray]:
+    """(p [gamma+1, V], draft tokens [gamma] int64) of a round, checked: shapes, cut_q [V], ids in [0, V)."""
+    p = np.asarray(p)
+    d = np.asarray(draft_tokens, dtype=np.int64).reshape(-1)  # [gamma]
+    gamma = d.size
+    if p.ndim != 2 or p.shape[0] != gamma + 1:
+        raise InvalidArgument(f"p must have shape [gamma+1 = {gamma + 1}, V], got {p.shape}")
+    V = p.shape[1]
+    if cut_q is not None and np.shape(cut_q) != (V,):
+        raise InvalidArgument(f"cut_q must have shape [V] = {(V,)}, got {np.shape(cut_q)}")
+    if gamma and (d.min() < 0 or d.max() >= V):
+        raise InvalidArgument(f"draft tokens must lie in [0, {V}), got {d.tolist()}")
+    return p, d
+
+
 def verify_sampled(
     p: np.ndarray, q: np.ndarray, draft_tokens, rng: np.random.Generator, cut_q: np.ndarray | None = None
 ) -> tuple[int, int]:
@@ -288,19 +303,11 @@ def verify_sampled(
     residual(p[gamma], cut_q), exactly what verifying d_gamma would have given.
     Returns (n_accepted, next_token).
     """
-    p = np.asarray(p)
+    p, d = _round_inputs(p, draft_tokens, cut_q)  # [gamma+1, V], [gamma]
+    gamma, V = d.size, p.shape[1]
     q = np.asarray(q)
-    d = np.asarray(draft_tokens, dtype=np.int64).reshape(-1)  # [gamma]
-    gamma = d.size
-    if p.ndim != 2 or p.shape[0] != gamma + 1:
-        raise InvalidArgument(f"p must have shape [gamma+1 = {gamma + 1}, V], got {p.shape}")
-    V = p.shape[1]
     if q.shape != (gamma, V):
         raise InvalidArgument(f"q must have shape [gamma, V] = {(gamma, V)}, got {q.shape}")
-    if cut_q is not None and np.shape(cut_q) != (V,):
-        raise InvalidArgument(f"cut_q must have shape [V] = {(V,)}, got {np.shape(cut_q)}")
-    if gamma and (d.min() < 0 or d.max() >= V):
-        raise InvalidArgument(f"draft tokens must lie in [0, {V}), got {d.tolist()}")
     for i in range(gamma):
         x = int(d[i])
         if rng.random() >= accept_probability(p[i, x], q[i, x]):
@@ -335,16 +342,8 @@ def verify_deterministic(
     float64 rows (2 MB a row at a 262,144-token vocabulary).
 
     p: [gamma+1, V] target probabilities; draft_tokens: [gamma] int; cut_q: as verify_sampled."""
-    p = np.asarray(p)
-    d = np.asarray(draft_tokens, dtype=np.int64).reshape(-1)  # [gamma]
+    p, d = _round_inputs(p, draft_tokens, cut_q)  # [gamma+1, V], [gamma]
     gamma = d.size
-    if p.ndim != 2 or p.shape[0] != gamma + 1:
-        raise InvalidArgument(f"p must have shape [gamma+1 = {gamma + 1}, V], got {p.shape}")
-    V = p.shape[1]
-    if cut_q is not None and np.shape(cut_q) != (V,):
-        raise InvalidArgument(f"cut_q must have shape [V] = {(V,)}, got {np.shape(cut_q)}")
-    if gamma and (d.min() < 0 or d.max() >= V):
-        raise InvalidArgument(f"draft tokens must lie in [0, {V}), got {d.tolist()}")
     for i in range(gamma):
         x = int(d[i])
         if rng.random() >= accept_probability(p[i, x], 1.0):
