@@ -156,7 +156,6 @@ def export_target(
     weights = _target_weights(spec, blocks, reference)
     fp16 = spec.precision == "fp16" or (spec.quantization is not None and spec.quantization.dtype == "fp16")
     dtype = torch.float16 if fp16 else torch.float32
-    model = reference  # the writer converts each weight to dtype as it writes it
     # padded attention is GroupQueryAttention's (the fused form)
     tries = (
         (Padding(),)
@@ -168,7 +167,7 @@ def export_target(
     if not validate:  # nothing measured: the first (cheapest) padding of the recipe's choice
         result = _export(
             recipe,
-            model,
+            reference,
             out_dir,
             padding=tries[0],
             weights=weights,
@@ -177,13 +176,13 @@ def export_target(
             dtype=dtype,
             progress=progress,
         )
-        batch = export_batch(recipe, model, result, tries[0], weights, norm, None, dtype)
-        tree = export_tree(recipe, model, result, tries[0], weights, norm, None, features, dtype)
+        batch = export_batch(recipe, reference, result, tries[0], weights, norm, None, dtype)
+        tree = export_tree(recipe, reference, result, tries[0], weights, norm, None, features, dtype)
         return TargetExport(result, {}, None, tries[0], batch, tree and tree.graph)
     for padding in tries:
         result = _export(
             recipe,
-            model,
+            reference,
             out_dir,
             padding=padding,
             weights=weights,
@@ -221,12 +220,12 @@ def export_target(
         )
         report["weights"] = weights.describe()
     report["rows"] = {**rows.to_dict(), "padding": padding.describe()}
-    batch = export_batch(recipe, model, result, padding, weights, norm, probe, dtype)
+    batch = export_batch(recipe, reference, result, padding, weights, norm, probe, dtype)
     if batch is not None:
         report["batch_rows"] = batch.rows
         if batch.rows["exactness"] != rows.exactness:
             progress(f"warning: the batch graph's rows are {batch.rows['exactness']} (batch-1: {rows.exactness})")
-    tree = export_tree(recipe, model, result, padding, weights, norm, probe, features, dtype)
+    tree = export_tree(recipe, reference, result, padding, weights, norm, probe, features, dtype)
     if tree is not None:
         report["tree_rows"] = tree.rows
     return TargetExport(result, report, rows.exactness, padding, batch, tree and tree.graph)

@@ -15,7 +15,7 @@ float MatMul, so nothing is ever re-quantized from a dequantized copy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -44,9 +44,6 @@ class QuantizedWeights:
     head_mode: str
     embedding_mode: str
     blocks: Mapping[str, BlockQuantized]
-    # float32 weights by parameter name to round-to-nearest quantize from (an fp16 graph is built
-    # from an fp16 copy of the model, whose weights are already rounded); absent: the graph model's
-    float_weights: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     def _layer(self, name: str, tensor: torch.Tensor) -> BlockQuantized | None:
         if self.precision in RTN_PRECISIONS:
@@ -67,8 +64,7 @@ class QuantizedWeights:
                 f"block_size {self.block_size} does not divide the {K} inputs of {name!r};"
                 f" choose a block size dividing {K} (16, 32 or 64 usually do)"
             )
-        source = self.float_weights.get(name, tensor)
-        return rtn_quantize(source.detach().float().numpy(), bits, self.block_size)
+        return rtn_quantize(tensor.detach().float().numpy(), bits, self.block_size)  # the source's own weights
 
     def linear(self, g: Graph, x: str, site: Linear) -> str:
         parts = [self._layer(name, w) for name, w in site.parts]

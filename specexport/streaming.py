@@ -87,9 +87,6 @@ class SafetensorsSource:
         self._file_of: dict[str, str] = dict(weight_map)
         self._aliases = dict(aliases or {})
 
-    def names(self) -> Iterator[str]:
-        return iter(self._file_of)
-
     def canonical(self, name: str) -> str:
         return name if name in self._file_of else self._aliases.get(name, name)
 
@@ -105,9 +102,6 @@ class SafetensorsSource:
             raise BuildError(f"{self.folder.name}: no tensor {name!r} in the checkpoint")
         with safe_open(str(self.folder / file), framework="pt") as handle:
             return handle.get_tensor(stored)  # a copy: it outlives the mapping
-
-    def close(self) -> None:
-        pass
 
 
 def streamable(folder: Path) -> bool:
@@ -195,7 +189,6 @@ def open_streamed(folder: Path, config) -> torch.nn.Module:
     source = SafetensorsSource(folder, aliases)
     missing = [n for n, _ in model.named_parameters(remove_duplicate=False) if not source.has(n)]
     if missing:
-        source.close()
         raise BuildError(
             f"{Path(folder).name}: the checkpoint's tensor names are not the model's"
             f" ({len(missing)} missing, e.g. {missing[0]!r}); it cannot be streamed"

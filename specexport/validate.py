@@ -251,14 +251,11 @@ def validate_export(
     edited = reference_logits(reference, keep + [token])[-1:]  # [1, V]
     edited_exact = _exact(reference, keep + [token], tolerance, last=1)
 
-    def rows(a, sl):
-        return None if a is None else a[sl]
-
     runner = FeedRunner(graph, spec)
     got = runner.run(probe_ids[:n0], list(range(n0)))
-    prefill = compare("prefill", got, full[:n0], tolerance, rows(exact, slice(None, n0)))
+    prefill = compare("prefill", got, full[:n0], tolerance, _rows(exact, slice(None, n0)))
     got = runner.run(probe_ids[n0:], list(range(verify_len)))
-    verify = compare("verify", got, full[n0:], tolerance, rows(exact, slice(n0, None)))
+    verify = compare("verify", got, full[n0:], tolerance, _rows(exact, slice(n0, None)))
     runner.rollback(rollback)
     after = compare("rollback", runner.run([token], [0]), edited, tolerance, edited_exact)
     return ValidationReport((prefill, verify, after)).check_agreement(tolerance)
@@ -283,12 +280,17 @@ def validate_long_range(
     exact = _exact(reference, tokens, tolerance, last=rows + verify_len)
     runner = FeedRunner(graph, spec)  # after the reference forwards (validate_export)
     got = runner.run(tokens[:n0], list(range(n0 - rows, n0)))
-    prefill = compare("long prefill", got, full[:rows], tolerance, None if exact is None else exact[:rows])
+    prefill = compare("long prefill", got, full[:rows], tolerance, _rows(exact, slice(None, rows)))
     got = runner.run(tokens[n0:], list(range(verify_len)))
-    verify = compare("long verify", got, full[rows:], tolerance, None if exact is None else exact[rows:])
+    verify = compare("long verify", got, full[rows:], tolerance, _rows(exact, slice(rows, None)))
     return ValidationReport((prefill, verify)).check_agreement(tolerance)
 
 
 def _exact(reference: torch.nn.Module, ids: list[int], tol: Tolerance, last: int = 0) -> np.ndarray | None:
     """The float64 reference's logits when the tolerance reads them, else None."""
     return float64_logits(reference, ids, last) if tol.float64_factor > 0 else None
+
+
+def _rows(a: np.ndarray | None, rows: slice) -> np.ndarray | None:
+    """a[rows], or None for a step without a float64 reference."""
+    return None if a is None else a[rows]
