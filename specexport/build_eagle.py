@@ -15,7 +15,6 @@ from specexport_runtime import contract
 from specexport_runtime.manifest import ModelEntry
 
 from .eagle_graph import build_eagle3_head
-from .eagle_portable import build_portable_head
 from .errors import BuildError
 from .formats.eagle3 import Eagle3Head, TargetShape, load_eagle3_head
 from .graph_writer import share_weights
@@ -110,7 +109,7 @@ HEAD_TREE_GRAPH = "tree.onnx"
 
 
 def export_head_tree(head: Eagle3Head, embedding: torch.Tensor, solo, recipe: Recipe) -> str:
-    """The head's tree graph (contract 1.8) as draft/tree.onnx beside its graph, reading the same
+    """The head's tree graph (feature eagle3_head_tree) as draft/tree.onnx beside its graph, reading the same
     weights file; returns its artifact-relative path. The fused form only (recipe_reader refuses
     tree_verify with the portable graph form, whose head has a time-major cache)."""
     if not recipe.layout.contrib_attention:
@@ -145,9 +144,9 @@ def head_tree_check(result, tree_path: Path, target_graph, probe: list[int]) -> 
 def build_head_graph(head: Eagle3Head, embedding: torch.Tensor, out_dir: Path, recipe: Recipe):
     """The head graph in the recipe's form: fused (contrib ops, in-place head-major cache) or
     portable (standard ops, time-major cache)."""
-    if recipe.layout.contrib_attention:
-        return build_eagle3_head(head, embedding, out_dir, recipe.max_context, precision=recipe.draft.precision)
-    return build_portable_head(head, embedding, out_dir, precision=recipe.draft.precision)
+    return build_eagle3_head(
+        head, embedding, out_dir, recipe.max_context, precision=recipe.draft.precision, kv_layout=recipe.layout.name
+    )
 
 
 def agreement(result, head: Eagle3Head, target_graph, probe: list[int]) -> dict:

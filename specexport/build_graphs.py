@@ -5,7 +5,6 @@ with its row invariance measured (the padding a bitwise target needs), the draft
 
 from __future__ import annotations
 
-import copy
 import gc
 import tempfile
 from dataclasses import dataclass, replace
@@ -16,16 +15,14 @@ import torch
 
 from specexport_runtime.manifest import ModelEntry
 
+from .decoder_graph import build_decoder
 from .errors import BuildError
-from .export import ExportResult, export_graph
-from .fused import build_fused
-from .graph_writer import share_weights
+from .graph_writer import ExportResult, share_weights
 from .model_config import NormalizedConfig
 from .quantize import ACCURACY_LEVEL, QUANTIZED_PRECISIONS, quantize_graph
 from .quantized_target import QuantizedWeights
 from .recipe_spec import BLOCK_SIZE, BLOCKED_PRECISIONS, QUANTIZED_TARGETS, ModelSpec, Recipe
 from .sources import ModelSource
-from .streaming import is_streamed
 from .validate import FP16, FP32, QUANTIZED, QUANTIZED_TARGET, validate_export, validate_long_range
 
 if TYPE_CHECKING:
@@ -39,7 +36,7 @@ def _dtype(precision: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Padding:
-    """How a graph keeps its rows independent of its call's size (contract 1.2)."""
+    """How a graph keeps its rows independent of its call's size (feature row_padding)."""
 
     min_rows: int = 1  # the runtime pads every call to this many rows
     cache_pad: int = 0  # the fused graph pads its attention by this many rows itself
@@ -69,37 +66,27 @@ def _export(
     dtype: torch.dtype = torch.float32,
     progress: Progress | None = None,
 ) -> ExportResult:
-    """The recipe's graph form: portable (traced, time-major) or fused (contrib ops, in place,
-    written one weight at a time in `dtype`); slots > 1: the batch graph (fused: contract 1.6;
-    portable: 1.10). The portable form traces a loaded model of its own dtype (_module_for)."""
-    if recipe.layout.contrib_attention:
-        return build_fused(
-            model,
-            out_dir,
-            recipe.max_context,
-            tie_lm_head=tie_lm_head,
-            weights=weights,
-            min_rows=padding.min_rows,
-            pad_attention=padding.cache_pad > 0,
-            feature_layers=features,
-            norm=norm,
-            slots=slots,
-            dtype=dtype,
-            on_layer=_layer_progress(progress) if progress else None,
-        )
-    model = _module_for(model, dtype)
-    return export_graph(model, out_dir, tie_lm_head=tie_lm_head, feature_layers=features, norm=norm, slots=slots)
-
-
-def _module_for(model, dtype: torch.dtype):
-    """A loaded model in `dtype` for the traced (portable) form (a copy when the dtype differs)."""
-    if is_streamed(model):
-        raise BuildError("graph: portable traces a loaded model; this build streamed its weights")
-    return model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
+    """The recipe's graph form (its KV layout picks the operators: decoder_graph.py), written one
+    weight at a time in `dtype`; slots > 1: the batch graph (features cache_slots, idle_slots)."""
+    return build_decoder(
+        model,
+        out_dir,
+        recipe.max_context,
+        kv_layout=recipe.layout.name,
+        tie_lm_head=tie_lm_head,
+        weights=weights,
+        min_rows=padding.min_rows,
+        pad_attention=padding.cache_pad > 0,
+        feature_layers=features,
+        norm=norm,
+        slots=slots,
+        dtype=dtype,
+        on_layer=_layer_progress(progress) if progress else None,
+    )
 
 
 def _layer_progress(progress: Progress):
-    """on_layer for build_fused: a line every tenth of the layers (and the last)."""
+    """on_layer for build_decoder: a line every tenth of the layers (and the last)."""
 
     def on_layer(i: int, n: int) -> None:
         if (i + 1) % max(1, n // 10) == 0 or i + 1 == n:
@@ -117,7 +104,7 @@ def _target_weights(spec: ModelSpec, blocks: dict, reference) -> QuantizedWeight
 
 @dataclass(frozen=True)
 class BatchGraph:
-    """A target's or draft's batch graph (contract 1.5), next to its batch-1 graph and sharing its
+    """A target's or draft's batch graph (feature cache_slots), next to its batch-1 graph and sharing its
     weights file."""
 
     graph: str  # relative to the artifact root
@@ -135,7 +122,7 @@ class TargetExport:
     exactness: str | None  # measured; None when not validated
     padding: Padding
     batch: BatchGraph | None = None
-    tree: str | None = None  # the tree-verify graph (contract 1.7), artifact-relative
+    tree: str | None = None  # the tree-verify graph (feature tree_verify), artifact-relative
 
 
 def export_target(
@@ -259,7 +246,7 @@ def export_batch(
 
 @dataclass(frozen=True)
 class TreeGraph:
-    """A target's tree-verify graph (contract 1.7; time_major 1.9) beside its batch-1 graph, sharing
+    """A target's tree-verify graph (feature tree_verify) beside its batch-1 graph, sharing
     its weights file."""
 
     graph: str  # relative to the artifact root
@@ -284,27 +271,23 @@ def export_tree(
     graph's weights file, with the batch-1 graph's feature layers (what an EAGLE-3 head reads
     after a tree round), and with a probe its rows measured against the batch-1 graph's
     (rowcheck.tree_rows). None without tree_verify. The recipe's graph form: fused
-    (GroupQueryAttention, contract 1.7) or portable (traced, time_major, contract 1.9)."""
+    (GroupQueryAttention) or portable (standard ops, time_major)."""
     if not recipe.tree_verify:
         return None
     with tempfile.TemporaryDirectory(dir=solo.path.parent.parent) as scratch:
-        if recipe.layout.contrib_attention:
-            rows = recipe.max_context + padding.min_rows - 1 + padding.cache_pad  # the batch-1 graph's rotary tables
-            result = build_fused(
-                model,
-                Path(scratch),
-                recipe.max_context,
-                weights=weights,
-                norm=norm,
-                tree=True,
-                table_rows=rows,
-                feature_layers=features,
-                dtype=dtype,
-            )
-        else:
-            result = export_graph(
-                _module_for(model, dtype), Path(scratch), feature_layers=features, norm=norm, tree=True
-            )
+        rows = recipe.max_context + padding.min_rows - 1 + padding.cache_pad  # the batch-1 graph's rotary tables
+        result = build_decoder(
+            model,
+            Path(scratch),
+            recipe.max_context,
+            kv_layout=recipe.layout.name,
+            weights=weights,
+            norm=norm,
+            tree=True,
+            table_rows=rows,
+            feature_layers=features,
+            dtype=dtype,
+        )
         rel = share_weights(result.path, solo.path, TREE_GRAPH, "tree_verify")
     if probe is None:
         return TreeGraph(rel, {})

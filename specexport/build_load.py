@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .build_eagle import load_head
+from .decoder_graph import fused_refusal
 from .errors import BuildError
 from .formats.hf_quantized import quantization_method
-from .fused import fused_refusal
 from .model_config import NormalizedConfig, UnsupportedConfig, normalize, read_config
 from .recipe_spec import CHECKPOINT_TARGETS, ModelSpec, Recipe
 from .sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source

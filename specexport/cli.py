@@ -79,9 +79,8 @@ class _Bar:
 @click.option(
     "--tree-verify/--no-tree-verify",
     default=None,
-    help="Override the recipe's tree_verify: give the target a tree-verify graph as well (contract 1.7;"
-    " graph: portable 1.9), and an EAGLE-3 head its tree graph (1.8, graph: fused), so proposers may draft"
-    " trees. See docs/trees.md.",
+    help="Override the recipe's tree_verify: give the target a tree-verify graph as well (either graph form),"
+    " and an EAGLE-3 head its tree graph (graph: fused), so proposers may draft trees. See docs/trees.md.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")

@@ -1,7 +1,7 @@
 """GroupQueryAttention of the fused graph, for one cache or for several cache slots, and the
 graph's inputs and outputs in the contract's order (`interface`).
 
-A slots graph (contract 1.5) serves K sequences in one call: their rows are packed one slot
+A slots graph (feature cache_slots) serves K sequences in one call: their rows are packed one slot
 after another in input_ids [1, N] (slot_rows [K] says how many each has), so every MatMul reads
 its weights once for all of them, while attention runs per slot: one GroupQueryAttention node
 per slot and layer, on that slot's rows, cursor and in-place cache [1, H_kv, T_max, D]. ONNX
@@ -9,7 +9,7 @@ Runtime's CPU GroupQueryAttention refuses batch > 1 with more than one new row p
 a past exists, which a verify call needs; per-slot nodes also keep each sequence's attention
 exactly the computation of a 1-slot call (row invariance across the batch).
 
-Since contract 1.6 an idle slot has 0 rows in input_ids: the MatMuls see the real rows only.
+With feature idle_slots an idle slot has 0 rows in input_ids: the MatMuls see the real rows only.
 Each layer gathers the attention rows of every slot from the packed rows once (a slot's rows,
 then a copy of its last row when the attention is padded; an idle slot: one throwaway row taken
 from any packed row, written past its cursor and never read), and gathers the real rows' outputs
@@ -46,7 +46,7 @@ class Layout:
 
     cursor: list[tuple[str, str]]  # (seqlens_k, total_sequence_length) of each slot's attention
     rows: tuple[str, str, str] | None  # slot_rows() of a slots graph; None for one cache
-    pad: bool  # the attention appends a copy of each slot's last row (contract 1.2 cache_pad)
+    pad: bool  # the attention appends a copy of each slot's last row (row_padding's cache_pad)
 
 
 def layout(g: Graph, slots: int, pad: bool) -> Layout:
@@ -99,9 +99,9 @@ def slot_rows(g: Graph, slots: int, pad: bool) -> tuple[str, str, str]:
 
 
 def tree_inputs(g: Graph, elem: int, span: bool = False) -> list[str]:
-    """A tree graph's (contract 1.7) position_ids [1, S] and GroupQueryAttention's additive
+    """A tree graph's (feature tree_verify) position_ids [1, S] and GroupQueryAttention's additive
     attention_bias [1, 1, S, P + S] of the model dtype: 0 over the past rows, tree_bias [S, S]
-    over the call's own rows. span (a head's tree graph, contract 1.8): tree_bias is [S, M],
+    over the call's own rows. span (a head's tree graph, feature eagle3_head_tree): tree_bias is [S, M],
     M >= S, over the last M cache rows, and 0 before them. Built once per call; every layer
     reads them."""
     return [contract.POSITION_IDS, _tree_bias(g, elem, span)[0]]
@@ -156,7 +156,7 @@ def attention(
 ) -> str:
     """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> attention output [1, N, H D],
     K/V written in place into each slot's cache. A padded attention gets a copy of its last row
-    after the real ones (contract 1.2 cache_pad) and drops its output. tree: tree_inputs() of a
+    after the real ones (row_padding's cache_pad) and drops its output. tree: tree_inputs() of a
     tree graph (one slot, unpadded): positions and bias follow the tree, not the row order."""
     rows, cursor, pad = at.rows, at.cursor, at.pad
     if tree:

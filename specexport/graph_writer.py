@@ -1,7 +1,7 @@
 """Writing ONNX graphs directly (no tracing): a tiny node writer, how weights are stored, saving.
 
-Used by the fused decoder (fused.py), quantized targets (quantized_target.py) and the EAGLE-3
-head (eagle_graph.py). A Graph made with a `DataFile` appends each initializer over 1 KiB to
+Used by the decoder (decoder_graph.py, both forms), quantized targets (quantized_target.py) and
+the EAGLE-3 head (eagle_graph.py). A Graph made with a `DataFile` appends each initializer over 1 KiB to
 model.onnx.data as it is made (the writer then holds no weight after writing it); without one it
 keeps them in memory until save_graph.
 """
@@ -24,12 +24,40 @@ from specexport_runtime.contract import GraphSpec
 from specexport_runtime.manifest import sha256_file
 
 from .errors import BuildError
-from .export import DATA_NAME, GRAPH_NAME, ExportResult, write_onnx
 
 OPSET = 17
 MS = "com.microsoft"
+GRAPH_NAME = "model.onnx"
+DATA_NAME = "model.onnx.data"
 ONNX_DTYPE = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16}
 NP_DTYPE = {torch.float32: np.float32, torch.float16: np.float16}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path  # the .onnx file; weights in DATA_NAME beside it
+    spec: GraphSpec
+    seconds: float
+    num_nodes: int
+    bytes: int  # graph + external data
+
+
+def write_onnx(proto: onnx.ModelProto, out_dir: Path) -> tuple[Path, int]:
+    """Write proto as out_dir/model.onnx with every tensor over 1 KiB in out_dir/model.onnx.data;
+    returns the graph's path and the bytes of both files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / GRAPH_NAME
+    data = out_dir / DATA_NAME
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=DATA_NAME,
+        size_threshold=1024,
+    )
+    return path, path.stat().st_size + (data.stat().st_size if data.exists() else 0)
 
 
 INLINE_BYTES = 1024  # initializers up to this size stay inside model.onnx
@@ -96,6 +124,15 @@ class Graph:
         return self.const(stem, np.array(value, self.np_dtype))
 
     @property
+    def elem(self) -> int:
+        """ONNX element type of the graph's float tensors."""
+        return ONNX_DTYPE[self.dtype]
+
+    @property
+    def dtype_name(self) -> str:
+        return "float32" if self.dtype == torch.float32 else "float16"
+
+    @property
     def np_dtype(self) -> type:
         """numpy dtype of the graph's float tensors (activations, scales)."""
         return NP_DTYPE[self.dtype]
@@ -110,6 +147,20 @@ class Graph:
             helper.make_node(op_type, inputs, names, name=self.name(f"n_{op_type}"), domain=domain or None, **attrs)
         )
         return names
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What every attention site of a graph shares (both operator sets read it)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float  # on q.k
+    softcap: float | None  # scores -> tanh(scores / c) * c
+    ropes: dict  # rope key -> (inv_freq [rotary_dim / 2] float32 tensor, attention scaling); {}: none
+    rotary_dim: int  # rotated dims of each q/k head (< head_dim: partial rotary)
+    windows: tuple[int, ...] = ()  # distinct attention windows of the layers
 
 
 @dataclass(frozen=True)

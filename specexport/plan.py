@@ -197,10 +197,10 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
 
 
 def _tree_estimate(target: ModelEstimate, max_context: int, role: str = "tree") -> ModelEstimate:
-    """The target's tree graph (contract 1.7; portable 1.9): the target's weights once more (its own session),
+    """The target's tree graph (feature tree_verify): the target's weights once more (its own session),
     no KV cache of its own, and per call its attention bias [R, P + R] in the model dtype for a
     tree of up to MAX_TREE_NODES + 1 rows R (its logits rows land in the target's buffer).
-    The same for an EAGLE-3 head's tree graph (contract 1.8, role "head tree"), a bound: its
+    The same for an EAGLE-3 head's tree graph (feature eagle3_head_tree, role "head tree"), a bound: its
     calls have at most eagle_tree.WIDTH rows."""
     rows = MAX_TREE_NODES + 1
     itemsize = 2 if target.precision.startswith("fp16") or target.precision.endswith("fp16") else 4

@@ -2,7 +2,7 @@
 
 Quantizers rewrite MatMul nodes only; the graph's inputs, outputs and cache layout are
 unchanged, so a quantized graph follows the same contract as its source. Drafts are exported
-with an untied [hidden, V] output projection so that it is quantized too (export.py).
+with an untied [hidden, V] output projection so that it is quantized too (tie_lm_head=False).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnx
 
-from .export import GRAPH_NAME, write_onnx
+from .graph_writer import GRAPH_NAME, write_onnx
 from .recipe_spec import BLOCK_SIZE, BLOCK_SIZES, BLOCKED_PRECISIONS
 
 QUANTIZED_PRECISIONS = ("int8", "int4", "dynamic-int8")

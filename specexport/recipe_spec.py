@@ -29,7 +29,7 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits: 0/1 fp32 activations, 2 fp16, 
 DEFAULT_ACCURACY_LEVEL = 4
 INT8_ACTIVATIONS = 4  # the accuracy_level whose rows are not row-invariant across attention paths (no trees)
 # exactness (constants.EXACTNESS): "bitwise" pads the target (its attention in a fused graph, else its
-# calls to >= 2 rows; contract 1.2) so a row never depends on its call's size; "numerical" leaves it unpadded
+# calls to >= 2 rows; feature row_padding) so a row never depends on its call's size; "numerical" leaves it unpadded
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
 DRAFT_KINDS = ("model", "from_target", "ngram", "eagle3")
@@ -51,7 +51,7 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits needs a power of two >= 16
 DEFAULT_RETRIEVAL_TOKENS = 10_000_000
 QUANTIZED_DTYPES = ("fp32", "fp16")
 EAGLE3_PRECISIONS = ("fp32", "fp16", "int8")  # eagle_graph.HEAD_PRECISIONS
-# eagle_portable.PORTABLE_HEAD_PRECISIONS (int8: MatMulNBits, fused only)
+# eagle_graph.PORTABLE_HEAD_PRECISIONS (int8: MatMulNBits, fused only)
 PORTABLE_EAGLE3_PRECISIONS = ("fp32", "fp16")
 
 
@@ -246,8 +246,8 @@ class Recipe:
     description: str | None = None
     notes: str | None = None
     tested_here: bool = False
-    max_batch: int = 1  # cache slots of the target's batch graph (contract 1.5); 1: no batch graph
-    tree_verify: bool = False  # tree graphs: the target's (contract 1.7; portable 1.9), an EAGLE-3 head's (1.8, fused)
+    max_batch: int = 1  # cache slots of the target's batch graph (feature cache_slots); 1: no batch graph
+    tree_verify: bool = False  # tree graphs: the target's (tree_verify), an EAGLE-3 head's (eagle3_head_tree, fused)
     source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
 
     @property

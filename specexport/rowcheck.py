@@ -3,7 +3,7 @@
 Target-only decoding feeds one token per call; a speculative round verifies k + 1 tokens in
 one call. Greedy speculative output equals target-only output bit for bit only if each row
 comes out the same either way. `row_invariance` measures it on a model as the runtime calls
-it (with its min_rows padding, contract 1.2): the rows of tokens fed one per call against
+it (with its min_rows padding, feature row_padding): the rows of tokens fed one per call against
 the rows of the same tokens fed in one call of k rows, for several k, on the same cache.
 The build records the result in the manifest (`exactness`); run it on another provider to
 check that provider.
@@ -23,7 +23,7 @@ DEFAULT_SIZES = (2, 3, 5, 9, 17)  # verify calls of gamma 1, 2, 4, 8, 16
 class RowReport:
     """One-per-call rows against k-row calls, over every k of `sizes`."""
 
-    min_rows: int  # the model's padding (contract 1.2) during the measurement
+    min_rows: int  # the model's padding (row_padding) during the measurement
     sizes: tuple[int, ...]
     rows: int  # rows compared
     bitwise: bool  # every compared row has the same bits
@@ -89,7 +89,7 @@ class _Exactness:
 
 @dataclass(frozen=True)
 class BatchRowReport(_Exactness):
-    """A slots graph's rows (contract 1.5) against the batch-1 graph's for the same tokens on the
+    """A slots graph's rows (feature cache_slots) against the batch-1 graph's for the same tokens on the
     same prefix, with other slots in the call holding other sequences and row counts."""
 
     slots: int
@@ -133,7 +133,7 @@ TREE_PARENTS = (-1, 0, 0, 1, 1, 2, 3, 6, 0)  # root, 3 children, a path of depth
 
 @dataclass(frozen=True)
 class TreeRowReport(_Exactness):
-    """A tree graph's rows (contract 1.7) against the batch-1 graph's chain call of each
+    """A tree graph's rows (feature tree_verify) against the batch-1 graph's chain call of each
     root-to-leaf path, on the same prefix."""
 
     paths: int
@@ -177,7 +177,7 @@ HEAD_TREE_PARENTS = (-1, -1, 0, 0, 1, 2, 5)  # a round's nodes (-1: the root's c
 
 
 def head_tree_rows(head, tree, features: np.ndarray, tokens: Sequence[int]) -> TreeRowReport:
-    """An EAGLE-3 head's tree graph (contract 1.8) against chain calls of its batch-1 graph.
+    """An EAGLE-3 head's tree graph (feature eagle3_head_tree) against chain calls of its batch-1 graph.
 
     head: the head's OrtModel; tree: eagle_tree.HeadTree on its cache; features [k, F] and
     tokens [k + 1 + len(HEAD_TREE_PARENTS)]: a catch-up of k rows (features[t], tokens[t + 1]),

@@ -3,15 +3,15 @@
     model = open_streamed(folder, config)     # a transformers skeleton: parameters on `meta`
     source_of(model).get("model.layers.0.mlp.up_proj.weight")   # one tensor, in its stored dtype
 
-The skeleton holds the config, the shapes and the rotary buffers, never a weight: the fused
-writer (fused.py) reads each weight from the source by its Hugging Face name as it writes it,
+The skeleton holds the config, the shapes and the rotary buffers, never a weight: the graph
+writer (decoder_graph.py) reads each weight from the source by its Hugging Face name as it writes it,
 and validation (validate.py) runs the skeleton as its float32 reference with every module's own
 parameters loaded just before its forward and dropped right after it (`lazy_forward`), so the
 build holds at most one module's weights in float32 (the embedding, for most models) rather
 than the whole model several times over.
 
-A loaded transformers model is a source too (`ModuleSource`): GGUF, GPTQ and AWQ targets and
-graphs traced from torch modules still come that way.
+A loaded transformers model is a source too (`ModuleSource`): GGUF, GPTQ and AWQ targets still
+come that way.
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def _constants(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-# inputs whose axis 0 is not the batch: logits_index [R], a tree graph's tree_bias [S, S] (contract 1.9)
+# inputs whose axis 0 is not the batch: logits_index [R], a tree graph's tree_bias [S, S] (feature tree_verify)
 _NO_BATCH_AXIS = (contract.LOGITS_INDEX, contract.TREE_BIAS)
 
 
@@ -463,7 +463,7 @@ NATIVE_FEATURES_NOTE = (
     " provider (--provider tensorrt) runs this graph too"
 )
 
-# a tree graph (contract 1.7 / 1.9): the TensorRT backends build no engine for it yet
+# a tree graph (feature tree_verify): the TensorRT backends build no engine for it yet
 TREE_NOTE = (
     "tree graph: neither trt_build nor the ONNX Runtime TensorRT provider path runs it yet (tree rounds run"
     " on ONNX Runtime's CPU provider); its position_ids [1, seq] and tree_bias [seq, seq] need a profile"

@@ -166,8 +166,10 @@ class FeedRunner:
             feeds[contract.past_value(i)] = self.cache[2 * i + 1]
         outputs = self.session.run(None, feeds)
         logits, kv = outputs[0], outputs[2:] if self.spec.feature_width else outputs[1:]
-        self.features = outputs[1][0] if self.spec.feature_width else None  # [S, F]: contract 1.2
-        if self.spec.layout.in_place:  # the whole cache (with padded attention, contract 1.2, one row more)
+        self.features = (
+            outputs[1][0] if self.spec.feature_width else None
+        )  # [S, F]: feature eagle3_head's hidden_states
+        if self.spec.layout.in_place:  # the whole cache (with padded attention, row_padding's cache_pad, one row more)
             self.cache = [np.take(c, np.arange(total), axis=self.axis) for c in kv]
         else:  # the S new rows
             self.cache = [np.concatenate([c, n], axis=self.axis) for c, n in zip(self.cache, kv)]

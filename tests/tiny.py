@@ -139,6 +139,10 @@ TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     ),
     "smollm3-window": ("smollm3", dict(use_sliding_window=True, sliding_window=16)),  # windows on its NoPE layers
 }
+        ),
+    ),
+    "exaone4-global": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),  # 1.2B: all rotary
+}
 
 
 def tiny_names() -> list[str]:
@@ -320,3 +324,11 @@ def build_tiny_artifact(
     out = workdir / "artifact"
     build_artifact(recipe, out)
     return out
+
+
+def export_portable(model, out_dir: Path, **kwargs):
+    """The portable (time_major) decoder graph of `model` (decoder_graph.build_decoder)."""
+    from specexport.decoder_graph import build_decoder
+    from specexport_runtime import contract
+
+    return build_decoder(model, out_dir, kv_layout=contract.TIME_MAJOR, **kwargs)

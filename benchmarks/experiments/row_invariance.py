@@ -6,7 +6,7 @@ each padding costs.
         [--configs fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4] [--provider cpu]
         [--prompts chat,code] [--limit 2] [--past 200] [--repeats 5] [--json OUT]
 
-Each configuration is a fused graph of the model (specexport/fused.py, quantized_target.py):
+Each configuration is a fused graph of the model (specexport/decoder_graph.py, quantized_target.py):
     fp32        float32 weights
     int8-lA     int8 round-to-nearest, block 32, int8 head, MatMulNBits accuracy_level A
     int4-lA     int4 likewise (int8 head)
@@ -43,17 +43,17 @@ WAYS = {"unpadded": (False, 1), "padded calls": (False, 2), "padded attention": 
 
 def build_config(name: str, model, blocks, out: Path, pad_attention: bool):
     """-> ExportResult of configuration `name` (module docstring), its attention padded or not."""
-    from specexport.fused import build_fused
+    from specexport.decoder_graph import build_decoder
     from specexport.quantized_target import QuantizedWeights
 
     if name == "fp32":
-        return build_fused(model, out, MAX_CONTEXT, min_rows=2, pad_attention=pad_attention)
+        return build_decoder(model, out, MAX_CONTEXT, min_rows=2, pad_attention=pad_attention)
     precision, level = name.split("-l")
     if precision == "gguf" and not blocks:
         raise harness.HarnessError(f"configuration {name!r} needs a GGUF --model")
     head = "checkpoint" if precision == "gguf" else "int8"
     weights = QuantizedWeights(precision, 32, int(level), head, "fp32", blocks if precision == "gguf" else {})
-    return build_fused(model, out, MAX_CONTEXT, weights=weights, min_rows=2, pad_attention=pad_attention)
+    return build_decoder(model, out, MAX_CONTEXT, weights=weights, min_rows=2, pad_attention=pad_attention)
 
 
 def _model(graphs: dict, way: str, provider: str, threads: int | None = None):

@@ -1,7 +1,7 @@
 """The performance probe: a random-init model of Llama-3.2-1B's shape, fp16, fused graph, on the device.
 
 No model file travels: the weights are random (drawn on the GPU when torch sees one) and the
-graph is written by specexport.fused.build_fused. What it measures:
+graph is written by specexport.decoder_graph.build_decoder. What it measures:
 
     per_call      one forward at past 512: decode S=1 and verify S=2, 4, 8, 16 (median ms), and
                   whether row 0 of an S-row call equals the S=1 call's row (row invariance)
@@ -111,13 +111,13 @@ def make_model(shape: dict, seed: int = 0):
 
 
 def build_graph(shape: dict, workdir: Path) -> tuple[object, dict]:
-    from specexport.fused import build_fused
+    from specexport.decoder_graph import build_decoder
 
     start = time.perf_counter()
     model = make_model(shape)
     tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     init_seconds = time.perf_counter() - start
-    result = build_fused(model, workdir, MAX_CONTEXT)
+    result = build_decoder(model, workdir, MAX_CONTEXT)
     params = sum(p.numel() for p in model.parameters())
     del model
     gc.collect()
@@ -136,7 +136,7 @@ def build_graph(shape: dict, workdir: Path) -> tuple[object, dict]:
 def weight_bytes(result) -> int:
     """Size of the graph's external weights file: what a decode step reads (the tied head reads
     the whole embedding table)."""
-    from specexport.export import DATA_NAME
+    from specexport.graph_writer import DATA_NAME
 
     return (result.path.parent / DATA_NAME).stat().st_size
 

@@ -219,17 +219,17 @@ def test_force_replaces_the_output(ngram_recipe, tmp_path):
         build_artifact(ngram_recipe, tmp_path / "file", force=True)
 
 
-@pytest.mark.parametrize("fail_in", ["validate_export", "export_graph", "interrupt"])
+@pytest.mark.parametrize("fail_in", ["validate_export", "build_decoder", "interrupt"])
 def test_failure_midway_leaves_nothing(fail_in, tmp_path, target_dir, monkeypatch):
     """After the target export: validation fails / the draft export fails / Ctrl-C."""
     recipe = load_recipe(write_recipe(tmp_path / "recipe.yaml", target_dir, {"from_target": {"precision": "int8"}}))
-    calls = {"export_graph": 0, "validate_export": 0}
-    real = {"export_graph": build_graphs.export_graph, "validate_export": build_graphs.validate_export}
+    calls = {"build_decoder": 0, "validate_export": 0}
+    real = {"build_decoder": build_graphs.build_decoder, "validate_export": build_graphs.validate_export}
 
     def wrap(name):
         def fn(*args, **kwargs):
             calls[name] += 1
-            if fail_in == name and calls["export_graph"] >= (1 if name == "validate_export" else 2):
+            if fail_in == name and calls["build_decoder"] >= (1 if name == "validate_export" else 2):
                 raise RuntimeError(f"injected failure in {name}")
             if fail_in == "interrupt" and name == "validate_export":
                 raise KeyboardInterrupt
@@ -237,12 +237,12 @@ def test_failure_midway_leaves_nothing(fail_in, tmp_path, target_dir, monkeypatc
 
         return fn
 
-    monkeypatch.setattr(build_graphs, "export_graph", wrap("export_graph"))
+    monkeypatch.setattr(build_graphs, "build_decoder", wrap("build_decoder"))
     monkeypatch.setattr(build_graphs, "validate_export", wrap("validate_export"))
     before = _listing(tmp_path)
     with pytest.raises(KeyboardInterrupt if fail_in == "interrupt" else RuntimeError):
         build_artifact(recipe, tmp_path / "artifact")
-    assert calls["export_graph"] >= 1  # the target was exported before the failure
+    assert calls["build_decoder"] >= 1  # the target was exported before the failure
     assert _listing(tmp_path) == before  # no output folder, no temp folder
 
 

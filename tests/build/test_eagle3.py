@@ -26,8 +26,8 @@ from eagle_heads import (
 )
 from tiny import make_model
 
+from specexport.decoder_graph import build_decoder
 from specexport.eagle_graph import build_eagle3_head
-from specexport.fused import build_fused
 from specexport.validate import FeedRunner
 from specexport_runtime.engine import OrtModel, SessionConfig
 
@@ -38,7 +38,7 @@ def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     target, info, head = tiny_target_and_head(root)
     assert head.config.layer_ids == tuple(info["layer_ids"])
-    t_graph = build_fused(target, root / "target", 128, feature_layers=head.config.layer_ids, pad_attention=True)
+    t_graph = build_decoder(target, root / "target", 128, feature_layers=head.config.layer_ids, pad_attention=True)
     h_graph = build_eagle3_head(head, target.get_input_embeddings().weight.detach().float(), root / "draft", 128)
     return target, info, head, t_graph, h_graph
 

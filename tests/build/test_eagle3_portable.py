@@ -1,4 +1,4 @@
-"""EAGLE-3 heads in the portable graph form (standard ONNX ops, time-major caches): the traced
+"""EAGLE-3 heads in the portable graph form (standard ONNX ops, time-major caches): the portable
 target's hidden_states output and the portable head graph against independent references
 (transformers' output_hidden_states; tests/eagle_heads.py's reference forward), the artifact's
 manifest and TensorRT lint, and the `eagle` / `hybrid` proposers' greedy exactness on a tiny
@@ -25,9 +25,9 @@ from eagle_heads import (
     target_features,
     tiny_target_and_head,
 )
+from tiny import export_portable
 
-from specexport.eagle_portable import build_portable_head
-from specexport.export import export_graph
+from specexport.eagle_graph import build_eagle3_head
 from specexport.validate import FeedRunner
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig
@@ -46,7 +46,10 @@ def heads(pair, tmp_path_factory):
     """Portable head graphs by precision."""
     _, _, head, embed = pair
     root = tmp_path_factory.mktemp("portable-heads")
-    return {p: build_portable_head(head, embed, root / p, precision=p) for p in ("fp32", "fp16")}
+    return {
+        p: build_eagle3_head(head, embed, root / p, 128, precision=p, kv_layout=contract.TIME_MAJOR)
+        for p in ("fp32", "fp16")
+    }
 
 
 # --------------------------------------------------------------------------- target features
@@ -56,7 +59,7 @@ def test_portable_target_features_are_the_entering_residual_streams(pair, tmp_pa
     """hidden_states of every input row, fed in two calls (the second over a 9-row past), equal
     transformers' output_hidden_states at the head's layer ids, concatenated in their order."""
     target, info, _, _ = pair
-    graph = export_graph(target, tmp_path / "target", feature_layers=tuple(info["layer_ids"]))
+    graph = export_portable(target, tmp_path / "target", feature_layers=tuple(info["layer_ids"]))
     assert graph.spec.feature_width == 3 * target.config.hidden_size and graph.spec.kv_layout == contract.TIME_MAJOR
     runner = FeedRunner(graph.path, graph.spec)
     runner.run(IDS[:9], [8])
@@ -71,10 +74,10 @@ def test_portable_target_features_are_the_entering_residual_streams(pair, tmp_pa
 
 
 def test_portable_target_refuses_feature_layers_past_its_depth(pair, tmp_path):
-    from specexport.decoder import UnsupportedConfig
+    from specexport.model_config import UnsupportedConfig
 
     with pytest.raises(UnsupportedConfig, match=r"feature layers \[2\] are outside the target's 0..1"):
-        export_graph(pair[0], tmp_path / "t", feature_layers=(0, 1, 2))
+        export_portable(pair[0], tmp_path / "t", feature_layers=(0, 1, 2))
 
 
 # --------------------------------------------------------------------------- the head graph
@@ -122,7 +125,7 @@ def test_portable_head_uses_standard_ops_and_the_contract_names(heads):
 def test_portable_head_refuses_int8(pair, tmp_path):
     _, _, head, embed = pair
     with pytest.raises(ValueError, match="portable head precision 'int8': expected one of fp32, fp16"):
-        build_portable_head(head, embed, tmp_path / "x", precision="int8")
+        build_eagle3_head(head, embed, tmp_path / "x", 128, precision="int8", kv_layout=contract.TIME_MAJOR)
 
 
 def test_recipe_refuses_a_portable_int8_head(tmp_path):

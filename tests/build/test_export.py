@@ -19,13 +19,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from tiny import make_model
+from tiny import export_portable, make_model
 
 from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture, arch_for
-from specexport.decoder import UnsupportedConfig
 from specexport.errors import SpecExportError
-from specexport.export import DATA_NAME, GRAPH_NAME, export_graph
-from specexport.model_config import normalize
+from specexport.graph_writer import DATA_NAME, GRAPH_NAME
+from specexport.model_config import UnsupportedConfig, normalize
 from specexport.quantize import QUANTIZED_PRECISIONS, quantize_graph
 from specexport_runtime import contract
 
@@ -66,8 +65,7 @@ def _run_chunks(path: Path, spec: contract.GraphSpec, ids: list[int], chunks: tu
 
 def _interface(path: Path) -> tuple[list, list]:
     """(name, elem type, dims) of the inputs and outputs; a dim is its value, its symbol, or None
-    for an undeclared symbol (the traced graph leaves some static output dims unnamed, see
-    test_parity.test_new_kv_outputs_declare_static_dims, and shape inference may fill them in)."""
+    for an undeclared symbol (shape inference may fill some in)."""
     proto = onnx.load(str(path), load_external_data=False)
 
     def sig(v):
@@ -98,7 +96,7 @@ def _same_interface(a: tuple[list, list], b: tuple[list, list]) -> bool:
 def fp32_draft(tmp_path_factory):
     """The tiny llama exported as the build exports a self-draft's source (untied head)."""
     model = make_model("llama")
-    return model, export_graph(model, tmp_path_factory.mktemp("fp32"), tie_lm_head=False)
+    return model, export_portable(model, tmp_path_factory.mktemp("fp32"), tie_lm_head=False)
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +179,9 @@ def test_quantize_unknown_precision_raises(fp32_draft, tmp_path):
 def test_export_twice_into_one_folder_replaces_the_data(tmp_path):
     """onnx appends external data to an existing file; a re-export must not grow it."""
     model = make_model("llama")
-    first = export_graph(model, tmp_path)
+    first = export_portable(model, tmp_path)
     data = (tmp_path / DATA_NAME).read_bytes()
-    second = export_graph(model, tmp_path)
+    second = export_portable(model, tmp_path)
     assert second.bytes == first.bytes
     assert (tmp_path / DATA_NAME).read_bytes() == data
     assert sorted(p.name for p in tmp_path.iterdir()) == [GRAPH_NAME, DATA_NAME]
@@ -211,7 +209,7 @@ def test_supported_scaled_rope_is_accepted(tmp_path):
     from specexport.validate import FP32, validate_export
 
     model = make_model("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
-    res = export_graph(model, tmp_path)
+    res = export_portable(model, tmp_path)
     ids = np.random.default_rng(4).integers(3, 300, size=24).tolist()
     assert validate_export(model, res.path, res.spec, ids, FP32).max_abs_diff <= FP32.max_abs
 

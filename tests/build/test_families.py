@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from tiny import TINY_VARIANTS, make_model, make_tokenizer, save_hf_folder, tiny_names, write_recipe
 
 from specexport.cli import cli
-from specexport.fused import fused_supported
+from specexport.decoder_graph import fused_supported
 from specexport_runtime.api import load
 
 GENERATE = 72  # > every tiny window (16) + the prompt
@@ -95,6 +95,10 @@ FEATURE_OFF = {  # name -> config overrides that remove its feature (the referen
     "phi3-mini": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
     "smollm3-window": dict(use_sliding_window=False),
 }
+    ),
+    "exaone4": dict(sliding_window=100000),  # windows (its full layers stay NoPE)
+    "exaone4-global": dict(layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=100000),
+}
 
 
 @pytest.mark.parametrize("name", sorted(FEATURE_OFF))
@@ -128,12 +132,13 @@ def test_windowed_fused_artifact_declares_its_windows(tmp_path, tokenizer):
 
 
 def _export(name: str, graph: str, model, out, **kwargs):
-    from specexport.export import export_graph
-    from specexport.fused import build_fused
+    from tiny import export_portable
+
+    from specexport.decoder_graph import build_decoder
 
     if graph == "fused":
-        return build_fused(model, out, 300, **kwargs)
-    return export_graph(model, out, **kwargs)
+        return build_decoder(model, out, 300, **kwargs)
+    return export_portable(model, out, **kwargs)
 
 
 @pytest.mark.parametrize("name, graph", CASES, ids=[f"{n}-{g}" for n, g in CASES])

@@ -21,8 +21,8 @@ from onnx import TensorProto
 from tiny import TINY_CONFIGS, TINY_VARIANTS, make_model, tiny_names
 
 from specexport.architectures import ARCHITECTURES
-from specexport.decoder import UnsupportedConfig
-from specexport.fused import build_fused, fused_supported
+from specexport.decoder_graph import build_decoder, fused_supported
+from specexport.model_config import UnsupportedConfig
 from specexport.validate import FP16, FP32, validate_export
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig
@@ -49,7 +49,7 @@ def fused(tmp_path_factory):
     def get(arch: str):
         if arch not in cache:
             model = make_model(arch)
-            cache[arch] = (model, build_fused(model, tmp_path_factory.mktemp(f"fused-{arch}"), MAX_CONTEXT))
+            cache[arch] = (model, build_decoder(model, tmp_path_factory.mktemp(f"fused-{arch}"), MAX_CONTEXT))
         return cache[arch]
 
     return get
@@ -141,17 +141,17 @@ def test_fused_node_budget_and_tied_embedding_once(fused):
 
 def test_fused_rejects_learned_positions(tmp_path):
     with pytest.raises(UnsupportedConfig, match="gpt2.*portable"):
-        build_fused(make_model("gpt2"), tmp_path, MAX_CONTEXT)
+        build_decoder(make_model("gpt2"), tmp_path, MAX_CONTEXT)
 
 
 def test_fused_rejects_unknown_activation(tmp_path):
     with pytest.raises(UnsupportedConfig, match="'hidden_act' = 'relu2'"):
-        build_fused(make_model("llama", hidden_act="relu2"), tmp_path, MAX_CONTEXT)
+        build_decoder(make_model("llama", hidden_act="relu2"), tmp_path, MAX_CONTEXT)
 
 
 def test_fused_fp16_within_fp16_tolerance(tmp_path):
     model = make_model("llama")
-    res = build_fused(make_model("llama").half(), tmp_path, MAX_CONTEXT)
+    res = build_decoder(make_model("llama").half(), tmp_path, MAX_CONTEXT)
     assert res.spec.kv_dtype == "float16"
     report = validate_export(model, res.path, res.spec, probe_ids(), FP16)
     assert report.max_abs_diff <= FP16.max_abs
@@ -161,6 +161,6 @@ def test_perturbed_fused_graph_fails_validation(tmp_path):
     """The parity check can fail: a graph built from another model is rejected."""
     from specexport.validate import ExportValidationError
 
-    res = build_fused(make_model("llama", seed=1), tmp_path, MAX_CONTEXT)
+    res = build_decoder(make_model("llama", seed=1), tmp_path, MAX_CONTEXT)
     with pytest.raises(ExportValidationError):
         validate_export(make_model("llama"), res.path, res.spec, probe_ids(), FP32)

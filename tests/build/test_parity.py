@@ -23,10 +23,10 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, numpy_helper
-from tiny import TINY_CONFIGS, make_model, perturbed_copy, tiny_names
+from tiny import TINY_CONFIGS, export_portable, make_model, perturbed_copy, tiny_names
 
 from specexport.architectures import ARCHITECTURES
-from specexport.export import DATA_NAME, GRAPH_NAME, export_graph
+from specexport.graph_writer import DATA_NAME, GRAPH_NAME
 from specexport.model_config import text_config
 from specexport.validate import FP16, FP32, ExportValidationError, FeedRunner, validate_export
 from specexport_runtime import contract
@@ -86,7 +86,7 @@ def exported(tmp_path_factory):
     def get(arch: str):
         if arch not in cache:
             model = make_model(arch)
-            cache[arch] = (model, export_graph(model, tmp_path_factory.mktemp(f"parity-{arch}")))
+            cache[arch] = (model, export_portable(model, tmp_path_factory.mktemp(f"parity-{arch}")))
         return cache[arch]
 
     yield get
@@ -187,7 +187,7 @@ def test_graph_interface_follows_the_contract(arch, exported):
     elem, (R,) = inputs[contract.LOGITS_INDEX]
     assert elem == i64
     elem, (_, P, _, _) = inputs[contract.past_key(0)]
-    # S, P, R are symbolic and distinct: nothing was frozen to the tracing example sizes
+    # S, P, R are symbolic and distinct: nothing is frozen to one call's sizes
     assert all(isinstance(d, str) and d for d in (S, P, R)) and len({S, P, R}) == 3, (S, P, R)
     assert outputs[contract.LOGITS] == (f32, [1, R, spec.embedding_rows])
     for i in range(spec.num_layers):
@@ -252,7 +252,7 @@ def test_tied_embedding_is_stored_once(arch, exported, tmp_path):
         users = [n.op_type for n in proto.graph.node if emb.name in n.input]
         assert sorted(users) == ["Gather", "Gemm"], users
         # an untied export (drafts) carries the second [hidden, V] copy: the tied one saves it
-        untied = export_graph(model, tmp_path / "untied", tie_lm_head=False)
+        untied = export_portable(model, tmp_path / "untied", tie_lm_head=False)
         assert untied.bytes - res.bytes >= 0.95 * rows * hidden * 4, (untied.bytes, res.bytes)
         assert len(_vocab_matrices(onnx.load(str(untied.path)), rows, hidden)) == 2
 
@@ -276,7 +276,7 @@ def test_mistral_sliding_window_matters(exported, tmp_path):
     report = validate_export(model, res.path, res.spec, ids, FP32)
     assert report.max_abs_diff <= FP32.max_abs
     # a graph exported without the window is caught by validation against the windowed model
-    wrong = export_graph(unwindowed, tmp_path / "nowindow")
+    wrong = export_portable(unwindowed, tmp_path / "nowindow")
     with pytest.raises(ExportValidationError) as info:
         validate_export(model, wrong.path, wrong.spec, ids, FP32)
     assert info.value.step == "prefill" and info.value.output == contract.LOGITS
@@ -335,7 +335,7 @@ def test_validation_error_names_a_later_step(exported, monkeypatch):
 
 def test_fp16_export_within_fp16_tolerance(tmp_path):
     model = make_model("llama")
-    res = export_graph(copy.deepcopy(model).half(), tmp_path / "fp16")
+    res = export_portable(copy.deepcopy(model).half(), tmp_path / "fp16")
     assert res.spec.kv_dtype == "float16"
     proto = onnx.load(str(res.path), load_external_data=False)
     elem = {v.name: v.type.tensor_type.elem_type for v in [*proto.graph.input, *proto.graph.output]}

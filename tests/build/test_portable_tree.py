@@ -1,6 +1,6 @@
 """The portable tree-verify graph (contract 1.9) against the portable chain graph of the same model.
 
-The traced decoder takes position_ids and tree_bias and writes the tree rows' K/V through its
+The portable decoder takes position_ids and tree_bias and writes the tree rows' K/V through its
 new_* outputs into the time_major cache at P .. P+R-1. Each root-to-leaf path's rows must match
 the chain graph's logits for the same tokens fed as one verify call (the independent reference:
 the chain graph is checked against transformers by the parity tests), within float32 tolerance;
@@ -15,9 +15,8 @@ import onnx
 import pytest
 import torch
 import tree_checks
-from tiny import make_model, save_hf_folder, write_recipe
+from tiny import export_portable, make_model, save_hf_folder, write_recipe
 
-from specexport.export import export_graph
 from specexport.model_config import normalize
 from specexport.trtcheck import check_trt
 from specexport_runtime import contract
@@ -61,8 +60,8 @@ def pair(request, tmp_path_factory):
     windows = normalize(model.config, MAX_CONTEXT).windows
     assert all(w < PROMPT for w in windows)  # the windows bite
     root = tmp_path_factory.mktemp(f"ptree-{request.param}")
-    chain = export_graph(model, root / "chain")
-    tree = export_graph(model, root / "tree", tree=True)
+    chain = export_portable(model, root / "chain")
+    tree = export_portable(model, root / "tree", tree=True)
     assert tree.spec.tree and not chain.spec.tree and tree.spec.kv_layout == contract.TIME_MAJOR
     config = SessionConfig(provider="cpu", threads=1)
     m = OrtModel(chain.path, chain.spec, MAX_CONTEXT, config, max_rows=16)
@@ -85,7 +84,7 @@ def test_greedy_walk_on_the_tree_follows_the_chain_argmax(pair):
 
 
 def test_tree_graph_reads_the_chain_graphs_weights_file(pair):
-    """The traced tree graph's weights file is the chain graph's byte for byte (what the build's
+    """The portable tree graph's weights file is the chain graph's byte for byte (what the build's
     share_weights needs), and the tree graph is the contract's: 1.9 metadata, standard ops only."""
     _, _, chain, tree = pair
     assert sha256_file(tree.path.with_name(tree.path.name + ".data")) == sha256_file(

@@ -22,9 +22,9 @@ from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
 
 from specexport.build import build_artifact
 from specexport.build_graphs import BITWISE_FUSED
+from specexport.decoder_graph import build_decoder
 from specexport.formats.gguf import read_gguf_blocks
 from specexport.formats.hf_quantized import load_quantized_folder
-from specexport.fused import build_fused
 from specexport.quantized_target import QuantizedWeights
 from specexport.recipe import RecipeError, load_recipe, parse_recipe
 from specexport.validate import FeedRunner, reference_logits
@@ -37,7 +37,7 @@ def graph_logits(
     model, weights: QuantizedWeights, out: Path, ids: list[int], pad_attention: bool = False
 ) -> np.ndarray:
     """Rows of a prefill and a 5-token verify call of the fused graph: [len(ids), V]."""
-    result = build_fused(model, out, 128, weights=weights, pad_attention=pad_attention)
+    result = build_decoder(model, out, 128, weights=weights, pad_attention=pad_attention)
     runner = FeedRunner(result.path, result.spec)
     n0 = len(ids) - 5
     return np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])

@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from tiny import export_portable
 
 from specexport.build import DEFAULT_PROBE
-from specexport.export import export_graph
-from specexport.fused import build_fused
+from specexport.decoder_graph import build_decoder
 from specexport.validate import FP32, Tolerance, reference_logits, validate_export
 
 pytestmark = pytest.mark.real
@@ -53,9 +53,9 @@ def real(real_model, tmp_path_factory, request):
     model, tokenizer = real_model
     out = tmp_path_factory.mktemp(f"real-parity-{request.param}")
     if request.param == "fused":
-        result = build_fused(model, out, 2048)
+        result = build_decoder(model, out, 2048)
     else:
-        result = export_graph(model, out)
+        result = export_portable(model, out)
     return model, tokenizer, result
 
 

@@ -15,8 +15,8 @@ import torch
 from tiny import make_model, make_tokenizer, save_hf_folder, tiny_config, write_recipe
 
 from specexport.build import build_artifact
+from specexport.decoder_graph import build_decoder
 from specexport.errors import BuildError
-from specexport.fused import build_fused
 from specexport.graph_writer import ALIGN, ALIGN_FROM, INLINE_BYTES
 from specexport.model_config import read_config
 from specexport.quantized_target import QuantizedWeights
@@ -42,8 +42,8 @@ def _loaded(folder):
 def test_streamed_graph_is_the_loaded_models_byte_for_byte(tmp_path, family):
     folder = save_hf_folder(make_model(family), tmp_path / "hf")
     streamed = open_streamed(folder, read_config(str(folder)))
-    a = build_fused(streamed, tmp_path / "s", MAX_CONTEXT, pad_attention=True)
-    b = build_fused(_loaded(folder), tmp_path / "l", MAX_CONTEXT, pad_attention=True)
+    a = build_decoder(streamed, tmp_path / "s", MAX_CONTEXT, pad_attention=True)
+    b = build_decoder(_loaded(folder), tmp_path / "l", MAX_CONTEXT, pad_attention=True)
     assert _sha(a.path.with_name("model.onnx.data")) == _sha(b.path.with_name("model.onnx.data"))
     assert _sha(a.path) == _sha(b.path)
     assert all(p.device.type == "meta" for p in streamed.parameters())  # nothing stayed loaded
@@ -62,8 +62,8 @@ def test_streamed_reference_gives_the_loaded_models_logits(tmp_path, family):
 def test_quantized_weights_stream_like_loaded_ones(tmp_path):
     folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
     plan = QuantizedWeights("int4", 32, 4, "int8", "fp32", {})
-    a = build_fused(open_streamed(folder, read_config(str(folder))), tmp_path / "s", MAX_CONTEXT, weights=plan)
-    b = build_fused(_loaded(folder), tmp_path / "l", MAX_CONTEXT, weights=plan)
+    a = build_decoder(open_streamed(folder, read_config(str(folder))), tmp_path / "s", MAX_CONTEXT, weights=plan)
+    b = build_decoder(_loaded(folder), tmp_path / "l", MAX_CONTEXT, weights=plan)
     assert _sha(a.path.with_name("model.onnx.data")) == _sha(b.path.with_name("model.onnx.data"))
 
 
@@ -83,8 +83,8 @@ def test_a_tied_head_is_the_embedding_unless_the_file_holds_its_own(tmp_path):
     streamed = open_streamed(folder, read_config(str(folder)))
     assert source_of(streamed).canonical("lm_head.weight") == "lm_head.weight"
     loaded = _loaded(folder)
-    a = build_fused(streamed, tmp_path / "s", MAX_CONTEXT)  # a fresh skeleton: its head is tied to the table
-    b = build_fused(loaded, tmp_path / "l", MAX_CONTEXT)
+    a = build_decoder(streamed, tmp_path / "s", MAX_CONTEXT)  # a fresh skeleton: its head is tied to the table
+    b = build_decoder(loaded, tmp_path / "l", MAX_CONTEXT)
     assert _sha(a.path.with_name("model.onnx.data")) == _sha(b.path.with_name("model.onnx.data"))
     ids = [5, 17, 42, 99, 7, 3]
     assert np.array_equal(reference_logits(streamed, ids), reference_logits(loaded, ids))
@@ -92,7 +92,7 @@ def test_a_tied_head_is_the_embedding_unless_the_file_holds_its_own(tmp_path):
 
 def test_the_writer_streams_big_tensors_to_aligned_offsets(tmp_path):
     folder = save_hf_folder(make_model("llama", vocab_size=4096, hidden_size=128), tmp_path / "hf")
-    result = build_fused(open_streamed(folder, read_config(str(folder))), tmp_path / "g", MAX_CONTEXT)
+    result = build_decoder(open_streamed(folder, read_config(str(folder))), tmp_path / "g", MAX_CONTEXT)
     proto = onnx.load(str(result.path), load_external_data=False)
     sizes = {}
     for t in proto.graph.initializer:
@@ -190,7 +190,7 @@ def test_the_fp32_bound_follows_the_references_own_error(tmp_path):
 
     model = _wide_phi3()
     ids = [int(i) for i in np.random.default_rng(0).integers(3, 300, 40)]
-    graph = build_fused(model, tmp_path / "g", MAX_CONTEXT)
+    graph = build_decoder(model, tmp_path / "g", MAX_CONTEXT)
     report = validate_export(model, graph.path, graph.spec, ids, FP32)
     assert all(s.reference_error > 0 and s.max_abs_diff <= s.bound for s in report.steps)
     assert max(s.bound for s in report.steps) > 1e-4  # the reference's own error is past the fixed floor
@@ -200,7 +200,7 @@ def test_the_fp32_bound_follows_the_references_own_error(tmp_path):
             validate_export(model, graph.path, graph.spec, ids, fixed)
     with torch.no_grad():  # a graph 1% off in one weight: a bug the bound must still catch
         model.model.layers[1].mlp.down_proj.weight.mul_(1.01)
-    broken = build_fused(model, tmp_path / "b", MAX_CONTEXT)
+    broken = build_decoder(model, tmp_path / "b", MAX_CONTEXT)
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.div_(1.01)
     with pytest.raises(ExportValidationError, match="fp32 reference's error"):

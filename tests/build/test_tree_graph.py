@@ -12,7 +12,7 @@ import pytest
 import tree_checks
 from tiny import build_tiny_artifact, make_model
 
-from specexport.fused import build_fused
+from specexport.decoder_graph import build_decoder
 from specexport.model_config import UnsupportedConfig
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
@@ -31,8 +31,8 @@ def pair(request, tmp_path_factory):
     """(chain OrtModel, TreeVerifier on its cache) of one tiny model."""
     model = make_model(request.param)
     root = tmp_path_factory.mktemp(f"tree-{request.param}")
-    chain = build_fused(model, root / "chain", MAX_CONTEXT)
-    tree = build_fused(model, root / "tree", MAX_CONTEXT, tree=True)
+    chain = build_decoder(model, root / "chain", MAX_CONTEXT)
+    tree = build_decoder(model, root / "tree", MAX_CONTEXT, tree=True)
     assert tree.spec.tree and not chain.spec.tree
     config = SessionConfig(provider="cpu", threads=1)
     m = OrtModel(chain.path, chain.spec, MAX_CONTEXT, config, max_rows=16)
@@ -61,7 +61,7 @@ def test_tree_calls_are_checked(pair):
 
 def test_tree_graph_is_refused_where_it_cannot_be_right(tmp_path):
     with pytest.raises(UnsupportedConfig, match="one slot"):
-        build_fused(make_model("llama"), tmp_path / "s", MAX_CONTEXT, tree=True, slots=2)
+        build_decoder(make_model("llama"), tmp_path / "s", MAX_CONTEXT, tree=True, slots=2)
     with pytest.raises(ValueError, match="tree graph"):
         GraphSpec(2, 1, 8, 32, kv_layout=contract.HEAD_MAJOR_INPLACE, slots=2, tree=True)
     spec = GraphSpec(1, 1, 8, 32, kv_layout=contract.HEAD_MAJOR_INPLACE, tree=True)

@@ -10,11 +10,10 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
-from tiny import make_model
+from tiny import export_portable, make_model
 
 from specexport.cli import _Group
 from specexport.cli_gpu import check_trt_cmd
-from specexport.export import export_graph
 from specexport.quantize import quantize_graph
 from specexport.trt_ops import SUPPORTED_OPS, UNSUPPORTED_OPS
 from specexport.trtcheck import TrtCheckError, check_artifact, check_trt, op_support
@@ -25,9 +24,9 @@ from specexport_runtime.trt_engines import Profile
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("trtcheck")
-    fp32 = export_graph(make_model("llama"), root / "fp32")
+    fp32 = export_portable(make_model("llama"), root / "fp32")
     out = {"fp32": fp32.path, "spec": fp32.spec}
-    raw = export_graph(make_model("llama"), root / "raw", tie_lm_head=False)
+    raw = export_portable(make_model("llama"), root / "raw", tie_lm_head=False)
     out["int4"] = quantize_graph(raw.path, root / "int4", "int4").path
     out["dynamic-int8"] = quantize_graph(raw.path, root / "dyn", "dynamic-int8").path
     return out
@@ -69,9 +68,9 @@ def test_fp32_graph_on_tensorrt_8_6(graphs):
 
 
 def test_fused_graph_fails_naming_its_layout_and_contrib_ops(tmp_path):
-    from specexport.fused import build_fused
+    from specexport.decoder_graph import build_decoder
 
-    res = build_fused(make_model("llama"), tmp_path / "fused", 64)
+    res = build_decoder(make_model("llama"), tmp_path / "fused", 64)
     report = check_trt(res.path, "10.3")
     assert not report.ok
     assert any("head_major_inplace" in e and "graph: portable" in e for e in report.errors), report.errors

@@ -1,4 +1,4 @@
-"""The portable batch graph (contract 1.10: the traced time_major decoder with cache slots) on a
+"""The portable batch graph (contract 1.10: the time_major decoder with cache slots) on a
 tiny artifact: its rows are measured bitwise against the batch-1 graph's, every sequence's greedy
 output equals its own solo target-only run whatever shares its calls (joins, leaves, chunked
 prompts, mixed proposers and gammas, a draft model drafting batched), and a runtime older than

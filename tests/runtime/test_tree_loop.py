@@ -30,7 +30,7 @@ PROMPTS = [
 ]
 
 
-# tiny artifacts with a tree graph: fused (GroupQueryAttention, contract 1.7), portable (traced, 1.9)
+# tiny artifacts with a tree graph: fused (GroupQueryAttention, contract 1.7), portable (standard ops, 1.9)
 TREE_KINDS = ["noisy-fused-tree", "noisy-tree"]
 CHAIN_KIND = {"noisy-fused-tree": "noisy-fused", "noisy-tree": "noisy"}  # the same without a tree graph
 
