@@ -3,7 +3,7 @@
 A row says where the pieces of the transformers model live, how its layer is wired (which norms
 surround attention and MLP, q/k norms, embedding scale), and `features`: the closed list of
 optional config features the family implements (model_config.FEATURE_OF_KEY names the config
-keys behind each). Both graph forms (decoder.py portable, fused.py) read these rows and the
+keys behind each). The graph writer (decoder_graph.py, both forms) reads these rows and the
 normalized config (model_config.py); nothing else derives family facts.
 
 Register a new family in ARCHITECTURES and give it a tiny config in tests/tiny.TINY_CONFIGS
@@ -57,6 +57,7 @@ class ArchSpec:
     norm_bias: bool = False  # LayerNorm with a bias (GPT-2), not RMSNorm
     features: frozenset[str] = frozenset()  # optional config features implemented (model_config.FEATURE_OF_KEY)
     text_config: bool = False  # a multimodal wrapper: the decoder's config is config.text_config
+    global_nope: bool = False  # EXAONE 4: with sliding_window set, the full-attention layers have no rotary
 
     @property
     def norms_per_layer(self) -> int:
@@ -101,6 +102,8 @@ OLMO2 = ArchSpec(
     qk_norm="full",
     features=_features("attention_bias"),
 )
+OLMO3 = replace(OLMO2, model_type="olmo3", features=OLMO2.features | {"sliding_window", "rope_per_layer_type"})
+EXAONE4 = replace(OLMO2, model_type="exaone4", qk_norm="head", global_nope=True, features=_features("sliding_window"))
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -120,7 +123,23 @@ GPT2 = ArchSpec(
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     spec.model_type: spec
-    for spec in (LLAMA, MISTRAL, QWEN2, QWEN3, PHI3, GEMMA, GEMMA2, GEMMA3_TEXT, GEMMA3, SMOLLM3, GRANITE, OLMO2, GPT2)
+    for spec in (
+        LLAMA,
+        MISTRAL,
+        QWEN2,
+        QWEN3,
+        PHI3,
+        GEMMA,
+        GEMMA2,
+        GEMMA3_TEXT,
+        GEMMA3,
+        SMOLLM3,
+        GRANITE,
+        OLMO2,
+        OLMO3,
+        EXAONE4,
+        GPT2,
+    )
 }
 
 

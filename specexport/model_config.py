@@ -288,7 +288,7 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     ropes, rotary_dim = (), 0
     if arch.positions == "rope":
         ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
-    layers = tuple(LayerSpec(_window(raw, i, max_context), _layer_rope(raw, i, ropes)) for i in range(num_layers))
+    layers = tuple(LayerSpec(_window(raw, i, max_context), _layer_rope(raw, arch, i, ropes)) for i in range(num_layers))
     attention_bias = bool(get("attention_bias"))
     return NormalizedConfig(
         family=family,
@@ -363,11 +363,16 @@ def _window(raw: Mapping[str, Any], i: int, max_context: int | None) -> int | No
     return int(window)
 
 
-def _layer_rope(raw: Mapping[str, Any], i: int, ropes: tuple) -> str | None:
+def _layer_rope(raw: Mapping[str, Any], arch: ArchSpec, i: int, ropes: tuple) -> str | None:
+    """Layer i's rope key, or None for a NoPE layer (SmolLM3's no_rope_layers; EXAONE 4's
+    full-attention layers of a windowed model)."""
     if not ropes:
         return None
     nope = raw.get("no_rope_layers")
     if nope is not None and not nope[i]:
+        return None
+    types = raw.get("layer_types")
+    if arch.global_nope and raw.get("sliding_window") is not None and types and types[i] != "sliding_attention":
         return None
     keys = dict(ropes)
     if "all" in keys:

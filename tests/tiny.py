@@ -65,6 +65,10 @@ TINY_CONFIGS: dict[str, dict] = {
         logits_scaling=8.0,
     ),
     "olmo2": dict(_COMMON),  # post-norms only, q/k norm over all heads
+    # OLMo 3: OLMo 2 with 3 sliding : 1 full layers and a rope table per layer type
+    "olmo3": dict(_COMMON, num_hidden_layers=4, sliding_window=16),
+    # EXAONE 4: post-norms, per-head q/k norms, 3 sliding (rotary) : 1 full (NoPE) layers
+    "exaone4": dict(_COMMON, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4),
     "gpt2": dict(
         vocab_size=320,
         n_embd=64,
@@ -138,7 +142,22 @@ TINY_VARIANTS: dict[str, tuple[str, dict]] = {
         ),
     ),
     "smollm3-window": ("smollm3", dict(use_sliding_window=True, sliding_window=16)),  # windows on its NoPE layers
-}
+    # OLMo 3 7B/32B: yarn on the full-attention layers' table only
+    "olmo3-yarn": (
+        "olmo3",
+        dict(
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 500000.0,
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 64,
+                    "attention_factor": 1.2,
+                    "beta_fast": 32,
+                    "beta_slow": 1,
+                },
+            }
         ),
     ),
     "exaone4-global": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),  # 1.2B: all rotary

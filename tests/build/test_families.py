@@ -94,7 +94,12 @@ FEATURE_OFF = {  # name -> config overrides that remove its feature (the referen
     "llama-yarn": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     "phi3-mini": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
     "smollm3-window": dict(use_sliding_window=False),
-}
+    "olmo3": dict(sliding_window=100000),
+    "olmo3-yarn": dict(
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        }
     ),
     "exaone4": dict(sliding_window=100000),  # windows (its full layers stay NoPE)
     "exaone4-global": dict(layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=100000),
