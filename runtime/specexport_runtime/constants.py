@@ -21,7 +21,7 @@ MAX_GAMMA = 32
 DEFAULT_GAMMA = 4
 DEFAULT_MAX_GAMMA = 8
 
-# what the build measured of a target's rows (contract 1.2): "bitwise" = a row's logits are the
+# what the build measured of a target's rows (feature row_padding): "bitwise" = a row's logits are the
 # same bits whatever the number of rows in its call (greedy speculation == target-only, bit for
 # bit); "numerical" = they differ in low bits (max |diff| and argmax agreement in validation.rows)
 BITWISE, NUMERICAL = "bitwise", "numerical"

@@ -6,13 +6,13 @@ against it. Bump CONTRACT_VERSION on any change a runtime would notice.
 
 One graph serves prefill (S = prompt length), single-token decode (S = 1) and the
 multi-token verify (S = gamma + 1). A graph carries one sequence, except a target's batch
-graph (contract 1.5, below). Two KV layouts exist; the manifest
+graph (feature cache_slots, below). Two KV layouts exist; the manifest
 records each graph's (`kv_layout`), and the input/output names below say which a graph uses.
 `KvLayout` (LAYOUTS; a graph's GraphSpec.layout) holds each layout's facts: its buffer shape,
 the inputs that carry the cursor, whether the graph writes its cache in place, which recipe
 `graph:` form builds it, and whether it needs ONNX Runtime's GroupQueryAttention.
 
-Layout "time_major" (contract 1.0; portable: ONNX standard ops only, what TensorRT builds)
+Layout "time_major" (feature time_major; portable: ONNX standard ops only, what TensorRT builds)
 Inputs
     input_ids        int64     [1, S]              tokens at positions P .. P+S-1
     logits_index     int64     [R]                 rows of S whose logits are returned (0 <= r < S)
@@ -31,7 +31,7 @@ Invariants
     * KV heads are stored unrepeated (H_kv, grouped-query attention is preserved);
     * the graph attends causally over [past, new] and never reads cache rows >= P.
 
-Layout "head_major_inplace" (contract 1.1; ONNX Runtime contrib ops, CPU and CUDA EPs)
+Layout "head_major_inplace" (feature head_major_in_place; ONNX Runtime contrib ops, CPU and CUDA EPs)
 Inputs
     input_ids              int64     [1, S]
     logits_index           int64     [R]
@@ -53,7 +53,7 @@ Invariants
       max_context rows, and the rotary tables inside the graph have max_context rows, so
       P + S <= max_context.
 
-Row-invariant calls (contract 1.2; a manifest entry's `min_rows`)
+Row-invariant calls (feature row_padding; a manifest entry's `min_rows`)
     ONNX Runtime's CPU kernels take another path for a 1-row call than for calls of 2 or more
     rows (MatMul, and MatMulNBits with int8 activations quantize and sum differently), so the
     logits of a token fed alone differ from the same token's row inside a verify call, while
@@ -71,7 +71,7 @@ Row-invariant calls (contract 1.2; a manifest entry's `min_rows`)
     then equals target-only output bit for bit; the manifest's `exactness` records what the
     build measured ("bitwise" or "numerical").
 
-Target features for a learned draft head (contract 1.2; a manifest entry's `feature_layers`)
+Target features for a learned draft head (feature eagle3_head; a manifest entry's `feature_layers`)
     hidden_states    float32   [1, S, F]           one more output, right after `logits`: for
                                                    every input row, the residual stream entering
                                                    the entry's feature_layers (transformers'
@@ -79,7 +79,7 @@ Target features for a learned draft head (contract 1.2; a manifest entry's `feat
                                                    order, F = len(feature_layers) * hidden
     An EAGLE-3 head reads three of them (low | mid | high) per token. Both layouts have it.
 
-Windowed attention in the fused layout (contract 1.4; a manifest entry's `attention_windows`)
+Windowed attention in the fused layout (feature attention_windows; a manifest entry's `attention_windows`)
     A head_major_inplace graph of a sliding-window family (Mistral, Phi-3, Gemma 2/3, Qwen with
     use_sliding_window) passes each layer's window W to GroupQueryAttention's local_window_size:
     a query sees the W most recent keys, its own included, as transformers does. ONNX Runtime
@@ -87,7 +87,7 @@ Windowed attention in the fused layout (contract 1.4; a manifest entry's `attent
     a runtime refuses such a graph on an older ONNX Runtime (window_runtime_error). The entry
     lists the distinct windows. Portable graphs apply windows in their mask (no contract change).
 
-Cache slots (contract 1.5; a target entry's `batch_graph` and `max_batch` K; GraphSpec.slots)
+Cache slots (feature cache_slots; a target entry's `batch_graph` and `max_batch` K; GraphSpec.slots)
     A head_major_inplace decoder serving K sequences per call: input_ids [1, N] packs every
     slot's rows (slot 0 first), slot_rows int64 [K] says how many each has (>= 1 in 1.5; since
     1.6 an idle slot has 0), seqlens_k and total_sequence_length are int32 [K] (P + n - 1 and
@@ -96,8 +96,8 @@ Cache slots (contract 1.5; a target entry's `batch_graph` and `max_batch` K; Gra
     MatMuls run once over N rows; attention is one GroupQueryAttention per slot and layer (an
     idle slot's on one throwaway row written past its cursor).
 
-Portable cache slots (contract 1.10; a time_major entry's `batch_graph` and `max_batch` K)
-    The traced decoder serving K sequences per call in the time_major layout: input_ids [1, N]
+Portable cache slots (feature cache_slots; a time_major entry's `batch_graph` and `max_batch` K)
+    The portable decoder serving K sequences per call in the time_major layout: input_ids [1, N]
     packs every slot's rows (slot 0 first) and slot_rows int64 [K] says how many each has (0 for
     an idle slot), as in 1.6; each layer has per-slot inputs past_key_{i}_slot{b} [1, P_b, H_kv, D]
     (the prefix view of slot b's buffer, P_b its own cursor) and outputs new_key_{i}_slot{b}
@@ -105,7 +105,7 @@ Portable cache slots (contract 1.10; a time_major entry's `batch_graph` and `max
     each slot's rows attend over their own past and themselves (its positions P_b, P_b + 1, ...),
     with the batch-1 graph's operators, so a slot's rows are those of a batch-1 call of its rows.
 
-Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
+Tree verify (feature tree_verify; a target entry's `tree_graph`; GraphSpec.tree)
     A head_major_inplace decoder of one slot that scores a draft tree in one call: its S rows
     are the tree's rows in topological order (row 0 the root, the last committed token), with
     two more inputs after the cursor inputs:
@@ -121,21 +121,21 @@ Tree verify (contract 1.7; a target entry's `tree_graph`; GraphSpec.tree)
     Windows (1.4's families) apply by position, as in 1.9: the graph's bias hides keys W or more
     positions before a row's P + depth (GroupQueryAttention's local window would count rows).
 
-Portable tree verify (contract 1.9; a time_major target entry's `tree_graph`)
-    The same tree call in the time_major layout: the traced decoder with position_ids [1, S] and
+Portable tree verify (feature tree_verify; a time_major target entry's `tree_graph`)
+    The same tree call in the time_major layout: the portable decoder with position_ids [1, S] and
     tree_bias [S, S] after logits_index (ONNX standard ops: the bias joins the explicit mask),
     past_* the prefix views [1, P, H_kv, D] and new_* [1, S, H_kv, D] the tree rows' K/V, which
     the runtime binds to cache rows P .. P+S-1 as for a chain call. Windows (1.4's families)
     apply by position: a row sees the keys within its window of its own position P + depth.
 
-Head tree graph (contract 1.8; an eagle3_head entry's `tree_graph`, head_major_inplace)
+Head tree graph (feature eagle3_head_tree; an eagle3_head entry's `tree_graph`, head_major_inplace)
     The EAGLE-3 head with the same two inputs after its cursor inputs, one call per tree depth:
     tree_bias      float32  [S, M]   M >= S: over the last M cache rows (the call's S rows last),
                                      0 where the row may attend; rows before them always attend
     so a call's rows see the head's past and their own ancestors among the M rows of the round.
 
-EAGLE-3 head graphs (contract 1.2; kind eagle3_head): one layer whose cache follows either layout
-(head_major_inplace: specexport/eagle_graph.py; time_major, contract 1.3: specexport/eagle_portable.py), with
+EAGLE-3 head graphs (feature eagle3_head; kind eagle3_head): one layer whose cache follows either layout
+(specexport/eagle_graph.py writes both), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
 hidden_out [1, R, H] after logits (GraphSpec.input_names / output_names).
 """
@@ -166,13 +166,13 @@ LOGITS_INDEX = "logits_index"
 LOGITS = "logits"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
-SLOT_ROWS = "slot_rows"  # contract 1.5: int64 [K] rows of each slot in a batched call
-POSITION_IDS = "position_ids"  # contract 1.7: int64 [1, S] P + depth of each tree row
-TREE_BIAS = "tree_bias"  # contract 1.7: float32 [S, S] 0 on a row's ancestors and itself, lowest elsewhere
-HIDDEN_STATES = "hidden_states"  # contract 1.2: target features for a draft head
-DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds (contract 1.2 added the head)
+SLOT_ROWS = "slot_rows"  # feature cache_slots: int64 [K] rows of each slot in a batched call
+POSITION_IDS = "position_ids"  # feature tree_verify: int64 [1, S] P + depth of each tree row
+TREE_BIAS = "tree_bias"  # feature tree_verify: float32 [S, S] 0 on a row's ancestors and itself, lowest elsewhere
+HIDDEN_STATES = "hidden_states"  # feature eagle3_head: target features for a draft head
+DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds
 GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
-# the EAGLE-3 head graph (contract 1.2; specexport/eagle_graph.py): extra inputs and output
+# the EAGLE-3 head graph (feature eagle3_head; specexport/eagle_graph.py): extra inputs and output
 HEAD_FEATURES = "features"  # [1, S, F] the target's hidden_states rows
 HEAD_HIDDEN = "draft_hidden"  # [1, S, H] the head's own earlier hidden_out rows
 HEAD_HIDDEN_OUT = "hidden_out"  # [1, R, H]
@@ -181,7 +181,7 @@ KV_DTYPES = ("float32", "float16")
 
 
 def _slot(name: str, slot: int | None) -> str:
-    """A cache name of a slots graph (contract 1.5) carries its slot: past_key_3_slot1."""
+    """A cache name of a slots graph (feature cache_slots) carries its slot: past_key_3_slot1."""
     return name if slot is None else f"{name}_slot{slot}"
 
 
@@ -352,14 +352,15 @@ class GraphSpec:
     embedding_rows: int
     kv_dtype: str = "float32"
     kv_layout: str = TIME_MAJOR
-    # contract 1.2: a decoder's hidden_states output width F (0: no such output); for an EAGLE-3
+    # feature eagle3_head: a decoder's hidden_states output width F (0: no such output); for an EAGLE-3
     # head graph (kind eagle3_head) the width of its `features` input, and hidden_width its H
     feature_width: int = 0
     kind: str = DECODER
     hidden_width: int = 0
-    windows: tuple[int, ...] = ()  # contract 1.4: distinct GroupQueryAttention local windows (contrib_attention only)
-    slots: int = 1  # contract 1.5 (time_major 1.10): cache slots, one sequence each, batched in one call (decoders)
-    tree: bool = False  # contract 1.7 (time_major 1.9): a tree-verify graph (position_ids, tree_bias inputs)
+    # feature attention_windows: distinct GroupQueryAttention local windows (contrib_attention only)
+    windows: tuple[int, ...] = ()
+    slots: int = 1  # feature cache_slots: cache slots, one sequence each, batched in one call (decoders)
+    tree: bool = False  # feature tree_verify: a tree-verify graph (position_ids, tree_bias inputs)
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:

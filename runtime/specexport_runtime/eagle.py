@@ -1,7 +1,7 @@
 """The EAGLE-3 proposer: a one-layer head that drafts from the target's own hidden states.
 
 Alignment (EAGLE): the head's cache row t pairs the target's features of position t (its
-hidden_states row, contract 1.2) with the token at position t + 1, and that row's logits
+hidden_states row, feature eagle3_head) with the token at position t + 1, and that row's logits
 predict the token at t + 2. With `committed` the accepted tokens (the target's cache holds
 committed[:-1], so features exist for positions 0 .. len - 2):
 
@@ -10,7 +10,7 @@ committed[:-1], so features exist for positions 0 .. len - 2):
 
 After the round the chain rows are dropped: the verify call gave the accepted positions their
 real features, so the head is truncated to the rows it computed from features and catches up.
-With tree_nodes > 0 and the head's tree graph (contract 1.8) the round drafts a tree instead
+With tree_nodes > 0 and the head's tree graph (feature eagle3_head_tree) the round drafts a tree instead
 (eagle_tree.py); after a tree-verify call the target's features are those of the accepted
 path (OrtModel.keep_path), so commit is the same.
 """

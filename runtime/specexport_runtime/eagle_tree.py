@@ -1,4 +1,4 @@
-"""EAGLE-3 draft trees (EAGLE-2's dynamic trees) from the head's tree graph (contract 1.8).
+"""EAGLE-3 draft trees (EAGLE-2's dynamic trees) from the head's tree graph (feature eagle3_head_tree).
 
 A round starts like the chain proposer's (eagle.py): the catch-up call gives the logits and
 hidden_out of the head's last real row, whose top-k tokens are the root's children (depth 1).
@@ -34,7 +34,7 @@ WIDTH = 8  # frontier nodes expanded per depth (one head call of at most WIDTH r
 
 
 class HeadTree:
-    """The head entry's tree graph (contract 1.8) on the cache of the head's OrtModel."""
+    """The head entry's tree graph (feature eagle3_head_tree) on the cache of the head's OrtModel."""
 
     def __init__(self, path: Path, head: OrtModel, config: SessionConfig):
         spec = head.spec

@@ -7,7 +7,7 @@ A call with S new tokens binds
 and advances the cursor P by S. Rollback is `truncate(P')`: rows >= P' are simply not bound
 again. On CUDA the buffers live on the device; only the requested logits rows reach the host.
 
-A head_major_inplace graph (contract 1.1) takes the whole [1, H_kv, T_max, D] buffer as both
+A head_major_inplace graph (feature head_major_in_place) takes the whole [1, H_kv, T_max, D] buffer as both
 past_* and present_*, bound once for the life of the model; each call only passes the cursor
 (seqlens_k = P + S - 1, total_sequence_length = P + S) and the graph writes rows P..P+S-1.
 Which of the two a graph does is its spec's KvLayout (contract.py), read once here.
@@ -217,9 +217,9 @@ class OrtModel(CacheCursor):
         self.check_min_rows(spec, min_rows, max_rows)
         if not 0 <= cache_pad <= max_rows:
             raise InvalidArgument(f"cache_pad must be in 0..{max_rows}, got {cache_pad!r}")
-        self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (plan_rows)
+        self.min_rows = min_rows  # feature row_padding: every call gets >= min_rows rows (plan_rows)
         # cache rows past the last real position that padding writes: call padding (min_rows) and
-        # the graph's own padded attention (cache_pad, contract 1.2) add up
+        # the graph's own padded attention (cache_pad, feature row_padding) add up
         self.cache_rows = max_context + min_rows - 1 + cache_pad
         check_layout_provider(spec, config.provider)
         self.session = make_session(path, config)
@@ -242,11 +242,11 @@ class OrtModel(CacheCursor):
         # logits: rows of one call land in a host buffer allocated once: [1, max_rows, V] fp32
         self.max_rows = max_rows
         self._logits = np.full((1, max_rows, spec.embedding_rows), 0, np.float32)
-        # features (contract 1.2 hidden_states) of every input row: [1, max_rows, F] fp32, bound
+        # features (the eagle3_head feature's hidden_states) of every input row: [1, max_rows, F] fp32, bound
         # for calls of up to max_rows rows; longer calls (a prefill) get a buffer from ONNX Runtime
         self._feature_buf = np.full((1, max_rows, spec.feature_width), 0, np.float32) if spec.has_features else None
         self.features: np.ndarray | None = None  # [S, F] of the last call (a view; the next call overwrites it)
-        if spec.is_head:  # EAGLE-3 head (contract 1.2): zero rows for its unused input side, hidden_out rows
+        if spec.is_head:  # EAGLE-3 head (feature eagle3_head): zero rows for its unused input side, hidden_out rows
             self._zeros = {
                 contract.HEAD_FEATURES: np.zeros((max_rows, spec.feature_width), np.float32),
                 contract.HEAD_HIDDEN: np.zeros((max_rows, spec.hidden_width), np.float32),
@@ -294,7 +294,7 @@ class OrtModel(CacheCursor):
         return self._logits
 
     def bind_row_outputs(self, io: ort.IOBinding, R: int) -> None:
-        """Bind logits_index 0..R-1, the logits [1, R, V] and (contract 1.2) the hidden_states
+        """Bind logits_index 0..R-1, the logits [1, R, V] and (feature eagle3_head) the hidden_states
         [1, R, F] of an R-row call into this model's host buffers: another graph's call on this
         cache (tree_model.TreeVerifier), whose results called_rows() then takes."""
         io.bind_cpu_input(contract.LOGITS_INDEX, self._rows[:R])
@@ -322,7 +322,7 @@ class OrtModel(CacheCursor):
         """Feed `ids` (S tokens) at the cursor; return logits of the last `last_rows` of them.
 
         With min_rows > 1 a shorter call is padded (plan_rows) and the cursor still advances by S.
-        Head graphs (contract 1.2) also take the rows' features [S, F] or own hidden [S, H] (the
+        Head graphs (feature eagle3_head) also take the rows' features [S, F] or own hidden [S, H] (the
         other side zero) and leave hidden_out [last_rows, H] in self.hidden_out.
         Returns a view [last_rows, V] into a buffer that the next call overwrites."""
         ids = self.check_call(ids, last_rows)  # [1, S]

@@ -64,13 +64,13 @@ class ModelEntry:
     kv_dtype: str = "float32"
     validation: dict[str, Any] = field(default_factory=dict)
     kv_layout: str = TIME_MAJOR  # contract layout of the graph (contract.KV_LAYOUTS)
-    min_rows: int = 1  # rows every call gets (contract 1.2: padded after the real tokens)
-    cache_pad: int = 0  # cache rows past the call the graph itself writes (contract 1.2: padded attention)
-    # contract 1.2: the target's hidden_states output holds the residual streams entering these
+    min_rows: int = 1  # rows every call gets (feature row_padding: padded after the real tokens)
+    cache_pad: int = 0  # cache rows past the call the graph itself writes (feature row_padding: padded attention)
+    # feature eagle3_head: the target's hidden_states output holds the residual streams entering these
     # layers (output_hidden_states indices), each `feature_width / len(feature_layers)` wide
     feature_layers: tuple[int, ...] = ()
     feature_width: int = 0
-    # contract 1.2 draft heads: kind eagle3_head, its hidden width, and the file (int64 .npy,
+    # feature eagle3_head draft heads: kind eagle3_head, its hidden width, and the file (int64 .npy,
     # relative to the artifact root) mapping each draft-vocabulary row to its target id
     kind: str = DECODER
     hidden_width: int = 0
@@ -79,13 +79,13 @@ class ModelEntry:
     # its own key only for a padded entry (a contract-1.2 artifact anyway), so that 1.0 / 1.1
     # runtimes still read unpadded artifacts; read back from validation["rows"] otherwise.
     exactness: str | None = None
-    # contract 1.4: the distinct GroupQueryAttention windows of a head_major_inplace graph
+    # feature attention_windows: the distinct GroupQueryAttention windows of a head_major_inplace graph
     attention_windows: tuple[int, ...] = ()
-    # contract 1.5 (time_major 1.10): a slots graph of the same weights serving max_batch sequences per call
+    # feature cache_slots: a slots graph of the same weights serving max_batch sequences per call
     # (relative path; it shares the entry's weights file), for batched generation
     batch_graph: str | None = None
     max_batch: int = 1
-    # contract 1.7: a tree-verify graph of the same weights and cache (relative path; a target's,
+    # feature tree_verify: a tree-verify graph of the same weights and cache (relative path; a target's,
     # since 1.8 an EAGLE-3 head's, since 1.9 a time_major target's)
     tree_graph: str | None = None
 

@@ -1,13 +1,13 @@
 """The `Model` protocol: one contract graph with its KV cache, as the speculative loop, the
 proposers and the API use it, whatever runs it (engine.OrtModel: ONNX Runtime;
 trt_backend.TrtModel: native TensorRT). Also the backend-neutral parts both implement it with:
-the cache cursor, call statistics, padded calls (contract 1.2) and the head's row inputs.
+the cache cursor, call statistics, padded calls (feature row_padding) and the head's row inputs.
 
 A model holds `length` valid cache rows (the cursor P) of `max_context`. `forward(ids)` feeds S
 tokens at positions P .. P+S-1, advances P by S and returns the logits rows of the last
 `last_rows` of them, [last_rows, V] float32, a view the next call overwrites. Rollback is
 `truncate(P')` for P' <= P: a cursor move; rows >= P' are never read again, so nothing is copied
-or cleared. Feature tensors (contract 1.2; docs/graph-contract.md, Draft heads):
+or cleared. Feature tensors (feature eagle3_head; docs/graph-contract.md, Draft heads):
     a decoder with spec.feature_width F: after each call `features` is [S, F], the hidden_states
         rows of that call's S real tokens, and `last_start` the position P of its first row;
     an EAGLE-3 head (spec.is_head): forward also takes the rows' `features` [S, F] or the
@@ -34,7 +34,7 @@ class Model(Protocol):
     spec: GraphSpec
     max_context: int  # positions the cache holds
     max_rows: int  # most logits rows one call returns (a verify call holds max_rows - 1 drafts)
-    min_rows: int  # contract 1.2: every call gets >= min_rows rows (plan_rows); 1 = unpadded
+    min_rows: int  # feature row_padding: every call gets >= min_rows rows (plan_rows); 1 = unpadded
     length: int  # the cursor P: valid cache rows
     last_start: int  # position of the last call's first row
     features: np.ndarray | None  # decoders with feature_width: [S, F] of the last call (a view)
@@ -78,7 +78,7 @@ class CallStats:
 @dataclass(frozen=True)
 class CallRows:
     """How S real tokens are fed to a graph that gets at least `min_rows` rows per call
-    (contract 1.2): the ids with padding after the real tokens, the logits rows asked for,
+    (feature row_padding): the ids with padding after the real tokens, the logits rows asked for,
     and where the caller's rows lie among them."""
 
     ids: np.ndarray  # int64 [1, M], M = max(S, min_rows): real tokens, then copies of the last

@@ -1,4 +1,4 @@
-"""ONNX Runtime backend for a slots graph (contract 1.5; time_major 1.10): K sequences, one cache
+"""ONNX Runtime backend for a slots graph (feature cache_slots): K sequences, one cache
 slot each, fed in one call.
 
 Each layer's K and V live in one buffer [K, H_kv, T_max, D] (fused) or [K, T_max, H_kv, D]
@@ -8,7 +8,7 @@ GroupQueryAttention writes rows P_b .. P_b + S_b - 1 there in place. Time_major:
 b's past_key_{i}_slot{b} is bound to its rows [0, P_b) and new_key_{i}_slot{b} to rows
 [P_b, P_b + S_b) of its part (rebound only where P_b or S_b changed). A call packs the
 slots' rows one slot after another (slot_rows [K]); a slot without rows in a call has 0 rows
-(contract 1.6: the fused graph gives its attention one throwaway row, written past its valid
+(feature idle_slots: the fused graph gives its attention one throwaway row, written past its valid
 rows and never read), or one throwaway token of its own in a 1.5 graph (idle_rows 1). Each slot
 keeps its own cursor; rollback is a cursor move per slot.
 
@@ -100,7 +100,7 @@ class SlotModel:
         idle_rows: int = 0,
     ):
         """max_rows: most logits rows one slot gets back per call (1 + the longest draft);
-        cache_pad / min_rows: the entry's padding (contract 1.2), per slot: min_rows pads each
+        cache_pad / min_rows: the entry's padding (feature row_padding), per slot: min_rows pads each
         slot's rows after its real ones with copies of its last token (the cursor advances by
         the real rows only); idle_rows: the rows a slot without a call feeds (0 since contract
         1.6, 1 for a 1.5 graph)."""

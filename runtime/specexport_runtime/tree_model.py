@@ -1,11 +1,11 @@
-"""The target's tree-verify graph (contract 1.7; time_major 1.9) on the cache of its batch-1 graph.
+"""The target's tree-verify graph (feature tree_verify) on the cache of its batch-1 graph.
 
 A TreeVerifier holds a second ONNX Runtime session, for the target entry's `tree_graph`, on the
 same cache buffers as the target's OrtModel (one slot): head_major_inplace buffers bound once in
 place, or time_major ones bound per call as the model binds a chain call (past = rows [:P],
 new_* = rows [P:P+R]). A tree call feeds the R rows of a DraftTree at the model's cursor P: row
 r's K/V land at cache row P + r, each row attends to the past and to its own ancestors, and the
-logits of every row come back (and for a target with features, contract 1.2, their hidden_states rows in
+logits of every row come back (and for a target with features, feature eagle3_head, their hidden_states rows in
 model.features). The caller then keeps the accepted path with OrtModel.keep_path(P, rows), which
 moves those rows to P + 1, P + 2, ... (and the features to the path's) and sets the cursor after
 them; the rejected rows are left past the cursor and overwritten by the next call.
@@ -65,7 +65,7 @@ class TreeVerifier:
             m.bind_rows(io, P, R)
         io.bind_cpu_input(contract.POSITION_IDS, (P + tree.depths()).reshape(1, R))
         io.bind_cpu_input(contract.TREE_BIAS, tree.attention_bias(np.float32))
-        m.bind_row_outputs(io, R)  # logits (and features, contract 1.2) of every row into the model's buffers
+        m.bind_row_outputs(io, R)  # logits (and features, feature eagle3_head) of every row into the model's buffers
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(R, time.perf_counter() - start)

@@ -95,7 +95,7 @@ class RowTensor:
 
 
 def plan_row_tensors(spec: GraphSpec, max_seq: int, max_rows: int) -> list[RowTensor]:
-    """The EAGLE-3 tensors (contract 1.2) of a graph besides ids, logits and caches: a target's
+    """The EAGLE-3 tensors (feature eagle3_head) of a graph besides ids, logits and caches: a target's
     hidden_states output, or a head's features and draft_hidden inputs and hidden_out output."""
     if spec.is_head:
         return [
@@ -126,5 +126,5 @@ def max_rows(profiles: Sequence[Profile]) -> int:
 
 def prefill_limit(profiles: Sequence[Profile], rows: int = 1) -> int:
     """Largest S a prefill-like call can take: one asking for `rows` logits rows (a padded
-    graph's min_rows, contract 1.2; else 1)."""
+    graph's min_rows, feature row_padding; else 1)."""
     return max(p.seq[2] for p in profiles if p.rows[0] <= rows <= p.rows[2])

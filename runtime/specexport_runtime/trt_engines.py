@@ -10,7 +10,7 @@ fixed at 1):
     profile   seq S                 past P             rows R
     decode    1                     0 .. max_context-1  1
     verify    2 .. max_gamma+1      0 .. max_context-1  1 .. max_gamma+1
-    prefill   1 .. max_prompt       0 .. max_context-1  1 (1 .. min_rows for a padded graph, contract 1.2)
+    prefill   1 .. max_prompt       0 .. max_context-1  1 (1 .. min_rows for a padded graph, feature row_padding)
 
 TensorRT sizes an engine's scratch memory for the largest shapes of a profile, and the attention
 scores of one call hold H x S x (P + S) values, so the prefill profile is capped at `max_prompt`
@@ -39,7 +39,7 @@ ENGINES_NAME = "engines.json"
 ENGINES_DIR = "engines"
 ENGINES_SCHEMA_VERSION = 1
 DEFAULT_MAX_PROMPT = 512
-DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (export.py)
+DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (specexport/ops_portable.py)
 
 
 class EngineMismatch(ArtifactError):
@@ -93,7 +93,7 @@ def default_profiles(
     min_rows: int = 1,
 ) -> list[Profile]:
     """decode, verify, prefill (in the order the backend tries them; see the module docstring).
-    min_rows: a padded graph's (contract 1.2), whose prefill asks for min_rows logits rows."""
+    min_rows: a padded graph's (feature row_padding), whose prefill asks for min_rows logits rows."""
     if max_context < 2:
         raise InvalidArgument(f"max_context must be >= 2, got {max_context}")
     if not 1 <= max_gamma < max_context:
