@@ -34,7 +34,8 @@ from .generator import (
     run_generation,
     validate_prompt_ids,
 )
-from .loading import CALIBRATION_NAME, check_backend, import_backend, open_artifact, open_models
+from .loading import CALIBRATION_NAME as CALIBRATION_NAME  # public here: calibrate.py, tests
+from .loading import check_backend, import_backend, open_artifact, open_models
 from .manifest import Manifest
 from .model import Model
 from .prefix_cache import PrefixCache
@@ -48,7 +49,6 @@ from .tools import ToolPlan
 from .tree_model import TreeVerifier
 
 Prompt = str | bytes | Sequence[int]
-__all__ = ["CALIBRATION_NAME", "PreparedChat", "SpecGenerator", "calibration_entry", "load", "open_artifact"]
 
 
 def calibration_entry(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> dict | None:
