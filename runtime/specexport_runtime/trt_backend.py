@@ -150,8 +150,7 @@ class TrtModel(CacheCursor):
         device_id: int = 0,
         min_rows: int = 1,
     ):
-        if spec.layout.contrib_attention or spec.layout.in_place:
-            raise ContractError(f"the native TensorRT backend runs time_major graphs; this graph is {spec.kv_layout}")
+        check_layout(spec)
         trt = import_tensorrt()
         self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
         self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (engine.plan_rows)
@@ -377,6 +376,7 @@ class TrtModel(CacheCursor):
         entry = manifest.target if model == "target" else manifest.draft
         if entry is None:
             raise InvalidArgument(f"artifact {str(root)!r} has no {model} graph")
+        check_layout(entry.graph_spec())  # before the engine lookup: no engine is ever built from a fused graph
         record = engine_for(root, model, manifest.files.get(entry.graph), device_id)
         return cls(
             confined(root, record.engine, "engines.json engine"),
@@ -385,6 +385,15 @@ class TrtModel(CacheCursor):
             record.profiles,
             device_id,
             min_rows=entry.min_rows,
+        )
+
+
+def check_layout(spec: GraphSpec) -> None:
+    """ContractError unless the graph is in the portable (time_major) layout, the one TensorRT builds."""
+    if spec.layout.contrib_attention or spec.layout.in_place:
+        raise ContractError(
+            f"the native TensorRT backend runs time_major graphs (recipe graph: portable); this graph is"
+            f" {spec.kv_layout}"
         )
 
 

@@ -447,6 +447,18 @@ def test_load_on_tensorrt_runs_config_and_proposers(engines):
         gen.generate(prompt, tree_nodes=4)
 
 
+def test_load_on_tensorrt_refuses_a_fused_artifact_before_its_engines(tiny_artifacts, monkeypatch):
+    import trt_fake
+
+    from specexport_runtime.api import load
+    from specexport_runtime.errors import ContractError
+
+    trt, _ = trt_fake.install(monkeypatch)
+    with pytest.raises(ContractError, match="runs time_major graphs .* this graph is head_major_inplace"):
+        load(tiny_artifacts["noisy-fused"], backend="tensorrt", verify=False)  # no engines.json: not looked up
+    assert trt.engines == []
+
+
 def test_load_on_tensorrt_checks_signature_checksums_and_records(engines, tmp_path):
     pytest.importorskip("cryptography")
     from specexport_runtime.api import load
