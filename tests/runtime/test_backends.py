@@ -69,6 +69,25 @@ def test_cli_backend_option_reaches_load(monkeypatch, capsys, tmp_path):
         cli.main(["generate", str(tmp_path), "--prompt", "hello", "--backend", "vulkan"])
 
 
+def test_serve_on_tensorrt_defaults_to_one_slot(tiny_artifacts, monkeypatch, capsys):
+    """Without --max-batch, serve takes the artifact's slots on onnxruntime and one on tensorrt."""
+    pytest.importorskip("uvicorn")
+    from specexport_runtime import api, cli
+
+    root = str(tiny_artifacts["noisy-fused-batch4"])
+    seen = []
+
+    def spy(artifact, **kwargs):
+        seen.append((kwargs["backend"], kwargs["batch"]))
+        raise InvalidArgument("stop here")
+
+    monkeypatch.setattr(api, "load", spy)
+    assert cli.main(["serve", root, "--port", "0"]) == 2
+    assert cli.main(["serve", root, "--port", "0", "--backend", "tensorrt"]) == 2
+    assert seen == [("onnxruntime", True), ("tensorrt", False)]
+    capsys.readouterr()
+
+
 def test_cluster_options_refuse_what_the_backend_cannot_run():
     from specexport_runtime.cluster.config import ClusterConfig, LoadOptions
     from specexport_runtime.server.config import ServerConfig
