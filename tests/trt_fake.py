@@ -21,7 +21,18 @@ from types import SimpleNamespace
 import numpy as np
 
 from specexport_runtime.engine import SessionConfig, make_session
-from specexport_runtime.trt_engines import Profile, profile_shapes
+from specexport_runtime.manifest import read_manifest
+from specexport_runtime.trt_engines import (
+    EngineRecord,
+    GpuInfo,
+    Profile,
+    default_profiles,
+    engine_dir_name,
+    profile_shapes,
+    write_records,
+)
+
+GPU = GpuInfo("CPU stand-in", "0.0")  # what gpu_info reports through FakeCudart
 
 _ORT_TYPES = {
     "tensor(int64)": np.dtype(np.int64),
@@ -75,6 +86,12 @@ class FakeCudart:
 
     def cudaSetDevice(self, device_id):
         return (0,)
+
+    def cudaGetDeviceCount(self):
+        return (0, 1)
+
+    def cudaGetDeviceProperties(self, device_id):
+        return (0, SimpleNamespace(name=GPU.name.encode(), major=0, minor=0, totalGlobalMem=1 << 30))
 
     def cudaStreamCreate(self):
         return (0, 7)
@@ -212,12 +229,46 @@ def write_engine(path: Path, graph: Path, spec, profiles: list[Profile]) -> Path
     return path
 
 
+def write_engines(root: Path, max_prompt: int = 8, max_gamma: int = 8) -> list[EngineRecord]:
+    """What trt_build.build_artifact_engines leaves for the fake GPU: an "engine" file per graph
+    of the artifact (its profiles as the build derives them) and their engines.json records."""
+    manifest = read_manifest(root)
+    min_rows = max(e.min_rows for e in (manifest.target, manifest.draft) if e is not None)
+    profiles = default_profiles(manifest.max_context, max_prompt, max_gamma, manifest.speculation.gamma, min_rows)
+    folder = Path("engines") / engine_dir_name(GPU.name, FakeTensorRT.__version__)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    records = []
+    for model, entry in (("target", manifest.target), ("draft", manifest.draft)):
+        if entry is None:
+            continue
+        write_engine(root / folder / f"{model}.engine", root / entry.graph, entry.graph_spec(), profiles)
+        records.append(
+            EngineRecord(
+                model=model,
+                graph=entry.graph,
+                graph_sha256=manifest.files.get(entry.graph, ""),
+                engine=(folder / f"{model}.engine").as_posix(),
+                gpu_name=GPU.name,
+                compute_capability=GPU.compute_capability,
+                tensorrt_version=FakeTensorRT.__version__,
+                precision_flags=(),
+                max_context=manifest.max_context,
+                max_prompt=min(max_prompt, manifest.max_context),
+                max_gamma=max_gamma,
+                profiles=tuple(profiles),
+            )
+        )
+    write_records(root, records)
+    return records
+
+
 def install(monkeypatch) -> tuple[FakeTensorRT, FakeCudart]:
-    """Make trt_backend import the fakes (one memory for both)."""
-    from specexport_runtime import trt_backend
+    """Make trt_backend (and trt_build's gpu_info) import the fakes (one memory for both)."""
+    from specexport_runtime import trt_backend, trt_build
 
     memory = Memory()
     trt, cudart = FakeTensorRT(memory), FakeCudart(memory)
     monkeypatch.setattr(trt_backend, "import_tensorrt", lambda: trt)
     monkeypatch.setattr(trt_backend, "import_cudart", lambda: cudart)
+    monkeypatch.setattr(trt_build, "import_cudart", lambda: cudart)
     return trt, cudart

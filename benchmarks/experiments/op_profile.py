@@ -44,8 +44,9 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if min(args.steps, args.rows) < 1 or args.past < 1:
         raise harness.HarnessError("--past, --steps and --rows must be at least 1")
-    from specexport_runtime.api import check_graph, open_artifact
+    from specexport_runtime.api import open_artifact
     from specexport_runtime.engine import OrtModel, SessionConfig
+    from specexport_runtime.paths import check_graph
 
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     manifest, _, _ = open_artifact(args.artifact, False)

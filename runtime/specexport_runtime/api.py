@@ -8,7 +8,6 @@ run = gen.events(prompt)                              # per round; run.stats is 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,10 +20,11 @@ from .adaptive import GammaController
 from .batch import DEFAULT_PREFILL_CHUNK, BatchScheduler
 from .batch_gamma import BatchGamma
 from .config import ADAPTIVE, GeneratorConfig
+from .constants import ONNXRUNTIME
 from .costs import VerifyCost
 from .datastore import Datastore
 from .eagle_tree import HeadTree
-from .engine import OrtModel, SessionConfig
+from .engine import SessionConfig
 from .errors import ArtifactError, InvalidArgument
 from .generator import (
     Generation,
@@ -34,21 +34,21 @@ from .generator import (
     run_generation,
     validate_prompt_ids,
 )
-from .manifest import Manifest, ModelEntry, read_manifest, verify_files
+from .loading import CALIBRATION_NAME as CALIBRATION_NAME  # public here: calibrate.py, tests
+from .loading import check_backend, import_backend, open_artifact, open_models
+from .manifest import Manifest
 from .model import Model
-from .paths import check_graph, confined
 from .prefix_cache import PrefixCache
 from .proposers import Proposer, ProposerContext
 from .seeded import stream_for
 from .signing import verify as verify_signature
-from .slots import SlotModel, idle_rows, too_few_slots
+from .slots import SlotModel
 from .structured import ConstraintEngine, Grammar, Guide
 from .tokenizer import TextCodec
 from .tools import ToolPlan
 from .tree_model import TreeVerifier
 
 Prompt = str | bytes | Sequence[int]
-CALIBRATION_NAME = "calibration.json"
 
 
 def calibration_entry(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> dict | None:
@@ -393,9 +393,18 @@ def load(
     config: GeneratorConfig | Mapping[str, Any] | None = None,
     batch: bool = False,
     prepack: bool = True,
+    backend: str = ONNXRUNTIME,
+    device_id: int = 0,
 ) -> SpecGenerator:
-    """Open an artifact: check manifest, contract version and checksums, create both sessions
+    """Open an artifact: check manifest, contract version and checksums, create both models
     and allocate their KV buffers at max context.
+
+    backend: "onnxruntime" (default: ONNX Runtime sessions on `provider`) or "tensorrt" (the
+    native backend, trt_backend.py: the engines `python -m specexport_runtime.trt_build` wrote
+    for this GPU; batch-1 graphs and chains only, so batch=True and a config with tree_nodes > 0
+    are refused, as are provider, threads and prepack other than their defaults). Both go
+    through the same signature, checksum, config and proposer checks (loading.py).
+    device_id: the CUDA device of the cuda / tensorrt providers and of the "tensorrt" backend.
 
     threads: intra-op threads (None: all cores). shared_pool: on CPU, target and draft share
     one process-wide thread pool (faster on few cores, but every other ONNX Runtime session of
@@ -419,6 +428,12 @@ def load(
     default recipe, at about 0.75x its decode speed on the development CPU), and a verify call's
     rows equal one-row calls numerically, not bit for bit, whatever the manifest's class says
     (docs/trees.md)."""
+    asked = config.tree_nodes if isinstance(config, GeneratorConfig) else dict(config or {}).get("tree_nodes", 0)
+    check_backend(backend, batch=batch, tree_nodes=asked, provider=provider, threads=threads, prepack=prepack)
+    base = SessionConfig(
+        provider=provider, threads=threads, shared_pool=shared_pool, prepack=prepack, device_id=device_id
+    )
+    import_backend(backend)  # a missing TensorRT fails before the artifact is hashed
     root = Path(artifact)
     if trusted_keys is not None:
         verify_signature(root, trusted_keys)
@@ -428,73 +443,7 @@ def load(
         config = GeneratorConfig.from_manifest(manifest, **dict(config or {}))
     if config.speculating:  # the same check as SpecGenerator.check, before the slow part
         registry.check_available(config.proposer, manifest.draft_kind)
-    has_draft = manifest.draft is not None
-    base = SessionConfig(provider=provider, threads=threads, shared_pool=shared_pool, prepack=prepack)
-    target_config = replace(base, spinning=not has_draft)
-    if batch:  # spinning as for a lone session unless the draft's batch graph shares the cores
-        if manifest.target.max_batch < 2:
-            raise too_few_slots(root, manifest.target.max_batch, 4)  # batch=True: any number of slots > 1
-        target_config = replace(base, spinning=not (has_draft and manifest.draft.max_batch > 1))
-    target, slots = _open_graph(root, manifest, manifest.target, "target", target_config, batch)
-    tree = None
-    if manifest.target.tree_graph and not batch and provider == "cpu":  # its cache: the batch-1 graph's
-        graph = check_graph(root, manifest.target.tree_graph, "target tree graph")
-        tree = TreeVerifier(graph, target, target_config)
-    draft = draft_slots = None
-    if has_draft:  # the draft's batch graph when it has one, its slot 0 serving batch-1 calls
-        draft, draft_slots = _open_graph(
-            root, manifest, manifest.draft, "draft", base, batch and manifest.draft.max_batch > 1
-        )
-    head_tree = None
-    if tree is not None and draft is not None and manifest.draft.tree_graph:  # on the head's cache
-        head_tree = HeadTree(check_graph(root, manifest.draft.tree_graph, "draft tree graph"), draft, base)
+    models = open_models(root, manifest, backend, base, batch)
+    target, draft, slots, draft_slots = models.target, models.draft, models.slots, models.draft_slots
+    tree, head_tree = models.tree, models.head_tree
     return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots, tree, head_tree)
-
-
-def _open_graph(
-    root: Path, manifest: Manifest, entry: ModelEntry, role: str, config: SessionConfig, batch: bool
-) -> tuple[Model, SlotModel | None]:
-    """One manifest entry's graph on ONNX Runtime: its batch graph with slot 0 as the Model
-    (batch), or its batch-1 graph."""
-    if not batch:
-        graph = check_graph(root, entry.graph, f"{role} graph")
-        model = OrtModel(
-            graph, entry.graph_spec(), manifest.max_context, config, min_rows=entry.min_rows, cache_pad=entry.cache_pad
-        )
-        return model, None
-    slots = SlotModel(
-        check_graph(root, entry.batch_graph, f"{role} batch graph"),
-        entry.graph_spec(slots=entry.max_batch),
-        manifest.max_context,
-        config,
-        max_rows=manifest.max_gamma + 1,
-        cache_pad=entry.cache_pad,
-        min_rows=entry.min_rows,
-        idle_rows=idle_rows(manifest.contract_version),
-    )
-    return slots.view(0), slots
-
-
-def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec, dict | None]:
-    """Manifest (checksums verified), tokenizer/chat template and calibration of an artifact:
-    everything but the models, shared by every backend."""
-    manifest = read_manifest(root)
-    if verify:
-        verify_files(root, manifest)
-    tok = manifest.tokenizer
-    template = (root / tok.chat_template).read_text(encoding="utf-8") if tok.chat_template else None
-    vocab = json.loads((root / tok.file).read_text(encoding="utf-8"))
-    eos_text = bos_text = None
-    for added in vocab.get("added_tokens", []):
-        if added["id"] in tok.eos_token_ids and eos_text is None:
-            eos_text = added["content"]
-        if tok.bos_token_id is not None and added["id"] == tok.bos_token_id:
-            bos_text = added["content"]
-    codec = TextCodec(root / tok.file, template, bos=bos_text, eos=eos_text)
-    calibration = None
-    if confined(root, CALIBRATION_NAME, "calibration file").is_file():  # a symlink leaving the folder is refused
-        try:
-            calibration = json.loads((root / CALIBRATION_NAME).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{CALIBRATION_NAME} is not valid JSON: {exc}") from exc
-    return manifest, codec, calibration

@@ -14,6 +14,7 @@ import time
 import traceback
 
 from . import registry
+from .constants import BACKENDS, ONNXRUNTIME
 from .errors import SpecExportError
 from .server.config import add_prefix_arguments
 from .server.options import add_cluster_arguments, add_http_arguments, http_settings
@@ -98,7 +99,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
         default=None,
         help="requests generating at once, in one batched target call per round (docs/batching.md);"
         " > 1 needs an artifact built with --max-batch of at least that many (default: the artifact's"
-        " max_batch, 1 for an artifact without a batch graph)",
+        " max_batch, 1 for an artifact without a batch graph or with --backend tensorrt)",
     )
     srv.add_argument(
         "--proposer",
@@ -142,6 +143,7 @@ def add_serve_arguments(srv: argparse.ArgumentParser) -> None:
     srv.add_argument(
         "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
     )
+    add_backend_argument(srv)
     srv.add_argument(
         "--no-shared-pool",
         action="store_true",
@@ -201,7 +203,8 @@ def run_serve(args: argparse.Namespace) -> int:
     has = read_manifest(args.artifact).target.max_batch  # read again, verified, by load
     if config.max_batch > has:  # before the slow load, naming the rebuild
         raise too_few_slots(args.artifact, has, config.max_batch)
-    config = replace(config, max_batch=has if args.max_batch is None else config.max_batch)
+    if args.max_batch is None:  # the artifact's slots; the tensorrt backend runs batch-1 graphs
+        config = replace(config, max_batch=has if args.backend == ONNXRUNTIME else 1)
     started = time.monotonic()
     gen = load(
         args.artifact,
@@ -213,6 +216,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config={**suffix_overrides(args), **prefix_overrides(args)},
         batch=config.max_batch > 1,
         prepack=not args.no_prepack,
+        backend=args.backend,
     )
     serve(gen, config, args.log_level, args.log_format, time.monotonic() - started)
     return 0
@@ -245,12 +249,15 @@ def run_cluster(args: argparse.Namespace, server) -> int:
         verify=not args.no_verify,
         shared_pool=not args.no_shared_pool,
         trusted_keys=keys,
+        backend=args.backend,
         suffix_factor=args.suffix_factor,
         suffix_max_spec=args.suffix_max_spec,
         **prefix_overrides(args),
     )
     autoscale = None if args.autoscale is None else parse_autoscale(args.autoscale)
-    if args.max_batch is None:  # the artifact's (a .spx's manifest is read, not verified: every replica verifies)
+    # no --max-batch: the artifact's slots (a .spx's manifest is read, not verified: every replica
+    # verifies); the tensorrt backend runs batch-1 graphs
+    if args.max_batch is None and args.backend == ONNXRUNTIME:
         path = Path(args.artifact)
         if not path.exists():
             raise InvalidArgument(
@@ -275,6 +282,19 @@ def run_cluster(args: argparse.Namespace, server) -> int:
 
     serve_cluster(args.artifact, config, log_level=args.log_level)
     return 0
+
+
+def add_backend_argument(p: argparse.ArgumentParser) -> None:
+    """api.load's backend (constants.BACKENDS)."""
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=ONNXRUNTIME,
+        help="what runs the graphs: onnxruntime (default; on --provider) or tensorrt, the native TensorRT"
+        " backend on engines built here with `python -m specexport_runtime.trt_build ARTIFACT` (needs"
+        " './runtime[tensorrt]' and a CUDA GPU; batch-1 graphs and chains only: no --max-batch > 1, no"
+        " --tree-nodes; --provider / --threads / --no-prepack keep their defaults; docs/gpu.md)",
+    )
 
 
 def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
@@ -345,6 +365,7 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--provider", choices=["cpu", "cuda", "tensorrt"], default="cpu", help="ONNX Runtime execution provider"
     )
+    add_backend_argument(gen)
     gen.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     gen.add_argument("--no-prepack", action="store_true", help=NO_PREPACK_HELP)
     gen.add_argument("--domain", default=None, help="calibration profile to start gamma from")
@@ -394,6 +415,7 @@ def run_generate(args: argparse.Namespace) -> int:
         trusted_keys=args.trusted_key,
         config=config,
         prepack=not args.no_prepack,
+        backend=args.backend,
     )
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [

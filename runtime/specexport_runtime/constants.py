@@ -21,6 +21,11 @@ MAX_GAMMA = 32
 DEFAULT_GAMMA = 4
 DEFAULT_MAX_GAMMA = 8
 
+# what runs an artifact's graphs (api.load's backend; loading.py): ONNX Runtime on an execution
+# provider, or the native TensorRT backend on engines built for the GPU at hand (trt_backend.py)
+ONNXRUNTIME, TENSORRT = "onnxruntime", "tensorrt"
+BACKENDS = (ONNXRUNTIME, TENSORRT)
+
 # what the build measured of a target's rows (feature row_padding): "bitwise" = a row's logits are the
 # same bits whatever the number of rows in its call (greedy speculation == target-only, bit for
 # bit); "numerical" = they differ in low bits (max |diff| and argmax agreement in validation.rows)

@@ -28,8 +28,9 @@ kv_nbytes, and the feature tensors of EAGLE-3), so the speculative loop runs on 
     [1, S, F] and draft_hidden [1, S, H] inputs go from pinned host buffers to the device, the
     side not given as zeros. All four are float32 at every precision.
 
-`load_native(artifact)` returns an api.SpecGenerator whose target and draft are TrtModels. The
-pure parts (bindings, row tensors, chunks, profile limits) are in trt_bindings.py.
+`api.load(artifact, backend="tensorrt")` returns a SpecGenerator whose target and draft are
+TrtModels (TrtModel.from_entry), after the same signature, checksum and config checks as on ONNX
+Runtime. The pure parts (bindings, row tensors, chunks, profile limits) are in trt_bindings.py.
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ __all__ = [
     "RowTensor",
     "TensorRTUnavailable",
     "TrtModel",
-    "load_native",
     "plan_kv_bindings",
     "plan_row_tensors",
     "prefill_chunks",
@@ -150,8 +150,7 @@ class TrtModel(CacheCursor):
         device_id: int = 0,
         min_rows: int = 1,
     ):
-        if spec.layout.contrib_attention or spec.layout.in_place:
-            raise ContractError(f"the native TensorRT backend runs time_major graphs; this graph is {spec.kv_layout}")
+        check_layout(spec)
         trt = import_tensorrt()
         self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
         self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (engine.plan_rows)
@@ -368,11 +367,16 @@ class TrtModel(CacheCursor):
     def from_artifact(cls, root: str | Path, model: str = "target", device_id: int = 0) -> TrtModel:
         from .manifest import read_manifest  # noqa: PLC0415
 
-        root = Path(root)
-        manifest = read_manifest(root)
+        return cls.from_entry(Path(root), read_manifest(root), model, device_id)
+
+    @classmethod
+    def from_entry(cls, root: Path, manifest, model: str = "target", device_id: int = 0) -> TrtModel:
+        """The engine of manifest's `model` entry (target | draft) recorded in root/engines.json
+        for this GPU and TensorRT version; EngineMismatch, naming the rebuild command, otherwise."""
         entry = manifest.target if model == "target" else manifest.draft
         if entry is None:
             raise InvalidArgument(f"artifact {str(root)!r} has no {model} graph")
+        check_layout(entry.graph_spec())  # before the engine lookup: no engine is ever built from a fused graph
         record = engine_for(root, model, manifest.files.get(entry.graph), device_id)
         return cls(
             confined(root, record.engine, "engines.json engine"),
@@ -381,6 +385,15 @@ class TrtModel(CacheCursor):
             record.profiles,
             device_id,
             min_rows=entry.min_rows,
+        )
+
+
+def check_layout(spec: GraphSpec) -> None:
+    """ContractError unless the graph is in the portable (time_major) layout, the one TensorRT builds."""
+    if spec.layout.contrib_attention or spec.layout.in_place:
+        raise ContractError(
+            f"the native TensorRT backend runs time_major graphs (recipe graph: portable); this graph is"
+            f" {spec.kv_layout}"
         )
 
 
@@ -401,16 +414,3 @@ def engine_for(
     if not confined(root, record.engine, "engines.json engine").is_file():
         raise EngineMismatch(f"engine file {record.engine!r} is missing; rebuild it: {rebuild_command(root, record)}")
     return record
-
-
-def load_native(artifact: str | Path, device_id: int = 0, verify: bool = True):
-    """An api.SpecGenerator running target and draft on their TensorRT engines (trt_build)."""
-    from .api import SpecGenerator, open_artifact  # noqa: PLC0415
-
-    import_tensorrt()  # fail fast, before reading or hashing the artifact
-    import_cudart()
-    root = Path(artifact)
-    manifest, codec, calibration = open_artifact(root, verify)
-    target = TrtModel.from_artifact(root, "target", device_id)
-    draft = TrtModel.from_artifact(root, "draft", device_id) if manifest.draft is not None else None
-    return SpecGenerator(root, manifest, codec, target, draft, calibration)

@@ -334,13 +334,14 @@ def test_build_without_tensorrt_fails_clearly(fake_artifact, capsys):
 
 @pytest.mark.skipif(HAVE_TRT, reason="tensorrt is installed here")
 def test_native_backend_without_tensorrt_fails_clearly(fake_artifact):
-    from specexport_runtime.trt_backend import TrtModel, load_native
+    from specexport_runtime.api import load
+    from specexport_runtime.trt_backend import TrtModel
 
     with pytest.raises(TensorRTUnavailable, match="docs/gpu.md") as info:
         TrtModel.from_artifact(fake_artifact)
     assert isinstance(info.value, ProviderUnavailable)
-    with pytest.raises(TensorRTUnavailable):
-        load_native(fake_artifact, verify=False)
+    with pytest.raises(TensorRTUnavailable):  # before the signature check that would refuse these keys
+        load(fake_artifact, backend="tensorrt", trusted_keys=[b"not a key"])
 
 
 # scripts/device-check (install from wheel parts, CPU stand-in, skip without a GPU): tests/scripts/
@@ -374,13 +375,12 @@ def test_native_backend_matches_cpu_logits(tiny_artifacts):  # pragma: no cover 
 @needs_gpu
 def test_native_generation_equals_ort(tiny_artifacts):  # pragma: no cover - needs a GPU
     from specexport_runtime.api import load
-    from specexport_runtime.trt_backend import load_native
     from specexport_runtime.trt_build import build_artifact_engines
 
     artifact = tiny_artifacts["noisy"]
     build_artifact_engines(artifact, BuildOptions(max_prompt=64, quiet=True), echo=lambda _m: None)
     prompt = list(range(3, 20))
     want = load(artifact).generate(prompt, max_new_tokens=24, speculative=False).token_ids
-    native = load_native(artifact)
+    native = load(artifact, backend="tensorrt")
     assert native.generate(prompt, max_new_tokens=24, speculative=False).token_ids == want
     assert native.generate(prompt, max_new_tokens=24).token_ids == want

@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..constants import ONNXRUNTIME
 from ..errors import InvalidArgument
+from ..loading import check_backend
 from ..server.config import ServerConfig
 
 MAX_REPLICAS = 1024
@@ -34,6 +36,7 @@ class LoadOptions:
     verify: bool = True
     shared_pool: bool = True
     trusted_keys: tuple[bytes, ...] | None = None
+    backend: str = ONNXRUNTIME  # api.load's backend (constants.BACKENDS)
     suffix_factor: float | None = None
     suffix_max_spec: int | None = None
     prefix_cache_bytes: int | None = None  # each replica's prefix pool bound (None: its default; prefix_cache.py)
@@ -41,6 +44,7 @@ class LoadOptions:
     def __post_init__(self) -> None:
         if self.provider not in ("cpu", "cuda", "tensorrt"):
             raise InvalidArgument(f"provider must be cpu, cuda or tensorrt, got {self.provider!r}")
+        check_backend(self.backend, provider=self.provider, threads=self.threads)
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidArgument(f"threads must be an integer >= 1 or None, got {self.threads!r}")
         if self.trusted_keys is not None and not self.trusted_keys:
@@ -65,6 +69,7 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.server, ServerConfig):
             raise InvalidArgument(f"server must be a ServerConfig, got {type(self.server).__name__}")
+        check_backend(self.load.backend, batch=self.server.max_batch > 1)  # each replica's slots
         if self.server.max_queue < 1:
             raise InvalidArgument(
                 f"max_queue must be >= 1 on a cluster (requests waiting for a slot), got {self.server.max_queue}"

@@ -61,6 +61,7 @@ def open_generator(artifact: str, load: LoadOptions, batch: bool, scratch: Path)
         trusted_keys=load.trusted_keys,
         config=config,
         batch=batch,
+        backend=load.backend,
     )
 
 
