@@ -361,7 +361,9 @@ def build_decoder(
     layers = module_at(base, cfg.arch.layers)
     V = module_at(base, cfg.arch.embed).weight.shape[0]  # embedding [V, hidden]
     if slots < 1 or (slots > 1 and (feature_layers or tree)):
-        raise UnsupportedConfig(f"slots must be >= 1; a tree graph has one slot and a batch graph no features; got {slots}")
+        raise UnsupportedConfig(
+            f"slots must be >= 1; a tree graph has one slot and a batch graph no features; got {slots}"
+        )
     if tree and (pad or min_rows > 1):
         raise UnsupportedConfig(f"a tree graph has unpadded rows; got cache_pad {pad}, min_rows {min_rows}")
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
