@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from llamacpp_servers import HttpServer, free_port  # noqa: E402
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def spec_engine(

@@ -36,8 +36,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: --interval {args.interval} must be > 0")
     import psutil
 
-    from specexport.build import build_artifact
-    from specexport.recipe import load_recipe, resolve_recipe
+    from specexport.build.artifact import build_artifact
+    from specexport.recipe.load import load_recipe, resolve_recipe
 
     proc, peak, start = psutil.Process(), [0], time.perf_counter()
 

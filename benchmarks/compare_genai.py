@@ -10,7 +10,7 @@ make its models (fp32, int8, int4, ...) with its builder from a Hugging Face fol
 target (benchmarks/README.md shows the commands). Each artifact runs target-only and with every
 speculative proposer it supports. Every engine runs in a worker process of its own that stays up
 for the whole run (GenAI's sessions and specexport's process-wide thread pool do not share a
-process): one per GenAI model, one per artifact. The run follows specexport.harness: each method
+process): one per GenAI model, one per artifact. The run follows specexport.bench.harness: each method
 first generates once from a warm-up prompt outside the measured set; then prompt by prompt, each
 repeat runs every method back to back in a rotated order, so machine drift spreads over all of
 them; specexport's store of earlier answers is emptied before every generation (GenAI keeps
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402  (after the path set-up: runs from a checkout)
+from specexport.bench import harness  # noqa: E402  (after the path set-up: runs from a checkout)
 
 DEFAULT_GENAI_PYTHON = Path.home() / ".cache" / "specexport" / "genai" / "venv" / "bin" / "python"
 # GenAI label an artifact's target precision is compared with by default (same weight bits)
@@ -53,7 +53,7 @@ LABEL_FOR_PRECISION = {
     "awq": "int4",
 }
 
-# GenAI's worker (specexport.harness_workers protocol): MODEL_DIR as argv[1]; a request
+# GenAI's worker (specexport.bench.harness_workers protocol): MODEL_DIR as argv[1]; a request
 # {"ids", "new"} -> {"tokens" (EOS included when generated), "seconds", "first_seconds"}
 _GENAI_WORKER = r"""
 import json, sys, time
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     models = parse_genai_models(args.genai_model)
     pairs = parse_pairs(args.pair, list(models))
     prompts = harness.load_prompt_set(args.prompts, limit=args.limit)
-    from specexport.harness_workers import SpecexportWorker, WorkerProcess, artifact_methods
+    from specexport.bench.harness_workers import SpecexportWorker, WorkerProcess, artifact_methods
 
     spec, cases, warm, eos = artifact_methods(args.artifacts, prompts)
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))

@@ -8,7 +8,7 @@ draft GGUF; specexport runs each artifact target-only and with every proposer it
 (adaptive gamma). All servers and one worker process per artifact stay up for the whole run;
 llama-bench's tg test of each type is a reference row (bench-tg: no prompt, default repacking).
 Every method gets the same prompt token ids (the first artifact's chat template), greedy, at most
---max-new-tokens new tokens, --threads threads. The run follows specexport.harness: one warm-up
+--max-new-tokens new tokens, --threads threads. The run follows specexport.bench.harness: one warm-up
 generation per method on a prompt outside the measured set, then prompts as the outer loop with
 the methods in a rotated order per prompt. specexport's worker empties its store of earlier
 answers before every generation; llama-server offers no request that clears what its n-gram
@@ -68,7 +68,7 @@ from llamacpp_report import (  # noqa: E402
 )
 from llamacpp_servers import LlamaServer, SpecServer, bench_tg, repack_works, spec_types  # noqa: E402
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 NGRAM_SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k")  # default n-gram modes, kept if --help lists them
 
@@ -151,7 +151,7 @@ def split(text: str) -> list[str]:
 def spec_methods(paths: list[Path], prompts) -> tuple[list[dict], list[harness.Case], set[int], harness.Case]:
     """specexport methods of every artifact (harness_workers.artifact_methods, with the report's
     fields), the prompt cases (same ids for all artifacts), EOS ids and the warm-up case."""
-    from specexport.harness_workers import artifact_methods
+    from specexport.bench.harness_workers import artifact_methods
 
     methods, cases, warm, eos = artifact_methods(paths, prompts)
     methods = [
@@ -221,7 +221,7 @@ def start_engines(
     (via 'worker') or one `specexport serve` per artifact and mode (via 'server'); they stay up for
     the whole run. grammars: case id -> the structured.Grammar (a JSON Schema) it decodes under.
     Returns the harness methods in the given order; appends each engine's close to closers."""
-    from specexport.harness_workers import SpecexportWorker
+    from specexport.bench.harness_workers import SpecexportWorker
 
     schemas = {cid: llama_schema(g) for cid, g in (grammars or {}).items()}
     runners, servers, workers = {}, [], {}
@@ -292,7 +292,7 @@ def constraints(args, cases: list[harness.Case]) -> tuple[list[harness.Case], di
     to close; case id -> Grammar; valid(case id, tokens) -> bool); (cases, {}, None) otherwise."""
     if not args.constrained:
         return cases, {}, None
-    from specexport import bench_constrained
+    from specexport.bench import constrained as bench_constrained
     from specexport_runtime.api import open_artifact
 
     _, codec, _ = open_artifact(args.artifacts[0], verify=False)
@@ -306,7 +306,7 @@ def constraints(args, cases: list[harness.Case]) -> tuple[list[harness.Case], di
 
 def llama_side(args, bin_dir: Path) -> tuple[list[dict], list[str], set[str]]:
     """llama.cpp's methods, its types (--llama-types) and the types that need --no-repack."""
-    from specexport.sources import fetch_builtin
+    from specexport.models.sources import fetch_builtin
 
     source = Path(args.gguf) if args.gguf else fetch_builtin("smollm2-135m-instruct")
     if not source.is_file():

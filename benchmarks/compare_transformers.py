@@ -14,7 +14,7 @@ every method:
     specexport off     the artifact's target alone (speculative=False)
     specexport draft   speculation with the artifact's draft model (fixed --gamma, default 4)
     specexport ngram   speculation with n-gram prompt lookup (same gamma)
-The run follows specexport.harness: one short warm-up generation per method on a prompt outside
+The run follows specexport.bench.harness: one short warm-up generation per method on a prompt outside
 the measured set; then prompt by prompt, each repeat runs every method back to back in a rotated
 order; specexport's suffix store is emptied before every generation (transformers keeps nothing
 between calls). tok/s is end to end (new tokens / wall seconds of the call, prefill included),
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 WARMUP_TOKENS = 8
 
@@ -59,8 +59,8 @@ def main(argv=None) -> int:
     import torch
     from transformers import GenerationConfig
 
-    from specexport.harness_workers import inprocess_method
-    from specexport.sources import load_model, load_tokenizer, resolve_source
+    from specexport.bench.harness_workers import inprocess_method
+    from specexport.models.sources import load_model, load_tokenizer, resolve_source
     from specexport_runtime.api import load
 
     torch.set_num_threads(args.threads)

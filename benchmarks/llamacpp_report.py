@@ -5,7 +5,7 @@ text. Not a script; nothing here measures.
 
 from __future__ import annotations
 
-from specexport import harness
+from specexport.bench import harness
 
 GGUF_FOR_PRECISION = {
     "fp32": "F32",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llamacpp_build import check
 
-from specexport import harness
+from specexport.bench import harness
 
 REPO = Path(__file__).resolve().parents[1]  # the servers' working directory
 

@@ -66,7 +66,7 @@ def write_checkpoint(shape: str, out: Path, std: float, seed: int) -> None:
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from specexport.streaming import skeleton
+    from specexport.models.streaming import skeleton
 
     out.mkdir(parents=True, exist_ok=True)
     data = {**LLAMA3, **SHAPES[shape]}
@@ -106,7 +106,7 @@ def write_checkpoint(shape: str, out: Path, std: float, seed: int) -> None:
 def _tokenizer(out: Path) -> None:
     from transformers import AutoTokenizer
 
-    from specexport.sources import DEFAULT_MODEL, resolve_source
+    from specexport.models.sources import DEFAULT_MODEL, resolve_source
 
     source = resolve_source(DEFAULT_MODEL)
     AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file).save_pretrained(out)

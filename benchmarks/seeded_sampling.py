@@ -12,7 +12,7 @@ sessions), every request with a seed (the same seed for a prompt in every method
   noise T      the proposer with per-position seeded noise (seeded.py; the default for seeded
                requests; the gamma policy adaptive)
 --gamma fixes gamma for both speculative methods instead (the same policy for both). The run
-follows specexport.harness (warm-up outside the set, prompt by prompt every method back to back
+follows specexport.bench.harness (warm-up outside the set, prompt by prompt every method back to back
 in a rotated order, the suffix store emptied before every generation). Figures per method:
 acceptance (accepted / drafted), tokens per verify call (accepted + 1 over rounds), the median
 per-prompt speedup over `off T` (95% bootstrap interval) and by domain; `noise T`'s outputs are
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def parser():
@@ -61,7 +61,7 @@ def _sum(run, method: str, key: str) -> float:
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport.harness_workers import SPECEXPORT_MEMORY, generation_row
+    from specexport.bench.harness_workers import SPECEXPORT_MEMORY, generation_row
     from specexport_runtime.api import load
 
     temps = _temperatures(args.temperatures)

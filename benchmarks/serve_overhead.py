@@ -5,7 +5,7 @@
 
 One process loads the artifact once and starts the real server (uvicorn + the app, on a random
 local port, no API key) on that same generator, so both paths use the same ONNX Runtime sessions.
-The run follows specexport.harness: each path first streams a warm-up prompt outside the measured
+The run follows specexport.bench.harness: each path first streams a warm-up prompt outside the measured
 set; then prompt by prompt, each repeat runs (a) in-process streaming (SpecGenerator.events over
 the chat template's ids) and (b) a streaming chat completion through the official `openai` client
 (greedy, the same proposer and max tokens, token ids requested with return_token_ids), in
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 WARMUP_TOKENS = 8
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     import numpy as np
     import openai
 
-    from specexport.harness_workers import SPECEXPORT_MEMORY
+    from specexport.bench.harness_workers import SPECEXPORT_MEMORY
     from specexport_runtime.api import load
     from specexport_runtime.server.config import ServerConfig
     from specexport_runtime.server.run import make_server

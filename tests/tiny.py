@@ -1,6 +1,6 @@
 """Tiny random-init models, a tiny tokenizer and tiny artifacts for tests (seconds each).
 
-Every architecture registered in specexport.architectures has a config here; the parity test
+Every architecture registered in specexport.models.architectures has a config here; the parity test
 fails when one is missing (tests/build/test_parity.py).
 """
 
@@ -287,8 +287,8 @@ def build_tiny_artifact(
     '-numerical' suffix (before it) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
     exactness bitwise needs. precision: the target's (and a draft model's) precision."""
-    from specexport.build import build_artifact
-    from specexport.recipe import load_recipe
+    from specexport.build.artifact import build_artifact
+    from specexport.recipe.load import load_recipe
 
     graph, exactness, max_batch = "portable", "bitwise", 1
     tree = draft_kind.endswith("-tree")
@@ -347,7 +347,7 @@ def build_tiny_artifact(
 
 def export_portable(model, out_dir: Path, **kwargs):
     """The portable (time_major) decoder graph of `model` (decoder_graph.build_decoder)."""
-    from specexport.decoder_graph import build_decoder
+    from specexport.graphs.decoder import build_decoder
     from specexport_runtime import contract
 
     return build_decoder(model, out_dir, kv_layout=contract.TIME_MAJOR, **kwargs)

@@ -8,7 +8,7 @@ the grammar's work timed apart: the masks of each call (llguidance), applying th
 logits rows, and committing the emitted tokens to the matcher. Reported: target milliseconds per
 token (the step, mask included) and grammar milliseconds per token, and their ratio: what
 constrained decoding adds to a step. One warm-up generation on a prompt outside the set comes
-first (specexport.harness); the grammar engine is built before timing.
+first (specexport.bench.harness); the grammar engine is built before timing.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 PARTS = ("masks", "apply", "commit")
 

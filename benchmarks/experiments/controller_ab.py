@@ -7,7 +7,7 @@ One generator per controller setting (GeneratorConfig.controller, here gamma_tol
 0 takes the gamma of best expected speedup, t > 0 the longest gamma within t of it), all on the
 same ONNX Runtime sessions (generators loaded separately ran ~5% apart on this CPU, which once
 passed for a policy effect), each keeping its controllers between prompts as an application would;
-speculation off and a fixed gamma run beside them. The run follows specexport.harness: one
+speculation off and a fixed gamma run beside them. The run follows specexport.bench.harness: one
 warm-up generation per setting on a prompt outside the set, then prompt by prompt every setting
 back to back in a rotated order, each generator's store of earlier answers emptied before every
 generation. tok/s is end to end (prefill included); the speedup of a setting is the median over
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def parser():
@@ -39,7 +39,7 @@ def parser():
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport.harness_workers import SPECEXPORT_MEMORY, generation_row
+    from specexport.bench.harness_workers import SPECEXPORT_MEMORY, generation_row
     from specexport_runtime.api import SpecGenerator, load
 
     tolerances = [float(t) for t in args.tolerances.split(",") if t.strip()]

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def parser():
@@ -50,7 +50,7 @@ def parser():
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport.validate import FeedRunner
+    from specexport.build.validate import FeedRunner
     from specexport_runtime.api import load
     from specexport_runtime.engine import OrtModel, SessionConfig
 

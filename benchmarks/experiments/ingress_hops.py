@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 OWN_APP = "own-ingress"
 

@@ -11,7 +11,7 @@ grammar at every drafting step (the draft then follows the forced run and never 
 grammar) costs one mask per drafted token; `draft` does it (Proposer.constrain). This runs it
 beside `draft-free`, the same draft model blind to the grammar (registered here, for this run
 only), on the same generator, greedy and constrained, interleaved prompt by prompt
-(specexport.harness), and reports decode tok/s, the drafted and accepted tokens and the
+(specexport.bench.harness), and reports decode tok/s, the drafted and accepted tokens and the
 grammar's cuts of each, and whether every output equals constrained target-only.
 """
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def free_spec():

@@ -6,7 +6,7 @@ each padding costs.
         [--configs fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4] [--provider cpu]
         [--prompts chat,code] [--limit 2] [--past 200] [--repeats 5] [--json OUT]
 
-Each configuration is a fused graph of the model (specexport/decoder_graph.py, quantized_target.py):
+Each configuration is a fused graph of the model (specexport/graphs/decoder.py, quantized_target.py):
     fp32        float32 weights
     int8-lA     int8 round-to-nearest, block 32, int8 head, MatMulNBits accuracy_level A
     int4-lA     int4 likewise (int8 head)
@@ -18,7 +18,7 @@ padded calls (min_rows 2: the runtime feeds every call at least 2 rows) and padd
 (a graph whose GroupQueryAttention gets one extra row, cache_pad 1); it reports whether every
 row is bitwise equal, the max |logit| difference and the argmax agreement. Costs: median ms of a
 1-row call at a --past-token cache each way, and of a 9-row verify call, the models rotated each
-repeat so machine drift spreads over them (specexport.harness).
+repeat so machine drift spreads over them (specexport.bench.harness).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 DEFAULT_CONFIGS = "fp32,int8-l0,int8-l4,int4-l0,int4-l4,gguf-l1,gguf-l4"
 MAX_CONTEXT = 1024
@@ -43,8 +43,8 @@ WAYS = {"unpadded": (False, 1), "padded calls": (False, 2), "padded attention": 
 
 def build_config(name: str, model, blocks, out: Path, pad_attention: bool):
     """-> ExportResult of configuration `name` (module docstring), its attention padded or not."""
-    from specexport.decoder_graph import build_decoder
-    from specexport.quantized_target import QuantizedWeights
+    from specexport.graphs.decoder import build_decoder
+    from specexport.graphs.quantized_target import QuantizedWeights
 
     if name == "fp32":
         return build_decoder(model, out, MAX_CONTEXT, min_rows=2, pad_attention=pad_attention)
@@ -73,7 +73,7 @@ def _model(graphs: dict, way: str, provider: str, threads: int | None = None):
 
 def invariance(graphs: dict, way: str, provider: str, sequences: list[tuple[list[int], list[int]]]) -> dict:
     """row_invariance over every (prefix, tokens) pair, pooled."""
-    from specexport.rowcheck import row_invariance
+    from specexport.build.rowcheck import row_invariance
 
     model = _model(graphs, way, provider)
     reports = [row_invariance(model, prefix, tokens) for prefix, tokens in sequences]
@@ -123,7 +123,7 @@ def parser():
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from specexport.sources import load_model, load_tokenizer, resolve_source
+    from specexport.models.sources import load_model, load_tokenizer, resolve_source
 
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
 

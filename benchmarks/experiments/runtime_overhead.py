@@ -6,7 +6,7 @@
 Reports, for speculation off and on: time inside ONNX Runtime session calls (both models) vs
 total generation time, i.e. the share spent in Python around them, and the resident memory
 (RSS) after the first 20 emitted pieces vs at the end. One warm-up generation on a prompt outside
-the measured one comes first (specexport.harness), and the store of earlier answers is emptied
+the measured one comes first (specexport.bench.harness), and the store of earlier answers is emptied
 before each measurement.
 """
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 PROMPT = "Write a long, detailed tutorial about binary search trees in Python, with code for every operation."
 

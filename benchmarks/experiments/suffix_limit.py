@@ -4,7 +4,7 @@
         --configs 1/16,2/32,auto [--repeats 1] [--threads 2] [--json OUT]
 
 On one loaded generator, target-only and the suffix proposer in every configuration run as
-methods of a specexport.harness run: one warm-up generation each on a prompt outside the set,
+methods of a specexport.bench.harness run: one warm-up generation each on a prompt outside the set,
 then prompt by prompt every method back to back in a rotated order, the store of earlier answers
 emptied before every generation. A configuration is FACTOR/MAX_SPEC (a fixed limit:
 SuffixConfig.fixed_limit(factor, max_spec)) or `auto` (the default SuffixConfig, whose limit
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 
 def config_of(spec: str):
@@ -53,8 +53,8 @@ def parser():
 
 def main(argv=None) -> int:
     args = harness.parse_args(parser(), argv)
-    from specexport.harness_workers import generation_row, inprocess_method
-    from specexport.prompts import DEFAULT_MAX_NEW_TOKENS
+    from specexport.bench.harness_workers import generation_row, inprocess_method
+    from specexport.bench.prompts import DEFAULT_MAX_NEW_TOKENS
     from specexport_runtime.api import load
     from specexport_runtime.suffix import LimitTuner
 

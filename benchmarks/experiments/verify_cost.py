@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "runtime"))
 
-from specexport import harness  # noqa: E402
+from specexport.bench import harness  # noqa: E402
 
 # draft lengths searched for the needed acceptance: 1..16, the range the recorded results used
 # (docs/performance.md); constants.MAX_GAMMA allows longer drafts, which these CPU costs never favour
@@ -84,7 +84,7 @@ class Probe:
 def needed_alpha(goal: float, c: float, costs: dict) -> dict:
     """The smallest alpha (to 0.01) whose best gamma reaches `goal` x, and that gamma; None when
     even alpha = 1 does not."""
-    from specexport.bench_stats import theoretical_speedup
+    from specexport.bench.stats import theoretical_speedup
 
     costs = {**costs, "draft_step_s": c * costs["decode_s"]}
     for a in np.arange(0.0, 1.0001, 0.01):

@@ -135,7 +135,7 @@ Head tree graph (feature eagle3_head_tree; an eagle3_head entry's `tree_graph`, 
     so a call's rows see the head's past and their own ancestors among the M rows of the round.
 
 EAGLE-3 head graphs (feature eagle3_head; kind eagle3_head): one layer whose cache follows either layout
-(specexport/eagle_graph.py writes both), with
+(specexport/graphs/eagle.py writes both), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
 hidden_out [1, R, H] after logits (GraphSpec.input_names / output_names).
 """
@@ -172,7 +172,7 @@ TREE_BIAS = "tree_bias"  # feature tree_verify: float32 [S, S] 0 on a row's ance
 HIDDEN_STATES = "hidden_states"  # feature eagle3_head: target features for a draft head
 DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds
 GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
-# the EAGLE-3 head graph (feature eagle3_head; specexport/eagle_graph.py): extra inputs and output
+# the EAGLE-3 head graph (feature eagle3_head; specexport/graphs/eagle.py): extra inputs and output
 HEAD_FEATURES = "features"  # [1, S, F] the target's hidden_states rows
 HEAD_HIDDEN = "draft_hidden"  # [1, S, H] the head's own earlier hidden_out rows
 HEAD_HIDDEN_OUT = "hidden_out"  # [1, R, H]

@@ -2,7 +2,7 @@
 tokens that occurs in the corpus, then the most frequent continuation chain among its
 occurrences (suffix.draft_chain, the same rule as the suffix proposer's).
 
-On disk (built by specexport.datastore): `tokens` int32 [N], the corpus tokenized with the
+On disk (built by specexport.build.datastore): `tokens` int32 [N], the corpus tokenized with the
 artifact's tokenizer, documents separated by SEP (-1); `suffix_array` int32/int64 [N], the
 suffix array of the REVERSED token array. Matching a context backwards is then matching the
 reversed context forwards, so the occurrences of context[-m-1:] are a sub-range of those of

@@ -39,7 +39,7 @@ ENGINES_NAME = "engines.json"
 ENGINES_DIR = "engines"
 ENGINES_SCHEMA_VERSION = 1
 DEFAULT_MAX_PROMPT = 512
-DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (specexport/ops_portable.py)
+DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (graphs/ops_portable.py)
 
 
 class EngineMismatch(ArtifactError):

@@ -1,7 +1,7 @@
 """The performance probe: a random-init model of Llama-3.2-1B's shape, fp16, fused graph, on the device.
 
 No model file travels: the weights are random (drawn on the GPU when torch sees one) and the
-graph is written by specexport.decoder_graph.build_decoder. What it measures:
+graph is written by specexport.graphs.decoder.build_decoder. What it measures:
 
     per_call      one forward at past 512: decode S=1 and verify S=2, 4, 8, 16 (median ms), and
                   whether row 0 of an S-row call equals the S=1 call's row (row invariance)
@@ -111,7 +111,7 @@ def make_model(shape: dict, seed: int = 0):
 
 
 def build_graph(shape: dict, workdir: Path) -> tuple[object, dict]:
-    from specexport.decoder_graph import build_decoder
+    from specexport.graphs.decoder import build_decoder
 
     start = time.perf_counter()
     model = make_model(shape)
@@ -136,7 +136,7 @@ def build_graph(shape: dict, workdir: Path) -> tuple[object, dict]:
 def weight_bytes(result) -> int:
     """Size of the graph's external weights file: what a decode step reads (the tied head reads
     the whole embedding table)."""
-    from specexport.graph_writer import DATA_NAME
+    from specexport.graphs.writer import DATA_NAME
 
     return (result.path.parent / DATA_NAME).stat().st_size
 

@@ -9,7 +9,7 @@ zero point and, for formats that store a per-block minimum (GGUF Q4_1, Q4_K), a 
 where group[k] = k // block unless the format reorders inputs (GPTQ act-order: `g_idx`).
 This is ONNX Runtime's MatMulNBits layout (codes of `bits` bits, packed low-first along K,
 one scale and zero point per block), plus the offset, which MatMulNBits cannot hold and the
-graph adds as blocksum(x) @ offset^T (specexport/nbits.py).
+graph adds as blocksum(x) @ offset^T (specexport/graphs/nbits.py).
 
 Loaders (gguf.py, gptq.py, awq.py) return BlockQuantized weights holding the checkpoint's
 codes and scales exactly; `rtn_quantize` makes one from a float weight (the int8 / int4

@@ -100,7 +100,7 @@ class TargetShape:
     @classmethod
     def from_hf_config(cls, config) -> TargetShape:
         """From a transformers config (its normalized form: a multimodal wrapper's decoder)."""
-        from ..model_config import normalize
+        from ..models.config import normalize
 
         norm = normalize(config)
         return cls(hidden_size=norm.hidden, num_layers=norm.num_layers, vocab_size=norm.vocab)

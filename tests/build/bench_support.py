@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from specexport.prompts import Prompt
+from specexport.bench.prompts import Prompt
 
 NEW = 12
 LINES = [

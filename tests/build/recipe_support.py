@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from specexport.errors import RecipeError
-from specexport.recipe import parse_recipe
+from specexport.recipe.load import parse_recipe
 
 MINIMAL = {
     "name": "tiny",

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 from bench_support import NEW, PROMPTS
 
-from specexport.bench import QUANT_CAVEAT, run_bench
-from specexport.bench_plots import write_plots
-from specexport.bench_report import BenchReport
-from specexport.cli_bench import parse_gammas
-from specexport.prompts import Prompt
+from specexport.bench.plots import write_plots
+from specexport.bench.prompts import Prompt
+from specexport.bench.report import BenchReport
+from specexport.bench.run import QUANT_CAVEAT, run_bench
+from specexport.cli.bench import parse_gammas
 from specexport_runtime.api import load
 
 
@@ -49,7 +49,7 @@ def test_warm_up_is_outside_the_set_and_every_run_starts_with_an_empty_store(tin
     configuration) are the harness's warm-up prompt, no measured prompt; the suffix store of
     earlier answers is empty before each, although generations fill it (with repeats, a kept
     store would hand a prompt its own earlier answer)."""
-    from specexport.harness import warmup_case
+    from specexport.bench.harness import warmup_case
 
     gen = load(tiny_artifacts["ngram"])
     store = gen.learned("suffix")
@@ -159,7 +159,7 @@ def test_report_outputs(self_report):
         "equivalence",
     ):
         assert word in text, word
-    from specexport.machine import cpu_model
+    from specexport.bench.machine import cpu_model
 
     assert (
         data["meta"]["machine"]["cpu"] == cpu_model() and f"machine     {cpu_model()}," in text
@@ -255,7 +255,7 @@ def test_unmeasured_quantized_target_caveat(tiny_artifacts):
 
 
 def test_bad_arguments(tiny_artifacts):
-    from specexport.bench_report import BenchError
+    from specexport.bench.report import BenchError
 
     with pytest.raises(BenchError):
         run_bench(tiny_artifacts["self"], [], repeats=1)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from bench_support import LINES, _copy
 
-from specexport.cli_bench import bench as bench_cmd
-from specexport.cli_bench import calibrate as calibrate_cmd
+from specexport.cli.bench import bench as bench_cmd
+from specexport.cli.bench import calibrate as calibrate_cmd
 from specexport_runtime.api import CALIBRATION_NAME
 from specexport_runtime.manifest import read_manifest, verify_files
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from bench_support import NEW, PROMPTS
 
-from specexport.bench import run_bench
-from specexport.bench_constrained import ConstrainedError
-from specexport.cli_bench import bench as bench_cmd
-from specexport.prompts import Prompt
+from specexport.bench.constrained import ConstrainedError
+from specexport.bench.prompts import Prompt
+from specexport.bench.run import run_bench
+from specexport.cli.bench import bench as bench_cmd
 
 
 def test_sampling_quality(tiny_artifacts):

@@ -20,13 +20,14 @@ import yaml
 from tiny import CHAT_TEMPLATE, make_model, make_tokenizer, save_hf_folder, write_recipe
 from tokenizers import Tokenizer
 
-import specexport.build_graphs as build_graphs
-from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture
-from specexport.build import OutputExists, build_artifact
+import specexport.build.graphs as build_graphs
+from specexport.build.artifact import OutputExists, build_artifact
 from specexport.errors import BuildError, RecipeError, SpecExportError, TokenizerMismatch
-from specexport.recipe import load_recipe, parse_recipe
-from specexport.sources import ModelSourceError
-from specexport.tokcheck import tokenizer_hash
+from specexport.models.architectures import ARCHITECTURES, UnsupportedArchitecture
+from specexport.models.sources import ModelSourceError
+from specexport.models.tokcheck import tokenizer_hash
+from specexport.recipe.load import load_recipe, parse_recipe
+from specexport.recipe.reader import with_overrides
 from specexport_runtime import contract
 from specexport_runtime.manifest import SCHEMA_VERSION, read_manifest
 
@@ -388,7 +389,7 @@ def test_fp16_target_with_fp16_self_draft(tmp_path, target_dir):
     from specexport_runtime.api import load
 
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", target_dir, {"from_target": {"precision": "fp16"}}))
-    recipe = recipe.with_overrides({"target.precision": "fp16"})
+    recipe = with_overrides(recipe, {"target.precision": "fp16"})
     build_artifact(recipe, tmp_path / "art")
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert manifest["target"]["precision"] == "fp16" and manifest["target"]["kv_dtype"] == "float16"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from bench_support import NEW, PROMPTS, _copy
 
-from specexport.calibrate import calibrate, profile_gamma
+from specexport.bench.calibrate import calibrate, profile_gamma
 from specexport_runtime.api import CALIBRATION_NAME, load
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import read_manifest, verify_files
@@ -23,8 +23,8 @@ def far_artifact(tmp_path_factory) -> Path:
     """A draft from another random seed: it almost never agrees with the target."""
     from tiny import make_model, save_hf_folder, write_recipe
 
-    from specexport.build import build_artifact
-    from specexport.recipe import load_recipe
+    from specexport.build.artifact import build_artifact
+    from specexport.recipe.load import load_recipe
 
     work = tmp_path_factory.mktemp("tiny-far")
     target = save_hf_folder(make_model(), work / "target-hf")
@@ -74,9 +74,9 @@ def test_calibrate_self_picks_largest_gamma(tiny_artifacts, tmp_path):
 def test_calibrate_warms_up_outside_the_calibrated_prompts(tiny_artifacts, monkeypatch):
     """The first generation is the harness's warm-up prompt, in no calibrated domain; the rest are
     the calibrated prompts; the profile names this machine."""
-    from specexport import calibrate as calibrate_module
-    from specexport.harness import WARMUP_ID, warmup_case
-    from specexport.machine import cpu_model
+    from specexport.bench import calibrate as calibrate_module
+    from specexport.bench.harness import WARMUP_ID, warmup_case
+    from specexport.bench.machine import cpu_model
 
     seen = []
     run_one = calibrate_module.run_one

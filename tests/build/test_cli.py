@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from test_build import _other_tokenizer
 from tiny import make_model, save_hf_folder, write_recipe
 
-from specexport.cli import cli
+from specexport.cli.main import cli
 from specexport_runtime.cli import add_generate_arguments
 
 
@@ -148,7 +148,7 @@ def test_inspect_tampered(tampered):
 def test_inspect_tampered_subprocess(tampered):
     """The installed console script, as a user runs it."""
     exe = Path(sys.executable).with_name("specexport")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from specexport.cli import main; main()"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from specexport.cli.main import main; main()"]
     proc = subprocess.run(
         [*cmd, "inspect", str(tampered)],
         capture_output=True,
@@ -235,7 +235,7 @@ def test_bad_input_is_one_line(tmp_path, folders):
 def test_build_summary_line_for_a_graph_and_for_an_eagle_head():
     """`specexport build` prints each model's validation; an EAGLE-3 head's has no max |diff| (it
     reports agreement with the target), which once crashed the summary after a good build."""
-    from specexport.cli import _validation_line
+    from specexport.cli.main import _validation_line
 
     assert (
         _validation_line({"max_abs_diff": 2.5e-5, "argmax_agreement": 1.0})

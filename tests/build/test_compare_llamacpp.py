@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specexport.harness import Case, HarnessError, Method, Run, Sample
+from specexport.bench.harness import Case, HarnessError, Method, Run, Sample
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_llamacpp.py"
 _spec = importlib.util.spec_from_file_location("compare_llamacpp", _PATH)
@@ -123,8 +123,8 @@ def test_spec_server_answers_like_the_library(tiny_artifacts, tmp_path):
 def test_specexport_side_runs_through_the_harness(tiny_artifacts, tmp_path):
     """The specexport methods of a run (one worker per artifact, no llama.cpp): warm-up outside the
     set, interleaved, the suffix store emptied before each generation, summarised."""
-    from specexport import harness
-    from specexport.prompts import Prompt
+    from specexport.bench import harness
+    from specexport.bench.prompts import Prompt
 
     prompts = [
         Prompt(id=f"q{i}", domain="chat", messages=(("user", text),), text=None, max_new_tokens=6)
@@ -178,8 +178,8 @@ def test_llama_schema_is_the_grammars_json_schema():
 
 
 def test_constrained_needs_constrained_prompts(tiny_artifacts):
-    from specexport.bench_constrained import ConstrainedError
-    from specexport.prompts import Prompt
+    from specexport.bench.constrained import ConstrainedError
+    from specexport.bench.prompts import Prompt
 
     free = [Prompt(id="q0", domain="chat", messages=(("user", "hi"),), text=None, max_new_tokens=6)]
     _, cases, _, _ = cl.spec_methods([tiny_artifacts["self"]], free)

@@ -12,9 +12,9 @@ import yaml
 from click.testing import CliRunner
 from tiny import make_model, save_hf_folder, write_recipe
 
-from specexport.build import build_artifact
-from specexport.cli import cli
-from specexport.recipe import load_recipe
+from specexport.build.artifact import build_artifact
+from specexport.cli.main import cli
+from specexport.recipe.load import load_recipe
 from specexport_runtime.api import load
 from specexport_runtime.errors import ChecksumError
 
@@ -99,7 +99,7 @@ def test_a_modified_datastore_fails_the_checksum(artifact, tmp_path):
 )
 def test_bad_retrieval_sections(tmp_path, retrieval, message):
     from specexport.errors import RecipeError
-    from specexport.recipe import parse_recipe
+    from specexport.recipe.load import parse_recipe
 
     data = yaml.safe_load(write_recipe(tmp_path / "r.yaml", tmp_path, {"proposer": "ngram"}).read_text())
     data["retrieval"] = retrieval

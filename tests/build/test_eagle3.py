@@ -26,9 +26,9 @@ from eagle_heads import (
 )
 from tiny import make_model
 
-from specexport.decoder_graph import build_decoder
-from specexport.eagle_graph import build_eagle3_head
-from specexport.validate import FeedRunner
+from specexport.build.validate import FeedRunner
+from specexport.graphs.decoder import build_decoder
+from specexport.graphs.eagle import build_eagle3_head
 from specexport_runtime.engine import OrtModel, SessionConfig
 
 
@@ -138,9 +138,9 @@ def test_bad_head_fails_the_build_and_leaves_nothing(tmp_path, defect, message):
     from safetensors.torch import load_file, save_file
     from tiny import save_hf_folder, write_recipe
 
-    from specexport.build import build_artifact
+    from specexport.build.artifact import build_artifact
     from specexport.errors import SpecExportError
-    from specexport.recipe import load_recipe
+    from specexport.recipe.load import load_recipe
 
     target = make_model("llama")
     target_dir = save_hf_folder(target, tmp_path / "hf")

@@ -27,8 +27,8 @@ from eagle_heads import (
 )
 from tiny import export_portable
 
-from specexport.eagle_graph import build_eagle3_head
-from specexport.validate import FeedRunner
+from specexport.build.validate import FeedRunner
+from specexport.graphs.eagle import build_eagle3_head
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig
 
@@ -74,7 +74,7 @@ def test_portable_target_features_are_the_entering_residual_streams(pair, tmp_pa
 
 
 def test_portable_target_refuses_feature_layers_past_its_depth(pair, tmp_path):
-    from specexport.model_config import UnsupportedConfig
+    from specexport.models.config import UnsupportedConfig
 
     with pytest.raises(UnsupportedConfig, match=r"feature layers \[2\] are outside the target's 0..1"):
         export_portable(pair[0], tmp_path / "t", feature_layers=(0, 1, 2))
@@ -108,7 +108,7 @@ def test_portable_head_catches_up_after_rollback(pair, heads):
 
 
 def test_portable_head_uses_standard_ops_and_the_contract_names(heads):
-    from specexport.trtcheck import check_trt
+    from specexport.plan.trtcheck import check_trt
 
     for precision, graph in heads.items():
         proto = onnx.load(str(graph.path), load_external_data=False)
@@ -131,7 +131,7 @@ def test_portable_head_refuses_int8(pair, tmp_path):
 def test_recipe_refuses_a_portable_int8_head(tmp_path):
     from tiny import write_recipe
 
-    from specexport.recipe import RecipeError, load_recipe
+    from specexport.recipe.load import RecipeError, load_recipe
 
     draft = {"eagle3": {"model": str(tmp_path / "head"), "precision": "int8"}}
     with pytest.raises(RecipeError) as err:
@@ -149,7 +149,7 @@ def test_recipe_refuses_a_portable_int8_head(tmp_path):
 
 
 def test_portable_artifact_records_the_head_and_passes_trt_check(tiny_artifacts):
-    from specexport.trtcheck import check_artifact
+    from specexport.plan.trtcheck import check_artifact
 
     root = tiny_artifacts["eagle3-portable"]
     raw = json.loads((root / "manifest.json").read_text())

@@ -1,4 +1,4 @@
-"""Quantized drafts (specexport.quantize) and the exporter's refusals of what it cannot reproduce.
+"""Quantized drafts (specexport.graphs.quantize) and the exporter's refusals of what it cannot reproduce.
 
 The quantized graphs are made from the tiny llama (hidden 64, so every MatMul has K a multiple
 of the 32-wide blocks) exported with an untied output projection, exactly as the build makes a
@@ -21,11 +21,11 @@ import onnxruntime as ort
 import pytest
 from tiny import export_portable, make_model
 
-from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture, arch_for
 from specexport.errors import SpecExportError
-from specexport.graph_writer import DATA_NAME, GRAPH_NAME
-from specexport.model_config import UnsupportedConfig, normalize
-from specexport.quantize import QUANTIZED_PRECISIONS, quantize_graph
+from specexport.graphs.quantize import QUANTIZED_PRECISIONS, quantize_graph
+from specexport.graphs.writer import DATA_NAME, GRAPH_NAME
+from specexport.models.architectures import ARCHITECTURES, UnsupportedArchitecture, arch_for
+from specexport.models.config import UnsupportedConfig, normalize
 from specexport_runtime import contract
 
 MIN_AGREEMENT = {"int8": 0.75, "dynamic-int8": 0.75, "int4": 0.25}  # greedy argmax, all rows
@@ -206,7 +206,7 @@ def test_bounded_rope_types_are_refused_past_their_bound(rope_type):
 
 def test_supported_scaled_rope_is_accepted(tmp_path):
     """'linear' scaling is static: it exports and still matches transformers."""
-    from specexport.validate import FP32, validate_export
+    from specexport.build.validate import FP32, validate_export
 
     model = make_model("llama", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     res = export_portable(model, tmp_path)

@@ -20,8 +20,8 @@ import torch
 from click.testing import CliRunner
 from tiny import TINY_VARIANTS, make_model, make_tokenizer, save_hf_folder, tiny_names, write_recipe
 
-from specexport.cli import cli
-from specexport.decoder_graph import fused_supported
+from specexport.cli.main import cli
+from specexport.graphs.decoder import fused_supported
 from specexport_runtime.api import load
 
 GENERATE = 72  # > every tiny window (16) + the prompt
@@ -139,7 +139,7 @@ def test_windowed_fused_artifact_declares_its_windows(tmp_path, tokenizer):
 def _export(name: str, graph: str, model, out, **kwargs):
     from tiny import export_portable
 
-    from specexport.decoder_graph import build_decoder
+    from specexport.graphs.decoder import build_decoder
 
     if graph == "fused":
         return build_decoder(model, out, 300, **kwargs)
@@ -152,7 +152,7 @@ def test_fp16_graph_matches_the_fp32_reference_past_the_windows(tmp_path, name, 
     short probe and on a 256-token one (validate.FP16: the bound and the agreement it states)."""
     import copy
 
-    from specexport.validate import FP16, validate_export, validate_long_range
+    from specexport.build.validate import FP16, validate_export, validate_long_range
 
     model = make_model(name)
     res = _export(name, graph, copy.deepcopy(model).half(), tmp_path)
@@ -167,7 +167,7 @@ def test_fp16_graph_matches_the_fp32_reference_past_the_windows(tmp_path, name, 
 def test_target_features_are_transformers_hidden_states(tmp_path, name, graph):
     """The EAGLE-3 output `hidden_states`: the residual streams entering three layers, as
     transformers' output_hidden_states[i], for every row of a prefill and of a verify step."""
-    from specexport.validate import FeedRunner
+    from specexport.build.validate import FeedRunner
 
     model = make_model(name)
     layers = model.config.get_text_config().num_hidden_layers

@@ -175,7 +175,7 @@ def test_not_a_gguf_file(tmp_path):
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[dict[str, BlockQuantized], dict[str, np.ndarray], int]:
     """(all blocks of the builtin Q4_1 GGUF, transformers' fp32 parameters, layer count)."""
-    from specexport.sources import ModelSourceError, fetch_builtin, load_model, resolve_source
+    from specexport.models.sources import ModelSourceError, fetch_builtin, load_model, resolve_source
 
     try:
         fetch_builtin("smollm2-135m-instruct")

@@ -20,10 +20,10 @@ import torch
 from onnx import TensorProto
 from tiny import TINY_CONFIGS, TINY_VARIANTS, make_model, tiny_names
 
-from specexport.architectures import ARCHITECTURES
-from specexport.decoder_graph import build_decoder, fused_supported
-from specexport.model_config import UnsupportedConfig
-from specexport.validate import FP16, FP32, validate_export
+from specexport.build.validate import FP16, FP32, validate_export
+from specexport.graphs.decoder import build_decoder, fused_supported
+from specexport.models.architectures import ARCHITECTURES
+from specexport.models.config import UnsupportedConfig
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig
 
@@ -159,7 +159,7 @@ def test_fused_fp16_within_fp16_tolerance(tmp_path):
 
 def test_perturbed_fused_graph_fails_validation(tmp_path):
     """The parity check can fail: a graph built from another model is rejected."""
-    from specexport.validate import ExportValidationError
+    from specexport.build.validate import ExportValidationError
 
     res = build_decoder(make_model("llama", seed=1), tmp_path, MAX_CONTEXT)
     with pytest.raises(ExportValidationError):

@@ -1,4 +1,4 @@
-"""specexport.harness: a two-prompt run on a tiny artifact is honest by construction (no measured
+"""specexport.bench.harness: a two-prompt run on a tiny artifact is honest by construction (no measured
 answer produced with a suffix store that held it, warm-up outside the set, methods interleaved
 prompt by prompt), and its figures, records and refusals."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from specexport import harness
-from specexport.harness import Case, HarnessError, Method, Run, Sample
-from specexport.harness_workers import SpecexportWorker, generation_row, inprocess_method
-from specexport.prompts import Prompt
+from specexport.bench import harness
+from specexport.bench.harness import Case, HarnessError, Method, Run, Sample
+from specexport.bench.harness_workers import SpecexportWorker, generation_row, inprocess_method
+from specexport.bench.prompts import Prompt
 
 PROMPTS = [
     Prompt(id="p1", domain="copy_edit", messages=None, text="a b c d e f g a b c d e f g a b", max_new_tokens=12),
@@ -176,7 +176,7 @@ def test_statistics_helpers():
     assert harness.bootstrap_ci([2.0], seed=0) == (2.0, 2.0) and harness.bootstrap_ci([], seed=0) is None
     assert harness.percentiles([])["p50"] is None
     # the bench re-exports keep working
-    from specexport import bench_stats
+    from specexport.bench import stats as bench_stats
 
     assert bench_stats.ratio_ci is harness.ratio_ci and bench_stats.bootstrap_ci is harness.bootstrap_ci
 

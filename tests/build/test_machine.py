@@ -1,10 +1,10 @@
-"""specexport.machine: the CPU named in reports."""
+"""specexport.bench.machine: the CPU named in reports."""
 
 from __future__ import annotations
 
 import platform
 
-from specexport import machine
+from specexport.bench import machine
 
 
 def test_cpu_model_reads_the_model_name(tmp_path):

@@ -1,4 +1,4 @@
-"""The normalized config (specexport.model_config) and the closed list of config features.
+"""The normalized config (specexport.models.config) and the closed list of config features.
 
 * every key of every registered family's transformers config class is classified (a shape, an
   inert key or a feature), so a new transformers key cannot slip through unread;
@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from tiny import TINY_CONFIGS, write_recipe
 from transformers import AutoConfig, PretrainedConfig
 
-from specexport.architectures import ARCHITECTURES, UnsupportedArchitecture
-from specexport.cli import cli
-from specexport.model_config import (
+from specexport.cli.main import cli
+from specexport.models.architectures import ARCHITECTURES, UnsupportedArchitecture
+from specexport.models.config import (
     FEATURE_OF_KEY,
     INERT_KEYS,
     SHAPE_KEYS,

@@ -1,7 +1,7 @@
 """Parity of exported graphs with transformers, for every registered architecture.
 
 Each family's tiny random model (tests/tiny.TINY_CONFIGS) is exported once per module and checked
-  * with specexport.validate.validate_export at the FP32 tolerance (prefill, multi-token verify on
+  * with specexport.build.validate.validate_export at the FP32 tolerance (prefill, multi-token verify on
     the past, 1-token step after a 2-position rollback), and
   * independently of all specexport code paths that run graphs: a plain onnxruntime session fed
     with numpy arrays, a prompt in 3 uneven chunks, every row compared with transformers' logits.
@@ -25,10 +25,10 @@ import torch
 from onnx import TensorProto, numpy_helper
 from tiny import TINY_CONFIGS, export_portable, make_model, perturbed_copy, tiny_names
 
-from specexport.architectures import ARCHITECTURES
-from specexport.graph_writer import DATA_NAME, GRAPH_NAME
-from specexport.model_config import text_config
-from specexport.validate import FP16, FP32, ExportValidationError, FeedRunner, validate_export
+from specexport.build.validate import FP16, FP32, ExportValidationError, FeedRunner, validate_export
+from specexport.graphs.writer import DATA_NAME, GRAPH_NAME
+from specexport.models.architectures import ARCHITECTURES
+from specexport.models.config import text_config
 from specexport_runtime import contract
 
 ARCHS = sorted(TINY_CONFIGS)
@@ -104,7 +104,7 @@ def exported(tmp_path_factory):
 def test_every_registered_architecture_has_a_parity_test():
     missing = sorted(set(ARCHITECTURES) - set(TINY_CONFIGS))
     assert not missing, (
-        f"architectures {missing} are registered in specexport.architectures.ARCHITECTURES but have no tiny "
+        f"architectures {missing} are registered in specexport.models.architectures.ARCHITECTURES but have no tiny "
         "config in tests/tiny.TINY_CONFIGS, so no parity test: add one"
     )
     unknown = sorted(set(TINY_CONFIGS) - set(ARCHITECTURES))
@@ -317,7 +317,7 @@ def test_different_reference_model_fails_validation(exported):
 
 def test_validation_error_names_a_later_step(exported, monkeypatch):
     """A graph right on an empty cache but wrong with a past is reported at step 'verify'."""
-    import specexport.validate as validate_mod
+    import specexport.build.validate as validate_mod
 
     model, res = exported("llama")
     real_run = validate_mod.FeedRunner.run
@@ -363,7 +363,7 @@ def test_plain_session_after_runtime_defaults(exported):
     spec = (res.spec.num_layers, res.spec.num_kv_heads, res.spec.head_dim, res.spec.embedding_rows)
     code = (
         "import sys, onnxruntime as ort\n"
-        "from specexport.validate import FeedRunner\n"
+        "from specexport.build.validate import FeedRunner\n"
         "from specexport_runtime.contract import GraphSpec\n"
         f"FeedRunner({str(res.path)!r}, GraphSpec{spec!r})\n"
         f"ort.InferenceSession({str(res.path)!r}, providers=['CPUExecutionProvider'])\n"

@@ -128,7 +128,7 @@ def test_compare_genai_runs_through_the_harness(tiny_artifacts, tmp_path, capsys
 
 def test_compare_genai_refuses_bad_input(tmp_path):
     module = load_script(BENCHMARKS / "compare_genai.py")
-    from specexport.harness import HarnessError
+    from specexport.bench.harness import HarnessError
 
     with pytest.raises(HarnessError, match="no genai_config.json"):
         module.parse_genai_models([f"fp32={tmp_path}"])

@@ -1,4 +1,4 @@
-"""specexport.plan: memory plans of recipes on devices."""
+"""specexport.plan.estimate: memory plans of recipes on devices."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pytest
 from click.testing import CliRunner
 from tiny import make_model, tiny_names
 
-from specexport.cli import _Group
-from specexport.cli_gpu import plan_cmd
+from specexport.cli.gpu import plan_cmd
+from specexport.cli.main import _Group
 from specexport.errors import SpecExportError
-from specexport.model_config import config_from_dict, normalize
-from specexport.plan import DEVICES, GIB, PlanError, UnknownDevice, plan, weight_bytes
-from specexport.plan_sizes import known_config, parameters
-from specexport.recipe import bundled_recipes, load_recipe, parse_recipe, resolve_recipe
+from specexport.models.config import config_from_dict, normalize
+from specexport.plan.estimate import DEVICES, GIB, PlanError, UnknownDevice, plan, weight_bytes
+from specexport.plan.sizes import known_config, parameters
+from specexport.recipe.load import bundled_recipes, load_recipe, parse_recipe, resolve_recipe
+from specexport.recipe.reader import with_overrides
 
 # The device each bundled recipe is sized for (from its `notes`; the smollm2 recipes run anywhere,
 # the smallest module they are meant for is the Orin Nano 8GB).
@@ -194,10 +195,10 @@ def test_fused_recipe_says_where_its_graphs_run():
     fused = plan("smollm2-135m", "orin-nano-8gb")  # graph: fused, fp32 target
     assert any("fp16 target" in n and "graph: portable" in n for n in fused.notes), fused.notes
     fp16 = plan(
-        load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"target.precision": "fp16"}), "orin-nano-8gb"
+        with_overrides(load_recipe(resolve_recipe("smollm2-135m")), {"target.precision": "fp16"}), "orin-nano-8gb"
     )
     assert any("CUDA provider (GroupQueryAttention)" in n for n in fp16.notes), fp16.notes
-    portable = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"graph": "portable"}), "orin-nano-8gb")
+    portable = plan(with_overrides(load_recipe(resolve_recipe("smollm2-135m")), {"graph": "portable"}), "orin-nano-8gb")
     assert not any("graph: fused" in n for n in portable.notes)
 
 
@@ -205,23 +206,23 @@ def test_portable_eagle3_recipe_plans_the_same_head():
     """An EAGLE-3 head sizes the same in either graph form (its weights, one-layer cache and call
     memory do not depend on the form); the portable plan does not send the user to graph: fused,
     and an int8 head, MatMulNBits, is refused with graph: portable."""
-    from specexport.recipe import RecipeError
+    from specexport.recipe.load import RecipeError
 
     recipe = load_recipe(resolve_recipe("llama-3.1-8b-instruct-eagle3"))
     fused = plan(recipe, "agx-orin-32gb")
-    portable = plan(recipe.with_overrides({"graph": "portable"}), "agx-orin-32gb")
+    portable = plan(with_overrides(recipe, {"graph": "portable"}), "agx-orin-32gb")
     f_head, p_head = fused.models[1].to_dict(), portable.models[1].to_dict()
     assert "EAGLE-3 head" in p_head["model"] and p_head == f_head
     assert portable.fits and not any("graph: fused" in n for n in portable.notes)
     with pytest.raises(RecipeError, match="draft.eagle3.precision = 'int8' needs graph: fused"):
-        recipe.with_overrides({"graph": "portable", "draft.eagle3.precision": "int8"})
+        with_overrides(recipe, {"graph": "portable", "draft.eagle3.precision": "int8"})
 
 
 def test_quantized_target_weight_bytes():
     """int4 block 32 with fp16 scales: 0.5 + 2/32 bytes per linear weight, int8 head and
     embedding 1 + 2/32, fp16 norms; computed here from the Llama-3.1-8B shapes."""
-    from specexport.plan import weight_bytes
-    from specexport.recipe import QuantizationSpec
+    from specexport.plan.estimate import weight_bytes
+    from specexport.recipe.load import QuantizationSpec
 
     c = known_config("meta-llama/Llama-3.1-8B-Instruct")
     linear = 32 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336)
@@ -240,7 +241,7 @@ def test_quantized_target_weight_bytes():
 
 def test_plan_counts_every_cache_slot_of_a_batch_graph():
     one = plan("smollm2-135m", "orin-nano-8gb")
-    eight = plan(load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"max_batch": 8}), "orin-nano-8gb")
+    eight = plan(with_overrides(load_recipe(resolve_recipe("smollm2-135m")), {"max_batch": 8}), "orin-nano-8gb")
     (t1, d1), (t8, d8) = one.models, eight.models
     assert t8.kv_bytes == 8 * t1.kv_bytes == 8 * 94_371_840
     assert t8.logits_buffer_bytes == 8 * t1.logits_buffer_bytes
@@ -253,7 +254,7 @@ def test_plan_counts_the_tree_graph_as_a_second_session():
     """tree_verify: the target's weights once more (a second session), no KV cache of its own, and
     an attention bias of 64 x (max_context + 64) floats per call."""
     one = plan("smollm2-135m", "orin-nano-8gb")
-    recipe = load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"tree_verify": True})
+    recipe = with_overrides(load_recipe(resolve_recipe("smollm2-135m")), {"tree_verify": True})
     tree = plan(recipe, "orin-nano-8gb")
     t1 = one.models[0]
     (extra,) = [m for m in tree.models if m.role == "tree"]
@@ -266,9 +267,9 @@ def test_plan_counts_the_tree_graph_as_a_second_session():
 def test_plan_counts_the_portable_tree_graph():
     """graph: portable with tree_verify (contract 1.9): the same second session over the target's
     weights as the fused form's tree graph, no KV cache of its own."""
-    base = load_recipe(resolve_recipe("smollm2-135m")).with_overrides({"graph": "portable"})
+    base = with_overrides(load_recipe(resolve_recipe("smollm2-135m")), {"graph": "portable"})
     one = plan(base, "orin-nano-8gb")
-    tree = plan(base.with_overrides({"tree_verify": True}), "orin-nano-8gb")
+    tree = plan(with_overrides(base, {"tree_verify": True}), "orin-nano-8gb")
     (extra,) = [m for m in tree.models if m.role == "tree"]
     assert extra.weight_bytes == one.models[0].weight_bytes and extra.kv_bytes == 0
     assert tree.total_bytes > one.total_bytes + extra.weight_bytes
@@ -277,7 +278,7 @@ def test_plan_counts_the_portable_tree_graph():
 def test_plan_counts_the_head_tree_graph():
     """An EAGLE-3 head with tree_verify: the head's weights once more (its tree graph's session),
     no KV cache of its own, beside the target's tree graph."""
-    recipe = load_recipe(resolve_recipe("smollm2-135m-eagle3")).with_overrides({"tree_verify": True})
+    recipe = with_overrides(load_recipe(resolve_recipe("smollm2-135m-eagle3")), {"tree_verify": True})
     report = plan(recipe, "orin-nano-8gb")
     roles = [m.role for m in report.models]
     assert roles.count("tree") == 1 and roles.count("head tree") == 1

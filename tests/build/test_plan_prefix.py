@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specexport.plan import plan
-from specexport.plan_report import gib
+from specexport.plan.estimate import plan
+from specexport.plan.report import gib
 
 
 def test_plan_notes_the_prefix_cache_default():

@@ -17,8 +17,8 @@ import torch
 import tree_checks
 from tiny import export_portable, make_model, save_hf_folder, write_recipe
 
-from specexport.model_config import normalize
-from specexport.trtcheck import check_trt
+from specexport.models.config import normalize
+from specexport.plan.trtcheck import check_trt
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 from specexport_runtime.engine import OrtModel, SessionConfig
@@ -129,8 +129,8 @@ def test_a_tree_for_a_window_family_passes_the_config_check_in_both_forms(tmp_pa
     """graph: fused or portable with tree_verify and a windowed target: the config check, before
     any weight is read, keeps the windows (both forms apply them by position in the tree graph;
     tests/runtime/test_tree_windows.py runs the fused one)."""
-    from specexport import build_load
-    from specexport.recipe import load_recipe
+    from specexport.build import load as build_load
+    from specexport.recipe.load import load_recipe
 
     target = save_hf_folder(make_model("mistral", sliding_window=4), tmp_path / "t")
 
@@ -154,8 +154,8 @@ def test_build_cli_writes_and_checks_a_portable_tree_graph(tmp_path):
 
     from click.testing import CliRunner
 
-    from specexport.cli import cli
-    from specexport.trtcheck import check_artifact
+    from specexport.cli.main import cli
+    from specexport.plan.trtcheck import check_artifact
 
     target = save_hf_folder(make_model("mistral", sliding_window=4), tmp_path / "t")
     recipe = write_recipe(tmp_path / "r.yaml", target, {"proposer": "ngram"}, max_context=64)

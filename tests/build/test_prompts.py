@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from specexport.prompts import (
+from specexport.bench.prompts import (
     CALIBRATION_DIR,
     DEFAULT_MAX_NEW_TOKENS,
     DOMAINS,
@@ -227,7 +227,7 @@ def test_raw_text_prompt_loads(tmp_path):
 
 
 def test_wrong_domain_in_named_set(tmp_path, monkeypatch):
-    monkeypatch.setattr("specexport.prompts.CALIBRATION_DIR", tmp_path)
+    monkeypatch.setattr("specexport.bench.prompts.CALIBRATION_DIR", tmp_path)
     (tmp_path / "code.jsonl").write_text(GOOD_LINE + "\n")
     with pytest.raises(PromptSetError) as info:
         load_prompts("code")
@@ -236,7 +236,7 @@ def test_wrong_domain_in_named_set(tmp_path, monkeypatch):
 
 
 def test_duplicate_id_across_sets(tmp_path, monkeypatch):
-    monkeypatch.setattr("specexport.prompts.CALIBRATION_DIR", tmp_path)
+    monkeypatch.setattr("specexport.bench.prompts.CALIBRATION_DIR", tmp_path)
     for d in DOMAINS:
         (tmp_path / f"{d}.jsonl").write_text(_with(id=f"{d}-001", domain=d) + "\n")
     (tmp_path / "creative.jsonl").write_text(
@@ -425,7 +425,7 @@ def test_stem_that_is_a_domain_is_that_domain(tmp_path):
 
 
 def test_missing_domain_in_a_named_set_is_the_sets_domain(tmp_path, monkeypatch):
-    monkeypatch.setattr("specexport.prompts.CALIBRATION_DIR", tmp_path)
+    monkeypatch.setattr("specexport.bench.prompts.CALIBRATION_DIR", tmp_path)
     _write(tmp_path / "structured.jsonl", [{"id": "s-1", "prompt": "a", "max_new_tokens": 8}])
     assert load_prompts("structured") == [Prompt("s-1", "structured", None, "a", 8)]
 
@@ -464,7 +464,7 @@ def test_bench_reads_a_text_file_and_its_max_new_tokens_flag(tiny_artifacts, tmp
     --max-new-tokens sets every prompt's length."""
     from click.testing import CliRunner
 
-    from specexport.cli_bench import bench as bench_cmd
+    from specexport.cli.bench import bench as bench_cmd
 
     txt = _write(tmp_path / "lines.txt", ["def add(a, b):", "The quick brown fox"])
     chats = _write(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "Hello"}]}])

@@ -1,4 +1,4 @@
-"""Quantized targets (specexport/quantized_target.py, nbits.py): graphs holding a checkpoint's
+"""Quantized targets (specexport/graphs/quantized_target.py, nbits.py): graphs holding a checkpoint's
 own blocks compute what the checkpoint holds, and greedy speculation on them equals target-only
 decoding bit for bit.
 
@@ -20,14 +20,15 @@ import torch
 from quantized_checkpoints import VARIANTS, write_checkpoint, write_tiny_gguf
 from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
 
-from specexport.build import build_artifact
-from specexport.build_graphs import BITWISE_FUSED
-from specexport.decoder_graph import build_decoder
+from specexport.build.artifact import build_artifact
+from specexport.build.graphs import BITWISE_FUSED
+from specexport.build.validate import FeedRunner, reference_logits
 from specexport.formats.gguf import read_gguf_blocks
 from specexport.formats.hf_quantized import load_quantized_folder
-from specexport.quantized_target import QuantizedWeights
-from specexport.recipe import RecipeError, load_recipe, parse_recipe
-from specexport.validate import FeedRunner, reference_logits
+from specexport.graphs.decoder import build_decoder
+from specexport.graphs.quantized_target import QuantizedWeights
+from specexport.recipe.load import RecipeError, load_recipe, parse_recipe
+from specexport.recipe.reader import with_overrides
 from specexport_runtime.manifest import read_manifest
 
 FP32_TOL = 2e-4  # |logit| diff bound at accuracy_level 1 (float32 sums in another order)
@@ -162,7 +163,7 @@ def test_numerical_exactness_keeps_one_row_calls(tmp_path):
             precision="int4",
         )
     )
-    recipe = recipe.with_overrides({"target.exactness": "numerical"})
+    recipe = with_overrides(recipe, {"target.exactness": "numerical"})
     build_artifact(recipe, tmp_path / "a")
     data = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert "min_rows" not in data["target"] and "cache_pad" not in data["target"]
@@ -187,7 +188,7 @@ def test_fp16_quantized_target(tmp_path):
             precision="int4",
         )
     )
-    report = build_artifact(recipe.with_overrides({"target.quantization": {"dtype": "fp16"}}), tmp_path / "a")
+    report = build_artifact(with_overrides(recipe, {"target.quantization": {"dtype": "fp16"}}), tmp_path / "a")
     entry = report.manifest.target
     assert entry.kv_dtype == "float16" and entry.exactness == "bitwise"
     assert entry.validation["argmax_agreement"] >= 0.5  # int4 weights on a random tiny model
@@ -274,12 +275,12 @@ def test_real_q4_recipe_is_bitwise_exact(tmp_path_factory):
     target-only decoding token for token on chat prompts, and the manifest says bitwise. The
     same recipe unpadded (exactness numerical) measures rows that differ between call sizes:
     the padding is what makes it exact."""
-    from specexport.recipe import resolve_recipe
+    from specexport.recipe.load import resolve_recipe
     from specexport_runtime.api import load
 
     recipe = load_recipe(resolve_recipe("smollm2-135m-q4"))
     unpadded = build_artifact(
-        recipe.with_overrides({"target.exactness": "numerical"}), tmp_path_factory.mktemp("q4n") / "a"
+        with_overrides(recipe, {"target.exactness": "numerical"}), tmp_path_factory.mktemp("q4n") / "a"
     ).manifest.target
     assert unpadded.exactness == "numerical" and unpadded.validation["rows"]["max_abs_diff"] > 0.1
     out = tmp_path_factory.mktemp("q4") / "a"
@@ -305,7 +306,7 @@ def test_hub_checkpoint_is_fetched_as_a_snapshot(tmp_path, monkeypatch):
     and json only); the download itself is replaced here (no network)."""
     import huggingface_hub
 
-    from specexport import sources
+    from specexport.models import sources
 
     checkpoint = write_checkpoint(
         tmp_path / "ckpt", make_model("llama"), make_tokenizer(), VARIANTS["awq-gemm-4bit-g32"]

@@ -21,9 +21,9 @@ import pytest
 import torch
 from tiny import export_portable
 
-from specexport.build import DEFAULT_PROBE
-from specexport.decoder_graph import build_decoder
-from specexport.validate import FP32, Tolerance, reference_logits, validate_export
+from specexport.build.artifact import DEFAULT_PROBE
+from specexport.build.validate import FP32, Tolerance, reference_logits, validate_export
+from specexport.graphs.decoder import build_decoder
 
 pytestmark = pytest.mark.real
 
@@ -38,7 +38,7 @@ MAX_BYTES = 560_000_000  # one fp32 copy of 135M parameters is ~540 MB; a second
 
 @pytest.fixture(scope="module")
 def real_model():
-    from specexport.sources import ModelSourceError, load_model, load_tokenizer, resolve_source
+    from specexport.models.sources import ModelSourceError, load_model, load_tokenizer, resolve_source
 
     try:
         source = resolve_source("builtin:smollm2-135m-instruct")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from recipe_support import MINIMAL, bad, with_
 
 from specexport.errors import RecipeError
-from specexport.recipe import (
+from specexport.recipe.load import (
     DEFAULT_RECIPE,
     RECIPES_DIR,
     DraftSpec,
@@ -24,6 +24,7 @@ from specexport.recipe import (
     parse_recipe,
     resolve_recipe,
 )
+from specexport.recipe.reader import with_overrides
 
 RECIPE_FILES = sorted(RECIPES_DIR.glob("*.yaml"))
 
@@ -143,7 +144,7 @@ def test_to_dict_round_trip_every_form():
 def test_speculation_proposer_follows_the_draft_form():
     minimal = parse_recipe(MINIMAL)
     assert minimal.proposer == "draft" and minimal.speculation.proposer is None  # follows the draft form
-    assert minimal.with_overrides({"draft": {"proposer": "ngram"}}).proposer == "ngram"
+    assert with_overrides(minimal, {"draft": {"proposer": "ngram"}}).proposer == "ngram"
     hybrid = parse_recipe({**MINIMAL, "speculation": {"proposer": "hybrid"}})
     assert hybrid.proposer == "hybrid" and parse_recipe(hybrid.to_dict()) == hybrid
     ngram = {**MINIMAL, "draft": {"proposer": "ngram"}}
@@ -158,13 +159,13 @@ def test_speculation_proposer_follows_the_draft_form():
 
 def test_with_overrides():
     recipe = parse_recipe(MINIMAL)
-    changed = recipe.with_overrides({"speculation.gamma": 6, "max_context": 4096})
+    changed = with_overrides(recipe, {"speculation.gamma": 6, "max_context": 4096})
     assert changed.speculation.gamma == 6 and changed.max_context == 4096
     assert recipe.speculation.gamma == 4  # frozen original untouched
     with pytest.raises(RecipeError, match="speculation.gamma"):
-        recipe.with_overrides({"speculation.gamma": 0})
+        with_overrides(recipe, {"speculation.gamma": 0})
     with pytest.raises(RecipeError, match="gama"):
-        recipe.with_overrides({"speculation.gama": 6})
+        with_overrides(recipe, {"speculation.gama": 6})
 
 
 def test_frozen():

@@ -9,7 +9,7 @@ import pytest
 from recipe_support import MINIMAL, bad, with_
 
 from specexport.errors import RecipeError, SpecExportError
-from specexport.recipe import parse_recipe
+from specexport.recipe.load import parse_recipe
 
 
 def without(base: dict, dotted: str) -> dict:

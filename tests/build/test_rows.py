@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from specexport.rowcheck import row_invariance
+from specexport.build.rowcheck import row_invariance
 from specexport_runtime import contract
 from specexport_runtime.engine import OrtModel, SessionConfig, plan_rows
 from specexport_runtime.errors import ArtifactError, InvalidArgument

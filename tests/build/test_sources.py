@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import specexport.sources as sources
+import specexport.models.sources as sources
 from specexport.errors import SpecExportError
-from specexport.sources import (
+from specexport.models.sources import (
     BUILTINS,
     ModelSource,
     ModelSourceError,

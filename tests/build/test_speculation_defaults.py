@@ -7,8 +7,8 @@ from __future__ import annotations
 import yaml
 from tiny import make_model, save_hf_folder, write_recipe
 
-from specexport.build import build_artifact
-from specexport.recipe import load_recipe
+from specexport.build.artifact import build_artifact
+from specexport.recipe.load import load_recipe
 from specexport_runtime.api import load
 from specexport_runtime.config import ARTIFACT
 from specexport_runtime.manifest import read_manifest

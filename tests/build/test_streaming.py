@@ -14,15 +14,15 @@ import pytest
 import torch
 from tiny import make_model, make_tokenizer, save_hf_folder, tiny_config, write_recipe
 
-from specexport.build import build_artifact
-from specexport.decoder_graph import build_decoder
+from specexport.build.artifact import build_artifact
+from specexport.build.validate import reference_logits
 from specexport.errors import BuildError
-from specexport.graph_writer import ALIGN, ALIGN_FROM, INLINE_BYTES
-from specexport.model_config import read_config
-from specexport.quantized_target import QuantizedWeights
-from specexport.recipe import load_recipe
-from specexport.streaming import SafetensorsSource, open_streamed, source_of
-from specexport.validate import reference_logits
+from specexport.graphs.decoder import build_decoder
+from specexport.graphs.quantized_target import QuantizedWeights
+from specexport.graphs.writer import ALIGN, ALIGN_FROM, INLINE_BYTES
+from specexport.models.config import read_config
+from specexport.models.streaming import SafetensorsSource, open_streamed, source_of
+from specexport.recipe.load import load_recipe
 
 MAX_CONTEXT = 128
 FAMILIES = ["llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text", "smollm3", "granite", "olmo2"]
@@ -186,7 +186,7 @@ def test_the_fp32_bound_follows_the_references_own_error(tmp_path):
     """A wide model's fp32 graph differs from the fp32 reference by more than a fixed 1e-4 but by
     no more than a few times transformers' own fp32 error against float64: the derived bound
     passes it, the fixed one would refuse it, and a graph off by a real error still fails."""
-    from specexport.validate import FP32, ExportValidationError, Tolerance, validate_export
+    from specexport.build.validate import FP32, ExportValidationError, Tolerance, validate_export
 
     model = _wide_phi3()
     ids = [int(i) for i in np.random.default_rng(0).integers(3, 300, 40)]
@@ -208,7 +208,7 @@ def test_the_fp32_bound_follows_the_references_own_error(tmp_path):
 
 
 def test_float64_forwards_leave_the_reference_as_it_was(tmp_path):
-    from specexport.validate import float64_logits
+    from specexport.build.validate import float64_logits
 
     folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
     ids = [5, 17, 42, 99, 7, 3]

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from specexport.errors import InvalidArgument, SpecExportError, TokenizerMismatch
-from specexport.tokcheck import DEFAULT_PROBES, MAX_ROW_DIFFERENCE, CompatReport, check_pair, tokenizer_hash
+from specexport.models.tokcheck import DEFAULT_PROBES, MAX_ROW_DIFFERENCE, CompatReport, check_pair, tokenizer_hash
 
 CORPUS = """
 Speculative decoding lets a small draft model propose several tokens which a large target model

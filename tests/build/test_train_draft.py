@@ -1,4 +1,4 @@
-"""`specexport train-draft` (specexport/train_draft.py): EAGLE-3 head training on the CPU.
+"""`specexport train-draft` (specexport/train/draft.py): EAGLE-3 head training on the CPU.
 
 A tiny 4-layer llama target (default layer ids (2, L//2, L-3) = (2, 2, 1)) and a tiny text corpus.
 The training-time-test alignment is checked against tests/eagle_heads.py's independent reference
@@ -20,12 +20,12 @@ from click.testing import CliRunner
 from eagle_heads import reference_fc, reference_step, target_features
 from tiny import make_model, save_hf_folder, write_recipe
 
-from specexport.cli import cli
+from specexport.cli.main import cli
 from specexport.formats.eagle3 import TargetShape, load_eagle3_head
-from specexport.train_config import CALIBRATE_PROMPTS_PER_DOMAIN, TrainConfig, TrainConfigError, TrainDraftError
-from specexport.train_data import Window, choose_draft_vocab, held_out_prompt_ids, load_target, make_batch
-from specexport.train_draft import lr_at, train_draft
-from specexport.train_head import Eagle3Draft, head_shape, init_from_target, ttt_forward, ttt_losses
+from specexport.train.config import CALIBRATE_PROMPTS_PER_DOMAIN, TrainConfig, TrainConfigError, TrainDraftError
+from specexport.train.data import Window, choose_draft_vocab, held_out_prompt_ids, load_target, make_batch
+from specexport.train.draft import lr_at, train_draft
+from specexport.train.head import Eagle3Draft, head_shape, init_from_target, ttt_forward, ttt_losses
 
 PUBLISHED = {
     "fc.weight": (64, 192),
@@ -296,7 +296,7 @@ def test_calibration_data_holds_out_the_benchmark_prompts(setup, tmp_path):
 
 
 def test_calibrate_default_is_held_out():
-    from specexport.calibrate import calibrate
+    from specexport.bench.calibrate import calibrate
 
     assert inspect.signature(calibrate).parameters["prompts_per_domain"].default == CALIBRATE_PROMPTS_PER_DOMAIN
 

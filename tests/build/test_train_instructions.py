@@ -1,4 +1,4 @@
-"""`train-draft --data instructions` (specexport/train_instructions.py): requests synthesized from
+"""`train-draft --data instructions` (specexport/train/instructions.py): requests synthesized from
 local material, answered by the target in batches."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny import make_model, save_hf_folder, write_recipe
 
-from specexport import train_instructions as ti
-from specexport.train_config import TrainConfig, TrainConfigError
-from specexport.train_draft import train_draft
+from specexport.train import instructions as ti
+from specexport.train.config import TrainConfig, TrainConfigError
+from specexport.train.draft import train_draft
 
 MODULE = textwrap.dedent('''
     """A module."""

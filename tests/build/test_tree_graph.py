@@ -12,8 +12,8 @@ import pytest
 import tree_checks
 from tiny import build_tiny_artifact, make_model
 
-from specexport.decoder_graph import build_decoder
-from specexport.model_config import UnsupportedConfig
+from specexport.graphs.decoder import build_decoder
+from specexport.models.config import UnsupportedConfig
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 from specexport_runtime.engine import OrtModel, SessionConfig
@@ -72,7 +72,7 @@ def test_tree_graph_is_refused_where_it_cannot_be_right(tmp_path):
 def test_tree_graph_whose_argmax_disagrees_is_refused(tmp_path, monkeypatch):
     """The build measures the tree rows against chain calls (rowcheck.tree_rows); a tree graph
     whose rows would change a greedy choice is refused in one line, not shipped."""
-    from specexport import rowcheck
+    from specexport.build import rowcheck
     from specexport.errors import BuildError
 
     real = rowcheck.tree_rows

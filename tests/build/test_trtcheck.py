@@ -1,4 +1,4 @@
-"""specexport.trtcheck: TensorRT buildability of contract graphs, checked without TensorRT."""
+"""specexport.plan.trtcheck: TensorRT buildability of contract graphs, checked without TensorRT."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 from tiny import export_portable, make_model
 
-from specexport.cli import _Group
-from specexport.cli_gpu import check_trt_cmd
-from specexport.quantize import quantize_graph
-from specexport.trt_ops import SUPPORTED_OPS, UNSUPPORTED_OPS
-from specexport.trtcheck import TrtCheckError, check_artifact, check_trt, op_support
+from specexport.cli.gpu import check_trt_cmd
+from specexport.cli.main import _Group
+from specexport.graphs.quantize import quantize_graph
+from specexport.plan.trt_ops import SUPPORTED_OPS, UNSUPPORTED_OPS
+from specexport.plan.trtcheck import TrtCheckError, check_artifact, check_trt, op_support
 from specexport_runtime.manifest import Manifest, ModelEntry, TokenizerEntry, write_manifest
 from specexport_runtime.trt_engines import Profile
 
@@ -68,7 +68,7 @@ def test_fp32_graph_on_tensorrt_8_6(graphs):
 
 
 def test_fused_graph_fails_naming_its_layout_and_contrib_ops(tmp_path):
-    from specexport.decoder_graph import build_decoder
+    from specexport.graphs.decoder import build_decoder
 
     res = build_decoder(make_model("llama"), tmp_path / "fused", 64)
     report = check_trt(res.path, "10.3")

@@ -1,4 +1,4 @@
-"""The corpus datastore: the suffix array (specexport/datastore.py) against Python's sort of the
+"""The corpus datastore: the suffix array (specexport/build/datastore.py) against Python's sort of the
 explicit suffixes, and the runtime lookup (specexport_runtime/datastore.py, memory-mapped)
 against test_suffix's brute-force reference over the corpus documents."""
 
@@ -11,7 +11,7 @@ import pytest
 from test_suffix import reference
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from specexport.datastore import (
+from specexport.build.datastore import (
     SUFFIX_ARRAY_NAME,
     TOKENS_NAME,
     DatastoreError,

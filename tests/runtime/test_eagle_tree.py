@@ -54,7 +54,7 @@ def test_manifest_records_the_head_tree_graph(gen):
 def test_head_tree_rows_equal_chain_calls_of_each_path(gen):
     """rowcheck.head_tree_rows on another catch-up: each node's tree-call logits against the
     chain calls of its path (draft_hidden the parent's hidden_out), max |diff| < TOL."""
-    from specexport.rowcheck import HEAD_TREE_PARENTS, head_tree_rows
+    from specexport.build.rowcheck import HEAD_TREE_PARENTS, head_tree_rows
 
     ids = gen.codec.encode("def add(a, b):\n    return a + b\n")
     target = gen.target
@@ -97,7 +97,7 @@ def test_the_head_tree_graph_is_contract_1_8(gen, tmp_path):
 def test_a_portable_head_with_tree_verify_is_refused_in_one_line(tmp_path):
     from tiny import make_model, save_hf_folder, write_recipe
 
-    from specexport.recipe import RecipeError, load_recipe
+    from specexport.recipe.load import RecipeError, load_recipe
 
     target = save_hf_folder(make_model("llama"), tmp_path / "t")
     path = write_recipe(tmp_path / "r.yaml", target, {"eagle3": {"model": str(tmp_path / "nohead")}}, tree_verify=True)

@@ -32,7 +32,7 @@ def new_model(target) -> OrtModel:
 @pytest.fixture(scope="module")
 def feed_runner(target):
     """The build side's validation runner (growing numpy cache, plain session.run feeds)."""
-    from specexport.validate import FeedRunner
+    from specexport.build.validate import FeedRunner
 
     path, spec, _, _ = target
 

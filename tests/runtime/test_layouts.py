@@ -53,7 +53,7 @@ def test_graph_spec_takes_its_layout_once():
 
 
 def test_recipe_layout_follows_its_graph_form():
-    from specexport.recipe import load_recipe, resolve_recipe
+    from specexport.recipe.load import load_recipe, resolve_recipe
 
     recipe = load_recipe(resolve_recipe("smollm2-135m"))
     assert recipe.layout is contract.layout_for_form(recipe.graph)

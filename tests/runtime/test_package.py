@@ -193,7 +193,7 @@ def test_unpack_removes_the_link_a_killed_switch_left(spx, tmp_path):
 def test_cli_pack_unpack_rollback(tiny_artifacts, tmp_path):
     from click.testing import CliRunner
 
-    from specexport.cli import cli
+    from specexport.cli.main import cli
     from specexport_runtime.cli import main
 
     out = CliRunner().invoke(cli, ["pack", str(tiny_artifacts["ngram"]), "-o", str(tmp_path / "a.spx")])

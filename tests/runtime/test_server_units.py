@@ -214,7 +214,7 @@ def test_serve_help_lists_every_option(capsys):
 def test_specexport_serve_passes_through():
     from click.testing import CliRunner
 
-    from specexport.cli import cli
+    from specexport.cli.main import cli
 
     result = CliRunner().invoke(cli, ["serve", "--help"])
     assert result.exit_code == 0 and "--max-queue" in result.output

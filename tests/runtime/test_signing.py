@@ -14,7 +14,7 @@ pytest.importorskip("cryptography")
 
 from click.testing import CliRunner
 
-from specexport.cli import cli
+from specexport.cli.main import cli
 from specexport_runtime.api import load
 from specexport_runtime.errors import ChecksumError, InvalidArgument
 from specexport_runtime.manifest import read_manifest

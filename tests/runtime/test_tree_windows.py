@@ -14,10 +14,10 @@ import pytest
 import torch
 from tiny import TINY_VARIANTS, make_model, make_tokenizer, save_hf_folder, tiny_config, tiny_names, write_recipe
 
-from specexport.build import build_artifact
-from specexport.decoder_graph import fused_supported
-from specexport.model_config import normalize
-from specexport.recipe import load_recipe
+from specexport.build.artifact import build_artifact
+from specexport.graphs.decoder import fused_supported
+from specexport.models.config import normalize
+from specexport.recipe.load import load_recipe
 from specexport_runtime.api import load
 from specexport_runtime.manifest import read_manifest
 

@@ -21,7 +21,7 @@ pytest.importorskip("tritonclient")
 from google.protobuf import json_format, text_format  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
-from specexport.cli import cli  # noqa: E402
+from specexport.cli.main import cli  # noqa: E402
 from specexport_runtime.api import load  # noqa: E402
 from specexport_runtime.errors import ChecksumError, InvalidArgument  # noqa: E402
 from specexport_runtime.generator import Generation  # noqa: E402

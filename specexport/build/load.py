@@ -1,0 +1,134 @@
+"""`specexport build`, loading: every config checked before any weight is read (refusals first),
+then the target (float32 reference, or a checkpoint's quantized blocks) and the draft side (a
+draft model with its tokenizer checked against the target's, or an EAGLE-3 head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BuildError
+from ..formats.hf_quantized import quantization_method
+from ..graphs.decoder import fused_refusal
+from ..models.config import NormalizedConfig, UnsupportedConfig, normalize, read_config
+from ..models.sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source
+from ..models.streaming import open_streamed, streamable
+from ..models.tokcheck import check_pair
+from ..recipe.spec import CHECKPOINT_TARGETS, ModelSpec, Recipe
+from .eagle import load_head
+
+if TYPE_CHECKING:
+    from .progress import Clock, Progress
+
+
+def _source(spec: ModelSpec) -> ModelSource:
+    return resolve_source(spec.model, spec.gguf_file, spec.revision)
+
+
+def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
+    """The model's normalized config from its config.json (a GGUF file's metadata) alone, before
+    any weight is read: an architecture, config feature or graph form the exporter does not
+    reproduce exactly is refused here with one line (model_config.normalize, fused_refusal)."""
+    source = _source(spec)
+    config = read_config(
+        source.location, gguf_file=source.gguf_file, revision=source.revision, trust_remote_code=spec.trust_remote_code
+    )
+    norm = normalize(config, recipe.max_context)
+    if recipe.layout.contrib_attention:  # what the fused exporter cannot write
+        problem = fused_refusal(norm)
+        if problem:
+            raise UnsupportedConfig(f"{spec.model}: {problem}")
+    return norm
+
+
+def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> NormalizedConfig:
+    """The loaded model's normalized config, which must be the one checked before loading."""
+    norm = normalize(model.config, max_context)
+    if norm != expected:
+        raise UnsupportedConfig(
+            f"the loaded model's config ({norm.describe()}) differs from its config.json ({expected.describe()})"
+        )
+    return norm
+
+
+def _load_float(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: Progress):
+    """The float32 reference of a float checkpoint: streamed (a transformers skeleton reading each
+    weight from the safetensors files when it is needed; streaming.py) where the fused writer
+    reads it, else loaded whole by transformers (GGUF files, pre-quantized folders, the traced
+    portable form)."""
+    folder = Path(source.location)
+    if (
+        source.kind == "folder"
+        and recipe.layout.contrib_attention
+        and streamable(folder)
+        and quantization_method(folder) is None
+    ):
+        config = read_config(source.location, trust_remote_code=spec.trust_remote_code)
+        try:
+            model = open_streamed(folder, config)
+        except BuildError as exc:
+            progress(f"{exc}; loading it whole instead")
+        else:
+            progress("streaming the weights tensor by tensor (safetensors)")
+            return model
+    return load_model(source, "float32", spec.trust_remote_code)
+
+
+def _load_target(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: Progress) -> tuple[Any, dict]:
+    """(float32 reference model, the checkpoint's quantized blocks; {} unless a checkpoint format)."""
+    if spec.precision in CHECKPOINT_TARGETS:
+        return load_blocks(source, spec.precision)
+    return _load_float(source, spec, recipe, progress), {}
+
+
+@dataclass
+class LoadedModels:
+    """What the build loaded: the target (its float32 reference, the checkpoint's blocks, its
+    normalized config) and the draft side (a draft model, or an EAGLE-3 head) when it has one."""
+
+    source: ModelSource
+    tokenizer: Any
+    reference: Any
+    blocks: dict
+    norm: NormalizedConfig
+    draft_source: ModelSource | None = None
+    draft: Any = None  # a draft model (recipe draft.model)
+    draft_norm: NormalizedConfig | None = None
+    head: Any = None  # an EAGLE-3 head (recipe draft.eagle3)
+
+
+def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModels:
+    """Configs first (refusals before any weight), then target, then the draft side."""
+    progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
+    t_norm = check_config(recipe.target, recipe)
+    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" else None
+    progress(f"target: {t_norm.describe()}")
+    clock.stage("check_config")
+    progress(f"loading target {recipe.target.model}")
+    source = _source(recipe.target)
+    tokenizer = load_tokenizer(source, recipe.target.trust_remote_code)
+    reference, blocks = _load_target(source, recipe.target, recipe, progress)
+    m = LoadedModels(source, tokenizer, reference, blocks, _loaded_config(reference, t_norm, recipe.max_context))
+    clock.stage("load_target")
+    if recipe.draft.kind == "eagle3":
+        progress(f"loading EAGLE-3 head {recipe.draft.model.model}")
+        m.head, m.draft_source = load_head(recipe, reference)
+        progress(f"EAGLE-3 head: target features {m.head.config.layer_ids_reason}")
+        clock.stage("load_draft")
+    elif recipe.draft.kind == "model":
+        progress(f"loading draft {recipe.draft.model.model}")
+        m.draft_source = _source(recipe.draft.model)
+        d_tok = load_tokenizer(m.draft_source, recipe.draft.model.trust_remote_code)
+        m.draft = _load_float(m.draft_source, recipe.draft.model, recipe, progress)
+        m.draft_norm = _loaded_config(m.draft, d_norm, recipe.max_context)
+        compat = check_pair(
+            tokenizer,
+            d_tok,
+            reference.get_output_embeddings().weight.shape[0],
+            m.draft.get_output_embeddings().weight.shape[0],
+        )
+        compat.raise_if_incompatible()  # rows the draft lacks are padded at run time (proposers.DraftModelProposer)
+        clock.stage("load_draft")
+    return m

@@ -1,0 +1,463 @@
+"""The decoder graph, written once for both forms: each family's layers as ONNX nodes, one weight
+at a time, with the operators of the graph's KV layout (docs/graph-contract.md):
+
+- `head_major_inplace` (graph: fused; ops_fused.py): GroupQueryAttention with in-place caches and
+  ONNX Runtime's contrib norms, for its CPU and CUDA providers;
+- `time_major` (graph: portable; ops_portable.py): ONNX standard ops over a prefix view of the
+  cache, for every provider and TensorRT.
+
+Each weight is read from the model's TensorSource by its Hugging Face name (streaming.py: a
+safetensors checkpoint read tensor by tensor, or a loaded model's parameters) and appended to
+model.onnx.data as it is written. The family's row (architectures.py) says where each weight lives
+and how the layer is wired, the normalized config (model_config.py) what it computes; validate.py
+checks the numerics against transformers.
+
+Layer (x: the residual stream [1, S, hidden]):
+    h = attn_norm(x);  x = x + attn_post_norm(o(attention(qkv(h))))
+    h = mlp_norm(x);   x = x + mlp_post_norm(down(act(gate(h)) * up(h)))
+Logits only for logits_index's rows: final_norm, head, divisor, softcap, float32.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from onnx import TensorProto
+
+from specexport_runtime import contract
+from specexport_runtime.contract import GraphSpec
+
+from ..models.architectures import ArchSpec, arch_for, module_at
+from ..models.config import NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
+from ..models.streaming import Weights, source_of
+from .ops_fused import ops_for
+from .writer import (
+    ONNX_DTYPE,
+    AttentionShape,
+    DataFile,
+    ExportResult,
+    FloatWeights,
+    Graph,
+    Linear,
+    WeightPlan,
+    save_graph,
+    softcap,
+)
+
+
+def fused_supported(model_type: str) -> bool:
+    """Families the fused form reproduces (rotary positions); GPT-2 is portable only."""
+    return arch_for(model_type).positions == "rope"
+
+
+def fused_refusal(cfg: NormalizedConfig) -> str | None:
+    """Why the fused graphs (its tree graph included) cannot reproduce `cfg` (None: they can);
+    known from the config alone."""
+    if cfg.arch.positions != "rope":
+        return f"architecture {cfg.family!r} has learned positions; use graph: portable"
+    half = cfg.rotary_dim // 2
+    if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
+        return (
+            f"partial rotary over {cfg.rotary_dim} of {cfg.head_dim} dims: GroupQueryAttention needs"
+            f" rotary_dim / 2 = {half} to be a multiple of 8; use graph: portable"
+        )
+    return None
+
+
+def rotary_inv_freq(model: torch.nn.Module, norm: NormalizedConfig) -> dict[str, tuple[torch.Tensor, float]]:
+    """rope key -> (inv_freq [rotary_dim / 2] float32, attention_scaling) as transformers' rotary
+    module holds them (its initial tables: bounded kinds equal them below their bound)."""
+    if not norm.ropes:
+        return {}
+    rotary = module_at(model, f"{norm.arch.decoder}.rotary_emb")
+    tables = {}
+    for key, _ in norm.ropes:
+        prefix = "" if key == "all" else f"{key}_"
+        inv = getattr(rotary, f"{prefix}original_inv_freq", None)
+        if inv is None:
+            inv = getattr(rotary, f"{prefix}inv_freq")
+        scale = getattr(rotary, f"{prefix}attention_scaling", None)
+        if scale is None:
+            scale = rotary.attention_scaling
+        inv = inv.detach().float().clone()
+        if 2 * inv.shape[0] != norm.rotary_dim:
+            raise UnsupportedConfig(
+                f"rotary table {key!r} covers {2 * inv.shape[0]} dims; the config says {norm.rotary_dim}"
+            )
+        tables[key] = (inv, float(scale))
+    return tables
+
+
+def _norm_weight(module: torch.nn.Module, offset: float, w: Weights) -> tuple[torch.Tensor, float]:
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", None)
+    if eps is None or getattr(module, "weight", None) is None:
+        raise UnsupportedConfig(f"norm module {type(module).__name__} has no weight/eps the graph can use")
+    return w.of(module).float() + offset, float(eps)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's weight sites: q|k|v [(H + 2 H_kv) D, hidden], o, gate|up [2 I, hidden]
+    (a plain MLP: up [I, hidden] only, `gated` False), down, each with its bias or None."""
+
+    qkv: Linear
+    qkv_b: torch.Tensor | None
+    o: Linear
+    o_b: torch.Tensor | None
+    gate_up: Linear
+    gate_up_b: torch.Tensor | None
+    down: Linear
+    down_b: torch.Tensor | None
+    gated: bool = True
+
+
+def _bias(w: Weights, *modules: torch.nn.Module) -> torch.Tensor | None:
+    if all(getattr(m, "bias", None) is None for m in modules):
+        return None
+    return torch.cat([w.bias(m) if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in modules])
+
+
+def _conv1d(w: Weights, module: torch.nn.Module) -> tuple[str, torch.Tensor]:
+    """(name, weight [N, K]) of a transformers Conv1D, which stores [K, N] (GPT-2)."""
+    name, weight = w.part(module)
+    return name, weight.t()
+
+
+def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, w: Weights, i: int) -> LayerWeights:
+    """Layer i's weights, read from the source (one layer's weights at a time)."""
+    attn, mlp = module_at(layer, arch.attn), module_at(layer, arch.mlp)
+    part = w.part
+    if arch.qkv == "separate":
+        mods = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = Linear(f"l{i}_qkv", tuple(part(m) for m in mods))
+    elif arch.qkv == "fused":
+        mods = (attn.qkv_proj,)
+        qkv = Linear(f"l{i}_qkv", (part(attn.qkv_proj),))
+    else:  # conv1d: c_attn, columns [q | k | v]
+        mods = (attn.c_attn,)
+        qkv = Linear(f"l{i}_qkv", (_conv1d(w, attn.c_attn),))
+    H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
+    if qkv.out_features != (H + 2 * Hkv) * D:
+        raise UnsupportedConfig(f"q|k|v rows {qkv.out_features} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
+    out = getattr(attn, arch.out_proj)
+    o = _conv1d(w, out) if arch.qkv == "conv1d" else part(out)
+    if arch.mlp_kind == "module":  # a plain MLP of Conv1Ds: c_fc, act, c_proj (GPT-2)
+        return LayerWeights(
+            qkv,
+            _bias(w, *mods),
+            Linear(f"l{i}_o", (o,)),
+            _bias(w, out),
+            Linear(f"l{i}_up", (_conv1d(w, mlp.c_fc),)),
+            _bias(w, mlp.c_fc),
+            Linear(f"l{i}_down", (_conv1d(w, mlp.c_proj),)),
+            _bias(w, mlp.c_proj),
+            gated=False,
+        )
+    if arch.mlp_kind == "gated":
+        up_mods = (mlp.gate_proj, mlp.up_proj)
+    else:  # fused_gated: rows [gate; up] already
+        up_mods = (mlp.gate_up_proj,)
+    return LayerWeights(
+        qkv,
+        _bias(w, *mods),
+        Linear(f"l{i}_o", (o,)),
+        _bias(w, out),
+        Linear(f"l{i}_gate_up", tuple(part(m) for m in up_mods)),
+        _bias(w, *up_mods),
+        Linear(f"l{i}_down", (part(mlp.down_proj),)),
+        _bias(w, mlp.down_proj),
+    )
+
+
+class _Stream:
+    """The residual stream: `residual` plus a `pending` addend that the next norm folds in (the
+    fused form's SkipSimplifiedLayerNormalization: one node for the add and the norm)."""
+
+    def __init__(self, g: Graph, ops, x: str, offset: float, weights: Weights):
+        self.g, self.ops, self.residual, self.pending = g, ops, x, None
+        self.offset, self.weights = offset, weights
+
+    def _params(self, module: torch.nn.Module) -> tuple[str, float, str | None]:
+        w, eps = _norm_weight(module, self.offset, self.weights)
+        bias = self.weights.bias(module) if getattr(module, "bias", None) is not None else None
+        return self.g.weight("norm", w), eps, (self.g.weight("norm_b", bias) if bias is not None else None)
+
+    def norm(self, module: torch.nn.Module) -> str:
+        """norm(residual + pending); residual := residual + pending."""
+        w, eps, b = self._params(module)
+        if self.pending is None:
+            return self.ops.norm(self.g, self.residual, w, eps, b)
+        h, self.residual = self.ops.add_norm(self.g, self.pending, self.residual, w, eps, b)
+        self.pending = None
+        return h
+
+    def value(self) -> str:
+        """residual + pending as a tensor (one Add when an addend is pending)."""
+        if self.pending is not None:
+            (self.residual,) = self.g.op("Add", [self.residual, self.pending])
+            self.pending = None
+        return self.residual
+
+    def add(self, branch: str) -> None:
+        assert self.pending is None, "two addends pending"
+        self.pending = branch
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What every layer of one graph reads."""
+
+    g: Graph
+    ops: object  # ops_fused.FusedOps | ops_portable.PortableOps
+    cfg: NormalizedConfig
+    shape: AttentionShape
+    call: object  # the ops' per-call state (prepare())
+    weights: WeightPlan
+    ws: Weights
+
+    def linear(self, x: str, site: Linear, bias: torch.Tensor | None) -> str:
+        y = self.weights.linear(self.g, x, site)
+        if bias is not None:
+            (y,) = self.g.op("Add", [y, self.g.weight(f"{site.stem}_b", bias)])
+        return y
+
+    def rms(self, x: str, module: torch.nn.Module, stem: str) -> str:
+        """RMSNorm of x over its last axis with `module`'s weight."""
+        w, eps = _norm_weight(module, self.cfg.arch.norm_offset, self.ws)
+        return self.ops.norm(self.g, x, self.g.weight(stem, w), eps)
+
+
+def _head_norm(c: _Ctx, x: str, module: torch.nn.Module, heads: int) -> str:
+    """RMSNorm over head_dim of x [1, S, heads D] -> [1, S, heads D]."""
+    D = c.cfg.head_dim
+    (y,) = c.g.op("Reshape", [x, c.g.const("shape", np.array([1, -1, heads, D], np.int64))])
+    y = c.rms(y, module, "head_norm")
+    return c.g.op("Reshape", [y, c.g.const("shape", np.array([1, -1, heads * D], np.int64))])[0]
+
+
+def _attention(c: _Ctx, i: int, attn: torch.nn.Module, h: str, lw: LayerWeights) -> str:
+    """h [1, S, hidden] -> the attention output before o_proj [1, S, H D]; K/V to the cache."""
+    arch, spec, g = c.cfg.arch, c.cfg.layers[i], c.g
+    H, Hkv, D = c.cfg.heads, c.cfg.kv_heads, c.cfg.head_dim
+    qkv = c.linear(h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
+    if arch.qk_norm:  # RMSNorm of q and k before rotary
+        q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
+        if arch.qk_norm == "head":
+            q, k = _head_norm(c, q, attn.q_norm, H), _head_norm(c, k, attn.k_norm, Hkv)
+        else:  # over all heads (OLMo 2)
+            q, k = c.rms(q, attn.q_norm, "qk_norm"), c.rms(k, attn.k_norm, "qk_norm")
+        qkv_inputs = [q, k, v]
+    else:
+        qkv_inputs = [qkv, "", ""]  # packed q|k|v
+    return c.ops.attention(g, i, qkv_inputs, c.call, c.shape, spec.rope, spec.window)
+
+
+def _branch(c: _Ctx, layer: torch.nn.Module, post: str | None, out: str) -> str:
+    """An attention or MLP output as added to the residual stream: post-norm, residual multiplier."""
+    if post is not None:
+        out = c.rms(out, module_at(layer, post), "post_norm")
+    if c.cfg.residual_multiplier is not None:
+        (out,) = c.g.op("Mul", [out, c.g.scalar("residual_multiplier", c.cfg.residual_multiplier)])
+    return out
+
+
+def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw: LayerWeights) -> None:
+    """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
+    arch, g = c.cfg.arch, c.g
+    a = _attention(c, i, module_at(layer, arch.attn), h, lw)
+    stream.add(_branch(c, layer, arch.attn_post_norm, c.linear(a, lw.o, lw.o_b)))
+    h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
+    up = c.linear(h, lw.gate_up, lw.gate_up_b)  # [1, S, 2 I]: one weight stream per MLP input
+    if lw.gated:
+        inter = lw.gate_up.out_features // 2
+        gate, up = g.op("Split", [up, g.const("split", np.array([inter, inter], np.int64))], 2, axis=-1)
+        (hidden,) = g.op("Mul", [c.ops.activation(g, gate, c.cfg.activation), up])
+    else:
+        hidden = c.ops.activation(g, up, c.cfg.activation)
+    stream.add(_branch(c, layer, arch.mlp_post_norm, c.linear(hidden, lw.down, lw.down_b)))
+
+
+def _paths(model: torch.nn.Module) -> dict[int, str]:
+    """id(module) -> its path in the model (a parameter's Hugging Face name is path.attribute)."""
+    return {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+
+
+def attention_shape(model: torch.nn.Module, cfg: NormalizedConfig) -> AttentionShape:
+    return AttentionShape(
+        cfg.heads,
+        cfg.kv_heads,
+        cfg.head_dim,
+        cfg.attn_scale,
+        cfg.attn_softcap,
+        rotary_inv_freq(model, cfg),
+        cfg.rotary_dim,
+        cfg.windows,
+    )
+
+
+def build_decoder(
+    model: torch.nn.Module,
+    out_dir: Path,
+    max_context: int | None = None,
+    *,
+    kv_layout: str = contract.HEAD_MAJOR_INPLACE,
+    tie_lm_head: bool = True,
+    weights: WeightPlan | None = None,
+    min_rows: int = 1,
+    pad_attention: bool = False,
+    feature_layers: tuple[int, ...] = (),
+    norm: NormalizedConfig | None = None,
+    slots: int = 1,
+    tree: bool = False,
+    table_rows: int | None = None,
+    dtype: torch.dtype | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
+) -> ExportResult:
+    """Write out_dir/model.onnx (+ data) in `kv_layout` for `model` (a loaded transformers model,
+    or a streamed skeleton: streaming.open_streamed), reading one weight at a time from its source
+    and appending it to the data file as it is written.
+
+    weights: how weights are stored (default FloatWeights: the graph dtype). dtype: the graph's
+    float dtype (default: the model's); weights are converted one at a time. tie_lm_head=False
+    stores the output projection as its own [hidden, V] MatMul weight, which weight-only
+    quantizers of drafts compress. min_rows: the manifest's min_rows for this graph (feature row_padding:
+    the runtime pads calls). pad_attention (fused): every GroupQueryAttention gets one row more
+    than the call, a copy of its last row (row_padding's cache_pad 1): ONNX Runtime's
+    GroupQueryAttention computes a 1-row call on another path than calls of 2 or more rows, while
+    its MatMuls are row-invariant, so this keeps every row independent of its call's size without
+    a padded MatMul; the copy's K/V land at cache row P + S, which the next call overwrites.
+    feature_layers: indices i of the residual streams entering decoder layer i (transformers'
+    output_hidden_states[i], 0 <= i < layers) returned as `hidden_states` [1, S, F] float32 for
+    every input row (what an EAGLE-3 head reads). norm: the model's normalized
+    config (default: normalized from model.config). slots: K > 1 cache slots, rows packed slot
+    after slot (features cache_slots, idle_slots). tree: the tree-verify graph (tree_verify):
+    position_ids and tree_bias inputs, one slot, unpadded. table_rows (fused): rows of the
+    rotary tables (default max_context + min_rows - 1 + pad); a graph that shares another's
+    weights file takes that graph's. on_layer(i, n): called once layer i of n is written."""
+    ops = ops_for(kv_layout)
+    if max_context is None and table_rows is None and ops.layout.contrib_attention:
+        raise UnsupportedConfig("the fused layout needs max_context (its rotary tables' rows)")
+    weights = weights or FloatWeights()
+    pad = 1 if pad_attention else 0
+    start = time.perf_counter()
+    cfg = norm or normalize(model.config, max_context)
+    check_hf_modules(model, cfg)
+    problem = fused_refusal(cfg) if ops.layout.contrib_attention else None
+    if problem:
+        raise UnsupportedConfig(problem)
+    if pad and not ops.pads_attention:
+        raise UnsupportedConfig(f"padded attention (cache_pad) needs the fused layout, not {kv_layout!r}")
+    dtype = dtype or next(model.parameters()).dtype
+    if dtype not in ONNX_DTYPE:
+        raise UnsupportedConfig(f"dtype {dtype} is not supported (float32 or float16)")
+    base = module_at(model, cfg.arch.decoder)
+    layers = module_at(base, cfg.arch.layers)
+    V = module_at(base, cfg.arch.embed).weight.shape[0]  # embedding [V, hidden]
+    if slots < 1 or (slots > 1 and (feature_layers or tree)):
+        raise UnsupportedConfig(
+            f"slots must be >= 1; a tree graph has one slot and a batch graph no features; got {slots}"
+        )
+    if tree and (pad or min_rows > 1):
+        raise UnsupportedConfig(f"a tree graph has unpadded rows; got cache_pad {pad}, min_rows {min_rows}")
+    bad = [i for i in feature_layers if not 0 <= i < len(layers)]
+    if bad:
+        raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
+    spec = GraphSpec(
+        len(layers),
+        cfg.kv_heads,
+        cfg.head_dim,
+        V,
+        "float32" if dtype == torch.float32 else "float16",
+        kv_layout=kv_layout,
+        feature_width=len(feature_layers) * cfg.hidden,
+        windows=cfg.windows if ops.layout.window_version else (),
+        slots=slots,
+        tree=tree,
+    )
+    g = Graph(dtype, data=DataFile(out_dir))
+    try:
+        ws = Weights(source_of(model), _paths(model))
+        call = ops.prepare(
+            g,
+            attention_shape(model, cfg),
+            slots,
+            tree,
+            pad=bool(pad),
+            table_rows=table_rows or (max_context or 0) + min_rows - 1 + pad,
+        )
+        c = _Ctx(g, ops, cfg, attention_shape(model, cfg), call, weights, ws)
+        features = _write(c, model, base, layers, feature_layers, tie_lm_head, on_layer)
+        inputs, outputs = ops.interface(spec, g.elem, features)
+        padded = pad or min_rows > 1 or feature_layers
+        version = contract.version_for(
+            kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots, tree=tree
+        )
+        return save_graph(g, "specexport_decoder", inputs, outputs, spec, version, out_dir, start)
+    finally:
+        if g.data is not None:
+            g.data.close()
+
+
+def _write(c: _Ctx, model, base, layers, feature_layers, tie_lm_head: bool, on_layer) -> bool:
+    """Every node from the embedding to the logits; True when `hidden_states` is an output."""
+    g, cfg, arch, ws = c.g, c.cfg, c.cfg.arch, c.ws
+    embed_module = module_at(base, arch.embed)
+    x, table = c.weights.embedding(g, contract.INPUT_IDS, Linear("embed", (ws.part(embed_module),)))
+    if arch.embed_scale:  # [1, S, hidden]
+        scale = getattr(embed_module, "embed_scale", None)
+        (x,) = g.op("Mul", [x, g.scalar("embed_scale", float(scale) if scale is not None else cfg.hidden**0.5)])
+    if cfg.embedding_multiplier is not None:
+        (x,) = g.op("Mul", [x, g.scalar("embedding_multiplier", cfg.embedding_multiplier)])
+    if arch.positions == "learned":  # x + position_embedding(positions) (GPT-2)
+        wpe = g.weight("wpe", ws.of(module_at(base, arch.position_embed)))
+        (x,) = g.op("Add", [x, g.op("Gather", [wpe, c.call.positions])[0]])
+
+    stream = _Stream(g, c.ops, x, arch.norm_offset, ws)
+    entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
+    for i, layer in enumerate(layers):
+        h = stream.norm(module_at(layer, arch.attn_norm)) if arch.attn_norm else stream.value()
+        entering[i] = stream.residual  # the norm (or value()) has just folded the pending addend into it
+        _layer(c, i, layer, stream, h, _layer_weights(layer, arch, cfg, ws, i))
+        if on_layer is not None:
+            on_layer(i, len(layers))
+
+    features = None
+    if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits
+        (features,) = g.op("Concat", [entering[i] for i in feature_layers], axis=-1)
+        if g.dtype != torch.float32:
+            (features,) = g.op("Cast", [features], to=TensorProto.FLOAT)
+    _logits(c, model, stream, base, table if tie_lm_head else None)
+    if features is not None:
+        g.op("Identity", [features], [contract.HIDDEN_STATES])
+    return features is not None
+
+
+def _logits(c: _Ctx, model, stream: _Stream, base, table: str | None) -> None:
+    """Logits only for the requested rows: gather, final norm, output projection, Granite's
+    divisor and Gemma 2's softcap (in the model dtype, as transformers), then float32."""
+    g, cfg, ws = c.g, c.cfg, c.ws
+    (rows,) = g.op("Gather", [stream.pending, contract.LOGITS_INDEX], axis=1)  # [1, R, hidden]
+    (res_rows,) = g.op("Gather", [stream.residual, contract.LOGITS_INDEX], axis=1)
+    stream.residual, stream.pending = res_rows, rows
+    h = stream.norm(module_at(base, cfg.arch.final_norm))  # [1, R, hidden]
+    (h2,) = g.op("Squeeze", [h, g.const("axes", np.array([0], np.int64))])  # [R, hidden]
+    head = model.get_output_embeddings()
+    embed = module_at(base, cfg.arch.embed)
+    tied = table is not None and ws.name(head) == ws.name(embed)
+    logits = c.weights.head(g, h2, Linear("lm_head", (ws.part(head),)), table if tied else None)
+    if getattr(head, "bias", None) is not None:
+        (logits,) = g.op("Add", [logits, g.weight("lm_b", ws.bias(head))])
+    if cfg.logits_divisor is not None:
+        (logits,) = g.op("Div", [logits, g.scalar("logits_scaling", cfg.logits_divisor)])
+    if cfg.final_softcap is not None:
+        logits = softcap(g, logits, cfg.final_softcap)
+    if g.dtype != torch.float32:
+        (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
+    g.op("Unsqueeze", [logits, g.const("axes", np.array([0], np.int64))], [contract.LOGITS])

@@ -1,0 +1,246 @@
+"""Weights one tensor at a time: where the graph writer and the validation reference read them.
+
+    model = open_streamed(folder, config)     # a transformers skeleton: parameters on `meta`
+    source_of(model).get("model.layers.0.mlp.up_proj.weight")   # one tensor, in its stored dtype
+
+The skeleton holds the config, the shapes and the rotary buffers, never a weight: the graph
+writer (decoder_graph.py) reads each weight from the source by its Hugging Face name as it writes it,
+and validation (validate.py) runs the skeleton as its float32 reference with every module's own
+parameters loaded just before its forward and dropped right after it (`lazy_forward`), so the
+build holds at most one module's weights in float32 (the embedding, for most models) rather
+than the whole model several times over.
+
+A loaded transformers model is a source too (`ModuleSource`): GGUF, GPTQ and AWQ targets still
+come that way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..errors import BuildError
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+class TensorSource(Protocol):
+    """Named weights, read one at a time in their stored dtype."""
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor `name` (a Hugging Face parameter name; a tied head resolves to its table)."""
+
+    def has(self, name: str) -> bool: ...
+
+    def canonical(self, name: str) -> str:
+        """The name the tensor is stored under (a tied output head: the embedding's name)."""
+
+
+class ModuleSource:
+    """The parameters of a loaded torch model (the first name of a tied parameter is canonical)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._params = dict(model.named_parameters(remove_duplicate=False))
+        first: dict[int, str] = {}
+        for name, p in self._params.items():
+            first.setdefault(id(p), name)
+        self._canonical = {name: first[id(p)] for name, p in self._params.items()}
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return self._params[name].detach()
+        except KeyError:
+            raise BuildError(f"the model has no parameter {name!r}") from None
+
+    def has(self, name: str) -> bool:
+        return name in self._params
+
+    def canonical(self, name: str) -> str:
+        return self._canonical.get(name, name)
+
+
+class SafetensorsSource:
+    """A Hugging Face folder's safetensors file(s): `get` maps the file, copies one tensor out and
+    unmaps it again (a file kept mapped would leave every tensor read so far resident).
+
+    aliases: name -> stored name, for names the files lack (a tied output head: the embedding)."""
+
+    def __init__(self, folder: Path, aliases: dict[str, str] | None = None):
+        self.folder = Path(folder)
+        index = self.folder / INDEX
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+        elif (self.folder / SINGLE).is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(self.folder / SINGLE), framework="pt") as f:
+                weight_map = dict.fromkeys(f.keys(), SINGLE)
+        else:
+            raise BuildError(f"folder {str(folder)!r} holds neither {SINGLE} nor {INDEX}")
+        self._file_of: dict[str, str] = dict(weight_map)
+        self._aliases = dict(aliases or {})
+
+    def canonical(self, name: str) -> str:
+        return name if name in self._file_of else self._aliases.get(name, name)
+
+    def has(self, name: str) -> bool:
+        return self.canonical(name) in self._file_of
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        stored = self.canonical(name)
+        file = self._file_of.get(stored)
+        if file is None:
+            raise BuildError(f"{self.folder.name}: no tensor {name!r} in the checkpoint")
+        with safe_open(str(self.folder / file), framework="pt") as handle:
+            return handle.get_tensor(stored)  # a copy: it outlives the mapping
+
+
+def streamable(folder: Path) -> bool:
+    """Whether a Hugging Face folder's weights can be read tensor by tensor (safetensors)."""
+    return (Path(folder) / INDEX).is_file() or (Path(folder) / SINGLE).is_file()
+
+
+def skeleton(config) -> torch.nn.Module:
+    """The transformers model of `config` with its parameters on the meta device (no memory) and
+    its buffers (rotary tables, embedding scales) real, in eval mode."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # as from_pretrained does (tie_word_embeddings)
+    return model.eval()
+
+
+DTYPE_ATTR = "weight_dtype"  # the dtype a streamed skeleton's forwards load their weights in
+
+
+def lazy_forward(model: torch.nn.Module, source: TensorSource) -> None:
+    """Hook every module of `model` that owns parameters: each forward loads them from `source`
+    (in the model's `weight_dtype`, float32 unless weights_dtype says otherwise) just before and
+    puts them back on the meta device just after, so a forward holds one module's weights at a
+    time."""
+    setattr(model, DTYPE_ATTR, torch.float32)
+    for prefix, module in model.named_modules():
+        own = [n for n, p in module._parameters.items() if p is not None]  # a bias may be None
+        if not own:
+            continue
+        names = {p: f"{prefix}.{p}" if prefix else p for p in own}
+
+        def load(mod, _args, names=names):
+            dtype = getattr(model, DTYPE_ATTR)
+            for p, full in names.items():
+                mod._parameters[p] = torch.nn.Parameter(source.get(full).to(dtype), requires_grad=False)
+
+        def drop(mod, _args, _out, names=names):
+            for p in names:
+                mod._parameters[p] = torch.nn.Parameter(
+                    torch.empty_like(mod._parameters[p], device="meta"), requires_grad=False
+                )
+
+        module.register_forward_pre_hook(load)
+        module.register_forward_hook(drop)
+
+
+@contextmanager
+def weights_dtype(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """Run `model`'s forwards in `dtype` within the block: a streamed skeleton loads its weights in
+    it; a loaded float32 model is converted in place and back (float32 -> float64 -> float32 is
+    exact)."""
+    if hasattr(model, DTYPE_ATTR):
+        setattr(model, DTYPE_ATTR, dtype)
+        try:
+            yield
+        finally:
+            setattr(model, DTYPE_ATTR, torch.float32)
+        return
+    before = next(model.parameters()).dtype
+    torch.nn.Module.to(model, dtype)  # not transformers' override, which refuses quantized-origin models
+    try:
+        yield
+    finally:
+        torch.nn.Module.to(model, before)
+
+
+SOURCE_ATTR = "weight_source"  # where a streamed skeleton carries its TensorSource
+
+
+def open_streamed(folder: Path, config) -> torch.nn.Module:
+    """The skeleton of `config` reading its weights from `folder`'s safetensors: a module that runs
+    forwards like the loaded model (each module's weights loaded for its own forward only), whose
+    source the graph writer reads (`source_of`). BuildError when the checkpoint's tensor names
+    are not the model's parameter names (transformers renames some at load)."""
+    model = skeleton(config)
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    names = {id(m): n for n, m in model.named_modules()}
+    aliases = {}
+    if head is not None and head.weight is embed.weight:  # tied: a head the file lacks reads the embedding
+        aliases[f"{names[id(head)]}.weight"] = f"{names[id(embed)]}.weight"  # (one it holds is used, untied,
+        # as transformers 5 unties a checkpoint holding both with different values)
+    source = SafetensorsSource(folder, aliases)
+    missing = [n for n, _ in model.named_parameters(remove_duplicate=False) if not source.has(n)]
+    if missing:
+        raise BuildError(
+            f"{Path(folder).name}: the checkpoint's tensor names are not the model's"
+            f" ({len(missing)} missing, e.g. {missing[0]!r}); it cannot be streamed"
+        )
+    lazy_forward(model, source)
+    setattr(model, SOURCE_ATTR, source)
+    if (Path(folder) / "generation_config.json").is_file():  # eos ids, as from_pretrained reads them
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    return model
+
+
+def is_streamed(model) -> bool:
+    return isinstance(getattr(model, SOURCE_ATTR, None), SafetensorsSource)
+
+
+def source_of(model: torch.nn.Module) -> TensorSource:
+    """Where the writer reads `model`'s weights: a streamed skeleton's source, else its parameters."""
+    source = getattr(model, SOURCE_ATTR, None)
+    return source if source is not None else ModuleSource(model)
+
+
+def input_embedding(model: torch.nn.Module) -> torch.Tensor:
+    """The input embedding table [V, hidden] in its stored dtype, read from the model's source."""
+    embed = model.get_input_embeddings()
+    name = next(n for n, m in model.named_modules() if m is embed)
+    return source_of(model).get(f"{name}.weight").detach()
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The model's weights by module: `of(module)` reads that module's weight from the source by
+    its Hugging Face name (`paths`: id(module) -> its path in the model, taken when the writer
+    starts; a parameter's name is its module's path and attribute)."""
+
+    source: TensorSource
+    paths: dict[int, str]
+
+    def _full(self, module: torch.nn.Module, attr: str) -> str:
+        return f"{self.paths[id(module)]}.{attr}"
+
+    def name(self, module: torch.nn.Module, attr: str = "weight") -> str:
+        """The name the source stores it under (a tied head: the embedding's)."""
+        return self.source.canonical(self._full(module, attr))
+
+    def of(self, module: torch.nn.Module, attr: str = "weight") -> torch.Tensor:
+        return self.source.get(self._full(module, attr))
+
+    def part(self, module: torch.nn.Module) -> tuple[str, torch.Tensor]:
+        """(name, weight) of a linear module: one part of a Linear site."""
+        return self.name(module), self.of(module)
+
+    def bias(self, module: torch.nn.Module) -> torch.Tensor | None:
+        return None if getattr(module, "bias", None) is None else self.of(module, "bias")

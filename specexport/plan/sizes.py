@@ -1,0 +1,395 @@
+"""Model sizes for `specexport plan`: parameters, weight, KV-cache and working-memory bytes of a
+model's normalized config (model_config.NormalizedConfig), and the configs of the bundled
+recipes' models so that a plan needs no download. The formulas are in plan.py's docstring.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecExportError
+from ..models.config import LayerSpec, NormalizedConfig, config_from_dict, normalize, read_config
+from ..recipe.spec import QUANTIZED_TARGETS, ModelSpec, QuantizationSpec
+
+MATMULNBITS_BLOCK = 32
+
+
+class PlanError(SpecExportError, ValueError):
+    """A model's shape is unknown, or plan arguments are out of range."""
+
+
+# config.json values of the bundled recipes' models (what sizes them; rope factor lists omitted
+# where they do not change a size)
+_LLAMA = dict(model_type="llama", hidden_act="silu")
+_QWEN2 = dict(model_type="qwen2", hidden_act="silu")
+_LONGROPE_48 = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.75,
+    "short_factor": [1.0] * 48,
+    "long_factor": [1.0] * 48,
+    "original_max_position_embeddings": 4096,
+}
+KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
+    "meta-llama/Llama-3.1-8B-Instruct": dict(
+        _LLAMA,
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
+    "meta-llama/Llama-3.2-1B-Instruct": dict(
+        _LLAMA,
+        num_hidden_layers=16,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(
+        _QWEN2,
+        num_hidden_layers=24,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(
+        _QWEN2,
+        num_hidden_layers=28,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "Qwen/Qwen2.5-3B-Instruct": dict(
+        _QWEN2,
+        num_hidden_layers=36,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": dict(
+        _QWEN2,
+        num_hidden_layers=28,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+    ),
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0": dict(
+        _LLAMA,
+        num_hidden_layers=22,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+    ),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": dict(
+        _LLAMA,
+        num_hidden_layers=30,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "google/gemma-3-1b-it": dict(
+        model_type="gemma3_text",
+        num_hidden_layers=26,
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=262144,
+        sliding_window=512,
+        sliding_window_pattern=6,
+        query_pre_attn_scalar=256,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        max_position_embeddings=32768,
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "google/gemma-3-270m-it": dict(
+        model_type="gemma3_text",
+        num_hidden_layers=18,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=262144,
+        sliding_window=512,
+        sliding_window_pattern=6,
+        query_pre_attn_scalar=256,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        max_position_embeddings=32768,
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "HuggingFaceTB/SmolLM3-3B": dict(
+        model_type="smollm3",
+        num_hidden_layers=36,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        vocab_size=128256,
+        rope_theta=5000000.0,
+        no_rope_layer_interval=4,
+        max_position_embeddings=65536,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+    ),
+    "ibm-granite/granite-3.3-2b-instruct": dict(
+        model_type="granite",
+        num_hidden_layers=40,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=49159,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.015625,
+        logits_scaling=8.0,
+        rope_theta=10000000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+    ),
+    "microsoft/Phi-4-mini-instruct": dict(
+        model_type="phi3",
+        num_hidden_layers=32,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        vocab_size=200064,
+        rope_parameters=_LONGROPE_48,
+        sliding_window=262144,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+    ),
+}
+KNOWN_CONFIGS["builtin:smollm2-135m-instruct"] = KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"]
+KNOWN_CONFIGS["meta-llama/Meta-Llama-3.1-8B-Instruct"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
+KNOWN_CONFIGS["hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
+
+
+def known_config(model: str, max_context: int | None = None) -> NormalizedConfig:
+    return normalize(config_from_dict(KNOWN_CONFIGS[model]), max_context)
+
+
+def model_config(
+    spec: ModelSpec, max_context: int | None = None, known: dict[str, dict[str, Any]] | None = None
+) -> tuple[NormalizedConfig, str]:
+    """(normalized config, where it came from) of a recipe's model: the known table (hub ids of the
+    bundled recipes, builtin models; `known` adds config.json dicts), a local folder's
+    config.json, or a local GGUF file's metadata. What build would refuse is refused here too."""
+    table = {**KNOWN_CONFIGS, **(known or {})}
+    if spec.model in table:
+        return normalize(config_from_dict(table[spec.model]), max_context), "known config"
+    path = Path(spec.model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return normalize(config_from_dict(data), max_context), f"{path}/config.json"
+    gguf = path if path.suffix.lower() == ".gguf" else (path / spec.gguf_file if spec.gguf_file else None)
+    if gguf is not None and gguf.is_file():
+        return normalize(read_config(str(gguf.parent), gguf_file=gguf.name), max_context), str(gguf)
+    raise PlanError(
+        f"cannot size model {spec.model!r}: it is not in the known table ({len(KNOWN_CONFIGS)} models of the bundled"
+        " recipes) and is not a local folder with config.json or a local .gguf file; download it (or its config.json)"
+        " and give the folder"
+    )
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def linear_parameters(c: NormalizedConfig) -> int:
+    """Parameters of the decoder layers' MatMul weights (what the quantizers rewrite)."""
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    attention = c.hidden * q + 2 * c.hidden * kv + q * c.hidden
+    mlp = (2 if c.arch.mlp_kind == "module" else 3) * c.hidden * c.intermediate
+    return c.num_layers * (attention + mlp)
+
+
+def small_parameters(c: NormalizedConfig) -> int:
+    """Norm weights (and LayerNorm biases), q/k norms, biases and learned positions."""
+    a = c.arch
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    norm = c.hidden * (2 if a.norm_bias else 1)
+    layer = a.norms_per_layer * norm + {"": 0, "head": 2 * c.head_dim, "full": q + kv}[a.qk_norm]
+    layer += (q + 2 * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
+    if c.mlp_bias:
+        layer += (c.intermediate if a.mlp_kind == "module" else 2 * c.intermediate) + c.hidden
+    positions = c.max_positions * c.hidden if a.positions == "learned" else 0
+    return c.num_layers * layer + norm + positions
+
+
+def embedding_parameters(c: NormalizedConfig) -> int:
+    return c.vocab * c.hidden
+
+
+def parameters(c: NormalizedConfig) -> int:
+    """Parameters of the model as published (tied embeddings counted once)."""
+    head = 0 if c.tied else embedding_parameters(c)
+    return linear_parameters(c) + small_parameters(c) + embedding_parameters(c) + head
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+_QUANT_BYTES = {"int8": 1 + 4 / MATMULNBITS_BLOCK, "int4": 0.5 + 4 / MATMULNBITS_BLOCK, "dynamic-int8": 1.0}
+_FLOAT_BYTES = {"fp32": 4, "fp16": 2}
+PRECISION_BYTES = {**_FLOAT_BYTES, **_QUANT_BYTES}
+
+
+def _per_param(mode: str, precision: str, q: QuantizationSpec) -> float:
+    """Bytes per parameter of a quantized target's tensor stored as `mode` (plan.py's docstring)."""
+    f = 2 if q.dtype == "fp16" else 4
+    block = q.block_size or MATMULNBITS_BLOCK
+    if mode == "checkpoint":
+        mode = {"gguf": "gguf", "int8": "int8", "int4": "int4"}.get(precision, "fp32")  # gptq / awq: float
+    return {
+        "fp32": float(f),
+        "int8": 1 + f / block,
+        "int4": 0.5 + f / block,
+        "gguf": 0.5 + 2 * f / 32,
+        "gptq": 0.5 + (f + 0.5) / 32,
+        "awq": 0.5 + (f + 0.5) / 32,
+    }[mode]
+
+
+def quantized_target_bytes(c: NormalizedConfig, precision: str, q: QuantizationSpec) -> int:
+    """Weight bytes of a quantized target: layers, head and embedding as `q` stores them."""
+    layers = linear_parameters(c) * _per_param(precision, precision, q)
+    embedding = embedding_parameters(c) * _per_param(q.embedding, precision, q)
+    head = embedding_parameters(c) * _per_param(q.head, precision, q)
+    if c.tied and q.head in ("fp32", "checkpoint") and q.embedding == q.head:
+        head = 0  # one float table serves both (the graph's Gemm on the embedding)
+    norms = small_parameters(c) * (2 if q.dtype == "fp16" else 4)
+    return int(layers + embedding + head + norms)
+
+
+def weight_bytes(c: NormalizedConfig, precision: str, quantization: QuantizationSpec | None = None) -> int:
+    if precision in QUANTIZED_TARGETS and quantization is not None:
+        return quantized_target_bytes(c, precision, quantization)
+    if precision in _FLOAT_BYTES:
+        return parameters(c) * _FLOAT_BYTES[precision]
+    if precision in _QUANT_BYTES:
+        quantized = linear_parameters(c) + embedding_parameters(c)  # untied output projection
+        floats = embedding_parameters(c) + small_parameters(c)  # embedding and norms stay fp32
+        return int(quantized * _QUANT_BYTES[precision]) + 4 * floats
+    raise PlanError(f"precision {precision!r} is not one of {', '.join(PRECISION_BYTES)}")
+
+
+def kv_dtype_bytes(precision: str, quantization: QuantizationSpec | None = None) -> int:
+    return 2 if precision == "fp16" or (quantization is not None and quantization.dtype == "fp16") else 4
+
+
+def kv_bytes(
+    c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
+) -> int:
+    """Both caches of every layer at max_context rows (the graphs allocate them all, windowed
+    layers included)."""
+    return 2 * c.num_layers * max_context * c.kv_heads * c.head_dim * kv_dtype_bytes(precision, quantization)
+
+
+def window_saving_bytes(
+    c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
+) -> int:
+    """What a ring-buffer cache would save on the sliding-window layers (these graphs keep
+    max_context rows on every layer)."""
+    rows = sum(
+        max_context - layer.window for layer in c.layers if layer.window is not None and layer.window < max_context
+    )
+    return 2 * rows * c.kv_heads * c.head_dim * kv_dtype_bytes(precision, quantization)
+
+
+def call_bytes(
+    c: NormalizedConfig,
+    precision: str,
+    seq: int,
+    total: int,
+    rows: int,
+    quantization: QuantizationSpec | None = None,
+    flash: bool = False,
+) -> int:
+    """Working memory of one call with `seq` new tokens attending over `total` positions
+    (flash: fused attention that never materializes the scores)."""
+    b = kv_dtype_bytes(precision, quantization)
+    scores = 0 if flash else 2 * c.heads * seq * total * b
+    mlp = 3 * seq * c.intermediate * b
+    hidden = 4 * seq * c.hidden * b
+    kv_repeat = 2 * c.heads * total * c.head_dim * b
+    logits = rows * c.vocab * 4
+    return scores + mlp + hidden + kv_repeat + logits
+
+
+def activation_bytes(
+    c: NormalizedConfig,
+    precision: str,
+    max_context: int,
+    max_prompt: int,
+    max_gamma: int,
+    quantization: QuantizationSpec | None = None,
+    flash: bool = False,
+) -> int:
+    prefill = call_bytes(c, precision, max_prompt, max_prompt, 1, quantization, flash)
+    verify_s = min(max_gamma + 1, max_context)
+    verify = call_bytes(c, precision, verify_s, max_context, verify_s, quantization, flash)
+    return max(prefill, verify)
+
+
+def head_layer(target: NormalizedConfig, draft_vocab: int) -> NormalizedConfig:
+    """An EAGLE-3 head's one decoder layer at the target's shapes (for its cache and call sizes)."""
+    return replace(target, layers=(LayerSpec(None, None),), vocab=draft_vocab)
+
+
+def summary(c: NormalizedConfig) -> dict[str, Any]:
+    """The plan report's view of a config."""
+    return {
+        "family": c.family,
+        "layers": c.num_layers,
+        "hidden": c.hidden,
+        "intermediate": c.intermediate,
+        "heads": c.heads,
+        "kv_heads": c.kv_heads,
+        "head_dim": c.head_dim,
+        "vocab": c.vocab,
+        "tied": c.tied,
+        "windows": {str(w): sum(layer.window == w for layer in c.layers) for w in c.windows},
+    }
