@@ -291,3 +291,11 @@ def test_prepack_exactness_checks_repacked_and_mapped_weights(tiny_artifacts, tm
         assert s["speculative_equals_target_only"] == s["prompts"] == 1 and s["argmax_equal"]
         assert 0 <= s["max_abs_diff_9_rows"] < 1e-3
     assert doc["target_only_repacked_equals_mapped"] == 1
+
+
+def test_recurrent_rollback_replay_equals_the_per_position_state(tmp_path):
+    out = tmp_path / "rr.json"
+    run_script("recurrent_rollback", "--layers", "2", "--rows", "4", "--repeats", "1", "--json", str(out))
+    (row,) = read(out)["rows"]
+    assert row["rows"] == 4 and row["max_abs_diff"] == 0.0  # a replay from the kept state is exact
+    assert row["each_ms"] > 0 and row["final_ms"] > 0 and row["replay_ms"] > 0
