@@ -10,8 +10,9 @@ parameters loaded just before its forward and dropped right after it (`lazy_forw
 build holds at most one module's weights in float32 (the embedding, for most models) rather
 than the whole model several times over.
 
-A loaded transformers model is a source too (`ModuleSource`): GGUF, GPTQ and AWQ targets and
-graphs traced from torch modules still come that way.
+Other sources: a GGUF file (gguf_source.GGUFSource), a GPTQ / AWQ folder (quantized_source.py),
+and a loaded transformers model (`ModuleSource`: graphs traced from torch modules still come
+that way).
 """
 
 from __future__ import annotations
@@ -174,27 +175,40 @@ def weights_dtype(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
 SOURCE_ATTR = "weight_source"  # where a streamed skeleton carries its TensorSource
 
 
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{head weight name: embedding weight name} when the skeleton ties its output head to its
+    input embedding (tie_word_embeddings), else {}: a head the checkpoint lacks reads the
+    embedding (one it holds is used, untied, as transformers 5 unties a checkpoint holding both
+    with different values)."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or head.weight is not embed.weight:
+        return {}
+    names = {id(m): n for n, m in model.named_modules()}
+    return {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
+
+
+def attach(model: torch.nn.Module, source: TensorSource) -> torch.nn.Module:
+    """Make a skeleton a streamed model of `source`: forwards load their module's weights from it
+    (lazy_forward) and the graph writer reads them from it (source_of)."""
+    lazy_forward(model, source)
+    setattr(model, SOURCE_ATTR, source)
+    return model
+
+
 def open_streamed(folder: Path, config) -> torch.nn.Module:
     """The skeleton of `config` reading its weights from `folder`'s safetensors: a module that runs
     forwards like the loaded model (each module's weights loaded for its own forward only), whose
     source the graph writer reads (`source_of`). BuildError when the checkpoint's tensor names
     are not the model's parameter names (transformers renames some at load)."""
     model = skeleton(config)
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    names = {id(m): n for n, m in model.named_modules()}
-    aliases = {}
-    if head is not None and head.weight is embed.weight:  # tied: a head the file lacks reads the embedding
-        aliases[f"{names[id(head)]}.weight"] = f"{names[id(embed)]}.weight"  # (one it holds is used, untied,
-        # as transformers 5 unties a checkpoint holding both with different values)
-    source = SafetensorsSource(folder, aliases)
+    source = SafetensorsSource(folder, tied_aliases(model))
     missing = [n for n, _ in model.named_parameters(remove_duplicate=False) if not source.has(n)]
     if missing:
         raise BuildError(
             f"{Path(folder).name}: the checkpoint's tensor names are not the model's"
             f" ({len(missing)} missing, e.g. {missing[0]!r}); it cannot be streamed"
         )
-    lazy_forward(model, source)
-    setattr(model, SOURCE_ATTR, source)
+    attach(model, source)
     if (Path(folder) / "generation_config.json").is_file():  # eos ids, as from_pretrained reads them
         from transformers import GenerationConfig
 
@@ -202,8 +216,25 @@ def open_streamed(folder: Path, config) -> torch.nn.Module:
     return model
 
 
+def materialize(model: torch.nn.Module) -> torch.nn.Module:
+    """A loaded float32 model of a streamed skeleton's source (every weight read once): for the
+    traced portable form, which needs real parameters. A plain model is returned as it is."""
+    if not is_streamed(model):
+        return model
+    source = source_of(model)
+    loaded = skeleton(model.config)
+    for name, _ in list(loaded.named_parameters()):  # a tied head once, re-tied below
+        path, _, attr = name.rpartition(".")
+        module = loaded.get_submodule(path)
+        module._parameters[attr] = torch.nn.Parameter(source.get(name).to(torch.float32), requires_grad=False)
+    loaded.tie_weights()
+    loaded.generation_config = model.generation_config
+    return loaded.eval()
+
+
 def is_streamed(model) -> bool:
-    return isinstance(getattr(model, SOURCE_ATTR, None), SafetensorsSource)
+    """Whether `model` is a skeleton reading a checkpoint (no weight of its own loaded)."""
+    return getattr(model, SOURCE_ATTR, None) is not None
 
 
 def source_of(model: torch.nn.Module) -> TensorSource:
