@@ -81,12 +81,18 @@ def _metadata(writer: GGUFWriter, config, arch: str) -> None:
 
 
 def write_model_gguf(
-    model, path: Path, qtype_of=lambda name, w: T.F32, extra: dict | None = None, skip: tuple[str, ...] = ()
+    model,
+    path: Path,
+    qtype_of=lambda name, w: T.F32,
+    extra: dict | None = None,
+    skip: tuple[str, ...] = (),
+    tokenizer=None,
 ) -> tuple[Path, dict[str, np.ndarray]]:
     """(GGUF of `model` at `path`, {HF name: float32 [N, K] the file holds dequantized, HF order}
     for every quantized weight). qtype_of(hf_name, weight) picks each 2-D weight's type (F32,
     F16 or a type gguf.quants.quantize writes); 1-D tensors are F32. extra: more tensors
-    {gguf name: (raw array, type)} written as they are; skip: HF names left out."""
+    {gguf name: (raw array, type)} written as they are; skip: HF names left out; tokenizer: a
+    byte-level BPE (tiny.make_tokenizer) written as llama.cpp's "gpt2" tokenizer metadata."""
     config = model.config
     arch, permuted, shifted = CONVERTED[config.model_type]
     arch_id = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch)
@@ -94,6 +100,8 @@ def write_model_gguf(
     writer = GGUFWriter(str(path), arch)
     writer.add_name("tiny")
     _metadata(writer, config, arch)
+    if tokenizer is not None:
+        _tokenizer(writer, tokenizer)
     state = dict(model.named_parameters())  # a tied head appears once, under the embedding's name
     kv = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     held: dict[str, np.ndarray] = {}
@@ -124,6 +132,23 @@ def write_model_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path, held
+
+
+def _tokenizer(writer: GGUFWriter, tok) -> None:
+    """llama.cpp's BPE tokenizer keys: tokens by id, merges "a b", token types (3 = control)."""
+    import json
+
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]
+    specials = set(tok.all_special_tokens)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
+    if tok.chat_template:
+        writer.add_chat_template(tok.chat_template)
 
 
 def permute_back(w: np.ndarray, heads: int) -> np.ndarray:

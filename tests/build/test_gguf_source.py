@@ -189,3 +189,37 @@ def test_a_tensor_with_no_parameter_is_refused_before_reading(tmp_path, monkeypa
     monkeypatch.setattr("os.pread", lambda *a: (_ for _ in ()).throw(AssertionError("read")))
     with pytest.raises(BuildError, match="'blk.0.mystery.weight' is no parameter"):
         open_gguf(header)
+
+
+# --------------------------------------------------------------------------- builds
+
+
+def _q8(name: str, w: np.ndarray) -> T:
+    return T.Q8_0 if w.shape[1] % 32 == 0 else T.F32
+
+
+@pytest.mark.parametrize("precision", ["gguf", "fp32"])
+def test_a_gemma3_gguf_builds_streamed(tmp_path, monkeypatch, precision):
+    """A Gemma 3 GGUF (Q8_0 blocks, tokenizer in the metadata) builds from its recipe with nothing
+    loaded whole (transformers' loader made to fail): precision gguf keeps every block exactly,
+    fp32 streams the dequantized weights; both pass validation (build_artifact raises if not)."""
+    import json
+
+    from tiny import make_tokenizer, write_recipe
+
+    from specexport import build_load
+    from specexport.build import build_artifact
+    from specexport.recipe import load_recipe
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded whole")
+
+    monkeypatch.setattr(build_load, "load_model", refuse)
+    path, held = write_model_gguf(gguf_model("gemma3_text"), tmp_path / "g3.gguf", _q8, tokenizer=make_tokenizer())
+    draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", path, draft, graph="fused", precision=precision))
+    build_artifact(recipe, tmp_path / "a")
+    target = json.loads((tmp_path / "a" / "manifest.json").read_text())["target"]
+    assert target["precision"] == precision
+    if precision == "gguf":  # every linear (and the tied embedding / head) as the file's Q8_0 blocks
+        assert target["validation"]["weights"]["checkpoint_tensors"] == {"exact": {"Q8_0": len(held)}}
