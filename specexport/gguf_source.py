@@ -43,7 +43,8 @@ from .formats.gguf_config import GGUFHeader, hf_config
 # reference reads the layers in the same order every forward, which an LRU cache smaller than
 # the model never hits). GGUF tensors are dequantized on every read, which costs more than the
 # forward's own matrix work on a 2-core CPU; 1 GiB holds a model of ~250 M parameters whole.
-CACHE_BYTES = 1 << 30
+# SPECEXPORT_STREAM_CACHE_MB sets it (0: every read dequantizes, the least memory).
+CACHE_BYTES = int(os.environ.get("SPECEXPORT_STREAM_CACHE_MB", "1024")) << 20
 _NP = {"F32": np.float32, "F16": np.float16}  # types read as numbers; the others as bytes
 
 

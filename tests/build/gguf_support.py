@@ -20,6 +20,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 T = GGMLQuantizationType
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 # HF model_type -> (GGUF architecture, q / k rows permuted by the converter, norms stored as 1 + w)
 CONVERTED = {
     "llama": ("llama", True, False),
@@ -90,7 +91,7 @@ def write_model_gguf(
 ) -> tuple[Path, dict[str, np.ndarray]]:
     """(GGUF of `model` at `path`, {HF name: float32 [N, K] the file holds dequantized, HF order}
     for every quantized weight). qtype_of(hf_name, weight) picks each 2-D weight's type (F32,
-    F16 or a type gguf.quants.quantize writes); 1-D tensors are F32. extra: more tensors
+    F16, a type gguf.quants.quantize writes, or a K-quant: random blocks); 1-D tensors are F32. extra: more tensors
     {gguf name: (raw array, type)} written as they are; skip: HF names left out; tokenizer: a
     byte-level BPE (tiny.make_tokenizer) written as llama.cpp's "gpt2" tokenizer metadata."""
     config = model.config
@@ -121,7 +122,7 @@ def write_model_gguf(
         if qtype in (T.F32, T.F16):
             writer.add_tensor(f"{gguf}.{suffix}", w.astype(np.float32 if qtype == T.F32 else np.float16))
             continue
-        raw = gguf_quantize(w, qtype)
+        raw = _k_quant(qtype, w.shape) if qtype in K_QUANTS else gguf_quantize(w, qtype)
         writer.add_tensor(f"{gguf}.{suffix}", raw, raw_dtype=qtype)
         value = gguf_dequantize(raw, qtype)
         held[name] = permute_back(value, heads) if permuted and heads else value
@@ -149,6 +150,14 @@ def _tokenizer(writer: GGUFWriter, tok) -> None:
     writer.add_token_types([3 if t in specials else 1 for t in tokens])
     if tok.chat_template:
         writer.add_chat_template(tok.chat_template)
+
+
+def _k_quant(qtype: T, shape: tuple[int, int]) -> np.ndarray:
+    """Random K-quant bytes of a [N, K] weight (gguf-py writes no K-quants): the file's values are
+    then these blocks' dequantization, not the model's weight (dequantized_reference holds them)."""
+    from quantized_checkpoints import k_quant_raw
+
+    return k_quant_raw(qtype, shape[0], shape[1] // 256, np.random.default_rng(shape[0] * 7 + shape[1]))
 
 
 def permute_back(w: np.ndarray, heads: int) -> np.ndarray:

@@ -87,7 +87,7 @@ def _mixed(name: str, w: np.ndarray) -> T:
     return _TYPES[sum(map(ord, name)) % len(_TYPES)]
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "llama", "qwen2", "phi3", "granite", "olmo2", "gemma2", "smollm3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_quantized_file_keeps_its_blocks(tmp_path, family):
     """Every 2-D weight quantized (Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1): the blocks stream out exactly
     (gguf-py's dequantization of the file, bit for bit, q/k rows in HF order) and the fused graph
@@ -110,6 +110,31 @@ def test_quantized_file_keeps_its_blocks(tmp_path, family):
     assert (
         "dequantized" not in summary and sum(summary["exact"].values()) >= len(held) - 1
     )  # (a tied head is the embedding)
+
+
+def _q4_k_m(name: str, w: np.ndarray) -> T:
+    """llama.cpp's Q4_K_M mix: Q6_K for the embedding, attn_v and ffn_down, Q4_K elsewhere."""
+    return T.Q6_K if name.endswith(("embed_tokens.weight", "v_proj.weight", "down_proj.weight")) else T.Q4_K
+
+
+def test_a_gemma3_q4_k_m_file_keeps_its_k_quant_blocks(tmp_path):
+    """Gemma 3 as llama.cpp's Q4_K_M stores it (random Q4_K / Q6_K blocks, K a multiple of 256):
+    every weight MatMulNBits from its own blocks (Q4_K: 4-bit + offset, Q6_K: 8-bit block 16),
+    the embedding and the tied head included, computing the model gguf-py reads."""
+    model = gguf_model("gemma3_text", hidden_size=256, intermediate_size=512, head_dim=64, query_pre_attn_scalar=64)
+    path, held = write_model_gguf(model, tmp_path / "m.gguf", _q4_k_m)
+    streamed = open_gguf(read_header(path))
+    source = source_of(streamed)
+    for name, value in held.items():
+        np.testing.assert_array_equal(source.get(name).numpy(), value, err_msg=name)
+    weights = QuantizedWeights("gguf", 32, 1, "checkpoint", "checkpoint", source.blocks)
+    ids = _ids()
+    ref = reference_logits(dequantized_reference(model, held), ids)
+    got = _graph_logits(streamed, tmp_path / "g", ids, weights)
+    assert np.abs(got - ref).max() <= GRAPH_TOL * max(1.0, float(np.abs(ref).max()))
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    n_q6 = sum(_q4_k_m(n, None) == T.Q6_K for n in held)
+    assert weights.describe()["checkpoint_tensors"] == {"exact": {"Q4_K": len(held) - n_q6, "Q6_K": n_q6}}
 
 
 def _q3_k_raw(rows: int, cols: int, rng) -> np.ndarray:
@@ -198,11 +223,12 @@ def _q8(name: str, w: np.ndarray) -> T:
     return T.Q8_0 if w.shape[1] % 32 == 0 else T.F32
 
 
-@pytest.mark.parametrize("precision", ["gguf", "fp32"])
-def test_a_gemma3_gguf_builds_streamed(tmp_path, monkeypatch, precision):
-    """A Gemma 3 GGUF (Q8_0 blocks, tokenizer in the metadata) builds from its recipe with nothing
-    loaded whole (transformers' loader made to fail): precision gguf keeps every block exactly,
-    fp32 streams the dequantized weights; both pass validation (build_artifact raises if not)."""
+@pytest.mark.parametrize("precision, graph", [("gguf", "fused"), ("fp32", "fused"), ("fp32", "portable")])
+def test_a_gemma3_gguf_builds_streamed(tmp_path, monkeypatch, precision, graph):
+    """A Gemma 3 GGUF (Q8_0 blocks, tokenizer in the metadata) builds from its recipe without
+    transformers' loader (made to fail): precision gguf keeps every block exactly, fp32 streams
+    the dequantized weights (the traced portable form: loaded from the same source); all pass
+    validation (build_artifact raises if not)."""
     import json
 
     from tiny import make_tokenizer, write_recipe
@@ -217,7 +243,7 @@ def test_a_gemma3_gguf_builds_streamed(tmp_path, monkeypatch, precision):
     monkeypatch.setattr(build_load, "load_model", refuse)
     path, held = write_model_gguf(gguf_model("gemma3_text"), tmp_path / "g3.gguf", _q8, tokenizer=make_tokenizer())
     draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
-    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", path, draft, graph="fused", precision=precision))
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", path, draft, graph=graph, precision=precision))
     build_artifact(recipe, tmp_path / "a")
     target = json.loads((tmp_path / "a" / "manifest.json").read_text())["target"]
     assert target["precision"] == precision
