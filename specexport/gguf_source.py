@@ -35,7 +35,7 @@ from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
 from .errors import BuildError
-from .formats.blocks import BlockQuantized
+from .formats.blocks import BlockQuantized, FormatError
 from .formats.gguf import LAYOUTS, decode_blocks, permute_rows, rotary_unpermutation
 from .formats.gguf_config import GGUFHeader, hf_config
 
@@ -66,7 +66,8 @@ class GGUFSource:
     """A GGUF file's tensors by Hugging Face name (module docstring).
 
     hf_names: the model's parameter names; tied: HF name -> the name it is tied to (a head the
-    file lacks reads the embedding)."""
+    file lacks reads the embedding); partial: parameters the file lacks are left out (a file of
+    some weights only, read for its blocks) instead of refused."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class GGUFSource:
         hf_names: list[str],
         tied: dict[str, str] | None = None,
         cache_bytes: int = CACHE_BYTES,
+        partial: bool = False,
     ):
         self.header, self.path = header, header.path
         self._cache: dict[str, torch.Tensor] = {}  # HF name -> float32 tensor, kept while within budget
@@ -86,6 +88,8 @@ class GGUFSource:
             if name in self._aliases:
                 continue
             gguf = mapping.get(name)
+            if gguf not in infos and partial:
+                continue
             if gguf not in infos:
                 raise BuildError(
                     f"{self.path.name}: no GGUF tensor for parameter {name!r} (expected {gguf!r})"
@@ -95,9 +99,9 @@ class GGUFSource:
             self._tensor[name] = infos[gguf]
         unused = sorted(set(infos) - {t.name for t in self._tensor.values()})
         if unused:
-            raise BuildError(
-                f"{self.path.name}: GGUF tensor {unused[0]!r} is no parameter of the {header.arch.model_type}"
-                f" model ({len(unused)} unused); the file is not a plain {header.arch.name} checkpoint"
+            raise FormatError(
+                f"{self.path.name}: GGUF tensor {unused[0]!r} has no Hugging Face name for {header.arch.name}"
+                f" (no parameter of the {header.arch.model_type} model; {len(unused)} such tensors)"
             )
         cfg = header.config
         self._heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
@@ -156,6 +160,9 @@ class GGUFSource:
         w = decode_blocks(self._read(info).reshape(N, -1), info.tensor_type)  # [N, K]
         perm = self._perm(info, N)
         return w if perm is None else permute_rows(w, perm)
+
+    def gguf_name(self, name: str) -> str:
+        return self._info(name).name
 
     def type_of(self, name: str) -> str:
         return self._info(name).tensor_type.name
@@ -255,6 +262,18 @@ def open_gguf(header: GGUFHeader) -> torch.nn.Module:
     source = GGUFSource(header, names, tied_aliases(model))
     attach(model, source)
     return model
+
+
+def file_source(path: str | Path) -> GGUFSource:
+    """The source of a GGUF file on its own (the skeleton of its config names the parameters;
+    those the file lacks are left out): what formats/gguf.read_gguf_blocks reads."""
+    from .formats.gguf_config import read_header
+    from .streaming import skeleton, tied_aliases
+
+    header = read_header(path)
+    model = skeleton(hf_config(header))
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    return GGUFSource(header, names, tied_aliases(model), cache_bytes=0, partial=True)
 
 
 def gguf_path(location: str, gguf_file: str | None) -> Path:

@@ -219,9 +219,10 @@ def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
     meta = Meta(reader, arch.name)
     heads = meta.count("attention.head_count")
     hidden = int(meta.need("embedding_length"))
-    embd = tensor_shape(reader, "token_embd.weight")
-    if embd is None:
-        raise FormatError("GGUF file has no 'token_embd.weight' tensor")
+    embd = tensor_shape(reader, "token_embd.weight")  # [V, hidden]
+    vocab = embd[0] if embd is not None else meta.get("vocab_size")
+    if vocab is None:
+        raise FormatError(f"GGUF file has neither 'token_embd.weight' nor {arch.name}.vocab_size")
     names = {t.name for t in reader.tensors}
     head_dim = int(meta.get("attention.key_length", hidden // heads))
     rope: dict = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
@@ -241,7 +242,7 @@ def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
         "max_position_embeddings": int(meta.get("context_length", 2048)),
         "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),
         "rope_parameters": rope,
-        "vocab_size": embd[0],  # token_embd [V, hidden]
+        "vocab_size": int(vocab),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names or "blk.0.attn_qkv.bias" in names,
         "mlp_bias": "blk.0.ffn_up.bias" in names,

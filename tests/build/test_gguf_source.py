@@ -204,15 +204,13 @@ def test_unreadable_type_and_rope_factors_are_refused_from_the_header(tmp_path, 
 
 
 def test_a_tensor_with_no_parameter_is_refused_before_reading(tmp_path, monkeypatch):
-    from specexport.errors import BuildError
-
     model = gguf_model("llama")
     path, _ = write_model_gguf(
         model, tmp_path / "x.gguf", extra={"blk.0.mystery.weight": (np.ones(4, np.float32), T.F32)}
     )
     header = read_header(path)
     monkeypatch.setattr("os.pread", lambda *a: (_ for _ in ()).throw(AssertionError("read")))
-    with pytest.raises(BuildError, match="'blk.0.mystery.weight' is no parameter"):
+    with pytest.raises(FormatError, match="'blk.0.mystery.weight' has no Hugging Face name for llama"):
         open_gguf(header)
 
 
