@@ -6,7 +6,7 @@
     source.get("model.layers.0.self_attn.q_proj.weight")      # float32 [N, K], dequantized
     source.blocks.get("model.layers.0.self_attn.q_proj.weight")  # BlockQuantized or None
 
-Each read copies that tensor's bytes out of the file (os.pread: no mapping stays resident;
+Each read copies that tensor's bytes out of the file (os.preadv: no mapping stays resident;
 the first CACHE_BYTES of float32 results are kept for the next read) and puts them in Hugging
 Face layout: numpy order (GGUF's ne reversed: [N, K] for a weight), attn_q / attn_k rows (and
 biases) un-permuted for the families llama.cpp permuted, the norm shift taken off Gemma's
@@ -183,16 +183,19 @@ class GGUFSource:
     def _read(self, info: ReaderTensor) -> np.ndarray:
         """The tensor's bytes, copied out of the file: uint8 [n_bytes] for a block type, else
         its elements in their own dtype."""
+        array = np.empty(int(info.n_bytes), np.uint8)  # read straight into it (no bytes object in between)
+        view, got = memoryview(array), 0
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            data = os.pread(fd, int(info.n_bytes), int(info.data_offset))
+            while got < array.size:  # one call reads at most ~2 GiB on Linux
+                n = os.preadv(fd, [view[got:]], int(info.data_offset) + got)
+                if n == 0:
+                    raise BuildError(
+                        f"{self.path.name}: tensor {info.name!r} is truncated ({got} of {array.size} bytes)"
+                    )
+                got += n
         finally:
             os.close(fd)
-        if len(data) != int(info.n_bytes):
-            raise BuildError(
-                f"{self.path.name}: tensor {info.name!r} is truncated ({len(data)} of {info.n_bytes} bytes)"
-            )
-        array = np.frombuffer(bytearray(data), np.uint8)
         dtype = _NP.get(info.tensor_type.name)
         return array if dtype is None else array.view(dtype)
 

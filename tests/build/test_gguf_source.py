@@ -174,7 +174,7 @@ def _refused(path, match: str, monkeypatch) -> str:
     def no_read(*args, **kwargs):
         raise AssertionError("a tensor was read before the refusal")
 
-    monkeypatch.setattr(os, "pread", no_read)
+    monkeypatch.setattr(os, "preadv", no_read)
     with pytest.raises(FormatError, match=match) as info:
         read_header(path)
     assert "\n" not in str(info.value)
@@ -209,7 +209,7 @@ def test_a_tensor_with_no_parameter_is_refused_before_reading(tmp_path, monkeypa
         model, tmp_path / "x.gguf", extra={"blk.0.mystery.weight": (np.ones(4, np.float32), T.F32)}
     )
     header = read_header(path)
-    monkeypatch.setattr("os.pread", lambda *a: (_ for _ in ()).throw(AssertionError("read")))
+    monkeypatch.setattr("os.preadv", lambda *a: (_ for _ in ()).throw(AssertionError("read")))
     with pytest.raises(FormatError, match="'blk.0.mystery.weight' has no Hugging Face name for llama"):
         open_gguf(header)
 
