@@ -247,3 +247,23 @@ def test_a_gemma3_gguf_builds_streamed(tmp_path, monkeypatch, precision, graph):
     assert target["precision"] == precision
     if precision == "gguf":  # every linear (and the tied embedding / head) as the file's Q8_0 blocks
         assert target["validation"]["weights"]["checkpoint_tensors"] == {"exact": {"Q8_0": len(held)}}
+
+
+def test_the_cache_keeps_the_first_reads_within_its_budget(tmp_path):
+    """Off (the default): every read dequantizes anew. With a budget: the first tensors read stay
+    (the same object again), a tensor past the budget is read each time, values unchanged."""
+    from specexport.gguf_source import GGUFSource
+
+    model = gguf_model("llama")
+    path, _ = write_model_gguf(model, tmp_path / "m.gguf", _mixed)
+    header = read_header(path)
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    tied = {"lm_head.weight": "model.embed_tokens.weight"}
+    up, down = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
+    off = GGUFSource(header, names, tied)
+    assert off.get(up) is not off.get(up) and torch.equal(off.get(up), off.get(up))
+    budget = off.get(up).nbytes  # room for exactly one [128, 64] float32 weight
+    on = GGUFSource(header, names, tied, cache_bytes=budget)
+    first = on.get(up)
+    assert on.get(up) is first and on.get(down) is not on.get(down)
+    assert torch.equal(on.get(down), off.get(down))
