@@ -13,7 +13,15 @@ from ..errors import BuildError
 from ..formats.hf_quantized import quantization_method
 from ..graphs.decoder import fused_refusal
 from ..models.config import NormalizedConfig, UnsupportedConfig, normalize, read_config
-from ..models.sources import ModelSource, load_blocks, load_model, load_tokenizer, resolve_source
+from ..models.sources import (
+    ModelSource,
+    gguf_header,
+    load_blocks,
+    load_model,
+    load_tokenizer,
+    open_checkpoint,
+    resolve_source,
+)
 from ..models.streaming import open_streamed, streamable
 from ..models.tokcheck import check_pair
 from ..recipe.spec import CHECKPOINT_TARGETS, ModelSpec, Recipe
@@ -32,9 +40,17 @@ def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
     any weight is read: an architecture, config feature or graph form the exporter does not
     reproduce exactly is refused here with one line (model_config.normalize, fused_refusal)."""
     source = _source(spec)
-    config = read_config(
-        source.location, gguf_file=source.gguf_file, revision=source.revision, trust_remote_code=spec.trust_remote_code
-    )
+    if source.kind == "gguf":  # our own reading of the metadata; unsupported files refused here
+        from ..formats.gguf_config import hf_config
+
+        config = hf_config(gguf_header(source))
+    else:
+        config = read_config(
+            source.location,
+            gguf_file=source.gguf_file,
+            revision=source.revision,
+            trust_remote_code=spec.trust_remote_code,
+        )
     norm = normalize(config, recipe.max_context)
     if recipe.layout.contrib_attention:  # what the fused exporter cannot write
         problem = fused_refusal(norm)
@@ -54,17 +70,16 @@ def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> Norma
 
 
 def _load_float(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: Progress):
-    """The float32 reference of a float checkpoint: streamed (a transformers skeleton reading each
-    weight from the safetensors files when it is needed; streaming.py) where the fused writer
-    reads it, else loaded whole by transformers (GGUF files, pre-quantized folders, the traced
-    portable form)."""
+    """The float32 reference of a checkpoint, in either graph form: streamed (a transformers
+    skeleton reading each weight from the checkpoint when it is needed; streaming.py) from a
+    safetensors folder, a GGUF file (gguf_source.py) or a GPTQ / AWQ folder (quantized_source.py);
+    else loaded whole by transformers (a hub id, a folder whose tensor names are not the model's)."""
+    streamed = open_checkpoint(source)
+    if streamed is not None:
+        progress(f"streaming the weights tensor by tensor ({_kind(source)})")
+        return streamed
     folder = Path(source.location)
-    if (
-        source.kind == "folder"
-        and recipe.layout.contrib_attention
-        and streamable(folder)
-        and quantization_method(folder) is None
-    ):
+    if source.kind == "folder" and streamable(folder):
         config = read_config(source.location, trust_remote_code=spec.trust_remote_code)
         try:
             model = open_streamed(folder, config)
@@ -74,6 +89,10 @@ def _load_float(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: 
             progress("streaming the weights tensor by tensor (safetensors)")
             return model
     return load_model(source, "float32", spec.trust_remote_code)
+
+
+def _kind(source: ModelSource) -> str:
+    return "GGUF" if source.kind == "gguf" else quantization_method(Path(source.location)) or "safetensors"
 
 
 def _load_target(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: Progress) -> tuple[Any, dict]:

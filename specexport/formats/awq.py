@@ -47,14 +47,23 @@ def awq_blocks(tensors: Mapping[str, object], config: dict) -> dict[str, BlockQu
     tensors: checkpoint tensors by name (numpy arrays or torch tensors); config: the
     quantization_config of config.json (bits, group_size, version, zero_point; AutoAWQ's own
     names w_bit and q_group_size are read too)."""
+    check_config(config)
+    return {f"{prefix}.weight": awq_layer(tensors, prefix, config) for prefix in quantized_prefixes(tensors)}
+
+
+def check_config(config: dict) -> None:
+    """FormatError unless quantization_config describes a 4-bit zero-point GEMM checkpoint."""
     check_bits(_field(config, "bits", "w_bit"), "AWQ", allowed=(4,))
     _check_version(config)
     if config.get("zero_point", True) is not True:
         raise FormatError(
             f"AWQ zero_point {config.get('zero_point')!r} is not supported (only zero-point GEMM checkpoints)"
         )
-    group_size = int(_field(config, "group_size", "q_group_size", 128))
-    return {f"{prefix}.weight": _layer(tensors, prefix, group_size) for prefix in quantized_prefixes(tensors)}
+
+
+def awq_layer(tensors: Mapping[str, object], prefix: str, config: dict) -> BlockQuantized:
+    """BlockQuantized weight [N, K] of the one quantized Linear at module path `prefix`."""
+    return _layer(tensors, prefix, int(_field(config, "group_size", "q_group_size", 128)))
 
 
 def _field(config: dict, name: str, alias: str, default: object = None) -> object:

@@ -95,6 +95,14 @@ class BlockQuantized:
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K], computed in float32 as scale * (q - zero) + offset."""
+        if self.g_idx is None:  # blocks of consecutive inputs: the same operations, broadcast per block
+            N, K = self.q.shape
+            codes = self.q.reshape(N, self.blocks, self.block).astype(np.float32)  # [N, nb, block]
+            codes -= self.zeros().astype(np.float32)[..., None]
+            codes *= self.scale[..., None]
+            if self.offset is not None:
+                codes += self.offset[..., None]
+            return codes.reshape(N, K)
         g = self.group()
         codes = self.q.astype(np.float32) - self.zeros().astype(np.float32)[:, g]
         w = self.scale[:, g] * codes

@@ -20,42 +20,21 @@ high nibble (not MatMulNBits's packing of neighbours; blocks.pack packs from the
 Products d * sc (fp16 times an integer below 2**8) are exact in float32, so dequantize() of the
 result equals gguf.quants.dequantize bit for bit.
 
-Tensor names map onto Hugging Face parameter names through one table (TENSOR_NAMES); for
-llama-family files the rows of attn_q / attn_k are put back in Hugging Face order, undoing the
-permutation llama.cpp's converter applies for its interleaved rotary (as transformers' GGUF
-loader does; blocks run along inputs, so a row permutation keeps them intact).
+Tensor names, the architectures and which of them had their attn_q / attn_k rows permuted by
+llama.cpp's converter (for its interleaved rotary) are formats/gguf_config.py's table; the rows
+are put back in Hugging Face order here (`rotary_unpermutation`, `permute_rows`: blocks run
+along inputs, so a row permutation keeps them intact).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .blocks import BlockQuantized, FormatError
-
-# GGUF general.architecture -> whether llama.cpp permuted the attn_q / attn_k rows. Mistral
-# checkpoints convert to "llama"; qwen2 / qwen3 use NeoX rotary and are stored unpermuted
-# (transformers' TENSOR_PROCESSORS un-permutes for "llama" only).
-ARCHITECTURES: dict[str, bool] = {"llama": True, "qwen2": False, "qwen3": False}
-
-# GGUF tensor name (without ".weight") -> Hugging Face parameter name (without ".weight")
-TENSOR_NAMES: dict[str, str] = {
-    "token_embd": "model.embed_tokens",
-    "output": "lm_head",
-    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
-    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
-    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
-    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
-    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
-    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
-    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
-}
-_LAYER = re.compile(r"blk\.(\d+)\.(\w+)")
 
 # ---------------------------------------------------------------------------------------------
 # Block layouts. Each decoder takes raw [N, nsb, bytes] (nsb blocks of the GGML type per row)
@@ -185,7 +164,7 @@ LAYOUTS: dict[GGMLQuantizationType, Layout] = {
 }
 
 
-def _supported_types() -> str:
+def supported_types() -> str:
     return ", ".join(t.name for t in LAYOUTS)
 
 
@@ -200,7 +179,7 @@ def decode_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> BlockQuantize
     qtype = GGMLQuantizationType(qtype)
     layout = LAYOUTS.get(qtype)
     if layout is None:
-        raise FormatError(f"GGUF type {qtype.name} has no exact block form here (supported: {_supported_types()})")
+        raise FormatError(f"GGUF type {qtype.name} has no exact block form here (supported: {supported_types()})")
     per_block, type_size = GGML_QUANT_SIZES[qtype]
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % type_size:
         raise FormatError(
@@ -222,19 +201,6 @@ def decode_blocks(raw: np.ndarray, qtype: GGMLQuantizationType) -> BlockQuantize
 
 # ---------------------------------------------------------------------------------------------
 # Names and the q / k row order
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """Hugging Face parameter name of a GGUF weight tensor name, or None if not in TENSOR_NAMES."""
-    if not gguf_name.endswith(".weight"):
-        return None
-    stem = gguf_name[: -len(".weight")]
-    layer = _LAYER.fullmatch(stem)
-    key, index = (f"blk.{{i}}.{layer[2]}", layer[1]) if layer else (stem, None)
-    target = TENSOR_NAMES.get(key)
-    if target is None:
-        return None
-    return target.format(i=int(index)) + ".weight" if index is not None else target + ".weight"
 
 
 def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
@@ -260,81 +226,3 @@ def permute_rows(w: BlockQuantized, perm: np.ndarray) -> BlockQuantized:
         offset=take(w.offset),
         g_idx=w.g_idx,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-
-
-def _field(reader: GGUFReader, key: str, default=None):
-    field = reader.get_field(key)
-    if field is None:
-        if default is None:
-            raise FormatError(f"GGUF metadata has no {key!r}")
-        return default
-    return field.contents()
-
-
-def _head_count(reader: GGUFReader, key: str, default: int | None = None) -> int:
-    value = _field(reader, key, default)
-    if isinstance(value, list):  # per-layer head counts: only a uniform one is supported
-        if not value or len(set(value)) != 1:
-            raise FormatError(f"GGUF {key} varies per layer ({value}); only one head count for all layers is supported")
-        value = value[0]
-    return int(value)
-
-
-def _open(path: str | Path) -> GGUFReader:
-    try:
-        reader = GGUFReader(path)
-    except ValueError as exc:  # bad magic or version, truncated header
-        raise FormatError(f"{str(path)!r} is not a readable GGUF file: {exc}") from exc
-    if reader.byte_order != "I":
-        raise FormatError(f"{str(path)!r} is a big-endian GGUF file; only little-endian files are supported")
-    return reader
-
-
-def read_gguf_blocks(path: str | Path, names: Iterable[str] | None = None) -> dict[str, BlockQuantized]:
-    """Every quantized 2-D weight of a GGUF file, keyed by Hugging Face parameter name.
-
-    Weights are [out_features, in_features] in Hugging Face row order (attn_q / attn_k of llama
-    files un-permuted). Plain-number tensors (F32, F16, BF16, ...) are left out: transformers
-    loads those exactly. With `names`, only those parameters are decoded; names the file does
-    not hold quantized are absent from the result (a tied lm_head has no tensor of its own).
-    Raises FormatError for an unsupported architecture or block type, or a quantized tensor
-    with no Hugging Face name in TENSOR_NAMES."""
-    reader = _open(path)
-    arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise FormatError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
-    wanted = None if names is None else set(names)
-    heads = kv_heads = 0
-    if ARCHITECTURES[arch]:
-        heads = _head_count(reader, f"{arch}.attention.head_count")
-        kv_heads = _head_count(reader, f"{arch}.attention.head_count_kv", heads)
-    out: dict[str, BlockQuantized] = {}
-    for tensor in reader.tensors:
-        if not is_block_type(tensor.tensor_type):
-            continue
-        name = hf_name(tensor.name)
-        if name is None:
-            if wanted is None:
-                raise FormatError(
-                    f"quantized GGUF tensor {tensor.name!r} has no Hugging Face name for {arch} "
-                    f"(known: {', '.join(TENSOR_NAMES)})"
-                )
-            continue
-        if wanted is not None and name not in wanted:
-            continue
-        if len(tensor.shape) != 2:
-            raise FormatError(f"GGUF tensor {tensor.name!r} has shape {list(tensor.shape)}; a weight must be 2-D")
-        if tensor.tensor_type not in LAYOUTS:
-            raise FormatError(
-                f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which has no exact "
-                f"block form here (supported: {_supported_types()})"
-            )
-        w = decode_blocks(np.asarray(tensor.data), tensor.tensor_type)  # [N, K]: GGUF ne = [K, N]
-        if ARCHITECTURES[arch] and tensor.name.endswith((".attn_q.weight", ".attn_k.weight")):
-            w = permute_rows(w, rotary_unpermutation(w.shape[0], heads if ".attn_q." in tensor.name else kv_heads))
-        out[name] = w
-    return out

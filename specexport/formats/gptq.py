@@ -46,14 +46,14 @@ def gptq_blocks(tensors: Mapping[str, object], config: dict) -> dict[str, BlockQ
 
     tensors: checkpoint tensors by name (numpy arrays or torch tensors); config: the
     quantization_config of config.json (bits, group_size, checkpoint_format, sym)."""
+    return {f"{prefix}.weight": gptq_layer(tensors, prefix, config) for prefix in quantized_prefixes(tensors)}
+
+
+def gptq_layer(tensors: Mapping[str, object], prefix: str, config: dict) -> BlockQuantized:
+    """BlockQuantized weight [N, K] of the one quantized Linear at module path `prefix`."""
     bits = check_bits(config.get("bits"), "GPTQ")
-    offset = _zero_offset(config)
-    sym = config.get("sym") is True
     group_size = int(config.get("group_size", 128))
-    return {
-        f"{prefix}.weight": _layer(tensors, prefix, bits, group_size, offset, sym)
-        for prefix in quantized_prefixes(tensors)
-    }
+    return _layer(tensors, prefix, bits, group_size, _zero_offset(config), config.get("sym") is True)
 
 
 def check_bits(bits: object, method: str, allowed: tuple[int, ...] = BITS) -> int:

@@ -36,7 +36,9 @@ class QuantizedWeights:
     """A fused.WeightPlan storing weights as MatMulNBits / GatherBlockQuantized.
 
     blocks: the checkpoint's quantized tensors by Hugging Face parameter name (empty for int8 /
-    int4, which quantize every linear weight here)."""
+    int4, which quantize every linear weight here); a streamed checkpoint's mapping decodes one
+    tensor when asked (gguf_source.GGUFBlocks, quantized_source), and a GGUF one's `summary()`
+    (which types were kept exactly, which dequantized) goes into describe()."""
 
     precision: str
     block_size: int
@@ -101,12 +103,16 @@ class QuantizedWeights:
 
     def describe(self) -> dict:
         """What the manifest records of the weights (beside the precision)."""
-        return {
+        out = {
             "block_size": self.block_size if self.precision in RTN_PRECISIONS else None,
             "accuracy_level": self.accuracy_level,
             "head": self.head_mode,
             "embedding": self.embedding_mode,
         }
+        summary = getattr(self.blocks, "summary", None)  # a GGUF file's: kept exactly / dequantized, by type
+        if summary is not None:
+            out["checkpoint_tensors"] = summary()
+        return out
 
 
 def checkpoint_formats(blocks: Mapping[str, BlockQuantized]) -> dict[str, int]:

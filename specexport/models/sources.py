@@ -151,19 +151,20 @@ def load_model(source: ModelSource, dtype: str = "float32", trust_remote_code: b
 
 
 def load_blocks(source: ModelSource, precision: str):
-    """(float32 reference model, the checkpoint's quantized blocks by parameter name) of a
-    checkpoint-format target (precision gguf / gptq / awq): the blocks are the file's own, the
-    model holds their exact dequantization."""
-    from ..formats.hf_quantized import load_quantized_folder, quantization_method
+    """(float32 reference, the checkpoint's quantized blocks by parameter name) of a
+    checkpoint-format target (precision gguf / gptq / awq), both streamed: the reference is a
+    skeleton whose forwards read each module's weights, dequantized, from the checkpoint
+    (streaming.py), and the blocks a mapping that decodes one tensor's blocks when asked."""
+    from ..formats.hf_quantized import quantization_method
+    from .streaming import source_of
 
     if precision == "gguf":
-        from ..formats.gguf import read_gguf_blocks
-
         if source.kind != "gguf":
             raise ModelSourceError(
                 f"precision 'gguf' needs a GGUF file; {source.describe()!r} is a {source.kind} source"
             )
-        return load_model(source, "float32"), read_gguf_blocks(Path(source.location) / source.gguf_file)
+        model = open_checkpoint(source)
+        return model, source_of(model).blocks
     if source.kind == "gguf":
         raise ModelSourceError(
             f"precision {precision!r} needs a Hugging Face folder or hub id, not the GGUF file {source.describe()!r}"
@@ -175,8 +176,43 @@ def load_blocks(source: ModelSource, precision: str):
             f"precision {precision!r} needs a Hugging Face folder holding a {precision} checkpoint;"
             f" {source.describe()!r} holds {method or 'no quantization_config'}"
         )
-    checkpoint = load_quantized_folder(folder)
-    return checkpoint.model.eval(), checkpoint.blocks
+    from .quantized_source import open_quantized
+
+    model = open_quantized(folder)
+    return model, source_of(model).blocks
+
+
+def gguf_header(source: ModelSource):
+    """The GGUF file's header (formats/gguf_config.read_header: refusals and config, no tensor
+    read), read once per file."""
+    from ..formats.gguf_config import read_header
+
+    path = (Path(source.location) / source.gguf_file).resolve()
+    stamp = path.stat().st_mtime_ns
+    cached = _HEADERS.get(str(path))
+    if cached is None or cached[0] != stamp:
+        _HEADERS.clear()  # one file at a time: a header holds its tokenizer's metadata
+        cached = _HEADERS[str(path)] = (stamp, read_header(path))
+    return cached[1]
+
+
+_HEADERS: dict[str, tuple] = {}
+
+
+def open_checkpoint(source: ModelSource):
+    """A streamed skeleton of a GGUF file or a GPTQ / AWQ folder (None for any other source):
+    each weight read from the file when it is needed (gguf_source.py, quantized_source.py)."""
+    if source.kind == "gguf":
+        from .gguf_source import open_gguf
+
+        return open_gguf(gguf_header(source))
+    from ..formats.hf_quantized import LOADERS, quantization_method
+
+    if source.kind == "folder" and quantization_method(Path(source.location)) in LOADERS:
+        from .quantized_source import open_quantized
+
+        return open_quantized(Path(source.location))
+    return None
 
 
 SNAPSHOT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]  # never pickles

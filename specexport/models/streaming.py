@@ -4,14 +4,15 @@
     source_of(model).get("model.layers.0.mlp.up_proj.weight")   # one tensor, in its stored dtype
 
 The skeleton holds the config, the shapes and the rotary buffers, never a weight: the graph
-writer (decoder_graph.py) reads each weight from the source by its Hugging Face name as it writes it,
+writer (graphs/decoder.py, both forms) reads each weight from the source by its Hugging Face name as it writes it,
 and validation (validate.py) runs the skeleton as its float32 reference with every module's own
 parameters loaded just before its forward and dropped right after it (`lazy_forward`), so the
 build holds at most one module's weights in float32 (the embedding, for most models) rather
 than the whole model several times over.
 
-A loaded transformers model is a source too (`ModuleSource`): GGUF, GPTQ and AWQ targets still
-come that way.
+Other sources: a GGUF file (gguf_source.GGUFSource), a GPTQ / AWQ folder (quantized_source.py),
+and a loaded transformers model (`ModuleSource`: a hub id, or a folder whose tensor names are
+not the model's).
 """
 
 from __future__ import annotations
@@ -174,27 +175,40 @@ def weights_dtype(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
 SOURCE_ATTR = "weight_source"  # where a streamed skeleton carries its TensorSource
 
 
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{head weight name: embedding weight name} when the skeleton ties its output head to its
+    input embedding (tie_word_embeddings), else {}: a head the checkpoint lacks reads the
+    embedding (one it holds is used, untied, as transformers 5 unties a checkpoint holding both
+    with different values)."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or head.weight is not embed.weight:
+        return {}
+    names = {id(m): n for n, m in model.named_modules()}
+    return {f"{names[id(head)]}.weight": f"{names[id(embed)]}.weight"}
+
+
+def attach(model: torch.nn.Module, source: TensorSource) -> torch.nn.Module:
+    """Make a skeleton a streamed model of `source`: forwards load their module's weights from it
+    (lazy_forward) and the graph writer reads them from it (source_of)."""
+    lazy_forward(model, source)
+    setattr(model, SOURCE_ATTR, source)
+    return model
+
+
 def open_streamed(folder: Path, config) -> torch.nn.Module:
     """The skeleton of `config` reading its weights from `folder`'s safetensors: a module that runs
     forwards like the loaded model (each module's weights loaded for its own forward only), whose
     source the graph writer reads (`source_of`). BuildError when the checkpoint's tensor names
     are not the model's parameter names (transformers renames some at load)."""
     model = skeleton(config)
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    names = {id(m): n for n, m in model.named_modules()}
-    aliases = {}
-    if head is not None and head.weight is embed.weight:  # tied: a head the file lacks reads the embedding
-        aliases[f"{names[id(head)]}.weight"] = f"{names[id(embed)]}.weight"  # (one it holds is used, untied,
-        # as transformers 5 unties a checkpoint holding both with different values)
-    source = SafetensorsSource(folder, aliases)
+    source = SafetensorsSource(folder, tied_aliases(model))
     missing = [n for n, _ in model.named_parameters(remove_duplicate=False) if not source.has(n)]
     if missing:
         raise BuildError(
             f"{Path(folder).name}: the checkpoint's tensor names are not the model's"
             f" ({len(missing)} missing, e.g. {missing[0]!r}); it cannot be streamed"
         )
-    lazy_forward(model, source)
-    setattr(model, SOURCE_ATTR, source)
+    attach(model, source)
     if (Path(folder) / "generation_config.json").is_file():  # eos ids, as from_pretrained reads them
         from transformers import GenerationConfig
 
@@ -203,7 +217,8 @@ def open_streamed(folder: Path, config) -> torch.nn.Module:
 
 
 def is_streamed(model) -> bool:
-    return isinstance(getattr(model, SOURCE_ATTR, None), SafetensorsSource)
+    """Whether `model` is a skeleton reading a checkpoint (no weight of its own loaded)."""
+    return getattr(model, SOURCE_ATTR, None) is not None
 
 
 def source_of(model: torch.nn.Module) -> TensorSource:

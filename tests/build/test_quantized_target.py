@@ -23,10 +23,10 @@ from tiny import make_model, make_tokenizer, save_hf_folder, write_recipe
 from specexport.build.artifact import build_artifact
 from specexport.build.graphs import BITWISE_FUSED
 from specexport.build.validate import FeedRunner, reference_logits
-from specexport.formats.gguf import read_gguf_blocks
 from specexport.formats.hf_quantized import load_quantized_folder
 from specexport.graphs.decoder import build_decoder
 from specexport.graphs.quantized_target import QuantizedWeights
+from specexport.models.gguf_source import read_gguf_blocks
 from specexport.recipe.load import RecipeError, load_recipe, parse_recipe
 from specexport.recipe.reader import with_overrides
 from specexport_runtime.manifest import read_manifest

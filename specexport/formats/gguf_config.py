@@ -1,0 +1,273 @@
+"""GGUF files: the per-architecture table, the header checks and the config from the metadata.
+
+Everything here reads the file's header only (metadata and tensor infos; GGUFReader maps the
+file and touches no tensor data), so an unsupported architecture, tensor type or tensor is
+refused in one line before any weight is read.
+
+    GGUF_ARCHS[general.architecture] -> GGUFArch:
+      model_type   the transformers model_type the file is a checkpoint of
+      permute_qk   llama.cpp's converter permuted attn_q / attn_k rows (and biases) for its
+                   interleaved ("NORM") rotary: llama (and Mistral, converted as llama), granite,
+                   smollm3. NeoX-rotary families (qwen2/3, phi3, gemma*, olmo2) are stored as is.
+      norm_shift   added by the converter to every `*norm.weight` (Gemma: it stores 1 + w)
+      extra        the family's own config keys from the metadata
+
+The config is built from the metadata by this table (transformers' GGUF config mapping reads
+fewer keys: a Gemma 3 file's rope scaling, its local theta and 27B's attention scale are lost),
+with llama.cpp's own conventions where the file says nothing: Gemma 2 / 3 scale attention by
+head_dim ** -0.5 except the 27B models (hidden / heads, recognized by layer count), Gemma 3
+alternates 5 sliding layers with 1 full one with a local theta of 1e4 unless the file says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from .blocks import FormatError
+
+# GGML tensor types read as plain numbers or dequantized by gguf-py (gguf.quants); exact
+# MatMulNBits layouts are a subset (gguf.py LAYOUTS).
+_Q = GGMLQuantizationType
+FLOAT_TYPES = (_Q.F32, _Q.F16, _Q.BF16)
+
+
+def readable_types() -> frozenset[GGMLQuantizationType]:
+    from gguf.quants import _type_traits  # gguf-py's dequantizers, by type
+
+    return frozenset(FLOAT_TYPES) | frozenset(_type_traits)
+
+
+class Meta:
+    """The metadata of one file: `get("attention.head_count")` reads `{arch}.attention.head_count`."""
+
+    def __init__(self, reader: GGUFReader, arch: str):
+        self.reader, self.arch = reader, arch
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        f = self.reader.get_field(key)
+        return default if f is None else f.contents()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw(f"{self.arch}.{key}", default)
+
+    def need(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise FormatError(f"GGUF metadata has no {self.arch}.{key!r}, which a {self.arch} config needs")
+        return value
+
+    def count(self, key: str, default: int | None = None) -> int:
+        """A per-layer head count that must be the same for every layer."""
+        value = self.get(key, default)
+        if isinstance(value, list):
+            if not value or len(set(value)) != 1:
+                raise FormatError(f"GGUF {self.arch}.{key} varies per layer ({value}); expected one count for all")
+            value = value[0]
+        if value is None:
+            raise FormatError(f"GGUF metadata has no {self.arch}.{key!r}")
+        return int(value)
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    name: str  # general.architecture
+    model_type: str  # transformers model_type
+    permute_qk: bool = False
+    norm_shift: float = 0.0
+    extra: Callable[[Meta, dict], dict] = field(default=lambda meta, cfg: {})
+
+
+def _gemma_scalar(meta: Meta, cfg: dict, big_layers: int) -> float:
+    """llama.cpp's attention scale for Gemma 2 / 3: 1/sqrt(head_dim), the 27B model 1/sqrt(hidden / heads)."""
+    if cfg["num_hidden_layers"] == big_layers:
+        return cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg["head_dim"]
+
+
+def _gemma2(meta: Meta, cfg: dict) -> dict:
+    pattern = int(meta.get("attention.sliding_window_pattern", 2))
+    return {
+        "attn_logit_softcapping": meta.get("attn_logit_softcapping"),
+        "final_logit_softcapping": meta.get("final_logit_softcapping"),
+        "sliding_window": meta.get("attention.sliding_window"),
+        "query_pre_attn_scalar": _gemma_scalar(meta, cfg, 46),
+        "layer_types": _layer_types(cfg["num_hidden_layers"], pattern),
+    }
+
+
+def _layer_types(n: int, pattern: int) -> list[str]:
+    """Every `pattern`-th layer full attention, the others sliding (Gemma 2: 2, Gemma 3: 6)."""
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+
+
+def _gemma3(meta: Meta, cfg: dict) -> dict:
+    pattern = meta.get("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # newer files: one flag per layer, true = sliding
+        types = ["sliding_attention" if s else "full_attention" for s in pattern]
+    else:
+        types = _layer_types(cfg["num_hidden_layers"], int(pattern))
+    local = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base_swa", 10000.0))}
+    return {
+        "sliding_window": meta.get("attention.sliding_window"),
+        "query_pre_attn_scalar": _gemma_scalar(meta, cfg, 62),
+        "layer_types": types,
+        "rope_parameters": {"sliding_attention": local, "full_attention": cfg["rope_parameters"]},
+    }
+
+
+def _granite(meta: Meta, cfg: dict) -> dict:
+    return {
+        "attention_multiplier": meta.need("attention.scale"),
+        "embedding_multiplier": meta.need("embedding_scale"),
+        "residual_multiplier": meta.need("residual_scale"),
+        "logits_scaling": meta.need("logit_scale"),
+    }
+
+
+def _phi3(meta: Meta, cfg: dict) -> dict:
+    rot = int(meta.get("rope.dimension_count", cfg["head_dim"]))
+    extra: dict = {"sliding_window": meta.get("attention.sliding_window")}
+    if rot != cfg["head_dim"]:
+        extra["rope_parameters"] = {**cfg["rope_parameters"], "partial_rotary_factor": rot / cfg["head_dim"]}
+    return extra
+
+
+def _window(meta: Meta, cfg: dict) -> dict:
+    window = meta.get("attention.sliding_window")
+    return {} if window is None else {"sliding_window": window}
+
+
+GGUF_ARCHS: dict[str, GGUFArch] = {
+    a.name: a
+    for a in (
+        GGUFArch("llama", "llama", permute_qk=True),
+        GGUFArch("qwen2", "qwen2"),
+        GGUFArch("qwen3", "qwen3", extra=_window),
+        GGUFArch("phi3", "phi3", extra=_phi3),
+        GGUFArch("gemma", "gemma", norm_shift=1.0),
+        GGUFArch("gemma2", "gemma2", norm_shift=1.0, extra=_gemma2),
+        GGUFArch("gemma3", "gemma3_text", norm_shift=1.0, extra=_gemma3),
+        GGUFArch("granite", "granite", permute_qk=True, extra=_granite),
+        GGUFArch("olmo2", "olmo2"),
+        GGUFArch("smollm3", "smollm3", permute_qk=True),
+    )
+}
+# Tensors a file may hold that no supported config reproduces: refused by name.
+REFUSED_TENSORS = {
+    "rope_freqs.weight": "llama3-style rope frequency factors (rope scaling the config cannot express)",
+    "rope_factors_long.weight": "LongRoPE factors",
+    "rope_factors_short.weight": "LongRoPE factors",
+}
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    """One file's header: the reader (tensor data untouched), its architecture row and config dict."""
+
+    path: Path
+    reader: GGUFReader
+    arch: GGUFArch
+    config: dict  # transformers config kwargs, model_type included
+
+
+def _open(path: Path) -> GGUFReader:
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as exc:  # bad magic or version, truncated header
+        raise FormatError(f"{str(path)!r} is not a readable GGUF file: {exc}") from exc
+    if reader.byte_order != "I":
+        raise FormatError(f"{str(path)!r} is a big-endian GGUF file; only little-endian files are supported")
+    return reader
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """The file's architecture row and transformers config, every tensor's type checked: one
+    FormatError line for an unsupported architecture, tensor type or tensor, no tensor read."""
+    path = Path(path)
+    reader = _open(path)
+    f = reader.get_field("general.architecture")
+    name = None if f is None else f.contents()
+    if name not in GGUF_ARCHS:
+        raise FormatError(f"GGUF architecture {name!r} is not supported (supported: {', '.join(sorted(GGUF_ARCHS))})")
+    readable = readable_types()
+    for t in reader.tensors:
+        if t.tensor_type not in readable:
+            raise FormatError(
+                f"GGUF tensor {t.name!r} has type {t.tensor_type.name}, which cannot be read"
+                f" (readable: {', '.join(sorted(q.name for q in readable))})"
+            )
+        if t.name in REFUSED_TENSORS:
+            raise FormatError(f"GGUF tensor {t.name!r} holds {REFUSED_TENSORS[t.name]}; such files are not supported")
+    arch = GGUF_ARCHS[name]
+    return GGUFHeader(path, reader, arch, _config(reader, arch))
+
+
+def tensor_shape(reader: GGUFReader, name: str) -> list[int] | None:
+    """[rows, cols] (numpy order: GGUF's ne reversed) of a tensor, None if absent."""
+    for t in reader.tensors:
+        if t.name == name:
+            return [int(n) for n in reversed(t.shape.tolist())]
+    return None
+
+
+def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
+    meta = Meta(reader, arch.name)
+    heads = meta.count("attention.head_count")
+    hidden = int(meta.need("embedding_length"))
+    embd = tensor_shape(reader, "token_embd.weight")  # [V, hidden]
+    vocab = embd[0] if embd is not None else meta.get("vocab_size")
+    if vocab is None:
+        raise FormatError(f"GGUF file has neither 'token_embd.weight' nor {arch.name}.vocab_size")
+    names = {t.name for t in reader.tensors}
+    head_dim = int(meta.get("attention.key_length", hidden // heads))
+    rope: dict = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
+    scaling = meta.get("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise FormatError(f"GGUF {arch.name}.rope.scaling.type {scaling!r} is not supported (expected 'linear')")
+        rope = {**rope, "rope_type": "linear", "factor": float(meta.need("rope.scaling.factor"))}
+    cfg: dict = {
+        "model_type": arch.model_type,
+        "num_hidden_layers": int(meta.need("block_count")),
+        "hidden_size": hidden,
+        "intermediate_size": int(meta.need("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta.count("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(meta.get("context_length", 2048)),
+        "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),
+        "rope_parameters": rope,
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names or "blk.0.attn_qkv.bias" in names,
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+    }
+    for key, hf in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
+        value = meta.raw(f"tokenizer.ggml.{hf}_token_id")
+        if value is not None:
+            cfg[key] = int(value)
+    cfg.update({k: v for k, v in arch.extra(meta, cfg).items() if v is not None})
+    if arch.model_type != "qwen2":  # Qwen2 has q/k/v biases whatever the config says
+        return cfg
+    cfg.pop("attention_bias")
+    cfg.pop("mlp_bias")
+    return cfg
+
+
+def hf_config(header: GGUFHeader):
+    """The transformers config object of the header's config dict."""
+    from transformers import AutoConfig
+
+    data = dict(header.config)
+    model_type = data.pop("model_type")
+    return AutoConfig.for_model(model_type, **data)
+
+
+def block_type(qtype: GGMLQuantizationType) -> bool:
+    """Whether a GGML type stores blocks (quantized), not one plain number per element."""
+    return GGML_QUANT_SIZES[qtype][0] > 1
