@@ -1,7 +1,7 @@
 """The fused graph (head_major_inplace layout, contract 1.1) against transformers.
 
 For every registered rotary family (tests/tiny.TINY_CONFIGS), the graph written by
-specexport.fused is checked
+specexport.graphs.decoder (the fused operators) is checked
   * with validate_export at the FP32 tolerance (prefill, verify on the past, rollback), which runs
     ONNX Runtime's non-shared mode (a P-row past in, a P+S-row cache out), and
   * in the runtime's shared in-place mode: one [1, H_kv, T_max, D] buffer bound as both past and

@@ -17,7 +17,7 @@ from gguf_support import CONVERTED, T, dequantized_reference, gguf_model, write_
 from specexport.build.validate import FeedRunner, reference_logits
 from specexport.formats.blocks import FormatError
 from specexport.formats.gguf_config import hf_config, read_header
-from specexport.fused import build_fused
+from specexport.graphs.decoder import build_decoder
 from specexport.graphs.quantized_target import QuantizedWeights
 from specexport.models.config import normalize
 from specexport.models.gguf_source import open_gguf
@@ -35,7 +35,7 @@ def _ids(n: int = 20, seed: int = 0) -> list[int]:
 
 def _graph_logits(model, out, ids, weights=None) -> np.ndarray:
     """Rows of a prefill and a 5-token verify call of the fused graph: [len(ids), V]."""
-    result = build_fused(model, out, MAX_CONTEXT, weights=weights)
+    result = build_decoder(model, out, MAX_CONTEXT, weights=weights)
     runner = FeedRunner(result.path, result.spec)
     n0 = len(ids) - 5
     return np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])
