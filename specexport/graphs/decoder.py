@@ -44,6 +44,7 @@ from .writer import (
     FloatWeights,
     Graph,
     Linear,
+    Part,
     WeightPlan,
     save_graph,
     softcap,
@@ -124,10 +125,9 @@ def _bias(w: Weights, *modules: torch.nn.Module) -> torch.Tensor | None:
     return torch.cat([w.bias(m) if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in modules])
 
 
-def _conv1d(w: Weights, module: torch.nn.Module) -> tuple[str, torch.Tensor]:
-    """(name, weight [N, K]) of a transformers Conv1D, which stores [K, N] (GPT-2)."""
-    name, weight = w.part(module)
-    return name, weight.t()
+def _conv1d(w: Weights, module: torch.nn.Module) -> Part:
+    """The weight [N, K] of a transformers Conv1D, which stores [K, N] (GPT-2)."""
+    return w.part(module, transposed=True)
 
 
 def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, w: Weights, i: int) -> LayerWeights:

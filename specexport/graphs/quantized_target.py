@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
-
 from ..errors import BuildError
 from ..formats.blocks import BlockQuantized, compatible, concat_rows, rtn_quantize
 from .nbits import gather_nbits, matmul_nbits
-from .writer import FloatWeights, Graph, Linear
+from .writer import FloatWeights, Graph, Linear, Part
 
 RTN_PRECISIONS = ("int8", "int4")  # quantized here from float weights
 CHECKPOINT_PRECISIONS = ("gguf", "gptq", "awq")  # the checkpoint's own blocks
@@ -47,29 +45,29 @@ class QuantizedWeights:
     embedding_mode: str
     blocks: Mapping[str, BlockQuantized]
 
-    def _layer(self, name: str, tensor: torch.Tensor) -> BlockQuantized | None:
+    def _layer(self, part: Part) -> BlockQuantized | None:
         if self.precision in RTN_PRECISIONS:
-            return self._rtn(name, tensor, _BITS[self.precision])
-        return self.blocks.get(name)  # None: the checkpoint holds this weight in float
+            return self._rtn(part, _BITS[self.precision])
+        return self.blocks.get(part.name)  # None: the checkpoint holds this weight in float
 
-    def _tensor(self, mode: str, name: str, tensor: torch.Tensor) -> BlockQuantized | None:
+    def _tensor(self, mode: str, part: Part) -> BlockQuantized | None:
         if mode == "fp32":
             return None
         if mode == "checkpoint":
-            return self.blocks.get(name)
-        return self._rtn(name, tensor, _BITS[mode])
+            return self.blocks.get(part.name)
+        return self._rtn(part, _BITS[mode])
 
-    def _rtn(self, name: str, tensor: torch.Tensor, bits: int) -> BlockQuantized:
-        K = tensor.shape[1]
+    def _rtn(self, part: Part, bits: int) -> BlockQuantized:
+        name, K = part.name, part.shape[1]
         if K % self.block_size:
             raise BuildError(
                 f"block_size {self.block_size} does not divide the {K} inputs of {name!r};"
                 f" choose a block size dividing {K} (16, 32 or 64 usually do)"
             )
-        return rtn_quantize(tensor.detach().float().numpy(), bits, self.block_size)  # the source's own weights
+        return rtn_quantize(part.read().detach().float().numpy(), bits, self.block_size)  # the source's own weights
 
     def linear(self, g: Graph, x: str, site: Linear) -> str:
-        parts = [self._layer(name, w) for name, w in site.parts]
+        parts = [self._layer(p) for p in site.parts]
         return self._stored(g, x, site, parts)
 
     def _stored(self, g: Graph, x: str, site: Linear, parts: list[BlockQuantized | None]) -> str:
@@ -78,16 +76,15 @@ class QuantizedWeights:
         if all(p is None for p in parts):
             return FloatWeights().linear(g, x, site)
         outs = []  # mixed formats: one node per part, outputs concatenated along N
-        for j, ((name, w), p) in enumerate(zip(site.parts, parts)):
-            one = Linear(f"{site.stem}_{j}", ((name, w),))
+        for j, (part, p) in enumerate(zip(site.parts, parts)):
+            one = Linear(f"{site.stem}_{j}", (part,))
             outs.append(
                 FloatWeights().linear(g, x, one) if p is None else matmul_nbits(g, x, p, one.stem, self.accuracy_level)
             )
         return g.op("Concat", outs, axis=-1)[0]
 
     def embedding(self, g: Graph, ids: str, site: Linear) -> tuple[str, str | None]:
-        name, w = site.parts[0]
-        table = self._tensor(self.embedding_mode, name, w)
+        table = self._tensor(self.embedding_mode, site.parts[0])
         if table is None or table.offset is not None or table.g_idx is not None:
             # float rows (GatherBlockQuantized holds no per-block offset: such a table is
             # gathered from its exact float32 dequantization instead)
@@ -95,8 +92,7 @@ class QuantizedWeights:
         return gather_nbits(g, ids, table, site.stem), None
 
     def head(self, g: Graph, h: str, site: Linear, table: str | None) -> str:
-        name, w = site.parts[0]
-        stored = self._tensor(self.head_mode, name, w)
+        stored = self._tensor(self.head_mode, site.parts[0])
         if stored is None:
             return FloatWeights().head(g, h, site, table)
         return matmul_nbits(g, h, stored, site.stem, self.accuracy_level)

@@ -24,6 +24,7 @@ from specexport_runtime.contract import GraphSpec
 from specexport_runtime.manifest import sha256_file
 
 from ..errors import BuildError
+from ..models.streaming import Part
 
 OPSET = 17
 MS = "com.microsoft"
@@ -168,11 +169,11 @@ class Linear:
     """One weight of the graph: `parts` stacked along the output dimension (q|k|v, gate|up)."""
 
     stem: str  # initializer name stem, e.g. "l3_qkv"
-    parts: tuple[tuple[str, torch.Tensor], ...]  # (Hugging Face parameter name, weight [N_i, K])
+    parts: tuple[Part, ...]
 
     @property
     def out_features(self) -> int:
-        return sum(w.shape[0] for _, w in self.parts)
+        return sum(p.shape[0] for p in self.parts)
 
 
 class WeightPlan(Protocol):
@@ -197,15 +198,15 @@ class FloatWeights:
     which weight-only quantizers of drafts compress (quantize.py)."""
 
     def linear(self, g: Graph, x: str, site: Linear) -> str:
-        w = torch.cat([w.detach() for _, w in site.parts], 0)  # [N, K]
+        w = torch.cat([p.read().detach() for p in site.parts], 0)  # [N, K]
         return g.op("MatMul", [x, g.weight(site.stem, w.t())])[0]
 
     def embedding(self, g: Graph, ids: str, site: Linear) -> tuple[str, str | None]:
-        table = g.weight(site.stem, site.parts[0][1])
+        table = g.weight(site.stem, site.parts[0].read())
         return g.op("Gather", [table, ids])[0], table
 
     def head(self, g: Graph, h: str, site: Linear, table: str | None) -> str:
-        if table is not None:  # Gemm transB on the embedding itself: the tied matrix is stored once
+        if table is not None:  # Gemm transB on the embedding itself: the tied matrix is stored (and read) once
             return g.op("Gemm", [h, table], transB=1)[0]
         return self.linear(g, h, site)
 

@@ -18,7 +18,7 @@ not the model's).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,6 +235,16 @@ def input_embedding(model: torch.nn.Module) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One weight [N, K] of a Linear site by its Hugging Face name, read from its source only when
+    a plan needs its values (a checkpoint plan that keeps the file's blocks never does)."""
+
+    name: str
+    shape: tuple[int, int]  # [N, K]
+    read: Callable[[], torch.Tensor]  # -> the weight [N, K] in its stored dtype
+
+
+@dataclass(frozen=True)
 class Weights:
     """The model's weights by module: `of(module)` reads that module's weight from the source by
     its Hugging Face name (`paths`: id(module) -> its path in the model, taken when the writer
@@ -253,9 +263,14 @@ class Weights:
     def of(self, module: torch.nn.Module, attr: str = "weight") -> torch.Tensor:
         return self.source.get(self._full(module, attr))
 
-    def part(self, module: torch.nn.Module) -> tuple[str, torch.Tensor]:
-        """(name, weight) of a linear module: one part of a Linear site."""
-        return self.name(module), self.of(module)
+    def part(self, module: torch.nn.Module, transposed: bool = False) -> Part:
+        """A linear module's weight as one part of a Linear site, read when a plan asks; its shape
+        from the module (a skeleton's meta parameter). transposed: a transformers Conv1D, which
+        stores [K, N] (GPT-2)."""
+        shape = tuple(module.weight.shape)
+        if transposed:
+            return Part(self.name(module), (shape[1], shape[0]), lambda: self.of(module).t())
+        return Part(self.name(module), shape, lambda: self.of(module))
 
     def bias(self, module: torch.nn.Module) -> torch.Tensor | None:
         return None if getattr(module, "bias", None) is None else self.of(module, "bias")

@@ -259,3 +259,44 @@ def test_build_memory_script_places_the_peak_in_a_stage(tmp_path, capsys):
     assert peaks == sorted(peaks) and peaks[-1] > 0
     with pytest.raises(SystemExit, match="--interval"):
         script.main([str(recipe), "-o", str(tmp_path / "b"), "--interval", "0"])
+
+
+def _counting(model) -> dict[str, int]:
+    """Count the source's reads by name (the writer reads every weight through source.get)."""
+    source, reads = source_of(model), {}
+    real = source.get
+
+    def get(name):
+        reads[name] = reads.get(name, 0) + 1
+        return real(name)
+
+    source.get = get
+    return reads
+
+
+def test_each_weight_is_read_once_and_a_tied_head_never(tmp_path):
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")  # tied: the file has no lm_head
+    streamed = open_streamed(folder, read_config(str(folder)))
+    reads = _counting(streamed)
+    build_decoder(streamed, tmp_path / "g", MAX_CONTEXT)
+    assert reads["model.embed_tokens.weight"] == 1  # the head is a Gemm on the stored table
+    assert "lm_head.weight" not in reads
+    assert set(reads.values()) == {1}
+
+
+def test_a_checkpoint_plan_reads_no_float_copy_of_the_blocks_it_keeps(tmp_path):
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
+    streamed = open_streamed(folder, read_config(str(folder)))
+    kept = "model.layers.0.mlp.down_proj.weight"
+    blocks = {kept: QuantizedWeights("int4", 32, 4, "fp32", "fp32", {})._rtn(_part(streamed, kept), 4)}
+    reads = _counting(streamed)
+    plan = QuantizedWeights("gptq", 32, 4, "fp32", "fp32", blocks)  # a checkpoint plan: blocks as given
+    build_decoder(streamed, tmp_path / "g", MAX_CONTEXT, weights=plan)
+    assert kept not in reads  # MatMulNBits from the blocks; no dequantized float read
+    assert reads["model.layers.0.mlp.up_proj.weight"] == 1  # the others are read as floats, once
+
+
+def _part(model, name: str):
+    from specexport.models.streaming import Part
+
+    return Part(name, tuple(source_of(model).get(name).shape), lambda: source_of(model).get(name))
