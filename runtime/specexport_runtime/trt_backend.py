@@ -413,4 +413,4 @@ def load_native(artifact: str | Path, device_id: int = 0, verify: bool = True):
     manifest, codec, calibration = open_artifact(root, verify)
     target = TrtModel.from_artifact(root, "target", device_id)
     draft = TrtModel.from_artifact(root, "draft", device_id) if manifest.draft is not None else None
-    return SpecGenerator(root, manifest, codec, target, draft, calibration)
+    return SpecGenerator(root=root, manifest=manifest, codec=codec, target=target, draft=draft, calibration=calibration)
