@@ -134,6 +134,8 @@ class SpeculativeLoop:
     log-probabilities of every emitted token, when config.logprobs asks for them."""
 
     def __init__(self, setup: LoopSetup):
+        if not isinstance(setup, LoopSetup):
+            raise TypeError(f"SpeculativeLoop is built from a LoopSetup, got {type(setup).__name__}")
         config = setup.config
         self.target, self.proposer, self.guide, self.spec = setup.target, setup.proposer, setup.guide, setup.spec
         self.policy = setup.policy if setup.policy is not None else RoundDraft.of(config)

@@ -4,12 +4,14 @@ Every strategy of the policy (policy.DraftPolicy) reads its constants here and t
 with ProbeClock: one sequence's gamma (adaptive.GammaController: probes while speculation is
 off), a batch's gamma (batch_gamma.BatchGamma: the guard's rechecks) and the suffix draft
 limit (suffix_limit.LimitTuner: replayed probe rounds). A bottom-floor module: it imports
-nothing of the runtime.
+only the runtime's errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .errors import InvalidArgument
 
 # --- shared by the strategies --------------------------------------------------------------
 PROBE_GAMMA = 2  # draft length of a probe round (one sequence's off-probe; a batch's call-size probe)
@@ -60,6 +62,8 @@ class ProbeClock:
     drafting: bool = True  # what the probe under way does (a batch recheck drafts, or not)
 
     def __post_init__(self) -> None:
+        if not 1 <= self.first <= self.cap:
+            raise InvalidArgument(f"a probe clock needs 1 <= first <= cap, got first {self.first}, cap {self.cap}")
         self.every = self.every or self.first
         self.due = self.due or self.first
 
