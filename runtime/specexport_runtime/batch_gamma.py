@@ -76,25 +76,8 @@ class BatchGamma:
     here even if every drafted token were accepted (then its acceptance is not worth learning at
     this batch size). The guard (guard) then checks the model against what whole rounds realize.
 
-    The guard, per bucket of batch sizes (1, 2, 3-4, 5-8, ...; pacing's constants; a
-    pacing.ProbeClock per bucket counts its judged rounds and times its rechecks):
-        model says 0:
-            drafted rate, with the catch-up paid, > plain rate x (1 + MARGIN)
-                -> the gamma the bucket last drafted with (PROBE_GAMMA before any); else 0
-        model says g > 0 (a judged round):
-            a recheck under way              -> its next round: g if it drafts, else 0
-            fewer than GUARD_ROUNDS plain rounds seen:
-                recheck due                  -> 0, a plain recheck of RECHECK_ROUNDS rounds; next in one interval
-                else                         -> g
-            drafted rate < plain rate:
-                not due                      -> 0
-                due, its catch-up would sink it -> 0; due again in one interval
-                due                          -> g, a drafting recheck of RECHECK_ROUNDS rounds;
-                                                the interval doubles (up to RECHECK_EVERY x RECHECK_BACKOFF)
-            otherwise (drafting holds its own) -> g; the interval back to RECHECK_EVERY,
-                                                the next recheck at most RECHECK_EVERY rounds away
-    A rate is tokens per second of steady rounds of that kind (observe), counted once the bucket
-    has GUARD_ROUNDS of them."""
+    The guard's rules are written out in pacing.py, next to its constants (and in
+    docs/batching.md); guard() follows them line by line."""
 
     def __init__(self, gamma_max: int, margin: float = MARGIN, cost: VerifyCost | None = None):
         """margin: a draft must promise this much more than plain decoding (0.1: 10%); cost: the

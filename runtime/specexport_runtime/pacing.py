@@ -24,7 +24,25 @@ CHEAP_PROBE = 1.25  # a probe round costing at most this many decode steps is ch
 HYSTERESIS = 0.05  # off -> on needs a best expected speedup >= 1 + HYSTERESIS
 GAMMA_TOLERANCE = 0.03  # take the longest gamma whose expected speedup is within this of the best
 
-# --- a batch (batch_gamma.BatchGamma; docs/batching.md, "The guard")
+# --- a batch (batch_gamma.BatchGamma; docs/batching.md). The guard checks the batch's model
+# against what whole rounds realize, per bucket of batch sizes (1, 2, 3-4, 5-8, ...); a rate is
+# tokens per second of steady rounds of one kind, counted once the bucket has GUARD_ROUNDS of
+# them; a ProbeClock per bucket counts its judged rounds and times its rechecks:
+#   model says 0:
+#       drafted rate, the draft's catch-up paid, > plain rate x (1 + MARGIN) -> the gamma last drafted with
+#       otherwise                                                           -> 0
+#   model says g > 0 (a judged round):
+#       a recheck under way               -> its next round: g if it drafts, else 0
+#       too few plain rounds to compare:
+#           recheck due                   -> 0: a plain recheck of RECHECK_ROUNDS rounds; next in one interval
+#           otherwise                     -> g
+#       drafted rate < plain rate:
+#           not due                       -> 0
+#           due, the catch-up spread over the recheck's rounds would sink it -> 0; due again in one interval
+#           due                           -> g: a drafting recheck of RECHECK_ROUNDS rounds; the interval
+#                                            doubles, up to RECHECK_EVERY x RECHECK_BACKOFF
+#       otherwise (drafting holds its own) -> g; the interval back to RECHECK_EVERY, the next
+#                                            recheck at most RECHECK_EVERY rounds away
 MARGIN = 0.1  # a draft must promise (and, to overrule the model, realize) this much more than plain rounds
 GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a bucket needs before the guard compares them
 RECHECK_EVERY = 64  # judged rounds between the guard's rechecks (doubled after each recheck that confirms)
