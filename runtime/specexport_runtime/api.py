@@ -105,20 +105,29 @@ class SpecGenerator:
     def configure(self, config: GeneratorConfig | None = None, **overrides: Any) -> GeneratorConfig:
         """A call's config: `config` (default: self.config) with `overrides`, checked against
         this artifact."""
-        return self.check((config if config is not None else self._config).replace(**overrides))
+        return self.configured(config, **overrides)[0]
+
+    def configured(
+        self, config: GeneratorConfig | None = None, **overrides: Any
+    ) -> tuple[GeneratorConfig, ProposerSpec]:
+        """configure(), and the registry entry the call runs, resolved once for its generation."""
+        return self.checked((config if config is not None else self._config).replace(**overrides))
 
     def check(self, config: GeneratorConfig) -> GeneratorConfig:
         """`config` if this artifact runs its proposer, else InvalidArgument saying why."""
+        return self.checked(config)[0]
+
+    def checked(self, config: GeneratorConfig) -> tuple[GeneratorConfig, ProposerSpec]:
+        """check(), and the registry entry the call runs ('none' when it does not speculate)."""
         if not isinstance(config, GeneratorConfig):
             raise TypeError(f"config must be a GeneratorConfig, got {type(config).__name__}")
-        if config.speculating:
-            self.resolve_proposer(config.proposer)
+        spec = self.proposer_spec(config)
         if config.tree_nodes and self.tree is None:
             raise InvalidArgument(
                 f"tree_nodes {config.tree_nodes} needs the target's tree graph: an artifact built with"
                 " tree_verify, loaded without batch=True on the CPU provider"
             )
-        return config
+        return config, spec
 
     def resolve_proposer(self, name: str | None) -> str:
         """`name` (None: the default) checked against this artifact: a registered proposer whose
@@ -188,11 +197,11 @@ class SpecGenerator:
             ids = list(prompt)
         return validate_prompt_ids(ids, self.manifest.target.embedding_rows, self.manifest.max_context)
 
-    def _start(self, prompt_ids: list[int], config: GeneratorConfig) -> Generation:
+    def _start(self, prompt_ids: list[int], config: GeneratorConfig, spec: ProposerSpec) -> Generation:
         """Everything is checked and built here; the rounds run as the Generation is iterated."""
-        loop = self.make_loop(config, self.proposer_spec(config))
+        loop = self.make_loop(config, spec)
         rounds = self.prefix_cache.run(loop, config, prompt_ids, self._rounds(loop, prompt_ids, config))
-        return Generation(rounds, loop.stats, config, config.gamma_policy, loop.logprobs)
+        return Generation(rounds, loop.stats, config, config.policy_given(spec.speculative), loop.logprobs)
 
     def make_loop(
         self,
@@ -243,7 +252,7 @@ class SpecGenerator:
         after the round in progress (a proposer that learns across requests then learns nothing
         from it). config: GeneratorConfig (default: self.config); overrides: its fields."""
         ids = self._prompt_ids(prompt)
-        return self._start(ids, self.configure(config, **overrides))
+        return self._start(ids, *self.configured(config, **overrides))
 
     def generate(self, prompt: Prompt, config: GeneratorConfig | None = None, **overrides: Any) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). config / overrides as in
@@ -276,7 +285,7 @@ class SpecGenerator:
             if overrides.get("grammar") is not None or (config is not None and config.grammar is not None):
                 raise InvalidArgument("grammar and tools cannot be combined: tools constrain the answer themselves")
             overrides["grammar"] = prepared.grammar
-        run = self._start(ids, self.configure(config, **overrides))
+        run = self._start(ids, *self.configured(config, **overrides))
         if stream:
             return run.pieces()
         result = run.collect()

@@ -158,8 +158,7 @@ class BatchScheduler:
     def submit(self, prompt, config: GeneratorConfig | None = None, **overrides) -> BatchSequence:
         """Queue a prompt (text, bytes or token ids); checked now, run by later rounds."""
         ids = self.gen._prompt_ids(prompt)
-        config = self.gen.configure(config, **overrides)
-        spec = self.gen.proposer_spec(config)
+        config, spec = self.gen.configured(config, **overrides)
         model = spec.uses_draft and self.draft is not None  # a batch graph is always a decoder's
         if spec.uses_draft and not model:
             spec = registry.get(BATCH_FALLBACK)

@@ -150,7 +150,7 @@ class DraftPolicy:
         speculating = config.speculative and spec.speculative
         fixed, ctl = config.gamma, None
         if speculating and fixed is None and not batched:
-            if config.gamma_policy == ADAPTIVE:
+            if config.policy_given(spec.speculative) == ADAPTIVE:
                 ctl = self.controller(spec, config)
             else:
                 start = self.starting(spec, config)
