@@ -59,13 +59,13 @@ def main(argv=None) -> int:
         methods.append(method(f"fixed {args.fixed}", first, proposer, args.fixed))
     for tol in tolerances:  # the same sessions (a second load's sessions ran ~5% apart), own controllers
         gen = SpecGenerator(
-            first.root,
-            first.manifest,
-            first.codec,
-            first.target,
-            first.draft,
-            first.calibration,
-            first.config.replace(controller={"gamma_tolerance": tol}),
+            root=first.root,
+            manifest=first.manifest,
+            codec=first.codec,
+            target=first.target,
+            draft=first.draft,
+            calibration=first.calibration,
+            config=first.config.replace(controller={"gamma_tolerance": tol}),
         )
         methods.append(method(f"tolerance {tol:g}", gen, proposer))
     cases = harness.make_cases(first.codec, prompts)

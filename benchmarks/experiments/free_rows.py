@@ -54,8 +54,7 @@ def main(argv=None) -> int:
     gen = load(args.artifact, threads=args.threads, batch=True, config=config)
     cases = harness.make_cases(gen.codec, harness.load_prompt_set(args.prompts, args.limit))
     warm = [harness.warmup_case(gen.codec)]
-    gen.scheduler()  # creates the generator's BatchGamma, which every run's scheduler shares
-    gamma = gen._batch_gamma
+    gamma = gen.scheduler().gamma  # the policy's BatchGamma, which every run's scheduler shares
     free_limit = gamma.free_limit
 
     def run(method: str, set_cases) -> dict:

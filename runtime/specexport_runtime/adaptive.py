@@ -31,7 +31,9 @@ catch-up call) favours fewer, longer rounds; the default tolerance, 0.03, is wha
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
 probe that does not switch speculation back on, up to probe_max, unless a probe is cheap (at
-most CHEAP_PROBE decode steps, e.g. n-gram lookup): then it stays at probe_every.
+most CHEAP_PROBE decode steps, e.g. n-gram lookup): then it stays at probe_every. The interval
+is a pacing.ProbeClock, the policy's one probe mechanism, and the defaults are pacing's constants.
+This is the policy's strategy for one sequence (policy.DraftPolicy).
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ from dataclasses import InitVar, dataclass, field
 
 from .costs import VerifyCost, ema
 from .errors import InvalidArgument
-
-CHEAP_PROBE = 1.25  # a probe round costing at most this many decode steps is cheap (start_sequence)
+from .pacing import CHEAP_PROBE, GAMMA_TOLERANCE, HYSTERESIS, PROBE_EVERY, PROBE_GAMMA, PROBE_MAX, ProbeClock
 
 
 def _is_int(v) -> bool:
@@ -68,17 +69,16 @@ class GammaController:
     # seeds of a controller's own cost (tests, benchmarks): a plain step's seconds, s -> an s-row call's
     cost_decode: InitVar[float | None] = None
     verify_costs: InitVar[dict[int, float] | None] = None
-    hysteresis: float = 0.05  # off -> on needs best expected speedup >= 1 + hysteresis
-    probe_every: int = 16  # decode steps while off before the first probe
-    probe_max: int = 256  # cap of the doubling probe interval
-    probe_gamma: int = 2  # draft length of a probe round (clamped to [gamma_min, gamma_max])
+    hysteresis: float = HYSTERESIS  # off -> on needs best expected speedup >= 1 + hysteresis
+    probe_every: int = PROBE_EVERY  # decode steps while off before the first probe
+    probe_max: int = PROBE_MAX  # cap of the doubling probe interval
+    probe_gamma: int = PROBE_GAMMA  # draft length of a probe round (clamped to [gamma_min, gamma_max])
     min_draft_prob: float = 0.0  # stop_drafting threshold on the draft's top probability; 0 = off
-    gamma_tolerance: float = 0.03  # take the longest gamma whose expected speedup is within this of the best
+    gamma_tolerance: float = GAMMA_TOLERANCE  # take the longest gamma whose expected speedup is within this of the best
 
     speculating: bool = field(default=True, init=False)
     _initial_gamma: int = field(default=0, init=False, repr=False)
-    _interval: int = field(default=0, init=False, repr=False)
-    _off_rounds: int = field(default=0, init=False, repr=False)
+    _probes: ProbeClock | None = field(default=None, init=False, repr=False)  # counts decode steps while off
     _probing: bool = field(default=False, init=False, repr=False)
     _n_draft: int = field(default=0, init=False, repr=False)
 
@@ -120,7 +120,7 @@ class GammaController:
         if not _is_real(self.min_draft_prob) or not 0.0 <= self.min_draft_prob < 1.0:
             raise InvalidArgument(f"min_draft_prob must be a number in [0, 1), got {self.min_draft_prob!r}")
         self._initial_gamma = self.gamma
-        self._interval = self.probe_every
+        self._probes = ProbeClock(self.probe_every, self.probe_max)
         self._n_draft = 0 if self.cost_draft is None else 1
 
     # ----------------------------------------------------------------------------- model
@@ -178,22 +178,23 @@ class GammaController:
         if self.speculating:
             if not speedup >= 1.0:  # also nan
                 self.speculating = False
-                self._off_rounds = 1  # this call's decode step is the first of the interval
+                self._probes.wait()
+                self._probes.tick()  # this call's decode step is the first of the interval
                 return 0
             self.gamma = self._longest_near(speedup)
             return self.gamma
         if speedup >= 1.0 + self.hysteresis:
             self.speculating = True
-            self._interval = self.probe_every
+            self._probes.reset()
             self.gamma = g
             return g
-        if self._off_rounds >= self._interval:
-            self._off_rounds = 0
+        if self._probes.is_due:
             if not self._probe_is_cheap():  # back off (kept if the probe fails); cheap probes stay frequent
-                self._interval = min(2 * self._interval, self.probe_max)
+                self._probes.back_off()
+            self._probes.wait()
             self._probing = True
             return min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
-        self._off_rounds += 1
+        self._probes.tick()
         return 0
 
     def _longest_near(self, best_speedup: float) -> int:
@@ -206,8 +207,8 @@ class GammaController:
         probe is cheap (an n-gram probe costs about one verify call; a draft-model probe several
         draft steps), probe at once: how well lookup works depends on the prompt."""
         if not self.speculating and self._probe_is_cheap():
-            self._interval = self.probe_every
-            self._off_rounds = self._interval
+            self._probes.reset()
+            self._probes.due_now()
 
     def _probe_is_cheap(self) -> bool:
         if not self.cost.timed(1) or self.cost_draft is None:

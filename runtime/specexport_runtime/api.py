@@ -16,31 +16,25 @@ from typing import Any
 import numpy as np
 
 from . import registry
-from .adaptive import GammaController
 from .batch import DEFAULT_PREFILL_CHUNK, BatchScheduler
-from .batch_gamma import BatchGamma
-from .config import ADAPTIVE, GeneratorConfig
+from .config import GeneratorConfig
 from .constants import ONNXRUNTIME
 from .costs import VerifyCost
 from .datastore import Datastore
 from .eagle_tree import HeadTree
 from .engine import SessionConfig
-from .errors import ArtifactError, InvalidArgument
-from .generator import (
-    Generation,
-    GenerationResult,
-    GenerationStats,
-    SpeculativeLoop,
-    run_generation,
-    validate_prompt_ids,
-)
+from .errors import InvalidArgument
+from .generator import Generation, GenerationResult, LoopSetup, SpeculativeLoop, run_generation, validate_prompt_ids
 from .loading import CALIBRATION_NAME as CALIBRATION_NAME  # public here: calibrate.py, tests
 from .loading import check_backend, import_backend, open_artifact, open_models
 from .manifest import Manifest
 from .model import Model
+from .policy import DraftPolicy, calibration_entry  # noqa: F401 (calibration_entry: api's since calibrate reads it)
 from .prefix_cache import PrefixCache
-from .proposers import Proposer, ProposerContext
+from .proposers import Proposer, ProposerContext, build_proposer
+from .registry import ProposerSpec
 from .seeded import stream_for
+from .services import ProposerServices
 from .signing import verify as verify_signature
 from .slots import SlotModel
 from .structured import ConstraintEngine, Grammar, Guide
@@ -51,29 +45,22 @@ from .tree_model import TreeVerifier
 Prompt = str | bytes | Sequence[int]
 
 
-def calibration_entry(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> dict | None:
-    """calibration.json (specexport calibrate): profile (default: default_profile) -> domain
-    (falling back to 'default') -> proposer; None when absent."""
-    if "profiles" in doc:
-        doc = doc["profiles"].get(profile or doc.get("default_profile") or "", {})
-    domains = doc.get("domains") or {}
-    return (domains.get(domain or "default") or domains.get("default") or {}).get(proposer)
-
-
 class SpecGenerator:
     """Holds the sessions and KV buffers of one artifact (allocated once) and generates.
 
     `config` (a GeneratorConfig) is the default of every call; a call passes its own (`config=`)
     and/or overrides of single fields as keyword arguments. What proposers learn across calls
-    (the gamma controllers, the suffix store of earlier answers) lives here too."""
+    (the draft-length policy, the suffix store of earlier answers) lives here too. Built from
+    keywords only (load() builds it)."""
 
     def __init__(
         self,
+        *,
         root: Path,
         manifest: Manifest,
         codec: TextCodec,
         target: Model,
-        draft: Model | None,
+        draft: Model | None = None,
         calibration: dict | None = None,
         config: GeneratorConfig | None = None,
         slots: SlotModel | None = None,
@@ -95,18 +82,12 @@ class SpecGenerator:
         self.target, self.draft, self.calibration = target, draft, calibration or {}
         self.slots, self.draft_slots = slots, draft_slots  # batch graphs (load(..., batch=True))
         self.tree, self.head_tree = tree, head_tree
-        self._batch_gamma: BatchGamma | None = None
         self.eos = set(manifest.tokenizer.eos_token_ids)
         self._draft_kind = None if draft is None else draft.spec.kind
         self._config = self.check(config if config is not None else GeneratorConfig.from_manifest(manifest))
-        # one controller per (proposer, domain, controller settings), kept between calls: its
-        # costs are the machine's, its acceptance the pair's, and its on/off state and probe
-        # back-off carry on
-        self._controllers: dict[tuple, GammaController] = {}
-        self.verify_cost = VerifyCost()  # the target's call costs: every controller and the suffix tuner read it
-        self._learned: dict[str, Any] = {}  # proposer name -> its state across requests (registry `learns`)
-        self._d2t: np.ndarray | None = None  # an EAGLE-3 head's vocabulary map, read on first use
-        self._datastore: Datastore | None = None
+        self.policy = DraftPolicy(self.calibration, self._draft_kind)  # every round's draft length
+        draft_rows = None if draft is None else draft.spec.embedding_rows
+        self.services = ProposerServices(root, manifest, self._config, self.policy.cost, draft_rows, head_tree)
         self._constraints: ConstraintEngine | None = None
         draft_class = getattr(manifest.draft, "exactness", None)
         self.prefix_cache = PrefixCache(target, draft, self._config.prefix_cache_bytes, draft_class)  # prefix_cache.py
@@ -124,20 +105,29 @@ class SpecGenerator:
     def configure(self, config: GeneratorConfig | None = None, **overrides: Any) -> GeneratorConfig:
         """A call's config: `config` (default: self.config) with `overrides`, checked against
         this artifact."""
-        return self.check((config if config is not None else self._config).replace(**overrides))
+        return self.configured(config, **overrides)[0]
+
+    def configured(
+        self, config: GeneratorConfig | None = None, **overrides: Any
+    ) -> tuple[GeneratorConfig, ProposerSpec]:
+        """configure(), and the registry entry the call runs, resolved once for its generation."""
+        return self.checked((config if config is not None else self._config).replace(**overrides))
 
     def check(self, config: GeneratorConfig) -> GeneratorConfig:
         """`config` if this artifact runs its proposer, else InvalidArgument saying why."""
+        return self.checked(config)[0]
+
+    def checked(self, config: GeneratorConfig) -> tuple[GeneratorConfig, ProposerSpec]:
+        """check(), and the registry entry the call runs ('none' when it does not speculate)."""
         if not isinstance(config, GeneratorConfig):
             raise TypeError(f"config must be a GeneratorConfig, got {type(config).__name__}")
-        if config.speculating:
-            self.resolve_proposer(config.proposer)
+        spec = self.proposer_spec(config)
         if config.tree_nodes and self.tree is None:
             raise InvalidArgument(
                 f"tree_nodes {config.tree_nodes} needs the target's tree graph: an artifact built with"
                 " tree_verify, loaded without batch=True on the CPU provider"
             )
-        return config
+        return config, spec
 
     def resolve_proposer(self, name: str | None) -> str:
         """`name` (None: the default) checked against this artifact: a registered proposer whose
@@ -146,85 +136,58 @@ class SpecGenerator:
         registry.check_available(name, self._draft_kind)
         return name
 
-    # --- proposers ----------------------------------------------------------------------
-    def build_proposer(self, name: str, config: GeneratorConfig, context: ProposerContext | None = None) -> Proposer:
-        """A fresh proposer `name` for one call (registry factory); context: the models it drafts
-        on (default: the generator's target and draft; a batched loop passes its slots')."""
-        spec = registry.check_available(name, self._draft_kind)
-        base = context or ProposerContext(self.target, self.draft, self.manifest, config, self)
-        context = replace(base, config=config, corpus=spec.corpus)
-        proposer = registry.resolve(spec.factory)(context)
-        if not isinstance(proposer, Proposer) or proposer.name != name:
-            raise TypeError(f"the factory of proposer {name!r} returned {proposer!r}, not a Proposer named {name!r}")
-        return proposer
+    # --- proposers ---------------------------------------------------------------------
+    @property
+    def verify_cost(self) -> VerifyCost:
+        """The target's call costs (the draft-length policy's cost model, timed by the loops)."""
+        return self.policy.cost
+
+    def proposer_spec(self, config: GeneratorConfig) -> ProposerSpec:
+        """The registry entry a call with `config` runs ('none' when it does not speculate),
+        checked against this artifact: resolved once per generation and carried."""
+        name = config.proposer if config.speculative else registry.NONE
+        return registry.check_available(name, self._draft_kind)
+
+    def build_proposer(
+        self,
+        name: str | ProposerSpec,
+        config: GeneratorConfig,
+        target: Model | None = None,
+        draft: Model | None = None,
+        batched: bool = False,
+    ) -> Proposer:
+        """A fresh proposer (registry factory) for one call, drafting on `target` and `draft`
+        (default: the generator's; a batched loop passes its slots')."""
+        spec = name if isinstance(name, ProposerSpec) else registry.check_available(name, self._draft_kind)
+        context = ProposerContext(
+            target if target is not None else self.target,
+            draft if draft is not None else self.draft,
+            self.manifest,
+            config,
+            spec,
+            self.services,
+            batched,
+        )
+        return build_proposer(context, spec)
 
     def learned(self, name: str) -> Any:
         """What proposer `name` learns across this generator's calls (created on first use from
         the generator's config), e.g. learned("suffix").store, the answers of earlier calls."""
-        if name not in self._learned:
-            spec = registry.get(name)
-            if spec.learns is None:
-                raise InvalidArgument(f"proposer {name!r} keeps nothing across requests")
-            self._learned[name] = registry.resolve(spec.learns)(self._config)
-        return self._learned[name]
+        return self.services.learned(name)
 
     def forget_history(self) -> None:
         """Forget what proposers learned from earlier answers (e.g. the suffix store, between
         unrelated benchmark runs); what they measured of the target is kept."""
-        for state in self._learned.values():
-            state.forget()
+        self.services.forget()
 
     @property
     def datastore(self) -> Datastore | None:
         """The artifact's corpus datastore (manifest retrieval), memory-mapped on first use."""
-        entry = self.manifest.retrieval
-        if entry is not None and self._datastore is None:
-            self._datastore = Datastore.open(self.root / entry.tokens, self.root / entry.suffix_array)
-        return self._datastore
+        return self.services.datastore()
 
     def vocab_map(self) -> np.ndarray:
         """The head's draft row -> target id map (manifest draft.vocab_map), read once."""
-        if self._d2t is None:
-            path = self.root / self.manifest.draft.vocab_map
-            try:
-                d2t = np.load(path, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise ArtifactError(
-                    f"{self.manifest.draft.vocab_map!r} is not a readable .npy vocabulary map: {exc}"
-                ) from exc
-            rows = self.manifest.target.embedding_rows
-            if (
-                d2t.dtype != np.int64
-                or d2t.shape != (self.draft.spec.embedding_rows,)
-                or d2t.min() < 0
-                or d2t.max() >= rows
-            ):
-                raise ArtifactError(
-                    f"{self.manifest.draft.vocab_map!r} must hold {self.draft.spec.embedding_rows} int64"
-                    f" target ids in [0, {rows}), got {d2t.dtype} {list(d2t.shape)}"
-                )
-            self._d2t = d2t
-        return self._d2t
-
-    def _controller(self, proposer: str, config: GeneratorConfig) -> GammaController:
-        key = (proposer, config.domain, config.controller_key)
-        if key not in self._controllers:
-            self._controllers[key] = self._new_controller(proposer, config)
-        return self._controllers[key]
-
-    def _new_controller(self, proposer: str, config: GeneratorConfig) -> GammaController:
-        start, off, alpha = config.initial_gamma, False, 0.6
-        source = registry.calibration_name(proposer, self._draft_kind)  # hybrid: its draft side's
-        entry = calibration_entry(self.calibration, config.domain, source) if source else None
-        if entry and entry.get("gamma") is not None:
-            g = int(entry["gamma"])
-            start, off = (g, False) if g > 0 else (1, True)  # 0 = calibrated "do not speculate"
-            alpha = min(1.0, max(0.0, float(entry.get("alpha", alpha))))
-        gamma_max = max(config.max_gamma, start)  # a calibrated start may lie above it
-        ctl = GammaController(gamma_max=gamma_max, gamma=start, alpha=alpha, cost=self.verify_cost, **config.controller)
-        if off:
-            ctl.speculating = False  # starts off; probes may still switch it on
-        return ctl
+        return self.services.vocab_map()
 
     # --- generation ---------------------------------------------------------------------
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -234,50 +197,37 @@ class SpecGenerator:
             ids = list(prompt)
         return validate_prompt_ids(ids, self.manifest.target.embedding_rows, self.manifest.max_context)
 
-    def _start(self, prompt_ids: list[int], config: GeneratorConfig) -> Generation:
+    def _start(self, prompt_ids: list[int], config: GeneratorConfig, spec: ProposerSpec) -> Generation:
         """Everything is checked and built here; the rounds run as the Generation is iterated."""
-        loop, ctl = self.make_loop(config)
-        rounds = self.prefix_cache.run(loop, config, prompt_ids, self._rounds(loop, prompt_ids, config, ctl))
-        return Generation(rounds, loop.stats, config, config.gamma_policy, loop.logprobs)
+        loop = self.make_loop(config, spec)
+        rounds = self.prefix_cache.run(loop, config, prompt_ids, self._rounds(loop, prompt_ids, config))
+        return Generation(rounds, loop.stats, config, config.policy_given(spec.speculative), loop.logprobs)
 
     def make_loop(
-        self, config: GeneratorConfig, target: Model | None = None, batched: bool = False, draft: Model | None = None
-    ) -> tuple[SpeculativeLoop, GammaController | None]:
-        """One generation's speculative loop on `target` and `draft` (default: the generator's)
-        and its gamma controller (None: a fixed gamma or none); batched: its target and draft calls
-        go through a batch driver (batch.py), which picks every round's gamma itself."""
-        context = ProposerContext(
-            target if target is not None else self.target,
-            draft if draft is not None else self.draft,
-            self.manifest,
-            config,
-            self,
-            batched=batched,
-        )
-        prop = self.build_proposer(config.proposer if config.speculating else registry.NONE, config, context)
-        policy, ctl, gamma = config.gamma_policy, None, config.gamma
-        if config.speculating and gamma is None and not batched:
-            if policy == ADAPTIVE:
-                ctl = self._controller(prop.name, config)
-            else:  # seeded sampling or a non-adaptive artifact: the calibrated (or manifest) start, fixed;
-                # adaptive gamma follows wall-clock costs, which would change a seeded run's random draws
-                start = self._new_controller(prop.name, config)
-                gamma = start.gamma if start.speculating else None
+        self,
+        config: GeneratorConfig,
+        spec: ProposerSpec | None = None,
+        target: Model | None = None,
+        batched: bool = False,
+        draft: Model | None = None,
+    ) -> SpeculativeLoop:
+        """One generation's speculative loop on `target` and `draft` (default: the generator's),
+        running the registry entry `spec` (default: resolved from config); its gamma is the
+        policy's (batched: the batch driver's, batch.py)."""
+        spec = spec if spec is not None else self.proposer_spec(config)
         guide = Guide(self.constraints().matcher(config.grammar)) if config.grammar is not None else None
-        loop = SpeculativeLoop(
-            target if target is not None else self.target,
-            prop,
-            ctl,
-            replace(config, gamma=gamma),
-            stream_for(config.seed, config.temperature, config.seeded_noise),
-            GenerationStats(),
-            self.verify_cost,
-            guide,
-            registry.get(prop.name).free,
-            batched,
-            None if batched or target is not None else self.tree,
+        setup = LoopSetup(
+            target=target if target is not None else self.target,
+            proposer=self.build_proposer(spec, config, target, draft, batched),
+            config=config,
+            rng=stream_for(config.seed, config.temperature, config.seeded_noise),
+            spec=spec,
+            policy=self.policy.for_generation(spec, config, batched),
+            guide=guide,
+            batched=batched,
+            tree=None if batched or target is not None else self.tree,
         )
-        return loop, ctl
+        return SpeculativeLoop(setup)
 
     def constraints(self) -> ConstraintEngine:
         """The artifact's grammar engine (structured.py), built on first use (about a second for
@@ -287,9 +237,8 @@ class SpecGenerator:
             self._constraints = ConstraintEngine(text, self.manifest.target.embedding_rows, sorted(self.eos))
         return self._constraints
 
-    def _rounds(self, loop: SpeculativeLoop, prompt_ids: list[int], config: GeneratorConfig, ctl):
-        if ctl is not None:
-            ctl.start_sequence()
+    def _rounds(self, loop: SpeculativeLoop, prompt_ids: list[int], config: GeneratorConfig):
+        loop.policy.start()
         output: list[int] = []
         for event in run_generation(loop, self.codec, prompt_ids, config, self.eos, self.manifest.max_context):
             output += event[0]
@@ -303,7 +252,7 @@ class SpecGenerator:
         after the round in progress (a proposer that learns across requests then learns nothing
         from it). config: GeneratorConfig (default: self.config); overrides: its fields."""
         ids = self._prompt_ids(prompt)
-        return self._start(ids, self.configure(config, **overrides))
+        return self._start(ids, *self.configured(config, **overrides))
 
     def generate(self, prompt: Prompt, config: GeneratorConfig | None = None, **overrides: Any) -> GenerationResult:
         """Generate from a prompt (text, UTF-8 bytes or token ids). config / overrides as in
@@ -336,7 +285,7 @@ class SpecGenerator:
             if overrides.get("grammar") is not None or (config is not None and config.grammar is not None):
                 raise InvalidArgument("grammar and tools cannot be combined: tools constrain the answer themselves")
             overrides["grammar"] = prepared.grammar
-        run = self._start(ids, self.configure(config, **overrides))
+        run = self._start(ids, *self.configured(config, **overrides))
         if stream:
             return run.pieces()
         result = run.collect()
@@ -352,9 +301,8 @@ class SpecGenerator:
                 "batched generation needs the artifact's batch graph: build with max_batch > 1 and"
                 f" load with batch=True (this artifact's max_batch is {self.manifest.target.max_batch})"
             )
-        if self._batch_gamma is None:  # one per generator: the batch call's costs and each proposer's record
-            self._batch_gamma = BatchGamma(min(self._config.max_gamma, self.slots.max_rows - 1))
-        return BatchScheduler(self, self.slots, prefill_chunk, max_running, self._batch_gamma, self.draft_slots)
+        gamma = self.policy.batch(min(self._config.max_gamma, self.slots.max_rows - 1))
+        return BatchScheduler(self, self.slots, prefill_chunk, max_running, gamma, self.draft_slots)
 
     def batch(
         self, prompts: Sequence[Prompt], config: GeneratorConfig | None = None, **overrides: Any
@@ -444,6 +392,16 @@ def load(
     if config.speculating:  # the same check as SpecGenerator.check, before the slow part
         registry.check_available(config.proposer, manifest.draft_kind)
     models = open_models(root, manifest, backend, base, batch)
-    target, draft, slots, draft_slots = models.target, models.draft, models.slots, models.draft_slots
-    tree, head_tree = models.tree, models.head_tree
-    return SpecGenerator(root, manifest, codec, target, draft, calibration, config, slots, draft_slots, tree, head_tree)
+    return SpecGenerator(
+        root=root,
+        manifest=manifest,
+        codec=codec,
+        target=models.target,
+        draft=models.draft,
+        calibration=calibration,
+        config=config,
+        slots=models.slots,
+        draft_slots=models.draft_slots,
+        tree=models.tree,
+        head_tree=models.head_tree,
+    )

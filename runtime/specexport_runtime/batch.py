@@ -17,10 +17,11 @@ with it in a round hands its draft calls out (Proposer.propose_steps), and the s
 them one batched draft call per draft step before the round's target call. Without a draft
 batch graph (or with an EAGLE-3 head) a sequence asking for a draft-model proposer drafts with
 prompt lookup ("ngram") instead; `BatchSequence.proposer` records what it ran. The draft length
-of each round is the batch's (batch_gamma.BatchGamma): the target's call cost over rows and
-running sequences and the draft step's cost, against each sequence's acceptance, checked
-against what whole rounds realize; free retrieval drafts have a limit of their own
-(BatchGamma.free_limit), so they go on where the model drafts stop.
+of each round is the batch's (the draft-length policy's batch strategy, batch_gamma.BatchGamma):
+the target's call cost over rows and running sequences and the draft step's cost, against each
+sequence's acceptance, checked against what whole rounds realize; free drafts have a limit of
+their own (BatchGamma.free_limit), so they go on where the model drafts stop. Each sequence's
+loop gets both through its policy.RoundDraft (assign).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import registry
-from .batch_gamma import FREE, BatchGamma
+from .batch_gamma import BatchGamma
 from .config import GeneratorConfig
 from .costs import ema
 from .errors import InvalidArgument
 from .generator import GenerationResult, GenerationStats, TargetCall, run_generation
+from .pacing import FREE
 from .proposers import DraftCall
+from .registry import ProposerSpec
 from .slots import SlotCall, SlotModel
 
 BATCH_FALLBACK = "ngram"  # what a sequence asking for a draft-model proposer drafts with in a batch
@@ -66,6 +69,7 @@ class BatchSequence:
     prompt_ids: list[int]
     config: GeneratorConfig
     proposer: str  # what it drafts with (BATCH_FALLBACK for a draft-model proposer without a draft batch graph)
+    spec: ProposerSpec | None = None  # that proposer's registry entry, resolved once at submit
     drafts_with_model: bool = False  # its proposer calls the draft's batch graph
     draft_unread: int = 0  # tokens its draft model has not read yet (prompt, plain rounds), at the round's end
     tokens_left: int = 0  # the most tokens it may still emit (max_new_tokens less its tokens), at the round's end
@@ -154,13 +158,12 @@ class BatchScheduler:
     def submit(self, prompt, config: GeneratorConfig | None = None, **overrides) -> BatchSequence:
         """Queue a prompt (text, bytes or token ids); checked now, run by later rounds."""
         ids = self.gen._prompt_ids(prompt)
-        config = self.gen.configure(config, **overrides)
-        name = self.gen.resolve_proposer(config.proposer) if config.speculating else registry.NONE
-        model = registry.get(name).uses_draft and self.draft is not None  # a batch graph is always a decoder's
-        if registry.get(name).uses_draft and not model:
-            name = BATCH_FALLBACK
-        config = replace(config, proposer=name) if config.speculating else config
-        seq = BatchSequence(next(self._ids), ids, config, name, drafts_with_model=model)
+        config, spec = self.gen.configured(config, **overrides)
+        model = spec.uses_draft and self.draft is not None  # a batch graph is always a decoder's
+        if spec.uses_draft and not model:
+            spec = registry.get(BATCH_FALLBACK)
+        config = replace(config, proposer=spec.name) if spec.speculative else config
+        seq = BatchSequence(next(self._ids), ids, config, spec.name, spec, drafts_with_model=model)
         self.waiting.append(seq)
         return seq
 
@@ -231,8 +234,7 @@ class BatchScheduler:
             seq._fed += len(call.ids)
             if seq._fed < len(seq._pending.ids):
                 continue  # a prompt chunk: its logits are not asked for
-            used, seq._loop.batch_gamma, seq._loop.batch_free = seq._loop.batch_gamma, gamma, free
-            self._answer(seq, logits, used)
+            self._answer(seq, logits, seq._loop.policy.assign(gamma, free))
             touched.append(seq)
         drafted = bool(round_gamma) and rows > running  # the batch drafted (free retrieval rows come at gamma 0 too)
         steady, self._drafted_last = drafted == self._drafted_last, drafted
@@ -270,7 +272,7 @@ class BatchScheduler:
             draft = self.draft.view(slot) if self.draft is not None else None
             if draft is not None:
                 draft.reset()
-            loop, _ = self.gen.make_loop(seq.config, target=view, batched=True, draft=draft)
+            loop = self.gen.make_loop(seq.config, seq.spec, target=view, batched=True, draft=draft)
             self.gen.prefix_cache.attach(loop, seq.config, draft)  # its prefill starts from a cached prefix
             seq.slot, seq._loop, seq.stats = slot, loop, loop.stats
             seq._alpha, seq._proposed = self.gamma.prior(seq.proposer)
@@ -318,7 +320,7 @@ class BatchScheduler:
 
     def _learn(self, seq: BatchSequence, before: tuple[int, int, int], gamma: int | None) -> None:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
-        if seq.stats.lookup_rounds > before[2]:  # a free retrieval draft: its own record (BatchGamma.free_limit)
+        if seq.stats.lookup_rounds > before[2]:  # a free draft: its own record (BatchGamma.free_limit)
             self.gamma.learn(FREE, a / d, None, seq.id)
             return
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens

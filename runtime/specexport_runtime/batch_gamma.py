@@ -24,24 +24,41 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from .costs import ema
+from .costs import BatchCost, VerifyCost, ema
+from .pacing import (
+    EVIDENCE_ROUNDS,
+    FREE,
+    GUARD_ROUNDS,
+    MARGIN,
+    PRIOR_ALPHA,
+    PROBE_GAMMA,
+    RECHECK_BACKOFF,
+    RECHECK_EVERY,
+    RECHECK_ROUNDS,
+    SEQUENCES_KEPT,
+    SWITCH_ROUNDS,
+    TRUST_SEQUENCES,
+    ProbeClock,
+)
 from .registry import NONE
 
-PROBE_GAMMA = 2  # the draft length of the rounds that time a call with draft rows
-GUARD_ROUNDS = 4  # rounds of each kind (drafted, plain) a bucket needs before the guard compares them
-RECHECK_EVERY = 64  # judged rounds between the guard's rechecks (doubled after each recheck that confirms)
-RECHECK_BACKOFF = 16  # the recheck interval grows to at most RECHECK_EVERY x this
-RECHECK_ROUNDS = GUARD_ROUNDS + 1  # a recheck's rounds in a row: the first is a switch, the others are observed
-SWITCH_ROUNDS = 32  # most rounds a draft model's catch-up call is spread over (fewer for a sequence near its end)
-EVIDENCE_ROUNDS = 8  # drafted rounds (over its sequences) a proposer's acceptance needs before gamma 0 stands
-FREE = "retrieval"  # the record of free retrieval drafts (hybrid's offers, suffix), apart from their proposers'
-PRIOR_ALPHA = 0.5  # a new sequence's acceptance before any sequence of its proposer drafted
-TRUST_SEQUENCES = 2  # the prior's weight, in sequences: a record of n sequences weighs n / (n + this)
-SEQUENCES_KEPT = 64  # sequences counted per proposer (past them the record is trusted: 64 / 66)
+__all__ = [  # the pacing constants this strategy reads, re-exported under the names it has always had
+    "EVIDENCE_ROUNDS",
+    "FREE",
+    "GUARD_ROUNDS",
+    "PRIOR_ALPHA",
+    "PROBE_GAMMA",
+    "RECHECK_BACKOFF",
+    "RECHECK_EVERY",
+    "RECHECK_ROUNDS",
+    "SEQUENCES_KEPT",
+    "SWITCH_ROUNDS",
+    "TRUST_SEQUENCES",
+    "BatchCost",
+    "BatchGamma",
+    "bucket",
+]
 
 
 def bucket(running: int) -> int:
@@ -49,76 +66,24 @@ def bucket(running: int) -> int:
     return 1 << max(0, running - 1).bit_length()
 
 
-@dataclass
-class BatchCost:
-    """Seconds of one batch call: a + b * rows + c * running, fitted by least squares to the EMA
-    of each (running, rows) cell timed, with b, c >= 0 (rows only while one batch size is seen).
-    No fit until a call with draft rows (rows > running) is timed."""
-
-    smoothing: float = 0.2
-    cells: dict[tuple[int, int], float] = field(default_factory=dict)  # (running, rows) -> seconds EMA
-    counts: dict[tuple[int, int], int] = field(default_factory=dict)
-    _fit: tuple[float, float, float] | None = None
-
-    def record(self, running: int, rows: int, seconds: float) -> None:
-        if seconds <= 0 or rows < running:
-            return
-        key = (running, rows)
-        self.counts[key] = self.counts.get(key, 0) + 1
-        self.cells[key] = ema(self.cells.get(key), seconds, self.counts[key], self.smoothing)
-        self._fit = self._solve()
-
-    def fit(self) -> tuple[float, float, float] | None:
-        return self._fit
-
-    def seconds(self, running: int, rows: float) -> float:
-        a, b, c = self._fit  # callers check fit() first
-        return a + b * rows + c * running
-
-    def _solve(self) -> tuple[float, float, float] | None:
-        keys = list(self.cells)
-        if not any(rows > running for running, rows in keys):
-            return None  # plain rounds only: rows and running move together
-        X = np.array([[1.0, rows, running] for running, rows in keys])  # [m, 3]
-        y = np.array([self.cells[k] for k in keys])  # [m]
-        use = [0, 1, 2] if len({r for r, _ in keys}) > 1 else [0, 1]
-        while True:
-            coef, *_ = np.linalg.lstsq(X[:, use], y, rcond=None)
-            negative = [j for j, v in zip(use[1:], coef[1:]) if v < 0]
-            if not negative:
-                break
-            use.remove(negative[0])  # a slope below 0 is noise: drop it and refit
-        out = dict(zip(use, coef))
-        return float(out[0]), float(out.get(1, 0.0)), float(out.get(2, 0.0))
-
-    def describe(self) -> dict:
-        names = ("a", "per_row", "per_running")
-        fit = None if self._fit is None else {k: round(v, 6) for k, v in zip(names, self._fit)}
-        return {"cells": {f"{r}x{n}": round(s, 6) for (r, n), s in sorted(self.cells.items())}, "fit": fit}
-
-
 class BatchGamma:
-    """Each round's draft length for the whole batch: the gamma in 0..gamma_max that maximizes
-    expected tokens per second (module docstring). Drafting pays for the draft model's unread
-    backlog (switch_seconds), and a gamma > 0 must promise `margin` more than
-    gamma 0. Until a call with draft rows is timed the gamma is PROBE_GAMMA (one probe serves
-    every batch size), and so it is instead of 0 while a running proposer has drafted in fewer
-    than EVIDENCE_ROUNDS rounds, unless drafts could not pay here even if every drafted token
-    were accepted (then its acceptance is not worth learning at this batch size).
+    """The policy's strategy for a batch (policy.DraftPolicy): each round's draft length for the
+    whole batch, the gamma in 0..gamma_max that maximizes expected tokens per second (module
+    docstring). Drafting pays for the draft model's unread backlog (switch_seconds), and a
+    gamma > 0 must promise `margin` more than gamma 0. Until a call with draft rows is timed the
+    gamma is PROBE_GAMMA (one probe serves every batch size), and so it is instead of 0 while a
+    running proposer has drafted in fewer than EVIDENCE_ROUNDS rounds, unless drafts could not pay
+    here even if every drafted token were accepted (then its acceptance is not worth learning at
+    this batch size). The guard (guard) then checks the model against what whole rounds realize.
 
-    The model leaves out host work and misjudges what it cannot see, so a guard checks it against
-    what rounds realize (observe()): where rounds with drafts realize fewer tokens per second than
-    rounds without, in the same bucket of batch sizes, the gamma is 0, save a recheck of
-    RECHECK_ROUNDS drafting rounds in a row (so that they are observed) after RECHECK_EVERY judged
-    rounds, an interval that doubles after each recheck up to RECHECK_BACKOFF times; while plain
-    rounds are too few to compare, a recheck is RECHECK_ROUNDS plain rounds. Where rounds with
-    drafts realize `margin` more than plain ones, the draft model's catch-up added, and the model
-    says 0, the batch drafts with the gamma those rounds drafted with."""
+    The guard's rules are written out in pacing.py, next to its constants (and in
+    docs/batching.md); guard() follows them line by line."""
 
-    def __init__(self, gamma_max: int, margin: float = 0.1):
-        """margin: a draft must promise this much more than plain decoding (0.1: 10%)."""
+    def __init__(self, gamma_max: int, margin: float = MARGIN, cost: VerifyCost | None = None):
+        """margin: a draft must promise this much more than plain decoding (0.1: 10%); cost: the
+        target's cost model (the policy's; default a fresh one), whose batch plane this reads."""
         self.gamma_max, self.margin = gamma_max, margin
-        self.cost = BatchCost()  # the target's batch-graph calls
+        self.cost = (cost if cost is not None else VerifyCost()).batch  # the target's batch-graph calls
         self.draft_cost = BatchCost()  # the draft model's batch-graph calls: steps and backlog catch-ups
         # per proposer, over every sequence that ran it: (alpha, p) EMAs, a new sequence's start
         self.learned: dict[str, tuple[float | None, float | None]] = {}
@@ -128,10 +93,7 @@ class BatchGamma:
         self._asked: dict[str, int] = {}  # proposer -> sequence rounds asked to draft
         # (bucket, drafted) -> [rounds, tokens EMA, seconds EMA] of whole rounds (observe)
         self.realized: dict[tuple[int, bool], list[float]] = {}
-        self._decisions: dict[int, int] = {}  # bucket -> rounds the guard has judged
-        self._every: dict[int, int] = {}  # bucket -> judged rounds between its rechecks (RECHECK_EVERY at first)
-        self._due: dict[int, int] = {}  # bucket -> the judged round of its next recheck
-        self._recheck: dict[int, tuple[bool, int]] = {}  # bucket -> (drafting?, rounds left) of a recheck under way
+        self._rechecks: dict[int, ProbeClock] = {}  # bucket -> its judged rounds and rechecks
         self._drafted_with: dict[int, int] = {}  # bucket -> the gamma of its last observed drafting round
 
     @property
@@ -225,13 +187,10 @@ class BatchGamma:
         return tokens / (seconds + extra) if rounds >= GUARD_ROUNDS else None
 
     def guard(self, running: int, gamma: int, worth: Callable[[], bool] | None = None, switch: float = 0.0) -> int:
-        """The model's gamma, or 0 where rounds with drafts realize less than rounds without, save
-        rechecks (class docstring); where they realize `margin` more, at least the gamma they
-        drafted with, whatever the model says. worth(): whether a drafting recheck that is due
-        would pay for itself (choose: its draft catch-up spread over the recheck's own rounds);
-        when not, it waits another interval. switch: seconds a drafting round adds now for the
-        draft model's catch-up (switch_seconds): the steady rounds observed never paid it, so
-        rounds with drafts must realize `margin` more with it added before they overrule a 0."""
+        """The model's gamma, or what the guard's rules (class docstring) make of it. worth():
+        whether a drafting recheck that is due would pay for itself (choose: its draft catch-up
+        spread over the recheck's own rounds). switch: seconds a drafting round adds now for the
+        draft model's catch-up (switch_seconds): the steady rounds observed never paid it."""
         key = bucket(running)
         plain, drafted = self.rate(running, False), self.rate(running, True)
         if gamma == 0:
@@ -239,30 +198,28 @@ class BatchGamma:
             if plain is not None and paid is not None and paid > plain * (1 + self.margin):
                 return self._drafted_with.get(key, self.probe)
             return 0
-        n = self._decisions[key] = self._decisions.get(key, 0) + 1
-        if key in self._recheck:  # a recheck under way: its rounds come in a row
-            drafting, left = self._recheck.pop(key)
-            if left > 1:
-                self._recheck[key] = (drafting, left - 1)
-            return gamma if drafting else 0
-        every = self._every.get(key, RECHECK_EVERY)
-        due = n >= self._due.get(key, RECHECK_EVERY)
+        clock = self._rechecks.setdefault(key, ProbeClock(RECHECK_EVERY, RECHECK_EVERY * RECHECK_BACKOFF))
+        clock.tick()
+        if clock.in_probe():  # a recheck under way: its rounds come in a row
+            return gamma if clock.drafting else 0
         if plain is None:  # too few plain rounds to compare with: a plain recheck now and then
-            if not due:
+            if not clock.is_due:
                 return gamma
-            self._recheck[key], self._due[key] = (False, RECHECK_ROUNDS - 1), n + every
+            clock.begin(RECHECK_ROUNDS - 1, drafting=False)
+            clock.wait()
             return 0
         if drafted is not None and drafted < plain:
-            if not due:
+            if not clock.is_due:
                 return 0
             if worth is not None and not worth():  # the catch-up alone would sink it: later
-                self._due[key] = n + every
+                clock.wait()
                 return 0
-            every = self._every[key] = min(2 * every, RECHECK_EVERY * RECHECK_BACKOFF)
-            self._recheck[key], self._due[key] = (True, RECHECK_ROUNDS - 1), n + every
+            clock.back_off()
+            clock.begin(RECHECK_ROUNDS - 1, drafting=True)
+            clock.wait()
             return gamma
-        self._every[key] = RECHECK_EVERY  # drafting holds its own: rechecks at the first interval again
-        self._due[key] = min(self._due.get(key, RECHECK_EVERY), n + RECHECK_EVERY)
+        clock.reset()  # drafting holds its own: rechecks at the first interval again
+        clock.due_within(RECHECK_EVERY)
         return gamma
 
     def free_limit(self, running: int) -> int:

@@ -221,7 +221,11 @@ class GeneratorConfig:
     @property
     def gamma_policy(self) -> str:
         """How gamma is chosen (module docstring)."""
-        if not self.speculating:
+        return self.policy_given(self.speculating)
+
+    def policy_given(self, proposer_drafts: bool) -> str:
+        """gamma_policy, with whether the proposer's registry entry drafts already known."""
+        if not (self.speculative and proposer_drafts):
             return OFF
         if self.gamma is not None:
             return FIXED

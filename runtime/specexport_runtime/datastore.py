@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .drafts import SuffixConfig
 from .errors import ArtifactError
-from .suffix import MAX_CANDIDATES, SEP, SuffixConfig
-from .suffix_index import Occurrences, draft
+from .suffix_index import MAX_CANDIDATES, SEP, Occurrences, draft
 
 VECTOR_RANGE = 4096  # below this many candidates, a column is gathered and searched with numpy
 COUNT_CHUNK = 1 << 20  # tokens counted per step when the first-token table is made

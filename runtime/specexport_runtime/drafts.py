@@ -18,7 +18,9 @@ class Proposal:
     tokens: list[int]
     q: np.ndarray | None  # [k, V_target] draft distributions; None for greedy or deterministic proposers
     catchup_seconds: float = 0.0  # one-off cost of feeding the draft a backlog (its prefill), not per token
-    lookup: bool = False  # a free retrieval round (lookup, suffix): no evidence on a draft model's acceptance or cost
+    # a free draft: no model call made it (prompt lookup, suffix retrieval, a grammar's forced run);
+    # no evidence on a draft model's acceptance or cost
+    free: bool = False
     source: str = ""  # what drafted it (stats per source): draft, eagle, lookup, suffix-request, suffix-store
     forced: int = 0  # the first `forced` tokens are forced by a grammar (structured.Guide), not the proposer's
     cut_q: np.ndarray | None = None  # [V] the distribution of a drawn token a grammar cut after `tokens` (sampling)

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .adaptive import GammaController
 from .config import GeneratorConfig
-from .costs import VerifyCost
 from .errors import PromptError
 from .model import Model
 from .penalties import repetition_rows
+from .policy import RoundDraft
 from .proposers import DraftCall, Proposal, Proposer
+from .registry import ProposerSpec
 from .sampling import (
     probabilities,
     residual,
@@ -102,44 +102,49 @@ class Generation:
         return GenerationResult(tokens, "".join(text), reason, self.stats, logprobs)
 
 
-class SpeculativeLoop:
-    """Runs rounds for one generation; yields each round's new tokens. config.gamma is the
-    fixed draft length, or None for the controller's choice (no controller: plain steps).
-    Every target call after the prefill is timed into `cost` (the generator's, which its
-    controllers and the suffix tuner read; default the controller's own). With a grammar
-    (`guide`, structured.py) every target row is masked as the grammar stands, drafts start
-    with the tokens it forces and end before the first it forbids, and the emitted tokens are
-    committed to it. `logprobs`: the (masked) log-probabilities of every emitted token, when
-    config.logprobs asks for them."""
+@dataclass(frozen=True)
+class LoopSetup:
+    """What one generation's SpeculativeLoop is built from.
 
-    def __init__(
-        self,
-        target: Model,
-        proposer: Proposer,
-        controller: GammaController | None,
-        config: GeneratorConfig,
-        rng: np.random.Generator | SeededNoise,
-        stats: GenerationStats,
-        cost: VerifyCost | None = None,
-        guide: Guide | None = None,
-        free: bool = False,
-        batched: bool = False,
-        tree: TreeVerifier | None = None,
-    ):
-        """free: the proposer's drafts are a function of the committed tokens (registry `free`).
-        batched: target calls are yielded as TargetCall for a batch driver (batch.py), which
-        also sets `batch_gamma` (the model drafts' length) and `batch_free` (the longest a free
-        retrieval draft may be) before each round. tree: the target's tree graph on its cache,
-        which verifies a proposal that is a tree (Proposal.parents) in one call."""
-        self.target, self.proposer, self.controller, self.guide = target, proposer, controller, guide
-        self.cost = cost or (controller.cost if controller is not None else VerifyCost())
-        self.config, self.params, self.rng, self.stats = config, config.sampling, rng, stats
-        self.free, self.batched, self.tree = free, batched, tree
-        self.seeded = isinstance(rng, SeededNoise)  # seeded.py: every draw a pick at its position
-        self.batch_gamma: int | None = None
-        self.batch_free = 0
-        # free proposals (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
-        self.ask_when_off = config.speculating and (proposer.proposes_when_off or guide is not None)
+    spec: the proposer's registry entry, resolved once for the generation (None: a proposer
+    that is not registered, e.g. a test's; its drafts are then not free). policy: the round's
+    gamma (policy.RoundDraft; default: config.gamma, else plain steps). guide: a grammar
+    (structured.py). batched: target calls are yielded as TargetCall for a batch driver
+    (batch.py), which assigns each round's gamma through the policy. tree: the target's tree
+    graph on its cache, which verifies a proposal that is a tree (Proposal.parents) in one call."""
+
+    target: Model
+    proposer: Proposer
+    config: GeneratorConfig
+    rng: np.random.Generator | SeededNoise
+    spec: ProposerSpec | None = None
+    policy: RoundDraft | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    guide: Guide | None = None
+    batched: bool = False
+    tree: TreeVerifier | None = None
+
+
+class SpeculativeLoop:
+    """Runs rounds for one generation (built from a LoopSetup); yields each round's new tokens.
+    Each round's gamma is the policy's (policy.RoundDraft); every target call after the prefill
+    is timed into its cost model. With a grammar (`guide`, structured.py) every target row is
+    masked as the grammar stands, drafts start with the tokens it forces and end before the
+    first it forbids, and the emitted tokens are committed to it. `logprobs`: the (masked)
+    log-probabilities of every emitted token, when config.logprobs asks for them."""
+
+    def __init__(self, setup: LoopSetup):
+        if not isinstance(setup, LoopSetup):
+            raise TypeError(f"SpeculativeLoop is built from a LoopSetup, got {type(setup).__name__}")
+        config = setup.config
+        self.target, self.proposer, self.guide, self.spec = setup.target, setup.proposer, setup.guide, setup.spec
+        self.policy = setup.policy if setup.policy is not None else RoundDraft.of(config)
+        self.config, self.params, self.rng, self.stats = config, config.sampling, setup.rng, setup.stats
+        self.batched, self.tree = setup.batched, setup.tree
+        self.free = setup.spec is not None and setup.spec.free  # every draft is a function of the committed tokens
+        self.seeded = isinstance(setup.rng, SeededNoise)  # seeded.py: every draw a pick at its position
+        # free drafts (hybrid's retrieval, suffix, a grammar's forced tokens) are asked for even at gamma 0
+        self.ask_when_off = self.policy.speculating and (self.proposer.free_when_off or self.guide is not None)
         self.logprobs: list[dict] | None = [] if config.logprobs is not None else None
         self.prefix = None  # a prefix_cache.Lease: the prefill starts from the prompt's cached rows
 
@@ -196,8 +201,7 @@ class SpeculativeLoop:
         seconds = time.perf_counter() - start
         self.stats.plain_steps += 1
         self.stats.target_seconds += seconds
-        if seconds > 0 and not self.batched:  # a batched call's cost is the batch's (batch.py)
-            self.cost.record(1, seconds)
+        self.policy.timed(1, seconds)  # a batched call's cost is the batch's (batch.py)
         return self.emit([token], logits)
 
     def draft(self, committed: list[int], gamma: int, room: int) -> Iterator[DraftCall]:
@@ -206,10 +210,10 @@ class SpeculativeLoop:
         Batched, the proposer's draft-model calls are yielded as DraftCall for the batch driver."""
         limit = min(room, self.target.max_rows - 1)
         forced = self.guide.forced(limit) if self.guide is not None else []
-        # in a batch every row costs: a free retrieval draft stops at batch_free (a fixed gamma
+        # in a batch every row costs: a free draft stops at the policy's free cap (a fixed gamma
         # caps it too), and is not asked for at 0
-        free = self.batch_free if self.config.gamma is None else 0
-        when_off = self.proposer.proposes_when_off and (not self.batched or free > 0)
+        free = self.policy.free_cap()
+        when_off = self.proposer.free_when_off and (not self.batched or free > 0)
         # a proposer that draws from a distribution is not asked when the grammar forces tokens
         ask = (gamma > 0 or when_off) and (not forced or self.params.greedy or self.free)
         proposal = None
@@ -217,7 +221,7 @@ class SpeculativeLoop:
             proposal = self.as_chain(
                 (yield from self.proposer.propose_steps(committed, min(gamma, limit), self.params, self.rng))
             )
-            cap = max(gamma, free) if proposal is not None and proposal.lookup else gamma
+            cap = max(gamma, free) if proposal is not None and proposal.free else gamma
             if proposal is not None and len(proposal.tokens) > cap:
                 q = proposal.q[:cap] if proposal.q is not None else None
                 proposal = replace(proposal, tokens=proposal.tokens[:cap], q=q)
@@ -294,20 +298,19 @@ class SpeculativeLoop:
         return verify_sampled(p, proposal.q[: len(draft)], draft, self.rng, proposal.cut_q)
 
     def account(self, proposal: Proposal, n: int, t0: float, t1: float, t2: float) -> None:
-        """Stats, the verify cost and the controller's evidence of one verified round."""
+        """Stats, the verify cost and the policy's evidence of one verified round."""
         k, f = len(proposal.tokens), proposal.forced
         self.stats.target_seconds += t2 - t1
         self.stats.record_round(k, n, f)
-        self.stats.lookup_rounds += proposal.lookup
+        self.stats.lookup_rounds += proposal.free
         self.stats.grammar_cut += proposal.cut
         per = self.stats.by_source.setdefault(proposal.source or self.proposer.name, [0, 0, 0])
         per[0], per[1], per[2] = per[0] + 1, per[1] + k, per[2] + n
-        if t2 > t1 and not self.batched:
-            self.cost.record(k + 1, t2 - t1)
-        if self.controller is not None and not proposal.lookup and k > f:  # retrieval says nothing of a draft model
+        self.policy.timed(k + 1, t2 - t1)
+        if self.policy.learns and not proposal.free and k > f:  # a free draft says nothing of a draft model
             if proposal.parents is not None:  # a tree drafts `depth` positions deep (gamma is its depth)
                 k = int(DraftTree(np.zeros(k + 1, np.int64), [-1, *proposal.parents]).depths().max())
-            self.controller.record_round(k - f, max(0, n - f), t1 - t0 - proposal.catchup_seconds)
+            self.policy.drafted(k - f, max(0, n - f), t1 - t0 - proposal.catchup_seconds)
 
     def rounds(self, prompt: Sequence[int], max_context: int) -> Iterator[list[int] | TargetCall | DraftCall]:
         """Each round's new tokens; batched, each target and draft-model call before them as a
@@ -317,7 +320,7 @@ class SpeculativeLoop:
         yield committed[-1:]
         while len(committed) < max_context:  # the last token still needs a cache row
             room = max_context - len(committed)  # rows left after feeding `last`
-            gamma = self.choose_gamma()
+            gamma = self.policy.gamma()
             if (gamma > 0 or self.ask_when_off) and room > 0:
                 new = yield from self.speculative_step(committed, min(gamma, room), room)
             else:
@@ -325,15 +328,6 @@ class SpeculativeLoop:
             committed += new
             self.proposer.commit(committed, len(new))
             yield new
-
-    def choose_gamma(self) -> int:
-        if not self.config.speculating:
-            return 0
-        if self.config.gamma is not None:
-            return self.config.gamma
-        if self.batch_gamma is not None:  # the batch's choice for this round (batch.py)
-            return self.batch_gamma
-        return self.controller.choose() if self.controller is not None else 0
 
 
 def first_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -26,7 +26,7 @@ from .proposers import DraftCall, Proposal, Proposer, ProposerContext, run_steps
 
 class HybridProposer(Proposer):
     name = "hybrid"
-    proposes_when_off = True  # the loop asks it even when the controller chose gamma 0
+    free_when_off = True  # the loop asks it even when the policy chose gamma 0
     # constrain() stays the default no-op: under a grammar its draft model drafts blind and the
     # loop cuts it; masked, the draft model crowds out the free rounds (docs/structured.md#costs)
 

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import registry
 from .config import GeneratorConfig
 from .constants import BITWISE
 from .contract import DECODER
@@ -181,8 +180,7 @@ class PrefixCache:
         """The models a generation reuses rows of (draft: the draft model its proposer runs); None:
         no reuse."""
         parts: dict[str, Model] = {TARGET: loop.target}
-        name = loop.proposer.name
-        if config.speculating and registry.get(name).uses_draft and draft is not None:
+        if loop.spec is not None and loop.spec.uses_draft and draft is not None:
             exact = config.sampling.greedy or self.draft_bitwise  # draft rows only steer proposals when greedy
             if draft.spec.is_head:  # its features part comes with the lease (eagle_of)
                 if eagle_of(loop.proposer) is None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import registry
 from .constants import DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES
 from .drafts import DraftCall, Proposal  # noqa: F401 (the proposer interface's names, re-exported)
 from .errors import InvalidArgument
@@ -29,7 +30,12 @@ from .structured import apply_mask
 
 if TYPE_CHECKING:
     from .config import GeneratorConfig
+    from .costs import VerifyCost
+    from .datastore import Datastore
+    from .eagle_tree import HeadTree
     from .manifest import Manifest
+    from .registry import ProposerSpec
+    from .services import ProposerServices
 
 
 Allowed = Callable[[Sequence[int]], np.ndarray]  # draft -> bool [V]: what a grammar allows after it
@@ -50,9 +56,9 @@ class Proposer(ABC):
     the request ended normally. `name` is its registry name (registry.py)."""
 
     name: str = ""
-    # True when propose() may return free tokens even at gamma 0 (the controller has turned
-    # drafting off); the loop then still asks it each step (hybrid's retrieval, suffix)
-    proposes_when_off: bool = False
+    # True when propose() may return a free draft (Proposal.free) even at gamma 0 (the policy
+    # has turned drafting off); the loop then still asks it each step (hybrid's retrieval, suffix)
+    free_when_off: bool = False
 
     @abstractmethod
     def start(self, prompt: Sequence[int]) -> None: ...
@@ -94,37 +100,53 @@ class Proposer(ABC):
 
 @dataclass(frozen=True)
 class ProposerContext:
-    """What a registered factory builds a proposer from: the artifact's models and manifest, the
-    call's GeneratorConfig, and the generator's shared resources (through `host`, a SpecGenerator)."""
+    """What a registered factory builds a proposer from, and nothing else: the models it drafts
+    on, the artifact's manifest, the call's GeneratorConfig, the proposer's registry entry
+    (resolved once per generation) and the generator's services.ProposerServices."""
 
     target: Model
     draft: Model | None
     manifest: Manifest
     config: GeneratorConfig
-    host: Any = field(repr=False)
-    corpus: bool = False  # the registry says the proposer reads the artifact's corpus datastore
+    spec: ProposerSpec
+    services: ProposerServices = field(repr=False)
     batched: bool = False  # the loop runs in a batch: model proposers hand their calls out (propose_steps)
 
     def build(self, name: str) -> Proposer:
         """Another registered proposer, for the same call (composition)."""
-        return self.host.build_proposer(name, self.config, self)
+        return build_proposer(self, registry.check_available(name, self.manifest.draft_kind))
 
     def learned(self, name: str) -> Any:
         """The state `name` keeps across the generator's requests (registry.ProposerSpec.learns)."""
-        return self.host.learned(name)
+        return self.services.learned(name)
 
     def vocab_map(self) -> np.ndarray:
         """An EAGLE-3 head's draft row -> target id map, int64 [V_draft]."""
-        return self.host.vocab_map()
+        return self.services.vocab_map()
 
-    def verify_cost(self):
-        """The target's costs.VerifyCost (the generator's, timed by the loop)."""
-        return self.host.verify_cost
+    def verify_cost(self) -> VerifyCost:
+        """The target's costs.VerifyCost (the draft-length policy's, timed by the loop)."""
+        return self.services.verify_cost
 
-    def datastore(self):
-        """The artifact's corpus datastore, or None (none, not declared in the registry, or
+    def datastore(self) -> Datastore | None:
+        """The artifact's corpus datastore, or None (none, not declared in the registry entry, or
         config.use_datastore is False)."""
-        return self.host.datastore if self.corpus and self.config.use_datastore else None
+        return self.services.datastore() if self.spec.corpus and self.config.use_datastore else None
+
+    @property
+    def head_tree(self) -> HeadTree | None:
+        """An EAGLE-3 head's tree graph on the head's cache (contract 1.8), or None."""
+        return self.services.head_tree
+
+
+def build_proposer(ctx: ProposerContext, spec: ProposerSpec) -> Proposer:
+    """A fresh proposer from its registry entry's factory, for the call `ctx` describes."""
+    proposer = registry.resolve(spec.factory)(replace(ctx, spec=spec))
+    if not isinstance(proposer, Proposer) or proposer.name != spec.name:
+        raise TypeError(
+            f"the factory of proposer {spec.name!r} returned {proposer!r}, not a Proposer named {spec.name!r}"
+        )
+    return proposer
 
 
 def sync(model: Model, committed: Sequence[int]) -> None:
@@ -229,14 +251,14 @@ class NgramLookupProposer(Proposer):
         self.index.reset(list(prompt))
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
-        return Proposal(self.index.propose(gamma), None, source="lookup")  # deterministic: q is one-hot
+        return Proposal(self.index.propose(gamma), None, source="lookup")  # deterministic: q None, verified by index
 
     def offer(self, committed) -> Proposal | None:
         limit = self.index.max_gamma
         if self.max_context is not None:
             limit = max(0, min(limit, self.max_context - len(committed)))  # rows left after feeding `last`
         n, tokens = self.index.match(limit)
-        return Proposal(tokens, None, lookup=True, source="lookup") if n >= self.min_match else None
+        return Proposal(tokens, None, free=True, source="lookup") if n >= self.min_match else None
 
     def commit(self, committed, n_new) -> None:
         self.index.extend(committed[len(committed) - n_new :])

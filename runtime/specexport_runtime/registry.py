@@ -45,7 +45,7 @@ class ProposerSpec:
     label: str  # what it drafts from, one line (CLI help, bench report)
     needs: tuple[str, ...] = ()
     corpus: bool = False  # also drafts from the artifact's corpus datastore when it has one (never required)
-    free: bool = True  # its proposals cost no model call
+    free: bool = True  # every draft it makes is free (Proposal.free: no model call)
     recipe: bool = False  # a recipe may name it as speculation.proposer (with a draft form it runs with)
     recipe_default: bool = False  # the default speculation.proposer of the draft forms it runs with
     calibration: str | None = None  # whose calibration entry starts its gamma controller: a name, DRAFT_SIDE, None
@@ -228,7 +228,12 @@ def draft_side(draft_kind: str) -> str:
 
 def calibration_name(name: str, draft_kind: str | None) -> str | None:
     """Whose calibration.json entry starts `name`'s gamma controller (None: none applies)."""
-    source = get(name).calibration
+    return calibration_of(get(name), draft_kind)
+
+
+def calibration_of(spec: ProposerSpec, draft_kind: str | None) -> str | None:
+    """calibration_name for an entry already resolved."""
+    source = spec.calibration
     if source == DRAFT_SIDE:
         return draft_side(draft_kind) if draft_kind is not None else None
     return source
@@ -262,6 +267,7 @@ __all__ = [
     "available",
     "calibrated",
     "calibration_name",
+    "calibration_of",
     "check_available",
     "draft_side",
     "extended",

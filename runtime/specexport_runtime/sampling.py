@@ -13,7 +13,8 @@ been sampled one by one from the target with the same SamplingParams.
 
 Exactness needs p and q to be the distributions the tokens are actually sampled from, so
 `probabilities` (temperature, top-k, top-p) must be applied identically to target and draft
-rows; q rows may also be one-hot for deterministic proposers (n-gram lookup).
+rows. A deterministic draft (q None: lookup, suffix, a grammar's forced run) is q one-hot at
+each token, and is verified by index (verify_deterministic) without building those rows.
 
 Everything here is on the hot path of the decoding loop (V ~ 49k-152k): no Python loops over
 the vocabulary; the only Python loop is over the gamma drafted positions.
@@ -196,7 +197,8 @@ def pad_vocab(q: np.ndarray, rows: int) -> np.ndarray:
 
 
 def one_hot(tokens, rows: int) -> np.ndarray:
-    """q rows of a deterministic proposer: tokens [n] -> [n, rows] float64, 1 at each token."""
+    """tokens [n] -> [n, rows] float64, 1 at each token: the q rows a deterministic draft stands
+    for (a reference for tests; the loop verifies such drafts by index, verify_deterministic)."""
     t = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [n]
     if t.size and (t.min() < 0 or t.max() >= rows):
         raise InvalidArgument(f"token ids must lie in [0, {rows}), got {t.tolist()}")

@@ -19,7 +19,9 @@ class GenerationStats:
     grammar_cut: int = 0  # proposer tokens a grammar forbade, cut before verification
     corrections: int = 0  # rounds ending with a rejected draft token
     bonus: int = 0  # rounds where every draft token was accepted
-    lookup_rounds: int = 0  # hybrid proposer: rounds served by prompt lookup (the rest by the draft model)
+    # rounds that verified a free draft (Proposal.free: prompt lookup, suffix retrieval, a grammar's
+    # forced run), the rest were drafted by a model (the name is the reports' and the JSON's)
+    lookup_rounds: int = 0
     tree_rounds: int = 0  # rounds verified as a draft tree in one call (contract 1.7)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted

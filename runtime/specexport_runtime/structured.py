@@ -239,7 +239,7 @@ class Guide:
         if proposal is not None and (f == 0 or (proposal.q is None and list(proposal.tokens[:f]) == forced)):
             base, tokens, q = proposal, list(proposal.tokens[:limit]), proposal.q
         else:
-            base, tokens, q = Proposal([], None, lookup=True, source="grammar"), list(forced[:limit]), None
+            base, tokens, q = Proposal([], None, free=True, source="grammar"), list(forced[:limit]), None
         k = self.matcher.valid_prefix(tokens)  # nothing is valid after an end of sequence
         cut_q = q[k] if q is not None and k < len(tokens) else None
         return replace(

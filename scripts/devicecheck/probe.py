@@ -216,23 +216,23 @@ def drive(loop, prompt: list[int], n: int, models: list) -> dict:
 
 def target_only(model, prompt: list[int]) -> dict:
     from specexport_runtime.config import GeneratorConfig
-    from specexport_runtime.generator import GenerationStats, SpeculativeLoop
+    from specexport_runtime.generator import LoopSetup, SpeculativeLoop
     from specexport_runtime.proposers import NoProposer
 
     options = GeneratorConfig(max_new_tokens=NEW_TOKENS, speculative=False)
-    loop = SpeculativeLoop(model, NoProposer(), None, options, np.random.default_rng(0), GenerationStats())
+    loop = SpeculativeLoop(LoopSetup(model, NoProposer(), options, np.random.default_rng(0)))
     return drive(loop, prompt, NEW_TOKENS, [model])
 
 
 def self_draft(target, draft, prompt: list[int], baseline: dict) -> dict:
     from specexport_runtime.config import GeneratorConfig
-    from specexport_runtime.generator import GenerationStats, SpeculativeLoop
+    from specexport_runtime.generator import GenerationStats, LoopSetup, SpeculativeLoop
     from specexport_runtime.proposers import DraftModelProposer
 
     stats = GenerationStats()
     options = GeneratorConfig(max_new_tokens=NEW_TOKENS, gamma=GAMMA)
     proposer = DraftModelProposer(draft, target.spec.embedding_rows)
-    loop = SpeculativeLoop(target, proposer, None, options, np.random.default_rng(0), stats)
+    loop = SpeculativeLoop(LoopSetup(target, proposer, options, np.random.default_rng(0), stats=stats))
     result = drive(loop, prompt, NEW_TOKENS, [target, draft])
     speedup = result["tokens_per_second"] / baseline["tokens_per_second"]
     result.update(

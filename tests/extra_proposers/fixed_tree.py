@@ -11,14 +11,14 @@ TREE: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # tokens, parents (0: 
 
 class FixedTreeProposer(Proposer):
     name = "fixedtree"
-    proposes_when_off = True
+    free_when_off = True
 
     def start(self, prompt) -> None:
         pass
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
         tokens, parents = TREE
-        return Proposal(list(tokens), None, lookup=True, source="fixedtree", parents=tuple(parents))
+        return Proposal(list(tokens), None, free=True, source="fixedtree", parents=tuple(parents))
 
     def commit(self, committed, n_new) -> None:
         pass
@@ -39,7 +39,7 @@ class OracleTreeProposer(Proposer):
     and keep_path moves rows every round."""
 
     name = "oracletree"
-    proposes_when_off = True
+    free_when_off = True
 
     def start(self, prompt) -> None:
         self.prompt_len = len(prompt)
@@ -51,7 +51,7 @@ class OracleTreeProposer(Proposer):
             return Proposal([], None)
         # wrong ones differ from the truth beside them and from each other, and stay below the vocabulary
         tokens = [(t[0] + 1) % 256, t[0], (t[0] + 2) % 256, (t[1] + 1) % 256, t[1], t[2]]
-        return Proposal(tokens, None, lookup=True, source="oracletree", parents=(0, 0, 0, 2, 2, 5))
+        return Proposal(tokens, None, free=True, source="oracletree", parents=(0, 0, 0, 2, 2, 5))
 
     def commit(self, committed, n_new) -> None:
         pass

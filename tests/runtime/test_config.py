@@ -129,20 +129,20 @@ def test_adaptive_false_keeps_gamma_at_its_start(gens):
     manifest's speculation.gamma without calibration), and greedy output is the target's."""
     gen = gens("noisy")
     fixed = SpecGenerator(
-        gen.root,
-        gen.manifest,
-        gen.codec,
-        gen.target,
-        gen.draft,
-        gen.calibration,
-        gen.config.replace(adaptive=False, proposer="draft"),
+        root=gen.root,
+        manifest=gen.manifest,
+        codec=gen.codec,
+        target=gen.target,
+        draft=gen.draft,
+        calibration=gen.calibration,
+        config=gen.config.replace(adaptive=False, proposer="draft"),
     )
     base = fixed.generate("def add(a, b):", max_new_tokens=40, speculative=False).token_ids
     run = fixed.events("def add(a, b):", max_new_tokens=40)
     assert run.collect().token_ids == base and run.gamma_policy == cfg.ARTIFACT
     start = gen.manifest.speculation.gamma
     assert run.stats.plain_steps == 0 and {k for k, _ in run.stats.round_sizes} == {start}
-    assert not fixed._controllers
+    assert not fixed.policy.controllers
     assert fixed.events([5, 6], gamma=2).gamma_policy == cfg.FIXED
 
 

@@ -142,14 +142,14 @@ def test_hybrid_round_sources(gens):
     gen.target.reset()
     out = prop.propose(history, 3, params, rng)
     # up to the lookup's maximum (8) whatever gamma: all that followed the earlier occurrence
-    assert out.lookup and out.tokens == [43, 44, 40, 41, 42] and out.q is None
+    assert out.free and out.tokens == [43, 44, 40, 41, 42] and out.q is None
     assert prop.propose(history, 0, params, rng).tokens == [43, 44, 40, 41, 42]  # also when the draft is off
     fresh = [7, 150, 33, 299, 12]  # nothing repeats: the draft model drafts
     prop.start(fresh)
     before = gen.draft.stats.calls
     out = prop.propose(fresh, 3, params, rng)
     # one catch-up call over the prompt backlog (fresh[:-1]), then one call per drafted token
-    assert not out.lookup and len(out.tokens) == 3 and gen.draft.stats.calls - before == 1 + 3
+    assert not out.free and len(out.tokens) == 3 and gen.draft.stats.calls - before == 1 + 3
     with pytest.raises(InvalidArgument, match="min_match"):
         NgramLookupProposer((3, 2, 1), min_match=4)
 
@@ -293,10 +293,10 @@ def test_controller_options_reach_new_controllers_and_keep_greedy_exact(gens):
         for tol in (0.0, 0.5):
             config = gen.config.replace(controller={"gamma_tolerance": tol})
             assert gen.generate("def add(a, b):", config, max_new_tokens=30).token_ids == ref
-            assert gen._controllers[("draft", None, config.controller_key)].gamma_tolerance == tol
+            assert gen.policy.controllers[("draft", None, config.controller_key)].gamma_tolerance == tol
         with pytest.raises(InvalidArgument, match="gamma_tolerance"):
             gen.generate("def add(a, b):", max_new_tokens=5, controller={"gamma_tolerance": 1.5})
         with pytest.raises(InvalidArgument, match="controller option 'gamma'"):
             gen.generate("def add(a, b):", max_new_tokens=5, controller={"gamma": 2})
     finally:
-        gen._controllers.clear()
+        gen.policy.controllers.clear()

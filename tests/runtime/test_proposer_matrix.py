@@ -87,7 +87,7 @@ def test_greedy_output_is_the_targets(gen, name, kind):
             result = gen.generate(prompt, max_new_tokens=NEW, proposer=name, gamma=gamma)
             assert result.token_ids == base, f"{name} gamma={gamma} prompt {prompt!r}"
             check_counts(result, name)
-            if gamma is not None and not proposer.proposes_when_off:
+            if gamma is not None and not proposer.free_when_off:
                 assert all(k <= gamma for k, _ in result.stats.round_sizes)
 
 

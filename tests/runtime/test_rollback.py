@@ -18,7 +18,8 @@ from specexport_runtime.adaptive import GammaController
 from specexport_runtime.config import GeneratorConfig
 from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.errors import InvalidArgument
-from specexport_runtime.generator import GenerationStats, SpeculativeLoop
+from specexport_runtime.generator import GenerationStats, LoopSetup, SpeculativeLoop
+from specexport_runtime.policy import RoundDraft
 from specexport_runtime.proposers import DraftModelProposer, NgramLookupProposer, Proposal, Proposer
 from specexport_runtime.sampling import SamplingParams
 
@@ -101,7 +102,10 @@ def run_loop(
     )
     stats = GenerationStats()
     log = record_rounds(stats)
-    loop = SpeculativeLoop(gen.target, proposer, controller, config, np.random.default_rng(seed), stats)
+    policy = RoundDraft.of(config, controller)
+    loop = SpeculativeLoop(
+        LoopSetup(gen.target, proposer, config, np.random.default_rng(seed), policy=policy, stats=stats)
+    )
     out: list[int] = []
     cursors: list[tuple[int, int]] = []
     for new in loop.rounds(prompt, gen.manifest.max_context):

@@ -132,11 +132,11 @@ def test_seeded_sampling_reproducible_with_adaptive_gamma(gens):
     kw = dict(max_new_tokens=40, temperature=1.0, seed=11)
     outs = []
     for cost_draft in (1e-6, 1.0):
-        gen._controllers[("draft", None, gen.config.controller_key)] = GammaController(
+        gen.policy.controllers[("draft", None, gen.config.controller_key)] = GammaController(
             cost_draft=cost_draft, cost_decode=1e-3, verify_costs={2: 1.1e-3, 5: 1.2e-3, 9: 1.4e-3}
         )
         outs.append(gen.generate("def add(a, b):", **kw).token_ids)
-    gen._controllers.clear()
+    gen.policy.controllers.clear()
     assert outs[0] == outs[1]
 
 

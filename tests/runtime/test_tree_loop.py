@@ -268,10 +268,10 @@ def test_as_chain_keeps_the_first_path_and_its_draft_rows(tiny_artifacts):
     from specexport_runtime.proposers import Proposal
 
     gen = load(tiny_artifacts["noisy-fused"])
-    loop, _ = gen.make_loop(gen.configure(proposer="suffix"))
+    loop = gen.make_loop(gen.configure(proposer="suffix"))
     V = gen.manifest.target.embedding_rows
     q = np.eye(4, V)  # [4, V]: token i drawn from row i
-    tree = Proposal([5, 6, 7, 8], q, lookup=True, parents=(0, 0, 1, 3))  # first path: tokens 0, 2, 3
+    tree = Proposal([5, 6, 7, 8], q, free=True, parents=(0, 0, 1, 3))  # first path: tokens 0, 2, 3
     chain = loop.as_chain(tree)
     assert chain.tokens == [5, 7, 8] and chain.parents is None
     np.testing.assert_array_equal(chain.q, q[[0, 2, 3]])

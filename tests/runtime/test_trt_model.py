@@ -161,13 +161,15 @@ def test_eagle_generation_on_trt_models_equals_target_only(monkeypatch, tmp_path
     target, trt, _ = _trt(monkeypatch, tmp_path, portable, "target")
     head, _, _ = _trt(monkeypatch, tmp_path, portable, "draft")
     manifest, codec, calibration = open_artifact(portable)
-    gen = SpecGenerator(portable, manifest, codec, target, head, calibration)
+    gen = SpecGenerator(
+        root=portable, manifest=manifest, codec=codec, target=target, draft=head, calibration=calibration
+    )
     result = gen.generate(IDS[:12], max_new_tokens=24, proposer="eagle", gamma=3)
     assert result.token_ids == want
     assert result.stats.rounds > 0 and result.stats.drafted > 0
     assert any(c["profile"] == 1 for c in trt.engines[0].calls)  # the target verified on the verify profile
     with pytest.raises(TypeError, match="model.Model"):
-        SpecGenerator(portable, manifest, codec, object(), None, calibration)
+        SpecGenerator(root=portable, manifest=manifest, codec=codec, target=object(), calibration=calibration)
 
 
 @pytest.mark.parametrize("prompt", [12, 20, 17])  # one prefill call; chunks of 16 + 4; 16 + 1
