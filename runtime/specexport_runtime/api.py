@@ -68,10 +68,10 @@ class SpecGenerator:
         tree: TreeVerifier | None = None,
         head_tree: HeadTree | None = None,
     ):
-        """slots: the artifact's batch graph (contract 1.5), when loaded with batch=True; the
+        """slots: the artifact's batch graph (feature cache_slots), when loaded with batch=True; the
         target is then its slot 0 and batch() / scheduler() run several sequences at once.
-        tree: the target's tree graph on its cache (contract 1.7), for config.tree_nodes > 0;
-        head_tree: an EAGLE-3 head's tree graph on the head's cache (contract 1.8), with which
+        tree: the target's tree graph on its cache (feature tree_verify), for config.tree_nodes > 0;
+        head_tree: an EAGLE-3 head's tree graph on the head's cache (feature eagle3_head_tree), with which
         the eagle proposer drafts trees."""
         for role, model in (("target", target), ("draft", draft)):
             if model is not None and not isinstance(model, Model):
@@ -367,7 +367,7 @@ def load(
     defaults (e.g. {"suffix": SuffixConfig(...), "proposer": "ngram"}); checked against the
     artifact before any session is created.
 
-    batch: load the target's batch graph (an artifact built with max_batch > 1, contract 1.5)
+    batch: load the target's batch graph (an artifact built with max_batch > 1, feature cache_slots)
     instead of its batch-1 graph: one session for max_batch sequences (batch(), scheduler()),
     its slot 0 serving generate() and the rest.
 

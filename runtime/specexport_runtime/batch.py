@@ -1,4 +1,4 @@
-"""Continuous batching: several generations share the target's calls (a slots graph, contract 1.5).
+"""Continuous batching: several generations share the target's calls (a slots graph, feature cache_slots).
 
 Each sequence runs its own speculative loop (generator.SpeculativeLoop, batched) on one cache
 slot: its own proposer, grammar, seed stream and stats. Its loop yields a TargetCall where a solo

@@ -25,7 +25,7 @@ class Proposal:
     forced: int = 0  # the first `forced` tokens are forced by a grammar (structured.Guide), not the proposer's
     cut_q: np.ndarray | None = None  # [V] the distribution of a drawn token a grammar cut after `tokens` (sampling)
     cut: int = 0  # proposer tokens a grammar forbade, dropped from the end of `tokens`
-    # a draft tree (contract 1.7): parents[i] is token i's parent row, 0 the root (the last
+    # a draft tree (feature tree_verify): parents[i] is token i's parent row, 0 the root (the last
     # committed token) and j + 1 token j (so j < i); None: a chain
     parents: tuple[int, ...] | None = None
 

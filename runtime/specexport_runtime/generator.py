@@ -267,7 +267,7 @@ class SpeculativeLoop:
         return self.emit(draft[:n] + [token], logits[: n + 1])
 
     def tree_step(self, committed: list[int], proposal: Proposal, t0: float, t1: float) -> list[int]:
-        """One tree-verify call on [last] + the proposal's tree (contract 1.7): the accepted
+        """One tree-verify call on [last] + the proposal's tree (feature tree_verify): the accepted
         path's K/V kept in place (keep_path), the rejected rows dropped by the cursor."""
         tree = DraftTree([committed[-1], *proposal.tokens], [-1, *proposal.parents])
         start = self.target.length  # the root's cache row

@@ -135,7 +135,7 @@ class ProposerContext:
 
     @property
     def head_tree(self) -> HeadTree | None:
-        """An EAGLE-3 head's tree graph on the head's cache (contract 1.8), or None."""
+        """An EAGLE-3 head's tree graph on the head's cache (feature eagle3_head_tree), or None."""
         return self.services.head_tree
 
 

@@ -34,7 +34,7 @@ class ProposerServices:
     ):
         """config: the generator's default (sizes what proposers learn, e.g. the suffix store);
         draft_rows: the draft graph's embedding rows (an EAGLE-3 head's vocabulary map has one
-        entry per row); head_tree: an EAGLE-3 head's tree graph (contract 1.8), or None."""
+        entry per row); head_tree: an EAGLE-3 head's tree graph (feature eagle3_head_tree), or None."""
         self.root, self.manifest, self.config = root, manifest, config
         self.verify_cost, self.draft_rows, self.head_tree = verify_cost, draft_rows, head_tree
         self._learned: dict[str, Any] = {}  # proposer name -> its state across requests (registry `learns`)

@@ -22,7 +22,7 @@ class GenerationStats:
     # rounds that verified a free draft (Proposal.free: prompt lookup, suffix retrieval, a grammar's
     # forced run), the rest were drafted by a model (the name is the reports' and the JSON's)
     lookup_rounds: int = 0
-    tree_rounds: int = 0  # rounds verified as a draft tree in one call (contract 1.7)
+    tree_rounds: int = 0  # rounds verified as a draft tree in one call (feature tree_verify)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     round_sizes: list[tuple[int, int]] = field(default_factory=list)  # (drafted k, accepted n) per round

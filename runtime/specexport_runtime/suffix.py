@@ -84,7 +84,7 @@ class SuffixProposer(Proposer):
         """datastore: a datastore.Datastore (the artifact's corpus) or None; cost: the target's
         verify cost (the generator's; default an untimed one, so the tuner keeps the smallest scale);
         tree_nodes > 0: draft trees of up to that many tokens (suffix_index.draft_tree), each path
-        at most the draft limit deep, for an artifact with a tree graph (contract 1.7)."""
+        at most the draft limit deep, for an artifact with a tree graph (feature tree_verify)."""
         self.store, self.config, self.max_context, self.datastore = store, config, max_context, datastore
         self.tree_nodes = tree_nodes
         self.calibration = calibration if calibration is not None else SourceCalibration()

@@ -22,7 +22,7 @@ kv_nbytes, and the feature tensors of EAGLE-3), so the speculative loop runs on 
     requested logits rows (R x V x 4 bytes) are copied back to a pinned host buffer.
   * Prompts longer than the prefill profile's max S are fed in chunks (the cursor moves, the
     positions stay right: positions come from the past length, docs/graph-contract.md).
-  * EAGLE-3 (contract 1.2; plan_row_tensors): a target's hidden_states [1, S, F] and a head's
+  * EAGLE-3 (feature eagle3_head; plan_row_tensors): a target's hidden_states [1, S, F] and a head's
     hidden_out [1, R, H] are written to device buffers and copied back to pinned host buffers
     after each call (`features`, `hidden_out`, as OrtModel leaves them); a head's features
     [1, S, F] and draft_hidden [1, S, H] inputs go from pinned host buffers to the device, the
@@ -153,7 +153,7 @@ class TrtModel(CacheCursor):
         check_layout(spec)
         trt = import_tensorrt()
         self.spec, self.max_context, self.profiles = spec, max_context, list(profiles)
-        self.min_rows = min_rows  # contract 1.2: every call gets >= min_rows rows (engine.plan_rows)
+        self.min_rows = min_rows  # feature row_padding: every call gets >= min_rows rows (engine.plan_rows)
         self.cuda = _Cuda(device_id)
         self._device_ptrs: list[int] = []
         self._host_ptrs: list[int] = []
