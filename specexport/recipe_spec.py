@@ -248,6 +248,9 @@ class Recipe:
     tested_here: bool = False
     max_batch: int = 1  # cache slots of the target's batch graph (contract 1.5); 1: no batch graph
     tree_verify: bool = False  # tree graphs: the target's (contract 1.7; portable 1.9), an EAGLE-3 head's (1.8, fused)
+    # a UTF-8 file (relative to the current folder) whose text is stored prefilled as the system
+    # prompt (build_prompt.py, docs/prefix-cache.md); None: none
+    system_prompt: str | None = None
     source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
 
     @property
@@ -279,6 +282,7 @@ class Recipe:
             "retrieval": None if self.retrieval is None else self.retrieval.to_dict(),
             "notes": self.notes,
             "tested_here": self.tested_here,
+            **({"system_prompt": self.system_prompt} if self.system_prompt is not None else {}),
         }
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Recipe:

@@ -43,6 +43,7 @@ from .seeded import stream_for
 from .signing import verify as verify_signature
 from .slots import SlotModel, idle_rows, too_few_slots
 from .structured import ConstraintEngine, Grammar, Guide
+from .system_prompt import StoredPrompt
 from .tokenizer import TextCodec
 from .tools import ToolPlan
 from .tree_model import TreeVerifier
@@ -110,6 +111,7 @@ class SpecGenerator:
         self._constraints: ConstraintEngine | None = None
         draft_class = getattr(manifest.draft, "exactness", None)
         self.prefix_cache = PrefixCache(target, draft, self._config.prefix_cache_bytes, draft_class)  # prefix_cache.py
+        self.prefix_cache.stored = StoredPrompt.of(root, manifest)  # a system prompt built into the artifact
 
     # --- configuration ------------------------------------------------------------------
     @property
@@ -480,7 +482,7 @@ def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec,
     everything but the models, shared by every backend."""
     manifest = read_manifest(root)
     if verify:
-        verify_files(root, manifest)
+        verify_files(root, manifest, lazy=True)  # a stored system prompt's files: on first use
     tok = manifest.tokenizer
     template = (root / tok.chat_template).read_text(encoding="utf-8") if tok.chat_template else None
     vocab = json.loads((root / tok.file).read_text(encoding="utf-8"))

@@ -15,6 +15,9 @@ restore (the loop's prefill, after the caches were reset and the proposer starte
     the target gets rows [0, m) with m = min(match, len(prompt) - 1), so the prefill still feeds
     at least the prompt's last token (its logits row picks the first token); the draft gets
     rows [0, min(its match, len(prompt))) and feeds the rest as its usual backlog.
+A stored system prompt (system_prompt.py, built into the artifact) is seeded into the pool of a
+lease's namespace when its prompt starts with the stored ids and the pool lacks them; the
+restore then finds it like any other prefix.
 In a batch (batch.py) the scheduler attaches a lease to each joining sequence's loop on its slots;
 its prefill restores likewise, and the scheduler keeps the rows when the sequence leaves its slot.
 keep (the generation finished or was closed): rows [0, min(model.length, len(prompt + output)))
@@ -46,6 +49,7 @@ from .eagle import EagleProposer
 from .hybrid import HybridProposer
 from .model import Model
 from .prefix_pool import PrefixPool
+from .system_prompt import StoredPrompt
 
 if TYPE_CHECKING:
     from .generator import SpeculativeLoop
@@ -115,6 +119,7 @@ class Lease:
         target's m, the prompt tokens the prefill skips."""
         pool = self.cache.pool
         self.prompt_len, self.started = len(prompt), True
+        self.cache.seed(self.namespace, prompt, self.parts[TARGET])
         match = pool.match(self.namespace, prompt, self.names)
         # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
         # every restored target row, and its row t pairs features[t] with token t + 1
@@ -172,6 +177,27 @@ class PrefixCache:
             if draft is not None and draft.spec.is_head:  # and the features an EAGLE-3 head reads: [T, F] fp32
                 max_bytes += target.max_context * target.spec.feature_width * 4
         self.pool = PrefixPool(int(max_bytes))
+        self.stored: StoredPrompt | None = None  # the artifact's system prompt (system_prompt.py)
+
+    def seed(self, namespace: str, prompt: Sequence[int], target: Model) -> None:
+        """Put the stored system prompt's rows into `namespace`'s tree when `prompt` starts with
+        its ids and the pool lacks them (the first such request, or one after their eviction);
+        `target` (the generation's, its cache about to be restored) checks them first."""
+        stored = self.stored
+        if stored is None or not stored.covers(prompt):
+            return
+        want = stored.entry.shapes[TARGET][1]
+        if self.pool.match(namespace, prompt, (TARGET,)).rows[TARGET] >= want - 1:
+            return  # held (a restore never takes the prompt's last row anyway)
+        io = rows_reader(target)
+        if io is None:
+            return
+        rows = stored.rows()  # read and checked against the manifest's sha256 here
+        if not stored.checked and not stored.check(target, io[1], io[0], rows[TARGET]):
+            return
+        sources = {part: (a.shape[1], lambda s, e, a=a: a[:, s:e]) for part, a in rows.items()}
+        self.pool.insert(namespace, stored.ids, sources)
+        stored.seeds += 1
 
     @property
     def enabled(self) -> bool:
@@ -235,4 +261,7 @@ class PrefixCache:
         lease.keep(prompt + output)
 
     def describe(self) -> dict:
-        return self.pool.describe()
+        out = self.pool.describe()
+        if self.stored is not None:
+            out["system_prompt"] = self.stored.describe()
+        return out

@@ -1,0 +1,159 @@
+"""A system prompt prefilled at build time (specexport/build_prompt.py, runtime system_prompt.py):
+the first request with it restores the stored rows and gives exactly the tokens (and each token's
+log-probability) of a generator without a pool that prefills it at run time, for both cache
+layouts and an EAGLE-3 head, greedy and seeded; nothing is read at load; a tampered file is
+refused in one line; rows of another graph or another machine's kernels are never seeded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specexport_runtime.api import load
+from specexport_runtime.errors import ArtifactError, ChecksumError
+from specexport_runtime.manifest import read_manifest, sha256_file, verify_files
+
+# about 60 ids of the tiny tokenizer (the tiny context is 256)
+SYSTEM = "You are a careful assistant for a code editor. Answer briefly, in plain words, and show code."
+TURNS = ["def add(a, b):", "Now for three."]
+SEEDED = {"temperature": 0.9, "top_p": 0.95, "seed": 11}
+
+
+@pytest.fixture(scope="module")
+def stored(tiny_artifacts, tmp_path_factory):
+    """kind -> a copy of the tiny artifact with SYSTEM stored by the build's own stage."""
+    from specexport.build_prompt import store_system_prompt
+
+    cache: dict = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            root = tmp_path_factory.mktemp(f"sys-{kind}") / "artifact"
+            shutil.copytree(tiny_artifacts[kind], root)
+            store_system_prompt(root, SYSTEM, lambda _: None, threads=1)
+            cache[kind] = root
+        return cache[kind]
+
+    return get
+
+
+def chat(gen, settings: dict, turns=TURNS):
+    messages = [{"role": "system", "content": SYSTEM}]
+    out = []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        r = gen.chat(messages, max_new_tokens=12, logprobs=0, **settings)
+        out.append((r.token_ids, r.logprobs, r.stats.cached_tokens))
+        messages.append({"role": "assistant", "content": r.text})
+    return out
+
+
+@pytest.mark.parametrize("kind", ["noisy", "noisy-fused", "eagle3"], ids=["time_major", "head_major_inplace", "eagle3"])
+@pytest.mark.parametrize("settings", [{}, SEEDED], ids=["greedy", "seeded"])
+def test_the_first_request_restores_the_stored_prompt_and_equals_a_cold_prefill(stored, kind, settings):
+    root = stored(kind)
+    n = read_manifest(root).system_prompt.tokens
+    warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    got, want = chat(warm, settings), chat(cold, settings)
+    assert [(ids, lp) for ids, lp, _ in got] == [(ids, lp) for ids, lp, _ in want]
+    assert got[0][2] >= n - 1 > 0  # the very first request skipped the system prompt's prefill
+    assert all(c == 0 for _, _, c in want)
+    info = warm.prefix_cache.describe()["system_prompt"]
+    assert info["checked"] and info["refused"] is None and info["seeded"] == 1
+
+
+def test_the_stored_ids_are_what_a_chat_renders(stored):
+    root = stored("noisy")
+    gen = load(root, threads=1)
+    ids = np.load(root / "system_prompt" / "ids.npy")
+    chat_ids = gen.codec.encode_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}])
+    assert list(ids) == chat_ids[: len(ids)] and len(ids) < len(chat_ids)
+    assert (root / "system_prompt" / "prompt.txt").read_text(encoding="utf-8") == SYSTEM
+
+
+def test_nothing_is_read_at_load_and_a_tampered_file_is_refused(stored, tmp_path):
+    root = tmp_path / "artifact"
+    shutil.copytree(stored("noisy"), root)
+    rows = root / "system_prompt" / "target.npy"
+    data = bytearray(rows.read_bytes())
+    data[-1] ^= 1
+    rows.write_bytes(bytes(data))
+    gen = load(root, threads=1)  # checksums verified, but not the stored rows': lazy
+    other = gen.generate("def add(a, b):", max_new_tokens=4)  # a prompt without the system prompt
+    assert len(other.token_ids) == 4
+    with pytest.raises(ChecksumError, match=r"checksum mismatch for 'system_prompt/target.npy'") as exc:
+        chat(gen, {}, TURNS[:1])
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ChecksumError):  # the whole artifact check (inspect, sign) covers it too
+        verify_files(root, read_manifest(root))
+
+
+def test_rows_of_another_graph_are_refused_at_load(stored, tmp_path):
+    root = tmp_path / "artifact"
+    shutil.copytree(stored("noisy"), root)
+    path = root / "manifest.json"
+    data = json.loads(path.read_text())
+    data["system_prompt"]["built_with"]["target"]["min_rows"] = 1 + data["target"].get("min_rows", 1)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"system prompt's target rows were built with min_rows") as exc:
+        load(root, threads=1)
+    assert "\n" not in str(exc.value)
+
+
+def test_rows_this_machine_does_not_compute_are_not_seeded(stored, tmp_path):
+    """Rows off by one ulp (as another CPU's kernels may give): the check before the first
+    seeding refuses them, and the request prefills at run time."""
+    root = tmp_path / "artifact"
+    shutil.copytree(stored("noisy"), root)
+    rows = root / "system_prompt" / "target.npy"
+    a = np.load(rows)
+    np.save(rows, np.nextafter(a, np.float32(np.inf)))
+    path = root / "manifest.json"
+    data = json.loads(path.read_text())
+    data["files"]["system_prompt/target.npy"] = sha256_file(rows)
+    path.write_text(json.dumps(data))
+    warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    got, want = chat(warm, {}), chat(cold, {})
+    assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want] and got[0][2] == 0
+    assert "differ from the stored ones" in warm.prefix_cache.describe()["system_prompt"]["refused"]
+
+
+def test_build_stores_the_system_prompt_with_the_option(tiny_artifacts, tmp_path):
+    """`specexport build --system-prompt FILE` end to end: the files are listed with their sha256
+    (so a signature over the manifest covers them) and the recipe key is recorded."""
+    from specexport.cli import cli
+
+    recipe = tiny_artifacts["ngram"].parent / "recipe.yaml"
+    prompt = tmp_path / "system.txt"
+    prompt.write_text(SYSTEM, encoding="utf-8")
+    out = tmp_path / "built"
+    result = CliRunner().invoke(
+        cli, ["build", str(recipe), "-o", str(out), "--no-validate", "--quiet", "--system-prompt", str(prompt)]
+    )
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    entry = manifest.system_prompt
+    assert set(entry.rows) == {"target"} and {entry.ids, entry.text, *entry.rows.values()} <= set(manifest.files)
+    assert json.loads((out / "recipe.json").read_text())["system_prompt"] == str(prompt)
+    assert not list(tmp_path.glob(".built.*"))  # no temporary folder left
+    warm, cold = load(out, threads=1), load(out, threads=1, config={"prefix_cache_bytes": 0})
+    got, want = chat(warm, {}), chat(cold, {})
+    assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want] and got[0][2] >= entry.tokens - 1
+
+
+def test_a_bad_system_prompt_file_is_refused_in_one_line(tmp_path):
+    from specexport.build_prompt import read_system_prompt
+    from specexport.errors import BuildError
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\xff\xfe")
+    for path, what in ((empty, "is empty"), (binary, "is not UTF-8"), (tmp_path / "none.txt", "does not exist")):
+        with pytest.raises(BuildError, match=what) as exc:
+            read_system_prompt(path)
+        assert "\n" not in str(exc.value)
