@@ -119,7 +119,7 @@ class Lease:
         target's m, the prompt tokens the prefill skips."""
         pool = self.cache.pool
         self.prompt_len, self.started = len(prompt), True
-        self.cache.seed(self.namespace, prompt, self.parts[TARGET])
+        self.cache.seed(self.namespace, prompt, self.parts[TARGET], self.names)
         match = pool.match(self.namespace, prompt, self.names)
         # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
         # every restored target row, and its row t pairs features[t] with token t + 1
@@ -179,20 +179,24 @@ class PrefixCache:
         self.pool = PrefixPool(int(max_bytes))
         self.stored: StoredPrompt | None = None  # the artifact's system prompt (system_prompt.py)
 
-    def seed(self, namespace: str, prompt: Sequence[int], target: Model) -> None:
-        """Put the stored system prompt's rows into `namespace`'s tree when `prompt` starts with
-        its ids and the pool lacks them (the first such request, or one after their eviction);
-        `target` (the generation's, its cache about to be restored) checks them first."""
+    def seed(self, namespace: str, prompt: Sequence[int], target: Model, parts: Sequence[str]) -> None:
+        """Put the stored system prompt's rows of `parts` (a lease's) into `namespace`'s tree when
+        `prompt` starts with its ids and the pool lacks them (the first such request, or one after
+        their eviction); `target` (the generation's, its cache about to be restored) checks them
+        first."""
         stored = self.stored
         if stored is None or not stored.covers(prompt):
             return
-        want = stored.entry.shapes[TARGET][1]
-        if self.pool.match(namespace, prompt, (TARGET,)).rows[TARGET] >= want - 1:
-            return  # held (a restore never takes the prompt's last row anyway)
+        stored_parts = [p for p in (TARGET, *parts) if p in stored.entry.rows]
+        held = self.pool.match(namespace, prompt, tuple(stored_parts)).rows
+        # a part is held when the pool has its stored rows (a restore never takes the prompt's last row anyway)
+        lacking = [p for p in dict.fromkeys(stored_parts) if held[p] < stored.entry.shapes[p][1] - 1]
+        if not lacking:
+            return
         io = rows_reader(target)
         if io is None:
             return
-        rows = stored.rows()  # read and checked against the manifest's sha256 here
+        rows = stored.rows(lacking if stored.checked else [TARGET, *lacking])  # sha256 checked here
         if not stored.checked and not stored.check(target, io[1], io[0], rows[TARGET]):
             return
         sources = {part: (a.shape[1], lambda s, e, a=a: a[:, s:e]) for part, a in rows.items()}

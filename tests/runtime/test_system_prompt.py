@@ -157,3 +157,14 @@ def test_a_bad_system_prompt_file_is_refused_in_one_line(tmp_path):
         with pytest.raises(BuildError, match=what) as exc:
             read_system_prompt(path)
         assert "\n" not in str(exc.value)
+
+
+def test_a_later_request_seeds_the_parts_an_earlier_one_did_not_use(stored):
+    """Target-only first (the target's rows seeded), then the draft proposer: its draft rows are
+    seeded then, and both answers equal a cold prefill's."""
+    root = stored("noisy")
+    warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    for settings in ({"proposer": "none"}, {"proposer": "draft"}):
+        got, want = chat(warm, settings, TURNS[:1]), chat(cold, settings, TURNS[:1])
+        assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want] and got[0][2] > 0
+    assert warm.prefix_cache.describe()["system_prompt"]["seeded"] == 2
