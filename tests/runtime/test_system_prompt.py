@@ -168,3 +168,26 @@ def test_a_later_request_seeds_the_parts_an_earlier_one_did_not_use(stored):
         got, want = chat(warm, settings, TURNS[:1]), chat(cold, settings, TURNS[:1])
         assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want] and got[0][2] > 0
     assert warm.prefix_cache.describe()["system_prompt"]["seeded"] == 2
+
+
+def test_the_servers_first_request_reports_the_stored_prompt_as_cached(stored):
+    """Through the HTTP server: each API key's first request with the system prompt restores the
+    stored rows (usage.prompt_tokens_details.cached_tokens) and answers as a cold generator."""
+    pytest.importorskip("starlette")
+    from test_server_support import CHAT, LiveServer, post
+
+    root = stored("noisy-fused")
+    n = read_manifest(root).system_prompt.tokens
+    cold = load(root, threads=1, config={"prefix_cache_bytes": 0})
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[0]}]
+    want = cold.chat(messages, max_new_tokens=8).text
+    server = LiveServer(load(root, threads=1))
+    try:
+        for key in ("alice", "bob"):  # one namespace each: seeded into both
+            body = {"model": server.state.model, "messages": messages, "max_tokens": 8, "temperature": 0}
+            status, _, res = post(server.port, CHAT, body, key=key)
+            assert status == 200, res
+            assert res["usage"]["prompt_tokens_details"]["cached_tokens"] >= n - 1
+            assert res["choices"][0]["message"]["content"] == want
+    finally:
+        server.close()
