@@ -25,7 +25,7 @@ from specexport_runtime.contract import DECODER, EAGLE3_HEAD
 from specexport_runtime.errors import SpecExportError
 from specexport_runtime.manifest import read_manifest, write_manifest
 from specexport_runtime.prefix_cache import FEATURES, TARGET
-from specexport_runtime.system_prompt import FOLDER, PARTS, SystemPromptEntry, graph_facts
+from specexport_runtime.system_prompt import FOLDER, PARTS, SystemPromptEntry, graph_facts, prompt_key
 
 from .errors import BuildError
 from .progress import Progress
@@ -130,6 +130,7 @@ def store_system_prompt(root: Path, text: str, progress: Progress, threads: int 
         text=f"{FOLDER}/prompt.txt",
         ids=f"{FOLDER}/ids.npy",
         tokens=len(ids),
+        key=prompt_key(ids[:-1]),
         rows=rows,
         shapes=shapes,
         built_with=built_with,

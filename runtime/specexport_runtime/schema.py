@@ -92,6 +92,7 @@ SYSTEM_PROMPT = {  # system_prompt.py; rows / shapes / built_with checked by Sys
     "text": Field("str", True),
     "ids": Field("str", True),
     "tokens": Field("int", True, 1, 1 << 22),
+    "key": Field("str", True),
     "rows": Field("json", True),
     "shapes": Field("json", True),
     "built_with": Field("json"),

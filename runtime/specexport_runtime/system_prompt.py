@@ -13,8 +13,9 @@ the rows were built with (`built_with`: each graph's file checksums and padding,
 the prefill call). A runtime whose graphs differ from those refuses the artifact at load, in
 one line; rows from another graph are never seeded.
 
-Lazy: nothing under system_prompt/ is read at load (verify_files(..., lazy=True) skips it). The
-first request whose prompt starts with the stored ids reads each file once, checks its sha256
+Lazy: nothing under system_prompt/ is read at load (verify_files(..., lazy=True) skips it) or for
+a request whose prompt does not start with the stored ids (the manifest's `key`, a sha256 of
+them, decides). The first request whose prompt does reads each file it needs once, checks its sha256
 against the manifest (ChecksumError otherwise, on every such request) and parses the array from
 those same bytes (no window between the check and the use). Before the rows are first seeded,
 the target recomputes the last CHECK_ROWS of them from the others on this machine: a `bitwise`
@@ -50,6 +51,7 @@ class SystemPromptEntry:
     text: str  # prompt.txt
     ids: str  # ids.npy, int64 [tokens]
     tokens: int  # n
+    key: str  # sha256 of ids[:n - 1] as little-endian int64 bytes (prompt_key): matched without reading a file
     rows: dict[str, str] = field(default_factory=dict)  # part -> .npy path
     shapes: dict[str, list[int]] = field(default_factory=dict)  # part -> the array's shape
     built_with: dict[str, Any] = field(default_factory=dict)  # graph facts and the prefill (graph_facts)
@@ -77,6 +79,11 @@ class SystemPromptEntry:
         if "target" not in entry.rows:
             raise ArtifactError("manifest system_prompt.rows lacks 'target' (the target's rows are what it stores)")
         return entry
+
+
+def prompt_key(ids) -> str:
+    """sha256 of token ids as little-endian int64 bytes (SystemPromptEntry.key of ids[:n - 1])."""
+    return hashlib.sha256(np.asarray(ids, "<i8").tobytes()).hexdigest()
 
 
 def graph_facts(manifest, role: str) -> dict[str, Any] | None:
@@ -168,6 +175,8 @@ class StoredPrompt:
                 raise ArtifactError(
                     f"{self.entry.ids!r} is not int64 [{self.entry.tokens}] (got {ids.dtype} {list(ids.shape)})"
                 )
+            if prompt_key(ids[:-1]) != self.entry.key:
+                raise ArtifactError(f"{self.entry.ids!r} does not hold the ids of the manifest's system_prompt.key")
             self._ids = ids
         return self._ids
 
@@ -177,8 +186,7 @@ class StoredPrompt:
         n = self.entry.tokens
         if self.refused is not None or len(prompt) < n or n < 2:
             return False
-        head = np.asarray(prompt[:n], np.int64)
-        return bool(np.array_equal(head[: n - 1], self.ids[: n - 1]))
+        return prompt_key(prompt[: n - 1]) == self.entry.key
 
     def rows(self, parts: Sequence[str] = PARTS) -> dict[str, np.ndarray]:
         """part -> its stored rows, for the stored ones among `parts`, read and checked
