@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,12 +191,16 @@ class StoredPrompt:
 
     def rows(self, parts: Sequence[str] = PARTS) -> dict[str, np.ndarray]:
         """part -> its stored rows, for the stored ones among `parts`, read and checked
-        (ChecksumError on a tampered file)."""
+        (ChecksumError on a tampered file). Each file is read and hashed on a thread of its own
+        (file reads and hashlib release the GIL): on two free cores the two 46 MB files of the
+        default artifact take about half the time."""
+        wanted = {part: rel for part, rel in self.entry.rows.items() if part in parts}
+        with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+            read = pool.map(lambda rel: read_checked(self.root, rel, self.files.get(rel)), wanted.values())
+            arrays = dict(zip(wanted, read))
         out = {}
-        for part, rel in self.entry.rows.items():
-            if part not in parts:
-                continue
-            a = read_checked(self.root, rel, self.files.get(rel))
+        for part, rel in wanted.items():
+            a = arrays[part]
             if list(a.shape) != list(self.entry.shapes[part]) or a.dtype != np.float32:
                 raise ArtifactError(
                     f"{rel!r} holds {a.dtype} {list(a.shape)}, the manifest says float32 {self.entry.shapes[part]}"
