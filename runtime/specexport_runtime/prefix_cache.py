@@ -191,8 +191,9 @@ class PrefixCache:
         held = self.pool.match(namespace, prompt, tuple(stored_parts)).rows
         # a part is held when the pool has its stored rows (a restore never takes the prompt's last row anyway)
         lacking = [p for p in dict.fromkeys(stored_parts) if held[p] < stored.entry.shapes[p][1] - 1]
-        if not lacking:
-            return
+        size = sum(4 * int(np.prod(stored.entry.shapes[p])) for p in lacking)  # float32 rows
+        if not lacking or size > self.pool.max_bytes:
+            return  # held, or more than the bound allows (they would be evicted at once)
         io = rows_reader(target)
         if io is None:
             return

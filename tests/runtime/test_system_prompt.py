@@ -191,3 +191,32 @@ def test_the_servers_first_request_reports_the_stored_prompt_as_cached(stored):
             assert res["choices"][0]["message"]["content"] == want
     finally:
         server.close()
+
+
+def test_batch_slots_take_the_stored_prompt_and_equal_solo_cold_starts(stored):
+    """The batch graph's slots: the check recomputes the stored rows with the slots graph, and each
+    sequence answers as a solo generator without a pool."""
+    root = stored("noisy-batch4")
+    gen, cold = load(root, threads=1, batch=True), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    prompts = [
+        gen.prepare_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}]).ids for t in TURNS
+    ]
+    got = gen.batch(prompts, max_new_tokens=10)
+    assert [r.token_ids for r in got] == [cold.generate(p, max_new_tokens=10).token_ids for p in prompts]
+    assert all(r.stats.cached_tokens > 0 for r in got) and gen.prefix_cache.describe()["system_prompt"]["checked"]
+
+
+def test_evicted_or_cleared_rows_are_read_again_and_a_small_bound_stays_exact(stored):
+    root = stored("noisy")
+    n = read_manifest(root).system_prompt.tokens
+    warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    want = chat(cold, {}, TURNS[:1])
+    assert chat(warm, {}, TURNS[:1])[0][0] == want[0][0]
+    warm.prefix_cache.pool.clear()
+    got = chat(warm, {}, TURNS[:1])
+    assert got[0][0] == want[0][0] and got[0][2] >= n - 1
+    assert warm.prefix_cache.describe()["system_prompt"]["seeded"] == 2
+    tiny = load(root, threads=1, config={"prefix_cache_bytes": 1024})  # smaller than the stored rows
+    got = chat(tiny, {}, TURNS[:1])
+    assert got[0][0] == want[0][0] and got[0][2] == 0 and tiny.prefix_cache.describe()["bytes"] <= 1024
+    assert tiny.prefix_cache.describe()["system_prompt"]["seeded"] == 0  # never read: it cannot fit
