@@ -220,3 +220,24 @@ def test_evicted_or_cleared_rows_are_read_again_and_a_small_bound_stays_exact(st
     got = chat(tiny, {}, TURNS[:1])
     assert got[0][0] == want[0][0] and got[0][2] == 0 and tiny.prefix_cache.describe()["bytes"] <= 1024
     assert tiny.prefix_cache.describe()["system_prompt"]["seeded"] == 0  # never read: it cannot fit
+
+
+def test_a_signed_artifact_covers_the_stored_prompt(stored, tmp_path):
+    """The signature covers the stored rows through the manifest's checksums: a signed artifact
+    loads with its key and restores them; a changed row file is refused on first use."""
+    pytest.importorskip("cryptography")
+    from specexport_runtime.signing import keygen, sign
+
+    root = tmp_path / "artifact"
+    shutil.copytree(stored("noisy"), root)
+    private, public = keygen(tmp_path / "keys")
+    sign(root, private)
+    gen = load(root, threads=1, trusted_keys=[public])
+    assert chat(gen, {}, TURNS[:1])[0][2] > 0
+    rows = root / "system_prompt" / "target.npy"
+    data = bytearray(rows.read_bytes())
+    data[-1] ^= 1
+    rows.write_bytes(bytes(data))
+    gen = load(root, threads=1, trusted_keys=[public])  # the manifest and its signature are unchanged
+    with pytest.raises(ChecksumError, match="system_prompt/target.npy"):
+        chat(gen, {}, TURNS[:1])
