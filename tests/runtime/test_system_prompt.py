@@ -241,3 +241,29 @@ def test_a_signed_artifact_covers_the_stored_prompt(stored, tmp_path):
     gen = load(root, threads=1, trusted_keys=[public])  # the manifest and its signature are unchanged
     with pytest.raises(ChecksumError, match="system_prompt/target.npy"):
         chat(gen, {}, TURNS[:1])
+
+
+def test_a_failing_system_prompt_stage_leaves_nothing(tiny_artifacts, tmp_path, monkeypatch):
+    """The stage runs in the build's temporary folder: a failure there leaves no output and no
+    temporary folder; a system prompt longer than the context is refused in one line."""
+    from specexport import build_prompt
+    from specexport.build import build_artifact
+    from specexport.errors import BuildError
+    from specexport.recipe import load_recipe
+
+    recipe = load_recipe(tiny_artifacts["ngram"].parent / "recipe.yaml")
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 2000, encoding="utf-8")  # far more than the tiny context of 256 ids
+    with pytest.raises(BuildError, match=r"renders to \d+ ids before the first user message; expected 2 to") as exc:
+        build_artifact(recipe.with_overrides({"system_prompt": str(long)}), tmp_path / "out", validate=False)
+    assert "\n" not in str(exc.value)
+    prompt = tmp_path / "system.txt"
+    prompt.write_text(SYSTEM, encoding="utf-8")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(build_prompt, "prompt_ids", boom)
+    with pytest.raises(RuntimeError, match="injected"):
+        build_artifact(recipe.with_overrides({"system_prompt": str(prompt)}), tmp_path / "out", validate=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.txt", "system.txt"]
