@@ -41,7 +41,7 @@ from .errors import ArtifactError, ChecksumError
 
 FOLDER = "system_prompt"
 PARTS = ("target", "draft", "head", "features")  # prefix_cache's pool parts
-CHECK_ROWS = 2  # target rows recomputed on this machine before the first seeding (one call)
+CHECK_ROWS = 1  # target rows recomputed on this machine before the first seeding (one call)
 NUMERICAL_TOL = 1e-3  # max |row difference| accepted for a `numerical` target
 
 
@@ -210,7 +210,8 @@ class StoredPrompt:
 
     def check(self, target, write, read, rows: np.ndarray) -> bool:
         """Recompute the target's last CHECK_ROWS stored rows from the others with `target` (its
-        cache is this generation's and is overwritten); False (and `refused` set) when they differ."""
+        cache is this generation's and is overwritten); False (and `refused` set) when they differ.
+        Its cache then holds rows [0, n): the stored ones and the recomputed (cursor back at 0)."""
         n = rows.shape[1]
         k = min(CHECK_ROWS, n - 1)
         target.reset()
