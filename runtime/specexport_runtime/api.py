@@ -38,6 +38,7 @@ from .services import ProposerServices
 from .signing import verify as verify_signature
 from .slots import SlotModel
 from .structured import ConstraintEngine, Grammar, Guide
+from .system_prompt import StoredPrompt
 from .tokenizer import TextCodec
 from .tools import ToolPlan
 from .tree_model import TreeVerifier
@@ -91,6 +92,7 @@ class SpecGenerator:
         self._constraints: ConstraintEngine | None = None
         draft_class = getattr(manifest.draft, "exactness", None)
         self.prefix_cache = PrefixCache(target, draft, self._config.prefix_cache_bytes, draft_class)  # prefix_cache.py
+        self.prefix_cache.stored = StoredPrompt.of(root, manifest)  # a system prompt built into the artifact
 
     # --- configuration ------------------------------------------------------------------
     @property

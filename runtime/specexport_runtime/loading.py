@@ -162,7 +162,7 @@ def open_artifact(root: Path, verify: bool = True) -> tuple[Manifest, TextCodec,
     root = Path(root)
     manifest = read_manifest(root)
     if verify:
-        verify_files(root, manifest)
+        verify_files(root, manifest, lazy=True)  # a stored system prompt's files: on first use
     tok = manifest.tokenizer
     template = (root / tok.chat_template).read_text(encoding="utf-8") if tok.chat_template else None
     vocab = json.loads((root / tok.file).read_text(encoding="utf-8"))

@@ -7,6 +7,7 @@ An artifact is a folder:
     target/model.onnx (+ model.onnx.data)
     draft/model.onnx  (+ model.onnx.data)   absent for the n-gram proposer
     calibration.json         optional, written by `specexport calibrate`
+    system_prompt/           optional, a system prompt's rows (system_prompt.py), read lazily
 Every file except manifest.json is listed in `files` with its sha256.
 """
 
@@ -40,6 +41,7 @@ from .features import FEATURES, features_for
 from .features import unknown as unknown_features
 from .paths import confined
 from .schema import check_manifest
+from .system_prompt import SystemPromptEntry
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -225,6 +227,7 @@ class Manifest:
     retrieval: RetrievalEntry | None = None
     contract_version: str = CONTRACT_VERSION
     schema_version: int = SCHEMA_VERSION
+    system_prompt: SystemPromptEntry | None = None  # written only when present (older runtimes refuse the key)
 
     @property
     def max_gamma(self) -> int:
@@ -319,6 +322,8 @@ class Manifest:
                 ("retrieval tokens", self.retrieval.tokens),
                 ("retrieval suffix_array", self.retrieval.suffix_array),
             ]
+        if self.system_prompt is not None:
+            out += [("system_prompt file", rel) for rel in self.system_prompt.files()]
         return out
 
     @property
@@ -332,6 +337,8 @@ class Manifest:
             entry = getattr(self, role)
             data[role] = None if entry is None else entry.json_dict()
         data["graph_features"] = self.graph_features
+        if self.system_prompt is None:
+            del data["system_prompt"]
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
@@ -381,6 +388,9 @@ class Manifest:
                     retrieval=RetrievalEntry(**data["retrieval"]) if data.get("retrieval") else None,
                     contract_version=contract,
                     schema_version=schema,
+                    system_prompt=SystemPromptEntry.from_json(data["system_prompt"])
+                    if data.get("system_prompt")
+                    else None,
                 )
                 ._check_layouts()
                 ._check_features(data.get("graph_features"))
@@ -425,10 +435,14 @@ def read_manifest(root: str | Path) -> Manifest:
     return manifest
 
 
-def verify_files(root: str | Path, manifest: Manifest) -> None:
-    """Raise if a listed file is missing or its sha256 differs; unlisted extra files are ignored."""
+def verify_files(root: str | Path, manifest: Manifest, lazy: bool = False) -> None:
+    """Raise if a listed file is missing or its sha256 differs; unlisted extra files are ignored.
+    lazy: leave out the files read and checked on first use (a stored system prompt's rows)."""
     root = Path(root)
+    later = set(manifest.system_prompt.files()) if lazy and manifest.system_prompt is not None else set()
     for rel, expected in sorted(manifest.files.items()):
+        if rel in later:
+            continue
         path = confined(root, rel, "manifest files entry")
         if not path.is_file():
             raise ArtifactError(f"artifact file {rel!r} is missing from {str(root)!r}")

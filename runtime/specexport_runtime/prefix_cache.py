@@ -15,6 +15,9 @@ restore (the loop's prefill, after the caches were reset and the proposer starte
     the target gets rows [0, m) with m = min(match, len(prompt) - 1), so the prefill still feeds
     at least the prompt's last token (its logits row picks the first token); the draft gets
     rows [0, min(its match, len(prompt))) and feeds the rest as its usual backlog.
+A stored system prompt (system_prompt.py, built into the artifact) is seeded into the pool of a
+lease's namespace when its prompt starts with the stored ids and the pool lacks them; the
+restore then finds it like any other prefix.
 In a batch (batch.py) the scheduler attaches a lease to each joining sequence's loop on its slots;
 its prefill restores likewise, and the scheduler keeps the rows when the sequence leaves its slot.
 keep (the generation finished or was closed): rows [0, min(model.length, len(prompt + output)))
@@ -45,6 +48,7 @@ from .eagle import EagleProposer
 from .hybrid import HybridProposer
 from .model import Model
 from .prefix_pool import PrefixPool
+from .system_prompt import StoredPrompt
 
 if TYPE_CHECKING:
     from .generator import SpeculativeLoop
@@ -114,6 +118,7 @@ class Lease:
         target's m, the prompt tokens the prefill skips."""
         pool = self.cache.pool
         self.prompt_len, self.started = len(prompt), True
+        ready = self.cache.seed(self.namespace, prompt, self.parts[TARGET], self.names)
         match = pool.match(self.namespace, prompt, self.names)
         # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
         # every restored target row, and its row t pairs features[t] with token t + 1
@@ -121,7 +126,9 @@ class Lease:
         stops = {TARGET: skip, DRAFT: min(match.rows.get(DRAFT, 0), len(prompt))}
         stops[HEAD] = min(match.rows.get(HEAD, 0), max(0, skip - 1))
         for part, model in self.parts.items():
-            if stops[part] > 0:
+            if part == TARGET and 0 < stops[part] <= ready:  # the seeding's check left these rows there
+                model.length = stops[part]
+            elif stops[part] > 0:
                 _, write = rows_reader(model)
                 pool.read(match, part, stops[part], write)
                 model.length = stops[part]  # rows [0, stop) now hold prompt[:stop]'s K/V
@@ -171,6 +178,37 @@ class PrefixCache:
             if draft is not None and draft.spec.is_head:  # and the features an EAGLE-3 head reads: [T, F] fp32
                 max_bytes += target.max_context * target.spec.feature_width * 4
         self.pool = PrefixPool(int(max_bytes))
+        self.stored: StoredPrompt | None = None  # the artifact's system prompt (system_prompt.py)
+
+    def seed(self, namespace: str, prompt: Sequence[int], target: Model, parts: Sequence[str]) -> int:
+        """Put the stored system prompt's rows of `parts` (a lease's) into `namespace`'s tree when
+        `prompt` starts with its ids and the pool lacks them (the first such request, or one after
+        their eviction); `target` (the generation's, its cache about to be restored) checks them
+        first. Returns the rows [0, r) the check left in the target's cache, bit for bit the stored
+        ones (a `bitwise` target), so the restore need not copy them again; else 0."""
+        stored = self.stored
+        if stored is None or not stored.covers(prompt):
+            return 0
+        stored_parts = [p for p in (TARGET, *parts) if p in stored.entry.rows]
+        held = self.pool.match(namespace, prompt, tuple(stored_parts)).rows
+        # a part is held when the pool has its stored rows (a restore never takes the prompt's last row anyway)
+        lacking = [p for p in dict.fromkeys(stored_parts) if held[p] < stored.entry.shapes[p][1] - 1]
+        size = sum(4 * int(np.prod(stored.entry.shapes[p])) for p in lacking)  # float32 rows
+        if not lacking or size > self.pool.max_bytes:
+            return 0  # held, or more than the bound allows (they would be evicted at once)
+        io = rows_reader(target)
+        if io is None:
+            return 0
+        ready = 0
+        rows = stored.rows(lacking if stored.checked else [TARGET, *lacking])  # sha256 checked here
+        if not stored.checked:
+            if not stored.check(target, io[1], io[0], rows[TARGET]):
+                return 0
+            ready = rows[TARGET].shape[1] if stored.bitwise else 0
+        sources = {part: (a.shape[1], lambda s, e, a=a: a[:, s:e]) for part, a in rows.items()}
+        self.pool.insert(namespace, stored.ids, sources)
+        stored.seeds += 1
+        return ready
 
     @property
     def enabled(self) -> bool:
@@ -233,4 +271,7 @@ class PrefixCache:
         lease.keep(prompt + output)
 
     def describe(self) -> dict:
-        return self.pool.describe()
+        out = self.pool.describe()
+        if self.stored is not None:
+            out["system_prompt"] = self.stored.describe()
+        return out

@@ -88,6 +88,15 @@ RETRIEVAL = {
     "token_count": Field("int", True, 1),
     "info": Field("json"),
 }
+SYSTEM_PROMPT = {  # system_prompt.py; rows / shapes / built_with checked by SystemPromptEntry
+    "text": Field("str", True),
+    "ids": Field("str", True),
+    "tokens": Field("int", True, 1, 1 << 22),
+    "key": Field("str", True),
+    "rows": Field("json", True),
+    "shapes": Field("json", True),
+    "built_with": Field("json"),
+}
 TOP = {
     "schema_version": Field("int", True),
     "contract_version": Field("str", True),
@@ -102,6 +111,7 @@ TOP = {
     "tools": Field("json"),
     "retrieval": Field("retrieval", nullable=True),
     "graph_features": Field("json"),  # features.py names; checked by Manifest.from_dict
+    "system_prompt": Field("system_prompt", nullable=True),
 }
 SECTIONS = {
     "entry": ENTRY,
@@ -109,6 +119,7 @@ SECTIONS = {
     "speculation": SPECULATION,
     "generation": GENERATION,
     "retrieval": RETRIEVAL,
+    "system_prompt": SYSTEM_PROMPT,
 }
 
 

@@ -2,7 +2,8 @@
 
 Stages, each a small function: load models -> check the tokenizer pair (build_load.py) -> export
 the target -> validate it -> make the draft (export / quantize) -> validate it (build_graphs.py;
-an EAGLE-3 head: build_eagle.py) -> package (build_package.py). Everything is written into a
+an EAGLE-3 head: build_eagle.py) -> package (build_package.py) -> with a system prompt, its rows
+prefilled by the runtime on the packaged folder (build/prompt.py). Everything is written into a
 temporary sibling folder that is renamed to the output only at the end, so a failure never leaves
 a partial artifact.
 """
@@ -24,6 +25,7 @@ from .graphs import export_draft, export_target, model_entry
 from .load import load_models
 from .package import package_artifact
 from .progress import Clock, Progress, quiet
+from .prompt import read_system_prompt, store_system_prompt
 
 DEFAULT_PROBE = (
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
@@ -80,9 +82,11 @@ def build_artifact(
     output = Path(output)
     check_output(output, force)
     validate = recipe.validation.enabled if validate is None else validate
+    # the system prompt file is read before the slow part
+    system = read_system_prompt(recipe.system_prompt) if recipe.system_prompt is not None else None
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
-        report = _build_into(recipe, tmp, validate, progress)
+        report = _build_into(recipe, tmp, validate, progress, system)
         if output.exists():
             old = output.with_name(f".{output.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -98,7 +102,7 @@ def build_artifact(
     return report
 
 
-def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) -> BuildReport:
+def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, system: str | None) -> BuildReport:
     clock = Clock()
     m = load_models(recipe, progress, clock)
     probe, vocab = _probe_ids(m.tokenizer, recipe), len(m.tokenizer)
@@ -141,6 +145,9 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress) 
     progress("packaging")
     manifest = package_artifact(recipe, root, m, target_entry, draft_entry, progress, clock)
     clock.stage("package")
+    if system is not None:
+        manifest = store_system_prompt(root, system, progress)
+        clock.stage("system_prompt")
     sizes = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
     validation = {"target": target.validation, **({"draft": draft_entry.validation} if draft_entry else {})}
     return BuildReport(root, manifest, clock.seconds, sizes, validation)

@@ -84,6 +84,14 @@ class _Bar:
     help="Override the recipe's tree_verify: give the target a tree-verify graph as well (either graph form),"
     " and an EAGLE-3 head its tree graph (graph: fused), so proposers may draft trees. See docs/trees.md.",
 )
+@click.option(
+    "--system-prompt",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Override the recipe's system_prompt: a UTF-8 text file whose chat-templated prefix is stored"
+    " prefilled in the artifact (the target's K/V rows, and the draft's), so the first request with that"
+    " system prompt skips its prefill. See docs/prefix-cache.md.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the build report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def build(
@@ -95,6 +103,7 @@ def build(
     gamma: int | None,
     max_batch: int | None,
     tree_verify: bool | None,
+    system_prompt: Path | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -103,11 +112,18 @@ def build(
     from ..recipe.load import load_recipe, resolve_recipe
 
     spec = load_recipe(resolve_recipe(recipe))
-    given = {"max_context": max_context, "speculation.gamma": gamma, "max_batch": max_batch, "tree_verify": tree_verify}
+    given = {
+        "max_context": max_context,
+        "speculation.gamma": gamma,
+        "max_batch": max_batch,
+        "tree_verify": tree_verify,
+        "system_prompt": None if system_prompt is None else str(system_prompt),
+    }
     overrides = {k: v for k, v in given.items() if v is not None}
     if overrides:
         spec = with_overrides(spec, overrides)
-    stages = 3 + (spec.draft.kind == "model") + spec.draft.has_graph  # load, export, [draft], package
+    # load, export, [draft], package, [system prompt]
+    stages = 3 + (spec.draft.kind == "model") + spec.draft.has_graph + (spec.system_prompt is not None)
     bar = _Bar(not quiet and not as_json, stages)
     try:
         report = build_artifact(spec, output, force=force, validate=False if no_validate else None, progress=bar)

@@ -350,6 +350,19 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
     return advice
 
 
+def _stored_prompt_note(spec, kv: int) -> str:
+    """The size of a stored system prompt's rows (build/prompt.py): its tokens estimated at 4 UTF-8
+    bytes a token (the build renders it exactly), times the models' cache bytes per token."""
+    path = Path(spec.system_prompt)
+    size = path.stat().st_size if path.is_file() else 0
+    tokens = min(spec.max_context, size // 4 + 16)  # + the chat template's role markers
+    stored = kv * tokens // spec.max_context
+    return (
+        f"stored system prompt {str(path)!r}: about {tokens} tokens (at 4 bytes a token), about {gib(stored)}"
+        " in the artifact (each model's rows) and as much in the prefix cache once a request uses it"
+    )
+
+
 def plan(
     recipe: Recipe | str | Path,
     device: str,
@@ -390,6 +403,8 @@ def plan(
         " caches' size again, for prompt prefixes reused across requests (an EAGLE-3 head adds the target's"
         " features); --prefix-cache-mib / prefix_cache_bytes bound it, 0 turns it off (docs/prefix-cache.md)"
     )
+    if spec.system_prompt is not None:
+        report.notes.append(_stored_prompt_note(spec, kv))
     tcfg = target[0]
     if tcfg.windows:
         layers = sum(layer.window is not None for layer in tcfg.layers)

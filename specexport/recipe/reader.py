@@ -81,6 +81,7 @@ _TOP_KEYS = (
     "retrieval",
     "notes",
     "tested_here",
+    "system_prompt",
 )
 _RETRIEVAL_KEYS = ("corpus", "max_tokens")
 MAX_BATCH = 64
@@ -410,6 +411,7 @@ class _Reader(FieldReader):
             description=self.string(data, "description", "", default=None),
             notes=self.string(data, "notes", "", default=None),
             tested_here=self.boolean(data, "tested_here", "", default=False),
+            system_prompt=self.string(data, "system_prompt", "", default=None),
             source=self.source,
         )
 

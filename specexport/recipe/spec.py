@@ -247,6 +247,9 @@ class Recipe:
     tested_here: bool = False
     max_batch: int = 1  # cache slots of the target's batch graph (feature cache_slots); 1: no batch graph
     tree_verify: bool = False  # tree graphs: the target's (tree_verify), an EAGLE-3 head's (eagle3_head_tree, fused)
+    # a UTF-8 file (relative to the current folder) whose text is stored prefilled as the system
+    # prompt (build/prompt.py, docs/prefix-cache.md); None: none
+    system_prompt: str | None = None
     source: str | None = field(default=None, compare=False)  # file it was read from; not in to_dict
 
     @property
@@ -278,4 +281,5 @@ class Recipe:
             "retrieval": None if self.retrieval is None else self.retrieval.to_dict(),
             "notes": self.notes,
             "tested_here": self.tested_here,
+            **({"system_prompt": self.system_prompt} if self.system_prompt is not None else {}),
         }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from specexport.plan.estimate import plan
 from specexport.plan.report import gib
+from specexport.recipe.load import load_recipe, resolve_recipe
+from specexport.recipe.reader import with_overrides
 
 
 def test_plan_notes_the_prefix_cache_default():
@@ -13,3 +15,15 @@ def test_plan_notes_the_prefix_cache_default():
     notes = [n for n in report.notes if n.startswith("prefix cache")]
     assert len(notes) == 1 and f"up to {gib(kv)} more host memory" in notes[0]
     assert "--prefix-cache-mib" in notes[0] and "graph: fused" not in notes[0]
+
+
+def test_plan_counts_a_stored_system_prompt(tmp_path):
+    prompt = tmp_path / "system.txt"
+    prompt.write_text("You are a careful assistant. " * 140, encoding="utf-8")  # 4,060 bytes
+    report = plan(
+        with_overrides(load_recipe(resolve_recipe("smollm2-135m")), {"system_prompt": str(prompt)}), "orin-nano-8gb"
+    )
+    kv = sum(m.kv_bytes for m in report.models)
+    tokens = 4060 // 4 + 16
+    notes = [n for n in report.notes if n.startswith("stored system prompt")]
+    assert len(notes) == 1 and f"about {tokens} tokens" in notes[0] and gib(kv * tokens // 2048) in notes[0]

@@ -1,0 +1,239 @@
+"""A system prompt prefilled at build time (`specexport build --system-prompt FILE`, docs/prefix-cache.md).
+
+The artifact holds, under system_prompt/ and listed in the manifest's `files` like every other
+file (so a signature over the manifest covers them):
+    prompt.txt       the system prompt as given (UTF-8)
+    ids.npy          int64 [n]: the ids every chat with that system prompt starts with (the
+                     chat template's rendering up to the first user message)
+    <part>.npy       a model's rows of those ids, as the prefix pool keeps them (prefix_pool.py):
+                       target, draft, head  float32 [2 x layers, r, H_kv, D]  (r <= n)
+                       features             float32 [1, r, F]  (an EAGLE-3 head's target features)
+The manifest's `system_prompt` section (SystemPromptEntry) names them, their shapes, and what
+the rows were built with (`built_with`: each graph's file checksums and padding, the provider,
+the prefill call). A runtime whose graphs differ from those refuses the artifact at load, in
+one line; rows from another graph are never seeded.
+
+Lazy: nothing under system_prompt/ is read at load (verify_files(..., lazy=True) skips it) or for
+a request whose prompt does not start with the stored ids (the manifest's `key`, a sha256 of
+them, decides). The first request whose prompt does reads each file it needs once, checks its sha256
+against the manifest (ChecksumError otherwise, on every such request) and parses the array from
+those same bytes (no window between the check and the use). Before the rows are first seeded,
+the target recomputes the last CHECK_ROWS of them from the others on this machine: a `bitwise`
+target must give the stored rows bit for bit (another CPU's kernels may not; the prompt is then
+not seeded and `describe()` says why), a `numerical` one within NUMERICAL_TOL. The rows then go
+into the prefix pool of the request's namespace, where they are evicted like any other prefix
+(and read again from the artifact on a later match).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ArtifactError, ChecksumError
+
+FOLDER = "system_prompt"
+PARTS = ("target", "draft", "head", "features")  # prefix_cache's pool parts
+CHECK_ROWS = 1  # target rows recomputed on this machine before the first seeding (one call)
+NUMERICAL_TOL = 1e-3  # max |row difference| accepted for a `numerical` target
+
+
+@dataclass(frozen=True)
+class SystemPromptEntry:
+    """The manifest's `system_prompt` section (module docstring); paths relative to the root."""
+
+    text: str  # prompt.txt
+    ids: str  # ids.npy, int64 [tokens]
+    tokens: int  # n
+    key: str  # sha256 of ids[:n - 1] as little-endian int64 bytes (prompt_key): matched without reading a file
+    rows: dict[str, str] = field(default_factory=dict)  # part -> .npy path
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # part -> the array's shape
+    built_with: dict[str, Any] = field(default_factory=dict)  # graph facts and the prefill (graph_facts)
+
+    def files(self) -> list[str]:
+        return [self.text, self.ids, *self.rows.values()]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SystemPromptEntry:
+        entry = cls(**{**data, "rows": dict(data.get("rows", {})), "shapes": dict(data.get("shapes", {}))})
+        for part, path in entry.rows.items():
+            shape = entry.shapes.get(part)
+            if part not in PARTS or not isinstance(path, str):
+                raise ArtifactError(f"manifest system_prompt.rows key {part!r} is not one of {', '.join(PARTS)}")
+            if (
+                not isinstance(shape, list)
+                or len(shape) != (3 if part == "features" else 4)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+                or shape[1] > entry.tokens
+            ):
+                raise ArtifactError(
+                    f"manifest system_prompt.shapes[{part!r}] {shape!r:.80} is not a row shape of at most"
+                    f" {entry.tokens} rows"
+                )
+        if "target" not in entry.rows:
+            raise ArtifactError("manifest system_prompt.rows lacks 'target' (the target's rows are what it stores)")
+        return entry
+
+
+def prompt_key(ids) -> str:
+    """sha256 of token ids as little-endian int64 bytes (SystemPromptEntry.key of ids[:n - 1])."""
+    return hashlib.sha256(np.asarray(ids, "<i8").tobytes()).hexdigest()
+
+
+def graph_facts(manifest, role: str) -> dict[str, Any] | None:
+    """What a stored row depends on in the artifact, for the target or the draft entry: its graph
+    files' checksums (the weights and the graph), layout, padding and cache shape; None without
+    that entry."""
+    entry = manifest.target if role == "target" else manifest.draft
+    if entry is None:
+        return None
+    return {
+        "graph": entry.graph,
+        "sha256": manifest.files.get(entry.graph),
+        "data_sha256": manifest.files.get(entry.graph + ".data"),
+        "kv_layout": entry.kv_layout,
+        "kv_dtype": entry.kv_dtype,
+        "min_rows": entry.min_rows,
+        "cache_pad": entry.cache_pad,
+        "num_layers": entry.num_layers,
+        "num_kv_heads": entry.num_kv_heads,
+        "head_dim": entry.head_dim,
+        "exactness": entry.exactness,
+    }
+
+
+def _role(part: str) -> str:
+    return "target" if part in ("target", "features") else "draft"
+
+
+def check_built_with(manifest, entry: SystemPromptEntry) -> None:
+    """ArtifactError (one line) if the stored rows were built with graphs other than the
+    artifact's: rows are only ever seeded into the graph that computed them."""
+    built = entry.built_with if isinstance(entry.built_with, dict) else {}
+    for role in sorted({_role(p) for p in entry.rows}):
+        have, was = graph_facts(manifest, role), built.get(role)
+        if have is None or not isinstance(was, dict):
+            raise ArtifactError(f"the stored system prompt has {role} rows, but the artifact has no {role} graph")
+        diff = sorted(k for k in have if have[k] != was.get(k))
+        if diff:
+            key = diff[0]
+            raise ArtifactError(
+                f"the stored system prompt's {role} rows were built with {key} {was.get(key)!r:.40}, but the"
+                f" artifact's {role} graph has {have[key]!r:.40}: rebuild it with --system-prompt"
+            )
+
+
+def read_checked(root: Path, rel: str, expected: str | None) -> np.ndarray:
+    """The .npy file `rel`, read once: its sha256 checked against the manifest's, the array
+    parsed from the same bytes."""
+    data = (root / rel).read_bytes()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise ChecksumError(
+            f"checksum mismatch for {rel!r}: manifest says {str(expected)[:16]}..., file has {actual[:16]}..."
+            " (the stored system prompt was modified or truncated; rebuild the artifact)"
+        )
+    buf = io.BytesIO(data)
+    version = np.lib.format.read_magic(buf)
+    header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if header is None:
+        raise ArtifactError(f"{rel!r} is an .npy file of version {version}; expected 1.0 or 2.0")
+    shape, fortran, dtype = header(buf)
+    if fortran or dtype.hasobject:
+        raise ArtifactError(f"{rel!r} is not a C-ordered numeric array")
+    return np.frombuffer(data, dtype, count=int(np.prod(shape)), offset=buf.tell()).reshape(shape)
+
+
+class StoredPrompt:
+    """An artifact's stored system prompt at run time (module docstring)."""
+
+    def __init__(self, root: Path, manifest, entry: SystemPromptEntry):
+        check_built_with(manifest, entry)
+        self.root, self.entry, self.files = Path(root), entry, manifest.files
+        self.bitwise = manifest.target.exactness == "bitwise"
+        self._ids: np.ndarray | None = None  # read on first use (a few KB)
+        self.refused: str | None = None  # why it is not seeded on this runtime
+        self.checked = False  # the target recomputed its last rows here and agreed
+        self.seeds = 0  # times its rows went into the pool
+
+    @classmethod
+    def of(cls, root: Path, manifest) -> StoredPrompt | None:
+        entry = getattr(manifest, "system_prompt", None)
+        return None if entry is None else cls(root, manifest, entry)
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            ids = read_checked(self.root, self.entry.ids, self.files.get(self.entry.ids))
+            if ids.dtype != np.int64 or ids.shape != (self.entry.tokens,):
+                raise ArtifactError(
+                    f"{self.entry.ids!r} is not int64 [{self.entry.tokens}] (got {ids.dtype} {list(ids.shape)})"
+                )
+            if prompt_key(ids[:-1]) != self.entry.key:
+                raise ArtifactError(f"{self.entry.ids!r} does not hold the ids of the manifest's system_prompt.key")
+            self._ids = ids
+        return self._ids
+
+    def covers(self, prompt: Sequence[int]) -> bool:
+        """Whether `prompt` starts with the stored ids (all but possibly the last, which a first
+        user message may merge with) and goes on after them."""
+        n = self.entry.tokens
+        if self.refused is not None or len(prompt) < n or n < 2:
+            return False
+        return prompt_key(prompt[: n - 1]) == self.entry.key
+
+    def rows(self, parts: Sequence[str] = PARTS) -> dict[str, np.ndarray]:
+        """part -> its stored rows, for the stored ones among `parts`, read and checked
+        (ChecksumError on a tampered file). Each file is read and hashed on a thread of its own
+        (file reads and hashlib release the GIL): on two free cores the two 46 MB files of the
+        default artifact take about half the time."""
+        wanted = {part: rel for part, rel in self.entry.rows.items() if part in parts}
+        with ThreadPoolExecutor(max(1, len(wanted))) as pool:
+            read = pool.map(lambda rel: read_checked(self.root, rel, self.files.get(rel)), wanted.values())
+            arrays = dict(zip(wanted, read))
+        out = {}
+        for part, rel in wanted.items():
+            a = arrays[part]
+            if list(a.shape) != list(self.entry.shapes[part]) or a.dtype != np.float32:
+                raise ArtifactError(
+                    f"{rel!r} holds {a.dtype} {list(a.shape)}, the manifest says float32 {self.entry.shapes[part]}"
+                )
+            out[part] = a
+        return out
+
+    def check(self, target, write, read, rows: np.ndarray) -> bool:
+        """Recompute the target's last CHECK_ROWS stored rows from the others with `target` (its
+        cache is this generation's and is overwritten); False (and `refused` set) when they differ.
+        Its cache then holds rows [0, n): the stored ones and the recomputed (cursor back at 0)."""
+        n = rows.shape[1]
+        k = min(CHECK_ROWS, n - 1)
+        target.reset()
+        write(0, rows[:, : n - k])
+        target.length = n - k
+        target.forward(self.ids[n - k : n])
+        diff = float(np.max(np.abs(read(n - k, n) - rows[:, n - k :])))
+        target.reset()
+        ok = diff == 0 if self.bitwise else diff <= NUMERICAL_TOL
+        if not ok:
+            self.refused = (
+                f"this machine's target rows differ from the stored ones by up to {diff:.3g}"
+                f" (built on {self.entry.built_with.get('machine')!r}, {self.entry.built_with.get('cpu')!r})"
+            )
+        self.checked = ok
+        return ok
+
+    def describe(self) -> dict:
+        return {
+            "tokens": self.entry.tokens,
+            "parts": sorted(self.entry.rows),
+            "seeded": self.seeds,
+            "checked": self.checked,
+            "refused": self.refused,
+        }
