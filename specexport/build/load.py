@@ -21,6 +21,7 @@ from ..models.sources import (
     load_tokenizer,
     open_checkpoint,
     resolve_source,
+    snapshot,
 )
 from ..models.streaming import open_streamed, streamable
 from ..models.tokcheck import check_pair
@@ -73,7 +74,10 @@ def _load_float(source: ModelSource, spec: ModelSpec, recipe: Recipe, progress: 
     """The float32 reference of a checkpoint, in either graph form: streamed (a transformers
     skeleton reading each weight from the checkpoint when it is needed; streaming.py) from a
     safetensors folder, a GGUF file (gguf_source.py) or a GPTQ / AWQ folder (quantized_source.py);
-    else loaded whole by transformers (a hub id, a folder whose tensor names are not the model's)."""
+    a hub id through its snapshot folder; else loaded whole by transformers (a hub GGUF, a folder
+    whose tensor names are not the model's)."""
+    if source.kind == "hub" and not source.gguf_file:  # its files, safetensors only, as a local folder
+        source = ModelSource("folder", str(snapshot(source)))
     streamed = open_checkpoint(source)
     if streamed is not None:
         progress(f"streaming the weights tensor by tensor ({_kind(source)})")

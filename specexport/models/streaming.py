@@ -11,8 +11,8 @@ build holds at most one module's weights in float32 (the embedding, for most mod
 than the whole model several times over.
 
 Other sources: a GGUF file (gguf_source.GGUFSource), a GPTQ / AWQ folder (quantized_source.py),
-and a loaded transformers model (`ModuleSource`: a hub id, or a folder whose tensor names are
-not the model's).
+and a loaded transformers model (`ModuleSource`: a folder whose tensor names are not the
+model's, a hub GGUF).
 """
 
 from __future__ import annotations

@@ -300,3 +300,27 @@ def _part(model, name: str):
     from specexport.models.streaming import Part
 
     return Part(name, tuple(source_of(model).get(name).shape), lambda: source_of(model).get(name))
+
+
+def test_a_hub_id_streams_from_its_snapshot_folder(tmp_path, monkeypatch):
+    """A float hub checkpoint is read from huggingface_hub's snapshot (safetensors and json
+    only), tensor by tensor; the download is replaced here (no network)."""
+    import huggingface_hub
+
+    from specexport.build.load import _load_float
+    from specexport.build.progress import quiet
+    from specexport.models import sources
+    from specexport.models.streaming import is_streamed
+
+    folder = save_hf_folder(make_model("llama"), tmp_path / "hf")
+    asked = {}
+
+    def fake_download(repo_id, revision=None, allow_patterns=None):
+        asked.update(repo_id=repo_id, patterns=allow_patterns)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", "org/tiny", {"proposer": "ngram"}))
+    model = _load_float(sources.resolve_source("org/tiny"), recipe.target, recipe, quiet)
+    assert is_streamed(model) and all(p.device.type == "meta" for p in model.parameters())
+    assert asked == {"repo_id": "org/tiny", "patterns": sources.SNAPSHOT_FILES}  # no pickles fetched
