@@ -114,10 +114,14 @@ def suffix_limit(seeds: int) -> list:
     return out
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=40, help="random streams per strategy (default 40)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     for name, run in (("gamma controller", controller), ("batch gamma", batch), ("suffix limit", suffix_limit)):
         decisions = run(args.seeds)
         digest = hashlib.sha256(repr(decisions).encode()).hexdigest()[:16]

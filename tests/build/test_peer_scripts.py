@@ -25,6 +25,7 @@ SCRIPTS = sorted(
 def load_script(path: Path):
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
     spec.loader.exec_module(module)
     return module
 
