@@ -22,10 +22,8 @@ paths must be identical, token for token (greedy; exact for a `bitwise` artifact
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -117,21 +115,14 @@ def main(argv=None) -> int:
             raise harness.HarnessError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     import openai
 
+    from specexport.bench.harness_workers import LocalServer
     from specexport_runtime.api import load
-    from specexport_runtime.server.config import ServerConfig
-    from specexport_runtime.server.run import make_server
 
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     gen = load(args.artifact, threads=args.threads, shared_pool=True)
     proposer = gen.resolve_proposer(args.proposer)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = make_server(gen, ServerConfig(port=sock.getsockname()[1]), log_level="warning", access_log=False)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none", max_retries=0)
+    server = LocalServer(gen)
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
     model = server.state.model
     system = system_prompt(gen.codec, args.system_tokens)
     warmup = [{"role": "user", "content": "Say hello."}]
@@ -162,8 +153,7 @@ def main(argv=None) -> int:
                 )
                 messages.append({"role": "assistant", "content": got["warm"]["text"]})
     finally:
-        server.should_exit = True
-        thread.join(30)
+        server.close()
     turns = []
     for t in range(args.turns):
         warm, fresh = statistics.median(rows[t]["warm"]), statistics.median(rows[t]["fresh"])

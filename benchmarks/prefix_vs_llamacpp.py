@@ -24,10 +24,8 @@ tokens each reports, and whether the answers were equal.
 
 from __future__ import annotations
 
-import socket
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -97,23 +95,6 @@ def parser():
     return ap
 
 
-def start_ours(artifact: str, threads: int):
-    """(server, thread, base url, model name) of the app on a random local port."""
-    from specexport_runtime.api import load
-    from specexport_runtime.server.config import ServerConfig
-    from specexport_runtime.server.run import make_server
-
-    gen = load(artifact, threads=threads, shared_pool=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = make_server(gen, ServerConfig(port=sock.getsockname()[1]), log_level="warning", access_log=False)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, thread, gen, f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-
-
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if not 1 <= args.turns <= len(QUESTIONS):
@@ -123,21 +104,24 @@ def main(argv=None) -> int:
             raise harness.HarnessError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     import openai
 
+    from specexport.bench.harness_workers import LocalServer
     from specexport.models.sources import fetch_builtin
+    from specexport_runtime.api import load
 
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     cache = Path(args.cache).expanduser()
     bin_dir = Path(args.llama_bin) if args.llama_bin else build_llama(cache, args.threads)
     source = Path(args.gguf) if args.gguf else fetch_builtin("smollm2-135m-instruct")
     gguf = make_types(bin_dir, source, [args.llama_type], cache)[args.llama_type]
-    server, thread, gen, ours_url = start_ours(args.artifact, args.threads)
+    gen = load(args.artifact, threads=args.threads, shared_pool=True)
+    server = LocalServer(gen)
     ctx = gen.manifest.max_context
     extra = args.llama_args.split()
     llama = LlamaServer("llama", bin_dir, gguf, extra, args.threads, ctx, cache / "prefix_vs_llamacpp.log")
     try:
         llama.wait_ready()
         sides = {
-            "ours": (openai.OpenAI(base_url=ours_url, api_key="none", max_retries=0), server.state.model, {}),
+            "ours": (openai.OpenAI(base_url=server.url, api_key="none", max_retries=0), server.state.model, {}),
             "llama": (
                 openai.OpenAI(base_url=f"http://127.0.0.1:{llama.port}/v1", api_key="none", max_retries=0),
                 "llama",
@@ -171,8 +155,7 @@ def main(argv=None) -> int:
                 )
     finally:
         llama.close()
-        server.should_exit = True
-        thread.join(30)
+        server.close()
     turns = []
     for t in range(args.turns):
         med = {s: statistics.median(rows[t][s]["ttft"]) for s in sides}

@@ -23,10 +23,8 @@ to first token within 20 ms of it. Greedy outputs must match token for token.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -91,10 +89,8 @@ def main(argv=None) -> int:
     import numpy as np
     import openai
 
-    from specexport.bench.harness_workers import SPECEXPORT_MEMORY
+    from specexport.bench.harness_workers import SPECEXPORT_MEMORY, LocalServer
     from specexport_runtime.api import load
-    from specexport_runtime.server.config import ServerConfig
-    from specexport_runtime.server.run import make_server
 
     prompts = [p for p in harness.load_prompt_set(args.prompts, limit=args.limit) if p.is_chat]
     if not prompts:
@@ -102,14 +98,8 @@ def main(argv=None) -> int:
     meta = harness.run_metadata(None if argv is None else [__file__, *argv], **vars(args))
     gen = load(args.artifact, threads=args.threads, shared_pool=True)
     proposer = gen.resolve_proposer(args.proposer)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = make_server(gen, ServerConfig(port=sock.getsockname()[1]), log_level="warning", access_log=False)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="none", max_retries=0)
+    server = LocalServer(gen)
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
 
     def room(case: harness.Case) -> int:
         return min(case.max_new_tokens or args.max_new_tokens, gen.manifest.max_context - len(case.ids))
@@ -144,8 +134,7 @@ def main(argv=None) -> int:
             progress=progress,
         )
     finally:
-        server.should_exit = True
-        thread.join(30)
+        server.close()
     ratio = run.ratio("server", "in_process", "decode_tps")
     ttft = {k: run.per_case(k, "ttft_ms") for k in ("server", "in_process")}
     extra = [ttft["server"][c] - ttft["in_process"][c] for c in ttft["server"]]

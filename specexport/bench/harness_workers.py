@@ -1,4 +1,5 @@
-"""specexport as a harness method, in this process or in a worker process of its own.
+"""specexport as a harness method, in this process or in a worker process of its own, and
+`specexport serve`'s app in this process for the scripts that measure it over HTTP (LocalServer).
 
 A worker process (WorkerProcess) reads one JSON request per stdin line and answers each with
 one '@@'-prefixed JSON line on stdout ('@@ready' once it has loaded; {"error": ...} for a bad
@@ -15,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -235,3 +238,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+class LocalServer:
+    """`specexport serve`'s app for `gen` in this process, on a free localhost port, run by a
+    daemon thread; `url` is its OpenAI base URL, `state` the app's state; close() drains it."""
+
+    def __init__(self, gen):
+        from specexport_runtime.server.config import ServerConfig
+        from specexport_runtime.server.run import make_server
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.server = make_server(gen, ServerConfig(port=self.port), log_level="warning", access_log=False)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def state(self):
+        return self.server.state
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
