@@ -384,15 +384,10 @@ def build_decoder(
     g = Graph(dtype, data=DataFile(out_dir))
     try:
         ws = Weights(source_of(model), _paths(model))
-        call = ops.prepare(
-            g,
-            attention_shape(model, cfg),
-            slots,
-            tree,
-            pad=bool(pad),
-            table_rows=table_rows or (max_context or 0) + min_rows - 1 + pad,
-        )
-        c = _Ctx(g, ops, cfg, attention_shape(model, cfg), call, weights, ws)
+        shape = attention_shape(model, cfg)
+        rows = table_rows or (max_context or 0) + min_rows - 1 + pad
+        call = ops.prepare(g, shape, slots, tree, pad=bool(pad), table_rows=rows)
+        c = _Ctx(g, ops, cfg, shape, call, weights, ws)
         features = _write(c, model, base, layers, feature_layers, tie_lm_head, on_layer)
         inputs, outputs = ops.interface(spec, g.elem, features)
         padded = pad or min_rows > 1 or feature_layers
