@@ -20,6 +20,7 @@ from specexport_runtime import contract
 
 from ..models.config import UnsupportedConfig
 from . import fused_slots
+from .ops_portable import PortableOps
 from .writer import MS, AttentionShape, Graph, activation
 
 
@@ -104,6 +105,4 @@ class FusedOps:
 
 def ops_for(kv_layout: str):
     """The operators that write graphs of `kv_layout`."""
-    from .ops_portable import PortableOps
-
     return {contract.HEAD_MAJOR_INPLACE: FusedOps, contract.TIME_MAJOR: PortableOps}[kv_layout]()
