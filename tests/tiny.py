@@ -67,6 +67,19 @@ TINY_CONFIGS: dict[str, dict] = {
     "olmo2": dict(_COMMON),  # post-norms only, q/k norm over all heads
     # OLMo 3: OLMo 2 with 3 sliding : 1 full layers and a rope table per layer type
     "olmo3": dict(_COMMON, num_hidden_layers=4, sliding_window=16),
+    # LFM2 (1.2B: 16 layers, attention at 2, 5, 8, 10, 12, 14): gated short convolutions (kernel 3)
+    # between GQA layers with per-head q/k norms; the MLP width adjusted to 2/3, a multiple of 32
+    "lfm2": dict(
+        _COMMON,
+        num_hidden_layers=6,
+        layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"],
+        conv_L_cache=3,
+        intermediate_size=192,
+        block_multiple_of=32,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=True,
+        norm_eps=1e-5,
+    ),
     # EXAONE 4: post-norms, per-head q/k norms, 3 sliding (rotary) : 1 full (NoPE) layers
     "exaone4": dict(_COMMON, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4),
     "gpt2": dict(
@@ -160,6 +173,7 @@ TINY_VARIANTS: dict[str, tuple[str, dict]] = {
             }
         ),
     ),
+    "lfm2-bias": ("lfm2", dict(conv_bias=True, conv_L_cache=4)),  # biased projections and conv, kernel 4
     "exaone4-global": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),  # 1.2B: all rotary
 }
 

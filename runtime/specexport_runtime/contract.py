@@ -134,6 +134,20 @@ Head tree graph (feature eagle3_head_tree; an eagle3_head entry's `tree_graph`, 
                                      0 where the row may attend; rows before them always attend
     so a call's rows see the head's past and their own ancestors among the M rows of the round.
 
+Recurrent state (feature recurrent_state; a decoder entry's `states`; GraphSpec.states)
+    A hybrid decoder (LFM2's short convolutions; linear-attention and SSM layers) carries, beside
+    the K/V caches of its attention layers, one state tensor per recurrent site j, of a fixed shape
+    s_j (a convolution window: [L - 1, C], the last L - 1 conv inputs, oldest first). Its K/V
+    names count attention layers only (past_key_0 is the first attention layer's), and
+    state_index  int64     [Rs]                rows of S whose state is returned (0 <= r < S)
+    past_state_{j} kv_dtype [1, *s_j]          the state before the call's first row (zeros at P = 0)
+    new_state_{j}  kv_dtype [1, Rs, *s_j]      the state after each row of state_index
+    A row's state depends only on the rows before it (causal), never on the rows after it, so
+    the state after any accepted row of a verify call is returned by that call; the runtime keeps
+    the states of the last positions (engine.StateHistory) and a rollback to any of them is a
+    cursor move plus choosing which kept state the next call binds: O(1), nothing recomputed.
+    Cache slots and tree graphs carry no state in this version (a build refuses them).
+
 EAGLE-3 head graphs (feature eagle3_head; kind eagle3_head): one layer whose cache follows either layout
 (specexport/graphs/eagle.py writes both), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
@@ -142,11 +156,12 @@ hidden_out [1, R, H] after logits (GraphSpec.input_names / output_names).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .features import HEAD_MAJOR_INPLACE, TIME_MAJOR, features_for, needs_version, parse_version
 
-CONTRACT_VERSION = "1.10"
+CONTRACT_VERSION = "1.11"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 # TIME_MAJOR, HEAD_MAJOR_INPLACE: the kv_layout strings of manifests and graph metadata (features.py)
@@ -159,6 +174,7 @@ TREE_VERSION = "1.7"  # a target's tree-verify graph (position_ids, tree_bias)
 HEAD_TREE_VERSION = "1.8"  # an EAGLE-3 head's tree graph (tree_bias [S, M] over the round's rows)
 PORTABLE_TREE_VERSION = "1.9"  # a target's tree-verify graph in the time_major layout
 PORTABLE_SLOTS_VERSION = "1.10"  # a time_major decoder with several cache slots
+RECURRENT_VERSION = "1.11"  # a decoder with recurrent state tensors beside its K/V caches
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -170,6 +186,7 @@ SLOT_ROWS = "slot_rows"  # feature cache_slots: int64 [K] rows of each slot in a
 POSITION_IDS = "position_ids"  # feature tree_verify: int64 [1, S] P + depth of each tree row
 TREE_BIAS = "tree_bias"  # feature tree_verify: float32 [S, S] 0 on a row's ancestors and itself, lowest elsewhere
 HIDDEN_STATES = "hidden_states"  # feature eagle3_head: target features for a draft head
+STATE_INDEX = "state_index"  # feature recurrent_state: int64 [Rs] rows whose state new_state_{j} returns
 DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds
 GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
 # the EAGLE-3 head graph (feature eagle3_head; specexport/graphs/eagle.py): extra inputs and output
@@ -199,6 +216,16 @@ def new_key(layer: int, slot: int | None = None) -> str:
 
 def new_value(layer: int, slot: int | None = None) -> str:
     return _slot(f"new_value_{layer}", slot)
+
+
+def past_state(site: int) -> str:
+    """Recurrent state site j's input (feature recurrent_state): [1, *s_j], the state before the call."""
+    return f"past_state_{site}"
+
+
+def new_state(site: int) -> str:
+    """Recurrent state site j's output: [1, Rs, *s_j], the state after each state_index row."""
+    return f"new_state_{site}"
 
 
 def present_key(layer: int, slot: int | None = None) -> str:
@@ -306,15 +333,18 @@ def version_for(
     slots: int = 1,
     idle_rows: int = 0,
     tree: bool = False,
+    states: bool = False,
 ) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
     windowed: GroupQueryAttention windows in a head_major_inplace graph (1.4); slots > 1: a
     batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do;
     time_major 1.10);
-    tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9)."""
+    tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9); states:
+    recurrent state tensors (1.11)."""
     layout_of(kv_layout)  # ValueError for an unknown layout
-    return needs_version(features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree), kv_layout)
+    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states)
+    return needs_version(facts, kv_layout)
 
 
 def window_runtime_error(spec: GraphSpec, ort_version: str) -> str | None:
@@ -361,6 +391,8 @@ class GraphSpec:
     windows: tuple[int, ...] = ()
     slots: int = 1  # feature cache_slots: cache slots, one sequence each, batched in one call (decoders)
     tree: bool = False  # feature tree_verify: a tree-verify graph (position_ids, tree_bias inputs)
+    # feature recurrent_state: the shape s_j of each recurrent state tensor (past_state_{j}: [1, *s_j])
+    states: tuple[tuple[int, ...], ...] = ()
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:
@@ -388,6 +420,13 @@ class GraphSpec:
                 f" got kind {self.kind}, feature_width {self.feature_width}"
             )
 
+        if any(not shape or any(int(d) < 1 for d in shape) for shape in self.states):
+            raise ValueError(f"state shapes must be non-empty with dims >= 1, got {list(self.states)}")
+        if self.states and (self.is_head or self.slots > 1 or self.tree):
+            raise ValueError(
+                f"recurrent state is a batch-1 chain decoder's (contract {RECURRENT_VERSION}); got kind {self.kind},"
+                f" slots {self.slots}, tree {self.tree}"
+            )
         if self.tree and (self.slots > 1 or (self.is_head and not self.layout.in_place)):
             raise ValueError(
                 f"a tree graph is a graph of one slot (an EAGLE-3 head's: head_major_inplace); got kind"
@@ -412,17 +451,18 @@ class GraphSpec:
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
         names += ([SLOT_ROWS] if self.slots > 1 else []) + list(self.layout.cursor_inputs)
         names += [POSITION_IDS, TREE_BIAS] if self.tree else []
+        names += [STATE_INDEX] if self.states else []
         for i in range(self.num_layers):
             for b in self.slot_ids:
                 names += [past_key(i, b), past_value(i, b)]
-        return names
+        return names + [past_state(j) for j in range(len(self.states))]
 
     def output_names(self) -> list[str]:
         names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.feature_width else [])
         for i in range(self.num_layers):
             for b in self.slot_ids:
                 names += self.layout.kv_outputs(i, b)
-        return names
+        return names + [new_state(j) for j in range(len(self.states))]
 
     def cache_shape(self, max_context: int) -> tuple[int, int, int, int]:
         """Shape of one preallocated K or V buffer: [1, T_max, H_kv, D] (time_major) or
@@ -433,6 +473,11 @@ class GraphSpec:
         """Bytes of all K and V buffers of this graph at max context (every slot)."""
         itemsize = 4 if self.kv_dtype == "float32" else 2
         return 2 * self.num_layers * self.slots * max_context * self.num_kv_heads * self.head_dim * itemsize
+
+    def state_bytes(self, positions: int = 1) -> int:
+        """Bytes of the recurrent state of `positions` kept positions (feature recurrent_state)."""
+        itemsize = 4 if self.kv_dtype == "float32" else 2
+        return positions * sum(math.prod(shape) for shape in self.states) * itemsize
 
 
 def is_supported(version: str) -> bool:

@@ -30,6 +30,7 @@ from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
 from .model import CacheCursor, CallRows, CallStats, head_rows, move_rows, plan_rows
+from .recurrent import StateHistory
 
 __all__ = [
     "CacheCursor",
@@ -190,6 +191,14 @@ def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) ->
                     f"graph {name!r} input {arg.name} is {arg.type} {dims}, but its manifest entry says {kv_type}"
                     f" with {spec.num_kv_heads} KV heads x {spec.head_dim} ({spec.kv_layout})"
                 )
+    shapes = {contract.past_state(j): [1, *shape] for j, shape in enumerate(spec.states)}
+    for arg in session.get_inputs():
+        want_state = shapes.get(arg.name)
+        if want_state is not None and (list(arg.shape) != want_state or arg.type != kv_type):
+            raise ContractError(
+                f"graph {name!r} input {arg.name} is {arg.type} {list(arg.shape)}, but its manifest entry says"
+                f" {kv_type} {want_state}"
+            )
     logits = next(o for o in session.get_outputs() if o.name == contract.LOGITS)
     if isinstance(logits.shape[-1], int) and logits.shape[-1] != spec.embedding_rows:
         raise ContractError(
@@ -253,6 +262,12 @@ class OrtModel(CacheCursor):
             }
             self._hidden_out = np.full((1, max_rows, spec.hidden_width), 0, np.float32)
         self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
+        # feature recurrent_state: the state after each of the last max_rows + 1 positions (recurrent.py)
+        self.states = StateHistory(spec.states, self.dtype, max_rows + 1, max_rows) if spec.states else None
+        if self.states is not None and self.device != "cpu":
+            raise ProviderUnavailable(
+                f"recurrent-state graphs keep their states in host memory; got {config.provider!r}"
+            )
         self._rows = np.arange(self.cache_rows, dtype=np.int64)  # logits_index views
         self._io = self.session.io_binding()
         # (past K, K output, past V, V output) per layer: new_* (time_major) or present_* (in place)
@@ -345,9 +360,14 @@ class OrtModel(CacheCursor):
             self._bind_features(M)
         if self.spec.is_head:
             self._bind_head(S, call.count, features, hidden)
+        if self.states is not None:
+            state_rows = self.states.rows(S, last_rows)
+            self.states.bind(io, P, state_rows)
         start = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(S, time.perf_counter() - start)
+        if self.states is not None:
+            self.states.store(P, state_rows)
         self.length = P + S  # padding rows (P + S .. P + M - 1) are overwritten by the next call
         self.last_start = P  # position of this call's first row (its features' rows start there)
         if self._feature_buf is not None:
@@ -403,6 +423,18 @@ class OrtModel(CacheCursor):
             io.bind_output(nk, dev, self.config.device_id, dt, new_shape, kp + offset)
             io.bind_output(nv, dev, self.config.device_id, dt, new_shape, vp + offset)
 
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` rows; a recurrent model also needs the state after them kept."""
+        if self.states is not None and 0 <= length <= self.length:
+            self.states.state(length)  # InvalidArgument when it is not kept
+            self.states.forget_after(length)
+        super().truncate(length)
+
+    def reset(self) -> None:
+        if self.states is not None:
+            self.states.reset()
+        super().reset()
+
     def keep_path(self, start: int, rows: Sequence[int]) -> None:
         """After a tree call whose row r was written at cache row start + r (row 0 the root, the
         last committed token), keep the accepted path: its rows (ascending, root excluded) move
@@ -429,4 +461,5 @@ class OrtModel(CacheCursor):
         return [np.moveaxis(b[0], axis, 0)[start:stop] for b in self._buffers]
 
     def kv_nbytes(self) -> int:
-        return self.spec.kv_bytes(self.cache_rows)
+        """Bytes of the K/V buffers and (feature recurrent_state) the kept states."""
+        return self.spec.kv_bytes(self.cache_rows) + (self.states.nbytes() if self.states is not None else 0)

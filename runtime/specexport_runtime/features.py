@@ -39,6 +39,8 @@ VERSIONS: dict[tuple[str, str], str] = {
     ("tree_verify", TIME_MAJOR): "1.9",
     ("cache_slots", TIME_MAJOR): "1.10",  # idle slots take no rows there from the start
     ("idle_slots", TIME_MAJOR): "1.10",
+    ("recurrent_state", TIME_MAJOR): "1.11",  # per-layer recurrent state in, the state after chosen rows out
+    ("recurrent_state", HEAD_MAJOR_INPLACE): "1.11",
 }
 FEATURES: frozenset[str] = frozenset(name for name, _ in VERSIONS)
 LAYOUT_FEATURE = {TIME_MAJOR: "time_major", HEAD_MAJOR_INPLACE: "head_major_in_place"}
@@ -52,12 +54,14 @@ def features_for(
     slots: int = 1,
     idle_rows: int = 0,
     tree: bool = False,
+    states: bool = False,
 ) -> tuple[str, ...]:
     """The features a graph of `kv_layout` needs (arguments as contract.version_for): with
     min_rows > 1 or a head, row padding; an EAGLE-3 head; GroupQueryAttention windows (the
     portable form masks windows with standard ops: no feature); slots > 1, cache slots, and idle
     slots without rows unless idle_rows (a 1.5 graph's throwaway row); a tree-verify graph (a
-    head's own tree graph)."""
+    head's own tree graph); states: recurrent layers (conv windows, linear-attention or SSM
+    states) beside the K/V caches."""
     out = [LAYOUT_FEATURE[kv_layout]]
     if min_rows > 1 or head:
         out.append("row_padding")
@@ -71,6 +75,8 @@ def features_for(
             out.append("idle_slots")
     if tree:
         out.append("eagle3_head_tree" if head else "tree_verify")
+    if states:
+        out.append("recurrent_state")
     return tuple(out)
 
 

@@ -90,6 +90,8 @@ class ModelEntry:
     # feature tree_verify: a tree-verify graph of the same weights and cache (relative path; a target's,
     # since 1.8 an EAGLE-3 head's, since 1.9 a time_major target's)
     tree_graph: str | None = None
+    # feature recurrent_state: the shape of each recurrent state tensor (a hybrid decoder's conv windows)
+    states: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1 or (self.max_batch > 1) != bool(self.batch_graph):
@@ -132,6 +134,7 @@ class ModelEntry:
             slots=self.max_batch,
             idle_rows=idle_rows,
             tree=bool(self.tree_graph),
+            states=bool(self.states),
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -148,6 +151,8 @@ class ModelEntry:
             del data["batch_graph"], data["max_batch"]
         if self.tree_graph is None:
             del data["tree_graph"]
+        if not self.states:
+            del data["states"]
         return data
 
     @classmethod
@@ -156,6 +161,7 @@ class ModelEntry:
             **data,
             "feature_layers": tuple(data.get("feature_layers", ())),
             "attention_windows": tuple(data.get("attention_windows", ())),
+            "states": tuple(tuple(int(d) for d in shape) for shape in data.get("states", ())),
         }
         entry = cls(**data)
         rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
@@ -179,6 +185,7 @@ class ModelEntry:
             windows=self.attention_windows,
             slots=slots,
             tree=tree,
+            states=self.states,
         )
 
 

@@ -59,8 +59,10 @@ TARGET, DRAFT, HEAD, FEATURES = "target", "draft", "head", "features"  # the poo
 def rows_reader(model: Model):
     """f(start, stop) -> a copy of the model's cache rows [start, stop) as [B, n, H_kv, D] (B = 2 x
     layers), and f(start, rows) that writes them back; None for a model whose cache is not in host
-    memory (TensorRT, a CUDA provider)."""
-    if getattr(model, "device", "cpu") != "cpu":
+    memory (TensorRT, a CUDA provider) or whose rows alone do not make its state: a hybrid's
+    recurrent state (feature recurrent_state) after a cached prefix is not kept, so its prefix
+    is never reused (a hit would start from the wrong state)."""
+    if getattr(model, "device", "cpu") != "cpu" or getattr(getattr(model, "spec", None), "states", ()):
         return None
     if hasattr(model, "kv_rows"):  # OrtModel
         views = model.kv_rows

@@ -27,7 +27,8 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # int | str | bool | ints | json | entry | tokenizer | speculation | generation | files | retrieval
+    # int | str | bool | ints | shapes | json | entry | tokenizer | speculation | generation | files | retrieval
+    kind: str
     required: bool = False
     lo: int = 0
     hi: int = 1 << 31
@@ -60,6 +61,7 @@ ENTRY = {
     "batch_graph": Field("str", nullable=True),
     "max_batch": Field("int", lo=1, hi=256),
     "tree_graph": Field("str", nullable=True),
+    "states": Field("shapes", lo=1, hi=1 << 20),  # recurrent state shapes: at most 1024 of 1..4 dims
 }
 TOKENIZER = {
     "file": Field("str", True),
@@ -164,6 +166,14 @@ def _check(value: Any, f: Field, where: str) -> None:
             raise _fail(where, f"{value!r:.80} is not a list of at most 64 integers")
         for i, v in enumerate(value):
             _check(v, Field("int", lo=f.lo, hi=f.hi), f"{where}[{i}]")
+    elif kind == "shapes":
+        if not isinstance(value, list) or len(value) > 1024:
+            raise _fail(where, f"{value!r:.80} is not a list of at most 1024 shapes")
+        for i, shape in enumerate(value):
+            if not isinstance(shape, list) or not 1 <= len(shape) <= 4:
+                raise _fail(f"{where}[{i}]", f"{shape!r:.80} is not a shape of 1 to 4 dimensions")
+            for k, d in enumerate(shape):
+                _check(d, Field("int", lo=f.lo, hi=f.hi), f"{where}[{i}][{k}]")
     elif kind == "json":
         if _json_size(value, where) > MAX_ITEMS:
             raise _fail(where, f"holds more than {MAX_ITEMS} items")

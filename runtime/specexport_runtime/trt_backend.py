@@ -395,6 +395,11 @@ def check_layout(spec: GraphSpec) -> None:
             f"the native TensorRT backend runs time_major graphs (recipe graph: portable); this graph is"
             f" {spec.kv_layout}"
         )
+    if spec.states:
+        raise ContractError(
+            f"the native TensorRT backend binds no recurrent state in this version (feature recurrent_state, contract"
+            f" {contract.RECURRENT_VERSION}); run this hybrid model with backend onnxruntime, provider cpu"
+        )
 
 
 def engine_for(

@@ -438,4 +438,5 @@ def model_entry(
         batch_graph=batch.graph if batch else None,
         max_batch=batch.slots if batch else 1,
         tree_graph=tree_graph,
+        states=result_spec.states,
     )

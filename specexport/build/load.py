@@ -57,7 +57,32 @@ def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
         problem = fused_refusal(norm)
         if problem:
             raise UnsupportedConfig(f"{spec.model}: {problem}")
+    problem = recurrent_refusal(norm, recipe)
+    if problem:
+        raise UnsupportedConfig(f"{spec.model}: {problem}")
     return norm
+
+
+def recurrent_refusal(norm: NormalizedConfig, recipe: Recipe) -> str | None:
+    """Why a hybrid model (recurrent layers, feature recurrent_state) cannot be built as the
+    recipe asks, or None: its state rides through batch-1 chain calls only in this contract."""
+    if not norm.state_shapes:
+        return None
+    asked = [
+        what
+        for what, on in (
+            (f"max_batch {recipe.max_batch}", recipe.max_batch > 1),
+            ("tree_verify", recipe.tree_verify),
+            ("a system prompt", recipe.system_prompt is not None),
+        )
+        if on
+    ]
+    if not asked:
+        return None
+    return (
+        f"{norm.family} has recurrent layers, whose state this version carries through batch-1 chain calls"
+        f" only; build without {', '.join(asked)}"
+    )
 
 
 def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> NormalizedConfig:

@@ -150,6 +150,8 @@ class FeedRunner:
         dtype = np.float32 if spec.kv_dtype == "float32" else np.float16
         self.axis = spec.layout.time_axis  # of the cache buffers
         self.cache = [np.zeros(spec.cache_shape(0), dtype)] * (2 * spec.num_layers)
+        # feature recurrent_state: position -> the states after it (every row's is asked for)
+        self.states: dict[int, list[np.ndarray]] = {0: [np.zeros((1, *s), dtype) for s in spec.states]}
 
     @property
     def past_len(self) -> int:
@@ -164,7 +166,17 @@ class FeedRunner:
         for i in range(self.spec.num_layers):
             feeds[contract.past_key(i)] = self.cache[2 * i]
             feeds[contract.past_value(i)] = self.cache[2 * i + 1]
+        P, n_states = self.past_len, len(self.spec.states)
+        if n_states:
+            feeds[contract.STATE_INDEX] = np.arange(len(ids), dtype=np.int64)
+            for j, state in enumerate(self.states[P]):
+                feeds[contract.past_state(j)] = state
         outputs = self.session.run(None, feeds)
+        if n_states:  # new_state_{j} [1, S, *s_j]: the state after each row
+            new = outputs[len(outputs) - n_states :]
+            outputs = outputs[: len(outputs) - n_states]
+            for r in range(len(ids)):
+                self.states[P + r + 1] = [s[:, r] for s in new]
         logits, kv = outputs[0], outputs[2:] if self.spec.feature_width else outputs[1:]
         self.features = (
             outputs[1][0] if self.spec.feature_width else None
@@ -177,6 +189,7 @@ class FeedRunner:
 
     def rollback(self, n: int) -> None:
         keep = self.past_len - n
+        self.states = {p: s for p, s in self.states.items() if p <= keep}
         self.cache = [np.take(c, np.arange(keep), axis=self.axis) for c in self.cache]
 
 

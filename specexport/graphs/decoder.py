@@ -33,8 +33,9 @@ from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
 from ..models.architectures import ArchSpec, arch_for, module_at
-from ..models.config import NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
+from ..models.config import CONV, NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
 from ..models.streaming import Weights, source_of
+from .conv import conv_mixer, conv_weights, state_interface
 from .ops_fused import ops_for
 from .writer import (
     ONNX_DTYPE,
@@ -108,9 +109,9 @@ class LayerWeights:
     """One decoder layer's weight sites: q|k|v [(H + 2 H_kv) D, hidden], o, gate|up [2 I, hidden]
     (a plain MLP: up [I, hidden] only, `gated` False), down, each with its bias or None."""
 
-    qkv: Linear
+    qkv: Linear | None  # None: a CONV layer (its mixer's weights: conv.ConvWeights)
     qkv_b: torch.Tensor | None
-    o: Linear
+    o: Linear | None
     o_b: torch.Tensor | None
     gate_up: Linear
     gate_up_b: torch.Tensor | None
@@ -131,23 +132,30 @@ def _conv1d(w: Weights, module: torch.nn.Module) -> Part:
 
 
 def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, w: Weights, i: int) -> LayerWeights:
-    """Layer i's weights, read from the source (one layer's weights at a time)."""
-    attn, mlp = module_at(layer, arch.attn), module_at(layer, arch.mlp)
+    """Layer i's weights, read from the source (one layer's weights at a time); a CONV layer's
+    mixer (conv.conv_weights) has no q|k|v / o sites here."""
+    mlp = module_at(layer, arch.mlp)
     part = w.part
-    if arch.qkv == "separate":
+    if cfg.layers[i].kind == CONV:
+        qkv, mods, o, out = None, (), None, None
+    elif arch.qkv == "separate":
+        attn = module_at(layer, arch.attn)
         mods = (attn.q_proj, attn.k_proj, attn.v_proj)
         qkv = Linear(f"l{i}_qkv", tuple(part(m) for m in mods))
     elif arch.qkv == "fused":
+        attn = module_at(layer, arch.attn)
         mods = (attn.qkv_proj,)
         qkv = Linear(f"l{i}_qkv", (part(attn.qkv_proj),))
     else:  # conv1d: c_attn, columns [q | k | v]
+        attn = module_at(layer, arch.attn)
         mods = (attn.c_attn,)
         qkv = Linear(f"l{i}_qkv", (_conv1d(w, attn.c_attn),))
     H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-    if qkv.out_features != (H + 2 * Hkv) * D:
-        raise UnsupportedConfig(f"q|k|v rows {qkv.out_features} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
-    out = getattr(attn, arch.out_proj)
-    o = _conv1d(w, out) if arch.qkv == "conv1d" else part(out)
+    if qkv is not None:
+        if qkv.out_features != (H + 2 * Hkv) * D:
+            raise UnsupportedConfig(f"q|k|v rows {qkv.out_features} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
+        out = getattr(attn, arch.out_proj)
+        o = _conv1d(w, out) if arch.qkv == "conv1d" else part(out)
     if arch.mlp_kind == "module":  # a plain MLP of Conv1Ds: c_fc, act, c_proj (GPT-2)
         return LayerWeights(
             qkv,
@@ -160,19 +168,21 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
             _bias(w, mlp.c_proj),
             gated=False,
         )
+    gate_name, up_name, down_name = arch.mlp_names
     if arch.mlp_kind == "gated":
-        up_mods = (mlp.gate_proj, mlp.up_proj)
+        up_mods = (getattr(mlp, gate_name), getattr(mlp, up_name))
     else:  # fused_gated: rows [gate; up] already
         up_mods = (mlp.gate_up_proj,)
+    down = getattr(mlp, down_name)
     return LayerWeights(
         qkv,
-        _bias(w, *mods),
-        Linear(f"l{i}_o", (o,)),
-        _bias(w, out),
+        _bias(w, *mods) if mods else None,
+        Linear(f"l{i}_o", (o,)) if o is not None else None,
+        _bias(w, out) if out is not None else None,
         Linear(f"l{i}_gate_up", tuple(part(m) for m in up_mods)),
         _bias(w, *up_mods),
-        Linear(f"l{i}_down", (part(mlp.down_proj),)),
-        _bias(w, mlp.down_proj),
+        Linear(f"l{i}_down", (part(down),)),
+        _bias(w, down),
     )
 
 
@@ -243,20 +253,22 @@ def _head_norm(c: _Ctx, x: str, module: torch.nn.Module, heads: int) -> str:
 
 
 def _attention(c: _Ctx, i: int, attn: torch.nn.Module, h: str, lw: LayerWeights) -> str:
-    """h [1, S, hidden] -> the attention output before o_proj [1, S, H D]; K/V to the cache."""
+    """h [1, S, hidden] -> layer i's attention output before o_proj [1, S, H D]; K/V to its cache
+    (past_key_{n}: n counts the attention layers before it)."""
     arch, spec, g = c.cfg.arch, c.cfg.layers[i], c.g
     H, Hkv, D = c.cfg.heads, c.cfg.kv_heads, c.cfg.head_dim
     qkv = c.linear(h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
     if arch.qk_norm:  # RMSNorm of q and k before rotary
         q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
+        q_norm, k_norm = getattr(attn, arch.q_norm), getattr(attn, arch.k_norm)
         if arch.qk_norm == "head":
-            q, k = _head_norm(c, q, attn.q_norm, H), _head_norm(c, k, attn.k_norm, Hkv)
+            q, k = _head_norm(c, q, q_norm, H), _head_norm(c, k, k_norm, Hkv)
         else:  # over all heads (OLMo 2)
-            q, k = c.rms(q, attn.q_norm, "qk_norm"), c.rms(k, attn.k_norm, "qk_norm")
+            q, k = c.rms(q, q_norm, "qk_norm"), c.rms(k, k_norm, "qk_norm")
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [qkv, "", ""]  # packed q|k|v
-    return c.ops.attention(g, i, qkv_inputs, c.call, c.shape, spec.rope, spec.window)
+    return c.ops.attention(g, c.cfg.attention_layers.index(i), qkv_inputs, c.call, c.shape, spec.rope, spec.window)
 
 
 def _branch(c: _Ctx, layer: torch.nn.Module, post: str | None, out: str) -> str:
@@ -271,8 +283,13 @@ def _branch(c: _Ctx, layer: torch.nn.Module, post: str | None, out: str) -> str:
 def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw: LayerWeights) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch, g = c.cfg.arch, c.g
-    a = _attention(c, i, module_at(layer, arch.attn), h, lw)
-    stream.add(_branch(c, layer, arch.attn_post_norm, c.linear(a, lw.o, lw.o_b)))
+    if c.cfg.layers[i].kind == CONV:  # the recurrent mixer, its state the (i - attention layers before)-th
+        site = i - sum(1 for a in c.cfg.attention_layers if a < i)
+        mixed = conv_mixer(c, site, h, conv_weights(c.ws, module_at(layer, arch.conv), i))
+    else:
+        a = _attention(c, i, module_at(layer, arch.attn), h, lw)
+        mixed = c.linear(a, lw.o, lw.o_b)
+    stream.add(_branch(c, layer, arch.attn_post_norm, mixed))
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
     up = c.linear(h, lw.gate_up, lw.gate_up_b)  # [1, S, 2 I]: one weight stream per MLP input
     if lw.gated:
@@ -369,8 +386,13 @@ def build_decoder(
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
+    if cfg.state_shapes and (slots > 1 or tree):
+        raise UnsupportedConfig(
+            f"{cfg.family}: recurrent layers carry no state through cache slots or tree graphs in contract"
+            f" {contract.RECURRENT_VERSION}; build it with max_batch 1 and chain drafts"
+        )
     spec = GraphSpec(
-        len(layers),
+        len(cfg.attention_layers),
         cfg.kv_heads,
         cfg.head_dim,
         V,
@@ -380,6 +402,7 @@ def build_decoder(
         windows=cfg.windows if ops.layout.window_version else (),
         slots=slots,
         tree=tree,
+        states=cfg.state_shapes,
     )
     g = Graph(dtype, data=DataFile(out_dir))
     try:
@@ -389,10 +412,10 @@ def build_decoder(
         call = ops.prepare(g, shape, slots, tree, pad=bool(pad), table_rows=rows)
         c = _Ctx(g, ops, cfg, shape, call, weights, ws)
         features = _write(c, model, base, layers, feature_layers, tie_lm_head, on_layer)
-        inputs, outputs = ops.interface(spec, g.elem, features)
+        inputs, outputs = state_interface(spec, g.elem, *ops.interface(spec, g.elem, features))
         padded = pad or min_rows > 1 or feature_layers
         version = contract.version_for(
-            kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots, tree=tree
+            kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots, tree=tree, states=bool(spec.states)
         )
         return save_graph(g, "specexport_decoder", inputs, outputs, spec, version, out_dir, start)
     finally:

@@ -58,6 +58,14 @@ class ArchSpec:
     features: frozenset[str] = frozenset()  # optional config features implemented (model_config.FEATURE_OF_KEY)
     text_config: bool = False  # a multimodal wrapper: the decoder's config is config.text_config
     global_nope: bool = False  # EXAONE 4: with sliding_window set, the full-attention layers have no rotary
+    q_norm: str = "q_norm"  # qk_norm modules, relative to attn
+    k_norm: str = "k_norm"
+    mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gated MLP: gate, up, down
+    activation: str = ""  # the MLP activation when the config names none (LFM2: silu, hard-wired)
+    # config layer_types value -> the mixer that layer runs: "attention" or "conv" (LFM2's gated short
+    # convolution, module `conv`: in_proj -> B, C, x; y = C * causal_depthwise_conv(B * x); out_proj)
+    layer_kinds: tuple[tuple[str, str], ...] = (("full_attention", "attention"), ("sliding_attention", "attention"))
+    conv: str = "conv"  # the conv mixer module, relative to the layer
 
     @property
     def norms_per_layer(self) -> int:
@@ -104,6 +112,21 @@ OLMO2 = ArchSpec(
 )
 OLMO3 = replace(OLMO2, model_type="olmo3", features=OLMO2.features | {"sliding_window", "rope_per_layer_type"})
 EXAONE4 = replace(OLMO2, model_type="exaone4", qk_norm="head", global_nope=True, features=_features("sliding_window"))
+LFM2 = ArchSpec(
+    "lfm2",
+    final_norm="embedding_norm",
+    attn_norm="operator_norm",
+    mlp_norm="ffn_norm",
+    mlp="feed_forward",
+    mlp_names=("w1", "w3", "w2"),
+    out_proj="out_proj",
+    qk_norm="head",
+    q_norm="q_layernorm",
+    k_norm="k_layernorm",
+    activation="silu",
+    layer_kinds=(("full_attention", "attention"), ("conv", "conv")),
+    features=_features("conv_layers", "conv_bias"),
+)
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -138,6 +161,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         OLMO2,
         OLMO3,
         EXAONE4,
+        LFM2,
         GPT2,
     )
 }

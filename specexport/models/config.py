@@ -47,6 +47,8 @@ FEATURE_OF_KEY: dict[str, str] = {
     "partial_rotary_factor": "partial_rotary",
     "attention_bias": "attention_bias",
     "mlp_bias": "mlp_bias",
+    "conv_bias": "conv_bias",
+    "full_attn_idxs": "conv_layers",  # LFM2: the attention layers; the others are gated convolutions
     # implemented by no family: refused whenever set
     "use_bidirectional_attention": "bidirectional_attention",
     "attention_chunk_size": "chunked_attention",
@@ -74,6 +76,7 @@ NEUTRAL: dict[str, tuple] = {
     "partial_rotary_factor": (1.0,),
     "attention_bias": (False,),
     "mlp_bias": (False,),
+    "conv_bias": (False,),
     "use_bidirectional_attention": (False,),
     "clip_qkv": (0,),
     "num_experts": (0, 1),
@@ -111,6 +114,12 @@ SHAPE_KEYS = frozenset(
         "layer_norm_epsilon",
         "tie_word_embeddings",
         "rope_parameters",
+        "norm_eps",
+        "conv_L_cache",  # LFM2: the conv kernel (its state keeps the last L - 1 inputs)
+        # LFM2 derives its MLP width from these (block_auto_adjust_ff_dim; _intermediate below)
+        "block_multiple_of",
+        "block_ffn_dim_multiplier",
+        "block_auto_adjust_ff_dim",
     }
 )
 # keys that only derive the ones above in transformers' config classes, or that no module reads
@@ -148,8 +157,8 @@ BOUNDED_ROPE_TYPES = ("dynamic", "longrope")  # exact while max_context <= the b
 def _is_set(key: str, value: Any) -> bool:
     if value is None or value in NEUTRAL.get(key, ()):
         return False
-    if key == "layer_types":
-        return any(t != "full_attention" for t in value)
+    if key == "layer_types":  # sliding layers are the feature; other kinds are the family's (layer_kinds)
+        return any(t == "sliding_attention" for t in value)
     if key == "no_rope_layers":
         return not all(value)
     return True
@@ -167,10 +176,14 @@ class RopeSpec:
     bound: int | None = None  # positions up to which a bounded kind equals its static tables
 
 
+ATTENTION, CONV = "attention", "conv"  # LayerSpec.kind: the layer's mixer
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     window: int | None  # a query sees this many keys, itself included (transformers' sliding_window); None: all
     rope: str | None  # key of NormalizedConfig.ropes; None: no rotary in this layer (NoPE)
+    kind: str = ATTENTION  # the mixer: ATTENTION (a K/V cache) or CONV (a recurrent conv window, LFM2)
 
 
 @dataclass(frozen=True)
@@ -200,10 +213,22 @@ class NormalizedConfig:
     out_bias: bool = False
     mlp_bias: bool = False
     max_positions: int = 0
+    conv_kernel: int = 0  # CONV layers: the depthwise kernel L (the state keeps L - 1 inputs)
+    conv_bias: bool = False  # CONV layers: in_proj, conv and out_proj have biases
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with a K/V cache (the contract's past_key_{n} is the n-th of them)."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer.kind == ATTENTION)
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The recurrent state of each CONV layer, in layer order: [L - 1, hidden] conv inputs."""
+        return tuple((self.conv_kernel - 1, self.hidden) for layer in self.layers if layer.kind == CONV)
 
     @property
     def arch(self) -> ArchSpec:
@@ -239,7 +264,10 @@ class NormalizedConfig:
         if self.windows:
             n = sum(layer.window is not None for layer in self.layers)
             parts.append(f"window {'/'.join(map(str, self.windows))} on {n} layers")
-        if any(layer.rope is None for layer in self.layers) and self.rotary_dim:
+        convs = sum(layer.kind == CONV for layer in self.layers)
+        if convs:
+            parts.append(f"{convs} conv layers (kernel {self.conv_kernel})")
+        if any(layer.rope is None for layer in self.layers if layer.kind == ATTENTION) and self.rotary_dim:
             parts.append(f"{sum(layer.rope is None for layer in self.layers)} NoPE layers")
         if 0 < self.rotary_dim < self.head_dim:
             parts.append(f"rotary {self.rotary_dim}/{self.head_dim}")
@@ -280,7 +308,7 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     num_layers = int(get("num_hidden_layers") or get("n_layer"))
     if heads % kv_heads:
         raise UnsupportedConfig(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    activation = get("hidden_activation") or get("hidden_act") or get("activation_function")
+    activation = get("hidden_activation") or get("hidden_act") or get("activation_function") or arch.activation
     if activation not in ACTIVATIONS:
         raise UnsupportedConfig(
             f"config key 'hidden_act' = {activation!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -288,13 +316,21 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     ropes, rotary_dim = (), 0
     if arch.positions == "rope":
         ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
-    layers = tuple(LayerSpec(_window(raw, i, max_context), _layer_rope(raw, arch, i, ropes)) for i in range(num_layers))
+    kinds = _layer_kinds(raw, arch, num_layers)
+    layers = tuple(
+        LayerSpec(_window(raw, i, max_context), _layer_rope(raw, arch, i, ropes), kinds[i]) for i in range(num_layers)
+    )
+    if ATTENTION not in kinds:
+        raise UnsupportedConfig(f"{family}: no layer attends (layer_types {_show(get('layer_types'))})")
+    conv_kernel = int(get("conv_L_cache") or 0) if CONV in kinds else 0
+    if CONV in kinds and conv_kernel < 2:
+        raise UnsupportedConfig(f"config key 'conv_L_cache' = {get('conv_L_cache')!r} must be a kernel of >= 2 taps")
     attention_bias = bool(get("attention_bias"))
     return NormalizedConfig(
         family=family,
         layers=layers,
         hidden=hidden,
-        intermediate=int(get("intermediate_size") or get("n_inner") or 4 * hidden),
+        intermediate=_intermediate(raw, hidden),
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -309,12 +345,45 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         embedding_multiplier=_float_or_none(get("embedding_multiplier")),
         residual_multiplier=_float_or_none(get("residual_multiplier")),
         logits_divisor=_float_or_none(get("logits_scaling")),
-        norm_eps=float(get("rms_norm_eps") or get("layer_norm_epsilon") or 1e-6),
+        norm_eps=float(get("rms_norm_eps") or get("layer_norm_epsilon") or get("norm_eps") or 1e-6),
         qkv_bias=arch.qkv_bias or attention_bias or arch.qkv == "conv1d",
         out_bias=attention_bias or arch.qkv == "conv1d",
         mlp_bias=bool(get("mlp_bias")) or arch.mlp_kind == "module",
         max_positions=int(get("max_position_embeddings") or get("n_positions") or 0),
+        conv_kernel=conv_kernel,
+        conv_bias=bool(get("conv_bias")) and CONV in kinds,
     )
+
+
+def _intermediate(raw: Mapping[str, Any], hidden: int) -> int:
+    """The MLP width; LFM2's block_auto_adjust_ff_dim shrinks the configured one to 2/3, times
+    block_ffn_dim_multiplier, rounded up to block_multiple_of (as transformers' Lfm2MLP)."""
+    width = int(raw.get("intermediate_size") or raw.get("n_inner") or 4 * hidden)
+    if raw.get("block_auto_adjust_ff_dim"):
+        width = int(2 * width / 3)
+        if raw.get("block_ffn_dim_multiplier") is not None:
+            width = int(raw["block_ffn_dim_multiplier"] * width)
+            multiple = int(raw.get("block_multiple_of") or 1)
+            width = multiple * ((width + multiple - 1) // multiple)
+    return width
+
+
+def _layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tuple[str, ...]:
+    """Each layer's mixer (LayerSpec.kind) from layer_types through the family's layer_kinds; a
+    layer type the family does not implement is refused naming it."""
+    types = raw.get("layer_types")
+    if types is None:
+        return (ATTENTION,) * num_layers
+    if len(types) != num_layers:
+        raise UnsupportedConfig(f"config key 'layer_types' has {len(types)} entries for {num_layers} layers")
+    table = dict(arch.layer_kinds)
+    unknown = sorted({t for t in types if t not in table})
+    if unknown:
+        raise UnsupportedConfig(
+            f"config key 'layer_types' has {unknown}, which {arch.model_type!r} does not implement;"
+            f" it implements: {', '.join(sorted(table))}"
+        )
+    return tuple(table[t] for t in types)
 
 
 def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
@@ -483,6 +552,8 @@ def check_hf_modules(model, norm: NormalizedConfig) -> None:
     if len(layers) != norm.num_layers:
         raise UnsupportedConfig(f"the model has {len(layers)} layers, its config {norm.num_layers}")
     for i, layer in enumerate(layers):
+        if norm.layers[i].kind != ATTENTION:
+            continue
         scale = getattr(module_at(layer, arch.attn), "scaling", None)
         if scale is not None and not math.isclose(float(scale), norm.attn_scale, rel_tol=1e-6):
             raise UnsupportedConfig(

@@ -125,31 +125,57 @@ def skeleton(config) -> torch.nn.Module:
 DTYPE_ATTR = "weight_dtype"  # the dtype a streamed skeleton's forwards load their weights in
 
 
-def lazy_forward(model: torch.nn.Module, source: TensorSource) -> None:
-    """Hook every module of `model` that owns parameters: each forward loads them from `source`
-    (in the model's `weight_dtype`, float32 unless weights_dtype says otherwise) just before and
-    puts them back on the meta device just after, so a forward holds one module's weights at a
-    time."""
-    setattr(model, DTYPE_ATTR, torch.float32)
+def _units(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The modules whose forwards load weights: each element of an outermost ModuleList (a decoder
+    layer, with every parameter below it: some layers use a child's weight without calling the
+    child, as LFM2's conv reads conv.weight), and each other module owning parameters."""
+    units, inside = [], []
     for prefix, module in model.named_modules():
-        own = [n for n, p in module._parameters.items() if p is not None]  # a bias may be None
+        if any(prefix.startswith(p + ".") for p in inside):
+            continue
+        if isinstance(module, torch.nn.ModuleList):
+            inside.append(prefix)
+            units += [(f"{prefix}.{n}", m) for n, m in module.named_children()]
+        elif any(p is not None for p in module._parameters.values()):
+            units.append((prefix, module))
+    return units
+
+
+def lazy_forward(model: torch.nn.Module, source: TensorSource) -> None:
+    """Hook each weight-loading unit of `model` (_units): its forward loads the parameters of the
+    unit (a layer: all of them below it) from `source` (in the model's `weight_dtype`, float32
+    unless weights_dtype says otherwise) just before and puts them back on the meta device just
+    after, so a forward holds one layer's weights at a time."""
+    setattr(model, DTYPE_ATTR, torch.float32)
+    for prefix, unit in _units(model):
+        own = [(owner, attr, f"{prefix}.{n}" if prefix else n) for n, owner, attr in _parameters(unit)]
         if not own:
             continue
-        names = {p: f"{prefix}.{p}" if prefix else p for p in own}
 
-        def load(mod, _args, names=names):
+        def load(_mod, _args, own=own):
             dtype = getattr(model, DTYPE_ATTR)
-            for p, full in names.items():
-                mod._parameters[p] = torch.nn.Parameter(source.get(full).to(dtype), requires_grad=False)
+            for owner, attr, full in own:
+                owner._parameters[attr] = torch.nn.Parameter(source.get(full).to(dtype), requires_grad=False)
 
-        def drop(mod, _args, _out, names=names):
-            for p in names:
-                mod._parameters[p] = torch.nn.Parameter(
-                    torch.empty_like(mod._parameters[p], device="meta"), requires_grad=False
+        def drop(_mod, _args, _out, own=own):
+            for owner, attr, _ in own:
+                owner._parameters[attr] = torch.nn.Parameter(
+                    torch.empty_like(owner._parameters[attr], device="meta"), requires_grad=False
                 )
 
-        module.register_forward_pre_hook(load)
-        module.register_forward_hook(drop)
+        unit.register_forward_pre_hook(load)
+        unit.register_forward_hook(drop)
+
+
+def _parameters(unit: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+    """(name relative to unit, owning module, attribute) of every parameter below `unit`, a tied
+    one under each name that holds it."""
+    out = []
+    for prefix, module in unit.named_modules(remove_duplicate=False):
+        for attr, p in module._parameters.items():
+            if p is not None:  # a bias may be None
+                out.append((f"{prefix}.{attr}" if prefix else attr, module, attr))
+    return out
 
 
 @contextmanager

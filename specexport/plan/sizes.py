@@ -6,9 +6,12 @@ recipes' models so that a plan needs no download. The formulas are in plan.py's 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from specexport_runtime.constants import MAX_GAMMA
 
 from ..errors import SpecExportError
 from ..models.config import LayerSpec, NormalizedConfig, config_from_dict, normalize, read_config
@@ -203,6 +206,24 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         hidden_act="silu",
     ),
 }
+KNOWN_CONFIGS["LiquidAI/LFM2-1.2B"] = dict(  # 10 gated short convolutions (kernel 3) between 6 GQA layers
+    model_type="lfm2",
+    num_hidden_layers=16,
+    hidden_size=2048,
+    intermediate_size=12288,
+    block_multiple_of=256,
+    block_ffn_dim_multiplier=1.0,
+    block_auto_adjust_ff_dim=True,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=65536,
+    conv_L_cache=3,
+    norm_eps=1e-5,
+    layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+    rope_theta=1000000.0,
+    max_position_embeddings=128000,
+    tie_word_embeddings=True,
+)
 KNOWN_CONFIGS["builtin:smollm2-135m-instruct"] = KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"]
 KNOWN_CONFIGS["meta-llama/Meta-Llama-3.1-8B-Instruct"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
 KNOWN_CONFIGS["hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
@@ -239,11 +260,14 @@ def model_config(
 
 
 def linear_parameters(c: NormalizedConfig) -> int:
-    """Parameters of the decoder layers' MatMul weights (what the quantizers rewrite)."""
+    """Parameters of the decoder layers' MatMul weights (what the quantizers rewrite): attention
+    layers' q|k|v and o, conv layers' in_proj [3 C, C] and out_proj [C, C], every layer's MLP."""
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
     attention = c.hidden * q + 2 * c.hidden * kv + q * c.hidden
+    conv = 4 * c.hidden * c.hidden
     mlp = (2 if c.arch.mlp_kind == "module" else 3) * c.hidden * c.intermediate
-    return c.num_layers * (attention + mlp)
+    convs = c.num_layers - len(c.attention_layers)
+    return len(c.attention_layers) * attention + convs * conv + c.num_layers * mlp
 
 
 def small_parameters(c: NormalizedConfig) -> int:
@@ -251,12 +275,15 @@ def small_parameters(c: NormalizedConfig) -> int:
     a = c.arch
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
     norm = c.hidden * (2 if a.norm_bias else 1)
-    layer = a.norms_per_layer * norm + {"": 0, "head": 2 * c.head_dim, "full": q + kv}[a.qk_norm]
-    layer += (q + 2 * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
+    layer = a.norms_per_layer * norm
     if c.mlp_bias:
         layer += (c.intermediate if a.mlp_kind == "module" else 2 * c.intermediate) + c.hidden
+    attention = {"": 0, "head": 2 * c.head_dim, "full": q + kv}[a.qk_norm]
+    attention += (q + 2 * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
+    conv = c.hidden * c.conv_kernel + (5 * c.hidden if c.conv_bias else 0)  # kernel; in, conv, out biases
+    convs = c.num_layers - len(c.attention_layers)
     positions = c.max_positions * c.hidden if a.positions == "learned" else 0
-    return c.num_layers * layer + norm + positions
+    return c.num_layers * layer + len(c.attention_layers) * attention + convs * conv + norm + positions
 
 
 def embedding_parameters(c: NormalizedConfig) -> int:
@@ -323,9 +350,19 @@ def kv_dtype_bytes(precision: str, quantization: QuantizationSpec | None = None)
 def kv_bytes(
     c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
 ) -> int:
-    """Both caches of every layer at max_context rows (the graphs allocate them all, windowed
-    layers included)."""
-    return 2 * c.num_layers * max_context * c.kv_heads * c.head_dim * kv_dtype_bytes(precision, quantization)
+    """Both caches of every attention layer at max_context rows (the graphs allocate them all,
+    windowed layers included), and a hybrid's recurrent states (state_bytes)."""
+    b = kv_dtype_bytes(precision, quantization)
+    return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b + state_bytes(c, b)
+
+
+STATE_POSITIONS = 2 * MAX_GAMMA + 4  # states a runtime holds per sequence: kept ring, a call's outputs, zeros
+
+
+def state_bytes(c: NormalizedConfig, itemsize: int, positions: int = STATE_POSITIONS) -> int:
+    """A hybrid's recurrent states (feature recurrent_state): every state tensor at `positions`
+    kept positions (engine.StateHistory keeps max_gamma + 2, plus one call's outputs)."""
+    return positions * sum(math.prod(shape) for shape in c.state_shapes) * itemsize
 
 
 def window_saving_bytes(
@@ -392,4 +429,5 @@ def summary(c: NormalizedConfig) -> dict[str, Any]:
         "vocab": c.vocab,
         "tied": c.tied,
         "windows": {str(w): sum(layer.window == w for layer in c.layers) for w in c.windows},
+        **({"conv_layers": c.num_layers - len(c.attention_layers)} if c.state_shapes else {}),
     }

@@ -104,9 +104,10 @@ def test_fused_interface_follows_the_contract(arch, fused):
     spec = res.spec
     proto = onnx.load(str(res.path), load_external_data=False)
     props = {p.key: p.value for p in proto.metadata_props}
-    # 1.1, or 1.4 with GroupQueryAttention windows (their ONNX Runtime floor)
-    expected = contract.version_for(contract.HEAD_MAJOR_INPLACE, windowed=bool(spec.windows))
-    assert props["specexport.contract_version"] == expected == ("1.4" if spec.windows else "1.1")
+    # 1.1, or 1.4 with GroupQueryAttention windows (their ONNX Runtime floor), 1.11 with recurrent state
+    expected = contract.version_for(contract.HEAD_MAJOR_INPLACE, windowed=bool(spec.windows), states=bool(spec.states))
+    want = "1.11" if spec.states else "1.4" if spec.windows else "1.1"
+    assert props["specexport.contract_version"] == expected == want
     assert props["specexport.kv_layout"] == contract.HEAD_MAJOR_INPLACE
     assert [i.name for i in proto.graph.input] == spec.input_names()
     assert [o.name for o in proto.graph.output] == spec.output_names()

@@ -67,14 +67,26 @@ def empty_past(spec: contract.GraphSpec, dtype=np.float32) -> list[np.ndarray]:
     return [np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), dtype) for _ in range(2 * spec.num_layers)]
 
 
-def run_plain(session, spec, past, ids, rows):
+def run_plain(session, spec, past, ids, rows, states=None):
+    """One call with numpy feeds -> (logits, the new K/V rows); a hybrid's (feature
+    recurrent_state) `states` dict position -> state tensors is read at the past's length and
+    gets the state after each of the call's rows."""
     feeds = {contract.INPUT_IDS: np.asarray([ids], np.int64), contract.LOGITS_INDEX: np.asarray(rows, np.int64)}
     for i in range(spec.num_layers):
         feeds[contract.past_key(i)] = past[2 * i]
         feeds[contract.past_value(i)] = past[2 * i + 1]
+    P = past[0].shape[1]
+    if spec.states:
+        feeds[contract.STATE_INDEX] = np.arange(len(ids), dtype=np.int64)
+        before = states.get(P) if states else [np.zeros((1, *shape), np.float32) for shape in spec.states]
+        for j, state in enumerate(before):
+            feeds[contract.past_state(j)] = state
     names = spec.output_names()
     out = dict(zip(names, session.run(names, feeds)))
-    new = [out[n] for n in names[1:]]
+    new = [out[n] for n in names[1:] if not n.startswith("new_state_")]
+    if spec.states and states is not None:
+        for r in range(len(ids)):
+            states[P + r + 1] = [out[contract.new_state(j)][:, r] for j in range(len(spec.states))]
     return out[contract.LOGITS], new
 
 
@@ -130,9 +142,9 @@ def test_plain_onnxruntime_three_uneven_chunks(arch, exported):
     ids = probe_ids(seed=1)
     assert sum(CHUNKS) == len(ids)
     session, spec = plain_session(res.path), res.spec
-    past, got, start = empty_past(spec), [], 0
+    past, got, start, states = empty_past(spec), [], 0, {}
     for n in CHUNKS:
-        logits, new = run_plain(session, spec, past, ids[start : start + n], list(range(n)))
+        logits, new = run_plain(session, spec, past, ids[start : start + n], list(range(n)), states)
         assert logits.shape == (1, n, spec.embedding_rows) and logits.dtype == np.float32
         for t in new:
             assert t.shape == (1, n, spec.num_kv_heads, spec.head_dim)
@@ -148,7 +160,7 @@ def test_plain_onnxruntime_three_uneven_chunks(arch, exported):
 
     # a subset of rows, in a non-sorted order, on a non-empty past: rows come back in index order
     rows = [3, 0, 2]
-    logits, _ = run_plain(session, spec, [p[:, :30] for p in past], ids[30:35], rows)
+    logits, _ = run_plain(session, spec, [p[:, :30] for p in past], ids[30:35], rows, states)
     assert np.abs(logits[0] - ref[[30 + r for r in rows]]).max() <= 1e-4
 
 
@@ -160,7 +172,11 @@ def test_graph_interface_follows_the_contract(arch, exported):
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (config.num_hidden_layers, kv_heads, head_dim)
+    attention = [
+        t for t in (getattr(config, "layer_types", None) or ["full_attention"] * spec.num_layers) if t != "conv"
+    ]
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (len(attention), kv_heads, head_dim)
+    assert len(spec.states) == config.num_hidden_layers - len(attention)
     assert spec.embedding_rows == model.get_output_embeddings().weight.shape[0] == config.vocab_size
     assert spec.kv_dtype == "float32"
 
@@ -169,8 +185,8 @@ def test_graph_interface_follows_the_contract(arch, exported):
     proto = onnx.load(str(res.path), load_external_data=False)
     assert (
         {p.key: p.value for p in proto.metadata_props}["specexport.contract_version"]
-        == contract.version_for(spec.kv_layout)
-        == "1.0"
+        == contract.version_for(spec.kv_layout, states=bool(spec.states))
+        == ("1.11" if spec.states else "1.0")
     )
     assert [i.name for i in proto.graph.input] == spec.input_names()
     assert [o.name for o in proto.graph.output] == spec.output_names()
@@ -197,6 +213,11 @@ def test_graph_interface_follows_the_contract(arch, exported):
             elem, dims = outputs[name]
             assert elem == f32 and len(dims) == 4 and dims[1] == S, (name, dims)
             # the static dims 1, H_kv, D are not declared: see test_new_kv_outputs_declare_static_dims
+    for j, shape in enumerate(spec.states):  # feature recurrent_state: [1, L - 1, hidden] conv windows
+        assert shape == (config.conv_L_cache - 1, config.hidden_size)
+        assert inputs[contract.past_state(j)] == (f32, [1, *shape])
+        elem, dims = outputs[contract.new_state(j)]
+        assert elem == f32 and dims[0] == 1 and dims[2:] == list(shape) and isinstance(dims[1], str)
 
 
 def test_new_kv_outputs_declare_static_dims(exported):

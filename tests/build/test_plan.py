@@ -36,6 +36,7 @@ RECIPE_DEVICES = {
     "smollm3-3b-int4-self-draft": "orin-nx-16gb",
     "granite-3.3-2b-instruct-int4-self-draft": "orin-nx-16gb",
     "phi-4-mini-instruct-int4-self-draft": "agx-orin-32gb",
+    "lfm2-1.2b-int8-self-draft": "agx-orin-32gb",
 }
 
 
@@ -113,6 +114,7 @@ def test_known_configs_match_published_sizes():
         "HuggingFaceTB/SmolLM3-3B": 3.08e9,
         "ibm-granite/granite-3.3-2b-instruct": 2.53e9,
         "microsoft/Phi-4-mini-instruct": 3.84e9,
+        "LiquidAI/LFM2-1.2B": 1.17e9,
     }
     for model, count in published.items():
         assert parameters(known_config(model)) == pytest.approx(count, rel=0.01), model

@@ -59,13 +59,13 @@ def test_a_built_manifest_lists_the_features_of_its_graphs(artifact):
 
 def test_an_unknown_feature_is_refused_by_name_in_one_line(artifact):
     root, data = artifact
-    data["graph_features"] = [*data["graph_features"], "recurrent_state"]
+    data["graph_features"] = [*data["graph_features"], "shared_kv_layers"]
     data["contract_version"] = "1.11"  # what a newer build would also say
     (root / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ArtifactError) as info:
         load(root, verify=False)
     message = str(info.value)
-    assert "recurrent_state" in message and "upgrade specexport-runtime" in message and "\n" not in message
+    assert "shared_kv_layers" in message and "upgrade specexport-runtime" in message and "\n" not in message
 
 
 def test_a_manifest_without_the_list_loads_as_before(artifact):

@@ -1,0 +1,102 @@
+"""LFM2's gated short convolution, the decoder writer's CONV mixer (feature recurrent_state), written
+once in ONNX standard ops for both graph forms:
+
+    B | C | x = in_proj(h)                      [1, S, 3 C] split in three [1, S, C]
+    bx        = B * x                           the conv inputs
+    win       = concat(past_state_j, bx)        [1, L - 1 + S, C]: the last L - 1 inputs, then the call's
+    conv[t]   = sum_k w[:, k] * win[t + k]      depthwise causal conv, k = 0 the oldest tap (+ bias)
+    out       = out_proj(C * conv)              [1, S, C]
+    new_state_j = win[r + 1 .. r + L - 1] for each r in state_index   [1, Rs, L - 1, C]
+
+Every output row is elementwise over its own window, so a row is the same whatever the call's
+size (row-invariant, bitwise), and the state after a row never depends on later rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from onnx import TensorProto, helper
+
+from specexport_runtime import contract
+
+from .writer import Graph, Linear
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class ConvWeights:
+    """One CONV layer's weights: in_proj [3 C, C], the depthwise kernel [C, L], out_proj [C, C]."""
+
+    in_proj: Linear
+    in_b: torch.Tensor | None
+    kernel: torch.Tensor  # [C, L]
+    kernel_b: torch.Tensor | None
+    out: Linear
+    out_b: torch.Tensor | None
+
+
+def _i64(g: Graph, stem: str, value) -> str:
+    return g.const(stem, np.array(value, np.int64))
+
+
+def conv_mixer(c, site: int, h: str, cw: ConvWeights) -> str:
+    """h [1, S, C] (the layer's normed input) -> the mixer output [1, S, C]; the layer's state
+    leaves as new_state_{site} (module docstring). c: the writer's per-graph context (linear())."""
+    g = c.g
+    C, L = cw.kernel.shape
+    bcx = c.linear(h, cw.in_proj, cw.in_b)  # [1, S, 3 C]
+    b, gate, x = g.op("Split", [bcx, _i64(g, "split", [C, C, C])], 3, axis=-1)
+    (bx,) = g.op("Mul", [b, x])  # [1, S, C]
+    (win,) = g.op("Concat", [contract.past_state(site), bx], axis=1)  # [1, L - 1 + S, C]
+    axis = _i64(g, "axis", [1])
+    total = None
+    for k in range(L):  # tap k reads win[k : k + S] = win[k : len - (L - 1 - k)]
+        end = _i64(g, "end", [-(L - 1 - k) if k < L - 1 else INT64_MAX])
+        (tap,) = g.op("Slice", [win, _i64(g, "start", [k]), end, axis])
+        (term,) = g.op("Mul", [tap, g.weight("conv_w", cw.kernel[:, k].contiguous())])
+        total = term if total is None else g.op("Add", [total, term])[0]
+    if cw.kernel_b is not None:
+        (total,) = g.op("Add", [total, g.weight("conv_b", cw.kernel_b)])
+    # new_state: rows r + 1 .. r + L - 1 of win for each requested row r
+    (idx,) = g.op(
+        "Add",
+        [
+            g.op("Unsqueeze", [contract.STATE_INDEX, _i64(g, "axes", [1])])[0],  # [Rs, 1]
+            _i64(g, "taps", np.arange(1, L, dtype=np.int64)[None, :]),  # [1, L - 1]
+        ],
+    )
+    g.op("Gather", [win, idx], [contract.new_state(site)], axis=1)  # [1, Rs, L - 1, C]
+    (y,) = g.op("Mul", [gate, total])
+    return c.linear(y, cw.out, cw.out_b)
+
+
+def conv_weights(w, conv: torch.nn.Module, i: int) -> ConvWeights:
+    """Layer i's conv mixer weights from the source (streaming.Weights `w`)."""
+    kernel = w.of(conv.conv)  # [C, 1, L]
+    return ConvWeights(
+        Linear(f"l{i}_conv_in", (w.part(conv.in_proj),)),
+        w.bias(conv.in_proj),
+        kernel.reshape(kernel.shape[0], kernel.shape[-1]).float(),
+        w.bias(conv.conv),
+        Linear(f"l{i}_conv_out", (w.part(conv.out_proj),)),
+        w.bias(conv.out_proj),
+    )
+
+
+def state_interface(spec, elem: int, inputs: list, outputs: list) -> tuple[list, list]:
+    """The operators' graph inputs and outputs plus (feature recurrent_state) state_index and each
+    site's past_state / new_state, in the contract's order (GraphSpec.input_names / output_names)."""
+    if not spec.states:
+        return inputs, outputs
+    info = helper.make_tensor_value_info
+    inputs = [*inputs, info(contract.STATE_INDEX, TensorProto.INT64, ["state_rows"])]
+    for j, shape in enumerate(spec.states):
+        inputs.append(info(contract.past_state(j), elem, [1, *shape]))
+        outputs.append(info(contract.new_state(j), elem, [1, "state_rows", *shape]))
+    order_in = {n: k for k, n in enumerate(spec.input_names())}
+    order_out = {n: k for k, n in enumerate(spec.output_names())}
+    return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

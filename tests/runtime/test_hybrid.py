@@ -1,0 +1,162 @@
+"""Speculation on a hybrid target (feature recurrent_state): LFM2's gated convolutions between
+attention layers, tiny random-init models shaped like LFM2-1.2B (tests/tiny.py).
+
+Every proposer kind (n-gram, suffix, hybrid, a separate draft model, the int8 self-draft whose
+own state rolls back too) gives greedy output equal to target-only output, and both equal
+transformers' own greedy tokens; a proposer that drafts wrong tokens at known positions forces
+rejections in every round shape; a rollback after a rejection leaves the state of the accepted
+prefix (a test that fails if the post-draft state were kept); a constrained generation equals
+its unspeculated self; sampling keeps the target's law.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from exactness_support import check_first_two_tokens_follow_target
+from test_rollback import RandomProposer, run_loop
+from tiny import build_tiny_artifact
+
+from specexport_runtime.api import load
+from specexport_runtime.engine import OrtModel, SessionConfig
+from specexport_runtime.errors import InvalidArgument
+from specexport_runtime.manifest import read_manifest
+
+KINDS = ["ngram", "noisy", "noisy-fused", "int8-fused"]  # portable / fused targets, every draft kind
+GENERATE = 72
+PROMPTS = [[7, 150, 33, 299, 12, 260, 5], [40, 41, 42, 43, 44] * 4]
+LONG_PROMPTS = [[9, 77, 140, 200, 31], [40, 41, 42, 43, 44] * 4]  # no end of sequence within 160 tokens
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    built: dict[str, object] = {}
+
+    def get(kind: str):
+        if kind not in built:
+            built[kind] = build_tiny_artifact(tmp_path_factory.mktemp(f"lfm2-{kind}"), kind, arch="lfm2")
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def gens(artifacts):
+    cache: dict = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            cache[kind] = load(artifacts(kind))
+        return cache[kind]
+
+    return get
+
+
+def _hf_greedy(folder, ids: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=0)
+    new = out[0, len(ids) :].tolist()
+    return new[: new.index(2)] if 2 in new else new
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_proposer_equals_target_only_and_transformers(gens, artifacts, kind):
+    gen = gens(kind)
+    m = gen.manifest
+    assert m.target.states and "recurrent_state" in m.graph_features
+    folder = artifacts(kind).parent / "target-hf"
+    names = ["ngram", "suffix"] + (["draft", "hybrid"] if m.draft is not None else [])
+    for prompt in PROMPTS:
+        want = _hf_greedy(folder, prompt, GENERATE)
+        off = gen.generate(prompt, max_new_tokens=GENERATE, speculative=False)
+        assert list(off.token_ids) == want, f"{kind}: target-only differs from transformers"
+        for name in names:
+            on = gen.generate(prompt, max_new_tokens=GENERATE, proposer=name, gamma=4)
+            assert list(on.token_ids) == want, f"{kind} {name}: speculative output differs"
+            if name == "draft":
+                assert on.stats.drafted > 0 and on.stats.corrections > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kind", ["ngram", "noisy-fused"])
+def test_forced_rejections_at_every_position_stay_exact(gens, kind, seed):
+    """Random drafts: a random number of right tokens, then wrong ones; 120 tokens, gamma 6."""
+    gen = gens(kind)
+    prompt = LONG_PROMPTS[seed % 2]
+    n = 120
+    reference = gen.generate(prompt, max_new_tokens=n + 40, speculative=False).token_ids
+    assert len(reference) == n + 40
+    proposer = RandomProposer(reference, gen.target, gen.manifest.target.vocab_size, seed)
+    out, stats, log, cursors = run_loop(gen, proposer, prompt, n, gamma=6)
+    assert out[:n] == reference[:n], "a rejected draft's recurrent state leaked into later rounds"
+    assert log == proposer.expected
+    assert stats.corrections > 5 and stats.bonus > 0
+    assert all(cursor == committed - 1 for cursor, committed in cursors)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "noisy-fused"])
+def test_rollback_restores_the_state_of_the_accepted_prefix(artifacts, kind):
+    """A verify call of 1 + 4 rows whose last 3 are rejected, then the correction: the next
+    logits equal a fresh model's that never saw the rejected tokens. Keeping the post-draft
+    state (the conv window after the rejected rows) gives other logits, which this checks too."""
+    root = artifacts(kind)
+    m = read_manifest(root)
+    spec = m.target.graph_spec()
+    prompt = PROMPTS[0] * 3
+    model = OrtModel(root / m.target.graph, spec, m.max_context, SessionConfig(), min_rows=m.target.min_rows)
+    model.forward(prompt)
+    P = model.length
+    model.forward([11, 12, 13, 14, 15], last_rows=5)  # row 0 accepted, rows 1.. rejected
+    model.truncate(P + 2)
+    got = model.forward([99]).copy()
+
+    fresh = OrtModel(root / m.target.graph, spec, m.max_context, SessionConfig(), min_rows=m.target.min_rows)
+    fresh.forward(prompt + [11, 12])
+    want = fresh.forward([99]).copy()
+    np.testing.assert_array_equal(got, want)
+
+    stale = OrtModel(root / m.target.graph, spec, m.max_context, SessionConfig(), min_rows=m.target.min_rows)
+    stale.forward(prompt + [11, 12, 13, 14, 15])
+    post_draft = [s.copy() for s in stale.states.state(P + 5)]
+    stale.truncate(P + 2)
+    for kept, post in zip(stale.states.state(P + 2), post_draft):  # as if the cursor alone moved back
+        kept[...] = post
+    assert np.abs(stale.forward([99]) - want).max() > 1e-3, "the conv state does not reach the logits"
+
+
+def test_a_rollback_past_the_kept_states_is_refused(artifacts):
+    root = artifacts("ngram")
+    m = read_manifest(root)
+    model = OrtModel(root / m.target.graph, m.target.graph_spec(), m.max_context, SessionConfig(), max_rows=8)
+    for t in range(20):
+        model.forward([5 + t])
+    model.truncate(12)  # 8 back: kept
+    with pytest.raises(InvalidArgument, match="recurrent state after 2 tokens is not kept"):
+        model.truncate(2)
+    model.truncate(0)  # the empty prefix's state is zeros: always kept
+    assert model.length == 0
+
+
+def test_constrained_generation_on_a_hybrid(gens):
+    from specexport_runtime.structured import Grammar
+
+    gen = gens("noisy")
+    grammar = Grammar.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    for prompt in PROMPTS:
+        off = gen.generate(prompt, max_new_tokens=40, grammar=grammar, speculative=False)
+        for proposer in ("draft", "ngram"):
+            on = gen.generate(prompt, max_new_tokens=40, grammar=grammar, proposer=proposer, gamma=4)
+            assert list(on.token_ids) == list(off.token_ids), proposer
+        assert off.text.startswith("{")
+
+
+def test_sampling_on_a_hybrid_keeps_the_targets_law(gens):
+    """Temperature 1 with a draft model: the first two tokens (the second from the first
+    speculative round: accepted draft, correction or bonus) against the exact target law and
+    against target-only samples (exactness_support: chi-square and the two-sample TV bound)."""
+    gen = gens("noisy")
+    check_first_two_tokens_follow_target(gen, PROMPTS[0], "draft", N=1000)
