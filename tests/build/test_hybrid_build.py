@@ -10,7 +10,7 @@ from tiny import TINY_CONFIGS, make_tokenizer, tiny_config, write_recipe
 
 from specexport.cli.main import cli
 from specexport.models.config import UnsupportedConfig, config_from_dict, normalize
-from specexport.plan.sizes import STATE_POSITIONS, kv_bytes, known_config, parameters
+from specexport.plan.sizes import STATE_POSITIONS, known_config, kv_bytes, parameters
 
 
 def _config_only_folder(tmp_path, **overrides):
@@ -23,10 +23,7 @@ def _config_only_folder(tmp_path, **overrides):
     return folder
 
 
-@pytest.mark.parametrize(
-    "ask, named",
-    [(dict(max_batch=2), "max_batch 2"), (dict(tree_verify=True), "tree_verify")],
-)
+@pytest.mark.parametrize("ask, named", [(dict(max_batch=2), "max_batch 2"), (dict(tree_verify=True), "tree_verify")])
 def test_batch_slots_and_trees_are_refused_before_weights_load(tmp_path, ask, named):
     folder = _config_only_folder(tmp_path)
     recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, **ask)
