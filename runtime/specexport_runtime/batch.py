@@ -321,7 +321,8 @@ class BatchScheduler:
     def _learn(self, seq: BatchSequence, before: tuple[int, int, int], gamma: int | None) -> None:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
         if seq.stats.lookup_rounds > before[2]:  # a free draft: its own record (BatchGamma.free_limit)
-            self.gamma.learn(FREE, a / d, None, seq.id)
+            if d:  # a grammar may cut a free draft to nothing: no evidence then
+                self.gamma.learn(FREE, a / d, None, seq.id)
             return
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
             seq._rounds += 1
