@@ -12,6 +12,14 @@ cancelled ones leave at once. A joining prompt is fed in chunks of at most `pref
 rows per round (all joining prompts together), so the decoding slots' round grows by at most
 that many rows while a long prompt is read (the prefill stall bound).
 
+A sequence that leaves keeps its committed rows in its slot while the slot is idle (`resident`:
+slot -> namespace, tokens, rows per part, and a copy of each part's row 0). The idle slot's
+cursor is 0, so its throwaway row (slots.py) costs no attention over them, and it overwrites row 0
+only. A joining sequence takes the free slot holding the longest prefix of its prompt in its
+namespace, and its prefill restores those rows in place: row 0 written back, the rest left where
+they are (prefix_cache.Lease.resident; no copy through the prefix pool). Otherwise it takes a free
+slot holding nothing, or the one idle longest.
+
 A draft model runs batched too when the artifact has its batch graph: every sequence drafting
 with it in a round hands its draft calls out (Proposer.propose_steps), and the scheduler runs
 them one batched draft call per draft step before the round's target call. Without a draft
@@ -42,6 +50,7 @@ from .costs import ema
 from .errors import InvalidArgument
 from .generator import GenerationResult, GenerationStats, TargetCall, run_generation
 from .pacing import FREE
+from .prefix_cache import TARGET, rows_reader
 from .proposers import DraftCall
 from .registry import ProposerSpec
 from .slots import SlotCall, SlotModel
@@ -144,6 +153,8 @@ class BatchScheduler:
         self.gamma = gamma or BatchGamma(min(gen.config.max_gamma, slots.max_rows - 1))
         self.waiting: deque[BatchSequence] = deque()
         self.running: dict[int, BatchSequence] = {}  # slot -> sequence
+        # slot -> (namespace, tokens, {part: rows [0, r) of tokens in its caches}, {part: row 0 [B, 1, H_kv, D]})
+        self.resident: dict[int, tuple[str, list[int], dict[str, int], dict[str, np.ndarray]]] = {}
         self.events: list[BatchEvent] = []
         self.round = 0
         self.batch_sizes: dict[int, int] = {}  # running sequences -> rounds
@@ -263,17 +274,38 @@ class BatchScheduler:
                     item = None
                 self._advance(seq, item)
 
+    def _slot_for(self, seq: BatchSequence, free: list[int]) -> int:
+        """The free slot whose resident rows share the longest prefix with seq's prompt in its
+        namespace; else one holding nothing; else the one idle longest (its rows are dropped)."""
+        namespace = seq.config.cache_salt or ""
+        best, shared = None, 0
+        for b in free if seq.config.cache_prompt else ():
+            held = self.resident.get(b)
+            if held is not None and held[0] == namespace:
+                n = _shared(held[1], seq.prompt_ids)
+                if n > shared:
+                    best, shared = b, n
+        if best is not None:
+            return best
+        empty = [b for b in free if b not in self.resident]
+        return empty[0] if empty else next(b for b in self.resident if b in free)  # dict order: left first
+
     def _admit(self) -> None:
         free = [b for b in range(self.model.slots) if b not in self.running]
         while free and self.waiting and len(self.running) < self.max_running:
-            seq, slot = self.waiting.popleft(), free.pop(0)
+            seq = self.waiting.popleft()
+            slot = self._slot_for(seq, free)
+            free.remove(slot)
+            resident = self.resident.pop(slot, None)
             view = self.model.view(slot)
-            view.reset()
+            view.reset()  # a cursor move: the rows stay, for the restore to take in place
             draft = self.draft.view(slot) if self.draft is not None else None
             if draft is not None:
                 draft.reset()
             loop = self.gen.make_loop(seq.config, seq.spec, target=view, batched=True, draft=draft)
-            self.gen.prefix_cache.attach(loop, seq.config, draft)  # its prefill starts from a cached prefix
+            lease = self.gen.prefix_cache.attach(loop, seq.config, draft)  # its prefill starts from a cached prefix
+            if lease is not None and resident is not None and resident[0] == lease.namespace:
+                lease.resident = resident[1:]
             seq.slot, seq._loop, seq.stats = slot, loop, loop.stats
             seq._alpha, seq._proposed = self.gamma.prior(seq.proposer)
             seq._events = run_generation(
@@ -321,7 +353,8 @@ class BatchScheduler:
     def _learn(self, seq: BatchSequence, before: tuple[int, int, int], gamma: int | None) -> None:
         d, a = seq.stats.drafted - before[0], seq.stats.accepted - before[1]
         if seq.stats.lookup_rounds > before[2]:  # a free draft: its own record (BatchGamma.free_limit)
-            self.gamma.learn(FREE, a / d, None, seq.id)
+            if d:  # a grammar may cut a free draft to nothing: no evidence then
+                self.gamma.learn(FREE, a / d, None, seq.id)
             return
         if gamma:  # how often its proposer drafts when the batch asks for gamma tokens
             seq._rounds += 1
@@ -339,11 +372,27 @@ class BatchScheduler:
             seq._events.close()
         if kind == "cancel":
             seq.finish_reason = "cancelled"
-        if getattr(seq._loop, "prefix", None) is not None:  # its slots' committed rows go to the prefix pool
-            seq._loop.prefix.keep(seq.prompt_ids + seq.tokens)
+        lease = getattr(seq._loop, "prefix", None)
+        if lease is not None:  # its slots' committed rows go to the prefix pool, and stay in the slots
+            tokens = seq.prompt_ids + seq.tokens
+            lease.keep(tokens)
+            held = {part: rows for part, rows in lease.held(tokens).items() if rows > 0}
+            if TARGET in held and lease.eagle is None:
+                first = {part: rows_reader(lease.parts[part])[0](0, 1) for part in held}
+                self.resident[seq.slot] = (lease.namespace, tokens, held, first)
         self.model.view(seq.slot).reset()  # an empty slot's throwaway attention row reads no past
         if self.draft is not None:
             self.draft.view(seq.slot).reset()
         self.running.pop(seq.slot, None)
         self.events.append(BatchEvent(self.round, kind, seq.id, seq.slot))
         seq.slot = None
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -280,7 +280,7 @@ def run_cluster(args: argparse.Namespace, server) -> int:
     )
     from .cluster.deployment import serve_cluster
 
-    serve_cluster(args.artifact, config, log_level=args.log_level)
+    serve_cluster(args.artifact, config, log_level=args.log_level, log_format=args.log_format)
     return 0
 
 

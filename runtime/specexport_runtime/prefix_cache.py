@@ -20,6 +20,10 @@ lease's namespace when its prompt starts with the stored ids and the pool lacks 
 restore then finds it like any other prefix.
 In a batch (batch.py) the scheduler attaches a lease to each joining sequence's loop on its slots;
 its prefill restores likewise, and the scheduler keeps the rows when the sequence leaves its slot.
+A slot also keeps them in place while idle (Lease.held), with a copy of row 0, which the idle
+slot's throwaway row overwrites: a sequence of the same namespace that joins it (Lease.resident)
+takes each part's rows [0, m) from the slot itself (row 0 written back, no other copy) wherever
+the slot's match reaches at least as far as the pool's (m capped as above).
 keep (the generation finished or was closed): rows [0, min(model.length, len(prompt + output)))
     of each part go to the pool (cache row t is committed token t's K/V, and the emitted output
     is a prefix of the committed tokens). Nothing is kept when any model was called by someone
@@ -111,29 +115,43 @@ class Lease:
         self.started = False  # restore() ran: the caches hold this generation's rows
         self.guarded = not loop.batched
         self.mark: tuple | None = None  # the models' call counts and cursors after the last round seen
+        # (tokens, {part: r}, {part: row 0 [B, 1, H_kv, D]}): the parts' caches hold rows [1, r) of
+        # tokens already, and row 0 is the copy (an idle batch slot's; batch.py)
+        self.resident: tuple[Sequence[int], dict[str, int], dict[str, np.ndarray]] | None = None
+        self.adopted = 0  # target rows restore() took from the slot in place
 
     def fingerprint(self) -> tuple:
         return tuple((m.stats.calls, m.length) for m in self.parts.values())
 
     def restore(self, prompt: Sequence[int]) -> int:
-        """Rows [0, m) of each part from the pool into its cache (cursor after them); returns the
-        target's m, the prompt tokens the prefill skips."""
-        pool = self.cache.pool
+        """Rows [0, m) of each part from the pool, or left in place by an idle slot (`resident`),
+        into its cache (cursor after them); returns the target's m, the prompt tokens the prefill
+        skips."""
+        pool, stored = self.cache.pool, self.cache.stored
         self.prompt_len, self.started = len(prompt), True
+        seeds = None if stored is None else stored.seeds
         ready = self.cache.seed(self.namespace, prompt, self.parts[TARGET], self.names)
+        seeded = stored is not None and stored.seeds != seeds  # its check wrote rows into the target's cache
         match = pool.match(self.namespace, prompt, self.names)
         # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
         # every restored target row, and its row t pairs features[t] with token t + 1
         skip = min(match.rows[TARGET], len(prompt) - 1, match.rows.get(FEATURES, len(prompt)))
         stops = {TARGET: skip, DRAFT: min(match.rows.get(DRAFT, 0), len(prompt))}
         stops[HEAD] = min(match.rows.get(HEAD, 0), max(0, skip - 1))
+        in_place = {} if seeded else self._in_place(prompt)
         for part, model in self.parts.items():
-            if part == TARGET and 0 < stops[part] <= ready:  # the seeding's check left these rows there
+            if in_place.get(part, 0) > 0 and in_place[part] >= stops[part]:  # the slot holds as many or more
+                stops[part] = in_place[part]  # rows [1, stop) there already
+                rows_reader(model)[1](0, self.resident[2][part])  # row 0, which the idle slot overwrote
+                model.length = stops[part]
+                self.adopted = stops[part] if part == TARGET else self.adopted
+            elif part == TARGET and 0 < stops[part] <= ready:  # the seeding's check left these rows there
                 model.length = stops[part]
             elif stops[part] > 0:
                 _, write = rows_reader(model)
                 pool.read(match, part, stops[part], write)
                 model.length = stops[part]  # rows [0, stop) now hold prompt[:stop]'s K/V
+        skip = stops[TARGET]
         if self.eagle is not None and skip > 0:
             pool.read(match, FEATURES, skip, self._write_features)
             self.eagle.known = skip  # features of positions [0, skip)
@@ -145,15 +163,36 @@ class Lease:
         self.loop.stats.cached_tokens = skip
         return skip
 
+    def _in_place(self, prompt: Sequence[int]) -> dict[str, int]:
+        """{part: rows [0, m) of prompt its cache holds already} from `resident`, capped as the
+        pool's match is (the target feeds the prompt's last token); {} without a resident or with
+        an EAGLE head (its features come from the pool)."""
+        if self.resident is None or self.eagle is not None:
+            return {}
+        tokens, rows, _ = self.resident
+        n = len(prompt)
+        common = int(_common_prefix(np.asarray(tokens[:n], np.int64), np.asarray(prompt[: len(tokens)], np.int64)))
+        caps = {TARGET: n - 1, DRAFT: n}
+        return {part: min(common, rows[part], caps[part]) for part in self.parts if part in rows and part in caps}
+
+    def held(self, tokens: Sequence[int]) -> dict[str, int]:
+        """{part: r}: the rows [0, r) of `tokens` (prompt + output, committed) each part's cache
+        holds when the generation ends (what keep() stores); {} when it never started."""
+        if not self.started:
+            return {}
+        limit = len(tokens) if self.loop.stats.tree_rounds == 0 else self.prompt_len
+        return {part: min(model.length, limit) for part, model in self.parts.items()}
+
     def keep(self, tokens: Sequence[int]) -> None:
         """The generation ended (or was closed) with the committed prefix `tokens` (prompt + output)."""
         if not self.started or (self.guarded and self.mark != self.fingerprint()):
             return  # never started, or another caller used the models since its last round
         limit = len(tokens) if self.loop.stats.tree_rounds == 0 else self.prompt_len
+        held = self.held(tokens)
         sources = {}
         for part, model in self.parts.items():
             read, _ = rows_reader(model)
-            sources[part] = (min(model.length, limit), read)
+            sources[part] = (held[part], read)
         if self.eagle is not None:
             known = min(self.eagle.known, limit)
             sources[FEATURES] = (known, lambda a, b: self.eagle.features[None, a:b].copy())  # [1, n, F]
@@ -164,6 +203,13 @@ class Lease:
     def _write_features(self, start: int, rows: np.ndarray) -> None:
         """rows [1, n, F] of the target's features into the EAGLE proposer's positions [start, start + n)."""
         self.eagle.features[start : start + rows.shape[1]] = rows[0]
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two int64 vectors."""
+    n = min(a.size, b.size)
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
 
 
 class PrefixCache:

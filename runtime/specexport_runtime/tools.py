@@ -15,6 +15,10 @@ of two shapes, so it always parses:
 
 tool_choice: "none" (no tool is offered, plain content), "auto" (either shape), "required" (a
 tool call, one or more), or {"type": "function", "function": {"name": N}} (exactly one call of N).
+A list of calls ends at its first call identical (name and arguments) to an earlier one: a model
+that repeats itself would otherwise write calls until max_tokens. parse() keeps the calls before
+that repeat, and the server stops the generation once repeats() sees it (finish_reason
+"tool_calls"); the grammar cannot say "no repeat" itself.
 Earlier turns: an assistant message's `tool_calls` is rendered as the JSON above, a `tool`
 message (a tool's result) as a user message naming the call it answers.
 """
@@ -218,6 +222,18 @@ class ToolPlan:
             "x-guidance": JSON_OPTIONS,
         }
 
+    @property
+    def multiple(self) -> bool:
+        """Whether an answer may hold several calls (so a call can repeat)."""
+        return self.active and self.parallel and self.choice in TOOL_CHOICES
+
+    def repeats(self, text: str) -> bool:
+        """Whether the answer so far (cut anywhere) holds a complete call identical to an earlier one."""
+        if not self.multiple or not text.startswith(_HEAD):
+            return False
+        calls = _complete_calls(text)
+        return len(_before_repeat(calls)) < len(calls)
+
     def grammar(self) -> Grammar | None:
         """The answer's grammar: a tool call, or (auto) a tool call or text not starting with '{'."""
         if not self.active:
@@ -230,8 +246,9 @@ class ToolPlan:
 
     def parse(self, text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
         """(content, tool calls) of an answer made under grammar(); a text that is no tool call is
-        content. An answer cut short (max_tokens) inside its list of calls gives the calls it
-        completed; one cut before its first complete call is content."""
+        content. An answer cut short (max_tokens, or a repeat) inside its list of calls gives the
+        calls it completed; one cut before its first complete call is content. The calls end
+        before the first one identical to an earlier call."""
         if not self.active or not text.lstrip().startswith("{"):
             return text, ()
         try:
@@ -240,17 +257,33 @@ class ToolPlan:
             found = _complete_calls(text)
             if not found:
                 return text, ()
-        calls = tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", c["name"], json.dumps(c["arguments"])) for c in found)
+        calls = tuple(
+            ToolCall(f"call_{uuid.uuid4().hex[:24]}", c["name"], json.dumps(c["arguments"]))
+            for c in _before_repeat(found)
+        )
         return None, calls
+
+
+_HEAD = '{"tool_calls": ['  # how the grammar's answer of calls starts
+
+
+def _before_repeat(calls: list[dict]) -> list[dict]:
+    """`calls` up to (not including) the first one equal, name and arguments, to an earlier one."""
+    seen: set[str] = set()
+    for i, call in enumerate(calls):
+        key = json.dumps([call.get("name"), call.get("arguments")], sort_keys=True)
+        if key in seen:
+            return calls[:i]
+        seen.add(key)
+    return calls
 
 
 def _complete_calls(text: str) -> list[dict]:
     """The complete call objects at the start of a cut `{"tool_calls": [call, call, ...` (the
     grammar writes JSON with fixed separators, JSON_OPTIONS)."""
-    head = '{"tool_calls": ['
-    if not text.startswith(head):
+    if not text.startswith(_HEAD):
         return []
-    decoder, pos, calls = json.JSONDecoder(), len(head), []
+    decoder, pos, calls = json.JSONDecoder(), len(_HEAD), []
     while True:
         try:
             call, pos = decoder.raw_decode(text, pos)

@@ -178,13 +178,14 @@ def _validation_line(val: dict) -> str:
 @click.argument("draft")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def check_pair_cmd(target: str, draft: str, as_json: bool) -> None:
-    """Check that TARGET and DRAFT (folders, .gguf files, hub ids, builtin:NAME) share a tokenizer.
+    """Check that TARGET and DRAFT (built artifacts, folders, .gguf files, hub ids, builtin:NAME) share a tokenizer.
 
+    A hub id is read from the local cache first; offline, an uncached one is an error at once.
     Exit code 0 when compatible, 1 when not."""
-    from ..models.sources import load_tokenizer, resolve_source
     from ..models.tokcheck import check_pair
+    from .pair import pair_tokenizer
 
-    report = check_pair(load_tokenizer(resolve_source(target)), load_tokenizer(resolve_source(draft)))
+    report = check_pair(pair_tokenizer(target), pair_tokenizer(draft))
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     sys.exit(0 if report.compatible else 1)
 

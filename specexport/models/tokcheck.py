@@ -283,6 +283,11 @@ def _special(tok: Any, role: str) -> tuple[str | None, int | None] | None:
     return (None if text is None else str(text)), ident
 
 
+def _stops_on(tok: Any, ident: int | None) -> bool:
+    """Whether an artifact's tokenizer (`stop_token_ids`) ends generation on `ident`."""
+    return ident is not None and ident in (getattr(tok, "stop_token_ids", None) or ())
+
+
 def _fmt_special(value: tuple[str | None, int | None]) -> str:
     text, ident = value
     return "none" if text is None else f"{text!r} (id {ident})"
@@ -349,14 +354,20 @@ def _compare_models(out: _Collector, t_model: dict[str, Any], d_model: dict[str,
 
 
 def _compare_specials(out: _Collector, target_tok: Any, draft_tok: Any) -> None:
-    """Special token roles (the transformers wrapper only): BOS/EOS/UNK block, PAD warns."""
+    """Special token roles known on both sides: BOS/EOS/UNK block, PAD warns. A bare
+    tokenizers.Tokenizer has none; a built artifact's (`stop_token_ids`: the eos ids it stops on)
+    has BOS and EOS, and its EOS agrees with an EOS id among those."""
     specials = {role: (_special(target_tok, role), _special(draft_tok, role)) for role in (*_BLOCKING_SPECIALS, "pad")}
-    if not all(t is not None and d is not None for t, d in specials.values()):
+    known = {role: pair for role, pair in specials.items() if None not in pair}
+    if not known:
         out.warnings.append("special tokens (BOS/EOS/UNK/PAD) not compared: a bare tokenizers.Tokenizer was given")
         return
+    if len(known) < len(specials):
+        missing = "/".join(role.upper() for role in specials if role not in known)
+        out.warnings.append(f"special tokens {missing} not compared: not known on both sides (an artifact has BOS/EOS)")
     lines = []
-    for role, (t, d) in specials.items():
-        if t == d:
+    for role, (t, d) in known.items():
+        if t == d or (role == "eos" and (_stops_on(target_tok, d[1]) or _stops_on(draft_tok, t[1]))):
             continue
         line = f"{role}_token: target {_fmt_special(t)} vs draft {_fmt_special(d)}"
         if role in _BLOCKING_SPECIALS:

@@ -84,7 +84,8 @@ def front_for(cfg: ClusterConfig) -> int:
     from ray import serve
 
     handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=cfg.name)
-    front = Front(relay(handle, cfg, cfg.name), listen("127.0.0.1", 0), log_level="warning")
+    cors = cfg.server.cors_origins
+    front = Front(relay(handle, cfg, cfg.name), listen("127.0.0.1", 0), log_level="warning", cors_origins=cors)
     front.start()
     FRONTS.append(front)
     return front.port

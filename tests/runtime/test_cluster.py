@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
-from cluster_support import config, deploy_at, fixture_cluster, front_for, replica_metrics, running_replicas  # noqa: E402, F401
+from cluster_support import config, deploy_at, fixture_cluster, front_for, replica_metrics, running_replicas, wait_until  # noqa: E402, F401
 from test_server_support import metric_sum, metric_values  # noqa: E402
 
 from specexport_runtime.api import load  # noqa: E402
@@ -134,6 +134,49 @@ def test_the_ingress_answers_health_and_refuses_a_missing_key_before_any_replica
         )
         assert status == 401 and body["error"]["code"] == "invalid_api_key", body
         assert REPLICA_HEADER.decode() not in headers
+
+
+@pytest.mark.parametrize("entry", [0, 1], ids=["front", "ray-proxy"])
+def test_cors_is_the_entrys_and_the_front_logs_each_replicas_request_line(two, entry):
+    """A preflight from a page of this machine gets 204 at the entry (no key asked), an answer to
+    that page carries one Access-Control-Allow-Origin (the replicas add none), and the front logs
+    the request line its replica reported, with the replica's id."""
+    import logging
+
+    from specexport_runtime.server.logs import LOGGER
+
+    page = "http://localhost:8080"
+    preflight = {"Origin": page, "Access-Control-Request-Method": "POST"}
+    conn = http.client.HTTPConnection("127.0.0.1", two[entry], timeout=60)
+    conn.request("OPTIONS", "/v1/completions", headers=preflight)
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 204 and resp.getheader("access-control-allow-origin") == page
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger(LOGGER)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        headers = {"Origin": page, "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        body = json.dumps({"prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0})
+        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        resp = conn.getresponse()
+        usage = json.loads(resp.read())["usage"]
+        assert (
+            resp.status == 200 and [k.lower() for k, _ in resp.getheaders()].count("access-control-allow-origin") == 1
+        )
+        if entry == 0:  # the ray-proxy entry's relay logs in the Ingress actor's process
+            wait_until(lambda: any(r.getMessage() == "request" for r in records), 10, "the request line")
+            [line] = [r.fields for r in records if r.getMessage() == "request"]
+            assert line["id"] == resp.getheader("x-request-id") and line["new_tokens"] == usage["completion_tokens"]
+            assert line["replica"] == resp.getheader(REPLICA_HEADER.decode())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        conn.close()
 
 
 def test_a_tampered_package_is_refused_by_every_replica_in_one_line(two, package, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,9 @@ def test_sigint_drains_the_running_request_then_stops(long_artifact, tmp_path):
             proc.wait(30)
     output = (tmp_path / "serve.log").read_text(errors="replace")
     assert "draining: running requests may finish for 60 s" in output, output[-2000:]
+    # the log of the single server: a start-up summary, one line per request with its replica's figures
+    assert " INFO specexport.server startup artifact=" in output and " replicas=1 " in output, output[-2000:]
+    assert re.search(r" INFO specexport\.server request id=\S+ .*new_tokens=\d+ .* replica=\S+", output), output[-2000:]
     assert not answers_ok(port, "/health")
 
 

@@ -271,11 +271,13 @@ def test_calls_cut_by_max_tokens_come_back_as_the_completed_calls():
         "city": {"type": "string"}}}}}]  # fmt: skip
     plan = ToolPlan.create(tools, "required", True, True)
     call = '{"name": "get_time", "arguments": {"city": "Oslo"}}'
-    cut = '{"tool_calls": [' + call + ", " + call + ', {"name": "get_ti'
+    other = '{"name": "get_time", "arguments": {"city": "Bergen"}}'  # distinct: a repeat would end the calls
+    cut = '{"tool_calls": [' + call + ", " + other + ', {"name": "get_ti'
     content, calls = plan.parse(cut)
-    assert (
-        content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"city": "Oslo"})] * 2
-    )
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_time", {"city": "Oslo"}),
+        ("get_time", {"city": "Bergen"}),
+    ]
     assert plan.parse('{"tool_calls": [{"name": "get_ti') == ('{"tool_calls": [{"name": "get_ti', ())
     whole = '{"tool_calls": [' + call + "]}"
     assert len(plan.parse(whole)[1]) == 1

@@ -128,10 +128,11 @@ class ClusterConfig:
         """What each replica's app runs with: the server's settings, with a local queue of
         `replica_queue` plus one batch of headroom (Ray sends a replica at most `per_replica`
         requests; the headroom absorbs the moment between one request's last chunk and its slot
-        being free)."""
+        being free), and no CORS: the front answers it (ingress.front_app), and a second
+        Access-Control-Allow-Origin would make browsers refuse the answer."""
         from dataclasses import replace
 
-        return replace(self.server, max_queue=self.replica_queue + self.server.max_batch)
+        return replace(self.server, max_queue=self.replica_queue + self.server.max_batch, cors_origins=())
 
     @property
     def shutdown_grace(self) -> float:

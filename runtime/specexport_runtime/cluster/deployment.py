@@ -30,9 +30,10 @@ from pathlib import Path
 from ray import serve
 
 from ..errors import SpecExportError
+from ..server.logs import configure, log
 from .config import SHUTDOWN_SLACK, ClusterConfig
 from .front import Front, listen
-from .ingress import Relay
+from .ingress import Relay, front_app
 from .replica import REFUSED, SpecReplica
 
 REPLICA_DEPLOYMENT = "SpecReplica"
@@ -57,6 +58,8 @@ def relay(handle, config: ClusterConfig, app: str) -> Relay:
         api_key=config.server.api_key,
         replicas=lambda: asyncio.to_thread(running_replicas, app),
         min_replicas=config.min_replicas,
+        slots=config.slots,
+        replica_queue=config.replica_queue,
     )
 
 
@@ -65,9 +68,10 @@ class IngressBase:
 
     def __init__(self, replicas, config: ClusterConfig):
         self.relay = relay(replicas, config, serve.get_replica_context().app_name)
+        self.front = front_app(self.relay, config.server.cors_origins)
 
     def __serve_build_asgi_app__(self):
-        return self.relay
+        return self.front
 
 
 def replica_application(artifact: str | Path, config: ClusterConfig):
@@ -170,12 +174,37 @@ def ray_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in RAY_ENVIRONMENT}
 
 
-def serve_cluster(artifact: str | Path, config: ClusterConfig, log_level: str = "info") -> None:
+def startup_fields(artifact: str | Path, config: ClusterConfig, address: str, seconds: float) -> dict:
+    """The cluster's start-up summary (server/logs.py's `startup` event; the replicas' model
+    facts stay on the replicas, whose artifact this machine may not hold)."""
+    s = config.server
+    scale = str(config.replicas) if config.autoscale is None else f"{config.autoscale[0]}..{config.autoscale[1]}"
+    return {
+        "artifact": str(artifact),
+        "model": s.model_name or "the artifact's",
+        "proposer": s.proposer or "the artifact's",
+        "replicas": scale,
+        "slots": config.slots,
+        "replica_queue": config.replica_queue,
+        "max_queue": config.queue,
+        "listen": address,
+        "api_key": s.api_key is not None,
+        "cors_origins": ",".join(s.cors_origins) or "none",
+        "deploy_seconds": round(seconds, 2),
+    }
+
+
+def serve_cluster(
+    artifact: str | Path, config: ClusterConfig, log_level: str = "info", log_format: str = "text"
+) -> None:
     """Start (or join: config.ray_address) a Ray cluster, deploy the replicas, serve HTTP from this
     process (front.py) until SIGINT/SIGTERM, then drain: new requests get 503, running ones may
-    finish for drain_seconds, what still runs then is cut with an error (never a clean short answer)."""
+    finish for drain_seconds, what still runs then is cut with an error (never a clean short answer).
+    Logs (server/logs.py) in `log_format` at `log_level`: the start-up summary, then one `request`
+    line per finished request as its replica reported it (with the replica's id)."""
     import ray
 
+    configure(log_format, log_level)
     warning = config.server.exposure_warning()
     if warning:
         print(warning, file=sys.stderr)
@@ -193,9 +222,14 @@ def serve_cluster(artifact: str | Path, config: ClusterConfig, log_level: str = 
     try:
         serve.start(proxy_location="Disabled")  # no Ray HTTP proxy: this process is the front
         try:
+            started = time.monotonic()
             handle = deploy(artifact, config, route_prefix=None)
-            front = Front(relay(handle, config, config.name), sock, log_level)
+            cors = config.server.cors_origins
+            front = Front(relay(handle, config, config.name), sock, log_level, cors_origins=cors, own_logging=True)
             front.start()
+            log.info(
+                "startup", extra={"fields": startup_fields(artifact, config, front.address, time.monotonic() - started)}
+            )
             scale = (
                 f"{config.replicas} replicas"
                 if config.autoscale is None

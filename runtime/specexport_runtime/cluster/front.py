@@ -7,7 +7,8 @@ Ray Serve runs the replicas only (an application with no HTTP route and no Ray p
 makes one Ray hop, where Ray's proxy and an ingress deployment add two processes and most of the
 cluster's per-request time (docs/serving.md measures both). The listening socket is bound before
 Ray starts, so a busy port fails at once. uvicorn runs in a thread of its own; the command's main
-thread keeps the signals (deployment.serve_cluster).
+thread keeps the signals (deployment.serve_cluster). The app served is the Relay behind the
+server's CORS rules (ingress.front_app).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import uvicorn
 
 from ..errors import SpecExportError
-from .ingress import Relay
+from .ingress import Relay, front_app
 
 GRACEFUL_SECONDS = 5  # uvicorn's wait for open connections once the front stops
 START_SECONDS = 30.0  # how long the front may take to start serving
@@ -56,15 +57,26 @@ class _Server(uvicorn.Server):
 class Front:
     """Serves `relay` on the bound socket `sock` from a thread: start(), then stop()."""
 
-    def __init__(self, relay: Relay, sock: socket.socket, log_level: str = "info", access_log: bool = True):
+    def __init__(
+        self,
+        relay: Relay,
+        sock: socket.socket,
+        log_level: str = "info",
+        access_log: bool = True,
+        cors_origins: tuple[str, ...] = (),
+        own_logging: bool = False,
+    ):
+        """cors_origins: parsed patterns (server/cors.py; () = no CORS); own_logging: logging is
+        configured already (server/logs.configure), uvicorn keeps its hands off it."""
         self.relay, self.sock = relay, sock
         config = uvicorn.Config(
-            relay,
+            front_app(relay, cors_origins),
             log_level=log_level,
             access_log=access_log,
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_SECONDS,
             server_header=False,
+            **({"log_config": None} if own_logging else {}),
         )
         self.server = _Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="front", daemon=True)

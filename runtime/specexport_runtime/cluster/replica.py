@@ -9,7 +9,9 @@ machines but the path and the keys' public PEM bytes, so an unverified artifact 
 Each replica runs `server.app.create_app` (the same routes, errors, `speculative` objects and
 metrics as `specexport serve`) in-process: `http(request)` feeds one HTTP request into that ASGI
 app and yields the messages the app sends, each `http.response.start` tagged with the header
-`x-specexport-replica: <replica id>`. What generation state learns across requests (the suffix
+`x-specexport-replica: <replica id>`; after a response that ended, one more message
+`{"type": LOG_MESSAGE, "fields": ...}` carries its `request` log line's fields (server/logs.py)
+to the front, which logs it (ingress.py). What generation state learns across requests (the suffix
 store, the gamma controllers, the measured call costs) stays in the replica.
 
 This module does not import ray at import time; deployment.py wraps SpecReplica in
@@ -23,6 +25,7 @@ import logging
 import shutil
 import socket
 import tempfile
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,7 +35,43 @@ from .config import SHUTDOWN_SLACK, ClusterConfig, LoadOptions
 log = logging.getLogger("specexport.cluster")
 REPLICA_HEADER = b"x-specexport-replica"
 REFUSED = "specexport replica refused the artifact"  # the marker of the one-line deployment error
+LOG_MESSAGE = "specexport.log"  # the message after a response: {"type", "fields": its request line's fields}
 _END = object()
+
+
+class RequestLines(logging.Handler):
+    """Keeps the fields of the server's `request` log lines by request id (the newest `keep`),
+    for http() to hand to the front."""
+
+    def __init__(self, keep: int = 1024):
+        super().__init__(logging.INFO)
+        self.keep, self.lines = keep, OrderedDict()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", None)
+        if record.msg == "request" and fields and "id" in fields:
+            self.lines[fields["id"]] = fields
+            while len(self.lines) > self.keep:
+                self.lines.popitem(last=False)
+
+    def take(self, request_id: str | None) -> dict | None:
+        """The line of `request_id`, removed (emit runs on the worker's thread, under self.lock)."""
+        with self.lock:
+            return None if request_id is None else self.lines.pop(request_id, None)
+
+
+def request_lines() -> RequestLines:
+    """This process's RequestLines on the server's logger (installed once; the logger at INFO)."""
+    from ..server.logs import log as server_log
+
+    for handler in server_log.handlers:
+        if isinstance(handler, RequestLines):
+            return handler
+    handler = RequestLines()
+    server_log.addHandler(handler)
+    if server_log.getEffectiveLevel() > logging.INFO:
+        server_log.setLevel(logging.INFO)
+    return handler
 
 
 class ReplicaRefused(SpecExportError):
@@ -67,10 +106,11 @@ def open_generator(artifact: str, load: LoadOptions, batch: bool, scratch: Path)
 
 def _replica_id() -> str:
     from ray import serve
+    from ray.serve.exceptions import RayServeException
 
     try:
         return serve.get_replica_context().replica_id.unique_id
-    except RuntimeError:  # outside a Serve replica (tests calling the class directly)
+    except (RuntimeError, RayServeException):  # outside a Serve replica (tests calling the class directly)
         return f"local-{socket.gethostname()}"
 
 
@@ -93,6 +133,7 @@ class SpecReplica:
         self._lifespan = self.app.router.lifespan_context(self.app)  # starts the worker thread
         await self._lifespan.__aenter__()
         self._header = (REPLICA_HEADER, self.id.encode())
+        self.lines = request_lines()
 
     async def http(self, request: dict) -> AsyncIterator[list[dict]]:
         """Run one HTTP request through the app; yields its ASGI send messages in order, in batches
@@ -127,9 +168,13 @@ class SpecReplica:
             await gone.wait()
             return {"type": "http.disconnect"}
 
+        request_id: list[str] = []  # the response's x-request-id, when it has one
+
         async def send(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), self._header]}
+                headers = message.get("headers", [])
+                request_id.extend(v.decode("latin-1") for k, v in headers if k == b"x-request-id")
+                message = {**message, "headers": [*headers, self._header]}
             outbox.put_nowait(message)
 
         task = asyncio.ensure_future(self.app(scope, receive, send))
@@ -156,6 +201,9 @@ class SpecReplica:
             log.error("replica %s: error on %s %s", self.id, request["method"], request["path"], exc_info=error)
         if not complete:
             raise RuntimeError(f"replica {self.id}: the app ended {request['path']} without completing its response")
+        fields = self.lines.take(request_id[0] if request_id else None)
+        if fields is not None:
+            yield [{"type": LOG_MESSAGE, "fields": fields}]
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose generating thread died is restarted."""

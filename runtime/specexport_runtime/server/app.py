@@ -267,6 +267,8 @@ async def _generation(request: Request, parse):
     prepared = await run_in_threadpool(state.prepare, req, state.cache_salt(request))
     job = Job(prepared.prompt_ids, prepared.config, arrived, arrived + state.config.request_timeout)
     job.trace = req.trace and req.stream
+    if prepared.plan is not None and prepared.plan.multiple:
+        job.until = prepared.plan.repeats
     state.worker.submit(job)
     renderer = Renderer(
         req.kind,

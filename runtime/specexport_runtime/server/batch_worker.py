@@ -49,6 +49,8 @@ class Running:
     backlog: deque = field(default_factory=deque)  # rounds not yet posted (no credit)
     stalled_since: float | None = None
     mark: tuple = (0, 0, 0, 0, 0)  # trace.counters after the last collected round
+    answer: str = ""  # the text so far, when job.until reads it
+    finish: str | None = None  # set when job.until ended the answer before the sequence did
 
 
 class BatchWorker(Worker):
@@ -156,6 +158,10 @@ class BatchWorker(Worker):
                 now_counts = counters(seq.stats)
                 kinds, run.mark = tuple(round_kinds(run.mark, now_counts, len(tokens))), now_counts
             run.backlog.append(Round(tokens, "".join(pieces), lp, kinds))
+            if run.job.until is not None and not seq.done and run.finish is None:
+                run.answer += "".join(pieces)
+                if run.job.until(run.answer):  # complete before the model's own end: it leaves now
+                    run.finish = "stop"
         run.sent_tokens, run.sent_pieces = len(seq.tokens), len(seq.pieces)
 
     def _flush(self) -> None:
@@ -169,8 +175,8 @@ class BatchWorker(Worker):
             if run.job.state != "running":
                 continue
             run.stalled_since = (run.stalled_since or now) if run.backlog else None
-            if run.seq.done and not run.backlog:
-                self._end(run)
+            if run.finish is not None or (run.seq.done and not run.backlog):
+                self._end(run)  # posts what is left of the backlog
 
     def _end(
         self, run: Running, gone: str | None = None, interrupted: str | None = None, failed: ApiError | None = None
@@ -198,7 +204,9 @@ class BatchWorker(Worker):
             job.post(event)
         run.backlog.clear()
         job.state = "finished"
-        finish = seq.finish_reason if seq.finish_reason in FINISH_REASONS else "length"  # cut: "cancelled"
+        finish = run.finish or (
+            seq.finish_reason if seq.finish_reason in FINISH_REASONS else "length"
+        )  # cut: "cancelled"
         proposer = seq.proposer if job.config.speculating else "none"
         outcome = Outcome(
             finish, seq.stats, proposer, "batch", job.config.gamma, run.start - job.arrived, run.ttft, interrupted

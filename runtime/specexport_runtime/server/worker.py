@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import GeneratorConfig
@@ -86,6 +87,7 @@ class Job:
     ended: float | None = None
     round_times: list[float] = field(default_factory=list)  # time.monotonic() after each round
     trace: bool = False  # Round.kinds wanted (the request's `trace`)
+    until: Callable[[str], bool] | None = None  # the answer so far -> it is complete (a tool call repeated)
 
     def post(self, event: Event) -> bool:
         """Worker thread: hand an event to the handler; False when its loop is gone."""
@@ -262,6 +264,7 @@ class Worker:
             self._fail(job, ApiError(400, str(exc), param="prompt", code="invalid_value"), "invalid")
             return
         delivered = 0  # tokens handed over: the offset of the next round's logprobs
+        answer = ""  # the text so far, when job.until reads it
         mark = counters(events.stats)
         try:
             for tokens, text, reason in events:
@@ -278,6 +281,11 @@ class Worker:
                 gone = self._deliver(job, Round(tokens, text, lp, kinds))
                 if gone:
                     break
+                if job.until is not None and reason is None:
+                    answer += text
+                    if job.until(answer):  # complete before the model's own end: stop it here
+                        finish = "stop"
+                        break
                 if reason is None:  # after the last round the iterator must run out, so the proposer learns
                     if job.cancelled.is_set():
                         gone = "running"
