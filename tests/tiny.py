@@ -81,6 +81,44 @@ TINY_CONFIGS: dict[str, dict] = {
         norm_eps=1e-5,
     ),
     # EXAONE 4: post-norms, per-head q/k norms, 3 sliding (rotary) : 1 full (NoPE) layers
+    # Granite 4.0-H dense (Mamba2 layers with a few GQA layers, no rotary, no experts): Mamba2 of 4
+    # heads x 32 (expand 2), state 16, conv kernel 4 with bias, Granite's multipliers, a shared MLP
+    "granitemoehybrid": dict(
+        _COMMON,
+        num_hidden_layers=4,
+        layer_types=["mamba", "mamba", "attention", "mamba"],
+        num_local_experts=0,
+        shared_intermediate_size=128,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_conv_bias=True,
+        mamba_proj_bias=False,
+        # each multiplier != 1 (the real 12 / 0.22 / 1/128 / 8 with 0.2-scale random weights repeat one token)
+        embedding_multiplier=1.5,
+        residual_multiplier=0.5,
+        attention_multiplier=0.1,
+        logits_scaling=2.0,
+        tie_word_embeddings=True,
+    ),
+    # Qwen3.5 (0.8B: 24 layers, one gated full-attention layer in four, head_dim 256 with rotary over
+    # a quarter, Gated DeltaNet of 16 k / 16 v heads x 128, conv kernel 4): here 2 k / 4 v heads x 16
+    "qwen3_5_text": dict(
+        _COMMON,
+        num_hidden_layers=4,
+        head_dim=64,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=True,
+    ),
     "exaone4": dict(_COMMON, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4),
     "gpt2": dict(
         vocab_size=320,
@@ -102,6 +140,14 @@ TINY_CONFIGS["gemma3"] = dict(
     vision_config=_TINY_VISION,
     mm_tokens_per_image=4,
     initializer_range=0.2,
+)
+# the Qwen3.5 checkpoint as published (vision tower and language model; transformers builds the
+# text model from it for causal LM)
+TINY_CONFIGS["qwen3_5"] = dict(
+    text_config=dict(TINY_CONFIGS["qwen3_5_text"], model_type="qwen3_5_text"),
+    vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64),
+    initializer_range=0.2,
+    tie_word_embeddings=True,
 )
 # Feature variants of a family: name -> (model_type, overrides of its TINY_CONFIGS entry).
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
@@ -174,8 +220,22 @@ TINY_VARIANTS: dict[str, tuple[str, dict]] = {
         ),
     ),
     "lfm2-bias": ("lfm2", dict(conv_bias=True, conv_L_cache=4)),  # biased projections and conv, kernel 4
+    # two B/C groups, rotary on (time_step_limit: tests/build/test_hybrid_build.py, against the
+    # uncached forward: transformers' cached decode step does not clamp dt)
+    "granitemoehybrid-rope": ("granitemoehybrid", dict(position_embedding_type="rope", mamba_n_groups=2)),
     "exaone4-global": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),  # 1.2B: all rotary
 }
+
+
+# Gated DeltaNet (Qwen3.5): transformers' fp32 forward is itself up to 1.3e-4 from its float64
+# forward on the tiny model (validation's reference_error), so parity against it gets that much
+# more room than the 1e-4 of the other families
+FP32_BOUND = {"qwen3_5_text": 3e-4, "qwen3_5": 3e-4}
+
+
+def fp32_bound(name: str) -> float:
+    """Max |logit diff| of an fp32 graph against transformers' fp32 forward, for a family or variant."""
+    return FP32_BOUND.get(TINY_VARIANTS.get(name, (name,))[0], 1e-4)
 
 
 def tiny_names() -> list[str]:
@@ -216,6 +276,10 @@ def make_model(arch: str = "llama", seed: int = 0, **overrides):
 
     torch.manual_seed(seed)
     config = tiny_config(arch, **overrides)
+    if arch == "qwen3_5":  # the published layout: the vision-language model (model.language_model.*)
+        from transformers import Qwen3_5ForConditionalGeneration
+
+        return Qwen3_5ForConditionalGeneration(config).eval()
     return AutoModelForCausalLM.from_config(config).eval()
 
 

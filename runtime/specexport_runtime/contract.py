@@ -140,8 +140,10 @@ Recurrent state (feature recurrent_state; a decoder entry's `states`; GraphSpec.
     s_j (a convolution window: [L - 1, C], the last L - 1 conv inputs, oldest first). Its K/V
     names count attention layers only (past_key_0 is the first attention layer's), and
     state_index  int64     [Rs]                rows of S whose state is returned (0 <= r < S)
-    past_state_{j} kv_dtype [1, *s_j]          the state before the call's first row (zeros at P = 0)
-    new_state_{j}  kv_dtype [1, Rs, *s_j]      the state after each row of state_index
+    past_state_{j} float32  [1, *s_j]          the state before the call's first row (zeros at P = 0)
+    new_state_{j}  float32  [1, Rs, *s_j]      the state after each row of state_index
+    States are float32 whatever the graph's dtype (a model-dtype value such as a conv input
+    converts to float32 and back exactly; a scan state keeps its float32 accumulation).
     A row's state depends only on the rows before it (causal), never on the rows after it, so
     the state after any accepted row of a verify call is returned by that call; the runtime keeps
     the states of the last positions (engine.StateHistory) and a rollback to any of them is a
@@ -475,9 +477,8 @@ class GraphSpec:
         return 2 * self.num_layers * self.slots * max_context * self.num_kv_heads * self.head_dim * itemsize
 
     def state_bytes(self, positions: int = 1) -> int:
-        """Bytes of the recurrent state of `positions` kept positions (feature recurrent_state)."""
-        itemsize = 4 if self.kv_dtype == "float32" else 2
-        return positions * sum(math.prod(shape) for shape in self.states) * itemsize
+        """Bytes of the recurrent state (float32) of `positions` kept positions (feature recurrent_state)."""
+        return positions * sum(math.prod(shape) for shape in self.states) * 4
 
 
 def is_supported(version: str) -> bool:

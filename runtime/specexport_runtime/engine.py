@@ -30,7 +30,7 @@ from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
 from .model import CacheCursor, CallRows, CallStats, head_rows, move_rows, plan_rows
-from .recurrent import StateHistory
+from .recurrent import MAX_CALL_ROWS, StateHistory
 
 __all__ = [
     "CacheCursor",
@@ -194,10 +194,10 @@ def check_contract(session: ort.InferenceSession, spec: GraphSpec, name: str) ->
     shapes = {contract.past_state(j): [1, *shape] for j, shape in enumerate(spec.states)}
     for arg in session.get_inputs():
         want_state = shapes.get(arg.name)
-        if want_state is not None and (list(arg.shape) != want_state or arg.type != kv_type):
+        if want_state is not None and (list(arg.shape) != want_state or arg.type != "tensor(float)"):
             raise ContractError(
                 f"graph {name!r} input {arg.name} is {arg.type} {list(arg.shape)}, but its manifest entry says"
-                f" {kv_type} {want_state}"
+                f" tensor(float) {want_state}"
             )
     logits = next(o for o in session.get_outputs() if o.name == contract.LOGITS)
     if isinstance(logits.shape[-1], int) and logits.shape[-1] != spec.embedding_rows:
@@ -263,7 +263,7 @@ class OrtModel(CacheCursor):
             self._hidden_out = np.full((1, max_rows, spec.hidden_width), 0, np.float32)
         self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
         # feature recurrent_state: the state after each of the last max_rows + 1 positions (recurrent.py)
-        self.states = StateHistory(spec.states, self.dtype, max_rows + 1, max_rows) if spec.states else None
+        self.states = StateHistory(spec.states, np.float32, max_rows + 1, max_rows) if spec.states else None
         if self.states is not None and self.device != "cpu":
             raise ProviderUnavailable(
                 f"recurrent-state graphs keep their states in host memory; got {config.provider!r}"
@@ -342,6 +342,8 @@ class OrtModel(CacheCursor):
         Returns a view [last_rows, V] into a buffer that the next call overwrites."""
         ids = self.check_call(ids, last_rows)  # [1, S]
         S, P = ids.shape[1], self.length
+        if self.states is not None and S > MAX_CALL_ROWS and not self.spec.has_features:
+            return self._chunked(ids, last_rows)
         call = plan_rows(ids, last_rows, self.min_rows)
         M = call.ids.shape[1]
         io = self._io
@@ -375,6 +377,16 @@ class OrtModel(CacheCursor):
         if self.spec.is_head:
             self.hidden_out = self._hidden_out[0, call.keep]
         return self._logits[0, call.keep]
+
+    def _chunked(self, ids: np.ndarray, last_rows: int) -> np.ndarray:
+        """A long call of a recurrent model (a prefill) as calls of at most MAX_CALL_ROWS rows in
+        order, the last holding the returned rows: a scan's intermediates grow with the square of
+        its rows (recurrent.py)."""
+        S = ids.shape[1]
+        cut = S - max(last_rows, (S - 1) % MAX_CALL_ROWS + 1)  # the last call: the rest, >= last_rows rows
+        for start in range(0, cut, MAX_CALL_ROWS):
+            self.forward(ids[:, start : min(cut, start + MAX_CALL_ROWS)])
+        return self.forward(ids[:, cut:], last_rows)
 
     def _bind_head(self, S: int, rows: int, features: np.ndarray | None, hidden: np.ndarray | None) -> None:
         """The head's row inputs: the given side as [1, S, width], zeros on the other."""

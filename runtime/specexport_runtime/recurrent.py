@@ -21,6 +21,10 @@ import numpy as np
 from . import contract
 from .errors import InvalidArgument
 
+# A recurrent model's calls hold at most this many rows (a longer prefill runs as several calls in
+# order): a Mamba2 scan's intermediates are [H, S, S], 3.2 GB per layer at S = 4096 for 48 heads
+MAX_CALL_ROWS = 256
+
 
 class StateHistory:
     """The kept recurrent states of one sequence (module docstring)."""

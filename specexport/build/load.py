@@ -5,7 +5,7 @@ draft model with its tokenizer checked against the target's, or an EAGLE-3 head)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +88,8 @@ def recurrent_refusal(norm: NormalizedConfig, recipe: Recipe) -> str | None:
 def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> NormalizedConfig:
     """The loaded model's normalized config, which must be the one checked before loading."""
     norm = normalize(model.config, max_context)
-    if norm != expected:
+    # a multimodal checkpoint's causal LM may carry its text config (Qwen3.5: qwen3_5 -> qwen3_5_text)
+    if norm != expected and replace(norm, family=expected.family) != expected:
         raise UnsupportedConfig(
             f"the loaded model's config ({norm.describe()}) differs from its config.json ({expected.describe()})"
         )

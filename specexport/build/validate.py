@@ -151,7 +151,7 @@ class FeedRunner:
         self.axis = spec.layout.time_axis  # of the cache buffers
         self.cache = [np.zeros(spec.cache_shape(0), dtype)] * (2 * spec.num_layers)
         # feature recurrent_state: position -> the states after it (every row's is asked for)
-        self.states: dict[int, list[np.ndarray]] = {0: [np.zeros((1, *s), dtype) for s in spec.states]}
+        self.states: dict[int, list[np.ndarray]] = {0: [np.zeros((1, *s), np.float32) for s in spec.states]}
 
     @property
     def past_len(self) -> int:

@@ -43,24 +43,24 @@ def _i64(g: Graph, stem: str, value) -> str:
     return g.const(stem, np.array(value, np.int64))
 
 
-def conv_mixer(c, site: int, h: str, cw: ConvWeights) -> str:
-    """h [1, S, C] (the layer's normed input) -> the mixer output [1, S, C]; the layer's state
-    leaves as new_state_{site} (module docstring). c: the writer's per-graph context (linear())."""
-    g = c.g
-    C, L = cw.kernel.shape
-    bcx = c.linear(h, cw.in_proj, cw.in_b)  # [1, S, 3 C]
-    b, gate, x = g.op("Split", [bcx, _i64(g, "split", [C, C, C])], 3, axis=-1)
-    (bx,) = g.op("Mul", [b, x])  # [1, S, C]
-    (win,) = g.op("Concat", [contract.past_state(site), bx], axis=1)  # [1, L - 1 + S, C]
+def causal_conv(g: Graph, x: str, site: int, kernel: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """x [1, S, C] -> the causal depthwise conv of kernel [C, L] over (state site j's last L - 1
+    rows, x) [1, S, C] (+ bias); the state after each state_index row leaves as new_state_{site}
+    (float32, as every state). Shared by LFM2's conv and the Mamba2 mixer (mamba.py)."""
+    C, L = kernel.shape
+    past = contract.past_state(site)
+    if g.dtype_name != "float32":  # states are float32; a model-dtype value converts back exactly
+        (past,) = g.op("Cast", [past], to=g.elem)
+    (win,) = g.op("Concat", [past, x], axis=1)  # [1, L - 1 + S, C]
     axis = _i64(g, "axis", [1])
     total = None
     for k in range(L):  # tap k reads win[k : k + S] = win[k : len - (L - 1 - k)]
         end = _i64(g, "end", [-(L - 1 - k) if k < L - 1 else INT64_MAX])
         (tap,) = g.op("Slice", [win, _i64(g, "start", [k]), end, axis])
-        (term,) = g.op("Mul", [tap, g.weight("conv_w", cw.kernel[:, k].contiguous())])
+        (term,) = g.op("Mul", [tap, g.weight("conv_w", kernel[:, k].contiguous())])
         total = term if total is None else g.op("Add", [total, term])[0]
-    if cw.kernel_b is not None:
-        (total,) = g.op("Add", [total, g.weight("conv_b", cw.kernel_b)])
+    if bias is not None:
+        (total,) = g.op("Add", [total, g.weight("conv_b", bias)])
     # new_state: rows r + 1 .. r + L - 1 of win for each requested row r
     (idx,) = g.op(
         "Add",
@@ -69,8 +69,28 @@ def conv_mixer(c, site: int, h: str, cw: ConvWeights) -> str:
             _i64(g, "taps", np.arange(1, L, dtype=np.int64)[None, :]),  # [1, L - 1]
         ],
     )
-    g.op("Gather", [win, idx], [contract.new_state(site)], axis=1)  # [1, Rs, L - 1, C]
-    (y,) = g.op("Mul", [gate, total])
+    state_out(g, g.op("Gather", [win, idx], axis=1)[0], site)  # [1, Rs, L - 1, C]
+    return total
+
+
+def state_out(g: Graph, value: str, site: int) -> None:
+    """Name `value` [1, Rs, *s_j] the output new_state_{site}, in float32."""
+    if g.dtype_name != "float32":
+        g.op("Cast", [value], [contract.new_state(site)], to=TensorProto.FLOAT)
+    else:
+        g.op("Identity", [value], [contract.new_state(site)])
+
+
+def conv_mixer(c, site: int, h: str, cw: ConvWeights) -> str:
+    """h [1, S, C] (the layer's normed input) -> the mixer output [1, S, C]; the layer's state
+    leaves as new_state_{site} (module docstring). c: the writer's per-graph context (linear())."""
+    g = c.g
+    C = cw.kernel.shape[0]
+    bcx = c.linear(h, cw.in_proj, cw.in_b)  # [1, S, 3 C]
+    b, gate, x = g.op("Split", [bcx, _i64(g, "split", [C, C, C])], 3, axis=-1)
+    (bx,) = g.op("Mul", [b, x])  # [1, S, C]: the conv inputs
+    conv = causal_conv(g, bx, site, cw.kernel, cw.kernel_b)
+    (y,) = g.op("Mul", [gate, conv])
     return c.linear(y, cw.out, cw.out_b)
 
 
@@ -87,16 +107,16 @@ def conv_weights(w, conv: torch.nn.Module, i: int) -> ConvWeights:
     )
 
 
-def state_interface(spec, elem: int, inputs: list, outputs: list) -> tuple[list, list]:
+def state_interface(spec, inputs: list, outputs: list) -> tuple[list, list]:
     """The operators' graph inputs and outputs plus (feature recurrent_state) state_index and each
     site's past_state / new_state, in the contract's order (GraphSpec.input_names / output_names)."""
     if not spec.states:
         return inputs, outputs
     info = helper.make_tensor_value_info
     inputs = [*inputs, info(contract.STATE_INDEX, TensorProto.INT64, ["state_rows"])]
-    for j, shape in enumerate(spec.states):
-        inputs.append(info(contract.past_state(j), elem, [1, *shape]))
-        outputs.append(info(contract.new_state(j), elem, [1, "state_rows", *shape]))
+    for j, shape in enumerate(spec.states):  # float32 whatever the graph dtype
+        inputs.append(info(contract.past_state(j), TensorProto.FLOAT, [1, *shape]))
+        outputs.append(info(contract.new_state(j), TensorProto.FLOAT, [1, "state_rows", *shape]))
     order_in = {n: k for k, n in enumerate(spec.input_names())}
     order_out = {n: k for k, n in enumerate(spec.output_names())}
     return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

@@ -33,9 +33,20 @@ from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
 from ..models.architectures import ArchSpec, arch_for, module_at
-from ..models.config import CONV, NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
+from ..models.config import (
+    ATTENTION,
+    CONV,
+    GDN,
+    MAMBA2,
+    NormalizedConfig,
+    UnsupportedConfig,
+    check_hf_modules,
+    normalize,
+)
 from ..models.streaming import Weights, source_of
 from .conv import conv_mixer, conv_weights, state_interface
+from .gdn import deltanet_mixer, deltanet_weights
+from .mamba import mamba_mixer, mamba_weights
 from .ops_fused import ops_for
 from .writer import (
     ONNX_DTYPE,
@@ -131,17 +142,29 @@ def _conv1d(w: Weights, module: torch.nn.Module) -> Part:
     return w.part(module, transposed=True)
 
 
+def _gated_rows(whole: Part, heads: int, head_dim: int, half: int) -> Part:
+    """Qwen3.5's q_proj [H 2 D, hidden] holds per head [q (D rows) | gate (D rows)]: the q rows
+    (half 0) or the gate rows (half 1) as a part [H D, hidden]."""
+
+    def read():
+        w = whole.read()
+        return w.reshape(heads, 2, head_dim, w.shape[-1])[:, half].reshape(heads * head_dim, w.shape[-1])
+
+    return Part(f"{whole.name}[{'q' if half == 0 else 'gate'}]", (heads * head_dim, whole.shape[1]), read)
+
+
 def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, w: Weights, i: int) -> LayerWeights:
     """Layer i's weights, read from the source (one layer's weights at a time); a CONV layer's
     mixer (conv.conv_weights) has no q|k|v / o sites here."""
     mlp = module_at(layer, arch.mlp)
     part = w.part
-    if cfg.layers[i].kind == CONV:
+    if cfg.layers[i].kind != ATTENTION:  # a recurrent mixer (conv.py, mamba.py) reads its own weights
         qkv, mods, o, out = None, (), None, None
     elif arch.qkv == "separate":
         attn = module_at(layer, arch.attn)
         mods = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = Linear(f"l{i}_qkv", tuple(part(m) for m in mods))
+        q = _gated_rows(part(attn.q_proj), cfg.heads, cfg.head_dim, 0) if arch.attn_gate else part(attn.q_proj)
+        qkv = Linear(f"l{i}_qkv", (q, part(attn.k_proj), part(attn.v_proj)))
     elif arch.qkv == "fused":
         attn = module_at(layer, arch.attn)
         mods = (attn.qkv_proj,)
@@ -172,7 +195,7 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
     if arch.mlp_kind == "gated":
         up_mods = (getattr(mlp, gate_name), getattr(mlp, up_name))
     else:  # fused_gated: rows [gate; up] already
-        up_mods = (mlp.gate_up_proj,)
+        up_mods = (getattr(mlp, gate_name),)
     down = getattr(mlp, down_name)
     return LayerWeights(
         qkv,
@@ -283,11 +306,21 @@ def _branch(c: _Ctx, layer: torch.nn.Module, post: str | None, out: str) -> str:
 def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw: LayerWeights) -> None:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch, g = c.cfg.arch, c.g
-    if c.cfg.layers[i].kind == CONV:  # the recurrent mixer, its state the (i - attention layers before)-th
-        site = i - sum(1 for a in c.cfg.attention_layers if a < i)
-        mixed = conv_mixer(c, site, h, conv_weights(c.ws, module_at(layer, arch.conv), i))
+    kind = c.cfg.layers[i].kind
+    if kind == CONV:  # recurrent mixers: their states are sites state_sites(i), ... (feature recurrent_state)
+        mixed = conv_mixer(c, c.cfg.state_sites(i), h, conv_weights(c.ws, module_at(layer, arch.conv), i))
+    elif kind == MAMBA2:
+        mw = mamba_weights(c.ws, module_at(layer, arch.mamba), i)
+        mixed = mamba_mixer(c, c.cfg.state_sites(i), h, mw, c.cfg.mamba)
+    elif kind == GDN:
+        dw = deltanet_weights(c.ws, module_at(layer, arch.deltanet), i)
+        mixed = deltanet_mixer(c, c.cfg.state_sites(i), h, dw, c.cfg.deltanet)
     else:
-        a = _attention(c, i, module_at(layer, arch.attn), h, lw)
+        attn = module_at(layer, arch.attn)
+        a = _attention(c, i, attn, h, lw)
+        if arch.attn_gate:  # Qwen3.5: a * sigmoid(gate(h)), the gate the per-head second half of q_proj
+            gate = Linear(f"l{i}_attn_gate", (_gated_rows(c.ws.part(attn.q_proj), c.cfg.heads, c.cfg.head_dim, 1),))
+            (a,) = g.op("Mul", [a, g.op("Sigmoid", [c.linear(h, gate, None)])[0]])
         mixed = c.linear(a, lw.o, lw.o_b)
     stream.add(_branch(c, layer, arch.attn_post_norm, mixed))
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
@@ -412,7 +445,7 @@ def build_decoder(
         call = ops.prepare(g, shape, slots, tree, pad=bool(pad), table_rows=rows)
         c = _Ctx(g, ops, cfg, shape, call, weights, ws)
         features = _write(c, model, base, layers, feature_layers, tie_lm_head, on_layer)
-        inputs, outputs = state_interface(spec, g.elem, *ops.interface(spec, g.elem, features))
+        inputs, outputs = state_interface(spec, *ops.interface(spec, g.elem, features))
         padded = pad or min_rows > 1 or feature_layers
         version = contract.version_for(
             kv_layout, 2 if padded else 1, windowed=bool(spec.windows), slots=slots, tree=tree, states=bool(spec.states)

@@ -60,12 +60,18 @@ class ArchSpec:
     global_nope: bool = False  # EXAONE 4: with sliding_window set, the full-attention layers have no rotary
     q_norm: str = "q_norm"  # qk_norm modules, relative to attn
     k_norm: str = "k_norm"
-    mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gated MLP: gate, up, down
+    # gated MLP: gate, up, down; fused_gated: the [gate; up] module, unused, down
+    mlp_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     activation: str = ""  # the MLP activation when the config names none (LFM2: silu, hard-wired)
     # config layer_types value -> the mixer that layer runs: "attention" or "conv" (LFM2's gated short
     # convolution, module `conv`: in_proj -> B, C, x; y = C * causal_depthwise_conv(B * x); out_proj)
     layer_kinds: tuple[tuple[str, str], ...] = (("full_attention", "attention"), ("sliding_attention", "attention"))
     conv: str = "conv"  # the conv mixer module, relative to the layer
+    mamba: str = "mamba"  # the Mamba2 mixer module (layer kind "mamba2"), relative to the layer
+    deltanet: str = "linear_attn"  # the Gated DeltaNet mixer module (layer kind "gdn"), relative to the layer
+    attn_gate: bool = False  # Qwen3.5: q_proj rows per head [q | gate]; attention output times sigmoid(gate)
+    # rotary only when config[key] == "rope" (Granite 4.0-H: position_embedding_type; unset or "nope": NoPE)
+    rope_switch: str = ""
 
     @property
     def norms_per_layer(self) -> int:
@@ -80,7 +86,13 @@ LLAMA = ArchSpec("llama", features=_features("attention_bias", "mlp_bias"))
 MISTRAL = ArchSpec("mistral", features=_features("sliding_window"))
 QWEN2 = ArchSpec("qwen2", qkv_bias=True, features=_features("sliding_window"))
 QWEN3 = ArchSpec("qwen3", qk_norm="head", features=_features("attention_bias", "sliding_window"))
-PHI3 = ArchSpec("phi3", qkv="fused", mlp_kind="fused_gated", features=_features("sliding_window", "partial_rotary"))
+PHI3 = ArchSpec(
+    "phi3",
+    qkv="fused",
+    mlp_kind="fused_gated",
+    mlp_names=("gate_up_proj", "", "down_proj"),
+    features=_features("sliding_window", "partial_rotary"),
+)
 GEMMA = ArchSpec(
     "gemma", embed_scale=True, norm_offset=1.0, features=_features("attention_bias")
 )  # HF's GemmaRMSNorm: (1 + w)
@@ -127,6 +139,29 @@ LFM2 = ArchSpec(
     layer_kinds=(("full_attention", "attention"), ("conv", "conv")),
     features=_features("conv_layers", "conv_bias"),
 )
+# Granite 4.0-H dense: Mamba2 mixers (layer type "mamba", read as linear_attention) between GQA layers
+# without rotary (position_embedding_type unset), Granite's multipliers, a gated shared MLP
+GRANITE_HYBRID = ArchSpec(
+    "granitemoehybrid",
+    mlp="shared_mlp",
+    mlp_kind="fused_gated",
+    mlp_names=("input_linear", "", "output_linear"),
+    layer_kinds=(("full_attention", "attention"), ("linear_attention", "mamba2")),
+    rope_switch="position_embedding_type",
+    features=_features("attention_bias", "multipliers", "mamba_layers"),
+)
+# Qwen3.5: Gated DeltaNet mixers with one gated full-attention layer in four (partial rotary, (1 + w) norms)
+QWEN3_5_TEXT = ArchSpec(
+    "qwen3_5_text",
+    qk_norm="head",
+    norm_offset=1.0,
+    attn_gate=True,
+    layer_kinds=(("full_attention", "attention"), ("linear_attention", "gdn")),
+    features=_features("partial_rotary", "linear_attention_layers"),
+)
+QWEN3_5 = replace(  # the VL checkpoint loaded whole: its language model
+    QWEN3_5_TEXT, model_type="qwen3_5", decoder="model.language_model", text_config=True
+)
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -162,6 +197,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         OLMO3,
         EXAONE4,
         LFM2,
+        GRANITE_HYBRID,
+        QWEN3_5_TEXT,
+        QWEN3_5,
         GPT2,
     )
 }

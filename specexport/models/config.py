@@ -19,14 +19,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specexport_runtime.errors import SpecExportError
-
 from .architectures import ArchSpec, arch_for
-
-
-class UnsupportedConfig(SpecExportError):
-    """The model uses a feature the exporter does not reproduce exactly."""
-
+from .errors import UnsupportedConfig
+from .errors import show as _show
+from .mixers import (
+    ATTENTION,
+    CONV,
+    GDN,
+    MAMBA2,
+    DeltaNetSpec,
+    MambaSpec,
+    deltanet_spec,
+    intermediate,
+    layer_kinds,
+    mamba_spec,
+)
+from .rope import RopeSpec
+from .rope import layer_rope as _layer_rope
+from .rope import ropes as _ropes
 
 # --------------------------------------------------------------------------- the closed lists
 
@@ -116,10 +126,28 @@ SHAPE_KEYS = frozenset(
         "rope_parameters",
         "norm_eps",
         "conv_L_cache",  # LFM2: the conv kernel (its state keeps the last L - 1 inputs)
-        # LFM2 derives its MLP width from these (block_auto_adjust_ff_dim; _intermediate below)
+        # LFM2 derives its MLP width from these (block_auto_adjust_ff_dim; mixers.intermediate)
         "block_multiple_of",
         "block_ffn_dim_multiplier",
         "block_auto_adjust_ff_dim",
+        # Qwen3.5: the Gated DeltaNet mixer (mixers.deltanet_spec)
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+        # Granite 4.0-H: the shared MLP's width, rotary on or off, the Mamba2 mixer (mixers.mamba_spec)
+        "shared_intermediate_size",
+        "position_embedding_type",
+        "mamba_n_heads",
+        "mamba_n_groups",
+        "mamba_d_state",
+        "mamba_d_head",
+        "mamba_d_conv",
+        "mamba_expand",
+        "mamba_conv_bias",
+        "mamba_proj_bias",
+        "time_step_limit",
     }
 )
 # keys that only derive the ones above in transformers' config classes, or that no module reads
@@ -146,12 +174,15 @@ INERT_KEYS = frozenset(
         "bos_token_id",
         "eos_token_id",
         "pad_token_id",
+        "mamba_chunk_size",  # the reference's scan chunk: the same sums in another grouping
+        # routing settings, read only with experts (num_local_experts > 0 is refused)
+        "num_experts_per_tok",
+        "output_router_logits",
+        "router_aux_loss_coef",
     }
 )
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
 # rope types whose tables do not depend on the sequence length, and those that do not below a bound
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-BOUNDED_ROPE_TYPES = ("dynamic", "longrope")  # exact while max_context <= the bound (rope_bound)
 
 
 def _is_set(key: str, value: Any) -> bool:
@@ -168,22 +199,10 @@ def _is_set(key: str, value: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class RopeSpec:
-    """One rotary table (a family has one, Gemma 3 one per layer type)."""
-
-    kind: str  # transformers' rope_type
-    theta: float
-    bound: int | None = None  # positions up to which a bounded kind equals its static tables
-
-
-ATTENTION, CONV = "attention", "conv"  # LayerSpec.kind: the layer's mixer
-
-
-@dataclass(frozen=True)
 class LayerSpec:
     window: int | None  # a query sees this many keys, itself included (transformers' sliding_window); None: all
     rope: str | None  # key of NormalizedConfig.ropes; None: no rotary in this layer (NoPE)
-    kind: str = ATTENTION  # the mixer: ATTENTION (a K/V cache) or CONV (a recurrent conv window, LFM2)
+    kind: str = ATTENTION  # the mixer (mixers.py): ATTENTION (a K/V cache), CONV (LFM2), MAMBA2 (Granite 4.0-H)
 
 
 @dataclass(frozen=True)
@@ -215,6 +234,8 @@ class NormalizedConfig:
     max_positions: int = 0
     conv_kernel: int = 0  # CONV layers: the depthwise kernel L (the state keeps L - 1 inputs)
     conv_bias: bool = False  # CONV layers: in_proj, conv and out_proj have biases
+    mamba: MambaSpec | None = None  # MAMBA2 layers' shapes
+    deltanet: DeltaNetSpec | None = None  # GDN layers' shapes
 
     @property
     def num_layers(self) -> int:
@@ -227,8 +248,22 @@ class NormalizedConfig:
 
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """The recurrent state of each CONV layer, in layer order: [L - 1, hidden] conv inputs."""
-        return tuple((self.conv_kernel - 1, self.hidden) for layer in self.layers if layer.kind == CONV)
+        """The recurrent state tensors in layer order: a CONV layer's [L - 1, hidden] conv inputs;
+        a MAMBA2 layer's conv window [L - 1, conv_dim] then its scan state [H, P, N]."""
+        out: list[tuple[int, ...]] = []
+        for layer in self.layers:
+            if layer.kind == CONV:
+                out.append((self.conv_kernel - 1, self.hidden))
+            elif layer.kind == MAMBA2 and self.mamba is not None:
+                out += self.mamba.state_shapes
+            elif layer.kind == GDN and self.deltanet is not None:
+                out += self.deltanet.state_shapes
+        return tuple(out)
+
+    def state_sites(self, i: int) -> int:
+        """The index of layer i's first state tensor (its state_index sites come in layer order)."""
+        per = {CONV: 1, MAMBA2: 2, GDN: 2}
+        return sum(per.get(layer.kind, 0) for layer in self.layers[:i])
 
     @property
     def arch(self) -> ArchSpec:
@@ -267,6 +302,14 @@ class NormalizedConfig:
         convs = sum(layer.kind == CONV for layer in self.layers)
         if convs:
             parts.append(f"{convs} conv layers (kernel {self.conv_kernel})")
+        mambas = sum(layer.kind == MAMBA2 for layer in self.layers)
+        if mambas and self.mamba is not None:
+            m = self.mamba
+            parts.append(f"{mambas} Mamba2 layers ({m.heads} heads x {m.head_dim}, state {m.state_size})")
+        gdns = sum(layer.kind == GDN for layer in self.layers)
+        if gdns and self.deltanet is not None:
+            dn = self.deltanet
+            parts.append(f"{gdns} Gated DeltaNet layers ({dn.key_heads}/{dn.value_heads} heads x {dn.key_dim})")
         if any(layer.rope is None for layer in self.layers if layer.kind == ATTENTION) and self.rotary_dim:
             parts.append(f"{sum(layer.rope is None for layer in self.layers)} NoPE layers")
         if 0 < self.rotary_dim < self.head_dim:
@@ -314,9 +357,11 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
             f"config key 'hidden_act' = {activation!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
         )
     ropes, rotary_dim = (), 0
-    if arch.positions == "rope":
+    if arch.positions == "rope" and (not arch.rope_switch or get(arch.rope_switch) == "rope"):
         ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
-    kinds = _layer_kinds(raw, arch, num_layers)
+    kinds = layer_kinds(raw, arch, num_layers)
+    mamba = mamba_spec(raw, hidden) if MAMBA2 in kinds else None
+    deltanet = deltanet_spec(raw) if GDN in kinds else None
     layers = tuple(
         LayerSpec(_window(raw, i, max_context), _layer_rope(raw, arch, i, ropes), kinds[i]) for i in range(num_layers)
     )
@@ -330,7 +375,7 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         family=family,
         layers=layers,
         hidden=hidden,
-        intermediate=_intermediate(raw, hidden),
+        intermediate=intermediate(raw, hidden),
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -352,38 +397,9 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         max_positions=int(get("max_position_embeddings") or get("n_positions") or 0),
         conv_kernel=conv_kernel,
         conv_bias=bool(get("conv_bias")) and CONV in kinds,
+        mamba=mamba,
+        deltanet=deltanet,
     )
-
-
-def _intermediate(raw: Mapping[str, Any], hidden: int) -> int:
-    """The MLP width; LFM2's block_auto_adjust_ff_dim shrinks the configured one to 2/3, times
-    block_ffn_dim_multiplier, rounded up to block_multiple_of (as transformers' Lfm2MLP)."""
-    width = int(raw.get("intermediate_size") or raw.get("n_inner") or 4 * hidden)
-    if raw.get("block_auto_adjust_ff_dim"):
-        width = int(2 * width / 3)
-        if raw.get("block_ffn_dim_multiplier") is not None:
-            width = int(raw["block_ffn_dim_multiplier"] * width)
-            multiple = int(raw.get("block_multiple_of") or 1)
-            width = multiple * ((width + multiple - 1) // multiple)
-    return width
-
-
-def _layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tuple[str, ...]:
-    """Each layer's mixer (LayerSpec.kind) from layer_types through the family's layer_kinds; a
-    layer type the family does not implement is refused naming it."""
-    types = raw.get("layer_types")
-    if types is None:
-        return (ATTENTION,) * num_layers
-    if len(types) != num_layers:
-        raise UnsupportedConfig(f"config key 'layer_types' has {len(types)} entries for {num_layers} layers")
-    table = dict(arch.layer_kinds)
-    unknown = sorted({t for t in types if t not in table})
-    if unknown:
-        raise UnsupportedConfig(
-            f"config key 'layer_types' has {unknown}, which {arch.model_type!r} does not implement;"
-            f" it implements: {', '.join(sorted(table))}"
-        )
-    return tuple(table[t] for t in types)
 
 
 def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
@@ -396,11 +412,6 @@ def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
             f" ({feature.replace('_', ' ')});"
             f" {arch.model_type} implements: {', '.join(sorted(arch.features)) or 'no optional features'}"
         )
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -430,77 +441,6 @@ def _window(raw: Mapping[str, Any], i: int, max_context: int | None) -> int | No
     if max_context is not None and int(window) >= max_context:
         return None  # a query at position p < max_context sees all its p + 1 keys anyway
     return int(window)
-
-
-def _layer_rope(raw: Mapping[str, Any], arch: ArchSpec, i: int, ropes: tuple) -> str | None:
-    """Layer i's rope key, or None for a NoPE layer (SmolLM3's no_rope_layers; EXAONE 4's
-    full-attention layers of a windowed model)."""
-    if not ropes:
-        return None
-    nope = raw.get("no_rope_layers")
-    if nope is not None and not nope[i]:
-        return None
-    types = raw.get("layer_types")
-    if arch.global_nope and raw.get("sliding_window") is not None and types and types[i] != "sliding_attention":
-        return None
-    keys = dict(ropes)
-    if "all" in keys:
-        return "all"
-    layer_type = raw["layer_types"][i]
-    if layer_type not in keys:
-        raise UnsupportedConfig(f"layer {i} has layer type {layer_type!r} but rope_parameters has only {sorted(keys)}")
-    return layer_type
-
-
-def _ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: int | None):
-    """((key, RopeSpec), ...), rotary_dim from transformers' standardized rope_parameters:
-    one flat dict, or (Gemma 3) one dict per layer type."""
-    params = raw.get("rope_parameters") or {}
-    if not isinstance(params, Mapping):
-        raise UnsupportedConfig(f"config key 'rope_parameters' = {_show(params)} is not a mapping")
-    per_type = all(isinstance(v, Mapping) for v in params.values()) and bool(params)
-    if per_type and "rope_per_layer_type" not in arch.features:
-        raise UnsupportedConfig(
-            f"config key 'rope_parameters' has one table per layer type ({sorted(params)}),"
-            f" which {arch.model_type!r} does not implement"
-        )
-    tables = dict(params) if per_type else {"all": params}
-    factors = {float(t.get("partial_rotary_factor", 1.0)) for t in tables.values()}
-    factor = factors.pop()
-    if factors:
-        raise UnsupportedConfig(f"rotary tables with different partial_rotary_factor {sorted(factors | {factor})}")
-    if factor != 1.0 and "partial_rotary" not in arch.features:
-        raise UnsupportedConfig(
-            f"config key 'partial_rotary_factor' = {factor} is not implemented for "
-            f"{arch.model_type!r}; only families with partial rotary (phi3) take it"
-        )
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2 or rotary_dim <= 0:
-        raise UnsupportedConfig(
-            f"partial_rotary_factor {factor} gives {rotary_dim} rotary dims of {head_dim}; need an even number > 0"
-        )
-    out = []
-    for key, table in tables.items():
-        kind = table.get("rope_type", table.get("type", "default"))
-        theta = float(table.get("rope_theta", 10000.0))
-        bound = None
-        if kind in BOUNDED_ROPE_TYPES:
-            name = "original_max_position_embeddings" if kind == "longrope" else "max_position_embeddings"
-            value = table.get(name) or raw.get(name) or raw.get("max_position_embeddings")
-            bound = int(value)
-            if max_context is not None and max_context > bound:
-                raise UnsupportedConfig(
-                    f"rope_type {kind!r} switches its tables past {name} = {bound} positions and max_context is"
-                    f" {max_context}; build with max_context <= {bound} (exact there) or use another checkpoint"
-                )
-        elif kind not in STATIC_ROPE_TYPES:
-            raise UnsupportedConfig(
-                f"config key 'rope_parameters' (rope_scaling in transformers 4 files) has rope_type {kind!r}, which is"
-                f" not supported; supported: {', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}"
-                f" ({'/'.join(BOUNDED_ROPE_TYPES)} only up to their original context)"
-            )
-        out.append((key, RopeSpec(kind, theta, bound)))
-    return tuple(out), rotary_dim
 
 
 # --------------------------------------------------------------------------- sources
@@ -534,13 +474,28 @@ def config_from_dict(data: Mapping[str, Any]):
     """A transformers config object from a config.json mapping (model_type inside)."""
     from transformers import AutoConfig
 
-    data = dict(data)
+    data = _special_floats(dict(data))
     model_type = data.pop("model_type", None)
     arch_for(str(model_type))  # UnsupportedArchitecture before transformers is asked
     try:
         return AutoConfig.for_model(model_type, **data)
     except ValueError as exc:
         raise UnsupportedConfig(f"config is invalid: {' '.join(str(exc).split())[:300]}") from None
+
+
+_FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _special_floats(value: Any) -> Any:
+    """transformers writes inf / nan into config.json as {"__float__": "Infinity"} (Granite 4.0-H's
+    time_step_limit); its own reader decodes them, and so does this one."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"} and value["__float__"] in _FLOAT_TAGS:
+            return _FLOAT_TAGS[value["__float__"]]
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
 
 
 def check_hf_modules(model, norm: NormalizedConfig) -> None:

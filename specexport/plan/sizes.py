@@ -15,6 +15,7 @@ from specexport_runtime.constants import MAX_GAMMA
 
 from ..errors import SpecExportError
 from ..models.config import LayerSpec, NormalizedConfig, config_from_dict, normalize, read_config
+from ..models.mixers import ATTENTION, CONV, GDN, MAMBA2
 from ..recipe.spec import QUANTIZED_TARGETS, ModelSpec, QuantizationSpec
 
 MATMULNBITS_BLOCK = 32
@@ -263,11 +264,18 @@ def linear_parameters(c: NormalizedConfig) -> int:
     """Parameters of the decoder layers' MatMul weights (what the quantizers rewrite): attention
     layers' q|k|v and o, conv layers' in_proj [3 C, C] and out_proj [C, C], every layer's MLP."""
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    attention = c.hidden * q + 2 * c.hidden * kv + q * c.hidden
-    conv = 4 * c.hidden * c.hidden
+    gate = c.hidden * q if c.arch.attn_gate else 0  # Qwen3.5: q_proj holds a gate per head too
+    attention = c.hidden * q + 2 * c.hidden * kv + q * c.hidden + gate
+    mixers = {ATTENTION: attention, CONV: 4 * c.hidden * c.hidden}
+    if c.deltanet is not None:  # in_proj_qkv | z | b | a, out_proj
+        d = c.deltanet
+        vd = d.value_heads * d.value_dim
+        mixers[GDN] = c.hidden * (d.conv_dim + vd + 2 * d.value_heads) + vd * c.hidden
+    if c.mamba is not None:  # in_proj [I + conv_dim + H, hidden], out_proj [hidden, I]
+        m = c.mamba
+        mixers[MAMBA2] = c.hidden * (m.inner + m.conv_dim + m.heads) + m.inner * c.hidden
     mlp = (2 if c.arch.mlp_kind == "module" else 3) * c.hidden * c.intermediate
-    convs = c.num_layers - len(c.attention_layers)
-    return len(c.attention_layers) * attention + convs * conv + c.num_layers * mlp
+    return sum(mixers[layer.kind] for layer in c.layers) + c.num_layers * mlp
 
 
 def small_parameters(c: NormalizedConfig) -> int:
@@ -280,10 +288,16 @@ def small_parameters(c: NormalizedConfig) -> int:
         layer += (c.intermediate if a.mlp_kind == "module" else 2 * c.intermediate) + c.hidden
     attention = {"": 0, "head": 2 * c.head_dim, "full": q + kv}[a.qk_norm]
     attention += (q + 2 * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
-    conv = c.hidden * c.conv_kernel + (5 * c.hidden if c.conv_bias else 0)  # kernel; in, conv, out biases
-    convs = c.num_layers - len(c.attention_layers)
+    mixers = {ATTENTION: attention, CONV: c.hidden * c.conv_kernel + (5 * c.hidden if c.conv_bias else 0)}
+    if c.mamba is not None:  # conv kernel (+ bias), dt_bias, A_log, D, the gated norm (+ projection biases)
+        m = c.mamba
+        mixers[MAMBA2] = m.conv_dim * m.conv_kernel + (m.conv_dim if m.conv_bias else 0) + 3 * m.heads + m.inner
+        mixers[MAMBA2] += (m.inner + m.conv_dim + m.heads + c.hidden) if m.proj_bias else 0
+    if c.deltanet is not None:  # conv kernel, dt_bias, A_log, the gated norm over dv
+        d = c.deltanet
+        mixers[GDN] = d.conv_dim * d.conv_kernel + 2 * d.value_heads + d.value_dim
     positions = c.max_positions * c.hidden if a.positions == "learned" else 0
-    return c.num_layers * layer + len(c.attention_layers) * attention + convs * conv + norm + positions
+    return c.num_layers * layer + sum(mixers[x.kind] for x in c.layers) + norm + positions
 
 
 def embedding_parameters(c: NormalizedConfig) -> int:
@@ -353,16 +367,16 @@ def kv_bytes(
     """Both caches of every attention layer at max_context rows (the graphs allocate them all,
     windowed layers included), and a hybrid's recurrent states (state_bytes)."""
     b = kv_dtype_bytes(precision, quantization)
-    return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b + state_bytes(c, b)
+    return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b + state_bytes(c)
 
 
 STATE_POSITIONS = 2 * MAX_GAMMA + 4  # states a runtime holds per sequence: kept ring, a call's outputs, zeros
 
 
-def state_bytes(c: NormalizedConfig, itemsize: int, positions: int = STATE_POSITIONS) -> int:
-    """A hybrid's recurrent states (feature recurrent_state): every state tensor at `positions`
-    kept positions (engine.StateHistory keeps max_gamma + 2, plus one call's outputs)."""
-    return positions * sum(math.prod(shape) for shape in c.state_shapes) * itemsize
+def state_bytes(c: NormalizedConfig, positions: int = STATE_POSITIONS) -> int:
+    """A hybrid's recurrent states (feature recurrent_state, float32): every state tensor at
+    `positions` kept positions (engine.StateHistory keeps max_gamma + 2, plus one call's outputs)."""
+    return positions * sum(math.prod(shape) for shape in c.state_shapes) * 4
 
 
 def window_saving_bytes(

@@ -69,7 +69,9 @@ def test_family_builds_and_generates_like_transformers(tmp_path, tokenizer, name
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["target"]["architecture"] == TINY_VARIANTS.get(name, (name,))[0]
+    family = TINY_VARIANTS.get(name, (name,))[0]
+    # the Qwen3.5 checkpoint (vision and language) builds its language model, qwen3_5_text
+    assert manifest["target"]["architecture"] == {"qwen3_5": "qwen3_5_text"}.get(family, family)
 
     ids = tokenizer(PROMPT)["input_ids"]
     reference = AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -103,6 +105,9 @@ FEATURE_OFF = {  # name -> config overrides that remove its feature (the referen
     ),
     "exaone4": dict(sliding_window=100000),  # windows (its full layers stay NoPE)
     "exaone4-global": dict(layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=100000),
+    "lfm2-bias": dict(conv_bias=False),
+    "granitemoehybrid": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),
+    "granitemoehybrid-rope": dict(position_embedding_type=None, mamba_n_groups=1),
 }
 
 

@@ -54,3 +54,25 @@ def test_lfm2_shapes_and_the_planners_state_count():
     kv = 2 * 6 * 4096 * 8 * 64 * 4
     states = 10 * 2 * 2048 * 4 * STATE_POSITIONS
     assert kv_bytes(c, "fp32", 4096) == kv + states
+
+
+def test_the_mamba2_dt_limit_is_applied_as_the_uncached_forward_does(tmp_path):
+    """time_step_limit clamps dt in transformers' chunked scan (its cached one-token step does not:
+    the graph follows the full forward, which validation compares against)."""
+    import numpy as np
+    import torch
+    from tiny import export_portable, make_model
+
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, 300, size=40)]
+    logits = {}
+    for name, limit in (("clamped", {"time_step_limit": [0.05, 0.3]}), ("free", {})):
+        model = make_model("granitemoehybrid", **limit)
+        res = export_portable(model, tmp_path / name)
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0].numpy()
+        got = OrtModel(res.path, res.spec, 64, SessionConfig()).forward(ids, last_rows=len(ids))
+        assert np.abs(got - ref).max() < 1e-4, name
+        logits[name] = ref
+    assert np.abs(logits["clamped"] - logits["free"]).max() > 1e-2, "the limit does not bite on this model"

@@ -120,7 +120,7 @@ def test_known_configs_match_published_sizes():
         assert parameters(known_config(model)) == pytest.approx(count, rel=0.01), model
 
 
-@pytest.mark.parametrize("arch", [a for a in tiny_names() if a != "gemma3"])  # gemma3: + a vision tower
+@pytest.mark.parametrize("arch", [a for a in tiny_names() if a not in ("gemma3", "qwen3_5")])  # + a vision tower
 def test_formula_matches_a_real_model_from_its_config_json(tmp_path, arch):
     model = make_model(arch)
     model.config.save_pretrained(tmp_path)

@@ -1,5 +1,6 @@
-"""Speculation on a hybrid target (feature recurrent_state): LFM2's gated convolutions between
-attention layers, tiny random-init models shaped like LFM2-1.2B (tests/tiny.py).
+"""Speculation on a hybrid target (feature recurrent_state): LFM2's gated convolutions, Granite
+4.0-H's Mamba2 mixers and Qwen3.5's Gated DeltaNet between attention layers, tiny random-init
+models shaped like the real checkpoints (tests/tiny.py).
 
 Every proposer kind (n-gram, suffix, hybrid, a separate draft model, the int8 self-draft whose
 own state rolls back too) gives greedy output equal to target-only output, and both equal
@@ -23,20 +24,48 @@ from specexport_runtime.engine import OrtModel, SessionConfig
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.manifest import read_manifest
 
+ARCHS = ["lfm2", "granitemoehybrid", "qwen3_5_text"]
 KINDS = ["ngram", "noisy", "noisy-fused", "int8-fused"]  # portable / fused targets, every draft kind
-GENERATE = 72
+# the default run: one case per family and draft kind; the rest behind `slow` (.ci/run's second pass)
+DEFAULT = {
+    ("lfm2", "noisy-fused"),
+    ("lfm2", "ngram"),
+    ("granitemoehybrid", "noisy"),
+    ("granitemoehybrid", "int8-fused"),
+}
+
+
+def cases(kinds, seeds=(None,)) -> list:
+    """(arch, kind[, seed]) parameters, those outside DEFAULT (or past seed 0) marked slow."""
+    out = []
+    for arch in ARCHS:
+        for kind in kinds:
+            for seed in seeds:
+                values = (arch, kind) if seed is None else (arch, kind, seed)
+                slow = (arch, kind) not in DEFAULT and len(kinds) > 1 or (seed or 0) > 0
+                out.append(pytest.param(*values, marks=pytest.mark.slow) if slow else values)
+    return out
+
+
+GENERATE = 48
 PROMPTS = [[7, 150, 33, 299, 12, 260, 5], [40, 41, 42, 43, 44] * 4]
-LONG_PROMPTS = [[9, 77, 140, 200, 31], [40, 41, 42, 43, 44] * 4]  # no end of sequence within 160 tokens
+LONG_PROMPTS = {  # no end of sequence within 160 greedy tokens of each tiny model
+    "lfm2": [[9, 77, 140, 200, 31], [40, 41, 42, 43, 44] * 4],
+    "granitemoehybrid": [[100, 101, 102, 103], [250, 3, 17, 88, 121, 64]],
+    "qwen3_5_text": [[9, 77, 140, 200, 31], [250, 3, 17, 88, 121, 64]],
+}
 
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    built: dict[str, object] = {}
+    """(arch, kind) -> a tiny artifact of 512 positions (prompts cross recurrent.MAX_CALL_ROWS)."""
+    built: dict[tuple[str, str], object] = {}
 
-    def get(kind: str):
-        if kind not in built:
-            built[kind] = build_tiny_artifact(tmp_path_factory.mktemp(f"lfm2-{kind}"), kind, arch="lfm2")
-        return built[kind]
+    def get(arch: str, kind: str):
+        if (arch, kind) not in built:
+            work = tmp_path_factory.mktemp(f"{arch}-{kind}")
+            built[arch, kind] = build_tiny_artifact(work, kind, arch=arch, max_context=512)
+        return built[arch, kind]
 
     return get
 
@@ -45,33 +74,41 @@ def artifacts(tmp_path_factory):
 def gens(artifacts):
     cache: dict = {}
 
-    def get(kind: str):
-        if kind not in cache:
-            cache[kind] = load(artifacts(kind))
-        return cache[kind]
+    def get(arch: str, kind: str):
+        if (arch, kind) not in cache:
+            cache[arch, kind] = load(artifacts(arch, kind))
+        return cache[arch, kind]
 
     return get
 
 
-def _hf_greedy(folder, ids: list[int], n: int) -> list[int]:
+_REFERENCE: dict = {}
+
+
+def _hf_greedy(arch: str, folder, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy tokens (every artifact of a family saves the same seeded weights, so
+    one reference per family, prompt and length serves them all)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=0)
-    new = out[0, len(ids) :].tolist()
-    return new[: new.index(2)] if 2 in new else new
+    key = (arch, tuple(ids), n)
+    if key not in _REFERENCE:
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=2, pad_token_id=0)
+        new = out[0, len(ids) :].tolist()
+        _REFERENCE[key] = new[: new.index(2)] if 2 in new else new
+    return _REFERENCE[key]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_every_proposer_equals_target_only_and_transformers(gens, artifacts, kind):
-    gen = gens(kind)
+@pytest.mark.parametrize("arch, kind", cases(KINDS))
+def test_every_proposer_equals_target_only_and_transformers(gens, artifacts, arch, kind):
+    gen = gens(arch, kind)
     m = gen.manifest
     assert m.target.states and "recurrent_state" in m.graph_features
-    folder = artifacts(kind).parent / "target-hf"
+    folder = artifacts(arch, kind).parent / "target-hf"
     names = ["ngram", "suffix"] + (["draft", "hybrid"] if m.draft is not None else [])
     for prompt in PROMPTS:
-        want = _hf_greedy(folder, prompt, GENERATE)
+        want = _hf_greedy(arch, folder, prompt, GENERATE)
         off = gen.generate(prompt, max_new_tokens=GENERATE, speculative=False)
         assert list(off.token_ids) == want, f"{kind}: target-only differs from transformers"
         for name in names:
@@ -81,12 +118,11 @@ def test_every_proposer_equals_target_only_and_transformers(gens, artifacts, kin
                 assert on.stats.drafted > 0 and on.stats.corrections > 0
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("kind", ["ngram", "noisy-fused"])
-def test_forced_rejections_at_every_position_stay_exact(gens, kind, seed):
+@pytest.mark.parametrize("arch, kind, seed", cases(KINDS, seeds=range(3)))
+def test_forced_rejections_at_every_position_stay_exact(gens, arch, kind, seed):
     """Random drafts: a random number of right tokens, then wrong ones; 120 tokens, gamma 6."""
-    gen = gens(kind)
-    prompt = LONG_PROMPTS[seed % 2]
+    gen = gens(arch, kind)
+    prompt = LONG_PROMPTS[arch][seed % 2]
     n = 120
     reference = gen.generate(prompt, max_new_tokens=n + 40, speculative=False).token_ids
     assert len(reference) == n + 40
@@ -98,12 +134,12 @@ def test_forced_rejections_at_every_position_stay_exact(gens, kind, seed):
     assert all(cursor == committed - 1 for cursor, committed in cursors)
 
 
-@pytest.mark.parametrize("kind", ["ngram", "noisy-fused"])
-def test_rollback_restores_the_state_of_the_accepted_prefix(artifacts, kind):
+@pytest.mark.parametrize("arch, kind", sorted(DEFAULT))  # portable and fused targets of each family
+def test_rollback_restores_the_state_of_the_accepted_prefix(artifacts, arch, kind):
     """A verify call of 1 + 4 rows whose last 3 are rejected, then the correction: the next
     logits equal a fresh model's that never saw the rejected tokens. Keeping the post-draft
     state (the conv window after the rejected rows) gives other logits, which this checks too."""
-    root = artifacts(kind)
+    root = artifacts(arch, kind)
     m = read_manifest(root)
     spec = m.target.graph_spec()
     prompt = PROMPTS[0] * 3
@@ -117,7 +153,11 @@ def test_rollback_restores_the_state_of_the_accepted_prefix(artifacts, kind):
     fresh = OrtModel(root / m.target.graph, spec, m.max_context, SessionConfig(), min_rows=m.target.min_rows)
     fresh.forward(prompt + [11, 12])
     want = fresh.forward([99]).copy()
-    np.testing.assert_array_equal(got, want)
+    if m.target.exactness == "bitwise":  # LFM2's conv rows do not depend on the call's size
+        np.testing.assert_array_equal(got, want)
+    else:  # a scan's rows (Mamba2, Gated DeltaNet) are numerically those of another grouping (measured)
+        assert m.target.exactness == "numerical" and arch in ("granitemoehybrid", "qwen3_5_text")
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
     stale = OrtModel(root / m.target.graph, spec, m.max_context, SessionConfig(), min_rows=m.target.min_rows)
     stale.forward(prompt + [11, 12, 13, 14, 15])
@@ -129,7 +169,7 @@ def test_rollback_restores_the_state_of_the_accepted_prefix(artifacts, kind):
 
 
 def test_a_rollback_past_the_kept_states_is_refused(artifacts):
-    root = artifacts("ngram")
+    root = artifacts("lfm2", "ngram")
     m = read_manifest(root)
     model = OrtModel(root / m.target.graph, m.target.graph_spec(), m.max_context, SessionConfig(), max_rows=8)
     for t in range(20):
@@ -141,10 +181,11 @@ def test_a_rollback_past_the_kept_states_is_refused(artifacts):
     assert model.length == 0
 
 
-def test_constrained_generation_on_a_hybrid(gens):
+@pytest.mark.parametrize("arch", ["granitemoehybrid", pytest.param("lfm2", marks=pytest.mark.slow)])
+def test_constrained_generation_on_a_hybrid(gens, arch):
     from specexport_runtime.structured import Grammar
 
-    gen = gens("noisy")
+    gen = gens(arch, "noisy")
     grammar = Grammar.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
     for prompt in PROMPTS:
         off = gen.generate(prompt, max_new_tokens=40, grammar=grammar, speculative=False)
@@ -154,9 +195,26 @@ def test_constrained_generation_on_a_hybrid(gens):
         assert off.text.startswith("{")
 
 
-def test_sampling_on_a_hybrid_keeps_the_targets_law(gens):
+@pytest.mark.parametrize("arch", ["granitemoehybrid", pytest.param("lfm2", marks=pytest.mark.slow)])
+def test_sampling_on_a_hybrid_keeps_the_targets_law(gens, arch):
     """Temperature 1 with a draft model: the first two tokens (the second from the first
     speculative round: accepted draft, correction or bonus) against the exact target law and
     against target-only samples (exactness_support: chi-square and the two-sample TV bound)."""
-    gen = gens("noisy")
+    gen = gens(arch, "noisy")
     check_first_two_tokens_follow_target(gen, PROMPTS[0], "draft", N=1000)
+
+
+@pytest.mark.parametrize(
+    "arch, kind", [("lfm2", "noisy-fused"), ("granitemoehybrid", "noisy"), ("qwen3_5_text", "noisy-fused")]
+)
+def test_a_prompt_longer_than_one_call_prefills_in_order(gens, artifacts, arch, kind):
+    """A 300-token prompt runs as calls of at most recurrent.MAX_CALL_ROWS rows, the state carried
+    from one to the next: greedy tokens equal transformers' one-pass forward, speculation on and off."""
+    from specexport_runtime.recurrent import MAX_CALL_ROWS
+
+    gen = gens(arch, kind)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, 300, size=300)]
+    assert len(prompt) > MAX_CALL_ROWS
+    want = _hf_greedy(arch, artifacts(arch, kind).parent / "target-hf", prompt, 24)
+    assert list(gen.generate(prompt, max_new_tokens=24, speculative=False).token_ids) == want
+    assert list(gen.generate(prompt, max_new_tokens=24, proposer="draft", gamma=4).token_ids) == want

@@ -1,0 +1,189 @@
+"""The Gated DeltaNet mixer (Qwen3.5's linear-attention layers; feature recurrent_state), written
+once in ONNX standard ops for both graph forms. Two state sites per layer: the conv window over
+q|k|v (conv.causal_conv) and the delta-rule state S [Hv, dk, dv]. For a call of S rows (all
+delta-rule math in float32; t, s index rows; k-heads repeat to the Hv value heads):
+
+    qkv | z | b | a = in_proj_qkv | in_proj_z | in_proj_b | in_proj_a (u)
+    q | k | v = silu(causal_conv(qkv));  q, k l2-normalized per head, q times dk^-1/2
+    beta = sigmoid(b);  g = -exp(A_log) softplus(a + dt_bias);  cum = cumsum_t(g)      [S, Hv]
+    D[t, s] = exp(g_{s+1} + ... + g_t) for s <= t, else 0 (a masked cumsum)            [Hv, S, S]
+    U = I + strict_lower((beta k) k^T * D);  W = U^-1 (beta v);  Kc = U^-1 (beta k exp(cum))
+    V' = W - Kc S0
+    o_t = exp(cum_t) q_t S0 + sum_{s <= t} (q_t . k_s) D[t, s] V'_s
+    S_r = exp(cum_r) S0 + sum_{s <= r} D[r, s] k_s V'_s^T          the state after row r (state_index)
+    out = out_proj(rmsnorm_head(o) w * silu(z))
+
+This is transformers' torch_chunk_gated_delta_rule over one chunk of S rows. U^-1 (unit lower
+triangular) is the product (I + N)(I + N^2)(I + N^4)... of N = I - U, nilpotent (N^S = 0), over
+as many factors as MAX_CALL_ROWS needs: no triangular solve in ONNX. Rows are numerically, not
+bitwise, those of the step recurrence; the build records the row class it measures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from onnx import TensorProto
+
+from specexport_runtime import contract
+from specexport_runtime.recurrent import MAX_CALL_ROWS
+
+from ..models.mixers import DeltaNetSpec
+from .conv import causal_conv, state_out
+from .writer import Graph, Linear
+
+FACTORS = math.ceil(math.log2(MAX_CALL_ROWS))  # (I + N^(2^j)), j < FACTORS: N^S = 0 for S <= MAX_CALL_ROWS
+
+
+@dataclass(frozen=True)
+class DeltaNetWeights:
+    proj: Linear  # qkv | z | b | a rows
+    kernel: torch.Tensor  # [conv_dim, L]
+    dt_bias: torch.Tensor  # [Hv]
+    a_log: torch.Tensor  # [Hv]
+    norm: torch.Tensor  # [dv]
+    norm_eps: float
+    out: Linear
+
+
+def deltanet_weights(w, mixer: torch.nn.Module, i: int) -> DeltaNetWeights:
+    """Layer i's Gated DeltaNet weights from the source (streaming.Weights `w`)."""
+    kernel = w.of(mixer.conv1d)  # [conv_dim, 1, L]
+    parts = tuple(w.part(m) for m in (mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a))
+    return DeltaNetWeights(
+        Linear(f"l{i}_gdn_in", parts),
+        kernel.reshape(kernel.shape[0], kernel.shape[-1]).float(),
+        w.of(mixer, "dt_bias").float(),
+        w.of(mixer, "A_log").float(),
+        w.of(mixer.norm).float(),
+        float(mixer.norm.variance_epsilon),
+        Linear(f"l{i}_gdn_out", (w.part(mixer.out_proj),)),
+    )
+
+
+def _i64(g: Graph, stem: str, value) -> str:
+    return g.const(stem, np.array(value, np.int64))
+
+
+def _f32(g: Graph, stem: str, value) -> str:
+    return g.const(stem, np.asarray(value, np.float32))
+
+
+def _unsq(g: Graph, x: str, *axes: int) -> str:
+    return g.op("Unsqueeze", [x, _i64(g, "axes", list(axes))])[0]
+
+
+def _t(g: Graph, x: str, *perm: int) -> str:
+    return g.op("Transpose", [x], perm=list(perm))[0]
+
+
+def _heads(g: Graph, x: str, d: DeltaNetSpec, dim: int) -> str:
+    """[S, Hk * dim] -> [Hv, S, dim]: value head h reads key head h // (Hv / Hk), l2-normalized."""
+    (x,) = g.op("Reshape", [x, _i64(g, "shape", [-1, d.key_heads, dim])])
+    (x,) = g.op("Mul", [x, g.op("Reciprocal", [_sqrt_sum_sq(g, x)])[0]])  # x * rsqrt(sum x^2 + 1e-6)
+    x = _t(g, x, 1, 0, 2)  # [Hk, S, dim]
+    rep = d.value_heads // d.key_heads
+    if rep == 1:
+        return x
+    (x,) = g.op("Expand", [_unsq(g, x, 1), _i64(g, "shape", [1, rep, 1, 1])])  # [Hk, rep, S, dim]
+    return g.op("Reshape", [x, _i64(g, "shape", [d.value_heads, -1, dim])])[0]
+
+
+def _sqrt_sum_sq(g: Graph, x: str) -> str:
+    (ss,) = g.op("ReduceSum", [g.op("Mul", [x, x])[0], _i64(g, "axes", [-1])], keepdims=1)
+    return g.op("Sqrt", [g.op("Add", [ss, _f32(g, "eps", 1e-6)])[0]])[0]
+
+
+def deltanet_mixer(c, site: int, u: str, dw: DeltaNetWeights, d: DeltaNetSpec) -> str:
+    """u [1, S, hidden] (the layer's normed input) -> the mixer output [1, S, hidden]; the conv
+    window leaves as new_state_{site}, the delta-rule state as new_state_{site + 1}."""
+    g = c.g
+    Hv, dk, dv, kd, vd = d.value_heads, d.key_dim, d.value_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim
+    proj = c.linear(u, dw.proj, None)  # [1, S, conv_dim + vd + 2 Hv]
+    qkv, z, b, a = g.op("Split", [proj, _i64(g, "split", [d.conv_dim, vd, Hv, Hv])], 4, axis=-1)
+    qkv = c.ops.activation(g, causal_conv(g, qkv, site, dw.kernel, None), "silu")
+    if g.dtype_name != "float32":
+        qkv, b, a = (g.op("Cast", [t], to=TensorProto.FLOAT)[0] for t in (qkv, b, a))
+    (qkv,) = g.op("Reshape", [qkv, _i64(g, "shape", [-1, d.conv_dim])])  # [S, conv_dim]
+    q, k, v = g.op("Split", [qkv, _i64(g, "split", [kd, kd, vd])], 3, axis=-1)
+    q, k = _heads(g, q, d, dk), _heads(g, k, d, dk)  # [Hv, S, dk]
+    (q,) = g.op("Mul", [q, _f32(g, "scale", dk**-0.5)])
+    v = _t(g, g.op("Reshape", [v, _i64(g, "shape", [-1, Hv, dv])])[0], 1, 0, 2)  # [Hv, S, dv]
+    (beta,) = g.op("Sigmoid", [g.op("Reshape", [b, _i64(g, "shape", [-1, Hv])])[0]])  # [S, Hv]
+    (sp,) = g.op(
+        "Softplus",
+        [g.op("Add", [g.op("Reshape", [a, _i64(g, "shape", [-1, Hv])])[0], _f32(g, "dt_bias", dw.dt_bias.numpy())])[0]],
+    )
+    (gate,) = g.op("Mul", [sp, _f32(g, "neg_A", (-torch.exp(dw.a_log)).numpy())])  # g [S, Hv]
+    cum = _t(g, g.op("CumSum", [gate, _i64(g, "axis", 0)])[0], 1, 0)  # [Hv, S]
+    (n,) = g.op("Squeeze", [g.op("Shape", [gate], start=0, end=1)[0], _i64(g, "axes", [0])])
+    (rows,) = g.op("Range", [_i64(g, "zero", 0), n, _i64(g, "one", 1)])
+    (lower,) = g.op("GreaterOrEqual", [_unsq(g, rows, 1), _unsq(g, rows, 0)])  # s <= t
+    (strict,) = g.op("Greater", [_unsq(g, rows, 1), _unsq(g, rows, 0)])  # s < t
+    zero = _f32(g, "zero", 0.0)
+    # segment sums g[s + 1] + ... + g[t] as a masked cumsum: no difference of two large cumsums
+    (g_ts,) = g.op("Where", [strict, _unsq(g, _t(g, gate, 1, 0), 2), zero])  # [Hv, S(t), S(s)]: g[t] where s < t
+    (seg,) = g.op("CumSum", [g_ts, _i64(g, "axis", 1)])
+    (decay,) = g.op("Where", [lower, g.op("Exp", [seg])[0], zero])  # [Hv, S, S]
+    (bcol,) = g.op("Unsqueeze", [_t(g, beta, 1, 0), _i64(g, "axes", [2])])  # [Hv, S, 1]
+    (kb,) = g.op("Mul", [k, bcol])
+    (vb,) = g.op("Mul", [v, bcol])
+    (grow,) = g.op("Exp", [cum])  # [Hv, S]
+    (gcol,) = g.op("Unsqueeze", [grow, _i64(g, "axes", [2])])
+    kt = _t(g, k, 0, 2, 1)  # [Hv, dk, S]
+    (ut,) = g.op("Mul", [g.op("MatMul", [kb, kt])[0], decay])
+    (nil,) = g.op("Where", [strict, g.op("Neg", [ut])[0], zero])  # N = I - U, strictly lower
+    w_val, k_cum = _solve(g, nil, vb), _solve(g, nil, g.op("Mul", [kb, gcol])[0])
+    s0 = contract.past_state(site + 1)
+    (s0,) = g.op("Reshape", [s0, _i64(g, "shape", [Hv, dk, dv])])
+    (vnew,) = g.op("Sub", [w_val, g.op("MatMul", [k_cum, s0])[0]])  # [Hv, S, dv]
+    (intra,) = g.op("Mul", [g.op("MatMul", [q, kt])[0], decay])  # [Hv, S, S]
+    (inter,) = g.op("MatMul", [g.op("Mul", [q, gcol])[0], s0])
+    (o,) = g.op("Add", [inter, g.op("MatMul", [intra, vnew])[0]])  # [Hv, S, dv]
+    _states(g, site + 1, decay, k, vnew, grow, s0)
+    o = _t(g, o, 1, 0, 2)  # [S, Hv, dv]
+    y = _gated_norm(g, o, z, dw, d)
+    return c.linear(y, dw.out, None)
+
+
+def _solve(g: Graph, nil: str, x: str) -> str:
+    """(I - N)^-1 x = (I + N)(I + N^2)(I + N^4)... x for N [Hv, S, S] strictly lower (N^S = 0)."""
+    power, y = nil, x
+    for j in range(FACTORS):
+        (y,) = g.op("Add", [y, g.op("MatMul", [power, y])[0]])
+        if j + 1 < FACTORS:
+            (power,) = g.op("MatMul", [power, power])
+    return y
+
+
+def _states(g: Graph, site: int, decay: str, k: str, vnew: str, grow: str, s0: str) -> None:
+    """new_state_{site} [1, Rs, Hv, dk, dv]: S_r for each state_index row r."""
+    idx = contract.STATE_INDEX
+    (dr,) = g.op("Gather", [decay, idx], axis=1)  # [Hv, Rs, S]
+    (kd,) = g.op("Mul", [_unsq(g, dr, 3), _unsq(g, k, 1)])  # [Hv, Rs, S, dk]
+    (sr,) = g.op("MatMul", [_t(g, kd, 0, 1, 3, 2), _unsq(g, vnew, 1)])  # [Hv, Rs, dk, dv]
+    (g0,) = g.op("Unsqueeze", [g.op("Gather", [grow, idx], axis=1)[0], _i64(g, "axes", [2, 3])])  # [Hv, Rs, 1, 1]
+    (sr,) = g.op("Add", [sr, g.op("Mul", [g0, _unsq(g, s0, 1)])[0]])
+    state_out(g, _unsq(g, _t(g, sr, 1, 0, 2, 3), 0), site)  # [1, Rs, Hv, dk, dv]
+
+
+def _gated_norm(g: Graph, o: str, z: str, dw: DeltaNetWeights, d: DeltaNetSpec) -> str:
+    """o [S, Hv, dv] float32, z [1, S, vd] model dtype -> [1, S, vd] model dtype: per head
+    rmsnorm(o) w (in the model dtype) * silu(z) (transformers' Qwen3_5RMSNormGated)."""
+    (var,) = g.op("ReduceMean", [g.op("Mul", [o, o])[0]], axes=[-1], keepdims=1)
+    (normed,) = g.op("Div", [o, g.op("Sqrt", [g.op("Add", [var, _f32(g, "eps", dw.norm_eps)])[0]])[0]])
+    if g.dtype_name != "float32":
+        (normed,) = g.op("Cast", [normed], to=g.elem)
+    (normed,) = g.op("Mul", [normed, g.weight("gdn_norm", dw.norm)])
+    if g.dtype_name != "float32":
+        (normed,) = g.op("Cast", [normed], to=TensorProto.FLOAT)
+        (z,) = g.op("Cast", [z], to=TensorProto.FLOAT)
+    (zh,) = g.op("Reshape", [z, _i64(g, "shape", [-1, d.value_heads, d.value_dim])])
+    (y,) = g.op("Mul", [normed, g.op("Mul", [zh, g.op("Sigmoid", [zh])[0]])[0]])
+    (y,) = g.op("Reshape", [y, _i64(g, "shape", [1, -1, d.value_heads * d.value_dim])])
+    if g.dtype_name != "float32":
+        (y,) = g.op("Cast", [y], to=g.elem)
+    return y

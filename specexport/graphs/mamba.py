@@ -1,0 +1,174 @@
+"""The Mamba2 mixer (Granite 4.0-H's; feature recurrent_state), written once in ONNX standard ops
+for both graph forms. Two state sites per layer: the conv window (conv.causal_conv) and the scan
+state h [H, P, N]. For a call of S rows (t, s index rows; all scan math in float32):
+
+    gate [I] | xBC [I + 2 G N] | dt [H] = in_proj(u)
+    x | B | C = silu(causal_conv(xBC))                  x [S, H, P]; B, C [S, G, N], head h reads group h / (H / G)
+    dt  = clip(softplus(dt + dt_bias), lo, hi)          [S, H]
+    a   = dt * A,  A = -exp(A_log);  cum = cumsum_t(a)  [S, H]
+    L[h, t, s] = exp(a[s + 1, h] + ... + a[t, h]) for s <= t, else 0 (a masked cumsum, as transformers)
+    y_t = sum_{s <= t} L[h, t, s] (C_t . B_s) dt_s x_s + exp(cum_t) C_t . h0 + D x_t
+    h_r = sum_{s <= r} L[h, r, s] dt_s x_s B_s^T + exp(cum_r) h0      the state after row r (state_index rows)
+    out = out_proj(gated_rmsnorm(y, gate))              y * silu(gate), RMS over G groups of I / G, times w
+
+This is transformers' chunked scan (mamba2_chunk_scan) over one chunk of S rows: [H, S, S]
+matrices, so the runtime splits long calls (recurrent.MAX_CALL_ROWS). Its rows are numerically,
+not bitwise, those of the step recurrence, so the build records the row class it measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from onnx import TensorProto
+
+from specexport_runtime import contract
+
+from ..models.mixers import MambaSpec
+from .conv import causal_conv, state_out
+from .writer import Graph, Linear
+
+
+@dataclass(frozen=True)
+class MambaWeights:
+    in_proj: Linear
+    in_b: torch.Tensor | None
+    kernel: torch.Tensor  # [conv_dim, L]
+    kernel_b: torch.Tensor | None
+    dt_bias: torch.Tensor  # [H]
+    a_log: torch.Tensor  # [H]
+    d: torch.Tensor  # [H]
+    norm: torch.Tensor  # [I]
+    norm_eps: float
+    out: Linear
+    out_b: torch.Tensor | None
+
+
+def mamba_weights(w, mixer: torch.nn.Module, i: int) -> MambaWeights:
+    """Layer i's Mamba2 weights from the source (streaming.Weights `w`)."""
+    kernel = w.of(mixer.conv1d)  # [conv_dim, 1, L]
+    return MambaWeights(
+        Linear(f"l{i}_mamba_in", (w.part(mixer.in_proj),)),
+        w.bias(mixer.in_proj),
+        kernel.reshape(kernel.shape[0], kernel.shape[-1]).float(),
+        w.bias(mixer.conv1d),
+        w.of(mixer, "dt_bias").float(),
+        w.of(mixer, "A_log").float(),
+        w.of(mixer, "D").float(),
+        w.of(mixer.norm).float(),
+        float(mixer.norm.variance_epsilon),
+        Linear(f"l{i}_mamba_out", (w.part(mixer.out_proj),)),
+        w.bias(mixer.out_proj),
+    )
+
+
+def _i64(g: Graph, stem: str, value) -> str:
+    return g.const(stem, np.array(value, np.int64))
+
+
+def _f32(g: Graph, stem: str, value) -> str:
+    return g.const(stem, np.asarray(value, np.float32))
+
+
+def _heads(g: Graph, t: str, m: MambaSpec) -> str:
+    """[S, G, N] -> [H, S, N]: head h reads group h // (H / G)."""
+    (tg,) = g.op("Transpose", [t], perm=[1, 0, 2])  # [G, S, N]
+    rep = m.heads // m.groups
+    if rep == 1:
+        return tg
+    (te,) = g.op("Unsqueeze", [tg, _i64(g, "axes", [1])])  # [G, 1, S, N]
+    (te,) = g.op("Expand", [te, _i64(g, "shape", [1, rep, 1, 1])])  # [G, rep, S, N]
+    return g.op("Reshape", [te, _i64(g, "shape", [m.heads, -1, m.state_size])])[0]
+
+
+def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
+    """u [1, S, hidden] (the layer's normed input) -> the mixer output [1, S, hidden]; the conv
+    window leaves as new_state_{site}, the scan state as new_state_{site + 1}."""
+    g = c.g
+    H, P, N, G, inner = m.heads, m.head_dim, m.state_size, m.groups, m.inner
+    proj = c.linear(u, mw.in_proj, mw.in_b)  # [1, S, I + conv_dim + H]
+    gate, xbc, dt = g.op("Split", [proj, _i64(g, "split", [inner, m.conv_dim, H])], 3, axis=-1)
+    xbc = causal_conv(g, xbc, site, mw.kernel, mw.kernel_b)
+    xbc = c.ops.activation(g, xbc, "silu")
+    if g.dtype_name != "float32":
+        (xbc,) = g.op("Cast", [xbc], to=TensorProto.FLOAT)
+        (dt,) = g.op("Cast", [dt], to=TensorProto.FLOAT)
+    x, b, cc = g.op("Split", [xbc, _i64(g, "split", [inner, G * N, G * N])], 3, axis=-1)
+    (x,) = g.op("Reshape", [x, _i64(g, "shape", [-1, H, P])])  # [S, H, P]
+    b_h = _heads(g, g.op("Reshape", [b, _i64(g, "shape", [-1, G, N])])[0], m)  # [H, S, N]
+    c_h = _heads(g, g.op("Reshape", [cc, _i64(g, "shape", [-1, G, N])])[0], m)
+
+    (dt,) = g.op("Reshape", [dt, _i64(g, "shape", [-1, H])])  # [S, H]
+    (dt,) = g.op("Softplus", [g.op("Add", [dt, _f32(g, "dt_bias", mw.dt_bias.numpy())])[0]])
+    lo, hi = m.dt_limit
+    if lo > 0.0 or hi != float("inf"):
+        (dt,) = g.op("Clip", [dt, _f32(g, "dt_lo", lo), _f32(g, "dt_hi", min(hi, 3.0e38))])
+    a = (-torch.exp(mw.a_log)).numpy()
+    (a,) = g.op("Mul", [dt, _f32(g, "A", a)])  # [S, H]: log decay of each row
+    (cum,) = g.op("CumSum", [a, _i64(g, "axis", 0)])
+    (cum_t,) = g.op("Transpose", [cum], perm=[1, 0])  # [H, S]
+    (n,) = g.op("Squeeze", [g.op("Shape", [cum], start=0, end=1)[0], _i64(g, "axes", [0])])  # [] = S
+    (rows,) = g.op("Range", [_i64(g, "zero", 0), n, _i64(g, "one", 1)])  # [S]
+    t_col, s_row = (
+        g.op("Unsqueeze", [rows, _i64(g, "axes", [1])])[0],
+        g.op("Unsqueeze", [rows, _i64(g, "axes", [0])])[0],
+    )
+    (causal,) = g.op("GreaterOrEqual", [t_col, s_row])  # [S, S]: s <= t
+    # segment sums seg[h, t, s] = a[s + 1] + ... + a[t] (transformers' segment_sum: a masked cumsum,
+    # no difference of two large cumsums)
+    (a_t,) = g.op("Unsqueeze", [g.op("Transpose", [a], perm=[1, 0])[0], _i64(g, "axes", [2])])  # [H, S(t), 1]
+    (a_ts,) = g.op("Where", [g.op("Greater", [t_col, s_row])[0], a_t, _f32(g, "zero", 0.0)])  # [H, S, S]
+    (seg,) = g.op("CumSum", [a_ts, _i64(g, "axis", 1)])
+    (decay,) = g.op("Where", [causal, g.op("Exp", [seg])[0], _f32(g, "zero", 0.0)])  # [H, S, S]
+
+    (dtx,) = g.op("Mul", [x, g.op("Unsqueeze", [dt, _i64(g, "axes", [2])])[0]])  # [S, H, P]
+    (dtx,) = g.op("Transpose", [dtx], perm=[1, 0, 2])  # [H, S, P]
+    (cb,) = g.op("MatMul", [c_h, g.op("Transpose", [b_h], perm=[0, 2, 1])[0]])  # [H, S, S]
+    (y,) = g.op("MatMul", [g.op("Mul", [cb, decay])[0], dtx])  # [H, S, P]
+    h0 = contract.past_state(site + 1)  # [1, H, P, N]
+    (h0,) = g.op("Reshape", [h0, _i64(g, "shape", [H, P, N])])
+    (y_off,) = g.op("MatMul", [c_h, g.op("Transpose", [h0], perm=[0, 2, 1])[0]])  # [H, S, P]
+    (grow,) = g.op("Exp", [cum_t])  # [H, S]: exp(cum_t), decay of h0 to row t
+    (y_off,) = g.op("Mul", [y_off, g.op("Unsqueeze", [grow, _i64(g, "axes", [2])])[0]])
+    (xt,) = g.op("Transpose", [x], perm=[1, 0, 2])  # [H, S, P]
+    (skip,) = g.op("Mul", [xt, _f32(g, "D", mw.d.numpy()[:, None, None])])
+    (y,) = g.op("Add", [g.op("Add", [y, y_off])[0], skip])
+    (y,) = g.op("Reshape", [g.op("Transpose", [y], perm=[1, 0, 2])[0], _i64(g, "shape", [1, -1, inner])])
+
+    _scan_states(g, site + 1, decay, dtx, b_h, grow, h0, m)
+    y = _gated_norm(g, y, gate, mw, m)
+    return c.linear(y, mw.out, mw.out_b)
+
+
+def _scan_states(g: Graph, site: int, decay: str, dtx: str, b_h: str, grow: str, h0: str, m: MambaSpec) -> None:
+    """new_state_{site} [1, Rs, H, P, N]: h_r for each state_index row r (module docstring)."""
+    idx = contract.STATE_INDEX
+    (lr,) = g.op("Gather", [decay, idx], axis=1)  # [H, Rs, S]
+    (t,) = g.op(
+        "Mul", [g.op("Unsqueeze", [lr, _i64(g, "axes", [3])])[0], g.op("Unsqueeze", [dtx, _i64(g, "axes", [1])])[0]]
+    )  # [H, Rs, S, P]
+    (t,) = g.op("Transpose", [t], perm=[0, 1, 3, 2])  # [H, Rs, P, S]
+    (hs,) = g.op("MatMul", [t, g.op("Unsqueeze", [b_h, _i64(g, "axes", [1])])[0]])  # [H, Rs, P, N]
+    (g0,) = g.op("Unsqueeze", [g.op("Gather", [grow, idx], axis=1)[0], _i64(g, "axes", [2, 3])])  # [H, Rs, 1, 1]
+    (carried,) = g.op("Mul", [g0, g.op("Unsqueeze", [h0, _i64(g, "axes", [1])])[0]])  # [H, Rs, P, N]
+    (hs,) = g.op("Add", [hs, carried])
+    (hs,) = g.op("Transpose", [hs], perm=[1, 0, 2, 3])  # [Rs, H, P, N]
+    state_out(g, g.op("Unsqueeze", [hs, _i64(g, "axes", [0])])[0], site)
+
+
+def _gated_norm(g: Graph, y: str, gate: str, mw: MambaWeights, m: MambaSpec) -> str:
+    """y [1, S, I] float32, gate [1, S, I] model dtype -> w * rmsnorm_groups(y * silu(gate)), model dtype
+    (transformers' GraniteMoeHybridRMSNormGated: float32 inside)."""
+    if g.dtype_name != "float32":
+        (gate,) = g.op("Cast", [gate], to=TensorProto.FLOAT)
+    (yg,) = g.op("Mul", [y, g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0]])
+    (grp,) = g.op("Reshape", [yg, _i64(g, "shape", [1, -1, m.groups, m.inner // m.groups])])
+    (var,) = g.op("ReduceMean", [g.op("Mul", [grp, grp])[0]], axes=[-1], keepdims=1)
+    (std,) = g.op("Sqrt", [g.op("Add", [var, _f32(g, "eps", mw.norm_eps)])[0]])
+    (normed,) = g.op("Div", [grp, std])
+    (normed,) = g.op("Reshape", [normed, _i64(g, "shape", [1, -1, m.inner])])
+    if g.dtype_name != "float32":
+        (normed,) = g.op("Cast", [normed], to=g.elem)
+    return g.op("Mul", [normed, g.weight("mamba_norm", mw.norm)])[0]

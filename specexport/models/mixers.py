@@ -1,0 +1,145 @@
+"""The recurrent mixers of hybrid families in the normalized config (feature recurrent_state):
+which layers run which mixer, and the shapes of their states.
+
+    kinds = layer_kinds(raw, arch, num_layers)   # ATTENTION | CONV | MAMBA2 per layer
+    mamba = mamba_spec(raw, hidden)              # a Mamba2 mixer's shapes (Granite 4.0-H)
+    deltanet = deltanet_spec(raw)                # a Gated DeltaNet mixer's shapes (Qwen3.5)
+
+A layer type the family's row does not map (ArchSpec.layer_kinds) is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .architectures import ArchSpec
+from .errors import UnsupportedConfig
+
+ATTENTION, CONV, MAMBA2, GDN = "attention", "conv", "mamba2", "gdn"  # LayerSpec.kind: the layer's mixer
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A Mamba2 mixer (transformers' GraniteMoeHybridMambaLayer): in_proj -> gate [I] | xBC | dt [H];
+    xBC through a causal depthwise conv of `conv_kernel` taps and silu; a selective scan of H heads
+    of `head_dim` over a state of `state_size` per head, B and C shared by `groups` groups; a gated
+    RMSNorm over `groups` groups of I / groups; out_proj."""
+
+    heads: int  # H
+    head_dim: int  # P: I = H P
+    groups: int  # G
+    state_size: int  # N
+    conv_kernel: int  # L
+    conv_bias: bool
+    proj_bias: bool
+    dt_limit: tuple[float, float]  # dt clamped into [lo, hi] after softplus
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: x | B | C."""
+        return self.inner + 2 * self.groups * self.state_size
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The conv window [L - 1, conv_dim] and the scan state [H, P, N]."""
+        return (self.conv_kernel - 1, self.conv_dim), (self.heads, self.head_dim, self.state_size)
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec:
+    """A Gated DeltaNet mixer (transformers' Qwen3_5GatedDeltaNet): q, k of `key_heads` x `key_dim`,
+    v of `value_heads` x `value_dim` (key heads repeat to the value heads) through a causal
+    depthwise conv of `conv_kernel` taps and silu; the gated delta rule over a state [Hv, dk, dv]."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: q | k | v."""
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The conv window [L - 1, conv_dim] and the delta-rule state [Hv, dk, dv]."""
+        return (self.conv_kernel - 1, self.conv_dim), (self.value_heads, self.key_dim, self.value_dim)
+
+
+def deltanet_spec(raw: Mapping[str, Any]) -> DeltaNetSpec:
+    spec = DeltaNetSpec(
+        int(raw["linear_num_key_heads"]),
+        int(raw["linear_num_value_heads"]),
+        int(raw["linear_key_head_dim"]),
+        int(raw["linear_value_head_dim"]),
+        int(raw.get("linear_conv_kernel_dim") or 4),
+    )
+    if spec.value_heads % spec.key_heads:
+        raise UnsupportedConfig(
+            f"linear_num_value_heads {spec.value_heads} is not a multiple of linear_num_key_heads {spec.key_heads}"
+        )
+    return spec
+
+
+def layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tuple[str, ...]:
+    """Each layer's mixer from layer_types through the family's layer_kinds (transformers has
+    already renamed legacy types: mamba -> linear_attention, attention -> full_attention)."""
+    types = raw.get("layer_types")
+    if types is None:
+        return (ATTENTION,) * num_layers
+    if len(types) != num_layers:
+        raise UnsupportedConfig(f"config key 'layer_types' has {len(types)} entries for {num_layers} layers")
+    table = dict(arch.layer_kinds)
+    unknown = sorted({t for t in types if t not in table})
+    if unknown:
+        raise UnsupportedConfig(
+            f"config key 'layer_types' has {unknown}, which {arch.model_type!r} does not implement;"
+            f" it implements: {', '.join(sorted(table))}"
+        )
+    return tuple(table[t] for t in types)
+
+
+def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
+    heads = int(raw["mamba_n_heads"])
+    inner = int(raw.get("mamba_expand") or 2) * hidden
+    head_dim = int(raw["mamba_d_head"])
+    if heads * head_dim != inner:
+        raise UnsupportedConfig(f"mamba_n_heads {heads} x mamba_d_head {head_dim} != mamba_expand x hidden {inner}")
+    groups = int(raw.get("mamba_n_groups") or 1)
+    if heads % groups:
+        raise UnsupportedConfig(f"mamba_n_heads {heads} is not a multiple of mamba_n_groups {groups}")
+    limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    return MambaSpec(
+        heads,
+        head_dim,
+        groups,
+        int(raw["mamba_d_state"]),
+        int(raw.get("mamba_d_conv") or 4),
+        bool(raw.get("mamba_conv_bias")),
+        bool(raw.get("mamba_proj_bias")),
+        (float(limit[0]), float(limit[1])),
+    )
+
+
+def intermediate(raw: Mapping[str, Any], hidden: int) -> int:
+    """The MLP width: Granite 4.0-H's shared MLP (shared_intermediate_size; its experts are
+    refused); LFM2's block_auto_adjust_ff_dim shrinks the configured one to 2/3, times
+    block_ffn_dim_multiplier, rounded up to block_multiple_of (as transformers' Lfm2MLP)."""
+    if raw.get("shared_intermediate_size") is not None:
+        return int(raw["shared_intermediate_size"])
+    width = int(raw.get("intermediate_size") or raw.get("n_inner") or 4 * hidden)
+    if raw.get("block_auto_adjust_ff_dim"):
+        width = int(2 * width / 3)
+        if raw.get("block_ffn_dim_multiplier") is not None:
+            width = int(raw["block_ffn_dim_multiplier"] * width)
+            multiple = int(raw.get("block_multiple_of") or 1)
+            width = multiple * ((width + multiple - 1) // multiple)
+    return width
