@@ -8,8 +8,11 @@ not depend on the weights (random-init models; nothing is fetched).
 Models: per precision and graph form, a random-init LFM2 of --shape (lfm2-1.2b: transformers'
 config of LiquidAI/LFM2-1.2B, specexport.plan.sizes) and beside it a Llama of the same hidden
 size, layers, heads, KV heads, MLP width and vocabulary (every layer attention). fp32 graphs, and
-int4 targets (MatMulNBits, round-to-nearest, the quantized-target path of the fused form). The
-fused form is written with padded attention, as a bitwise target is built.
+int4 targets (MatMulNBits, round-to-nearest, the quantized-target path of the fused form). Each
+graph gets the padding a bitwise target is built with (build/graphs.py BITWISE_FUSED): fp32 fused
+padded attention; int4 padded calls (every call at least 2 rows: MatMulNBits' 1-row path gives
+other low bits than its multi-row one, so the "1-row call" of an int4 target is its padded 2-row
+call, the one target-only decoding pays); portable none.
 
 Figures (each a median over --repeats, warm-up calls and runs outside the measured set):
   verify cost   one call of 1 + gamma rows against a 1-row call with --past positions in the
@@ -165,16 +168,27 @@ class Graph:
     params: int
     bytes: int
     build_seconds: float
+    min_rows: int = 1  # padded calls (feature row_padding)
+    cache_pad: int = 0  # padded attention (fused)
 
     @property
     def label(self) -> str:
         return f"{self.kind} {self.precision} {self.form}"
 
 
+def padding(precision: str, form: str) -> tuple[int, int]:
+    """(min_rows, cache_pad) of a graph: what a bitwise target of this precision and form is built
+    with (build/graphs.py BITWISE_FUSED; the module docstring)."""
+    if precision == "int4":
+        return 2, 0
+    return (1, 1) if FORMS[form] == contract.HEAD_MAJOR_INPLACE else (1, 0)
+
+
 def build_graph(kind: str, precision: str, form: str, cfg: dict, max_context: int, args, root: Path) -> Graph:
     """The graph of one model (reused from --work when its settings match)."""
     out = root / f"{kind}-{precision}-{form}"
-    stamp = repr((cfg, max_context, args.block_size, args.accuracy_level, args.seed))
+    min_rows, cache_pad = padding(precision, form)
+    stamp = repr((cfg, max_context, args.block_size, args.accuracy_level, args.seed, min_rows, cache_pad))
     saved = out / "graph.pkl"
     if saved.exists():
         graph = pickle.loads(saved.read_bytes())
@@ -194,19 +208,20 @@ def build_graph(kind: str, precision: str, form: str, cfg: dict, max_context: in
     weights = None
     if precision == "int4":
         weights = QuantizedWeights("int4", args.block_size, args.accuracy_level, "fp32", "fp32", {})
-    fused = FORMS[form] == contract.HEAD_MAJOR_INPLACE
     result = build_decoder(
         model,
         out,
         max_context,
         kv_layout=FORMS[form],
         weights=weights,
-        pad_attention=fused,  # a bitwise target's padding (build/graphs.py BITWISE_FUSED)
+        min_rows=min_rows,
+        pad_attention=cache_pad > 0,
         dtype=torch.float32,
     )
     del model
     gc.collect()
-    graph = Graph(kind, precision, form, result.path, result.spec, params, result.bytes, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    graph = Graph(kind, precision, form, result.path, result.spec, params, result.bytes, seconds, min_rows, cache_pad)
     saved.write_bytes(pickle.dumps({"stamp": stamp, "graph": graph.__dict__}))
     return graph
 
@@ -349,8 +364,15 @@ class Subject:
 
 def load_subject(graph: Graph, max_context: int, args) -> Subject:
     config = SessionConfig(threads=args.threads, shared_pool=args.pool == "shared")
-    pad = 1 if FORMS[graph.form] == contract.HEAD_MAJOR_INPLACE else 0
-    model = OrtModel(graph.path, graph.spec, max_context, config, max_rows=args.max_rows, cache_pad=pad)
+    model = OrtModel(
+        graph.path,
+        graph.spec,
+        max_context,
+        config,
+        max_rows=args.max_rows,
+        min_rows=graph.min_rows,
+        cache_pad=graph.cache_pad,
+    )
     timed = None
     if model.states is not None:
         timed = TimedStates(model.states)
@@ -508,6 +530,20 @@ def run_loop(s: Subject, method: str, prompt: list[int], tokens: int, args, unti
         "drafted": stats.drafted,
         "accepted": stats.accepted,
         "switched_off": switched_off,
+        "draft_per_round": stats.drafted / stats.rounds if stats.rounds else 0.0,
+    }
+
+
+def controller_state(ctl: GammaController) -> dict:
+    """What the adaptive policy believes after the measured runs: on or off, its acceptance, and
+    its cost model (ms of each call size it timed, and of the fitted line)."""
+    line = {str(r): ctl.cost.seconds(r) * 1e3 for r in (1, 3, 9)} if ctl.cost.timed(1) else {}
+    return {
+        "speculating": ctl.speculating,
+        "alpha": ctl.alpha,
+        "gamma": ctl.gamma,
+        "timed_ms": {str(r): v * 1e3 for r, v in sorted(ctl.cost.by_rows.items())},
+        "line_ms": line,
     }
 
 
@@ -546,6 +582,7 @@ def ceiling(subjects: list[Subject], args) -> list[dict]:
                 "plain_steps": statistics.median(x["plain_steps"] for x in runs),
                 "drafted": sum(x["drafted"] for x in runs),
                 "accepted": sum(x["accepted"] for x in runs),
+                "draft_per_round": statistics.median(x["draft_per_round"] for x in runs),
                 "equal_to_target_only": all(x["tokens"][: args.tokens + 1] == answer[: args.tokens + 1] for x in runs),
             }
         base = samples[s.label, "target-only"]
@@ -555,6 +592,7 @@ def ceiling(subjects: list[Subject], args) -> list[dict]:
         rep = row["replay"]
         rep["acceptance"] = rep["accepted"] / rep["drafted"] if rep["drafted"] else 0.0
         row["always-wrong"]["policy_reacted_after_rounds"] = s.react_rounds
+        row["always-wrong"]["controller_after"] = controller_state(s.controller)
         rows.append(row)
     return rows
 
@@ -578,15 +616,22 @@ def limits(verify: list[dict], rollback: list[dict], ceil: list[dict], gamma: in
                 f" bookkeeping {rep['bookkeeping_share']:.1%}"
             )
         probe = wrong["rounds"] / max(1, wrong["rounds"] + wrong["plain_steps"])
+        ctl = wrong["controller_after"]
         lines.append(
-            f"{name}: always-wrong {wrong['vs_target_only']:.3f}x: {probe:.1%} of its target calls are probe rounds"
-            f" (policy off after {wrong['policy_reacted_after_rounds']} drafted rounds in the warm-up);"
-            f" ONNX Runtime's runs {wrong['run_share']:.0%} of its decode time"
+            f"{name}: always-wrong {wrong['vs_target_only']:.3f}x: {probe:.1%} of its target calls drafted"
+            f" (policy off after {wrong['policy_reacted_after_rounds']} drafted rounds in the warm-up; in the"
+            f" runs {wrong['draft_per_round']:.1f} tokens drafted a round; afterwards it is"
+            f" {'on' if ctl['speculating'] else 'off'}, alpha {ctl['alpha']:.3f}, timed ms by rows"
+            f" {fmt_costs(ctl['timed_ms'])}); ONNX Runtime's runs {wrong['run_share']:.0%} of its decode time"
         )
     for r in verify:
         worst = max(c["host_share"] for c in r["calls"].values())
         lines.append(f"{r['model']}: verify calls are {1 - worst:.0%}+ inside ONNX Runtime (host share <= {worst:.1%})")
     return lines
+
+
+def fmt_costs(costs: dict) -> str:
+    return ", ".join(f"{r}: {v:.0f}" for r, v in costs.items()) or "none"
 
 
 def fmt(x: float, spec: str = ".2f") -> str:
@@ -623,7 +668,7 @@ def report(doc: dict) -> str:
     )
     out += [
         f"| model | target-only | replay g{s['ceiling_gamma']} | x | acceptance | bookkeeping share |"
-        " always-wrong | x | probe rounds | outputs equal |",
+        " always-wrong | x | drafted rounds | outputs equal |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["ceiling"]:
