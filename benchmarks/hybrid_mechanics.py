@@ -711,6 +711,7 @@ def parser():
         help="comma list of precisions whose hybrid and attention-only models are measured one after the other"
         " instead of interleaved (one model on disk and in memory at a time; default none)",
     )
+    ap.add_argument("--kinds", default="hybrid,attention", help="comma list of hybrid, attention (default both)")
     ap.add_argument("--past", type=int, default=600, help="cache positions before a timed verify call (default 600)")
     ap.add_argument("--gammas", default="4,8", help="draft lengths whose 1 + gamma-row calls are timed (default 4,8)")
     ap.add_argument("--ceiling-gamma", type=int, default=8, help="the replay proposer's fixed gamma (default 8)")
@@ -748,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     precisions = [p for p in args.precisions.split(",") if p]
     forms = [f for f in args.forms.split(",") if f]
     apart = {p for p in args.apart.split(",") if p}
+    kinds = [k for k in args.kinds.split(",") if k]
+    if any(k not in KINDS for k in kinds) or not kinds:
+        raise HarnessError(f"--kinds takes a comma list of {', '.join(KINDS)}, got {args.kinds!r}")
     if any(p not in PRECISIONS for p in precisions) or not precisions:
         raise HarnessError(f"--precisions takes a comma list of {', '.join(PRECISIONS)}, got {args.precisions!r}")
     if any(f not in FORMS for f in forms) or not forms:
@@ -781,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
                 if precision == "int4" and form != "fused":
                     print(f"skipped: int4 {form} (quantized targets are written in the fused form)", flush=True)
                     continue
-                groups = [[k] for k in KINDS] if precision in apart else [list(KINDS)]
+                groups = [[k] for k in kinds] if precision in apart else [kinds]
                 for kinds in groups:
                     measure_group(kinds, precision, form, cfg, max_context, args, root, doc)
     finally:
