@@ -119,6 +119,24 @@ TINY_CONFIGS: dict[str, dict] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=True,
     ),
+    # Nemotron-H dense (Nano 9B v2: Mamba2 blocks, a few GQA blocks without positions, relu2 MLP
+    # blocks): one mixer a block; Mamba2 of 4 heads x 32, 2 groups, state 16, conv kernel 4
+    "nemotron_h": dict(
+        _COMMON,
+        num_hidden_layers=6,
+        layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=32,
+        ssm_state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        expand=2,
+        use_conv_bias=True,
+        use_bias=False,
+        mlp_hidden_act="relu2",
+        n_routed_experts=0,
+    ),
     "exaone4": dict(_COMMON, num_hidden_layers=4, sliding_window=16, sliding_window_pattern=4),
     "gpt2": dict(
         vocab_size=320,

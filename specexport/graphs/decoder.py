@@ -43,6 +43,7 @@ from ..models.config import (
     check_hf_modules,
     normalize,
 )
+from ..models.mixers import MLP
 from ..models.streaming import Weights, source_of
 from .conv import conv_mixer, conv_weights, state_interface
 from .gdn import deltanet_mixer, deltanet_weights
@@ -65,13 +66,13 @@ from .writer import (
 
 def fused_supported(model_type: str) -> bool:
     """Families the fused form reproduces (rotary positions); GPT-2 is portable only."""
-    return arch_for(model_type).positions == "rope"
+    return arch_for(model_type).positions != "learned"
 
 
 def fused_refusal(cfg: NormalizedConfig) -> str | None:
     """Why the fused graphs (its tree graph included) cannot reproduce `cfg` (None: they can);
     known from the config alone."""
-    if cfg.arch.positions != "rope":
+    if cfg.arch.positions == "learned":
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"
     half = cfg.rotary_dim // 2
     if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
@@ -124,9 +125,9 @@ class LayerWeights:
     qkv_b: torch.Tensor | None
     o: Linear | None
     o_b: torch.Tensor | None
-    gate_up: Linear
+    gate_up: Linear | None  # None: a single block of a mixer only (ArchSpec.block "single")
     gate_up_b: torch.Tensor | None
-    down: Linear
+    down: Linear | None
     down_b: torch.Tensor | None
     gated: bool = True
 
@@ -158,7 +159,8 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
     mixer (conv.conv_weights) has no q|k|v / o sites here."""
     mlp = module_at(layer, arch.mlp)
     part = w.part
-    if cfg.layers[i].kind != ATTENTION:  # a recurrent mixer (conv.py, mamba.py) reads its own weights
+    kind = cfg.layers[i].kind
+    if kind != ATTENTION:  # a recurrent mixer (conv.py, mamba.py, gdn.py) reads its own weights
         qkv, mods, o, out = None, (), None, None
     elif arch.qkv == "separate":
         attn = module_at(layer, arch.attn)
@@ -192,6 +194,30 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
             gated=False,
         )
     gate_name, up_name, down_name = arch.mlp_names
+    if arch.block == "single" and kind != MLP:  # a block of one mixer: no MLP of its own
+        return LayerWeights(
+            qkv,
+            _bias(w, *mods) if mods else None,
+            Linear(f"l{i}_o", (o,)) if o is not None else None,
+            _bias(w, out) if out is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )
+    if arch.mlp_kind == "plain":  # up -> activation -> down
+        up, down = getattr(mlp, up_name), getattr(mlp, down_name)
+        return LayerWeights(
+            None,
+            None,
+            None,
+            None,
+            Linear(f"l{i}_up", (part(up),)),
+            _bias(w, up),
+            Linear(f"l{i}_down", (part(down),)),
+            _bias(w, down),
+            gated=False,
+        )
     if arch.mlp_kind == "gated":
         up_mods = (getattr(mlp, gate_name), getattr(mlp, up_name))
     else:  # fused_gated: rows [gate; up] already
@@ -307,6 +333,9 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch, g = c.cfg.arch, c.g
     kind = c.cfg.layers[i].kind
+    if kind == MLP:  # a block that is only an MLP (Nemotron-H)
+        stream.add(_branch(c, layer, arch.mlp_post_norm, _mlp(c, h, lw)))
+        return
     if kind == CONV:  # recurrent mixers: their states are sites state_sites(i), ... (feature recurrent_state)
         mixed = conv_mixer(c, c.cfg.state_sites(i), h, conv_weights(c.ws, module_at(layer, arch.conv), i))
     elif kind == MAMBA2:
@@ -323,7 +352,15 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
             (a,) = g.op("Mul", [a, g.op("Sigmoid", [c.linear(h, gate, None)])[0]])
         mixed = c.linear(a, lw.o, lw.o_b)
     stream.add(_branch(c, layer, arch.attn_post_norm, mixed))
+    if arch.block == "single":  # the block ends with its mixer
+        return
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
+    stream.add(_branch(c, layer, arch.mlp_post_norm, _mlp(c, h, lw)))
+
+
+def _mlp(c: _Ctx, h: str, lw: LayerWeights) -> str:
+    """The MLP of h [1, S, hidden]: down(act(gate(h)) * up(h)), or down(act(up(h))) ungated."""
+    g = c.g
     up = c.linear(h, lw.gate_up, lw.gate_up_b)  # [1, S, 2 I]: one weight stream per MLP input
     if lw.gated:
         inter = lw.gate_up.out_features // 2
@@ -331,7 +368,7 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
         (hidden,) = g.op("Mul", [c.ops.activation(g, gate, c.cfg.activation), up])
     else:
         hidden = c.ops.activation(g, up, c.cfg.activation)
-    stream.add(_branch(c, layer, arch.mlp_post_norm, c.linear(hidden, lw.down, lw.down_b)))
+    return c.linear(hidden, lw.down, lw.down_b)
 
 
 def _paths(model: torch.nn.Module) -> dict[int, str]:

@@ -76,6 +76,7 @@ FEATURE_OF_KEY: dict[str, str] = {
     "scale_attn_by_inverse_layer_idx": "inverse_layer_scaling",
     "scale_attn_weights": "unscaled_attention",
     "add_cross_attention": "cross_attention",
+    "residual_in_fp32": "fp32_residual",  # Nemotron-H: a float32 residual stream in a half-precision model
 }
 # values that mean "not set" (besides None)
 NEUTRAL: dict[str, tuple] = {
@@ -99,6 +100,7 @@ NEUTRAL: dict[str, tuple] = {
     "scale_attn_by_inverse_layer_idx": (False,),
     "scale_attn_weights": (True,),
     "add_cross_attention": (False,),
+    "residual_in_fp32": (False,),
 }
 # keys read as shapes or standard settings of every family (not features)
 SHAPE_KEYS = frozenset(
@@ -148,6 +150,18 @@ SHAPE_KEYS = frozenset(
         "mamba_conv_bias",
         "mamba_proj_bias",
         "time_step_limit",
+        # Nemotron-H: its Mamba2 mixer under other names, its MLP activation (mixers.mamba_spec)
+        "mamba_num_heads",
+        "mamba_head_dim",
+        "ssm_state_size",
+        "n_groups",
+        "conv_kernel",
+        "expand",
+        "use_conv_bias",
+        "use_bias",
+        "mamba_hidden_act",
+        "mlp_hidden_act",
+        "layers_block_type",  # Nemotron-H's layer_types (its num_hidden_layers derives from it)
     }
 )
 # keys that only derive the ones above in transformers' config classes, or that no module reads
@@ -179,9 +193,30 @@ INERT_KEYS = frozenset(
         "num_experts_per_tok",
         "output_router_logits",
         "router_aux_loss_coef",
+        # Nemotron-H: initialisation, kernel choice, the cache dtype (states are float32 here), and
+        # the expert / MTP settings, read only by its refused "moe" layers and its MTP layers
+        "time_step_min",
+        "time_step_max",
+        "time_step_floor",
+        "rescale_prenorm_residual",
+        "use_mamba_kernels",
+        "mamba_ssm_cache_dtype",
+        "num_logits_to_keep",
+        "chunk_size",
+        "n_shared_experts",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_overlap",
+        "moe_latent_size",
+        "routed_scaling_factor",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+        "num_nextn_predict_layers",
+        "mtp_layers_block_type",
+        "hidden_dropout",
     }
 )
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu", "relu2")
 # rope types whose tables do not depend on the sequence length, and those that do not below a bound
 
 
@@ -348,10 +383,12 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     heads = int(get("num_attention_heads") or get("n_head"))
     kv_heads = int(get("num_key_value_heads") or heads)
     head_dim = int(get("head_dim") or hidden // heads)
-    num_layers = int(get("num_hidden_layers") or get("n_layer"))
+    num_layers = int(get("num_hidden_layers") or get("n_layer") or len(get("layers_block_type") or ()))
     if heads % kv_heads:
         raise UnsupportedConfig(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    activation = get("hidden_activation") or get("hidden_act") or get("activation_function") or arch.activation
+    activation = (
+        get("hidden_activation") or get("hidden_act") or get("activation_function") or get("mlp_hidden_act")
+    ) or arch.activation
     if activation not in ACTIVATIONS:
         raise UnsupportedConfig(
             f"config key 'hidden_act' = {activation!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -407,6 +444,8 @@ def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
         feature = FEATURE_OF_KEY.get(key)
         if feature is None or feature in arch.features or not _is_set(key, value):
             continue
+        if feature == "mixture_of_experts" and arch.experts_by_layer_type:
+            continue  # read only by "moe" layers, which layer_kinds refuses
         raise UnsupportedConfig(
             f"config key {key!r} = {_show(value)} is not implemented for {arch.model_type!r}"
             f" ({feature.replace('_', ' ')});"

@@ -17,7 +17,8 @@ from typing import Any
 from .architectures import ArchSpec
 from .errors import UnsupportedConfig
 
-ATTENTION, CONV, MAMBA2, GDN = "attention", "conv", "mamba2", "gdn"  # LayerSpec.kind: the layer's mixer
+# LayerSpec.kind: the layer's mixer (MLP: a block that is only an MLP, Nemotron-H)
+ATTENTION, CONV, MAMBA2, GDN, MLP = "attention", "conv", "mamba2", "gdn", "mlp"
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def deltanet_spec(raw: Mapping[str, Any]) -> DeltaNetSpec:
 def layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tuple[str, ...]:
     """Each layer's mixer from layer_types through the family's layer_kinds (transformers has
     already renamed legacy types: mamba -> linear_attention, attention -> full_attention)."""
-    types = raw.get("layer_types")
+    types = raw.get("layer_types") or raw.get("layers_block_type")  # Nemotron-H: layers_block_type
     if types is None:
         return (ATTENTION,) * num_layers
     if len(types) != num_layers:
@@ -107,13 +108,37 @@ def layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tupl
     return tuple(table[t] for t in types)
 
 
+# Mamba2 settings by config key: Granite 4.0-H's names, then Nemotron-H's
+_MAMBA_KEYS = {
+    "heads": ("mamba_n_heads", "mamba_num_heads"),
+    "head_dim": ("mamba_d_head", "mamba_head_dim"),
+    "expand": ("mamba_expand", "expand"),
+    "groups": ("mamba_n_groups", "n_groups"),
+    "state": ("mamba_d_state", "ssm_state_size"),
+    "conv": ("mamba_d_conv", "conv_kernel"),
+    "conv_bias": ("mamba_conv_bias", "use_conv_bias"),
+    "proj_bias": ("mamba_proj_bias", "use_bias"),
+}
+
+
+def _mamba(raw: Mapping[str, Any], what: str, default: Any = None) -> Any:
+    """A Mamba2 setting under the naming the config uses (Nemotron-H's has mamba_num_heads)."""
+    key = _MAMBA_KEYS[what][1 if raw.get("mamba_num_heads") is not None else 0]
+    return raw[key] if raw.get(key) is not None else default
+
+
 def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
-    heads = int(raw["mamba_n_heads"])
-    inner = int(raw.get("mamba_expand") or 2) * hidden
-    head_dim = int(raw["mamba_d_head"])
+    act = raw.get("mamba_hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedConfig(f"config key 'mamba_hidden_act' = {act!r} is not supported; supported: silu")
+    heads = int(_mamba(raw, "heads"))
+    inner = int(_mamba(raw, "expand", 2)) * hidden
+    head_dim = int(_mamba(raw, "head_dim"))
+    if raw.get("mamba_num_heads") is not None:  # Nemotron-H: the inner width is heads x head_dim
+        inner = heads * head_dim
     if heads * head_dim != inner:
         raise UnsupportedConfig(f"mamba_n_heads {heads} x mamba_d_head {head_dim} != mamba_expand x hidden {inner}")
-    groups = int(raw.get("mamba_n_groups") or 1)
+    groups = int(_mamba(raw, "groups", 1))
     if heads % groups:
         raise UnsupportedConfig(f"mamba_n_heads {heads} is not a multiple of mamba_n_groups {groups}")
     limit = raw.get("time_step_limit") or (0.0, float("inf"))
@@ -121,10 +146,10 @@ def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
         heads,
         head_dim,
         groups,
-        int(raw["mamba_d_state"]),
-        int(raw.get("mamba_d_conv") or 4),
-        bool(raw.get("mamba_conv_bias")),
-        bool(raw.get("mamba_proj_bias")),
+        int(_mamba(raw, "state")),
+        int(_mamba(raw, "conv", 4)),
+        bool(_mamba(raw, "conv_bias", False)),
+        bool(_mamba(raw, "proj_bias", False)),
         (float(limit[0]), float(limit[1])),
     )
 

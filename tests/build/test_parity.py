@@ -100,12 +100,15 @@ def _states_of(config, layer_type: str) -> list[tuple[int, ...]]:
         hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
         dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
         return [(config.linear_conv_kernel_dim - 1, 2 * hk * dk + hv * dv), (hv, dk, dv)]
-    if layer_type == "linear_attention":
-        inner, gn = config.mamba_n_heads * config.mamba_d_head, config.mamba_n_groups * config.mamba_d_state
-        return [
-            (config.mamba_d_conv - 1, inner + 2 * gn),
-            (config.mamba_n_heads, config.mamba_d_head, config.mamba_d_state),
-        ]
+    if layer_type == "linear_attention":  # Mamba2, by Granite 4.0-H's or Nemotron-H's key names
+
+        def get(*names):
+            return next(getattr(config, n) for n in names if getattr(config, n, None) is not None)
+
+        heads, head_dim = get("mamba_n_heads", "mamba_num_heads"), get("mamba_d_head", "mamba_head_dim")
+        gn = get("mamba_n_groups", "n_groups") * get("mamba_d_state", "ssm_state_size")
+        state = get("mamba_d_state", "ssm_state_size")
+        return [(get("mamba_d_conv", "conv_kernel") - 1, heads * head_dim + 2 * gn), (heads, head_dim, state)]
     return []
 
 
