@@ -75,7 +75,8 @@ class ArchSpec:
     rope_switch: str = ""
     # pair: each layer is a mixer then an MLP, each behind its norm; single: each layer is one block,
     # norm -> mixer (attention, mamba2 or the MLP: layer kind "mlp") -> residual (Nemotron-H)
-    block: Literal["pair", "single"] = "pair"
+    # parallel: the mixer is attention and Mamba2 side by side on one normed input (Falcon-H1)
+    block: Literal["pair", "single", "parallel"] = "pair"
     experts_by_layer_type: bool = False  # expert keys only matter on layers of a refused "moe" type
 
     @property
@@ -185,6 +186,18 @@ NEMOTRON_H = ArchSpec(
     layer_kinds=(("full_attention", "attention"), ("linear_attention", "mamba2"), ("mlp", "mlp")),
     features=_features("attention_bias", "mlp_bias", "mamba_layers"),
 )
+# Falcon-H1: every layer runs attention and a Mamba2 mixer in parallel, then a gated MLP; muP
+# multipliers on the embedding, attention input / keys / output, the mixer's projections and output,
+# the MLP's gate and down projection, and the logits
+FALCON_H1 = ArchSpec(
+    "falcon_h1",
+    final_norm="final_layernorm",
+    mlp="feed_forward",
+    mlp_norm="pre_ff_layernorm",
+    block="parallel",
+    layer_kinds=(("hybrid", "hybrid"),),
+    features=_features("attention_bias", "mlp_bias", "multipliers", "mamba_layers"),
+)
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -224,6 +237,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         QWEN3_5_TEXT,
         QWEN3_5,
         NEMOTRON_H,
+        FALCON_H1,
         GPT2,
     )
 }

@@ -17,8 +17,11 @@ from typing import Any
 from .architectures import ArchSpec
 from .errors import UnsupportedConfig
 
-# LayerSpec.kind: the layer's mixer (MLP: a block that is only an MLP, Nemotron-H)
-ATTENTION, CONV, MAMBA2, GDN, MLP = "attention", "conv", "mamba2", "gdn", "mlp"
+# LayerSpec.kind: the layer's mixer (MLP: a block that is only an MLP, Nemotron-H; HYBRID: attention
+# and Mamba2 side by side on the same input, Falcon-H1)
+ATTENTION, CONV, MAMBA2, GDN, MLP, HYBRID = "attention", "conv", "mamba2", "gdn", "mlp", "hybrid"
+KV_KINDS = (ATTENTION, HYBRID)  # layers with a K/V cache
+STATE_SITES = {CONV: 1, MAMBA2: 2, GDN: 2, HYBRID: 2}  # recurrent state tensors per layer
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,12 @@ class MambaSpec:
     conv_bias: bool
     proj_bias: bool
     dt_limit: tuple[float, float]  # dt clamped into [lo, hi] after softplus
+    # Falcon-H1: the input times in_multiplier, in_proj's z | x | B | C | dt times these (muP), and the
+    # output norm: "gate_norm" rmsnorm(y * silu(gate)) w (Granite, Nemotron), "norm_gate"
+    # rmsnorm(y) w * silu(gate), or "gate" y * silu(gate) alone
+    in_multiplier: float = 1.0
+    projection_multipliers: tuple[float, ...] | None = None
+    norm: str = "gate_norm"
 
     @property
     def inner(self) -> int:
@@ -136,6 +145,8 @@ def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
     head_dim = int(_mamba(raw, "head_dim"))
     if raw.get("mamba_num_heads") is not None:  # Nemotron-H: the inner width is heads x head_dim
         inner = heads * head_dim
+    if raw.get("mamba_d_ssm") is not None:  # Falcon-H1: an explicit inner width
+        inner = int(raw["mamba_d_ssm"])
     if heads * head_dim != inner:
         raise UnsupportedConfig(f"mamba_n_heads {heads} x mamba_d_head {head_dim} != mamba_expand x hidden {inner}")
     groups = int(_mamba(raw, "groups", 1))
@@ -151,7 +162,19 @@ def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
         bool(_mamba(raw, "conv_bias", False)),
         bool(_mamba(raw, "proj_bias", False)),
         (float(limit[0]), float(limit[1])),
+        float(raw.get("ssm_in_multiplier") or 1.0),
+        tuple(float(m) for m in raw["ssm_multipliers"]) if raw.get("ssm_multipliers") is not None else None,
+        _norm_mode(raw),
     )
+
+
+def _norm_mode(raw: Mapping[str, Any]) -> str:
+    """MambaSpec.norm: Falcon-H1's mamba_rms_norm / mamba_norm_before_gate, else Granite's order."""
+    if raw.get("mamba_rms_norm") is None:
+        return "gate_norm"
+    if not raw["mamba_rms_norm"]:
+        return "gate"
+    return "norm_gate" if raw.get("mamba_norm_before_gate", True) else "gate_norm"
 
 
 def intermediate(raw: Mapping[str, Any], hidden: int) -> int:
