@@ -33,16 +33,8 @@ from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
 from ..models.architectures import ArchSpec, arch_for, module_at
-from ..models.config import (
-    ATTENTION,
-    CONV,
-    GDN,
-    MAMBA2,
-    NormalizedConfig,
-    UnsupportedConfig,
-    check_hf_modules,
-    normalize,
-)
+from ..models.config import CONV, GDN, MAMBA2, NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
+from ..models.mixers import HYBRID, KV_KINDS, MLP
 from ..models.streaming import Weights, source_of
 from .conv import conv_mixer, conv_weights, state_interface
 from .gdn import deltanet_mixer, deltanet_weights
@@ -65,13 +57,13 @@ from .writer import (
 
 def fused_supported(model_type: str) -> bool:
     """Families the fused form reproduces (rotary positions); GPT-2 is portable only."""
-    return arch_for(model_type).positions == "rope"
+    return arch_for(model_type).positions != "learned"
 
 
 def fused_refusal(cfg: NormalizedConfig) -> str | None:
     """Why the fused graphs (its tree graph included) cannot reproduce `cfg` (None: they can);
     known from the config alone."""
-    if cfg.arch.positions != "rope":
+    if cfg.arch.positions == "learned":
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"
     half = cfg.rotary_dim // 2
     if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
@@ -124,9 +116,9 @@ class LayerWeights:
     qkv_b: torch.Tensor | None
     o: Linear | None
     o_b: torch.Tensor | None
-    gate_up: Linear
+    gate_up: Linear | None  # None: a single block of a mixer only (ArchSpec.block "single")
     gate_up_b: torch.Tensor | None
-    down: Linear
+    down: Linear | None
     down_b: torch.Tensor | None
     gated: bool = True
 
@@ -158,7 +150,8 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
     mixer (conv.conv_weights) has no q|k|v / o sites here."""
     mlp = module_at(layer, arch.mlp)
     part = w.part
-    if cfg.layers[i].kind != ATTENTION:  # a recurrent mixer (conv.py, mamba.py) reads its own weights
+    kind = cfg.layers[i].kind
+    if kind not in KV_KINDS:  # a recurrent mixer (conv.py, mamba.py, gdn.py) reads its own weights
         qkv, mods, o, out = None, (), None, None
     elif arch.qkv == "separate":
         attn = module_at(layer, arch.attn)
@@ -192,6 +185,30 @@ def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig
             gated=False,
         )
     gate_name, up_name, down_name = arch.mlp_names
+    if arch.block == "single" and kind != MLP:  # a block of one mixer: no MLP of its own
+        return LayerWeights(
+            qkv,
+            _bias(w, *mods) if mods else None,
+            Linear(f"l{i}_o", (o,)) if o is not None else None,
+            _bias(w, out) if out is not None else None,
+            None,
+            None,
+            None,
+            None,
+        )
+    if arch.mlp_kind == "plain":  # up -> activation -> down
+        up, down = getattr(mlp, up_name), getattr(mlp, down_name)
+        return LayerWeights(
+            None,
+            None,
+            None,
+            None,
+            Linear(f"l{i}_up", (part(up),)),
+            _bias(w, up),
+            Linear(f"l{i}_down", (part(down),)),
+            _bias(w, down),
+            gated=False,
+        )
     if arch.mlp_kind == "gated":
         up_mods = (getattr(mlp, gate_name), getattr(mlp, up_name))
     else:  # fused_gated: rows [gate; up] already
@@ -281,6 +298,9 @@ def _attention(c: _Ctx, i: int, attn: torch.nn.Module, h: str, lw: LayerWeights)
     arch, spec, g = c.cfg.arch, c.cfg.layers[i], c.g
     H, Hkv, D = c.cfg.heads, c.cfg.kv_heads, c.cfg.head_dim
     qkv = c.linear(h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
+    if c.cfg.mup is not None and c.cfg.mup.key != 1.0:  # Falcon-H1: k_proj(x) times key_multiplier
+        scale = np.concatenate([np.ones(H * D), np.full(Hkv * D, c.cfg.mup.key), np.ones(Hkv * D)])
+        (qkv,) = g.op("Mul", [qkv, g.const("key_multiplier", scale.astype(g.np_dtype))])
     if arch.qk_norm:  # RMSNorm of q and k before rotary
         q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
         q_norm, k_norm = getattr(attn, arch.q_norm), getattr(attn, arch.k_norm)
@@ -307,6 +327,9 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
     """One decoder layer on h, its attention input [1, S, hidden] (the stream entering it, normed)."""
     arch, g = c.cfg.arch, c.g
     kind = c.cfg.layers[i].kind
+    if kind == MLP:  # a block that is only an MLP (Nemotron-H)
+        stream.add(_branch(c, layer, arch.mlp_post_norm, _mlp(c, h, lw)))
+        return
     if kind == CONV:  # recurrent mixers: their states are sites state_sites(i), ... (feature recurrent_state)
         mixed = conv_mixer(c, c.cfg.state_sites(i), h, conv_weights(c.ws, module_at(layer, arch.conv), i))
     elif kind == MAMBA2:
@@ -315,6 +338,13 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
     elif kind == GDN:
         dw = deltanet_weights(c.ws, module_at(layer, arch.deltanet), i)
         mixed = deltanet_mixer(c, c.cfg.state_sites(i), h, dw, c.cfg.deltanet)
+    elif kind == HYBRID:  # Falcon-H1: mamba(h) ssm_out + attention(h attn_in) attn_out
+        mup = c.cfg.mup
+        mw = mamba_weights(c.ws, module_at(layer, arch.mamba), i)
+        ssm = _times(g, mamba_mixer(c, c.cfg.state_sites(i), h, mw, c.cfg.mamba), mup.ssm_out, "ssm_out")
+        a = _attention(c, i, module_at(layer, arch.attn), _times(g, h, mup.attention_in, "attn_in"), lw)
+        attn = _times(g, c.linear(a, lw.o, lw.o_b), mup.attention_out, "attn_out")
+        (mixed,) = g.op("Add", [ssm, attn])
     else:
         attn = module_at(layer, arch.attn)
         a = _attention(c, i, attn, h, lw)
@@ -323,15 +353,31 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
             (a,) = g.op("Mul", [a, g.op("Sigmoid", [c.linear(h, gate, None)])[0]])
         mixed = c.linear(a, lw.o, lw.o_b)
     stream.add(_branch(c, layer, arch.attn_post_norm, mixed))
+    if arch.block == "single":  # the block ends with its mixer
+        return
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
+    stream.add(_branch(c, layer, arch.mlp_post_norm, _mlp(c, h, lw)))
+
+
+def _times(g: Graph, x: str, m: float, stem: str) -> str:
+    """x times the constant m (x itself when m is 1)."""
+    return x if m == 1.0 else g.op("Mul", [x, g.scalar(stem, m)])[0]
+
+
+def _mlp(c: _Ctx, h: str, lw: LayerWeights) -> str:
+    """The MLP of h [1, S, hidden]: down(act(gate(h)) * up(h)), or down(act(up(h))) ungated;
+    Falcon-H1 scales the gate before its activation and the down projection's output."""
+    g, mup = c.g, c.cfg.mup
     up = c.linear(h, lw.gate_up, lw.gate_up_b)  # [1, S, 2 I]: one weight stream per MLP input
     if lw.gated:
         inter = lw.gate_up.out_features // 2
         gate, up = g.op("Split", [up, g.const("split", np.array([inter, inter], np.int64))], 2, axis=-1)
+        gate = _times(g, gate, mup.mlp_gate, "mlp_gate") if mup is not None else gate
         (hidden,) = g.op("Mul", [c.ops.activation(g, gate, c.cfg.activation), up])
     else:
         hidden = c.ops.activation(g, up, c.cfg.activation)
-    stream.add(_branch(c, layer, arch.mlp_post_norm, c.linear(hidden, lw.down, lw.down_b)))
+    out = c.linear(hidden, lw.down, lw.down_b)
+    return _times(g, out, mup.mlp_down, "mlp_down") if mup is not None else out
 
 
 def _paths(model: torch.nn.Module) -> dict[int, str]:
@@ -507,6 +553,8 @@ def _logits(c: _Ctx, model, stream: _Stream, base, table: str | None) -> None:
         (logits,) = g.op("Add", [logits, g.weight("lm_b", ws.bias(head))])
     if cfg.logits_divisor is not None:
         (logits,) = g.op("Div", [logits, g.scalar("logits_scaling", cfg.logits_divisor)])
+    if cfg.mup is not None and cfg.mup.logits != 1.0:  # Falcon-H1: lm_head(h) times lm_head_multiplier
+        (logits,) = g.op("Mul", [logits, g.scalar("lm_head_multiplier", cfg.mup.logits)])
     if cfg.final_softcap is not None:
         logits = softcap(g, logits, cfg.final_softcap)
     if g.dtype != torch.float32:

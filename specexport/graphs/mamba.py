@@ -40,7 +40,7 @@ class MambaWeights:
     dt_bias: torch.Tensor  # [H]
     a_log: torch.Tensor  # [H]
     d: torch.Tensor  # [H]
-    norm: torch.Tensor  # [I]
+    norm: torch.Tensor | None  # [I]; None: no output norm (MambaSpec.norm "gate")
     norm_eps: float
     out: Linear
     out_b: torch.Tensor | None
@@ -49,6 +49,7 @@ class MambaWeights:
 def mamba_weights(w, mixer: torch.nn.Module, i: int) -> MambaWeights:
     """Layer i's Mamba2 weights from the source (streaming.Weights `w`)."""
     kernel = w.of(mixer.conv1d)  # [conv_dim, 1, L]
+    normed = getattr(mixer.norm, "weight", None) is not None
     return MambaWeights(
         Linear(f"l{i}_mamba_in", (w.part(mixer.in_proj),)),
         w.bias(mixer.in_proj),
@@ -57,8 +58,8 @@ def mamba_weights(w, mixer: torch.nn.Module, i: int) -> MambaWeights:
         w.of(mixer, "dt_bias").float(),
         w.of(mixer, "A_log").float(),
         w.of(mixer, "D").float(),
-        w.of(mixer.norm).float(),
-        float(mixer.norm.variance_epsilon),
+        w.of(mixer.norm).float() if normed else None,  # Falcon-H1 without mamba_rms_norm: nn.Identity
+        float(mixer.norm.variance_epsilon) if normed else 0.0,
         Linear(f"l{i}_mamba_out", (w.part(mixer.out_proj),)),
         w.bias(mixer.out_proj),
     )
@@ -88,7 +89,13 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
     window leaves as new_state_{site}, the scan state as new_state_{site + 1}."""
     g = c.g
     H, P, N, G, inner = m.heads, m.head_dim, m.state_size, m.groups, m.inner
+    if m.in_multiplier != 1.0:  # Falcon-H1: ssm_in_multiplier
+        (u,) = g.op("Mul", [u, g.scalar("ssm_in", m.in_multiplier)])
     proj = c.linear(u, mw.in_proj, mw.in_b)  # [1, S, I + conv_dim + H]
+    if m.projection_multipliers is not None:  # Falcon-H1's muP vector over z | x | B | C | dt
+        widths = (inner, inner, G * N, G * N, H)
+        vector = np.concatenate([np.full(w, f) for w, f in zip(widths, m.projection_multipliers)])
+        (proj,) = g.op("Mul", [proj, g.const("mup_vector", vector.astype(g.np_dtype))])
     gate, xbc, dt = g.op("Split", [proj, _i64(g, "split", [inner, m.conv_dim, H])], 3, axis=-1)
     xbc = causal_conv(g, xbc, site, mw.kernel, mw.kernel_b)
     xbc = c.ops.activation(g, xbc, "silu")
@@ -158,17 +165,33 @@ def _scan_states(g: Graph, site: int, decay: str, dtx: str, b_h: str, grow: str,
     state_out(g, g.op("Unsqueeze", [hs, _i64(g, "axes", [0])])[0], site)
 
 
-def _gated_norm(g: Graph, y: str, gate: str, mw: MambaWeights, m: MambaSpec) -> str:
-    """y [1, S, I] float32, gate [1, S, I] model dtype -> w * rmsnorm_groups(y * silu(gate)), model dtype
-    (transformers' GraniteMoeHybridRMSNormGated: float32 inside)."""
+def _gated_norm(g: Graph, y: str, gate: str, mw: MambaWeights | None, m: MambaSpec) -> str:
+    """y [1, S, I] float32, gate [1, S, I] model dtype -> the mixer's output norm (MambaSpec.norm),
+    model dtype: w * rmsnorm_groups(y * silu(gate)) (transformers' GraniteMoeHybridRMSNormGated,
+    float32 inside), w * rmsnorm_groups(y) * silu(gate) (Falcon-H1's norm_before_gate), or
+    y * silu(gate) without a norm."""
     if g.dtype_name != "float32":
         (gate,) = g.op("Cast", [gate], to=TensorProto.FLOAT)
-    (yg,) = g.op("Mul", [y, g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])[0]])
-    (grp,) = g.op("Reshape", [yg, _i64(g, "shape", [1, -1, m.groups, m.inner // m.groups])])
-    (var,) = g.op("ReduceMean", [g.op("Mul", [grp, grp])[0]], axes=[-1], keepdims=1)
-    (std,) = g.op("Sqrt", [g.op("Add", [var, _f32(g, "eps", mw.norm_eps)])[0]])
-    (normed,) = g.op("Div", [grp, std])
-    (normed,) = g.op("Reshape", [normed, _i64(g, "shape", [1, -1, m.inner])])
+    (silu,) = g.op("Mul", [gate, g.op("Sigmoid", [gate])[0]])
+    if m.norm == "gate":
+        (out,) = g.op("Mul", [y, silu])
+        return g.op("Cast", [out], to=g.elem)[0] if g.dtype_name != "float32" else out
+    if m.norm == "norm_gate":  # float32 throughout, the weight too (FalconH1RMSNormGated)
+        normed = _group_rms(g, y, mw, m)
+        (normed,) = g.op("Mul", [normed, _f32(g, "mamba_norm", mw.norm.numpy())])
+        (out,) = g.op("Mul", [normed, silu])
+        return g.op("Cast", [out], to=g.elem)[0] if g.dtype_name != "float32" else out
+    (yg,) = g.op("Mul", [y, silu])
+    normed = _group_rms(g, yg, mw, m)
     if g.dtype_name != "float32":
         (normed,) = g.op("Cast", [normed], to=g.elem)
     return g.op("Mul", [normed, g.weight("mamba_norm", mw.norm)])[0]
+
+
+def _group_rms(g: Graph, y: str, mw: MambaWeights, m: MambaSpec) -> str:
+    """y [1, S, I] float32 -> y / rms over each of G groups of I / G channels, [1, S, I] float32."""
+    (grp,) = g.op("Reshape", [y, _i64(g, "shape", [1, -1, m.groups, m.inner // m.groups])])
+    (var,) = g.op("ReduceMean", [g.op("Mul", [grp, grp])[0]], axes=[-1], keepdims=1)
+    (std,) = g.op("Sqrt", [g.op("Add", [var, _f32(g, "eps", mw.norm_eps)])[0]])
+    (normed,) = g.op("Div", [grp, std])
+    return g.op("Reshape", [normed, _i64(g, "shape", [1, -1, m.inner])])[0]

@@ -89,6 +89,9 @@ class PortableOps:
     def activation(self, g: Graph, x: str, act: str) -> str:
         if act == "silu":
             return g.op("Mul", [x, g.op("Sigmoid", [x])[0]])[0]
+        if act == "relu2":  # relu(x)^2 (Nemotron-H)
+            (r,) = g.op("Relu", [x])
+            return g.op("Mul", [r, r])[0]
         half = g.scalar("half", 0.5)
         if act in ("gelu_pytorch_tanh", "gelu_new"):  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
             (cube,) = g.op("Mul", [g.op("Pow", [x, g.scalar("three", 3.0)])[0], g.scalar("c", 0.044715)])

@@ -212,6 +212,9 @@ class FloatWeights:
 
 
 def activation(g: Graph, x: str, act: str) -> str:
+    if act == "relu2":  # relu(x)^2 (Nemotron-H)
+        (r,) = g.op("Relu", [x])
+        return g.op("Mul", [r, r])[0]
     if act == "silu":  # x * sigmoid(x); ONNX Runtime fuses the pair
         (s,) = g.op("Sigmoid", [x])
         return g.op("Mul", [x, s])[0]

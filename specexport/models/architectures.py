@@ -37,10 +37,11 @@ class ArchSpec:
     mlp_norm: str | None = "post_attention_layernorm"
     mlp_post_norm: str | None = None  # Gemma 2/3, OLMo 2
     mlp: str = "mlp"
-    mlp_kind: Literal["gated", "fused_gated", "module"] = "gated"
+    mlp_kind: Literal["gated", "fused_gated", "module", "plain"] = "gated"
     # gated:       gate_proj/up_proj/down_proj + act_fn (fused here into one gate|up MatMul)
     # fused_gated: gate_up_proj rows [gate | up] + down_proj + activation_fn (Phi-3)
     # module:      HF's own MLP module called as is (GPT-2)
+    # plain:       up -> activation -> down, no gate (mlp_names[1], mlp_names[2]; Nemotron-H's relu2)
     qkv: Literal["separate", "fused", "conv1d"] = "separate"
     # separate: q_proj/k_proj/v_proj (nn.Linear, bias if the checkpoint has one: Qwen2)
     # fused:    qkv_proj with rows [q | k | v] (Phi-3)
@@ -50,7 +51,7 @@ class ArchSpec:
     qk_norm: Literal["", "head", "full"] = (
         ""  # RMSNorm of q and k before rotary: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
     )
-    positions: Literal["rope", "learned"] = "rope"
+    positions: Literal["rope", "learned", "none"] = "rope"  # none: no position signal (Nemotron-H)
     position_embed: str = ""  # learned positions, relative to decoder (GPT-2: wpe)
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), in the model dtype
     norm_offset: float = 0.0  # Gemma: RMSNorm scales by (offset + w); the fused graph folds it into w
@@ -72,6 +73,11 @@ class ArchSpec:
     attn_gate: bool = False  # Qwen3.5: q_proj rows per head [q | gate]; attention output times sigmoid(gate)
     # rotary only when config[key] == "rope" (Granite 4.0-H: position_embedding_type; unset or "nope": NoPE)
     rope_switch: str = ""
+    # pair: each layer is a mixer then an MLP, each behind its norm; single: each layer is one block,
+    # norm -> mixer (attention, mamba2 or the MLP: layer kind "mlp") -> residual (Nemotron-H)
+    # parallel: the mixer is attention and Mamba2 side by side on one normed input (Falcon-H1)
+    block: Literal["pair", "single", "parallel"] = "pair"
+    experts_by_layer_type: bool = False  # expert keys only matter on layers of a refused "moe" type
 
     @property
     def norms_per_layer(self) -> int:
@@ -162,6 +168,36 @@ QWEN3_5_TEXT = ArchSpec(
 QWEN3_5 = replace(  # the VL checkpoint loaded whole: its language model
     QWEN3_5_TEXT, model_type="qwen3_5", decoder="model.language_model", text_config=True
 )
+# Nemotron-H dense: blocks of one mixer each (Mamba2, GQA without positions, or a relu2 MLP)
+NEMOTRON_H = ArchSpec(
+    "nemotron_h",
+    embed="embeddings",
+    final_norm="norm_f",
+    attn="mixer",
+    mamba="mixer",
+    mlp="mixer",
+    attn_norm="norm",
+    mlp_norm=None,
+    mlp_kind="plain",
+    mlp_names=("", "up_proj", "down_proj"),
+    positions="none",
+    block="single",
+    experts_by_layer_type=True,
+    layer_kinds=(("full_attention", "attention"), ("linear_attention", "mamba2"), ("mlp", "mlp")),
+    features=_features("attention_bias", "mlp_bias", "mamba_layers"),
+)
+# Falcon-H1: every layer runs attention and a Mamba2 mixer in parallel, then a gated MLP; muP
+# multipliers on the embedding, attention input / keys / output, the mixer's projections and output,
+# the MLP's gate and down projection, and the logits
+FALCON_H1 = ArchSpec(
+    "falcon_h1",
+    final_norm="final_layernorm",
+    mlp="feed_forward",
+    mlp_norm="pre_ff_layernorm",
+    block="parallel",
+    layer_kinds=(("hybrid", "hybrid"),),
+    features=_features("attention_bias", "mlp_bias", "multipliers", "mamba_layers"),
+)
 GPT2 = ArchSpec(
     "gpt2",
     decoder="transformer",
@@ -200,6 +236,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         GRANITE_HYBRID,
         QWEN3_5_TEXT,
         QWEN3_5,
+        NEMOTRON_H,
+        FALCON_H1,
         GPT2,
     )
 }

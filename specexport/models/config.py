@@ -26,7 +26,10 @@ from .mixers import (
     ATTENTION,
     CONV,
     GDN,
+    HYBRID,
+    KV_KINDS,
     MAMBA2,
+    STATE_SITES,
     DeltaNetSpec,
     MambaSpec,
     deltanet_spec,
@@ -76,6 +79,7 @@ FEATURE_OF_KEY: dict[str, str] = {
     "scale_attn_by_inverse_layer_idx": "inverse_layer_scaling",
     "scale_attn_weights": "unscaled_attention",
     "add_cross_attention": "cross_attention",
+    "residual_in_fp32": "fp32_residual",  # Nemotron-H: a float32 residual stream in a half-precision model
 }
 # values that mean "not set" (besides None)
 NEUTRAL: dict[str, tuple] = {
@@ -99,6 +103,7 @@ NEUTRAL: dict[str, tuple] = {
     "scale_attn_by_inverse_layer_idx": (False,),
     "scale_attn_weights": (True,),
     "add_cross_attention": (False,),
+    "residual_in_fp32": (False,),
 }
 # keys read as shapes or standard settings of every family (not features)
 SHAPE_KEYS = frozenset(
@@ -148,6 +153,31 @@ SHAPE_KEYS = frozenset(
         "mamba_conv_bias",
         "mamba_proj_bias",
         "time_step_limit",
+        # Nemotron-H: its Mamba2 mixer under other names, its MLP activation (mixers.mamba_spec)
+        "mamba_num_heads",
+        "mamba_head_dim",
+        "ssm_state_size",
+        "n_groups",
+        "conv_kernel",
+        "expand",
+        "use_conv_bias",
+        "use_bias",
+        "mamba_hidden_act",
+        "mlp_hidden_act",
+        "layers_block_type",  # Nemotron-H's layer_types (its num_hidden_layers derives from it)
+        # Falcon-H1: its Mamba2 mixer and muP multipliers (mixers.mamba_spec, _falcon_mup)
+        "mamba_d_ssm",
+        "mamba_rms_norm",
+        "mamba_norm_before_gate",
+        "ssm_in_multiplier",
+        "ssm_multipliers",
+        "ssm_out_multiplier",
+        "attention_in_multiplier",
+        "attention_out_multiplier",
+        "key_multiplier",
+        "mlp_multipliers",
+        "lm_head_multiplier",
+        "projectors_bias",
     }
 )
 # keys that only derive the ones above in transformers' config classes, or that no module reads
@@ -179,9 +209,30 @@ INERT_KEYS = frozenset(
         "num_experts_per_tok",
         "output_router_logits",
         "router_aux_loss_coef",
+        # Nemotron-H: initialisation, kernel choice, the cache dtype (states are float32 here), and
+        # the expert / MTP settings, read only by its refused "moe" layers and its MTP layers
+        "time_step_min",
+        "time_step_max",
+        "time_step_floor",
+        "rescale_prenorm_residual",
+        "use_mamba_kernels",
+        "mamba_ssm_cache_dtype",
+        "num_logits_to_keep",
+        "chunk_size",
+        "n_shared_experts",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_overlap",
+        "moe_latent_size",
+        "routed_scaling_factor",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+        "num_nextn_predict_layers",
+        "mtp_layers_block_type",
+        "hidden_dropout",
     }
 )
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu", "relu2")
 # rope types whose tables do not depend on the sequence length, and those that do not below a bound
 
 
@@ -203,6 +254,20 @@ class LayerSpec:
     window: int | None  # a query sees this many keys, itself included (transformers' sliding_window); None: all
     rope: str | None  # key of NormalizedConfig.ropes; None: no rotary in this layer (NoPE)
     kind: str = ATTENTION  # the mixer (mixers.py): ATTENTION (a K/V cache), CONV (LFM2), MAMBA2 (Granite 4.0-H)
+
+
+@dataclass(frozen=True)
+class FalconMup:
+    """Falcon-H1's muP multipliers beyond the embedding's: attention input and output, keys, the
+    Mamba2 output, the MLP's gate (before its activation) and down projection, the logits."""
+
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    key: float = 1.0
+    ssm_out: float = 1.0
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+    logits: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -236,6 +301,7 @@ class NormalizedConfig:
     conv_bias: bool = False  # CONV layers: in_proj, conv and out_proj have biases
     mamba: MambaSpec | None = None  # MAMBA2 layers' shapes
     deltanet: DeltaNetSpec | None = None  # GDN layers' shapes
+    mup: FalconMup | None = None  # Falcon-H1's multipliers
 
     @property
     def num_layers(self) -> int:
@@ -244,7 +310,7 @@ class NormalizedConfig:
     @property
     def attention_layers(self) -> tuple[int, ...]:
         """Indices of the layers with a K/V cache (the contract's past_key_{n} is the n-th of them)."""
-        return tuple(i for i, layer in enumerate(self.layers) if layer.kind == ATTENTION)
+        return tuple(i for i, layer in enumerate(self.layers) if layer.kind in KV_KINDS)
 
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -254,7 +320,7 @@ class NormalizedConfig:
         for layer in self.layers:
             if layer.kind == CONV:
                 out.append((self.conv_kernel - 1, self.hidden))
-            elif layer.kind == MAMBA2 and self.mamba is not None:
+            elif layer.kind in (MAMBA2, HYBRID) and self.mamba is not None:
                 out += self.mamba.state_shapes
             elif layer.kind == GDN and self.deltanet is not None:
                 out += self.deltanet.state_shapes
@@ -262,8 +328,7 @@ class NormalizedConfig:
 
     def state_sites(self, i: int) -> int:
         """The index of layer i's first state tensor (its state_index sites come in layer order)."""
-        per = {CONV: 1, MAMBA2: 2, GDN: 2}
-        return sum(per.get(layer.kind, 0) for layer in self.layers[:i])
+        return sum(STATE_SITES.get(layer.kind, 0) for layer in self.layers[:i])
 
     @property
     def arch(self) -> ArchSpec:
@@ -302,7 +367,7 @@ class NormalizedConfig:
         convs = sum(layer.kind == CONV for layer in self.layers)
         if convs:
             parts.append(f"{convs} conv layers (kernel {self.conv_kernel})")
-        mambas = sum(layer.kind == MAMBA2 for layer in self.layers)
+        mambas = sum(layer.kind in (MAMBA2, HYBRID) for layer in self.layers)
         if mambas and self.mamba is not None:
             m = self.mamba
             parts.append(f"{mambas} Mamba2 layers ({m.heads} heads x {m.head_dim}, state {m.state_size})")
@@ -341,17 +406,22 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     UnsupportedConfig."""
     arch = arch_for(config.model_type)
     family = arch.model_type
-    raw = text_config(config).to_dict()
+    decoder_config = text_config(config)
+    raw = decoder_config.to_dict()
+    if raw.get("layer_types") is None and getattr(decoder_config, "layer_types", None) is not None:
+        raw["layer_types"] = list(decoder_config.layer_types)  # a property in some classes (Falcon-H1)
     _check_features(raw, arch)
     get = raw.get
     hidden = int(get("hidden_size") or get("n_embd"))
     heads = int(get("num_attention_heads") or get("n_head"))
     kv_heads = int(get("num_key_value_heads") or heads)
     head_dim = int(get("head_dim") or hidden // heads)
-    num_layers = int(get("num_hidden_layers") or get("n_layer"))
+    num_layers = int(get("num_hidden_layers") or get("n_layer") or len(get("layers_block_type") or ()))
     if heads % kv_heads:
         raise UnsupportedConfig(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    activation = get("hidden_activation") or get("hidden_act") or get("activation_function") or arch.activation
+    activation = (
+        get("hidden_activation") or get("hidden_act") or get("activation_function") or get("mlp_hidden_act")
+    ) or arch.activation
     if activation not in ACTIVATIONS:
         raise UnsupportedConfig(
             f"config key 'hidden_act' = {activation!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
@@ -360,12 +430,12 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     if arch.positions == "rope" and (not arch.rope_switch or get(arch.rope_switch) == "rope"):
         ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
     kinds = layer_kinds(raw, arch, num_layers)
-    mamba = mamba_spec(raw, hidden) if MAMBA2 in kinds else None
+    mamba = mamba_spec(raw, hidden) if MAMBA2 in kinds or HYBRID in kinds else None
     deltanet = deltanet_spec(raw) if GDN in kinds else None
     layers = tuple(
         LayerSpec(_window(raw, i, max_context), _layer_rope(raw, arch, i, ropes), kinds[i]) for i in range(num_layers)
     )
-    if ATTENTION not in kinds:
+    if not set(kinds) & set(KV_KINDS):
         raise UnsupportedConfig(f"{family}: no layer attends (layer_types {_show(get('layer_types'))})")
     conv_kernel = int(get("conv_L_cache") or 0) if CONV in kinds else 0
     if CONV in kinds and conv_kernel < 2:
@@ -399,6 +469,20 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         conv_bias=bool(get("conv_bias")) and CONV in kinds,
         mamba=mamba,
         deltanet=deltanet,
+        mup=_falcon_mup(raw) if arch.block == "parallel" else None,
+    )
+
+
+def _falcon_mup(raw: Mapping[str, Any]) -> FalconMup:
+    gate, down = (float(m) for m in raw.get("mlp_multipliers") or (1.0, 1.0))
+    return FalconMup(
+        float(raw.get("attention_in_multiplier") or 1.0),
+        float(raw.get("attention_out_multiplier") or 1.0),
+        float(raw.get("key_multiplier") or 1.0),
+        float(raw.get("ssm_out_multiplier") or 1.0),
+        gate,
+        down,
+        float(raw.get("lm_head_multiplier") or 1.0),
     )
 
 
@@ -407,6 +491,8 @@ def _check_features(raw: Mapping[str, Any], arch: ArchSpec) -> None:
         feature = FEATURE_OF_KEY.get(key)
         if feature is None or feature in arch.features or not _is_set(key, value):
             continue
+        if feature == "mixture_of_experts" and arch.experts_by_layer_type:
+            continue  # read only by "moe" layers, which layer_kinds refuses
         raise UnsupportedConfig(
             f"config key {key!r} = {_show(value)} is not implemented for {arch.model_type!r}"
             f" ({feature.replace('_', ' ')});"
@@ -507,7 +593,13 @@ def check_hf_modules(model, norm: NormalizedConfig) -> None:
     if len(layers) != norm.num_layers:
         raise UnsupportedConfig(f"the model has {len(layers)} layers, its config {norm.num_layers}")
     for i, layer in enumerate(layers):
-        if norm.layers[i].kind != ATTENTION:
+        mixer = getattr(layer, arch.mamba, None) if arch.mamba != arch.attn else None
+        if mixer is not None and hasattr(mixer, "A_log") and norm.layers[i].kind not in (MAMBA2, HYBRID):
+            raise UnsupportedConfig(
+                f"layer {i} has a Mamba2 mixer but its config type reads {norm.layers[i].kind!r}: the layer types"
+                " were not read as the model builds them"
+            )
+        if norm.layers[i].kind not in KV_KINDS:
             continue
         scale = getattr(module_at(layer, arch.attn), "scaling", None)
         if scale is not None and not math.isclose(float(scale), norm.attn_scale, rel_tol=1e-6):

@@ -17,7 +17,11 @@ from typing import Any
 from .architectures import ArchSpec
 from .errors import UnsupportedConfig
 
-ATTENTION, CONV, MAMBA2, GDN = "attention", "conv", "mamba2", "gdn"  # LayerSpec.kind: the layer's mixer
+# LayerSpec.kind: the layer's mixer (MLP: a block that is only an MLP, Nemotron-H; HYBRID: attention
+# and Mamba2 side by side on the same input, Falcon-H1)
+ATTENTION, CONV, MAMBA2, GDN, MLP, HYBRID = "attention", "conv", "mamba2", "gdn", "mlp", "hybrid"
+KV_KINDS = (ATTENTION, HYBRID)  # layers with a K/V cache
+STATE_SITES = {CONV: 1, MAMBA2: 2, GDN: 2, HYBRID: 2}  # recurrent state tensors per layer
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,12 @@ class MambaSpec:
     conv_bias: bool
     proj_bias: bool
     dt_limit: tuple[float, float]  # dt clamped into [lo, hi] after softplus
+    # Falcon-H1: the input times in_multiplier, in_proj's z | x | B | C | dt times these (muP), and the
+    # output norm: "gate_norm" rmsnorm(y * silu(gate)) w (Granite, Nemotron), "norm_gate"
+    # rmsnorm(y) w * silu(gate), or "gate" y * silu(gate) alone
+    in_multiplier: float = 1.0
+    projection_multipliers: tuple[float, ...] | None = None
+    norm: str = "gate_norm"
 
     @property
     def inner(self) -> int:
@@ -92,7 +102,7 @@ def deltanet_spec(raw: Mapping[str, Any]) -> DeltaNetSpec:
 def layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tuple[str, ...]:
     """Each layer's mixer from layer_types through the family's layer_kinds (transformers has
     already renamed legacy types: mamba -> linear_attention, attention -> full_attention)."""
-    types = raw.get("layer_types")
+    types = raw.get("layer_types") or raw.get("layers_block_type")  # Nemotron-H: layers_block_type
     if types is None:
         return (ATTENTION,) * num_layers
     if len(types) != num_layers:
@@ -107,13 +117,39 @@ def layer_kinds(raw: Mapping[str, Any], arch: ArchSpec, num_layers: int) -> tupl
     return tuple(table[t] for t in types)
 
 
+# Mamba2 settings by config key: Granite 4.0-H's names, then Nemotron-H's
+_MAMBA_KEYS = {
+    "heads": ("mamba_n_heads", "mamba_num_heads"),
+    "head_dim": ("mamba_d_head", "mamba_head_dim"),
+    "expand": ("mamba_expand", "expand"),
+    "groups": ("mamba_n_groups", "n_groups"),
+    "state": ("mamba_d_state", "ssm_state_size"),
+    "conv": ("mamba_d_conv", "conv_kernel"),
+    "conv_bias": ("mamba_conv_bias", "use_conv_bias"),
+    "proj_bias": ("mamba_proj_bias", "use_bias"),
+}
+
+
+def _mamba(raw: Mapping[str, Any], what: str, default: Any = None) -> Any:
+    """A Mamba2 setting under the naming the config uses (Nemotron-H's has mamba_num_heads)."""
+    key = _MAMBA_KEYS[what][1 if raw.get("mamba_num_heads") is not None else 0]
+    return raw[key] if raw.get(key) is not None else default
+
+
 def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
-    heads = int(raw["mamba_n_heads"])
-    inner = int(raw.get("mamba_expand") or 2) * hidden
-    head_dim = int(raw["mamba_d_head"])
+    act = raw.get("mamba_hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedConfig(f"config key 'mamba_hidden_act' = {act!r} is not supported; supported: silu")
+    heads = int(_mamba(raw, "heads"))
+    inner = int(_mamba(raw, "expand", 2)) * hidden
+    head_dim = int(_mamba(raw, "head_dim"))
+    if raw.get("mamba_num_heads") is not None:  # Nemotron-H: the inner width is heads x head_dim
+        inner = heads * head_dim
+    if raw.get("mamba_d_ssm") is not None:  # Falcon-H1: an explicit inner width
+        inner = int(raw["mamba_d_ssm"])
     if heads * head_dim != inner:
         raise UnsupportedConfig(f"mamba_n_heads {heads} x mamba_d_head {head_dim} != mamba_expand x hidden {inner}")
-    groups = int(raw.get("mamba_n_groups") or 1)
+    groups = int(_mamba(raw, "groups", 1))
     if heads % groups:
         raise UnsupportedConfig(f"mamba_n_heads {heads} is not a multiple of mamba_n_groups {groups}")
     limit = raw.get("time_step_limit") or (0.0, float("inf"))
@@ -121,12 +157,24 @@ def mamba_spec(raw: Mapping[str, Any], hidden: int) -> MambaSpec:
         heads,
         head_dim,
         groups,
-        int(raw["mamba_d_state"]),
-        int(raw.get("mamba_d_conv") or 4),
-        bool(raw.get("mamba_conv_bias")),
-        bool(raw.get("mamba_proj_bias")),
+        int(_mamba(raw, "state")),
+        int(_mamba(raw, "conv", 4)),
+        bool(_mamba(raw, "conv_bias", False)),
+        bool(_mamba(raw, "proj_bias", False)),
         (float(limit[0]), float(limit[1])),
+        float(raw.get("ssm_in_multiplier") or 1.0),
+        tuple(float(m) for m in raw["ssm_multipliers"]) if raw.get("ssm_multipliers") is not None else None,
+        _norm_mode(raw),
     )
+
+
+def _norm_mode(raw: Mapping[str, Any]) -> str:
+    """MambaSpec.norm: Falcon-H1's mamba_rms_norm / mamba_norm_before_gate, else Granite's order."""
+    if raw.get("mamba_rms_norm") is None:
+        return "gate_norm"
+    if not raw["mamba_rms_norm"]:
+        return "gate"
+    return "norm_gate" if raw.get("mamba_norm_before_gate", True) else "gate_norm"
 
 
 def intermediate(raw: Mapping[str, Any], hidden: int) -> int:

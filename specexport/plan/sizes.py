@@ -15,7 +15,7 @@ from specexport_runtime.constants import MAX_GAMMA
 
 from ..errors import SpecExportError
 from ..models.config import LayerSpec, NormalizedConfig, config_from_dict, normalize, read_config
-from ..models.mixers import ATTENTION, CONV, GDN, MAMBA2
+from ..models.mixers import ATTENTION, CONV, GDN, HYBRID, MAMBA2, MLP
 from ..recipe.spec import QUANTIZED_TARGETS, ModelSpec, QuantizationSpec
 
 MATMULNBITS_BLOCK = 32
@@ -274,7 +274,11 @@ def linear_parameters(c: NormalizedConfig) -> int:
     if c.mamba is not None:  # in_proj [I + conv_dim + H, hidden], out_proj [hidden, I]
         m = c.mamba
         mixers[MAMBA2] = c.hidden * (m.inner + m.conv_dim + m.heads) + m.inner * c.hidden
-    mlp = (2 if c.arch.mlp_kind == "module" else 3) * c.hidden * c.intermediate
+    mlp = (2 if c.arch.mlp_kind in ("module", "plain") else 3) * c.hidden * c.intermediate
+    if HYBRID in (layer.kind for layer in c.layers):  # Falcon-H1: attention and Mamba2 side by side
+        mixers[HYBRID] = mixers[ATTENTION] + mixers[MAMBA2]
+    if c.arch.block == "single":  # Nemotron-H: a block is one mixer or the MLP
+        return sum(mlp if layer.kind == MLP else mixers[layer.kind] for layer in c.layers)
     return sum(mixers[layer.kind] for layer in c.layers) + c.num_layers * mlp
 
 
@@ -284,18 +288,23 @@ def small_parameters(c: NormalizedConfig) -> int:
     q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
     norm = c.hidden * (2 if a.norm_bias else 1)
     layer = a.norms_per_layer * norm
-    if c.mlp_bias:
-        layer += (c.intermediate if a.mlp_kind == "module" else 2 * c.intermediate) + c.hidden
+    mlp_bias = (c.intermediate if a.mlp_kind in ("module", "plain") else 2 * c.intermediate) + c.hidden
+    if c.mlp_bias and a.block == "pair":
+        layer += mlp_bias
     attention = {"": 0, "head": 2 * c.head_dim, "full": q + kv}[a.qk_norm]
     attention += (q + 2 * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
     mixers = {ATTENTION: attention, CONV: c.hidden * c.conv_kernel + (5 * c.hidden if c.conv_bias else 0)}
     if c.mamba is not None:  # conv kernel (+ bias), dt_bias, A_log, D, the gated norm (+ projection biases)
         m = c.mamba
-        mixers[MAMBA2] = m.conv_dim * m.conv_kernel + (m.conv_dim if m.conv_bias else 0) + 3 * m.heads + m.inner
+        norm_w = m.inner if m.norm != "gate" else 0  # Falcon-H1 without mamba_rms_norm has no output norm
+        mixers[MAMBA2] = m.conv_dim * m.conv_kernel + (m.conv_dim if m.conv_bias else 0) + 3 * m.heads + norm_w
         mixers[MAMBA2] += (m.inner + m.conv_dim + m.heads + c.hidden) if m.proj_bias else 0
     if c.deltanet is not None:  # conv kernel, dt_bias, A_log, the gated norm over dv
         d = c.deltanet
         mixers[GDN] = d.conv_dim * d.conv_kernel + 2 * d.value_heads + d.value_dim
+    mixers[MLP] = mlp_bias if c.mlp_bias else 0
+    if MAMBA2 in mixers:
+        mixers[HYBRID] = mixers[ATTENTION] + mixers[MAMBA2]
     positions = c.max_positions * c.hidden if a.positions == "learned" else 0
     return c.num_layers * layer + sum(mixers[x.kind] for x in c.layers) + norm + positions
 

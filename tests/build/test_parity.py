@@ -100,12 +100,16 @@ def _states_of(config, layer_type: str) -> list[tuple[int, ...]]:
         hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
         dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
         return [(config.linear_conv_kernel_dim - 1, 2 * hk * dk + hv * dv), (hv, dk, dv)]
-    if layer_type == "linear_attention":
-        inner, gn = config.mamba_n_heads * config.mamba_d_head, config.mamba_n_groups * config.mamba_d_state
-        return [
-            (config.mamba_d_conv - 1, inner + 2 * gn),
-            (config.mamba_n_heads, config.mamba_d_head, config.mamba_d_state),
-        ]
+    if layer_type in ("linear_attention", "hybrid"):  # Mamba2, by Granite 4.0-H's / Falcon-H1's or Nemotron-H's names
+
+        def get(*names):
+            return next(getattr(config, n) for n in names if getattr(config, n, None) is not None)
+
+        heads, head_dim = get("mamba_n_heads", "mamba_num_heads"), get("mamba_d_head", "mamba_head_dim")
+        # inner width heads x head_dim (Falcon-H1's mamba_d_ssm, Granite's expand x hidden agree with it)
+        gn = get("mamba_n_groups", "n_groups") * get("mamba_d_state", "ssm_state_size")
+        state = get("mamba_d_state", "ssm_state_size")
+        return [(get("mamba_d_conv", "conv_kernel") - 1, heads * head_dim + 2 * gn), (heads, head_dim, state)]
     return []
 
 
@@ -193,7 +197,7 @@ def test_graph_interface_follows_the_contract(arch, exported):
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    attention = [t for t in types if t in ("full_attention", "sliding_attention")]
+    attention = [t for t in types if t in ("full_attention", "sliding_attention", "hybrid")]  # hybrid: Falcon-H1
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (len(attention), kv_heads, head_dim)
     assert spec.states == tuple(s for t in types for s in _states_of(config, t))
     assert spec.embedding_rows == model.get_output_embeddings().weight.shape[0] == config.vocab_size
