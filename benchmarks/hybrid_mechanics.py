@@ -94,7 +94,31 @@ SHAPES = {
         max_position_embeddings=4096,
         tie_word_embeddings=True,
     ),
+    # an assumed Qwen3.5-0.8B shape (not read from the real config.json, which cannot be fetched here):
+    # Gated DeltaNet layers with one gated full-attention layer in four
+    "qwen3.5-0.8b": dict(
+        model_type="qwen3_5_text",
+        vocab_size=248320,
+        hidden_size=1024,
+        intermediate_size=3584,
+        num_hidden_layers=24,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],  # repeated to num_hidden_layers
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    ),
 }
+# shapes that are not a real checkpoint's config: said in --help and in the output
+ASSUMED = {"qwen3.5-0.8b": "an assumed Qwen3.5-0.8B shape, not read from the real config.json"}
 PRECISIONS = ("fp32", "int4")
 FORMS = {"fused": contract.HEAD_MAJOR_INPLACE, "portable": contract.TIME_MAJOR}
 KINDS = ("hybrid", "attention")
@@ -119,9 +143,27 @@ def shape_config(name: str, overrides: list[str]) -> dict:
             raise HarnessError(f"--override takes KEY=INT for a key of the shape's config, got {item!r}")
         values[key] = int(text)
     layers = values["num_hidden_layers"]
-    if len(values["layer_types"]) != layers:  # fewer layers: the pattern's first ones
-        values["layer_types"] = list(values["layer_types"][:layers])
+    if len(values["layer_types"]) != layers:  # the pattern repeated, its first ones
+        pattern = values["layer_types"]
+        values["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
     return values
+
+
+def attention_layer(kind: str) -> bool:
+    return kind in ("full_attention", "attention", "sliding_attention")
+
+
+def describe(name: str, cfg: dict) -> str:
+    """One line: the shape's size, its layers by type, and whether it is assumed."""
+    recurrent = [t for t in cfg["layer_types"] if not attention_layer(t)]
+    kinds = ", ".join(f"{recurrent.count(t)} {t}" for t in dict.fromkeys(recurrent))
+    head = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    text = (
+        f"shape {name} ({cfg['model_type']}): hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers"
+        f" ({kinds}), heads {cfg['num_attention_heads']}/{cfg['num_key_value_heads']} x {head}, MLP {mlp_width(cfg)},"
+        f" vocab {cfg['vocab_size']}"
+    )
+    return text + (f" [{ASSUMED[name]}]" if name in ASSUMED else "")
 
 
 def mlp_width(cfg: dict) -> int:
@@ -137,25 +179,30 @@ def mlp_width(cfg: dict) -> int:
 
 
 def hf_config(kind: str, cfg: dict):
-    """transformers config: the LFM2 itself, or its attention-only twin (a Llama)."""
+    """transformers config: the hybrid itself, or its attention-only twin (LFM2: a Llama; Qwen3.5: a
+    Qwen3, whose attention has the same query/key norms, heads and head size, full rotary)."""
     from transformers import AutoConfig
 
     values = {k: v for k, v in cfg.items() if k != "model_type"}
     if kind == "hybrid":
-        return AutoConfig.for_model("lfm2", **values)
-    return AutoConfig.for_model(
-        "llama",
+        return AutoConfig.for_model(cfg["model_type"], **values)
+    twin = dict(
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
         intermediate_size=mlp_width(cfg),
         num_hidden_layers=cfg["num_hidden_layers"],
         num_attention_heads=cfg["num_attention_heads"],
         num_key_value_heads=cfg["num_key_value_heads"],
-        rms_norm_eps=cfg.get("norm_eps", 1e-5),
+        rms_norm_eps=cfg.get("norm_eps", cfg.get("rms_norm_eps", 1e-5)),
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         initializer_range=cfg.get("initializer_range", 0.02),
         tie_word_embeddings=cfg.get("tie_word_embeddings", True),
     )
+    if cfg["model_type"] == "qwen3_5_text":
+        theta = cfg["rope_parameters"]["rope_theta"]
+        rope = {"rope_type": "default", "rope_theta": theta}
+        return AutoConfig.for_model("qwen3", head_dim=cfg["head_dim"], rope_parameters=rope, **twin)
+    return AutoConfig.for_model("llama", **twin)
 
 
 @dataclass
@@ -639,7 +686,7 @@ def fmt(x: float, spec: str = ".2f") -> str:
 
 
 def report(doc: dict) -> str:
-    out = []
+    out = [f"\n{doc['shape_line']}"] if doc.get("shape_line") else []
     gammas = doc["settings"]["gammas"]
     out.append(f"\n### Verify cost (past {doc['settings']['past']}, median ms per call; x = against the 1-row call)\n")
     head = "| model | 1 row ms |" + "".join(f" {1 + g} rows ms | x |" for g in gammas) + " host share |"
@@ -690,7 +737,15 @@ def report(doc: dict) -> str:
 
 def parser():
     ap = harness.script_parser(__doc__)
-    ap.add_argument("--shape", default="lfm2-1.2b", help=f"model shape: {', '.join(SHAPES)} (default lfm2-1.2b)")
+    ap.add_argument(
+        "--shape",
+        default="lfm2-1.2b",
+        help=f"model shape: {', '.join(SHAPES)} (default lfm2-1.2b: transformers' config of LiquidAI/LFM2-1.2B;"
+        " qwen3.5-0.8b: an assumed Qwen3.5-0.8B shape, not read from the real config.json: vocab 248320, hidden"
+        " 1024, 24 layers of 3 Gated DeltaNet then 1 gated full attention, heads 8/2 x 256, partial rotary 0.25,"
+        " DeltaNet heads 16/16 x 128, MLP 3584, tied embeddings; its attention-only twin is a Qwen3 of the same"
+        " hidden, layers, heads, MLP width and vocabulary)",
+    )
     ap.add_argument(
         "--override",
         action="append",
@@ -768,16 +823,12 @@ def main(argv: list[str] | None = None) -> int:
         args.past + max(args.gammas) + 8, args.prompt_tokens + args.warmup_tokens + args.ceiling_gamma + 8
     )
     print(harness.header(meta))
-    print(
-        f"threads: {args.threads} (pool {args.pool}); shape {args.shape}: hidden {cfg['hidden_size']},"
-        f" {cfg['num_hidden_layers']} layers ({cfg['layer_types'].count('conv')} conv), heads"
-        f" {cfg['num_attention_heads']}/{cfg['num_key_value_heads']}, MLP {mlp_width(cfg)}, vocab {cfg['vocab_size']};"
-        f" max_context {max_context}",
-        flush=True,
-    )
+    doc_shape = describe(args.shape, cfg)
+    print(f"threads: {args.threads} (pool {args.pool}); {doc_shape}; max_context {max_context}", flush=True)
     root = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hybrid-mechanics-"))
     root.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "settings": {**vars(args)}, "shape": cfg, "models": [], "verify": [], "rollback": []}
+    doc["shape_line"], doc["shape_note"] = doc_shape, ASSUMED.get(args.shape, "")
     doc["ceiling"] = []
     try:
         for precision in precisions:
