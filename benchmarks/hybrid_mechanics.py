@@ -1,13 +1,16 @@
-"""What speculation costs on a hybrid target with recurrent state (LFM2's gated short convolutions
-between GQA layers), against an attention-only model of the same size: the mechanics, which do
-not depend on the weights (random-init models; nothing is fetched).
+"""What speculation costs on a hybrid target with recurrent state (LFM2's gated short convolutions,
+or Qwen3.5's Gated DeltaNet, between attention layers), against an attention-only model of the
+same size: the mechanics, which do not depend on the weights (random-init models; nothing is
+fetched).
 
     python benchmarks/hybrid_mechanics.py [--shape lfm2-1.2b] [--precisions fp32,int4] [--forms fused]
         [--past 600] [--gammas 4,8] [--tokens 64] [--repeats 7] [--threads 2] [--json OUT]
 
-Models: per precision and graph form, a random-init LFM2 of --shape (lfm2-1.2b: transformers'
-config of LiquidAI/LFM2-1.2B, specexport.plan.sizes) and beside it a Llama of the same hidden
-size, layers, heads, KV heads, MLP width and vocabulary (every layer attention). fp32 graphs, and
+Models: per precision and graph form, a random-init hybrid of --shape (lfm2-1.2b: transformers'
+config of LiquidAI/LFM2-1.2B, specexport.plan.sizes; qwen3.5-0.8b: an assumed Qwen3.5-0.8B
+shape, not read from the real config.json, hybrid_graphs.SHAPES) and beside it an attention-only
+twin (a Llama; for Qwen3.5 a Qwen3) of the same hidden size, layers, heads, KV heads, head size,
+MLP width and vocabulary (every layer attention). fp32 graphs, and
 int4 targets (MatMulNBits, round-to-nearest, the quantized-target path of the fused form). Each
 graph gets the padding a bitwise target is built with (build/graphs.py BITWISE_FUSED): fp32 fused
 padded attention; int4 padded calls (every call at least 2 rows: MatMulNBits' 1-row path gives
