@@ -1,13 +1,16 @@
-"""What speculation costs on a hybrid target with recurrent state (LFM2's gated short convolutions
-between GQA layers), against an attention-only model of the same size: the mechanics, which do
-not depend on the weights (random-init models; nothing is fetched).
+"""What speculation costs on a hybrid target with recurrent state (LFM2's gated short convolutions,
+or Qwen3.5's Gated DeltaNet, between attention layers), against an attention-only model of the
+same size: the mechanics, which do not depend on the weights (random-init models; nothing is
+fetched).
 
     python benchmarks/hybrid_mechanics.py [--shape lfm2-1.2b] [--precisions fp32,int4] [--forms fused]
         [--past 600] [--gammas 4,8] [--tokens 64] [--repeats 7] [--threads 2] [--json OUT]
 
-Models: per precision and graph form, a random-init LFM2 of --shape (lfm2-1.2b: transformers'
-config of LiquidAI/LFM2-1.2B, specexport.plan.sizes) and beside it a Llama of the same hidden
-size, layers, heads, KV heads, MLP width and vocabulary (every layer attention). fp32 graphs, and
+Models: per precision and graph form, a random-init hybrid of --shape (lfm2-1.2b: transformers'
+config of LiquidAI/LFM2-1.2B, specexport.plan.sizes; qwen3.5-0.8b: an assumed Qwen3.5-0.8B
+shape, not read from the real config.json, hybrid_graphs.SHAPES) and beside it an attention-only
+twin (a Llama; for Qwen3.5 a Qwen3) of the same hidden size, layers, heads, KV heads, head size,
+MLP width and vocabulary (every layer attention). fp32 graphs, and
 int4 targets (MatMulNBits, round-to-nearest, the quantized-target path of the fused form). Each
 graph gets the padding a bitwise target is built with (build/graphs.py BITWISE_FUSED): fp32 fused
 padded attention; int4 padded calls (every call at least 2 rows: MatMulNBits' 1-row path gives
@@ -37,6 +40,11 @@ Figures (each a median over --repeats, warm-up calls and runs outside the measur
                 (the loop's Python: argmax, verify, proposer, bookkeeping), the always-wrong
                 policy's probe rounds.
 
+Code: this script parses the options, runs the groups and prints the report; beside it,
+hybrid_graphs.py builds the models and graphs (the shapes, the twin's config), hybrid_timing.py
+times the calls (the subjects, verify cost, rollback rounds) and hybrid_ceiling.py runs the loop
+(the proposers, the ceiling).
+
 Memory: a 1.2B-parameter fp32 graph is ~4.7 GB on disk and ~6 GB resident; --apart fp32 measures
 the two models of a precision one after the other (not interleaved) so only one is on disk and in
 memory at a time. Graphs go to a temporary folder deleted as soon as they are measured, or are
@@ -46,556 +54,23 @@ kept (and reused) in --work.
 from __future__ import annotations
 
 import gc
-import pickle
 import shutil
-import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "runtime"):
+for _p in (REPO, REPO / "runtime", Path(__file__).resolve().parent):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+# the support modules beside this script (after the path set-up: runs from a checkout)
+from hybrid_ceiling import METHODS, ceiling  # noqa: E402
+from hybrid_graphs import ASSUMED, FORMS, KINDS, PRECISIONS, SHAPES, build_graph, describe, shape_config  # noqa: E402
+from hybrid_timing import load_subject, rollback_rounds, verify_cost  # noqa: E402
+
 from specexport.bench import harness  # noqa: E402
 from specexport.errors import HarnessError  # noqa: E402
-from specexport_runtime import contract  # noqa: E402
-from specexport_runtime.adaptive import GammaController  # noqa: E402
-from specexport_runtime.config import GeneratorConfig  # noqa: E402
-from specexport_runtime.engine import OrtModel, SessionConfig  # noqa: E402
-from specexport_runtime.generator import GenerationStats, LoopSetup, SpeculativeLoop  # noqa: E402
-from specexport_runtime.policy import RoundDraft  # noqa: E402
-from specexport_runtime.proposers import Proposal, Proposer  # noqa: E402
-
-_TINY_LAYERS = ["conv", "conv", "full_attention", "conv", "conv", "full_attention"]
-SHAPES = {
-    "lfm2-1.2b": None,  # specexport.plan.sizes.KNOWN_CONFIGS["LiquidAI/LFM2-1.2B"]
-    # tests/tiny.py's lfm2 (spread-out init: no near-ties in greedy argmax)
-    "tiny": dict(
-        model_type="lfm2",
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=192,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        layer_types=_TINY_LAYERS,
-        conv_L_cache=3,
-        block_multiple_of=32,
-        block_ffn_dim_multiplier=1.0,
-        block_auto_adjust_ff_dim=True,
-        norm_eps=1e-5,
-        initializer_range=0.2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    ),
-}
-PRECISIONS = ("fp32", "int4")
-FORMS = {"fused": contract.HEAD_MAJOR_INPLACE, "portable": contract.TIME_MAJOR}
-KINDS = ("hybrid", "attention")
-METHODS = ("target-only", "replay", "always-wrong")
-
-
-# --------------------------------------------------------------------------- models and graphs
-
-
-def shape_config(name: str, overrides: list[str]) -> dict:
-    if name not in SHAPES:
-        raise HarnessError(f"--shape must be one of {sorted(SHAPES)}, got {name!r}")
-    if SHAPES[name] is None:
-        from specexport.plan.sizes import KNOWN_CONFIGS
-
-        values = dict(KNOWN_CONFIGS["LiquidAI/LFM2-1.2B"])
-    else:
-        values = dict(SHAPES[name])
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or key not in values:
-            raise HarnessError(f"--override takes KEY=INT for a key of the shape's config, got {item!r}")
-        values[key] = int(text)
-    layers = values["num_hidden_layers"]
-    if len(values["layer_types"]) != layers:  # fewer layers: the pattern's first ones
-        values["layer_types"] = list(values["layer_types"][:layers])
-    return values
-
-
-def mlp_width(cfg: dict) -> int:
-    """LFM2's MLP width as transformers' Lfm2MLP computes it (2/3, multiplier, rounded up)."""
-    ff = cfg["intermediate_size"]
-    if cfg.get("block_auto_adjust_ff_dim"):
-        ff = int(2 * ff / 3)
-        if cfg.get("block_ffn_dim_multiplier") is not None:
-            ff = int(cfg["block_ffn_dim_multiplier"] * ff)
-        m = cfg["block_multiple_of"]
-        ff = m * ((ff + m - 1) // m)
-    return ff
-
-
-def hf_config(kind: str, cfg: dict):
-    """transformers config: the LFM2 itself, or its attention-only twin (a Llama)."""
-    from transformers import AutoConfig
-
-    values = {k: v for k, v in cfg.items() if k != "model_type"}
-    if kind == "hybrid":
-        return AutoConfig.for_model("lfm2", **values)
-    return AutoConfig.for_model(
-        "llama",
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=mlp_width(cfg),
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg["num_key_value_heads"],
-        rms_norm_eps=cfg.get("norm_eps", 1e-5),
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        initializer_range=cfg.get("initializer_range", 0.02),
-        tie_word_embeddings=cfg.get("tie_word_embeddings", True),
-    )
-
-
-@dataclass
-class Graph:
-    kind: str
-    precision: str
-    form: str
-    path: Path
-    spec: object  # GraphSpec
-    params: int
-    bytes: int
-    build_seconds: float
-    min_rows: int = 1  # padded calls (feature row_padding)
-    cache_pad: int = 0  # padded attention (fused)
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind} {self.precision} {self.form}"
-
-
-def padding(precision: str, form: str) -> tuple[int, int]:
-    """(min_rows, cache_pad) of a graph: what a bitwise target of this precision and form is built
-    with (build/graphs.py BITWISE_FUSED; the module docstring)."""
-    if precision == "int4":
-        return 2, 0
-    return (1, 1) if FORMS[form] == contract.HEAD_MAJOR_INPLACE else (1, 0)
-
-
-def build_graph(kind: str, precision: str, form: str, cfg: dict, max_context: int, args, root: Path) -> Graph:
-    """The graph of one model (reused from --work when its settings match)."""
-    out = root / f"{kind}-{precision}-{form}"
-    min_rows, cache_pad = padding(precision, form)
-    stamp = repr((cfg, max_context, args.block_size, args.accuracy_level, args.seed, min_rows, cache_pad))
-    saved = out / "graph.pkl"
-    if saved.exists():
-        graph = pickle.loads(saved.read_bytes())
-        if graph.get("stamp") == stamp:
-            return Graph(**graph["graph"])
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from specexport.graphs.decoder import build_decoder
-    from specexport.graphs.quantized_target import QuantizedWeights
-
-    start = time.perf_counter()
-    torch.manual_seed(args.seed)
-    # fp16 in memory (half of fp32's); the writer converts one weight at a time to fp32
-    model = AutoModelForCausalLM.from_config(hf_config(kind, cfg), dtype=torch.float16).eval()
-    params = sum(p.numel() for p in model.parameters())
-    weights = None
-    if precision == "int4":
-        weights = QuantizedWeights("int4", args.block_size, args.accuracy_level, "fp32", "fp32", {})
-    result = build_decoder(
-        model,
-        out,
-        max_context,
-        kv_layout=FORMS[form],
-        weights=weights,
-        min_rows=min_rows,
-        pad_attention=cache_pad > 0,
-        dtype=torch.float32,
-    )
-    del model
-    gc.collect()
-    seconds = time.perf_counter() - start
-    graph = Graph(kind, precision, form, result.path, result.spec, params, result.bytes, seconds, min_rows, cache_pad)
-    saved.write_bytes(pickle.dumps({"stamp": stamp, "graph": graph.__dict__}))
-    return graph
-
-
-# --------------------------------------------------------------------------- state bookkeeping
-
-
-class TimedStates:
-    """A StateHistory whose calls from OrtModel are timed: bind (rows + bind), store, truncate
-    (the kept-state check and forget_after of a rollback)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.seconds = {"bind": 0.0, "store": 0.0, "truncate": 0.0}
-        self.calls = {"bind": 0, "store": 0, "truncate": 0}
-
-    def _timed(self, key: str, fn, *a):
-        start = time.perf_counter()
-        out = fn(*a)
-        self.seconds[key] += time.perf_counter() - start
-        self.calls[key] += 1
-        return out
-
-    def rows(self, *a):
-        return self._timed("bind", self.inner.rows, *a)
-
-    def bind(self, *a):
-        return self._timed("bind", self.inner.bind, *a)
-
-    def store(self, *a):
-        return self._timed("store", self.inner.store, *a)
-
-    def state(self, *a):
-        return self._timed("truncate", self.inner.state, *a)
-
-    def forget_after(self, *a):
-        return self._timed("truncate", self.inner.forget_after, *a)
-
-    def total(self) -> float:
-        return sum(self.seconds.values())
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-class NoRollbackStates:
-    """The same graph inputs and outputs bound (the zero state in, the call's states out), nothing
-    kept: what a decoder that never rolls back pays. Its logits are not the model's (the state
-    never advances); only its time is used."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def rows(self, S, last_rows):
-        return self.inner.rows(S, last_rows)
-
-    def bind(self, io, P, rows):
-        io.bind_cpu_input(contract.STATE_INDEX, rows)
-        for j, (past, out) in enumerate(zip(self.inner.zeros, self.inner.out)):
-            io.bind_input(contract.past_state(j), "cpu", 0, past.dtype, list(past.shape), past.ctypes.data)
-            shape = [1, rows.size, *self.inner.shapes[j]]
-            io.bind_output(contract.new_state(j), "cpu", 0, out.dtype, shape, out.ctypes.data)
-
-    def store(self, P, rows):
-        pass
-
-    def state(self, length):
-        return self.inner.zeros
-
-    def forget_after(self, length):
-        pass
-
-    def reset(self):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-# --------------------------------------------------------------------------- proposers
-
-
-class ReplayProposer(Proposer):
-    """Drafts the recorded greedy answer: acceptance 1.0 while the output follows it."""
-
-    name = "replay"
-
-    def __init__(self, answer: list[int]):
-        self.answer = answer
-
-    def start(self, prompt):
-        self.prompt_len = len(prompt)
-
-    def propose(self, committed, gamma, params, rng) -> Proposal:
-        pos = len(committed) - self.prompt_len
-        return Proposal([int(t) for t in self.answer[pos : pos + gamma]], None)
-
-    def commit(self, committed, n_new):
-        pass
-
-
-class WrongProposer(Proposer):
-    """Drafts a first token that is never the target's (the recorded answer's token + 1)."""
-
-    name = "always-wrong"
-
-    def __init__(self, answer: list[int], vocab: int):
-        self.answer, self.vocab = answer, vocab
-
-    def start(self, prompt):
-        self.prompt_len = len(prompt)
-
-    def propose(self, committed, gamma, params, rng) -> Proposal:
-        pos = len(committed) - self.prompt_len
-        right = self.answer[pos] if pos < len(self.answer) else 0
-        wrong = (right + 1) % self.vocab
-        return Proposal([wrong] * gamma, None)
-
-    def commit(self, committed, n_new):
-        pass
-
-
-# --------------------------------------------------------------------------- subjects
-
-
-@dataclass
-class Subject:
-    graph: Graph
-    model: OrtModel
-    timed: TimedStates | None
-    vocab: int
-    controller: GammaController = field(default_factory=GammaController)
-    answers: dict = field(default_factory=dict)  # prompt key -> recorded greedy answer
-    react_rounds: int | None = None  # drafted rounds the policy took to switch speculation off
-
-    @property
-    def label(self) -> str:
-        return self.graph.label
-
-
-def load_subject(graph: Graph, max_context: int, args) -> Subject:
-    config = SessionConfig(threads=args.threads, shared_pool=args.pool == "shared")
-    model = OrtModel(
-        graph.path,
-        graph.spec,
-        max_context,
-        config,
-        max_rows=args.max_rows,
-        min_rows=graph.min_rows,
-        cache_pad=graph.cache_pad,
-    )
-    timed = None
-    if model.states is not None:
-        timed = TimedStates(model.states)
-        model.states = timed
-    return Subject(graph, model, timed, graph.spec.embedding_rows)
-
-
-def call_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
-    return rng.integers(3, vocab, size=n).tolist()
-
-
-def timed_call(model: OrtModel, ids: list[int]) -> tuple[float, float]:
-    """(wall seconds of forward, seconds inside ONNX Runtime's run) of one call."""
-    before = model.stats.seconds
-    start = time.perf_counter()
-    model.forward(ids, last_rows=len(ids))
-    return time.perf_counter() - start, model.stats.seconds - before
-
-
-def verify_cost(subjects: list[Subject], args) -> list[dict]:
-    sizes = [1] + [1 + g for g in args.gammas]
-    rng = np.random.default_rng(args.seed)
-    prompt = call_ids(rng, min(s.vocab for s in subjects), args.past)
-    calls = {s.label: call_ids(rng, s.vocab, max(sizes)) for s in subjects}
-    for s in subjects:
-        s.model.reset()
-        s.model.forward(prompt)
-        for size in sizes:  # warm-up: every size once, untimed
-            s.model.forward(calls[s.label][:size], last_rows=size)
-            s.model.truncate(args.past)
-    wall = {(s.label, n): [] for s in subjects for n in sizes}
-    run = {(s.label, n): [] for s in subjects for n in sizes}
-    for r in range(args.repeats):
-        for s in harness.rotated(subjects, r):
-            for size in harness.rotated(sizes, r):
-                w, t = timed_call(s.model, calls[s.label][:size])
-                s.model.truncate(args.past)
-                wall[s.label, size].append(w)
-                run[s.label, size].append(t)
-    rows = []
-    for s in subjects:
-        one = statistics.median(wall[s.label, 1])
-        row = {"model": s.label, "kind": s.graph.kind, "precision": s.graph.precision, "form": s.graph.form}
-        row["past"] = args.past
-        row["calls"] = {}
-        for size in sizes:
-            w, t = statistics.median(wall[s.label, size]), statistics.median(run[s.label, size])
-            row["calls"][str(size)] = {"ms": w * 1e3, "run_ms": t * 1e3, "vs_1_row": w / one, "host_share": 1 - t / w}
-        rows.append(row)
-    return rows
-
-
-def timed_round(model: OrtModel, real: TimedStates, states, ids: list[int], keep: int, P: int):
-    """Seconds of one round at cursor P with `states` bound (a call on ids, then the rollback to
-    `keep`) and the bookkeeping timed in it (bind, store, truncate); then back to P, untimed."""
-    model.states = states
-    before = dict(real.seconds)
-    start = time.perf_counter()
-    model.forward(ids, last_rows=len(ids))
-    model.truncate(keep)
-    seconds = time.perf_counter() - start
-    spent = {k: real.seconds[k] - before[k] for k in before}
-    model.states = real
-    model.truncate(P)  # the next round starts at P again (state P is kept)
-    return seconds, spent
-
-
-def rollback_rounds(subjects: list[Subject], args) -> list[dict]:
-    """A round (1 + gamma rows at cursor P, then the rollback to half the draft accepted) with the
-    state bookkeeping and without it, interleaved."""
-    rows = []
-    rng = np.random.default_rng(args.seed + 1)
-    for s in subjects:
-        if s.timed is None:
-            continue
-        model, real = s.model, s.timed
-        without = NoRollbackStates(real.inner)
-        model.reset()
-        model.forward(call_ids(rng, s.vocab, args.past))
-        P = args.past
-        for gamma in args.gammas:
-            ids = call_ids(rng, s.vocab, 1 + gamma)
-            keep = P + 1 + gamma // 2
-
-            timed_round(model, real, real, ids, keep, P), timed_round(model, real, without, ids, keep, P)  # warm-up
-            times, spent = {"with": [], "without": []}, []
-            for r in range(args.repeats):
-                for name in harness.rotated(["with", "without"], r):
-                    seconds, parts = timed_round(model, real, real if name == "with" else without, ids, keep, P)
-                    times[name].append(seconds)
-                    if name == "with":
-                        spent.append(parts)
-            w, wo = statistics.median(times["with"]), statistics.median(times["without"])
-            per = {k: statistics.median(p[k] for p in spent) for k in real.seconds}
-            share = statistics.median(sum(p.values()) / t for p, t in zip(spent, times["with"]))
-            rows.append(
-                {
-                    "model": s.label,
-                    "gamma": gamma,
-                    "round_ms_with": w * 1e3,
-                    "round_ms_without": wo * 1e3,
-                    "overhead_ab": (w - wo) / w,
-                    "bind_us": per["bind"] * 1e6,
-                    "store_us": per["store"] * 1e6,
-                    "truncate_us": per["truncate"] * 1e6,
-                    "direct_share": share,
-                }
-            )
-    return rows
-
-
-def run_loop(s: Subject, method: str, prompt: list[int], tokens: int, args, until_off: bool = False) -> dict:
-    """One generation through SpeculativeLoop; decode figures exclude the prefill. until_off: stop
-    once the draft-length policy has switched speculation off (the always-wrong warm-up)."""
-    answer = s.answers.get(tuple(prompt), [])
-    if method == "target-only":
-        config = GeneratorConfig(max_new_tokens=tokens, speculative=False)
-        proposer = WrongProposer(answer, s.vocab)  # never asked
-    elif method == "replay":
-        config = GeneratorConfig(max_new_tokens=tokens, gamma=args.ceiling_gamma)
-        proposer = ReplayProposer(answer)
-    else:
-        config = GeneratorConfig(max_new_tokens=tokens)
-        proposer = WrongProposer(answer, s.vocab)
-    ctl = s.controller if method == "always-wrong" else None
-    policy = RoundDraft.of(config, ctl)
-    stats = GenerationStats()
-    loop = SpeculativeLoop(LoopSetup(s.model, proposer, config, np.random.default_rng(0), policy=policy, stats=stats))
-    policy.start()
-    out: list[int] = []
-    t_first = run_before = keep_before = None
-    switched_off = None
-    for new in loop.rounds(prompt, s.model.max_context):
-        out += new
-        if t_first is None:
-            t_first = time.perf_counter()
-            run_before = s.model.stats.seconds
-            keep_before = s.timed.total() if s.timed is not None else 0.0
-        if ctl is not None and switched_off is None and not ctl.speculating:
-            switched_off = stats.rounds
-        if len(out) >= tokens + 1 or (until_off and switched_off is not None):
-            break
-    seconds = time.perf_counter() - t_first
-    run = s.model.stats.seconds - run_before
-    keep = (s.timed.total() if s.timed is not None else 0.0) - keep_before
-    return {
-        "tokens": out,
-        "decode_tokens": len(out) - 1,
-        "seconds": seconds,
-        "tok_s": (len(out) - 1) / seconds,
-        "run_share": run / seconds,
-        "bookkeeping_share": keep / seconds,
-        "rounds": stats.rounds,
-        "plain_steps": stats.plain_steps,
-        "drafted": stats.drafted,
-        "accepted": stats.accepted,
-        "switched_off": switched_off,
-        "draft_per_round": stats.drafted / stats.rounds if stats.rounds else 0.0,
-    }
-
-
-def controller_state(ctl: GammaController) -> dict:
-    """What the adaptive policy believes after the measured runs: on or off, its acceptance, and
-    its cost model (ms of each call size it timed, and of the fitted line)."""
-    line = {str(r): ctl.cost.seconds(r) * 1e3 for r in (1, 3, 9)} if ctl.cost.timed(1) else {}
-    return {
-        "speculating": ctl.speculating,
-        "alpha": ctl.alpha,
-        "gamma": ctl.gamma,
-        "timed_ms": {str(r): v * 1e3 for r, v in sorted(ctl.cost.by_rows.items())},
-        "line_ms": line,
-    }
-
-
-def ceiling(subjects: list[Subject], args) -> list[dict]:
-    rng = np.random.default_rng(args.seed + 2)
-    vocab = min(s.vocab for s in subjects)
-    warm, prompt = call_ids(rng, vocab, args.prompt_tokens), call_ids(rng, vocab, args.prompt_tokens)
-    longest = args.tokens + args.ceiling_gamma + 2
-    for s in subjects:
-        # recorded greedy answers (untimed), then one warm-up run of every method on the warm-up
-        # prompt; the always-wrong warm-up runs until the policy has switched speculation off
-        for p in (warm, prompt):
-            s.answers[tuple(p)] = run_loop(s, "target-only", p, longest, args)["tokens"]
-        run_loop(s, "replay", warm, args.tokens, args)
-        room = min(args.warmup_tokens, s.model.max_context - len(warm) - 2)
-        react = run_loop(s, "always-wrong", warm, room, args, until_off=True)
-        s.react_rounds = react["switched_off"]
-    samples = {(s.label, m): [] for s in subjects for m in METHODS}
-    for r in range(args.repeats):
-        for s in harness.rotated(subjects, r):
-            for m in harness.rotated(list(METHODS), r):
-                samples[s.label, m].append(run_loop(s, m, prompt, args.tokens, args))
-    rows = []
-    for s in subjects:
-        answer = s.answers[tuple(prompt)]
-        row = {"model": s.label, "kind": s.graph.kind, "precision": s.graph.precision, "form": s.graph.form}
-        row["tokens"] = args.tokens
-        row["gamma"] = args.ceiling_gamma
-        for m in METHODS:
-            runs = samples[s.label, m]
-            row[m] = {
-                "tok_s": statistics.median(x["tok_s"] for x in runs),
-                "run_share": statistics.median(x["run_share"] for x in runs),
-                "bookkeeping_share": statistics.median(x["bookkeeping_share"] for x in runs),
-                "rounds": statistics.median(x["rounds"] for x in runs),
-                "plain_steps": statistics.median(x["plain_steps"] for x in runs),
-                "drafted": sum(x["drafted"] for x in runs),
-                "accepted": sum(x["accepted"] for x in runs),
-                "draft_per_round": statistics.median(x["draft_per_round"] for x in runs),
-                "equal_to_target_only": all(x["tokens"][: args.tokens + 1] == answer[: args.tokens + 1] for x in runs),
-            }
-        base = samples[s.label, "target-only"]
-        for m in ("replay", "always-wrong"):
-            ratios = [x["tok_s"] / b["tok_s"] for x, b in zip(samples[s.label, m], base)]
-            row[m]["vs_target_only"] = statistics.median(ratios)
-        rep = row["replay"]
-        rep["acceptance"] = rep["accepted"] / rep["drafted"] if rep["drafted"] else 0.0
-        row["always-wrong"]["policy_reacted_after_rounds"] = s.react_rounds
-        row["always-wrong"]["controller_after"] = controller_state(s.controller)
-        rows.append(row)
-    return rows
-
 
 # --------------------------------------------------------------------------- report
 
@@ -639,7 +114,7 @@ def fmt(x: float, spec: str = ".2f") -> str:
 
 
 def report(doc: dict) -> str:
-    out = []
+    out = [f"\n{doc['shape_line']}"] if doc.get("shape_line") else []
     gammas = doc["settings"]["gammas"]
     out.append(f"\n### Verify cost (past {doc['settings']['past']}, median ms per call; x = against the 1-row call)\n")
     head = "| model | 1 row ms |" + "".join(f" {1 + g} rows ms | x |" for g in gammas) + " host share |"
@@ -690,7 +165,15 @@ def report(doc: dict) -> str:
 
 def parser():
     ap = harness.script_parser(__doc__)
-    ap.add_argument("--shape", default="lfm2-1.2b", help=f"model shape: {', '.join(SHAPES)} (default lfm2-1.2b)")
+    ap.add_argument(
+        "--shape",
+        default="lfm2-1.2b",
+        help=f"model shape: {', '.join(SHAPES)} (default lfm2-1.2b: transformers' config of LiquidAI/LFM2-1.2B;"
+        " qwen3.5-0.8b: an assumed Qwen3.5-0.8B shape, not read from the real config.json: vocab 248320, hidden"
+        " 1024, 24 layers of 3 Gated DeltaNet then 1 gated full attention, heads 8/2 x 256, partial rotary 0.25,"
+        " DeltaNet heads 16/16 x 128, MLP 3584, tied embeddings; its attention-only twin is a Qwen3 of the same"
+        " hidden, layers, heads, MLP width and vocabulary)",
+    )
     ap.add_argument(
         "--override",
         action="append",
@@ -768,16 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         args.past + max(args.gammas) + 8, args.prompt_tokens + args.warmup_tokens + args.ceiling_gamma + 8
     )
     print(harness.header(meta))
-    print(
-        f"threads: {args.threads} (pool {args.pool}); shape {args.shape}: hidden {cfg['hidden_size']},"
-        f" {cfg['num_hidden_layers']} layers ({cfg['layer_types'].count('conv')} conv), heads"
-        f" {cfg['num_attention_heads']}/{cfg['num_key_value_heads']}, MLP {mlp_width(cfg)}, vocab {cfg['vocab_size']};"
-        f" max_context {max_context}",
-        flush=True,
-    )
+    doc_shape = describe(args.shape, cfg)
+    print(f"threads: {args.threads} (pool {args.pool}); {doc_shape}; max_context {max_context}", flush=True)
     root = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="hybrid-mechanics-"))
     root.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "settings": {**vars(args)}, "shape": cfg, "models": [], "verify": [], "rollback": []}
+    doc["shape_line"], doc["shape_note"] = doc_shape, ASSUMED.get(args.shape, "")
     doc["ceiling"] = []
     try:
         for precision in precisions:

@@ -51,3 +51,25 @@ def test_hybrid_mechanics_reports_every_figure(tmp_path, capsys):
     for title in ("Verify cost", "Rollback overhead", "Ceiling", "What limits each figure"):
         assert f"### {title}" in table
     assert "| hybrid int4 fused |" in table and "| attention fp32 fused |" in table
+
+
+def test_qwen35_shape_is_said_to_be_assumed_and_has_a_qwen3_twin():
+    load_script(BENCHMARKS / "hybrid_mechanics.py")  # puts benchmarks/ on the path
+    import hybrid_graphs
+
+    cfg = hybrid_graphs.shape_config("qwen3.5-0.8b", [])
+    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + cfg["layer_types"][4:]
+    assert len(cfg["layer_types"]) == 24 and cfg["layer_types"].count("full_attention") == 6
+    line = hybrid_graphs.describe("qwen3.5-0.8b", cfg)
+    assert "assumed" in line and "18 linear_attention" in line and "heads 8/2 x 256" in line
+    hybrid, twin = (hybrid_graphs.hf_config(k, cfg) for k in ("hybrid", "attention"))
+    assert hybrid.model_type == "qwen3_5_text" and hybrid.linear_num_value_heads == 16
+    assert twin.model_type == "qwen3" and twin.head_dim == 256 and twin.num_key_value_heads == 2
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        assert getattr(twin, key) == getattr(hybrid, key), key
+    # overriding the layer count repeats the pattern; lfm2's default shape is unchanged
+    assert hybrid_graphs.shape_config("qwen3.5-0.8b", ["num_hidden_layers=6"])["layer_types"][4:] == [
+        "linear_attention",
+        "linear_attention",
+    ]
+    assert "assumed" not in hybrid_graphs.describe("lfm2-1.2b", hybrid_graphs.shape_config("lfm2-1.2b", []))
