@@ -71,7 +71,7 @@ class NoRollbackStates:
 
     def bind(self, io, P, rows):
         io.bind_cpu_input(contract.STATE_INDEX, rows)
-        for j, (past, out) in enumerate(zip(self.inner.zeros, self.inner.out)):
+        for j, (past, out) in enumerate(zip(self.inner.zeros, self.inner.ring)):  # the outputs land in slots 0..
             io.bind_input(contract.past_state(j), "cpu", 0, past.dtype, list(past.shape), past.ctypes.data)
             shape = [1, rows.size, *self.inner.shapes[j]]
             io.bind_output(contract.new_state(j), "cpu", 0, out.dtype, shape, out.ctypes.data)

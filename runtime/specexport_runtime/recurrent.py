@@ -2,14 +2,15 @@
 
 A graph with states takes past_state_{j} [1, *s_j] (the state before its first row) and returns
 new_state_{j} [1, Rs, *s_j], the state after each row of state_index. StateHistory keeps, for
-one sequence, the state after each of the last `depth` positions in a ring indexed by position:
+one sequence, the state after each of the last `depth` positions in slots of one buffer per site:
 
-    ring_j   [depth, *s_j]   ring_j[p % depth] is the state after p tokens when lengths[p % depth] == p
-    zeros_j  [1, *s_j]       the state before the first token (P = 0)
-    out_j    [1, rows, *s_j] where a call's new_state_{j} lands; stored into the ring after the call
+    ring_j   [depth + max_rows, *s_j]   slot_of[p] holds the state after p tokens
+    zeros_j  [1, *s_j]                  the state before the first token (P = 0)
 
-so rolling back to any kept position is choosing which ring entry the next call binds (O(1),
-nothing is recomputed or copied back), and forward binds that entry in place as past_state_{j}.
+A call's new_state_{j} is bound straight into the slots of its rows (start = (P + r0 + 1) % depth,
+then consecutive: a slot's index is its position modulo depth, or that plus depth), so nothing is
+copied after the call; the kept state of the call's start never shares a slot with them. Rolling
+back to a kept position is choosing which slot the next call binds as past_state_{j}: O(1).
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ class StateHistory:
         if depth <= max_rows:
             raise InvalidArgument(f"state depth {depth} must exceed the rows of one call ({max_rows})")
         self.shapes, self.depth, self.max_rows = tuple(tuple(s) for s in shapes), depth, max_rows
-        self.ring = [np.full((depth, *s), 0, dtype) for s in self.shapes]
+        slots = depth + max_rows
+        self.ring = [np.full((slots, *s), 0, dtype) for s in self.shapes]
         self.zeros = [np.zeros((1, *s), dtype) for s in self.shapes]
-        self.out = [np.full((1, max_rows, *s), 0, dtype) for s in self.shapes]
-        self.lengths = np.full(depth, -1, np.int64)  # the position each ring entry holds (-1: none)
+        self.owner = np.full(slots, -1, np.int64)  # the position each slot holds (-1: none)
+        self.slot_of: dict[int, int] = {}  # position -> its slot
         self.index = np.arange(max_rows, dtype=np.int64)  # state_index views
+        self._start = 0  # the first slot the bound call writes
 
     def kept(self, length: int) -> bool:
         """Whether the state after `length` tokens is held."""
-        return length == 0 or (length > 0 and int(self.lengths[length % self.depth]) == length)
+        return length == 0 or length in self.slot_of
 
     def state(self, length: int) -> list[np.ndarray]:
         """Views [1, *s_j] of the state after `length` tokens (InvalidArgument when not kept)."""
@@ -52,41 +55,52 @@ class StateHistory:
             )
         if length == 0:
             return self.zeros
-        slot = length % self.depth
+        slot = self.slot_of[length]
         return [r[slot : slot + 1] for r in self.ring]
 
     def rows(self, S: int, last_rows: int) -> np.ndarray:
-        """state_index of a call of S real rows: every row when they fit the output buffers, else
+        """state_index of a call of S real rows: every row when they fit one call's slots, else
         the last `last_rows` (a long prefill: only its end is ever rolled back to)."""
         if S <= self.max_rows:
             return self.index[:S]
         return np.arange(S - last_rows, S, dtype=np.int64)
 
     def bind(self, io, P: int, rows: np.ndarray) -> None:
-        """Bind the state after P tokens, state_index `rows` and the output buffers into `io`."""
+        """Bind the state after P tokens, state_index `rows` (consecutive) and their output slots
+        into `io`; the positions those slots held are dropped now (the call overwrites them)."""
+        start = (P + int(rows[0]) + 1) % self.depth
+        self._evict(range(start, start + rows.size))
+        self._start = start
         io.bind_cpu_input(contract.STATE_INDEX, rows)
-        for j, (past, out) in enumerate(zip(self.state(P), self.out)):
+        for j, (past, ring) in enumerate(zip(self.state(P), self.ring)):
             io.bind_input(contract.past_state(j), "cpu", 0, past.dtype, list(past.shape), past.ctypes.data)
+            out = ring[start : start + rows.size]  # [Rs, *s_j], contiguous
             shape = [1, rows.size, *self.shapes[j]]
             io.bind_output(contract.new_state(j), "cpu", 0, out.dtype, shape, out.ctypes.data)
 
     def store(self, P: int, rows: np.ndarray) -> None:
-        """After a call at cursor P: the state after row r (position P + r + 1) for each returned row;
-        the states of every other position past P are dropped (they were not this call's)."""
+        """After the call bound at cursor P: its slots hold the state after row r (position
+        P + r + 1) for each returned row; every other position past P is dropped (not this call's)."""
         self.forget_after(P)
         for k, r in enumerate(rows.tolist()):
-            length = P + r + 1
-            slot = length % self.depth
-            for ring, out in zip(self.ring, self.out):
-                ring[slot] = out[0, k]
-            self.lengths[slot] = length
+            slot, length = self._start + k, P + r + 1
+            self.owner[slot], self.slot_of[length] = length, slot
+
+    def _evict(self, slots: range) -> None:
+        for slot in slots:
+            held = int(self.owner[slot])
+            if held >= 0 and self.slot_of.get(held) == slot:
+                del self.slot_of[held]
+            self.owner[slot] = -1
 
     def forget_after(self, length: int) -> None:
         """Drop the states of positions past `length` (a rollback: they belong to rejected rows)."""
-        self.lengths[self.lengths > length] = -1
+        for held in [p for p in self.slot_of if p > length]:
+            self.owner[self.slot_of.pop(held)] = -1
 
     def reset(self) -> None:
-        self.lengths[:] = -1
+        self.owner[:] = -1
+        self.slot_of.clear()
 
     def nbytes(self) -> int:
-        return sum(r.nbytes + z.nbytes + o.nbytes for r, z, o in zip(self.ring, self.zeros, self.out))
+        return sum(r.nbytes + z.nbytes for r, z in zip(self.ring, self.zeros))
