@@ -201,8 +201,9 @@ def _constants(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-# inputs whose axis 0 is not the batch: logits_index [R], a tree graph's tree_bias [S, S] (feature tree_verify)
-_NO_BATCH_AXIS = (contract.LOGITS_INDEX, contract.TREE_BIAS)
+# inputs whose axis 0 is not the batch: logits_index [R], a tree graph's tree_bias [S, S] (feature
+# tree_verify), a hybrid's state_index [Rs] (feature recurrent_state)
+_NO_BATCH_AXIS = (contract.LOGITS_INDEX, contract.TREE_BIAS, contract.STATE_INDEX)
 
 
 def _check_dims(report: TrtReport, graph: onnx.GraphProto, covered: set[str]) -> None:

@@ -145,8 +145,8 @@ def test_fused_rejects_learned_positions(tmp_path):
 
 
 def test_fused_rejects_unknown_activation(tmp_path):
-    with pytest.raises(UnsupportedConfig, match="'hidden_act' = 'relu2'"):
-        build_decoder(make_model("llama", hidden_act="relu2"), tmp_path, MAX_CONTEXT)
+    with pytest.raises(UnsupportedConfig, match="'hidden_act' = 'relu6'"):
+        build_decoder(make_model("llama", hidden_act="relu6"), tmp_path, MAX_CONTEXT)
 
 
 def test_fused_fp16_within_fp16_tolerance(tmp_path):
