@@ -32,12 +32,13 @@ from onnx import TensorProto
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
-from ..models.architectures import ArchSpec, arch_for, module_at
+from ..models.architectures import arch_for, module_at
 from ..models.config import CONV, GDN, MAMBA2, NormalizedConfig, UnsupportedConfig, check_hf_modules, normalize
-from ..models.mixers import HYBRID, KV_KINDS, MLP
+from ..models.mixers import HYBRID, MLP
 from ..models.streaming import Weights, source_of
 from .conv import conv_mixer, conv_weights, state_interface
 from .gdn import deltanet_mixer, deltanet_weights
+from .layer_weights import LayerWeights, gated_rows, layer_weights
 from .mamba import mamba_mixer, mamba_weights
 from .ops_fused import ops_for
 from .writer import (
@@ -48,7 +49,6 @@ from .writer import (
     FloatWeights,
     Graph,
     Linear,
-    Part,
     WeightPlan,
     save_graph,
     softcap,
@@ -105,125 +105,6 @@ def _norm_weight(module: torch.nn.Module, offset: float, w: Weights) -> tuple[to
     if eps is None or getattr(module, "weight", None) is None:
         raise UnsupportedConfig(f"norm module {type(module).__name__} has no weight/eps the graph can use")
     return w.of(module).float() + offset, float(eps)
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """One decoder layer's weight sites: q|k|v [(H + 2 H_kv) D, hidden], o, gate|up [2 I, hidden]
-    (a plain MLP: up [I, hidden] only, `gated` False), down, each with its bias or None."""
-
-    qkv: Linear | None  # None: a CONV layer (its mixer's weights: conv.ConvWeights)
-    qkv_b: torch.Tensor | None
-    o: Linear | None
-    o_b: torch.Tensor | None
-    gate_up: Linear | None  # None: a single block of a mixer only (ArchSpec.block "single")
-    gate_up_b: torch.Tensor | None
-    down: Linear | None
-    down_b: torch.Tensor | None
-    gated: bool = True
-
-
-def _bias(w: Weights, *modules: torch.nn.Module) -> torch.Tensor | None:
-    if all(getattr(m, "bias", None) is None for m in modules):
-        return None
-    return torch.cat([w.bias(m) if m.bias is not None else torch.zeros(m.weight.shape[0]) for m in modules])
-
-
-def _conv1d(w: Weights, module: torch.nn.Module) -> Part:
-    """The weight [N, K] of a transformers Conv1D, which stores [K, N] (GPT-2)."""
-    return w.part(module, transposed=True)
-
-
-def _gated_rows(whole: Part, heads: int, head_dim: int, half: int) -> Part:
-    """Qwen3.5's q_proj [H 2 D, hidden] holds per head [q (D rows) | gate (D rows)]: the q rows
-    (half 0) or the gate rows (half 1) as a part [H D, hidden]."""
-
-    def read():
-        w = whole.read()
-        return w.reshape(heads, 2, head_dim, w.shape[-1])[:, half].reshape(heads * head_dim, w.shape[-1])
-
-    return Part(f"{whole.name}[{'q' if half == 0 else 'gate'}]", (heads * head_dim, whole.shape[1]), read)
-
-
-def _layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig, w: Weights, i: int) -> LayerWeights:
-    """Layer i's weights, read from the source (one layer's weights at a time); a CONV layer's
-    mixer (conv.conv_weights) has no q|k|v / o sites here."""
-    mlp = module_at(layer, arch.mlp)
-    part = w.part
-    kind = cfg.layers[i].kind
-    if kind not in KV_KINDS:  # a recurrent mixer (conv.py, mamba.py, gdn.py) reads its own weights
-        qkv, mods, o, out = None, (), None, None
-    elif arch.qkv == "separate":
-        attn = module_at(layer, arch.attn)
-        mods = (attn.q_proj, attn.k_proj, attn.v_proj)
-        q = _gated_rows(part(attn.q_proj), cfg.heads, cfg.head_dim, 0) if arch.attn_gate else part(attn.q_proj)
-        qkv = Linear(f"l{i}_qkv", (q, part(attn.k_proj), part(attn.v_proj)))
-    elif arch.qkv == "fused":
-        attn = module_at(layer, arch.attn)
-        mods = (attn.qkv_proj,)
-        qkv = Linear(f"l{i}_qkv", (part(attn.qkv_proj),))
-    else:  # conv1d: c_attn, columns [q | k | v]
-        attn = module_at(layer, arch.attn)
-        mods = (attn.c_attn,)
-        qkv = Linear(f"l{i}_qkv", (_conv1d(w, attn.c_attn),))
-    H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-    if qkv is not None:
-        if qkv.out_features != (H + 2 * Hkv) * D:
-            raise UnsupportedConfig(f"q|k|v rows {qkv.out_features} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
-        out = getattr(attn, arch.out_proj)
-        o = _conv1d(w, out) if arch.qkv == "conv1d" else part(out)
-    if arch.mlp_kind == "module":  # a plain MLP of Conv1Ds: c_fc, act, c_proj (GPT-2)
-        return LayerWeights(
-            qkv,
-            _bias(w, *mods),
-            Linear(f"l{i}_o", (o,)),
-            _bias(w, out),
-            Linear(f"l{i}_up", (_conv1d(w, mlp.c_fc),)),
-            _bias(w, mlp.c_fc),
-            Linear(f"l{i}_down", (_conv1d(w, mlp.c_proj),)),
-            _bias(w, mlp.c_proj),
-            gated=False,
-        )
-    gate_name, up_name, down_name = arch.mlp_names
-    if arch.block == "single" and kind != MLP:  # a block of one mixer: no MLP of its own
-        return LayerWeights(
-            qkv,
-            _bias(w, *mods) if mods else None,
-            Linear(f"l{i}_o", (o,)) if o is not None else None,
-            _bias(w, out) if out is not None else None,
-            None,
-            None,
-            None,
-            None,
-        )
-    if arch.mlp_kind == "plain":  # up -> activation -> down
-        up, down = getattr(mlp, up_name), getattr(mlp, down_name)
-        return LayerWeights(
-            None,
-            None,
-            None,
-            None,
-            Linear(f"l{i}_up", (part(up),)),
-            _bias(w, up),
-            Linear(f"l{i}_down", (part(down),)),
-            _bias(w, down),
-            gated=False,
-        )
-    if arch.mlp_kind == "gated":
-        up_mods = (getattr(mlp, gate_name), getattr(mlp, up_name))
-    else:  # fused_gated: rows [gate; up] already
-        up_mods = (getattr(mlp, gate_name),)
-    down = getattr(mlp, down_name)
-    return LayerWeights(
-        qkv,
-        _bias(w, *mods) if mods else None,
-        Linear(f"l{i}_o", (o,)) if o is not None else None,
-        _bias(w, out) if out is not None else None,
-        Linear(f"l{i}_gate_up", tuple(part(m) for m in up_mods)),
-        _bias(w, *up_mods),
-        Linear(f"l{i}_down", (part(down),)),
-        _bias(w, down),
-    )
 
 
 class _Stream:
@@ -349,7 +230,7 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
         attn = module_at(layer, arch.attn)
         a = _attention(c, i, attn, h, lw)
         if arch.attn_gate:  # Qwen3.5: a * sigmoid(gate(h)), the gate the per-head second half of q_proj
-            gate = Linear(f"l{i}_attn_gate", (_gated_rows(c.ws.part(attn.q_proj), c.cfg.heads, c.cfg.head_dim, 1),))
+            gate = Linear(f"l{i}_attn_gate", (gated_rows(c.ws.part(attn.q_proj), c.cfg.heads, c.cfg.head_dim, 1),))
             (a,) = g.op("Mul", [a, g.op("Sigmoid", [c.linear(h, gate, None)])[0]])
         mixed = c.linear(a, lw.o, lw.o_b)
     stream.add(_branch(c, layer, arch.attn_post_norm, mixed))
@@ -521,7 +402,7 @@ def _write(c: _Ctx, model, base, layers, feature_layers, tie_lm_head: bool, on_l
     for i, layer in enumerate(layers):
         h = stream.norm(module_at(layer, arch.attn_norm)) if arch.attn_norm else stream.value()
         entering[i] = stream.residual  # the norm (or value()) has just folded the pending addend into it
-        _layer(c, i, layer, stream, h, _layer_weights(layer, arch, cfg, ws, i))
+        _layer(c, i, layer, stream, h, layer_weights(layer, arch, cfg, ws, i))
         if on_layer is not None:
             on_layer(i, len(layers))
 

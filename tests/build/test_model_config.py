@@ -22,14 +22,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from specexport.cli.main import cli
 from specexport.models.architectures import ARCHITECTURES, UnsupportedArchitecture
-from specexport.models.config import (
-    FEATURE_OF_KEY,
-    INERT_KEYS,
-    SHAPE_KEYS,
-    UnsupportedConfig,
-    config_from_dict,
-    normalize,
-)
+from specexport.models.config import UnsupportedConfig, config_from_dict, normalize
+from specexport.models.config_keys import FEATURE_OF_KEY, INERT_KEYS, SHAPE_KEYS
 
 BASE_KEYS = set(PretrainedConfig().to_dict())
 
