@@ -22,6 +22,7 @@ from onnx import TensorProto, helper
 
 from specexport_runtime import contract
 
+from .scan import i64 as _i64
 from .writer import Graph, Linear
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -37,10 +38,6 @@ class ConvWeights:
     kernel_b: torch.Tensor | None
     out: Linear
     out_b: torch.Tensor | None
-
-
-def _i64(g: Graph, stem: str, value) -> str:
-    return g.const(stem, np.array(value, np.int64))
 
 
 def causal_conv(g: Graph, x: str, site: int, kernel: torch.Tensor, bias: torch.Tensor | None) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from onnx import TensorProto
 
@@ -33,6 +32,9 @@ from specexport_runtime.recurrent import MAX_CALL_ROWS
 
 from ..models.mixers import DeltaNetSpec
 from .conv import causal_conv, state_out
+from .scan import decay, repeat_heads
+from .scan import f32 as _f32
+from .scan import i64 as _i64
 from .writer import Graph, Linear
 
 FACTORS = math.ceil(math.log2(MAX_CALL_ROWS))  # (I + N^(2^j)), j < FACTORS: N^S = 0 for S <= MAX_CALL_ROWS
@@ -64,14 +66,6 @@ def deltanet_weights(w, mixer: torch.nn.Module, i: int) -> DeltaNetWeights:
     )
 
 
-def _i64(g: Graph, stem: str, value) -> str:
-    return g.const(stem, np.array(value, np.int64))
-
-
-def _f32(g: Graph, stem: str, value) -> str:
-    return g.const(stem, np.asarray(value, np.float32))
-
-
 def _unsq(g: Graph, x: str, *axes: int) -> str:
     return g.op("Unsqueeze", [x, _i64(g, "axes", list(axes))])[0]
 
@@ -84,12 +78,7 @@ def _heads(g: Graph, x: str, d: DeltaNetSpec, dim: int) -> str:
     """[S, Hk * dim] -> [Hv, S, dim]: value head h reads key head h // (Hv / Hk), l2-normalized."""
     (x,) = g.op("Reshape", [x, _i64(g, "shape", [-1, d.key_heads, dim])])
     (x,) = g.op("Mul", [x, g.op("Reciprocal", [_sqrt_sum_sq(g, x)])[0]])  # x * rsqrt(sum x^2 + 1e-6)
-    x = _t(g, x, 1, 0, 2)  # [Hk, S, dim]
-    rep = d.value_heads // d.key_heads
-    if rep == 1:
-        return x
-    (x,) = g.op("Expand", [_unsq(g, x, 1), _i64(g, "shape", [1, rep, 1, 1])])  # [Hk, rep, S, dim]
-    return g.op("Reshape", [x, _i64(g, "shape", [d.value_heads, -1, dim])])[0]
+    return repeat_heads(g, _t(g, x, 1, 0, 2), d.key_heads, d.value_heads, dim)  # [Hk, S, dim] -> [Hv, S, dim]
 
 
 def _sqrt_sum_sq(g: Graph, x: str) -> str:
@@ -118,32 +107,24 @@ def deltanet_mixer(c, site: int, u: str, dw: DeltaNetWeights, d: DeltaNetSpec) -
         [g.op("Add", [g.op("Reshape", [a, _i64(g, "shape", [-1, Hv])])[0], _f32(g, "dt_bias", dw.dt_bias.numpy())])[0]],
     )
     (gate,) = g.op("Mul", [sp, _f32(g, "neg_A", (-torch.exp(dw.a_log)).numpy())])  # g [S, Hv]
-    cum = _t(g, g.op("CumSum", [gate, _i64(g, "axis", 0)])[0], 1, 0)  # [Hv, S]
-    (n,) = g.op("Squeeze", [g.op("Shape", [gate], start=0, end=1)[0], _i64(g, "axes", [0])])
-    (rows,) = g.op("Range", [_i64(g, "zero", 0), n, _i64(g, "one", 1)])
-    (lower,) = g.op("GreaterOrEqual", [_unsq(g, rows, 1), _unsq(g, rows, 0)])  # s <= t
-    (strict,) = g.op("Greater", [_unsq(g, rows, 1), _unsq(g, rows, 0)])  # s < t
-    zero = _f32(g, "zero", 0.0)
-    # segment sums g[s + 1] + ... + g[t] as a masked cumsum: no difference of two large cumsums
-    (g_ts,) = g.op("Where", [strict, _unsq(g, _t(g, gate, 1, 0), 2), zero])  # [Hv, S(t), S(s)]: g[t] where s < t
-    (seg,) = g.op("CumSum", [g_ts, _i64(g, "axis", 1)])
-    (decay,) = g.op("Where", [lower, g.op("Exp", [seg])[0], zero])  # [Hv, S, S]
+    dec = decay(g, gate)
+    cum, decay_m, strict, zero = dec.cum, dec.matrix, dec.strict, _f32(g, "zero", 0.0)  # [Hv, S], [Hv, S, S]
     (bcol,) = g.op("Unsqueeze", [_t(g, beta, 1, 0), _i64(g, "axes", [2])])  # [Hv, S, 1]
     (kb,) = g.op("Mul", [k, bcol])
     (vb,) = g.op("Mul", [v, bcol])
     (grow,) = g.op("Exp", [cum])  # [Hv, S]
     (gcol,) = g.op("Unsqueeze", [grow, _i64(g, "axes", [2])])
     kt = _t(g, k, 0, 2, 1)  # [Hv, dk, S]
-    (ut,) = g.op("Mul", [g.op("MatMul", [kb, kt])[0], decay])
+    (ut,) = g.op("Mul", [g.op("MatMul", [kb, kt])[0], decay_m])
     (nil,) = g.op("Where", [strict, g.op("Neg", [ut])[0], zero])  # N = I - U, strictly lower
     w_val, k_cum = _solve(g, nil, vb), _solve(g, nil, g.op("Mul", [kb, gcol])[0])
     s0 = contract.past_state(site + 1)
     (s0,) = g.op("Reshape", [s0, _i64(g, "shape", [Hv, dk, dv])])
     (vnew,) = g.op("Sub", [w_val, g.op("MatMul", [k_cum, s0])[0]])  # [Hv, S, dv]
-    (intra,) = g.op("Mul", [g.op("MatMul", [q, kt])[0], decay])  # [Hv, S, S]
+    (intra,) = g.op("Mul", [g.op("MatMul", [q, kt])[0], decay_m])  # [Hv, S, S]
     (inter,) = g.op("MatMul", [g.op("Mul", [q, gcol])[0], s0])
     (o,) = g.op("Add", [inter, g.op("MatMul", [intra, vnew])[0]])  # [Hv, S, dv]
-    _states(g, site + 1, decay, k, vnew, grow, s0)
+    _states(g, site + 1, decay_m, k, vnew, grow, s0)
     o = _t(g, o, 1, 0, 2)  # [S, Hv, dv]
     y = _gated_norm(g, o, z, dw, d)
     return c.linear(y, dw.out, None)

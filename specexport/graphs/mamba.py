@@ -28,6 +28,9 @@ from specexport_runtime import contract
 
 from ..models.mixers import MambaSpec
 from .conv import causal_conv, state_out
+from .scan import decay, repeat_heads
+from .scan import f32 as _f32
+from .scan import i64 as _i64
 from .writer import Graph, Linear
 
 
@@ -65,23 +68,9 @@ def mamba_weights(w, mixer: torch.nn.Module, i: int) -> MambaWeights:
     )
 
 
-def _i64(g: Graph, stem: str, value) -> str:
-    return g.const(stem, np.array(value, np.int64))
-
-
-def _f32(g: Graph, stem: str, value) -> str:
-    return g.const(stem, np.asarray(value, np.float32))
-
-
 def _heads(g: Graph, t: str, m: MambaSpec) -> str:
     """[S, G, N] -> [H, S, N]: head h reads group h // (H / G)."""
-    (tg,) = g.op("Transpose", [t], perm=[1, 0, 2])  # [G, S, N]
-    rep = m.heads // m.groups
-    if rep == 1:
-        return tg
-    (te,) = g.op("Unsqueeze", [tg, _i64(g, "axes", [1])])  # [G, 1, S, N]
-    (te,) = g.op("Expand", [te, _i64(g, "shape", [1, rep, 1, 1])])  # [G, rep, S, N]
-    return g.op("Reshape", [te, _i64(g, "shape", [m.heads, -1, m.state_size])])[0]
+    return repeat_heads(g, g.op("Transpose", [t], perm=[1, 0, 2])[0], m.groups, m.heads, m.state_size)
 
 
 def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
@@ -114,26 +103,13 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
         (dt,) = g.op("Clip", [dt, _f32(g, "dt_lo", lo), _f32(g, "dt_hi", min(hi, 3.0e38))])
     a = (-torch.exp(mw.a_log)).numpy()
     (a,) = g.op("Mul", [dt, _f32(g, "A", a)])  # [S, H]: log decay of each row
-    (cum,) = g.op("CumSum", [a, _i64(g, "axis", 0)])
-    (cum_t,) = g.op("Transpose", [cum], perm=[1, 0])  # [H, S]
-    (n,) = g.op("Squeeze", [g.op("Shape", [cum], start=0, end=1)[0], _i64(g, "axes", [0])])  # [] = S
-    (rows,) = g.op("Range", [_i64(g, "zero", 0), n, _i64(g, "one", 1)])  # [S]
-    t_col, s_row = (
-        g.op("Unsqueeze", [rows, _i64(g, "axes", [1])])[0],
-        g.op("Unsqueeze", [rows, _i64(g, "axes", [0])])[0],
-    )
-    (causal,) = g.op("GreaterOrEqual", [t_col, s_row])  # [S, S]: s <= t
-    # segment sums seg[h, t, s] = a[s + 1] + ... + a[t] (transformers' segment_sum: a masked cumsum,
-    # no difference of two large cumsums)
-    (a_t,) = g.op("Unsqueeze", [g.op("Transpose", [a], perm=[1, 0])[0], _i64(g, "axes", [2])])  # [H, S(t), 1]
-    (a_ts,) = g.op("Where", [g.op("Greater", [t_col, s_row])[0], a_t, _f32(g, "zero", 0.0)])  # [H, S, S]
-    (seg,) = g.op("CumSum", [a_ts, _i64(g, "axis", 1)])
-    (decay,) = g.op("Where", [causal, g.op("Exp", [seg])[0], _f32(g, "zero", 0.0)])  # [H, S, S]
+    dec = decay(g, a)
+    cum_t, decay_m = dec.cum, dec.matrix
 
     (dtx,) = g.op("Mul", [x, g.op("Unsqueeze", [dt, _i64(g, "axes", [2])])[0]])  # [S, H, P]
     (dtx,) = g.op("Transpose", [dtx], perm=[1, 0, 2])  # [H, S, P]
     (cb,) = g.op("MatMul", [c_h, g.op("Transpose", [b_h], perm=[0, 2, 1])[0]])  # [H, S, S]
-    (y,) = g.op("MatMul", [g.op("Mul", [cb, decay])[0], dtx])  # [H, S, P]
+    (y,) = g.op("MatMul", [g.op("Mul", [cb, decay_m])[0], dtx])  # [H, S, P]
     h0 = contract.past_state(site + 1)  # [1, H, P, N]
     (h0,) = g.op("Reshape", [h0, _i64(g, "shape", [H, P, N])])
     (y_off,) = g.op("MatMul", [c_h, g.op("Transpose", [h0], perm=[0, 2, 1])[0]])  # [H, S, P]
@@ -144,7 +120,7 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
     (y,) = g.op("Add", [g.op("Add", [y, y_off])[0], skip])
     (y,) = g.op("Reshape", [g.op("Transpose", [y], perm=[1, 0, 2])[0], _i64(g, "shape", [1, -1, inner])])
 
-    _scan_states(g, site + 1, decay, dtx, b_h, grow, h0, m)
+    _scan_states(g, site + 1, decay_m, dtx, b_h, grow, h0, m)
     y = _gated_norm(g, y, gate, mw, m)
     return c.linear(y, mw.out, mw.out_b)
 

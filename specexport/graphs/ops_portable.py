@@ -31,6 +31,8 @@ from onnx import TensorProto, helper
 from specexport_runtime import contract
 from specexport_runtime.contract import GraphSpec
 
+from .scan import f32 as _f32
+from .scan import i64 as _i64
 from .writer import AttentionShape, Graph
 
 LOWEST = float(np.finfo(np.float32).min)
@@ -50,14 +52,6 @@ class PortableCall:
     rotary: dict[str, tuple[str, str]]  # rope key -> (cos, sin) [N, heads, D] graph dtype
     slots: list[SlotCall]
     rot_matrix: str | None  # [D, D]: x @ R = rotate_half(x) over the rotary dims
-
-
-def _i64(g: Graph, stem: str, value) -> str:
-    return g.const(stem, np.array(value, np.int64))
-
-
-def _f32(g: Graph, stem: str, value: float) -> str:
-    return g.const(stem, np.array(value, np.float32))
 
 
 class PortableOps:

@@ -45,7 +45,7 @@ def cases(kinds, seeds=(None,)) -> list:
         for kind in kinds:
             for seed in seeds:
                 values = (arch, kind) if seed is None else (arch, kind, seed)
-                slow = (arch, kind) not in DEFAULT and len(kinds) > 1 or (seed or 0) > 0
+                slow = (arch, kind) not in DEFAULT or (seed or 0) > 0
                 out.append(pytest.param(*values, marks=pytest.mark.slow) if slow else values)
     return out
 
