@@ -30,7 +30,7 @@ from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
 from .model import CacheCursor, CallRows, CallStats, head_rows, move_rows, plan_rows
-from .recurrent import MAX_CALL_ROWS, StateHistory
+from .recurrent import MAX_CALL_ROWS, STEP_ROWS, StateHistory
 
 __all__ = [
     "CacheCursor",
@@ -264,6 +264,10 @@ class OrtModel(CacheCursor):
         self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
         # feature recurrent_state: the state after each of the last max_rows + 1 positions (recurrent.py)
         self.states = StateHistory(spec.states, np.float32, max_rows + 1, max_rows) if spec.states else None
+        if self.states is not None and max_rows > STEP_ROWS:  # longer calls run the chunked form (other bits)
+            raise InvalidArgument(
+                f"a recurrent model's calls after its prompt hold at most {STEP_ROWS} rows; got max_rows {max_rows}"
+            )
         if self.states is not None and self.device != "cpu":
             raise ProviderUnavailable(
                 f"recurrent-state graphs keep their states in host memory; got {config.provider!r}"

@@ -25,6 +25,10 @@ from .errors import InvalidArgument
 # A recurrent model's calls hold at most this many rows (a longer prefill runs as several calls in
 # order): a Mamba2 scan's intermediates are [H, S, S], 3.2 GB per layer at S = 4096 for 48 heads
 MAX_CALL_ROWS = 256
+# Calls of at most this many rows (every decode and verify call: engine.OrtModel.max_rows) run a scan
+# mixer's step recurrence, one row after another, so a row is the same whatever its call's size; longer
+# calls (a prompt) run its chunked form
+STEP_ROWS = 64
 
 
 class StateHistory:

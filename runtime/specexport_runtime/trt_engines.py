@@ -40,6 +40,7 @@ ENGINES_DIR = "engines"
 ENGINES_SCHEMA_VERSION = 1
 DEFAULT_MAX_PROMPT = 512
 DIMS = ("seq", "past", "rows")  # the symbolic dimension names of the contract graphs (graphs/ops_portable.py)
+STATE_ROWS = "state_rows"  # state_index's (feature recurrent_state): 1 .. seq rows, shaped from seq
 
 
 class EngineMismatch(ArtifactError):
@@ -143,6 +144,10 @@ def input_shapes(spec: contract.GraphSpec, seq: int, rows: int, past: int) -> di
     for i in range(spec.num_layers):
         shapes[contract.past_key(i)] = spec.layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
         shapes[contract.past_value(i)] = spec.layout.cache_shape(past, spec.num_kv_heads, spec.head_dim)
+    if spec.states:  # a state for each of up to S rows; the states themselves are fixed-size
+        shapes[contract.STATE_INDEX] = (seq,)
+        for j, shape in enumerate(spec.states):
+            shapes[contract.past_state(j)] = (1, *shape)
     return shapes
 
 

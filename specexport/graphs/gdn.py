@@ -13,10 +13,12 @@ delta-rule math in float32; t, s index rows; k-heads repeat to the Hv value head
     S_r = exp(cum_r) S0 + sum_{s <= r} D[r, s] k_s V'_s^T          the state after row r (state_index)
     out = out_proj(rmsnorm_head(o) w * silu(z))
 
-This is transformers' torch_chunk_gated_delta_rule over one chunk of S rows. U^-1 (unit lower
-triangular) is the product (I + N)(I + N^2)(I + N^4)... of N = I - U, nilpotent (N^S = 0), over
-as many factors as MAX_CALL_ROWS needs: no triangular solve in ONNX. Rows are numerically, not
-bitwise, those of the step recurrence; the build records the row class it measures.
+That is transformers' torch_chunk_gated_delta_rule over one chunk of S rows, run for calls of more
+than recurrent.STEP_ROWS rows. U^-1 (unit lower triangular) is the product (I + N)(I + N^2)
+(I + N^4)... of N = I - U, nilpotent (N^S = 0), over as many factors as MAX_CALL_ROWS needs: no
+triangular solve in ONNX. Shorter calls (every decode and verify call) run the step recurrence
+S <- exp(g_t) S, S <- S + k_t ((v_t - S^T k_t) beta_t)^T, o_t = S^T q_t as a Scan, bitwise the
+same row whatever the call's size (scan.step_or_chunk).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from specexport_runtime.recurrent import MAX_CALL_ROWS
 
 from ..models.mixers import DeltaNetSpec
 from .conv import causal_conv, state_out
-from .scan import decay, repeat_heads
+from .scan import decay, repeat_heads, scan_rows, step_or_chunk
 from .scan import f32 as _f32
 from .scan import i64 as _i64
 from .writer import Graph, Linear
@@ -107,6 +109,39 @@ def deltanet_mixer(c, site: int, u: str, dw: DeltaNetWeights, d: DeltaNetSpec) -
         [g.op("Add", [g.op("Reshape", [a, _i64(g, "shape", [-1, Hv])])[0], _f32(g, "dt_bias", dw.dt_bias.numpy())])[0]],
     )
     (gate,) = g.op("Mul", [sp, _f32(g, "neg_A", (-torch.exp(dw.a_log)).numpy())])  # g [S, Hv]
+    s0 = contract.past_state(site + 1)
+    (s0,) = g.op("Reshape", [s0, _i64(g, "shape", [Hv, dk, dv])])
+    o, states = step_or_chunk(
+        g, beta, lambda sub: _step(sub, q, k, v, beta, gate, s0), lambda sub: _chunk(sub, q, k, v, beta, gate, s0), 2
+    )  # o [S, Hv, dv]; states [1, Rs, Hv, dk, dv]
+    state_out(g, states, site + 1)
+    y = _gated_norm(g, o, z, dw, d)
+    return c.linear(y, dw.out, None)
+
+
+def _step(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str) -> list[str]:
+    """The delta rule row after row -> [o [S, Hv, dv], states [1, Rs, Hv, dk, dv]]:
+    S <- exp(g_t) S;  S <- S + k_t ((v_t - S^T k_t) beta_t)^T;  o_t = S^T q_t."""
+    (eg,) = g.op("Exp", [gate])  # [S, Hv]
+    q_s, k_s, v_s = (_t(g, x, 1, 0, 2) for x in (q, k, v))  # [S, Hv, dk | dv]
+
+    def body(bg: Graph, states: list[str], rows: list[str]) -> tuple[list[str], list[str]]:
+        # st [Hv, dk, dv]; eg_r, b_r [Hv]; q_r, k_r [Hv, dk]; v_r [Hv, dv]
+        (st,), (eg_r, b_r, q_r, k_r, v_r) = states, rows
+        (st,) = bg.op("Mul", [st, _unsq(bg, eg_r, 1, 2)])
+        (kv,) = bg.op("MatMul", [_unsq(bg, k_r, 1), st])  # [Hv, 1, dv] = S^T k
+        (delta,) = bg.op("Mul", [bg.op("Sub", [_unsq(bg, v_r, 1), kv])[0], _unsq(bg, b_r, 1, 2)])  # [Hv, 1, dv]
+        (st,) = bg.op("Add", [st, bg.op("MatMul", [_unsq(bg, k_r, 2), delta])[0]])  # + k delta^T
+        (o,) = bg.op("MatMul", [_unsq(bg, q_r, 1), st])  # [Hv, 1, dv]
+        return [st], [bg.op("Squeeze", [o, _i64(bg, "axes", [1])])[0], st]
+
+    _, os_, ss = scan_rows(g, [s0], [eg, beta, q_s, k_s, v_s], body, 2)  # os_ [S, Hv, dv]; ss [S, Hv, dk, dv]
+    (states,) = g.op("Gather", [ss, contract.STATE_INDEX], axis=0)  # [Rs, Hv, dk, dv]
+    return [os_, _unsq(g, states, 0)]
+
+
+def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str) -> list[str]:
+    """The chunked form over the call's rows (module docstring) -> [o [S, Hv, dv], states [1, Rs, Hv, dk, dv]]."""
     dec = decay(g, gate)
     cum, decay_m, strict, zero = dec.cum, dec.matrix, dec.strict, _f32(g, "zero", 0.0)  # [Hv, S], [Hv, S, S]
     (bcol,) = g.op("Unsqueeze", [_t(g, beta, 1, 0), _i64(g, "axes", [2])])  # [Hv, S, 1]
@@ -118,16 +153,11 @@ def deltanet_mixer(c, site: int, u: str, dw: DeltaNetWeights, d: DeltaNetSpec) -
     (ut,) = g.op("Mul", [g.op("MatMul", [kb, kt])[0], decay_m])
     (nil,) = g.op("Where", [strict, g.op("Neg", [ut])[0], zero])  # N = I - U, strictly lower
     w_val, k_cum = _solve(g, nil, vb), _solve(g, nil, g.op("Mul", [kb, gcol])[0])
-    s0 = contract.past_state(site + 1)
-    (s0,) = g.op("Reshape", [s0, _i64(g, "shape", [Hv, dk, dv])])
     (vnew,) = g.op("Sub", [w_val, g.op("MatMul", [k_cum, s0])[0]])  # [Hv, S, dv]
     (intra,) = g.op("Mul", [g.op("MatMul", [q, kt])[0], decay_m])  # [Hv, S, S]
     (inter,) = g.op("MatMul", [g.op("Mul", [q, gcol])[0], s0])
     (o,) = g.op("Add", [inter, g.op("MatMul", [intra, vnew])[0]])  # [Hv, S, dv]
-    _states(g, site + 1, decay_m, k, vnew, grow, s0)
-    o = _t(g, o, 1, 0, 2)  # [S, Hv, dv]
-    y = _gated_norm(g, o, z, dw, d)
-    return c.linear(y, dw.out, None)
+    return [_t(g, o, 1, 0, 2), _chunk_states(g, decay_m, k, vnew, grow, s0)]
 
 
 def _solve(g: Graph, nil: str, x: str) -> str:
@@ -140,15 +170,15 @@ def _solve(g: Graph, nil: str, x: str) -> str:
     return y
 
 
-def _states(g: Graph, site: int, decay: str, k: str, vnew: str, grow: str, s0: str) -> None:
-    """new_state_{site} [1, Rs, Hv, dk, dv]: S_r for each state_index row r."""
+def _chunk_states(g: Graph, decay: str, k: str, vnew: str, grow: str, s0: str) -> str:
+    """[1, Rs, Hv, dk, dv]: S_r for each state_index row r."""
     idx = contract.STATE_INDEX
     (dr,) = g.op("Gather", [decay, idx], axis=1)  # [Hv, Rs, S]
     (kd,) = g.op("Mul", [_unsq(g, dr, 3), _unsq(g, k, 1)])  # [Hv, Rs, S, dk]
     (sr,) = g.op("MatMul", [_t(g, kd, 0, 1, 3, 2), _unsq(g, vnew, 1)])  # [Hv, Rs, dk, dv]
     (g0,) = g.op("Unsqueeze", [g.op("Gather", [grow, idx], axis=1)[0], _i64(g, "axes", [2, 3])])  # [Hv, Rs, 1, 1]
     (sr,) = g.op("Add", [sr, g.op("Mul", [g0, _unsq(g, s0, 1)])[0]])
-    state_out(g, _unsq(g, _t(g, sr, 1, 0, 2, 3), 0), site)  # [1, Rs, Hv, dk, dv]
+    return _unsq(g, _t(g, sr, 1, 0, 2, 3), 0)  # [1, Rs, Hv, dk, dv]
 
 
 def _gated_norm(g: Graph, o: str, z: str, dw: DeltaNetWeights, d: DeltaNetSpec) -> str:

@@ -11,9 +11,11 @@ state h [H, P, N]. For a call of S rows (t, s index rows; all scan math in float
     h_r = sum_{s <= r} L[h, r, s] dt_s x_s B_s^T + exp(cum_r) h0      the state after row r (state_index rows)
     out = out_proj(gated_rmsnorm(y, gate))              y * silu(gate), RMS over G groups of I / G, times w
 
-This is transformers' chunked scan (mamba2_chunk_scan) over one chunk of S rows: [H, S, S]
-matrices, so the runtime splits long calls (recurrent.MAX_CALL_ROWS). Its rows are numerically,
-not bitwise, those of the step recurrence, so the build records the row class it measures.
+That is transformers' chunked scan (mamba2_chunk_scan) over one chunk of S rows ([H, S, S]
+matrices, so the runtime splits long calls: recurrent.MAX_CALL_ROWS), run for calls of more than
+recurrent.STEP_ROWS rows; shorter calls (every decode and verify call) run the step recurrence
+h <- exp(a_t) h + dt_t x_t B_t^T, y_t = h C_t + D x_t as a Scan, bitwise the same row whatever
+the call's size (scan.step_or_chunk).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from specexport_runtime import contract
 
 from ..models.mixers import MambaSpec
 from .conv import causal_conv, state_out
-from .scan import decay, repeat_heads
+from .scan import decay, repeat_heads, scan_rows, step_or_chunk
 from .scan import f32 as _f32
 from .scan import i64 as _i64
 from .writer import Graph, Linear
@@ -93,40 +95,63 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
         (dt,) = g.op("Cast", [dt], to=TensorProto.FLOAT)
     x, b, cc = g.op("Split", [xbc, _i64(g, "split", [inner, G * N, G * N])], 3, axis=-1)
     (x,) = g.op("Reshape", [x, _i64(g, "shape", [-1, H, P])])  # [S, H, P]
-    b_h = _heads(g, g.op("Reshape", [b, _i64(g, "shape", [-1, G, N])])[0], m)  # [H, S, N]
-    c_h = _heads(g, g.op("Reshape", [cc, _i64(g, "shape", [-1, G, N])])[0], m)
 
     (dt,) = g.op("Reshape", [dt, _i64(g, "shape", [-1, H])])  # [S, H]
     (dt,) = g.op("Softplus", [g.op("Add", [dt, _f32(g, "dt_bias", mw.dt_bias.numpy())])[0]])
     lo, hi = m.dt_limit
     if lo > 0.0 or hi != float("inf"):
         (dt,) = g.op("Clip", [dt, _f32(g, "dt_lo", lo), _f32(g, "dt_hi", min(hi, 3.0e38))])
-    a = (-torch.exp(mw.a_log)).numpy()
-    (a,) = g.op("Mul", [dt, _f32(g, "A", a)])  # [S, H]: log decay of each row
-    dec = decay(g, a)
-    cum_t, decay_m = dec.cum, dec.matrix
-
+    (a,) = g.op("Mul", [dt, _f32(g, "A", (-torch.exp(mw.a_log)).numpy())])  # [S, H]: log decay of each row
     (dtx,) = g.op("Mul", [x, g.op("Unsqueeze", [dt, _i64(g, "axes", [2])])[0]])  # [S, H, P]
-    (dtx,) = g.op("Transpose", [dtx], perm=[1, 0, 2])  # [H, S, P]
-    (cb,) = g.op("MatMul", [c_h, g.op("Transpose", [b_h], perm=[0, 2, 1])[0]])  # [H, S, S]
-    (y,) = g.op("MatMul", [g.op("Mul", [cb, decay_m])[0], dtx])  # [H, S, P]
-    h0 = contract.past_state(site + 1)  # [1, H, P, N]
-    (h0,) = g.op("Reshape", [h0, _i64(g, "shape", [H, P, N])])
-    (y_off,) = g.op("MatMul", [c_h, g.op("Transpose", [h0], perm=[0, 2, 1])[0]])  # [H, S, P]
-    (grow,) = g.op("Exp", [cum_t])  # [H, S]: exp(cum_t), decay of h0 to row t
-    (y_off,) = g.op("Mul", [y_off, g.op("Unsqueeze", [grow, _i64(g, "axes", [2])])[0]])
-    (xt,) = g.op("Transpose", [x], perm=[1, 0, 2])  # [H, S, P]
-    (skip,) = g.op("Mul", [xt, _f32(g, "D", mw.d.numpy()[:, None, None])])
-    (y,) = g.op("Add", [g.op("Add", [y, y_off])[0], skip])
-    (y,) = g.op("Reshape", [g.op("Transpose", [y], perm=[1, 0, 2])[0], _i64(g, "shape", [1, -1, inner])])
-
-    _scan_states(g, site + 1, decay_m, dtx, b_h, grow, h0, m)
+    (b,) = g.op("Reshape", [b, _i64(g, "shape", [-1, G, N])])  # [S, G, N]
+    (cc,) = g.op("Reshape", [cc, _i64(g, "shape", [-1, G, N])])
+    (h0,) = g.op("Reshape", [contract.past_state(site + 1), _i64(g, "shape", [H, P, N])])
+    y, states = step_or_chunk(
+        g, dt, lambda sub: _step(sub, a, dtx, b, cc, h0, m), lambda sub: _chunk(sub, a, dtx, b, cc, h0, m), 2
+    )  # y [S, H, P]; states [1, Rs, H, P, N]
+    (y,) = g.op("Add", [y, g.op("Mul", [x, _f32(g, "D", mw.d.numpy()[:, None])])[0]])  # + D x
+    (y,) = g.op("Reshape", [y, _i64(g, "shape", [1, -1, inner])])
+    state_out(g, states, site + 1)
     y = _gated_norm(g, y, gate, mw, m)
     return c.linear(y, mw.out, mw.out_b)
 
 
-def _scan_states(g: Graph, site: int, decay: str, dtx: str, b_h: str, grow: str, h0: str, m: MambaSpec) -> None:
-    """new_state_{site} [1, Rs, H, P, N]: h_r for each state_index row r (module docstring)."""
+def _step(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, m: MambaSpec) -> list[str]:
+    """The step recurrence over the call's rows -> [y [S, H, P], states [1, Rs, H, P, N]]:
+    h <- exp(a_t) h + dtx_t B_t^T;  y_t = h C_t."""
+    (da,) = g.op("Exp", [a])  # [S, H]
+    b_s, c_s = (g.op("Transpose", [_heads(g, t, m)], perm=[1, 0, 2])[0] for t in (b, cc))  # [S, H, N]
+
+    def body(bg: Graph, states: list[str], rows: list[str]) -> tuple[list[str], list[str]]:
+        (h,), (da_r, dtx_r, b_r, c_r) = states, rows  # h [H, P, N]; da_r [H], dtx_r [H, P], b_r, c_r [H, N]
+        (kept,) = bg.op("Mul", [h, bg.op("Unsqueeze", [da_r, _i64(bg, "axes", [1, 2])])[0]])
+        (col,) = bg.op("Unsqueeze", [dtx_r, _i64(bg, "axes", [2])])  # [H, P, 1]
+        (new,) = bg.op("Mul", [col, bg.op("Unsqueeze", [b_r, _i64(bg, "axes", [1])])[0]])  # [H, P, N]
+        (h,) = bg.op("Add", [kept, new])
+        (y,) = bg.op("MatMul", [h, bg.op("Unsqueeze", [c_r, _i64(bg, "axes", [2])])[0]])  # [H, P, 1]
+        return [h], [bg.op("Squeeze", [y, _i64(bg, "axes", [2])])[0], h]
+
+    _, ys, hs = scan_rows(g, [h0], [da, dtx, b_s, c_s], body, 2)  # ys [S, H, P]; hs [S, H, P, N]
+    (states,) = g.op("Gather", [hs, contract.STATE_INDEX], axis=0)  # [Rs, H, P, N]
+    return [ys, g.op("Unsqueeze", [states, _i64(g, "axes", [0])])[0]]
+
+
+def _chunk(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, m: MambaSpec) -> list[str]:
+    """The chunked form over the call's rows (module docstring) -> [y [S, H, P], states [1, Rs, H, P, N]]."""
+    dec = decay(g, a)
+    b_h, c_h = _heads(g, b, m), _heads(g, cc, m)  # [H, S, N]
+    (dtx,) = g.op("Transpose", [dtx], perm=[1, 0, 2])  # [H, S, P]
+    (cb,) = g.op("MatMul", [c_h, g.op("Transpose", [b_h], perm=[0, 2, 1])[0]])  # [H, S, S]
+    (y,) = g.op("MatMul", [g.op("Mul", [cb, dec.matrix])[0], dtx])  # [H, S, P]
+    (y_off,) = g.op("MatMul", [c_h, g.op("Transpose", [h0], perm=[0, 2, 1])[0]])  # [H, S, P]
+    (grow,) = g.op("Exp", [dec.cum])  # [H, S]: exp(cum_t), decay of h0 to row t
+    (y_off,) = g.op("Mul", [y_off, g.op("Unsqueeze", [grow, _i64(g, "axes", [2])])[0]])
+    (y,) = g.op("Transpose", [g.op("Add", [y, y_off])[0]], perm=[1, 0, 2])
+    return [y, _chunk_states(g, dec.matrix, dtx, b_h, grow, h0)]
+
+
+def _chunk_states(g: Graph, decay: str, dtx: str, b_h: str, grow: str, h0: str) -> str:
+    """[1, Rs, H, P, N]: h_r for each state_index row r (module docstring)."""
     idx = contract.STATE_INDEX
     (lr,) = g.op("Gather", [decay, idx], axis=1)  # [H, Rs, S]
     (t,) = g.op(
@@ -138,7 +163,7 @@ def _scan_states(g: Graph, site: int, decay: str, dtx: str, b_h: str, grow: str,
     (carried,) = g.op("Mul", [g0, g.op("Unsqueeze", [h0, _i64(g, "axes", [1])])[0]])  # [H, Rs, P, N]
     (hs,) = g.op("Add", [hs, carried])
     (hs,) = g.op("Transpose", [hs], perm=[1, 0, 2, 3])  # [Rs, H, P, N]
-    state_out(g, g.op("Unsqueeze", [hs, _i64(g, "axes", [0])])[0], site)
+    return g.op("Unsqueeze", [hs, _i64(g, "axes", [0])])[0]
 
 
 def _gated_norm(g: Graph, y: str, gate: str, mw: MambaWeights | None, m: MambaSpec) -> str:

@@ -42,7 +42,7 @@ from onnx import TensorProto, numpy_helper
 from specexport_runtime import contract
 from specexport_runtime.manifest import read_manifest
 from specexport_runtime.trt_build import BuildOptions, resolve_max_gamma
-from specexport_runtime.trt_engines import DIMS, Profile, default_profiles
+from specexport_runtime.trt_engines import DIMS, STATE_ROWS, Profile, default_profiles
 
 from ..errors import SpecExportError
 from .trt_ops import (
@@ -235,7 +235,7 @@ def _check_dims(report: TrtReport, graph: onnx.GraphProto, covered: set[str]) ->
 
 
 def _check_profiles(report: TrtReport, profiles: Sequence[Profile]) -> set[str]:
-    covered = set(DIMS)
+    covered = {*DIMS, STATE_ROWS}  # state_index's rows follow seq (trt_engines.input_shapes)
     for profile in profiles:
         if profile.seq[2] < 1 or profile.rows[2] < 1:
             report.error(f"profile {profile.name!r} allows no tokens (seq {profile.seq}, rows {profile.rows})")
@@ -394,16 +394,13 @@ def check_trt(
     counts: Counter[str] = Counter()
     reasons: dict[str, str] = {}
     bad_nodes: set[int] = set()
-    for index, node in enumerate(graph.node):
+    for index, node in _nodes(graph):
         key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
         counts[key] += 1
         reason = op_support(node.domain, node.op_type, version)
         if reason is not None:
             reasons[key] = reason
             bad_nodes.add(index)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                report.warnings.append(f"{node.op_type} {node.name!r} has a subgraph; its nodes are not checked here")
     report.op_counts = dict(sorted(counts.items()))
     report.unsupported = {k: counts[k] for k in sorted(reasons)}
     for key in sorted(reasons):
@@ -421,6 +418,19 @@ def check_trt(
     _check_types(report, model, version, _only_feeding(graph, bad_nodes))
     _check_restrictions(report, graph, version)
     return report
+
+
+def _nodes(graph: onnx.GraphProto):
+    """(top-level index, node) of every node, those of subgraphs (If branches, Scan and Loop
+    bodies) under their top-level node's index."""
+    for index, node in enumerate(graph.node):
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            yield index, current
+            for attr in current.attribute:
+                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                stack.extend(n for sub in subgraphs for n in sub.node)
 
 
 def _prod(dims) -> int:

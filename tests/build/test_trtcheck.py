@@ -111,6 +111,35 @@ def test_hand_made_unsupported_op_is_named(tmp_path):
     assert any(e.startswith("unsupported operator Unique") for e in report.errors)
 
 
+def test_an_unsupported_op_inside_a_subgraph_is_named(tmp_path):
+    """If branches and Scan / Loop bodies are checked like the graph itself."""
+    out = helper.make_tensor_value_info("u", TensorProto.INT64, None)
+    then = helper.make_graph([helper.make_node("Unique", ["input_ids"], ["u"])], "then", [], [out])
+    other = helper.make_graph([helper.make_node("Identity", ["input_ids"], ["u"])], "else", [], [out])
+    path = _graph(
+        tmp_path,
+        [
+            helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True])),
+            helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+        ],
+        [_ids_input()],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["n"])],
+    )
+    report = check_trt(path)
+    assert report.unsupported == {"Unique": 1} and not report.ok
+
+
+def test_a_hybrid_portable_artifact_passes(tmp_path):
+    """A Qwen3.5-shaped tiny hybrid: the step form's Scan inside an If, state_index rows within
+    the profiles' seq range."""
+    from tiny import build_tiny_artifact
+
+    root = build_tiny_artifact(tmp_path, "noisy", arch="qwen3_5_text", max_context=256)
+    report = check_artifact(root)
+    assert report.ok, report.lines()
+    assert {"If", "Scan"} <= set(report.graphs["target"].op_counts)
+
+
 def test_custom_domain_op_needs_a_plugin(tmp_path):
     node = helper.make_node("FancyOp", ["input_ids"], ["y"], domain="my.domain")
     graph = helper.make_graph(
