@@ -10,7 +10,10 @@ refused in one line before any weight is read.
                    interleaved ("NORM") rotary: llama (and Mistral, converted as llama), granite,
                    smollm3. NeoX-rotary families (qwen2/3, phi3, gemma*, olmo2) are stored as is.
       norm_shift   added by the converter to every `*norm.weight` (Gemma: it stores 1 + w)
-      extra        the family's own config keys from the metadata
+      extra        the family's own config keys from the metadata (a hybrid's layer kinds)
+
+Tensors llama.cpp's converter reshapes (LFM2's conv kernel [C, 1, L] stored as [C, L]) are read
+back in the Hugging Face model's shape (gguf_source.GGUFSource: same elements, same order).
 
 The config is built from the metadata by this table (transformers' GGUF config mapping reads
 fewer keys: a Gemma 3 file's rope scaling, its local theta and 27B's attention scale are lost),
@@ -137,6 +140,43 @@ def _phi3(meta: Meta, cfg: dict) -> dict:
     return extra
 
 
+def attention_layers(meta: Meta) -> list[bool] | None:
+    """Per layer, whether it attends: a hybrid's attention.head_count_kv is one count per layer,
+    0 for a layer without attention (llama.cpp's LFM2 / Granite-hybrid converters); None for one
+    count shared by every layer."""
+    value = meta.get("attention.head_count_kv")
+    return [bool(v) for v in value] if isinstance(value, list) else None
+
+
+def _kv_heads(meta: Meta, heads: int) -> int:
+    """The KV head count of the attention layers (a per-layer list's non-zero entries: one count)."""
+    value = meta.get("attention.head_count_kv", heads)
+    if isinstance(value, list):
+        counts = sorted({int(v) for v in value if v})
+        if len(counts) != 1:
+            raise FormatError(
+                f"GGUF {meta.arch}.attention.head_count_kv {value} has no one count for its attention layers"
+            )
+        return counts[0]
+    return int(value)
+
+
+def _lfm2(meta: Meta, cfg: dict) -> dict:
+    """LFM2: layers with 0 KV heads are gated short convolutions of shortconv.l_cache taps; the file's
+    feed_forward_length is the MLP width already adjusted (so no block_auto_adjust_ff_dim)."""
+    attends = attention_layers(meta)
+    if attends is None:
+        raise FormatError("GGUF lfm2.attention.head_count_kv must hold one count per layer (0: a conv layer)")
+    names = {t.name for t in meta.reader.tensors}
+    return {
+        "layer_types": ["full_attention" if a else "conv" for a in attends],
+        "conv_L_cache": int(meta.need("shortconv.l_cache")),
+        "conv_bias": any(n.endswith(".shortconv.in_proj.bias") for n in names),
+        "norm_eps": cfg["rms_norm_eps"],
+        "block_auto_adjust_ff_dim": False,
+    }
+
+
 def _window(meta: Meta, cfg: dict) -> dict:
     window = meta.get("attention.sliding_window")
     return {} if window is None else {"sliding_window": window}
@@ -155,6 +195,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
         GGUFArch("granite", "granite", permute_qk=True, extra=_granite),
         GGUFArch("olmo2", "olmo2"),
         GGUFArch("smollm3", "smollm3", permute_qk=True),
+        GGUFArch("lfm2", "lfm2", extra=_lfm2),
     )
 }
 # Tensors a file may hold that no supported config reproduces: refused by name.
@@ -237,7 +278,7 @@ def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
         "hidden_size": hidden,
         "intermediate_size": int(meta.need("feed_forward_length")),
         "num_attention_heads": heads,
-        "num_key_value_heads": meta.count("attention.head_count_kv", heads),
+        "num_key_value_heads": _kv_heads(meta, heads),
         "head_dim": head_dim,
         "max_position_embeddings": int(meta.get("context_length", 2048)),
         "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),

@@ -25,6 +25,7 @@ mapping counts both kinds by GGML type: `summary()`).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -68,7 +69,9 @@ class GGUFSource:
 
     hf_names: the model's parameter names; tied: HF name -> the name it is tied to (a head the
     file lacks reads the embedding); partial: parameters the file lacks are left out (a file of
-    some weights only, read for its blocks) instead of refused."""
+    some weights only, read for its blocks) instead of refused; shapes: the parameters' Hugging
+    Face shapes, for tensors the converter reshaped without reordering (LFM2's conv [C, 1, L]
+    stored [C, L]): read back in that shape, or refused when the element counts differ."""
 
     def __init__(
         self,
@@ -77,8 +80,10 @@ class GGUFSource:
         tied: dict[str, str] | None = None,
         cache_bytes: int = CACHE_BYTES,
         partial: bool = False,
+        shapes: dict[str, tuple[int, ...]] | None = None,
     ):
         self.header, self.path = header, header.path
+        self._shapes = shapes or {}
         self._cache: dict[str, torch.Tensor] = {}  # HF name -> float32 tensor, kept while within budget
         self._cache_left = cache_bytes
         infos = {t.name: t for t in header.reader.tensors}
@@ -98,6 +103,12 @@ class GGUFSource:
                     else f"{self.path.name}: parameter {name!r} has no GGUF name for {header.arch.name}"
                 )
             self._tensor[name] = infos[gguf]
+            want = self._shapes.get(name)
+            if want is not None and math.prod(want) != math.prod(_shape(infos[gguf])):
+                raise FormatError(
+                    f"{self.path.name}: GGUF tensor {gguf!r} has shape {list(_shape(infos[gguf]))}, parameter"
+                    f" {name!r} {list(want)}"
+                )
         unused = sorted(set(infos) - {t.name for t in self._tensor.values()})
         if unused:
             raise FormatError(
@@ -136,11 +147,13 @@ class GGUFSource:
         if info.tensor_type in LAYOUTS and len(shape) == 2:
             # the blocks' own dequantization: gguf-py's bit for bit (tests), 1.5x faster
             value = decode_blocks(raw.reshape(shape[0], -1), info.tensor_type).dequantize()  # [N, K]
-            return torch.from_numpy(self._layout(info, value))
-        if raw.dtype == np.uint8:  # blocks (or bf16 bytes): gguf-py dequantizes rows of bytes
-            raw = raw.reshape(*shape[:-1], -1)
-        value = dequantize(raw, info.tensor_type).astype(np.float32, copy=False).reshape(shape)
-        return torch.from_numpy(self._layout(info, value))
+        else:
+            if raw.dtype == np.uint8:  # blocks (or bf16 bytes): gguf-py dequantizes rows of bytes
+                raw = raw.reshape(*shape[:-1], -1)
+            value = dequantize(raw, info.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        value = self._layout(info, value)
+        want = self._shapes.get(name)  # a converter's reshape undone (same elements, same order)
+        return torch.from_numpy(value if want is None else value.reshape(want))
 
     def _layout(self, info: ReaderTensor, value: np.ndarray) -> np.ndarray:
         """A tensor's float32 values in Hugging Face layout: q/k rows un-permuted, norm shift off."""
@@ -263,8 +276,9 @@ def open_gguf(header: GGUFHeader) -> torch.nn.Module:
     from .streaming import attach, skeleton, tied_aliases
 
     model = skeleton(hf_config(header))
-    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    source = GGUFSource(header, names, tied_aliases(model))
+    params = list(model.named_parameters(remove_duplicate=False))
+    shapes = {n: tuple(p.shape) for n, p in params}
+    source = GGUFSource(header, [n for n, _ in params], tied_aliases(model), shapes=shapes)
     attach(model, source)
     return model
 

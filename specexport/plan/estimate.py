@@ -33,19 +33,29 @@ weights   parameters x bytes per parameter of the graph's precision
                                                   finest common group; group 128 is smaller)
             head, embedding: fp32 (f bytes: the graph's float dtype), int8, int4 as above, or
             checkpoint (as the layers for gguf; gptq / awq checkpoints keep them in float)
-kv cache  2 x layers x max_context x kv_heads x head_dim x bytes (4 for fp32 graphs and quantized
-          drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime allocates
-          both caches at max context once (engine.py),
+kv cache  2 x attention layers x max_context x kv_heads x head_dim x bytes (4 for fp32 graphs and
+          quantized drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime
+          allocates both caches at max context once (engine.py),
           sliding-window layers (Gemma 2/3, Mistral, Phi-3) included; the report notes what a
           ring-buffer cache would save on them.
+state     a hybrid's recurrent states (LFM2, Granite 4.0-H, Qwen3.5, Nemotron-H, Falcon-H1), beside
+          its KV cache: every state tensor (conv windows, scan states) x 4 bytes (float32 in every
+          precision) x STATE_POSITIONS = 130 kept positions per sequence (recurrent.StateHistory:
+          the last 65 positions, 64 slots for one call's outputs, the zeros state); independent of
+          max_context.
+          Both the KV cache and the states are counted once per cache slot of a batch graph.
 work      the peak working memory of one call, which the runtime's memory arena keeps:
             2 x heads x S x T x b   attention scores and probabilities (portable graphs; a fused graph's
                                     GroupQueryAttention runs flash attention on the CUDA provider for
                                     fp16, which keeps no S x T matrix: 0 there)
             3 x S x intermediate x b, 4 x S x hidden x b, 2 x heads x T x head_dim x b (repeated K/V)
             R x vocab x 4           logits rows
-          for prefill (S = max_prompt, T = S, R = 1) and verify (S = max_gamma + 1, T = max_context,
-          R = S), whichever is larger; b is the graph's activation bytes (2 fp16, else 4).
+            H_scan x S x S x 4      a recurrent layer's chunk-form matrices (Mamba2 heads, Gated
+                                    DeltaNet value heads; 0 without recurrent layers)
+          for prefill (S = max_prompt, T = S, R = 1; a recurrent model's prefill runs as calls of
+          S <= 256 rows, recurrent.MAX_CALL_ROWS, the last with T = max_prompt) and verify
+          (S = max_gamma + 1, T = max_context, R = S), whichever is larger; b is the graph's
+          activation bytes (2 fp16, else 4).
           Plus the host logits buffer of the runtime: 64 x vocab x 4 bytes per model.
 overhead  RUNTIME_OVERHEAD_GIB per process: CUDA context, cuBLAS/cuDNN, ONNX Runtime or TensorRT
           libraries and Python.
@@ -71,6 +81,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specexport_runtime.constants import MAX_TREE_NODES
+from specexport_runtime.recurrent import MAX_CALL_ROWS
 
 from ..models.config import NormalizedConfig
 from ..recipe.load import load_recipe, resolve_recipe
@@ -79,8 +90,10 @@ from ..recipe.spec import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Reci
 from .devices import DEVICES, GIB, Device, UnknownDevice, get_device
 from .report import TIGHT_FRACTION, ModelEstimate, PlanReport, gib
 from .sizes import (
+    CALL_ROWS,
     KNOWN_CONFIGS,
     PRECISION_BYTES,
+    STATE_POSITIONS,
     PlanError,
     activation_bytes,
     call_bytes,
@@ -88,12 +101,14 @@ from .sizes import (
     kv_bytes,
     model_config,
     parameters,
+    state_bytes,
+    state_position_bytes,
     weight_bytes,
     window_saving_bytes,
 )
 
 RUNTIME_OVERHEAD_GIB = 1.0
-HOST_LOGITS_ROWS = 64  # engine.OrtModel max_rows: the host logits buffer of each model
+HOST_LOGITS_ROWS = CALL_ROWS  # the host logits buffer of each model: [CALL_ROWS, vocab] float32
 
 
 def _load(recipe: Recipe | str | Path) -> Recipe:
@@ -133,6 +148,7 @@ def _estimate(
         parameters=parameters(config),
         weight_bytes=weight_bytes(config, precision, quantization),
         kv_bytes=slots * kv_bytes(config, precision, max_context, quantization),
+        state_bytes=slots * state_bytes(config),
         activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma, quantization, flash),
         logits_buffer_bytes=slots * HOST_LOGITS_ROWS * config.vocab * 4,
     )
@@ -396,6 +412,14 @@ def plan(
     if report.tight:
         report.notes.append(
             f"headroom under {TIGHT_FRACTION:.0%} of the budget: measure on the device (tegrastats / nvidia-smi)"
+        )
+    recurrent = [m for m in report.models if m.state_bytes]
+    if recurrent:
+        per = ", ".join(f"{m.role} {state_position_bytes(m.config) / 2**20:.2f} MiB" for m in recurrent)
+        report.notes.append(
+            f"recurrent state (float32) beside the KV cache: per kept position {per}; {STATE_POSITIONS} positions"
+            f" per sequence; prefill runs in calls of up to {MAX_CALL_ROWS} rows; these graphs run on ONNX Runtime's"
+            " CPU provider in this version (states in host memory)"
         )
     kv = sum(m.kv_bytes for m in report.models)
     report.notes.append(

@@ -26,10 +26,11 @@ class ModelEstimate:
     kv_bytes: int
     activation_bytes: int
     logits_buffer_bytes: int
+    state_bytes: int = 0  # a hybrid's recurrent states at every kept position (sizes.state_bytes)
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.logits_buffer_bytes
+        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes + self.logits_buffer_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +42,7 @@ class ModelEstimate:
             "parameters": self.parameters,
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
+            "state_bytes": self.state_bytes,
             "activation_bytes": self.activation_bytes,
             "logits_buffer_bytes": self.logits_buffer_bytes,
             "total_bytes": self.total_bytes,
@@ -97,7 +99,9 @@ class PlanReport:
             out.append(
                 f"  {m.role:<6} {m.model} ({m.precision}, {m.parameters / 1e9:.3g}B params):"
                 f" weights {gib(m.weight_bytes)},"
-                f" KV cache {gib(m.kv_bytes)}, working memory {gib(m.activation_bytes + m.logits_buffer_bytes)}"
+                f" KV cache {gib(m.kv_bytes)},"
+                + (f" recurrent state {gib(m.state_bytes)}," if m.state_bytes else "")
+                + f" working memory {gib(m.activation_bytes + m.logits_buffer_bytes)}"
             )
         out.append(f"  runtime overhead {gib(self.overhead_bytes)} (CUDA context, libraries, Python)")
         out += [f"  note: {n}" for n in self.notes]

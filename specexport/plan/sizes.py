@@ -1,6 +1,6 @@
-"""Model sizes for `specexport plan`: parameters, weight, KV-cache and working-memory bytes of a
-model's normalized config (model_config.NormalizedConfig), and the configs of the bundled
-recipes' models so that a plan needs no download. The formulas are in plan.py's docstring.
+"""Model sizes for `specexport plan`: parameters, weight, KV-cache, recurrent-state and working-memory
+bytes of a model's normalized config (models.config.NormalizedConfig). The bundled recipes' models'
+configs are in known.py, so that a plan needs no download. The formulas are in estimate.py's docstring.
 """
 
 from __future__ import annotations
@@ -11,223 +11,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specexport_runtime.constants import MAX_GAMMA
+from specexport_runtime.recurrent import MAX_CALL_ROWS
 
 from ..errors import SpecExportError
 from ..models.config import LayerSpec, NormalizedConfig, config_from_dict, normalize, read_config
 from ..models.mixers import ATTENTION, CONV, GDN, HYBRID, MAMBA2, MLP
 from ..recipe.spec import QUANTIZED_TARGETS, ModelSpec, QuantizationSpec
+from .known import KNOWN_CONFIGS
 
 MATMULNBITS_BLOCK = 32
 
 
 class PlanError(SpecExportError, ValueError):
     """A model's shape is unknown, or plan arguments are out of range."""
-
-
-# config.json values of the bundled recipes' models (what sizes them; rope factor lists omitted
-# where they do not change a size)
-_LLAMA = dict(model_type="llama", hidden_act="silu")
-_QWEN2 = dict(model_type="qwen2", hidden_act="silu")
-_LONGROPE_48 = {
-    "rope_type": "longrope",
-    "rope_theta": 10000.0,
-    "partial_rotary_factor": 0.75,
-    "short_factor": [1.0] * 48,
-    "long_factor": [1.0] * 48,
-    "original_max_position_embeddings": 4096,
-}
-KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
-    "meta-llama/Llama-3.1-8B-Instruct": dict(
-        _LLAMA,
-        num_hidden_layers=32,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        max_position_embeddings=131072,
-    ),
-    "meta-llama/Llama-3.2-1B-Instruct": dict(
-        _LLAMA,
-        num_hidden_layers=16,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-        max_position_embeddings=131072,
-    ),
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(
-        _QWEN2,
-        num_hidden_layers=24,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
-    "Qwen/Qwen2.5-1.5B-Instruct": dict(
-        _QWEN2,
-        num_hidden_layers=28,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
-    "Qwen/Qwen2.5-3B-Instruct": dict(
-        _QWEN2,
-        num_hidden_layers=36,
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
-    "Qwen/Qwen2.5-7B-Instruct": dict(
-        _QWEN2,
-        num_hidden_layers=28,
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-        max_position_embeddings=32768,
-    ),
-    "TinyLlama/TinyLlama-1.1B-Chat-v1.0": dict(
-        _LLAMA,
-        num_hidden_layers=22,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        vocab_size=32000,
-        tie_word_embeddings=False,
-        max_position_embeddings=2048,
-    ),
-    "HuggingFaceTB/SmolLM2-135M-Instruct": dict(
-        _LLAMA,
-        num_hidden_layers=30,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-    ),
-    "google/gemma-3-1b-it": dict(
-        model_type="gemma3_text",
-        num_hidden_layers=26,
-        hidden_size=1152,
-        intermediate_size=6912,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        vocab_size=262144,
-        sliding_window=512,
-        sliding_window_pattern=6,
-        query_pre_attn_scalar=256,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-        max_position_embeddings=32768,
-        hidden_activation="gelu_pytorch_tanh",
-    ),
-    "google/gemma-3-270m-it": dict(
-        model_type="gemma3_text",
-        num_hidden_layers=18,
-        hidden_size=640,
-        intermediate_size=2048,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        vocab_size=262144,
-        sliding_window=512,
-        sliding_window_pattern=6,
-        query_pre_attn_scalar=256,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-        max_position_embeddings=32768,
-        hidden_activation="gelu_pytorch_tanh",
-    ),
-    "HuggingFaceTB/SmolLM3-3B": dict(
-        model_type="smollm3",
-        num_hidden_layers=36,
-        hidden_size=2048,
-        intermediate_size=11008,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        vocab_size=128256,
-        rope_theta=5000000.0,
-        no_rope_layer_interval=4,
-        max_position_embeddings=65536,
-        tie_word_embeddings=True,
-        hidden_act="silu",
-    ),
-    "ibm-granite/granite-3.3-2b-instruct": dict(
-        model_type="granite",
-        num_hidden_layers=40,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=49159,
-        embedding_multiplier=12.0,
-        residual_multiplier=0.22,
-        attention_multiplier=0.015625,
-        logits_scaling=8.0,
-        rope_theta=10000000.0,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        hidden_act="silu",
-    ),
-    "microsoft/Phi-4-mini-instruct": dict(
-        model_type="phi3",
-        num_hidden_layers=32,
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-        vocab_size=200064,
-        rope_parameters=_LONGROPE_48,
-        sliding_window=262144,
-        max_position_embeddings=131072,
-        original_max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        hidden_act="silu",
-    ),
-}
-KNOWN_CONFIGS["LiquidAI/LFM2-1.2B"] = dict(  # 10 gated short convolutions (kernel 3) between 6 GQA layers
-    model_type="lfm2",
-    num_hidden_layers=16,
-    hidden_size=2048,
-    intermediate_size=12288,
-    block_multiple_of=256,
-    block_ffn_dim_multiplier=1.0,
-    block_auto_adjust_ff_dim=True,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=65536,
-    conv_L_cache=3,
-    norm_eps=1e-5,
-    layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
-    rope_theta=1000000.0,
-    max_position_embeddings=128000,
-    tie_word_embeddings=True,
-)
-KNOWN_CONFIGS["builtin:smollm2-135m-instruct"] = KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"]
-KNOWN_CONFIGS["meta-llama/Meta-Llama-3.1-8B-Instruct"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
-KNOWN_CONFIGS["hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
 
 
 def known_config(model: str, max_context: int | None = None) -> NormalizedConfig:
@@ -374,18 +170,26 @@ def kv_bytes(
     c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
 ) -> int:
     """Both caches of every attention layer at max_context rows (the graphs allocate them all,
-    windowed layers included), and a hybrid's recurrent states (state_bytes)."""
+    windowed layers included). A hybrid's recurrent states are state_bytes."""
     b = kv_dtype_bytes(precision, quantization)
-    return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b + state_bytes(c)
+    return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b
 
 
-STATE_POSITIONS = 2 * MAX_GAMMA + 4  # states a runtime holds per sequence: kept ring, a call's outputs, zeros
+CALL_ROWS = 64  # engine.OrtModel max_rows: the rows one call binds (its host logits buffer, its kept states)
+# states a runtime holds per sequence (recurrent.StateHistory as engine.OrtModel builds it): the ring
+# of depth CALL_ROWS + 1 kept positions plus CALL_ROWS slots for one call's outputs, and the zeros state
+STATE_POSITIONS = (CALL_ROWS + 1) + CALL_ROWS + 1
 
 
 def state_bytes(c: NormalizedConfig, positions: int = STATE_POSITIONS) -> int:
-    """A hybrid's recurrent states (feature recurrent_state, float32): every state tensor at
-    `positions` kept positions (engine.StateHistory keeps max_gamma + 2, plus one call's outputs)."""
-    return positions * sum(math.prod(shape) for shape in c.state_shapes) * 4
+    """A hybrid's recurrent states (feature recurrent_state, float32 in every precision): every state
+    tensor (NormalizedConfig.state_shapes) at `positions` kept positions; 0 without recurrent layers."""
+    return positions * state_position_bytes(c)
+
+
+def state_position_bytes(c: NormalizedConfig) -> int:
+    """Bytes of one position's recurrent state (every state tensor once, float32)."""
+    return sum(math.prod(shape) for shape in c.state_shapes) * 4
 
 
 def window_saving_bytes(
@@ -416,7 +220,14 @@ def call_bytes(
     hidden = 4 * seq * c.hidden * b
     kv_repeat = 2 * c.heads * total * c.head_dim * b
     logits = rows * c.vocab * 4
-    return scores + mlp + hidden + kv_repeat + logits
+    return scores + mlp + hidden + kv_repeat + logits + scan_bytes(c, seq)
+
+
+def scan_bytes(c: NormalizedConfig, seq: int) -> int:
+    """A recurrent layer's chunk-form intermediates in one call of `seq` rows: a [heads, S, S]
+    float32 decay / attention matrix per scan head (Mamba2, Gated DeltaNet); 0 for other layers."""
+    heads = max(c.mamba.heads if c.mamba else 0, c.deltanet.value_heads if c.deltanet else 0)
+    return heads * seq * seq * 4
 
 
 def activation_bytes(
@@ -428,7 +239,10 @@ def activation_bytes(
     quantization: QuantizationSpec | None = None,
     flash: bool = False,
 ) -> int:
-    prefill = call_bytes(c, precision, max_prompt, max_prompt, 1, quantization, flash)
+    """The larger of a prefill call and a verify call. A recurrent model's prefill runs as calls of
+    at most MAX_CALL_ROWS rows (engine.OrtModel), the last of them attending over the whole prompt."""
+    rows = min(max_prompt, MAX_CALL_ROWS) if c.state_shapes else max_prompt
+    prefill = call_bytes(c, precision, rows, max_prompt, 1, quantization, flash)
     verify_s = min(max_gamma + 1, max_context)
     verify = call_bytes(c, precision, verify_s, max_context, verify_s, quantization, flash)
     return max(prefill, verify)

@@ -10,7 +10,7 @@ from tiny import TINY_CONFIGS, make_tokenizer, tiny_config, write_recipe
 
 from specexport.cli.main import cli
 from specexport.models.config import UnsupportedConfig, config_from_dict, normalize
-from specexport.plan.sizes import STATE_POSITIONS, known_config, kv_bytes, parameters
+from specexport.plan.sizes import STATE_POSITIONS, known_config, kv_bytes, parameters, state_bytes
 
 
 def _config_only_folder(tmp_path, **overrides):
@@ -51,9 +51,8 @@ def test_lfm2_shapes_and_the_planners_state_count():
     assert c.attention_layers == (2, 5, 8, 10, 12, 14)
     assert c.intermediate == 8192 and c.conv_kernel == 3
     assert parameters(c) == pytest.approx(1.17e9, rel=0.01)
-    kv = 2 * 6 * 4096 * 8 * 64 * 4
-    states = 10 * 2 * 2048 * 4 * STATE_POSITIONS
-    assert kv_bytes(c, "fp32", 4096) == kv + states
+    assert kv_bytes(c, "fp32", 4096) == 2 * 6 * 4096 * 8 * 64 * 4
+    assert state_bytes(c) == 10 * 2 * 2048 * 4 * STATE_POSITIONS
 
 
 def test_the_mamba2_dt_limit_is_applied_as_the_uncached_forward_does(tmp_path):

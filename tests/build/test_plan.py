@@ -36,7 +36,12 @@ RECIPE_DEVICES = {
     "smollm3-3b-int4-self-draft": "orin-nx-16gb",
     "granite-3.3-2b-instruct-int4-self-draft": "orin-nx-16gb",
     "phi-4-mini-instruct-int4-self-draft": "agx-orin-32gb",
-    "lfm2-1.2b-int8-self-draft": "agx-orin-32gb",
+    "lfm2-1.2b-int8-self-draft": "orin-nx-16gb",
+    "qwen3.5-0.8b-int8-self-draft": "orin-nx-16gb",
+    "qwen3.5-2b-int8-self-draft": "agx-orin-32gb",
+    "qwen3.5-4b-qwen3.5-0.8b-draft": "agx-orin-64gb",
+    "granite-4.0-h-1b-int8-self-draft": "agx-orin-32gb",
+    "falcon-h1-0.5b-instruct-int8-self-draft": "orin-nx-16gb",
 }
 
 
