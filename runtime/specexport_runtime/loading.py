@@ -139,8 +139,12 @@ def _open_graph(
     (batch), or its batch-1 graph."""
     if not batch:
         graph = check_graph(root, entry.graph, f"{role} graph")
+        spec = entry.graph_spec()
+        # a recurrent model keeps the state after each of its last max_rows + 1 positions: its calls after
+        # the prompt hold at most 1 + max_gamma rows (19.3 MiB a position for Qwen3.5-0.8B)
+        rows = {"max_rows": max(manifest.max_gamma + 1, entry.min_rows)} if spec.states else {}
         model = OrtModel(
-            graph, entry.graph_spec(), manifest.max_context, config, min_rows=entry.min_rows, cache_pad=entry.cache_pad
+            graph, spec, manifest.max_context, config, min_rows=entry.min_rows, cache_pad=entry.cache_pad, **rows
         )
         return model, None
     slots = SlotModel(

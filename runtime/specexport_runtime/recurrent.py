@@ -7,10 +7,10 @@ one sequence, the state after each of the last `depth` positions in slots of one
     ring_j   [depth + max_rows, *s_j]   slot_of[p] holds the state after p tokens
     zeros_j  [1, *s_j]                  the state before the first token (P = 0)
 
-A call's new_state_{j} is bound straight into the slots of its rows (start = (P + r0 + 1) % depth,
-then consecutive: a slot's index is its position modulo depth, or that plus depth), so nothing is
-copied after the call; the kept state of the call's start never shares a slot with them. Rolling
-back to a kept position is choosing which slot the next call binds as past_state_{j}: O(1).
+A call's new_state_{j} is bound straight into consecutive slots for its rows (from (P + r0 + 1) %
+depth, or beside the call's input state's slot when that block would hold it), so nothing is
+copied after the call and the input state never shares a slot with the outputs. Rolling back to a
+kept position is choosing which slot the next call binds as past_state_{j}: O(1).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class StateHistory:
     def bind(self, io, P: int, rows: np.ndarray) -> None:
         """Bind the state after P tokens, state_index `rows` (consecutive) and their output slots
         into `io`; the positions those slots held are dropped now (the call overwrites them)."""
-        start = (P + int(rows[0]) + 1) % self.depth
+        start = self._block(P, (P + int(rows[0]) + 1) % self.depth, rows.size)
         self._evict(range(start, start + rows.size))
         self._start = start
         io.bind_cpu_input(contract.STATE_INDEX, rows)
@@ -81,6 +81,16 @@ class StateHistory:
             out = ring[start : start + rows.size]  # [Rs, *s_j], contiguous
             shape = [1, rows.size, *self.shapes[j]]
             io.bind_output(contract.new_state(j), "cpu", 0, out.dtype, shape, out.ctypes.data)
+
+    def _block(self, P: int, start: int, size: int) -> int:
+        """The first of `size` consecutive slots for a call's states: `start` (its first row's
+        position modulo depth) unless they would hold the call's input state (a long call's last
+        rows can wrap onto it), then the slots just after or just before that one (the ring has
+        depth + max_rows > 2 size slots, so one side fits)."""
+        held = self.slot_of.get(P, -1)
+        if not start <= held < start + size:
+            return start
+        return held + 1 if held + 1 + size <= len(self.owner) else held - size
 
     def store(self, P: int, rows: np.ndarray) -> None:
         """After the call bound at cursor P: its slots hold the state after row r (position

@@ -40,9 +40,9 @@ kv cache  2 x attention layers x max_context x kv_heads x head_dim x bytes (4 fo
           ring-buffer cache would save on them.
 state     a hybrid's recurrent states (LFM2, Granite 4.0-H, Qwen3.5, Nemotron-H, Falcon-H1), beside
           its KV cache: every state tensor (conv windows, scan states) x 4 bytes (float32 in every
-          precision) x STATE_POSITIONS = 130 kept positions per sequence (recurrent.StateHistory:
-          the last 65 positions, 64 slots for one call's outputs, the zeros state); independent of
-          max_context.
+          precision) x state_positions(max_gamma) = 2 max_gamma + 4 kept positions per sequence
+          (recurrent.StateHistory with max_rows R = 1 + max_gamma: the last R + 1 positions, R
+          slots for one call's outputs, the zeros state); independent of max_context.
           Both the KV cache and the states are counted once per cache slot of a batch graph.
 work      the peak working memory of one call, which the runtime's memory arena keeps:
             2 x heads x S x T x b   attention scores and probabilities (portable graphs; a fused graph's
@@ -93,7 +93,6 @@ from .sizes import (
     CALL_ROWS,
     KNOWN_CONFIGS,
     PRECISION_BYTES,
-    STATE_POSITIONS,
     PlanError,
     activation_bytes,
     call_bytes,
@@ -103,6 +102,7 @@ from .sizes import (
     parameters,
     state_bytes,
     state_position_bytes,
+    state_positions,
     weight_bytes,
     window_saving_bytes,
 )
@@ -148,7 +148,7 @@ def _estimate(
         parameters=parameters(config),
         weight_bytes=weight_bytes(config, precision, quantization),
         kv_bytes=slots * kv_bytes(config, precision, max_context, quantization),
-        state_bytes=slots * state_bytes(config),
+        state_bytes=slots * state_bytes(config, state_positions(max_gamma)),
         activation_bytes=activation_bytes(config, precision, max_context, max_prompt, max_gamma, quantization, flash),
         logits_buffer_bytes=slots * HOST_LOGITS_ROWS * config.vocab * 4,
     )
@@ -417,7 +417,8 @@ def plan(
     if recurrent:
         per = ", ".join(f"{m.role} {state_position_bytes(m.config) / 2**20:.2f} MiB" for m in recurrent)
         report.notes.append(
-            f"recurrent state (float32) beside the KV cache: per kept position {per}; {STATE_POSITIONS} positions"
+            f"recurrent state (float32) beside the KV cache: per kept position {per};"
+            f" {state_positions(max(spec.speculation.max_gamma, 8))} positions"
             f" per sequence; prefill runs in calls of up to {MAX_CALL_ROWS} rows; these graphs run on ONNX Runtime's"
             " CPU provider in this version (states in host memory)"
         )

@@ -175,15 +175,21 @@ def kv_bytes(
     return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b
 
 
-CALL_ROWS = 64  # engine.OrtModel max_rows: the rows one call binds (its host logits buffer, its kept states)
-# states a runtime holds per sequence (recurrent.StateHistory as engine.OrtModel builds it): the ring
-# of depth CALL_ROWS + 1 kept positions plus CALL_ROWS slots for one call's outputs, and the zeros state
-STATE_POSITIONS = (CALL_ROWS + 1) + CALL_ROWS + 1
+CALL_ROWS = 64  # engine.OrtModel max_rows: the rows one call binds (its host logits buffer)
 
 
-def state_bytes(c: NormalizedConfig, positions: int = STATE_POSITIONS) -> int:
+def state_positions(max_gamma: int) -> int:
+    """States a runtime holds per sequence (recurrent.StateHistory as loading opens a recurrent
+    model: max_rows R = 1 + max_gamma, at least 2 for a padded target): a ring of R + 1 kept
+    positions plus R slots for one call's outputs, and the zeros state."""
+    rows = max(max_gamma + 1, 2)
+    return (rows + 1) + rows + 1
+
+
+def state_bytes(c: NormalizedConfig, positions: int) -> int:
     """A hybrid's recurrent states (feature recurrent_state, float32 in every precision): every state
-    tensor (NormalizedConfig.state_shapes) at `positions` kept positions; 0 without recurrent layers."""
+    tensor (NormalizedConfig.state_shapes) at `positions` kept positions (state_positions); 0
+    without recurrent layers."""
     return positions * state_position_bytes(c)
 
 

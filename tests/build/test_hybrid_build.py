@@ -10,7 +10,7 @@ from tiny import TINY_CONFIGS, make_tokenizer, tiny_config, write_recipe
 
 from specexport.cli.main import cli
 from specexport.models.config import UnsupportedConfig, config_from_dict, normalize
-from specexport.plan.sizes import STATE_POSITIONS, known_config, kv_bytes, parameters, state_bytes
+from specexport.plan.sizes import known_config, kv_bytes, parameters, state_bytes, state_positions
 
 
 def _config_only_folder(tmp_path, **overrides):
@@ -52,7 +52,7 @@ def test_lfm2_shapes_and_the_planners_state_count():
     assert c.intermediate == 8192 and c.conv_kernel == 3
     assert parameters(c) == pytest.approx(1.17e9, rel=0.01)
     assert kv_bytes(c, "fp32", 4096) == 2 * 6 * 4096 * 8 * 64 * 4
-    assert state_bytes(c) == 10 * 2 * 2048 * 4 * STATE_POSITIONS
+    assert state_bytes(c, state_positions(8)) == 10 * 2 * 2048 * 4 * 20
 
 
 def test_the_mamba2_dt_limit_is_applied_as_the_uncached_forward_does(tmp_path):

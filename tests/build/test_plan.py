@@ -39,9 +39,9 @@ RECIPE_DEVICES = {
     "lfm2-1.2b-int8-self-draft": "orin-nx-16gb",
     "qwen3.5-0.8b-int8-self-draft": "orin-nx-16gb",
     "qwen3.5-2b-int8-self-draft": "agx-orin-32gb",
-    "qwen3.5-4b-qwen3.5-0.8b-draft": "agx-orin-64gb",
-    "granite-4.0-h-1b-int8-self-draft": "agx-orin-32gb",
-    "falcon-h1-0.5b-instruct-int8-self-draft": "orin-nx-16gb",
+    "qwen3.5-4b-qwen3.5-0.8b-draft": "agx-orin-32gb",
+    "granite-4.0-h-1b-int8-self-draft": "orin-nx-16gb",
+    "falcon-h1-0.5b-instruct-int8-self-draft": "orin-nano-8gb",
 }
 
 

@@ -3,15 +3,12 @@ states are counted per kept position beside the K/V cache, as the runtime alloca
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 
 from specexport.models.mixers import ATTENTION, GDN, HYBRID, MAMBA2
 from specexport.plan.estimate import plan
-from specexport.plan.sizes import KNOWN_CONFIGS, STATE_POSITIONS, activation_bytes, known_config, kv_bytes, state_bytes
-from specexport_runtime.engine import OrtModel
+from specexport.plan.sizes import KNOWN_CONFIGS, activation_bytes, known_config, kv_bytes, state_bytes, state_positions
 from specexport_runtime.recurrent import StateHistory
 
 # model -> (family, layers by kind) as the published config.json lays them out
@@ -44,7 +41,8 @@ def test_qwen3_5_4b_states_and_kv_by_hand():
     assert per_layer == 548_864
     c = known_config("Qwen/Qwen3.5-4B")
     assert state_bytes(c, 1) == 24 * per_layer * 4 == 52_690_944
-    assert state_bytes(c) == 52_690_944 * STATE_POSITIONS
+    assert state_positions(8) == 20  # R = 9 rows: 10 kept, 9 for a call's outputs, the zeros
+    assert state_bytes(c, 20) == 52_690_944 * 20
     assert kv_bytes(c, "fp32", 4096) == 2 * 8 * 4096 * 4 * 256 * 4
 
 
@@ -64,24 +62,24 @@ def test_granite_4_0_h_1b_states_and_kv_by_hand():
 
 @pytest.mark.parametrize("model", ["Qwen/Qwen3.5-0.8B", "ibm-granite/granite-4.0-h-1b", "LiquidAI/LFM2-1.2B"])
 def test_planned_states_are_what_the_runtime_allocates(model):
-    """The planner's positions per sequence are the bytes of the StateHistory an OrtModel builds
-    (depth max_rows + 1, its default max_rows), measured on real arrays."""
+    """The planner's positions per sequence are the bytes of the StateHistory a recurrent model
+    opened by the runtime keeps (max_rows 1 + max_gamma, depth max_rows + 1), on real arrays."""
     c = known_config(model)
-    max_rows = inspect.signature(OrtModel.__init__).parameters["max_rows"].default
+    max_rows = 8 + 1
     history = StateHistory(c.state_shapes, np.float32, max_rows + 1, max_rows)
-    assert state_bytes(c) == history.nbytes()
+    assert state_bytes(c, state_positions(8)) == history.nbytes()
 
 
 def test_the_report_counts_states_beside_kv_for_each_model():
-    report = plan("qwen3.5-4b-qwen3.5-0.8b-draft", "agx-orin-64gb")
+    report = plan("qwen3.5-4b-qwen3.5-0.8b-draft", "agx-orin-32gb")
     target, draft = report.models
     assert target.kv_bytes == 2 * 8 * 4096 * 4 * 256 * 4
-    assert target.state_bytes == 52_690_944 * STATE_POSITIONS
-    assert draft.state_bytes == state_bytes(known_config("Qwen/Qwen3.5-0.8B"))
+    assert target.state_bytes == 52_690_944 * state_positions(8)
+    assert draft.state_bytes == state_bytes(known_config("Qwen/Qwen3.5-0.8B"), state_positions(8))
     parts = (target.weight_bytes, target.kv_bytes, target.state_bytes, target.activation_bytes)
     assert target.total_bytes == sum(parts) + target.logits_buffer_bytes
     text = "\n".join(report.lines())
-    assert "recurrent state 6.38 GiB" in text and "per kept position target 50.25 MiB" in text
+    assert "recurrent state 0.98 GiB" in text and "per kept position target 50.25 MiB" in text
     assert report.to_dict()["models"][0]["state_bytes"] == target.state_bytes
 
 

@@ -254,3 +254,16 @@ def test_the_step_and_chunked_forms_agree(artifacts, arch, kind):
     stepped = run([ids[:60], ids[60:]])
     assert not np.array_equal(chunked, stepped)  # the forms differ (else this checks one form twice)
     np.testing.assert_allclose(stepped, chunked, atol=1e-4, rtol=0)
+
+
+def test_a_recurrent_model_keeps_states_for_its_longest_verify_call(gens):
+    """The runtime opens a recurrent model with max_rows 1 + max_gamma (not the engine's 64): the
+    state after each of the last max_rows + 1 positions, 2 max_gamma + 4 positions in all (what
+    specexport plan counts)."""
+    from specexport.plan.sizes import state_positions
+
+    gen = gens("granitemoehybrid", "noisy")
+    m, target = gen.manifest, gen.target
+    assert target.max_rows == max(m.max_gamma + 1, m.target.min_rows) < 64
+    kept = sum(r.shape[0] + z.shape[0] for r, z in zip(target.states.ring, target.states.zeros)) // len(m.target.states)
+    assert kept == state_positions(m.max_gamma)
