@@ -55,6 +55,24 @@ TINY_CONFIGS: dict[str, dict] = {
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
         },
     ),
+    # Gemma 4 (E2B: 35 layers, 4 sliding : 1 full, one K/V head, head_dim 256 and 512 on the full layers
+    # with proportional rotary over a quarter, per-layer inputs of 256, the last 20 layers reading the
+    # K/V of the last earlier layer of their type with twice the MLP width, final softcap 30): here 7
+    # layers, the last 3 sharing (layers 4, 5 read layer 3's K/V, layer 6 layer 2's)
+    "gemma4_text": dict(
+        _COMMON,
+        num_hidden_layers=7,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=16,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+        num_kv_shared_layers=3,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=320,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=8.0,
+    ),
     "smollm3": dict(_COMMON, num_hidden_layers=4, no_rope_layer_interval=4),  # layer 3 is NoPE
     "granite": dict(
         _COMMON,
@@ -324,7 +342,22 @@ def make_model(arch: str = "llama", seed: int = 0, **overrides):
         from transformers import Qwen3_5ForConditionalGeneration
 
         return Qwen3_5ForConditionalGeneration(config).eval()
-    return AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if TINY_VARIANTS.get(arch, (arch,))[0].startswith("gemma4"):
+        _spread_scales(model)
+    return model
+
+
+def _spread_scales(model) -> None:
+    """Norm weights 1 + N(0, 0.3) and layer scalars in [0.5, 1.5] (Gemma 4 initializes both to 1,
+    which a graph ignoring them would reproduce)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
 
 
 def perturbed_copy(model, scale: float, seed: int = 1):

@@ -45,10 +45,11 @@ class TensorSource(Protocol):
 
 
 class ModuleSource:
-    """The parameters of a loaded torch model (the first name of a tied parameter is canonical)."""
+    """The parameters and buffers of a loaded torch model (the first name of a tied parameter is
+    canonical); a buffer such as Gemma 4's layer_scalar is read like a weight."""
 
     def __init__(self, model: torch.nn.Module):
-        self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._params = dict(model.named_buffers()) | dict(model.named_parameters(remove_duplicate=False))
         first: dict[int, str] = {}
         for name, p in self._params.items():
             first.setdefault(id(p), name)
@@ -234,6 +235,11 @@ def open_streamed(folder: Path, config) -> torch.nn.Module:
             f"{Path(folder).name}: the checkpoint's tensor names are not the model's"
             f" ({len(missing)} missing, e.g. {missing[0]!r}); it cannot be streamed"
         )
+    for prefix, module in model.named_modules():  # persistent buffers the checkpoint holds (layer_scalar)
+        for attr, buffer in list(module._buffers.items()):
+            full = f"{prefix}.{attr}" if prefix else attr
+            if buffer is not None and attr not in module._non_persistent_buffers_set and source.has(full):
+                module._buffers[attr] = source.get(full).to(buffer.dtype)
     attach(model, source)
     if (Path(folder) / "generation_config.json").is_file():  # eos ids, as from_pretrained reads them
         from transformers import GenerationConfig
