@@ -209,6 +209,23 @@ TINY_CONFIGS["qwen3_5"] = dict(
     initializer_range=0.2,
     tie_word_embeddings=True,
 )
+# The Gemma 4 checkpoint as published (vision tower and language model; no audio tower, as E2B's
+# text-and-image use): the decoder is its language model
+TINY_CONFIGS["gemma4"] = dict(
+    text_config=dict(TINY_CONFIGS["gemma4_text"], model_type="gemma4_text"),
+    vision_config=dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=14,
+        position_embedding_size=64,
+    ),
+    audio_config=None,
+    initializer_range=0.2,
+)
 # Feature variants of a family: name -> (model_type, overrides of its TINY_CONFIGS entry).
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     "llama-llama3-rope": (
@@ -286,6 +303,8 @@ TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     # Falcon-H1 with the plain gate instead of the gated norm (mamba_rms_norm false)
     "falcon_h1-gate": ("falcon_h1", dict(mamba_rms_norm=False)),
     "exaone4-global": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),  # 1.2B: all rotary
+    # Gemma 4 26B/31B: full-attention layers take k_proj's output as their values (no v_proj)
+    "gemma4_text-keys-as-values": ("gemma4_text", dict(attention_k_eq_v=True)),
 }
 
 
@@ -349,12 +368,15 @@ def make_model(arch: str = "llama", seed: int = 0, **overrides):
 
 
 def _spread_scales(model) -> None:
-    """Norm weights 1 + N(0, 0.3) and layer scalars in [0.5, 1.5] (Gemma 4 initializes both to 1,
-    which a graph ignoring them would reproduce)."""
+    """Norm weights 1 + N(0, 0.2) and layer scalars in [0.5, 1.5] (Gemma 4 initializes both to 1,
+    which a graph ignoring them would reproduce); q/k norm weights about D^-1/4 as a trained model's,
+    since its attention scale is 1 (q.k of unit-RMS heads would be ~D: a one-hot softmax)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(p.shape[0] ** -0.25 * (1.0 + 0.2 * torch.randn_like(p)))
+            elif name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand_like(b))

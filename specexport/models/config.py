@@ -187,6 +187,14 @@ class NormalizedConfig:
             parts.append(f"{gdns} Gated DeltaNet layers ({dn.key_heads}/{dn.value_heads} heads x {dn.key_dim})")
         if any(layer.rope is None for layer in self.layers if layer.kind == ATTENTION) and self.rotary_dim:
             parts.append(f"{sum(layer.rope is None for layer in self.layers)} NoPE layers")
+        shared = sum(layer.kv_source is not None for layer in self.layers)
+        if shared:
+            parts.append(f"{shared} layers reading earlier layers' K/V")
+        if self.per_layer_input:
+            parts.append(f"per-layer inputs of {self.per_layer_input}")
+        if any(layer.head_dim for layer in self.layers):
+            dims = sorted({self.layer_head_dim(i) for i in range(self.num_layers)})
+            parts.append("head_dim " + "/".join(map(str, dims)))
         if 0 < self.rotary_dim < self.head_dim:
             parts.append(f"rotary {self.rotary_dim}/{self.head_dim}")
         kinds = sorted({r.kind for _, r in self.ropes} - {"default"})
