@@ -55,6 +55,24 @@ TINY_CONFIGS: dict[str, dict] = {
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
         },
     ),
+    # Gemma 4 (E2B: 35 layers, 4 sliding : 1 full, one K/V head, head_dim 256 and 512 on the full layers
+    # with proportional rotary over a quarter, per-layer inputs of 256, the last 20 layers reading the
+    # K/V of the last earlier layer of their type with twice the MLP width, final softcap 30): here 7
+    # layers, the last 3 sharing (layers 4, 5 read layer 3's K/V, layer 6 layer 2's)
+    "gemma4_text": dict(
+        _COMMON,
+        num_hidden_layers=7,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=16,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+        num_kv_shared_layers=3,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=320,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=8.0,
+    ),
     "smollm3": dict(_COMMON, num_hidden_layers=4, no_rope_layer_interval=4),  # layer 3 is NoPE
     "granite": dict(
         _COMMON,
@@ -191,6 +209,23 @@ TINY_CONFIGS["qwen3_5"] = dict(
     initializer_range=0.2,
     tie_word_embeddings=True,
 )
+# The Gemma 4 checkpoint as published (vision tower and language model; no audio tower, as E2B's
+# text-and-image use): the decoder is its language model
+TINY_CONFIGS["gemma4"] = dict(
+    text_config=dict(TINY_CONFIGS["gemma4_text"], model_type="gemma4_text"),
+    vision_config=dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=14,
+        position_embedding_size=64,
+    ),
+    audio_config=None,
+    initializer_range=0.2,
+)
 # Feature variants of a family: name -> (model_type, overrides of its TINY_CONFIGS entry).
 TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     "llama-llama3-rope": (
@@ -268,6 +303,8 @@ TINY_VARIANTS: dict[str, tuple[str, dict]] = {
     # Falcon-H1 with the plain gate instead of the gated norm (mamba_rms_norm false)
     "falcon_h1-gate": ("falcon_h1", dict(mamba_rms_norm=False)),
     "exaone4-global": ("exaone4", dict(sliding_window=None, layer_types=["full_attention"] * 4)),  # 1.2B: all rotary
+    # Gemma 4 26B/31B: full-attention layers take k_proj's output as their values (no v_proj)
+    "gemma4_text-keys-as-values": ("gemma4_text", dict(attention_k_eq_v=True)),
 }
 
 
@@ -324,7 +361,25 @@ def make_model(arch: str = "llama", seed: int = 0, **overrides):
         from transformers import Qwen3_5ForConditionalGeneration
 
         return Qwen3_5ForConditionalGeneration(config).eval()
-    return AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
+    if TINY_VARIANTS.get(arch, (arch,))[0].startswith("gemma4"):
+        _spread_scales(model)
+    return model
+
+
+def _spread_scales(model) -> None:
+    """Norm weights 1 + N(0, 0.2) and layer scalars in [0.5, 1.5] (Gemma 4 initializes both to 1,
+    which a graph ignoring them would reproduce); q/k norm weights about D^-1/4 as a trained model's,
+    since its attention scale is 1 (q.k of unit-RMS heads would be ~D: a one-hot softmax)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(p.shape[0] ** -0.25 * (1.0 + 0.2 * torch.randn_like(p)))
+            elif name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
 
 
 def perturbed_copy(model, scale: float, seed: int = 1):

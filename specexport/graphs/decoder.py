@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +38,11 @@ from ..models.mixers import HYBRID, MLP
 from ..models.streaming import Weights, source_of
 from .conv import conv_mixer, conv_weights, state_interface
 from .gdn import deltanet_mixer, deltanet_weights
+from .layer_attention import head_norm, layer_attention
 from .layer_weights import LayerWeights, gated_rows, layer_weights
 from .mamba import mamba_mixer, mamba_weights
 from .ops_fused import ops_for
+from .per_layer_inputs import layer_scalar, per_layer_branch, per_layer_inputs
 from .writer import (
     ONNX_DTYPE,
     AttentionShape,
@@ -65,12 +67,13 @@ def fused_refusal(cfg: NormalizedConfig) -> str | None:
     known from the config alone."""
     if cfg.arch.positions == "learned":
         return f"architecture {cfg.family!r} has learned positions; use graph: portable"
-    half = cfg.rotary_dim // 2
-    if cfg.rotary_dim < cfg.head_dim and half % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
-        return (
-            f"partial rotary over {cfg.rotary_dim} of {cfg.head_dim} dims: GroupQueryAttention needs"
-            f" rotary_dim / 2 = {half} to be a multiple of 8; use graph: portable"
-        )
+    for _, rope in cfg.ropes:
+        dims = rope.dims or cfg.rotary_dim
+        if dims < cfg.head_dim and (dims // 2) % 8:  # ONNX Runtime: cos_cache width <= D/2 and a multiple of 8
+            return (
+                f"partial rotary over {dims} of {cfg.head_dim} dims: GroupQueryAttention needs"
+                f" rotary_dim / 2 = {dims // 2} to be a multiple of 8; use graph: portable"
+            )
     return None
 
 
@@ -81,7 +84,7 @@ def rotary_inv_freq(model: torch.nn.Module, norm: NormalizedConfig) -> dict[str,
         return {}
     rotary = module_at(model, f"{norm.arch.decoder}.rotary_emb")
     tables = {}
-    for key, _ in norm.ropes:
+    for key, rope in norm.ropes:
         prefix = "" if key == "all" else f"{key}_"
         inv = getattr(rotary, f"{prefix}original_inv_freq", None)
         if inv is None:
@@ -90,9 +93,9 @@ def rotary_inv_freq(model: torch.nn.Module, norm: NormalizedConfig) -> dict[str,
         if scale is None:
             scale = rotary.attention_scaling
         inv = inv.detach().float().clone()
-        if 2 * inv.shape[0] != norm.rotary_dim:
+        if 2 * inv.shape[0] != (rope.dims or norm.rotary_dim):
             raise UnsupportedConfig(
-                f"rotary table {key!r} covers {2 * inv.shape[0]} dims; the config says {norm.rotary_dim}"
+                f"rotary table {key!r} covers {2 * inv.shape[0]} dims; the config says {rope.dims or norm.rotary_dim}"
             )
         tables[key] = (inv, float(scale))
     return tables
@@ -152,6 +155,8 @@ class _Ctx:
     call: object  # the ops' per-call state (prepare())
     weights: WeightPlan
     ws: Weights
+    per_layer: str | None = None  # per_layer_inputs.py: the inputs [1, S, L, P] (Gemma 4); None: none
+    kv_rows: dict = field(default_factory=dict)  # owning layer i -> the (k, v) its attention was given
 
     def linear(self, x: str, site: Linear, bias: torch.Tensor | None) -> str:
         y = self.weights.linear(self.g, x, site)
@@ -165,34 +170,29 @@ class _Ctx:
         return self.ops.norm(self.g, x, self.g.weight(stem, w), eps)
 
 
-def _head_norm(c: _Ctx, x: str, module: torch.nn.Module, heads: int) -> str:
-    """RMSNorm over head_dim of x [1, S, heads D] -> [1, S, heads D]."""
-    D = c.cfg.head_dim
-    (y,) = c.g.op("Reshape", [x, c.g.const("shape", np.array([1, -1, heads, D], np.int64))])
-    y = c.rms(y, module, "head_norm")
-    return c.g.op("Reshape", [y, c.g.const("shape", np.array([1, -1, heads * D], np.int64))])[0]
-
-
 def _attention(c: _Ctx, i: int, attn: torch.nn.Module, h: str, lw: LayerWeights) -> str:
     """h [1, S, hidden] -> layer i's attention output before o_proj [1, S, H D]; K/V to its cache
-    (past_key_{n}: n counts the attention layers before it)."""
+    (past_key_{n}: n counts the cache-owning attention layers before it). Layers of their own
+    head_dim, value norms or K/V sharing: layer_attention.py."""
     arch, spec, g = c.cfg.arch, c.cfg.layers[i], c.g
     H, Hkv, D = c.cfg.heads, c.cfg.kv_heads, c.cfg.head_dim
     qkv = c.linear(h, lw.qkv, lw.qkv_b)  # [1, S, (H + 2 H_kv) D]
     if c.cfg.mup is not None and c.cfg.mup.key != 1.0:  # Falcon-H1: k_proj(x) times key_multiplier
         scale = np.concatenate([np.ones(H * D), np.full(Hkv * D, c.cfg.mup.key), np.ones(Hkv * D)])
         (qkv,) = g.op("Mul", [qkv, g.const("key_multiplier", scale.astype(g.np_dtype))])
+    if arch.v_norm or spec.kv_source is not None or c.cfg.layer_head_dim(i) != D:
+        return layer_attention(c, i, attn, qkv)
     if arch.qk_norm:  # RMSNorm of q and k before rotary
         q, k, v = g.op("Split", [qkv, g.const("split", np.array([H * D, Hkv * D, Hkv * D], np.int64))], 3, axis=-1)
         q_norm, k_norm = getattr(attn, arch.q_norm), getattr(attn, arch.k_norm)
         if arch.qk_norm == "head":
-            q, k = _head_norm(c, q, q_norm, H), _head_norm(c, k, k_norm, Hkv)
+            q, k = head_norm(c, q, q_norm, H, D), head_norm(c, k, k_norm, Hkv, D)
         else:  # over all heads (OLMo 2)
             q, k = c.rms(q, q_norm, "qk_norm"), c.rms(k, k_norm, "qk_norm")
         qkv_inputs = [q, k, v]
     else:
         qkv_inputs = [qkv, "", ""]  # packed q|k|v
-    return c.ops.attention(g, c.cfg.attention_layers.index(i), qkv_inputs, c.call, c.shape, spec.rope, spec.window)
+    return c.ops.attention(g, c.cfg.kv_layer(i), qkv_inputs, c.call, c.shape, spec.rope, spec.window)
 
 
 def _branch(c: _Ctx, layer: torch.nn.Module, post: str | None, out: str) -> str:
@@ -238,6 +238,11 @@ def _layer(c: _Ctx, i: int, layer: torch.nn.Module, stream: _Stream, h: str, lw:
         return
     h = stream.norm(module_at(layer, arch.mlp_norm)) if arch.mlp_norm else stream.value()
     stream.add(_branch(c, layer, arch.mlp_post_norm, _mlp(c, h, lw)))
+    if c.per_layer is not None:  # Gemma 4: the layer's per-layer input gated in (per_layer_inputs.py)
+        stream.add(per_layer_branch(c, i, layer, stream.value(), c.per_layer))
+    scale = layer_scalar(c, layer)
+    if scale is not None:  # x := x * scalar, after everything the layer added
+        (stream.residual,) = g.op("Mul", [stream.value(), g.scalar("layer_scalar", scale)])
 
 
 def _times(g: Graph, x: str, m: float, stem: str) -> str:
@@ -397,6 +402,8 @@ def _write(c: _Ctx, model, base, layers, feature_layers, tie_lm_head: bool, on_l
         wpe = g.weight("wpe", ws.of(module_at(base, arch.position_embed)))
         (x,) = g.op("Add", [x, g.op("Gather", [wpe, c.call.positions])[0]])
 
+    if cfg.per_layer_input:
+        c = replace(c, per_layer=per_layer_inputs(c, base, x))
     stream = _Stream(g, c.ops, x, arch.norm_offset, ws)
     entering: dict[int, str] = {}  # layer i -> the residual stream entering it [1, S, hidden]
     for i, layer in enumerate(layers):
@@ -421,9 +428,9 @@ def _logits(c: _Ctx, model, stream: _Stream, base, table: str | None) -> None:
     """Logits only for the requested rows: gather, final norm, output projection, Granite's
     divisor and Gemma 2's softcap (in the model dtype, as transformers), then float32."""
     g, cfg, ws = c.g, c.cfg, c.ws
-    (rows,) = g.op("Gather", [stream.pending, contract.LOGITS_INDEX], axis=1)  # [1, R, hidden]
+    pending = stream.pending and g.op("Gather", [stream.pending, contract.LOGITS_INDEX], axis=1)[0]  # [1, R, hidden]
     (res_rows,) = g.op("Gather", [stream.residual, contract.LOGITS_INDEX], axis=1)
-    stream.residual, stream.pending = res_rows, rows
+    stream.residual, stream.pending = res_rows, pending
     h = stream.norm(module_at(base, cfg.arch.final_norm))  # [1, R, hidden]
     (h2,) = g.op("Squeeze", [h, g.const("axes", np.array([0], np.int64))])  # [R, hidden]
     head = model.get_output_embeddings()

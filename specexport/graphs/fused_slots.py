@@ -152,12 +152,22 @@ def tree_inputs_by_window(g: Graph, elem: int, windows: tuple[int, ...]) -> Tree
 
 
 def attention(
-    g: Graph, layer: int, qkv: list[str], at: Layout, rotary: list[str], attrs: dict, tree: list[str] = ()
+    g: Graph,
+    layer: int,
+    qkv: list[str],
+    at: Layout,
+    rotary: list[str],
+    attrs: dict,
+    tree: list[str] = (),
+    shared: bool = False,
 ) -> str:
     """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> attention output [1, N, H D],
     K/V written in place into each slot's cache. A padded attention gets a copy of its last row
     after the real ones (row_padding's cache_pad) and drops its output. tree: tree_inputs() of a
-    tree graph (one slot, unpadded): positions and bias follow the tree, not the row order."""
+    tree graph (one slot, unpadded): positions and bias follow the tree, not the row order.
+    shared (K/V sharing, Gemma 4): k, v are those the cache's owner writes this call; the node reads
+    rows 0 .. P - 1 of the owner's past_key_{layer} and appends them again, into a present of its own
+    that nothing reads (GroupQueryAttention has no read-only form), so the owner's cache is untouched."""
     rows, cursor, pad = at.rows, at.cursor, at.pad
     if tree:
         rotary = list(rotary) or ["", ""]  # cos/sin come before position_ids (empty on a NoPE layer)
@@ -174,10 +184,15 @@ def attention(
     for b, inputs in enumerate(pieces):
         slot = None if rows is None else b
         caches = [contract.past_key(layer, slot), contract.past_value(layer, slot)]
+        presents = (
+            [g.name("shared_k"), g.name("shared_v")]
+            if shared
+            else [contract.present_key(layer, slot), contract.present_value(layer, slot)]
+        )
         a, _, _ = g.op(
             "GroupQueryAttention",
             [*inputs, *caches, *cursor[b], *rotary, *tree],
-            [g.name("attn"), contract.present_key(layer, slot), contract.present_value(layer, slot)],
+            [g.name("attn"), *presents],
             domain=MS,
             **attrs,
         )

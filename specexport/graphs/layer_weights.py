@@ -62,11 +62,12 @@ def layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig,
     kind = cfg.layers[i].kind
     if kind not in KV_KINDS:  # a recurrent mixer (conv.py, mamba.py, gdn.py) reads its own weights
         qkv, mods, o, out = None, (), None, None
-    elif arch.qkv == "separate":
+    elif arch.qkv == "separate":  # a K/V-sharing layer: q only; keys as values: q|k (layer_attention.py)
         attn = module_at(layer, arch.attn)
-        mods = (attn.q_proj, attn.k_proj, attn.v_proj)
+        kv = () if cfg.layers[i].kv_source is not None else (attn.k_proj, attn.v_proj)
+        mods = (attn.q_proj, *(m for m in kv if m is not None))
         q = gated_rows(part(attn.q_proj), cfg.heads, cfg.head_dim, 0) if arch.attn_gate else part(attn.q_proj)
-        qkv = Linear(f"l{i}_qkv", (q, part(attn.k_proj), part(attn.v_proj)))
+        qkv = Linear(f"l{i}_qkv", (q, *(part(m) for m in mods[1:])))
     elif arch.qkv == "fused":
         attn = module_at(layer, arch.attn)
         mods = (attn.qkv_proj,)
@@ -75,10 +76,13 @@ def layer_weights(layer: torch.nn.Module, arch: ArchSpec, cfg: NormalizedConfig,
         attn = module_at(layer, arch.attn)
         mods = (attn.c_attn,)
         qkv = Linear(f"l{i}_qkv", (_conv1d(w, attn.c_attn),))
-    H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.head_dim
+    H, Hkv, D = cfg.heads, cfg.kv_heads, cfg.layer_head_dim(i)
     if qkv is not None:
-        if qkv.out_features != (H + 2 * Hkv) * D:
-            raise UnsupportedConfig(f"q|k|v rows {qkv.out_features} != (H + 2 H_kv) D = {(H + 2 * Hkv) * D}")
+        kv_parts = 2 if arch.qkv != "separate" else len(mods) - 1  # 1: keys as values, 0: K/V sharing
+        if qkv.out_features != (H + kv_parts * Hkv) * D:
+            raise UnsupportedConfig(
+                f"layer {i}: q|k|v rows {qkv.out_features} != (H + {kv_parts} H_kv) D = {(H + kv_parts * Hkv) * D}"
+            )
         out = getattr(attn, arch.out_proj)
         o = _conv1d(w, out) if arch.qkv == "conv1d" else part(out)
     if arch.mlp_kind == "module":  # a plain MLP of Conv1Ds: c_fc, act, c_proj (GPT-2)

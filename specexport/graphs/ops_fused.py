@@ -81,9 +81,19 @@ class FusedOps:
         return FusedCall(caches, at, trees)
 
     def attention(
-        self, g: Graph, layer: int, qkv: list[str], call: FusedCall, shape: AttentionShape, rope, window
+        self,
+        g: Graph,
+        layer: int,
+        qkv: list[str],
+        call: FusedCall,
+        shape: AttentionShape,
+        rope,
+        window,
+        shared: bool = False,
     ) -> str:
-        """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> [1, N, H D], K/V in place."""
+        """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> [1, N, H D], K/V in place.
+        shared: [q, k, v] with the k, v that layer `layer`'s owner has just written; its cache is
+        read, not written (fused_slots.attention)."""
         attrs = dict(
             num_heads=shape.heads,
             kv_num_heads=shape.kv_heads,
@@ -97,7 +107,7 @@ class FusedOps:
             attrs["softcap"] = shape.softcap
         rotary = list(call.caches[rope]) if rope is not None else []
         tree = call.tree.get(window, []) if call.tree else []
-        return fused_slots.attention(g, layer, qkv, call.at, rotary, attrs, tree)
+        return fused_slots.attention(g, layer, qkv, call.at, rotary, attrs, tree, shared)
 
     def interface(self, spec, elem: int, features: bool) -> tuple[list, list]:
         return fused_slots.interface(spec, elem, features)

@@ -51,7 +51,7 @@ class PortableCall:
     positions: str  # [N] int64: each packed row's position
     rotary: dict[str, tuple[str, str]]  # rope key -> (cos, sin) [N, heads, D] graph dtype
     slots: list[SlotCall]
-    rot_matrix: str | None  # [D, D]: x @ R = rotate_half(x) over the rotary dims
+    rot_matrix: dict[str, str]  # rope key -> [D, D]: x @ R = rotate_half(x) over that table's rotary dims
 
 
 class PortableOps:
@@ -127,7 +127,13 @@ class PortableOps:
             calls.append(SlotCall(span, self._masks(g, past_pos, q_pos, shape.windows, tree)))
         (pos,) = g.op("Concat", positions, axis=0) if slots > 1 else (positions[0],)
         rotary = {key: self._rotary(g, pos, inv, scale, shape) for key, (inv, scale) in shape.ropes.items()}
-        return PortableCall(pos, rotary, calls, self._rot_matrix(g, shape) if shape.ropes else None)
+        by_half: dict[int, str] = {}
+        for inv, _ in shape.ropes.values():
+            half = inv.shape[0]
+            if half not in by_half:
+                by_half[half] = self._rot_matrix(g, shape.head_dim, half)
+        rot = {key: by_half[inv.shape[0]] for key, (inv, _) in shape.ropes.items()}
+        return PortableCall(pos, rotary, calls, rot)
 
     def _masks(self, g: Graph, past_pos: str, q_pos: str, windows: tuple[int, ...], tree: bool) -> dict:
         """window -> additive mask [S, P + S] float32 (module docstring)."""
@@ -175,9 +181,8 @@ class PortableOps:
             cos, sin = (g.op("Cast", [t], to=g.elem)[0] for t in (cos, sin))
         return cos, sin
 
-    def _rot_matrix(self, g: Graph, shape: AttentionShape) -> str:
+    def _rot_matrix(self, g: Graph, D: int, half: int) -> str:
         """R [D, D]: (x @ R)[j] = -x[j + rot/2] (j < rot/2), x[j - rot/2] (rot/2 <= j < rot), 0 after."""
-        D, half = shape.head_dim, shape.rotary_dim // 2
         R = np.zeros((D, D), g.np_dtype)
         for j in range(half):
             R[j + half, j], R[j, j + half] = -1.0, 1.0
@@ -185,17 +190,28 @@ class PortableOps:
 
     # --- attention ----------------------------------------------------------------------------
     def attention(
-        self, g: Graph, layer: int, qkv: list[str], call: PortableCall, shape: AttentionShape, rope, window
+        self,
+        g: Graph,
+        layer: int,
+        qkv: list[str],
+        call: PortableCall,
+        shape: AttentionShape,
+        rope,
+        window,
+        shared: bool = False,
     ) -> str:
         """qkv: [packed q|k|v, "", ""] or [q, k, v], each [1, N, C] -> [1, N, H D]; the new K/V rows
-        leave as new_key_{i} / new_value_{i} (a slot's: _slot{b})."""
+        leave as new_key_{i} / new_value_{i} (a slot's: _slot{b}). shared: qkv[0] is q alone, which
+        attends over layer `layer`'s past and the new rows that layer has just written."""
+        if shared:
+            return self._shared_attention(g, layer, qkv[0], call, shape, rope, window)
         H, Hkv, D = shape.heads, shape.kv_heads, shape.head_dim
         packed = qkv[0] if not qkv[1] else g.op("Concat", qkv, axis=-1)[0]
         (x,) = g.op("Reshape", [packed, _i64(g, "shape", [1, -1, H + 2 * Hkv, D])])  # [1, N, heads, D]
         scaling = shape.scale
         if rope is not None:  # x cos + rotate_half(x) sin on q|k, identity on v; scale folded into q
             cos, sin = call.rotary[rope]
-            (rot,) = g.op("Mul", [g.op("MatMul", [x, call.rot_matrix])[0], sin])
+            (rot,) = g.op("Mul", [g.op("MatMul", [x, call.rot_matrix[rope]])[0], sin])
             (x,) = g.op("Add", [g.op("Mul", [x, cos])[0], rot])
             scaling = None
         slots = call.slots
@@ -217,6 +233,29 @@ class PortableOps:
             slot = None if len(slots) == 1 else b
             past_k, past_v = contract.past_key(layer, slot), contract.past_value(layer, slot)
             outs.append(self._attend(g, q, past_k, k, past_v, v, slots[b].masks[window], shape, scaling))
+        return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)[0]
+
+    def _shared_attention(
+        self, g: Graph, layer: int, q: str, call: PortableCall, shape: AttentionShape, rope, window
+    ) -> str:
+        """q [1, N, H D] over cache `layer`'s past_key / new_key (a slot's: _slot{b}) -> [1, N, H D];
+        rotary on q alone: the first H heads of the q|k|v tables (the scale folded into them)."""
+        H, D = shape.heads, shape.head_dim
+        (x,) = g.op("Reshape", [q, _i64(g, "shape", [1, -1, H, D])])  # [1, N, H, D]
+        scaling = shape.scale
+        if rope is not None:
+            start, end, axis = _i64(g, "start", [0]), _i64(g, "end", [H]), _i64(g, "axis", [1])
+            cos, sin = (g.op("Slice", [t, start, end, axis])[0] for t in call.rotary[rope])  # [N, H, D]
+            (rot,) = g.op("Mul", [g.op("MatMul", [x, call.rot_matrix[rope]])[0], sin])
+            (x,) = g.op("Add", [g.op("Mul", [x, cos])[0], rot])
+            scaling = None
+        outs = []
+        for b, slot in enumerate(call.slots):
+            at = None if len(call.slots) == 1 else b
+            q_b = x if slot.span is None else g.op("Slice", [x, *slot.span, _i64(g, "axis", [1])])[0]
+            past_k, past_v = contract.past_key(layer, at), contract.past_value(layer, at)
+            new_k, new_v = contract.new_key(layer, at), contract.new_value(layer, at)
+            outs.append(self._attend(g, q_b, past_k, new_k, past_v, new_v, slot.masks[window], shape, scaling))
         return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)[0]
 
     def _attend(self, g: Graph, q, past_k, k, past_v, v, mask, shape: AttentionShape, scaling) -> str:

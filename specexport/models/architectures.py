@@ -78,6 +78,12 @@ class ArchSpec:
     # parallel: the mixer is attention and Mamba2 side by side on one normed input (Falcon-H1)
     block: Literal["pair", "single", "parallel"] = "pair"
     experts_by_layer_type: bool = False  # expert keys only matter on layers of a refused "moe" type
+    attn_scale: float | None = None  # a fixed scale on q.k (Gemma 4: 1, its q/k norms set the size)
+    v_norm: bool = False  # Gemma 4: values through a weightless RMSNorm per head (attn.v_norm)
+    # Gemma 4: after the MLP, x = x + norm(proj(act(gate(x)) * per_layer_input_i)), modules per layer
+    # (gate, projection, norm); per_layer_inputs.py builds the inputs from the second embedding
+    per_layer_inputs: tuple[str, str, str] | None = None
+    layer_scalar: str = ""  # Gemma 4: each layer's output times this buffer of the layer ([1])
 
     @property
     def norms_per_layer(self) -> int:
@@ -117,6 +123,29 @@ GEMMA3_TEXT = replace(
     GEMMA2, model_type="gemma3_text", qk_norm="head", features=GEMMA2.features | {"rope_per_layer_type"}
 )
 GEMMA3 = replace(GEMMA3_TEXT, model_type="gemma3", decoder="model.language_model", text_config=True)
+# Gemma 4 (E2B: 35 layers, 4 sliding : 1 full, head_dim 256 / 512 on full layers, the last 20 layers
+# reading earlier layers' K/V): Gemma 3's sandwich layer with plain-w norms, unit attention scale,
+# weightless value norms, per-layer inputs and a per-layer output scalar
+GEMMA4_TEXT = replace(
+    GEMMA3_TEXT,
+    model_type="gemma4_text",
+    norm_offset=0.0,
+    attn_scale=1.0,
+    v_norm=True,
+    per_layer_inputs=("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"),
+    layer_scalar="layer_scalar",
+    features=_features(
+        "sliding_window",
+        "softcapping",
+        "rope_per_layer_type",
+        "per_layer_inputs",
+        "kv_sharing",
+        "keys_as_values",
+        "double_wide_mlp",
+        "per_layer_shapes",
+    ),
+)
+GEMMA4 = replace(GEMMA4_TEXT, model_type="gemma4", decoder="model.language_model", text_config=True)
 SMOLLM3 = ArchSpec("smollm3", features=_features("attention_bias", "mlp_bias", "sliding_window", "nope_layers"))
 GRANITE = ArchSpec("granite", features=_features("attention_bias", "mlp_bias", "multipliers"))
 OLMO2 = ArchSpec(
@@ -227,6 +256,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         GEMMA2,
         GEMMA3_TEXT,
         GEMMA3,
+        GEMMA4_TEXT,
+        GEMMA4,
         SMOLLM3,
         GRANITE,
         OLMO2,

@@ -23,6 +23,8 @@ from .architectures import ArchSpec, arch_for
 from .config_keys import ACTIVATIONS, FEATURE_OF_KEY, is_set
 from .errors import UnsupportedConfig
 from .errors import show as _show
+from .layer_shapes import head_dims as _head_dims
+from .layer_shapes import kv_sources as _kv_sources
 from .mixers import (
     ATTENTION,
     CONV,
@@ -50,6 +52,8 @@ class LayerSpec:
     window: int | None  # a query sees this many keys, itself included (transformers' sliding_window); None: all
     rope: str | None  # key of NormalizedConfig.ropes; None: no rotary in this layer (NoPE)
     kind: str = ATTENTION  # the mixer (mixers.py): ATTENTION (a K/V cache), CONV (LFM2), MAMBA2 (Granite 4.0-H)
+    head_dim: int = 0  # this layer's q/k/v head width (0: NormalizedConfig.head_dim; Gemma 4's global layers)
+    kv_source: int | None = None  # the earlier layer whose K/V this one reads (Gemma 4); None: its own
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class NormalizedConfig:
     intermediate: int
     heads: int
     kv_heads: int
-    head_dim: int
+    head_dim: int  # the K/V caches' head width: the widest layer's (narrower layers pad theirs with zeros)
     vocab: int
     tied: bool
     activation: str
@@ -98,6 +102,7 @@ class NormalizedConfig:
     mamba: MambaSpec | None = None  # MAMBA2 layers' shapes
     deltanet: DeltaNetSpec | None = None  # GDN layers' shapes
     mup: FalconMup | None = None  # Falcon-H1's multipliers
+    per_layer_input: int = 0  # Gemma 4: width of each layer's slice of the per-layer embedding (0: none)
 
     @property
     def num_layers(self) -> int:
@@ -105,8 +110,17 @@ class NormalizedConfig:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """Indices of the layers with a K/V cache (the contract's past_key_{n} is the n-th of them)."""
-        return tuple(i for i, layer in enumerate(self.layers) if layer.kind in KV_KINDS)
+        """Indices of the layers owning a K/V cache (the contract's past_key_{n} is the n-th of them);
+        a layer reading another's K/V (LayerSpec.kv_source) owns none."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer.kind in KV_KINDS and layer.kv_source is None)
+
+    def kv_layer(self, i: int) -> int:
+        """n of the cache past_key_{n} that attention layer i attends over (its own or its source's)."""
+        source = self.layers[i].kv_source
+        return self.attention_layers.index(i if source is None else source)
+
+    def layer_head_dim(self, i: int) -> int:
+        return self.layers[i].head_dim or self.head_dim
 
     @property
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -173,6 +187,14 @@ class NormalizedConfig:
             parts.append(f"{gdns} Gated DeltaNet layers ({dn.key_heads}/{dn.value_heads} heads x {dn.key_dim})")
         if any(layer.rope is None for layer in self.layers if layer.kind == ATTENTION) and self.rotary_dim:
             parts.append(f"{sum(layer.rope is None for layer in self.layers)} NoPE layers")
+        shared = sum(layer.kv_source is not None for layer in self.layers)
+        if shared:
+            parts.append(f"{shared} layers reading earlier layers' K/V")
+        if self.per_layer_input:
+            parts.append(f"per-layer inputs of {self.per_layer_input}")
+        if any(layer.head_dim for layer in self.layers):
+            dims = sorted({self.layer_head_dim(i) for i in range(self.num_layers)})
+            parts.append("head_dim " + "/".join(map(str, dims)))
         if 0 < self.rotary_dim < self.head_dim:
             parts.append(f"rotary {self.rotary_dim}/{self.head_dim}")
         kinds = sorted({r.kind for _, r in self.ropes} - {"default"})
@@ -211,10 +233,14 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
     hidden = int(get("hidden_size") or get("n_embd"))
     heads = int(get("num_attention_heads") or get("n_head"))
     kv_heads = int(get("num_key_value_heads") or heads)
-    head_dim = int(get("head_dim") or hidden // heads)
+    base_dim = int(get("head_dim") or hidden // heads)
     num_layers = int(get("num_hidden_layers") or get("n_layer") or len(get("layers_block_type") or ()))
     if heads % kv_heads:
         raise UnsupportedConfig(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    dims = _head_dims(raw, num_layers, base_dim, kv_heads)
+    head_dim = max(dims)  # the caches' width
+    types = get("layer_types") or ()
+    type_dims = {t: d for t, d in zip(types, dims)}  # Gemma 4: one head_dim per layer type
     activation = (
         get("hidden_activation") or get("hidden_act") or get("activation_function") or get("mlp_hidden_act")
     ) or arch.activation
@@ -224,12 +250,20 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         )
     ropes, rotary_dim = (), 0
     if arch.positions == "rope" and (not arch.rope_switch or get(arch.rope_switch) == "rope"):
-        ropes, rotary_dim = _ropes(raw, arch, head_dim, max_context)
+        ropes, rotary_dim = _ropes(raw, arch, base_dim, max_context, type_dims)
     kinds = layer_kinds(raw, arch, num_layers)
     mamba = mamba_spec(raw, hidden) if MAMBA2 in kinds or HYBRID in kinds else None
     deltanet = deltanet_spec(raw) if GDN in kinds else None
+    sources = _kv_sources(raw, num_layers)
     layers = tuple(
-        LayerSpec(_window(raw, i, max_context), _layer_rope(raw, arch, i, ropes), kinds[i]) for i in range(num_layers)
+        LayerSpec(
+            _window(raw, i, max_context),
+            _layer_rope(raw, arch, i, ropes),
+            kinds[i],
+            dims[i] if dims[i] != head_dim else 0,
+            sources[i],
+        )
+        for i in range(num_layers)
     )
     if not set(kinds) & set(KV_KINDS):
         raise UnsupportedConfig(f"{family}: no layer attends (layer_types {_show(get('layer_types'))})")
@@ -250,7 +284,7 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         activation=activation,
         ropes=ropes,
         rotary_dim=rotary_dim,
-        attn_scale=_attn_scale(raw, head_dim),
+        attn_scale=arch.attn_scale if arch.attn_scale is not None else _attn_scale(raw, head_dim),
         attn_softcap=_float_or_none(get("attn_logit_softcapping")),
         final_softcap=_float_or_none(get("final_logit_softcapping")),
         embedding_multiplier=_float_or_none(get("embedding_multiplier")),
@@ -266,6 +300,7 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         mamba=mamba,
         deltanet=deltanet,
         mup=_falcon_mup(raw) if arch.block == "parallel" else None,
+        per_layer_input=int(get("hidden_size_per_layer_input") or 0),
     )
 
 

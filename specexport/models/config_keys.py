@@ -29,6 +29,14 @@ FEATURE_OF_KEY: dict[str, str] = {
     "mlp_bias": "mlp_bias",
     "conv_bias": "conv_bias",
     "full_attn_idxs": "conv_layers",  # LFM2: the attention layers; the others are gated convolutions
+    # Gemma 4: a second embedding feeding each layer, the last layers reading earlier layers' K/V,
+    # keys reused as values on full-attention layers, twice the MLP width on K/V-sharing layers,
+    # per-layer head_dim / K/V heads (transformers' per_layer_config, from global_head_dim)
+    "hidden_size_per_layer_input": "per_layer_inputs",
+    "num_kv_shared_layers": "kv_sharing",
+    "attention_k_eq_v": "keys_as_values",
+    "use_double_wide_mlp": "double_wide_mlp",
+    "per_layer_config": "per_layer_shapes",
     # implemented by no family: refused whenever set
     "use_bidirectional_attention": "bidirectional_attention",
     "attention_chunk_size": "chunked_attention",
@@ -37,6 +45,7 @@ FEATURE_OF_KEY: dict[str, str] = {
     "num_local_experts": "mixture_of_experts",
     "n_routed_experts": "mixture_of_experts",
     "moe_intermediate_size": "mixture_of_experts",
+    "enable_moe_block": "mixture_of_experts",
     "kv_lora_rank": "latent_attention",
     "q_lora_rank": "latent_attention",
     "use_qk_norm": "qk_norm_flag",
@@ -58,7 +67,8 @@ NEUTRAL: dict[str, tuple] = {
     "attention_bias": (False,),
     "mlp_bias": (False,),
     "conv_bias": (False,),
-    "use_bidirectional_attention": (False,),
+    # Gemma 4's "vision": image tokens attend both ways among themselves; text rows stay causal
+    "use_bidirectional_attention": (False, "vision"),
     "clip_qkv": (0,),
     "num_experts": (0, 1),
     "num_local_experts": (0, 1),
@@ -71,6 +81,12 @@ NEUTRAL: dict[str, tuple] = {
     "scale_attn_weights": (True,),
     "add_cross_attention": (False,),
     "residual_in_fp32": (False,),
+    "hidden_size_per_layer_input": (0,),
+    "num_kv_shared_layers": (0,),
+    "attention_k_eq_v": (False,),
+    "use_double_wide_mlp": (False,),
+    "enable_moe_block": (False,),
+    "per_layer_config": ({},),
 }
 # keys read as shapes or standard settings of every family (not features)
 SHAPE_KEYS = frozenset(
@@ -145,6 +161,7 @@ SHAPE_KEYS = frozenset(
         "mlp_multipliers",
         "lm_head_multiplier",
         "projectors_bias",
+        "vocab_size_per_layer_input",  # Gemma 4: rows of the per-layer embedding (read with its width)
     }
 )
 # keys that only derive the ones above in transformers' config classes, or that no module reads
@@ -174,6 +191,7 @@ INERT_KEYS = frozenset(
         "mamba_chunk_size",  # the reference's scan chunk: the same sums in another grouping
         # routing settings, read only with experts (num_local_experts > 0 is refused)
         "num_experts_per_tok",
+        "top_k_experts",
         "output_router_logits",
         "router_aux_loss_coef",
         # Nemotron-H: initialisation, kernel choice, the cache dtype (states are float32 here), and

@@ -12,7 +12,9 @@ from .architectures import ArchSpec
 from .errors import UnsupportedConfig
 from .errors import show as _show
 
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# proportional (Gemma 4): a table over the whole head whose frequencies past partial_rotary_factor
+# are zero (cos 1, sin 0): a full-width rotation, read from transformers' table like the others
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 BOUNDED_ROPE_TYPES = ("dynamic", "longrope")  # exact while max_context <= the bound (rope_bound)
 
 
@@ -23,6 +25,7 @@ class RopeSpec:
     kind: str  # transformers' rope_type
     theta: float
     bound: int | None = None  # positions up to which a bounded kind equals its static tables
+    dims: int = 0  # rotated dims of each q/k head of the layers reading it (its inv_freq has dims / 2)
 
 
 def layer_rope(raw: Mapping[str, Any], arch: ArchSpec, i: int, ropes: tuple) -> str | None:
@@ -45,9 +48,16 @@ def layer_rope(raw: Mapping[str, Any], arch: ArchSpec, i: int, ropes: tuple) -> 
     return layer_type
 
 
-def ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: int | None):
-    """((key, RopeSpec), ...), rotary_dim from transformers' standardized rope_parameters:
-    one flat dict, or (Gemma 3) one dict per layer type."""
+def ropes(
+    raw: Mapping[str, Any],
+    arch: ArchSpec,
+    head_dim: int,
+    max_context: int | None,
+    type_dims: Mapping[str, int] | None = None,
+):
+    """((key, RopeSpec), ...), rotary_dim (the widest table's) from transformers' standardized
+    rope_parameters: one flat dict, or (Gemma 3) one dict per layer type. type_dims: the head_dim
+    of each layer type's layers where it differs from head_dim (Gemma 4's global_head_dim)."""
     params = raw.get("rope_parameters") or {}
     if not isinstance(params, Mapping):
         raise UnsupportedConfig(f"config key 'rope_parameters' = {_show(params)} is not a mapping")
@@ -58,8 +68,8 @@ def ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: in
             f" which {arch.model_type!r} does not implement"
         )
     tables = dict(params) if per_type else {"all": params}
-    factors = {float(t.get("partial_rotary_factor", 1.0)) for t in tables.values()}
-    factor = factors.pop()
+    factors = {float(t.get("partial_rotary_factor", 1.0)) for t in tables.values() if not _proportional(t)}
+    factor = factors.pop() if factors else 1.0
     if factors:
         raise UnsupportedConfig(f"rotary tables with different partial_rotary_factor {sorted(factors | {factor})}")
     if factor != 1.0 and "partial_rotary" not in arch.features:
@@ -67,13 +77,14 @@ def ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: in
             f"config key 'partial_rotary_factor' = {factor} is not implemented for "
             f"{arch.model_type!r}; only families with partial rotary (phi3) take it"
         )
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2 or rotary_dim <= 0:
-        raise UnsupportedConfig(
-            f"partial_rotary_factor {factor} gives {rotary_dim} rotary dims of {head_dim}; need an even number > 0"
-        )
     out = []
     for key, table in tables.items():
+        width = (type_dims or {}).get(key, head_dim)
+        dims = width if _proportional(table) else int(width * factor)
+        if dims % 2 or dims <= 0:
+            raise UnsupportedConfig(
+                f"partial_rotary_factor {factor} gives {dims} rotary dims of {width}; need an even number > 0"
+            )
         kind = table.get("rope_type", table.get("type", "default"))
         theta = float(table.get("rope_theta", 10000.0))
         bound = None
@@ -92,5 +103,9 @@ def ropes(raw: Mapping[str, Any], arch: ArchSpec, head_dim: int, max_context: in
                 f" not supported; supported: {', '.join(STATIC_ROPE_TYPES + BOUNDED_ROPE_TYPES)}"
                 f" ({'/'.join(BOUNDED_ROPE_TYPES)} only up to their original context)"
             )
-        out.append((key, RopeSpec(kind, theta, bound)))
-    return tuple(out), rotary_dim
+        out.append((key, RopeSpec(kind, theta, bound, dims)))
+    return tuple(out), max(spec.dims for _, spec in out)
+
+
+def _proportional(table: Mapping[str, Any]) -> bool:
+    return table.get("rope_type") == "proportional"

@@ -45,10 +45,11 @@ class TensorSource(Protocol):
 
 
 class ModuleSource:
-    """The parameters of a loaded torch model (the first name of a tied parameter is canonical)."""
+    """The parameters and buffers of a loaded torch model (the first name of a tied parameter is
+    canonical); a buffer such as Gemma 4's layer_scalar is read like a weight."""
 
     def __init__(self, model: torch.nn.Module):
-        self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._params = dict(model.named_buffers()) | dict(model.named_parameters(remove_duplicate=False))
         first: dict[int, str] = {}
         for name, p in self._params.items():
             first.setdefault(id(p), name)
@@ -122,6 +123,7 @@ def skeleton(config) -> torch.nn.Module:
     return model.eval()
 
 
+FORWARD_READS_EMBEDDING = frozenset({"gemma4"})  # model types whose forward reads the embedding weight directly
 DTYPE_ATTR = "weight_dtype"  # the dtype a streamed skeleton's forwards load their weights in
 
 
@@ -147,17 +149,24 @@ def lazy_forward(model: torch.nn.Module, source: TensorSource) -> None:
     unless weights_dtype says otherwise) just before and puts them back on the meta device just
     after, so a forward holds one layer's weights at a time."""
     setattr(model, DTYPE_ATTR, torch.float32)
+    # Gemma 4's multimodal forward reads embed_tokens.weight itself, after the embedding's own forward
+    embed = model.get_input_embeddings() if model.config.model_type in FORWARD_READS_EMBEDDING else None
+    keep: list[bool] = [False]  # within a whole-model forward: the input embedding stays loaded
     for prefix, unit in _units(model):
         own = [(owner, attr, f"{prefix}.{n}" if prefix else n) for n, owner, attr in _parameters(unit)]
         if not own:
             continue
+        if unit is embed:
+            _keep_loaded(model, unit, own, source, keep)
 
         def load(_mod, _args, own=own):
             dtype = getattr(model, DTYPE_ATTR)
             for owner, attr, full in own:
                 owner._parameters[attr] = torch.nn.Parameter(source.get(full).to(dtype), requires_grad=False)
 
-        def drop(_mod, _args, _out, own=own):
+        def drop(_mod, _args, _out, own=own, pinned=unit is embed):
+            if pinned and keep[0]:
+                return
             for owner, attr, _ in own:
                 owner._parameters[attr] = torch.nn.Parameter(
                     torch.empty_like(owner._parameters[attr], device="meta"), requires_grad=False
@@ -165,6 +174,26 @@ def lazy_forward(model: torch.nn.Module, source: TensorSource) -> None:
 
         unit.register_forward_pre_hook(load)
         unit.register_forward_hook(drop)
+
+
+def _keep_loaded(model: torch.nn.Module, unit: torch.nn.Module, own: list, source: TensorSource, keep: list) -> None:
+    """Keep the input embedding's weight loaded through a whole forward of `model`."""
+
+    def start(_mod, _args):
+        keep[0] = True
+        dtype = getattr(model, DTYPE_ATTR)
+        for owner, attr, full in own:
+            owner._parameters[attr] = torch.nn.Parameter(source.get(full).to(dtype), requires_grad=False)
+
+    def end(_mod, _args, _out):
+        keep[0] = False
+        for owner, attr, _ in own:
+            owner._parameters[attr] = torch.nn.Parameter(
+                torch.empty_like(owner._parameters[attr], device="meta"), requires_grad=False
+            )
+
+    model.register_forward_pre_hook(start)
+    model.register_forward_hook(end)
 
 
 def _parameters(unit: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
@@ -234,6 +263,11 @@ def open_streamed(folder: Path, config) -> torch.nn.Module:
             f"{Path(folder).name}: the checkpoint's tensor names are not the model's"
             f" ({len(missing)} missing, e.g. {missing[0]!r}); it cannot be streamed"
         )
+    for prefix, module in model.named_modules():  # persistent buffers the checkpoint holds (layer_scalar)
+        for attr, buffer in list(module._buffers.items()):
+            full = f"{prefix}.{attr}" if prefix else attr
+            if buffer is not None and attr not in module._non_persistent_buffers_set and source.has(full):
+                module._buffers[attr] = source.get(full).to(buffer.dtype)
     attach(model, source)
     if (Path(folder) / "generation_config.json").is_file():  # eos ids, as from_pretrained reads them
         from transformers import GenerationConfig

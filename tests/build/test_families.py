@@ -118,6 +118,7 @@ FEATURE_OFF = {  # name -> config overrides that remove its feature (the referen
         }
     ),
     "exaone4": dict(sliding_window=100000),  # windows (its full layers stay NoPE)
+    "gemma4_text": dict(sliding_window=100000),  # windows on the owning and the K/V-sharing layers
     "exaone4-global": dict(layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=100000),
     "lfm2-bias": dict(conv_bias=False),
     "granitemoehybrid": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),

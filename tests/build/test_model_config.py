@@ -196,6 +196,19 @@ REFUSALS = [  # (family, config overrides, words the one-line error must contain
     ("gemma3_text", dict(use_bidirectional_attention=True), ["'use_bidirectional_attention'", "True"]),
     ("gemma", dict(query_pre_attn_scalar=24), ["'query_pre_attn_scalar'", "24"]),
     ("qwen2", dict(clip_qkv=8.0), ["'clip_qkv'", "8.0"]),
+    # Gemma 4 26B-A4B: a mixture-of-experts block beside each MLP
+    (
+        "gemma4_text",
+        dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+        ["'enable_moe_block'", "True", "mixture of experts"],
+    ),
+    ("gemma4_text", dict(use_bidirectional_attention="all"), ["'use_bidirectional_attention'", "'all'"]),
+    # Gemma 4 31B: keys as values with K/V heads of their own on the full-attention layers
+    (
+        "gemma4_text",
+        dict(attention_k_eq_v=True, num_global_key_value_heads=2),
+        ["'per_layer_config'", "2 K/V heads", "num_global_key_value_heads"],
+    ),
 ]
 
 

@@ -194,10 +194,14 @@ def test_graph_interface_follows_the_contract(arch, exported):
     spec = res.spec
     config = text_config(model.config)  # a multimodal wrapper's decoder config
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    # Gemma 4's layers have their own head_dim (per_layer_config): the caches take the widest
+    layer_configs = config.per_layer_config if getattr(config, "is_heterogeneous", False) else [config]
+    kv_heads = {getattr(c, "num_key_value_heads", None) or heads for c in layer_configs}.pop()
+    head_dim = max(getattr(c, "head_dim", None) or config.hidden_size // heads for c in layer_configs)
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    attention = [t for t in types if t in ("full_attention", "sliding_attention", "hybrid")]  # hybrid: Falcon-H1
+    owning = len(types) - (getattr(config, "num_kv_shared_layers", 0) or 0)  # Gemma 4: the last layers own no K/V
+    kv_types = ("full_attention", "sliding_attention", "hybrid")  # hybrid: Falcon-H1
+    attention = [t for t in types[:owning] if t in kv_types]
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (len(attention), kv_heads, head_dim)
     assert spec.states == tuple(s for t in types for s in _states_of(config, t))
     assert spec.embedding_rows == model.get_output_embeddings().weight.shape[0] == config.vocab_size
