@@ -148,7 +148,10 @@ Recurrent state (feature recurrent_state; a decoder entry's `states`; GraphSpec.
     the state after any accepted row of a verify call is returned by that call; the runtime keeps
     the states of the last positions (engine.StateHistory) and a rollback to any of them is a
     cursor move plus choosing which kept state the next call binds: O(1), nothing recomputed.
-    Cache slots and tree graphs carry no state in this version (a build refuses them).
+    A slots graph (feature recurrent_slots, 1.12) has these per slot b, suffixed like its caches:
+    state_index_slotb, past_state_{j}_slotb, new_state_{j}_slotb; each slot's recurrence runs on
+    its own packed rows (an idle slot's one throwaway row; its state_index is empty). Tree
+    graphs carry no state (a build refuses them).
 
 EAGLE-3 head graphs (feature eagle3_head; kind eagle3_head): one layer whose cache follows either layout
 (specexport/graphs/eagle.py writes both), with
@@ -163,7 +166,7 @@ from dataclasses import dataclass, field
 
 from .features import HEAD_MAJOR_INPLACE, TIME_MAJOR, features_for, needs_version, parse_version
 
-CONTRACT_VERSION = "1.11"
+CONTRACT_VERSION = "1.12"
 """major.minor: a runtime reads graphs of its own major version up to its own minor."""
 
 # TIME_MAJOR, HEAD_MAJOR_INPLACE: the kv_layout strings of manifests and graph metadata (features.py)
@@ -177,6 +180,7 @@ HEAD_TREE_VERSION = "1.8"  # an EAGLE-3 head's tree graph (tree_bias [S, M] over
 PORTABLE_TREE_VERSION = "1.9"  # a target's tree-verify graph in the time_major layout
 PORTABLE_SLOTS_VERSION = "1.10"  # a time_major decoder with several cache slots
 RECURRENT_VERSION = "1.11"  # a decoder with recurrent state tensors beside its K/V caches
+RECURRENT_SLOTS_VERSION = "1.12"  # a slots graph whose slots carry recurrent state, one set of names per slot
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -220,14 +224,19 @@ def new_value(layer: int, slot: int | None = None) -> str:
     return _slot(f"new_value_{layer}", slot)
 
 
-def past_state(site: int) -> str:
+def past_state(site: int, slot: int | None = None) -> str:
     """Recurrent state site j's input (feature recurrent_state): [1, *s_j], the state before the call."""
-    return f"past_state_{site}"
+    return _slot(f"past_state_{site}", slot)
 
 
-def new_state(site: int) -> str:
+def new_state(site: int, slot: int | None = None) -> str:
     """Recurrent state site j's output: [1, Rs, *s_j], the state after each state_index row."""
-    return f"new_state_{site}"
+    return _slot(f"new_state_{site}", slot)
+
+
+def state_index(slot: int | None = None) -> str:
+    """The rows whose state new_state_{j} returns: [Rs] (a slots graph: one per slot, feature recurrent_slots)."""
+    return _slot(STATE_INDEX, slot)
 
 
 def present_key(layer: int, slot: int | None = None) -> str:
@@ -424,10 +433,10 @@ class GraphSpec:
 
         if any(not shape or any(int(d) < 1 for d in shape) for shape in self.states):
             raise ValueError(f"state shapes must be non-empty with dims >= 1, got {list(self.states)}")
-        if self.states and (self.is_head or self.slots > 1 or self.tree):
+        if self.states and (self.is_head or self.tree):
             raise ValueError(
-                f"recurrent state is a batch-1 chain decoder's (contract {RECURRENT_VERSION}); got kind {self.kind},"
-                f" slots {self.slots}, tree {self.tree}"
+                f"recurrent state is a chain decoder's (contract {RECURRENT_SLOTS_VERSION}); got kind {self.kind},"
+                f" tree {self.tree}"
             )
         if self.tree and (self.slots > 1 or (self.is_head and not self.layout.in_place)):
             raise ValueError(
@@ -453,18 +462,18 @@ class GraphSpec:
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
         names += ([SLOT_ROWS] if self.slots > 1 else []) + list(self.layout.cursor_inputs)
         names += [POSITION_IDS, TREE_BIAS] if self.tree else []
-        names += [STATE_INDEX] if self.states else []
+        names += [state_index(b) for b in self.slot_ids] if self.states else []
         for i in range(self.num_layers):
             for b in self.slot_ids:
                 names += [past_key(i, b), past_value(i, b)]
-        return names + [past_state(j) for j in range(len(self.states))]
+        return names + [past_state(j, b) for j in range(len(self.states)) for b in self.slot_ids]
 
     def output_names(self) -> list[str]:
         names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.feature_width else [])
         for i in range(self.num_layers):
             for b in self.slot_ids:
                 names += self.layout.kv_outputs(i, b)
-        return names + [new_state(j) for j in range(len(self.states))]
+        return names + [new_state(j, b) for j in range(len(self.states)) for b in self.slot_ids]
 
     def cache_shape(self, max_context: int) -> tuple[int, int, int, int]:
         """Shape of one preallocated K or V buffer: [1, T_max, H_kv, D] (time_major) or

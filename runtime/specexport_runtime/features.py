@@ -41,6 +41,8 @@ VERSIONS: dict[tuple[str, str], str] = {
     ("idle_slots", TIME_MAJOR): "1.10",
     ("recurrent_state", TIME_MAJOR): "1.11",  # per-layer recurrent state in, the state after chosen rows out
     ("recurrent_state", HEAD_MAJOR_INPLACE): "1.11",
+    ("recurrent_slots", TIME_MAJOR): "1.12",  # cache slots whose sequences carry recurrent state
+    ("recurrent_slots", HEAD_MAJOR_INPLACE): "1.12",
 }
 FEATURES: frozenset[str] = frozenset(name for name, _ in VERSIONS)
 LAYOUT_FEATURE = {TIME_MAJOR: "time_major", HEAD_MAJOR_INPLACE: "head_major_in_place"}
@@ -61,7 +63,7 @@ def features_for(
     portable form masks windows with standard ops: no feature); slots > 1, cache slots, and idle
     slots without rows unless idle_rows (a 1.5 graph's throwaway row); a tree-verify graph (a
     head's own tree graph); states: recurrent layers (conv windows, linear-attention or SSM
-    states) beside the K/V caches."""
+    states) beside the K/V caches, per slot in a slots graph."""
     out = [LAYOUT_FEATURE[kv_layout]]
     if min_rows > 1 or head:
         out.append("row_padding")
@@ -77,6 +79,8 @@ def features_for(
         out.append("eagle3_head_tree" if head else "tree_verify")
     if states:
         out.append("recurrent_state")
+        if slots > 1:
+            out.append("recurrent_slots")
     return tuple(out)
 
 

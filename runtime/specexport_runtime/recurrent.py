@@ -34,10 +34,13 @@ STEP_ROWS = 64
 class StateHistory:
     """The kept recurrent states of one sequence (module docstring)."""
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], dtype, depth: int, max_rows: int):
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtype, depth: int, max_rows: int, slot: int | None = None):
+        """slot: the cache slot whose names (state_index_slot{b}, ...) bind() binds (None: one slot)."""
         if depth <= max_rows:
             raise InvalidArgument(f"state depth {depth} must exceed the rows of one call ({max_rows})")
         self.shapes, self.depth, self.max_rows = tuple(tuple(s) for s in shapes), depth, max_rows
+        self.index_name = contract.state_index(slot)
+        self.names = [(contract.past_state(j, slot), contract.new_state(j, slot)) for j in range(len(self.shapes))]
         slots = depth + max_rows
         self.ring = [np.full((slots, *s), 0, dtype) for s in self.shapes]
         self.zeros = [np.zeros((1, *s), dtype) for s in self.shapes]
@@ -75,12 +78,21 @@ class StateHistory:
         start = self._block(P, (P + int(rows[0]) + 1) % self.depth, rows.size)
         self._evict(range(start, start + rows.size))
         self._start = start
-        io.bind_cpu_input(contract.STATE_INDEX, rows)
-        for j, (past, ring) in enumerate(zip(self.state(P), self.ring)):
-            io.bind_input(contract.past_state(j), "cpu", 0, past.dtype, list(past.shape), past.ctypes.data)
+        io.bind_cpu_input(self.index_name, rows)
+        for j, (past, ring, (name_in, name_out)) in enumerate(zip(self.state(P), self.ring, self.names)):
+            io.bind_input(name_in, "cpu", 0, past.dtype, list(past.shape), past.ctypes.data)
             out = ring[start : start + rows.size]  # [Rs, *s_j], contiguous
             shape = [1, rows.size, *self.shapes[j]]
-            io.bind_output(contract.new_state(j), "cpu", 0, out.dtype, shape, out.ctypes.data)
+            io.bind_output(name_out, "cpu", 0, out.dtype, shape, out.ctypes.data)
+
+    def bind_idle(self, io, P: int) -> None:
+        """A slots graph's slot without rows this call: its throwaway row reads a kept state (the
+        zeros when P's is not kept), and no state comes back (an empty state_index)."""
+        io.bind_cpu_input(self.index_name, self.index[:0])
+        states = self.state(P) if self.kept(P) else self.zeros
+        for past, (name_in, name_out) in zip(states, self.names):
+            io.bind_input(name_in, "cpu", 0, past.dtype, list(past.shape), past.ctypes.data)
+            io.bind_output(name_out, "cpu")
 
     def _block(self, P: int, start: int, size: int) -> int:
         """The first of `size` consecutive slots for a call's states: `start` (its first row's

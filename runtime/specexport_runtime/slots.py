@@ -30,6 +30,7 @@ from .contract import GraphSpec
 from .engine import NP_DTYPES, SessionConfig, check_contract, check_layout_provider, make_session
 from .errors import ContractError, InvalidArgument
 from .model import CacheCursor, CallStats, plan_rows
+from .recurrent import STEP_ROWS, StateHistory
 
 
 def too_few_slots(root, has: int, wanted: int) -> InvalidArgument:
@@ -75,6 +76,19 @@ class SlotView(CacheCursor):
 
     def kv_nbytes(self) -> int:
         return self.model.kv_nbytes() // self.model.slots
+
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` rows; a slot of a recurrent graph also needs its state after them kept."""
+        states = self.model.states
+        if states is not None and 0 <= length <= self.length:
+            states[self.slot].state(length)  # InvalidArgument when it is not kept
+            states[self.slot].forget_after(length)
+        super().truncate(length)
+
+    def reset(self) -> None:
+        if self.model.states is not None:
+            self.model.states[self.slot].reset()
+        super().reset()
 
     def forward(self, ids, last_rows: int = 1, features=None, hidden=None) -> np.ndarray:
         """This slot alone in a call (the others get throwaway rows): model.Model's forward."""
@@ -126,6 +140,14 @@ class SlotModel:
         # logits of every slot's rows: [1, K * max_rows, V] fp32, allocated once
         self._logits = np.full((1, K * max_rows, spec.embedding_rows), 0, np.float32)
         self.lengths = np.zeros(K, np.int64)  # per-slot cursor P_b
+        # feature recurrent_slots: each slot keeps the state after its last max_rows + 1 positions
+        self.states = None
+        if spec.states:
+            if max_rows > STEP_ROWS:  # longer calls run a scan's chunked form (other bits)
+                raise InvalidArgument(
+                    f"a recurrent model's calls hold at most {STEP_ROWS} rows; got max_rows {max_rows}"
+                )
+            self.states = [StateHistory(spec.states, np.float32, max_rows + 1, max_rows, slot=b) for b in range(K)]
         self.stats = CallStats()
         self._io = self.session.io_binding()
         self._views = [SlotView(self, b) for b in range(K)]
@@ -163,6 +185,19 @@ class SlotModel:
             for name_in, name_out, ptr in names:
                 self._io.bind_input(name_in, "cpu", 0, dt, [1, P, H, D], ptr)
                 self._io.bind_output(name_out, "cpu", 0, dt, [1, S, H, D], ptr + P * self._row_bytes)
+
+    def _bind_states(self, by_slot: list[SlotCall | None]) -> dict[int, np.ndarray]:
+        """Bind every slot's states: a slot with a call its kept state and the rows of its real
+        tokens (recurrent.StateHistory.rows), an idle slot a throwaway read; -> slot -> rows bound."""
+        picked = {}
+        for b, c in enumerate(by_slot):
+            P, history = int(self.lengths[b]), self.states[b]
+            if c is None:
+                history.bind_idle(self._io, P)
+                continue
+            picked[b] = history.rows(len(c.ids), c.last_rows)
+            history.bind(self._io, P, picked[b])
+        return picked
 
     def view(self, slot: int) -> SlotView:
         return self._views[slot]
@@ -223,9 +258,12 @@ class SlotModel:
             self._bind_rows(rows)
         V = self.spec.embedding_rows
         io.bind_output(contract.LOGITS, "cpu", 0, np.float32, [1, R, V], self._logits.ctypes.data)
+        state_rows = self._bind_states(by_slot) if self.states is not None else {}
         t0 = time.perf_counter()
         self.session.run_with_iobinding(io)
         self.stats.add(int(rows.sum()), time.perf_counter() - t0)
+        for b, picked in state_rows.items():
+            self.states[b].store(int(self.lengths[b]), picked)
         out = []
         for c in calls:
             self.lengths[c.slot] += len(c.ids)

@@ -65,22 +65,18 @@ def check_config(spec: ModelSpec, recipe: Recipe) -> NormalizedConfig:
 
 def recurrent_refusal(norm: NormalizedConfig, recipe: Recipe) -> str | None:
     """Why a hybrid model (recurrent layers, feature recurrent_state) cannot be built as the
-    recipe asks, or None: its state rides through batch-1 chain calls only in this contract."""
+    recipe asks, or None: its state rides through chain calls (batch slots too) in this contract."""
     if not norm.state_shapes:
         return None
     asked = [
         what
-        for what, on in (
-            (f"max_batch {recipe.max_batch}", recipe.max_batch > 1),
-            ("tree_verify", recipe.tree_verify),
-            ("a system prompt", recipe.system_prompt is not None),
-        )
+        for what, on in (("tree_verify", recipe.tree_verify), ("a system prompt", recipe.system_prompt is not None))
         if on
     ]
     if not asked:
         return None
     return (
-        f"{norm.family} has recurrent layers, whose state this version carries through batch-1 chain calls"
+        f"{norm.family} has recurrent layers, whose state this version carries through chain calls"
         f" only; build without {', '.join(asked)}"
     )
 

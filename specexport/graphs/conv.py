@@ -14,6 +14,7 @@ size (row-invariant, bitwise), and the state after a row never depends on later 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,12 +41,15 @@ class ConvWeights:
     out_b: torch.Tensor | None
 
 
-def causal_conv(g: Graph, x: str, site: int, kernel: torch.Tensor, bias: torch.Tensor | None) -> str:
+def causal_conv(
+    g: Graph, x: str, site: int, kernel: torch.Tensor, bias: torch.Tensor | None, slot: int | None = None
+) -> str:
     """x [1, S, C] -> the causal depthwise conv of kernel [C, L] over (state site j's last L - 1
     rows, x) [1, S, C] (+ bias); the state after each state_index row leaves as new_state_{site}
-    (float32, as every state). Shared by LFM2's conv and the Mamba2 mixer (mamba.py)."""
+    (float32, as every state; a slots graph's rows of `slot`, with its names). Shared by LFM2's
+    conv and the Mamba2 and Gated DeltaNet mixers."""
     C, L = kernel.shape
-    past = contract.past_state(site)
+    past = contract.past_state(site, slot)
     if g.dtype_name != "float32":  # states are float32; a model-dtype value converts back exactly
         (past,) = g.op("Cast", [past], to=g.elem)
     (win,) = g.op("Concat", [past, x], axis=1)  # [1, L - 1 + S, C]
@@ -62,20 +66,36 @@ def causal_conv(g: Graph, x: str, site: int, kernel: torch.Tensor, bias: torch.T
     (idx,) = g.op(
         "Add",
         [
-            g.op("Unsqueeze", [contract.STATE_INDEX, _i64(g, "axes", [1])])[0],  # [Rs, 1]
+            g.op("Unsqueeze", [contract.state_index(slot), _i64(g, "axes", [1])])[0],  # [Rs, 1]
             _i64(g, "taps", np.arange(1, L, dtype=np.int64)[None, :]),  # [1, L - 1]
         ],
     )
-    state_out(g, g.op("Gather", [win, idx], axis=1)[0], site)  # [1, Rs, L - 1, C]
+    state_out(g, g.op("Gather", [win, idx], axis=1)[0], site, slot)  # [1, Rs, L - 1, C]
     return total
 
 
-def state_out(g: Graph, value: str, site: int) -> None:
-    """Name `value` [1, Rs, *s_j] the output new_state_{site}, in float32."""
+def state_out(g: Graph, value: str, site: int, slot: int | None = None) -> None:
+    """Name `value` [1, Rs, *s_j] the output new_state_{site} (of `slot`), in float32."""
     if g.dtype_name != "float32":
-        g.op("Cast", [value], [contract.new_state(site)], to=TensorProto.FLOAT)
+        g.op("Cast", [value], [contract.new_state(site, slot)], to=TensorProto.FLOAT)
     else:
-        g.op("Identity", [value], [contract.new_state(site)])
+        g.op("Identity", [value], [contract.new_state(site, slot)])
+
+
+Core = Callable[[list[str], int | None], list[str]]  # (a slot's rows of each input, slot) -> its outputs
+
+
+def per_slot(g: Graph, rows: tuple[str, str, str] | None, slots: int, xs: list[str], core: Core) -> list[str]:
+    """core over each slot's rows of the packed xs [1, N, C_i] (a recurrence runs per sequence),
+    its outputs [1, a_b, C'] packed back to [1, N, C']. rows: fused_slots.slot_rows(pad=False) of
+    a slots graph (gather [M], a_b [K], back [N]: an idle slot gets one throwaway row, whose
+    output is dropped and whose state nobody asks for); None: one slot, core(xs, None)."""
+    if rows is None:
+        return core(xs, None)
+    gather, sizes, back = rows
+    parts = [g.op("Split", [g.op("Gather", [x, gather], axis=1)[0], sizes], slots, axis=1) for x in xs]
+    outs = [core([p[b] for p in parts], b) for b in range(slots)]  # per slot: [1, a_b, C'] each
+    return [g.op("Gather", [g.op("Concat", list(o), axis=1)[0], back], axis=1)[0] for o in zip(*outs)]
 
 
 def conv_mixer(c, site: int, h: str, cw: ConvWeights) -> str:
@@ -86,7 +106,9 @@ def conv_mixer(c, site: int, h: str, cw: ConvWeights) -> str:
     bcx = c.linear(h, cw.in_proj, cw.in_b)  # [1, S, 3 C]
     b, gate, x = g.op("Split", [bcx, _i64(g, "split", [C, C, C])], 3, axis=-1)
     (bx,) = g.op("Mul", [b, x])  # [1, S, C]: the conv inputs
-    conv = causal_conv(g, bx, site, cw.kernel, cw.kernel_b)
+    (conv,) = per_slot(
+        g, c.slot_rows, c.slots, [bx], lambda p, slot: [causal_conv(g, p[0], site, cw.kernel, cw.kernel_b, slot)]
+    )
     (y,) = g.op("Mul", [gate, conv])
     return c.linear(y, cw.out, cw.out_b)
 
@@ -110,10 +132,12 @@ def state_interface(spec, inputs: list, outputs: list) -> tuple[list, list]:
     if not spec.states:
         return inputs, outputs
     info = helper.make_tensor_value_info
-    inputs = [*inputs, info(contract.STATE_INDEX, TensorProto.INT64, ["state_rows"])]
-    for j, shape in enumerate(spec.states):  # float32 whatever the graph dtype
-        inputs.append(info(contract.past_state(j), TensorProto.FLOAT, [1, *shape]))
-        outputs.append(info(contract.new_state(j), TensorProto.FLOAT, [1, "state_rows", *shape]))
+    for b in spec.slot_ids:  # a slot's state rows: state_rows (one slot), state_rows_slot{b}
+        rows = contract.state_index(b).replace(contract.STATE_INDEX, "state_rows")
+        inputs.append(info(contract.state_index(b), TensorProto.INT64, [rows]))
+        for j, shape in enumerate(spec.states):  # float32 whatever the graph dtype
+            inputs.append(info(contract.past_state(j, b), TensorProto.FLOAT, [1, *shape]))
+            outputs.append(info(contract.new_state(j, b), TensorProto.FLOAT, [1, rows, *shape]))
     order_in = {n: k for k, n in enumerate(spec.input_names())}
     order_out = {n: k for k, n in enumerate(spec.output_names())}
     return sorted(inputs, key=lambda v: order_in[v.name]), sorted(outputs, key=lambda v: order_out[v.name])

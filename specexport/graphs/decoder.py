@@ -37,6 +37,7 @@ from ..models.config import CONV, GDN, MAMBA2, NormalizedConfig, UnsupportedConf
 from ..models.mixers import HYBRID, MLP
 from ..models.streaming import Weights, source_of
 from .conv import conv_mixer, conv_weights, state_interface
+from .fused_slots import slot_rows
 from .gdn import deltanet_mixer, deltanet_weights
 from .layer_attention import head_norm, layer_attention
 from .layer_weights import LayerWeights, gated_rows, layer_weights
@@ -157,6 +158,8 @@ class _Ctx:
     ws: Weights
     per_layer: str | None = None  # per_layer_inputs.py: the inputs [1, S, L, P] (Gemma 4); None: none
     kv_rows: dict = field(default_factory=dict)  # owning layer i -> the (k, v) its attention was given
+    slots: int = 1  # cache slots (feature cache_slots)
+    slot_rows: tuple[str, str, str] | None = None  # fused_slots.slot_rows of a recurrent slots graph (conv.per_slot)
 
     def linear(self, x: str, site: Linear, bias: torch.Tensor | None) -> str:
         y = self.weights.linear(self.g, x, site)
@@ -351,10 +354,10 @@ def build_decoder(
     bad = [i for i in feature_layers if not 0 <= i < len(layers)]
     if bad:
         raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
-    if cfg.state_shapes and (slots > 1 or tree):
+    if cfg.state_shapes and tree:
         raise UnsupportedConfig(
-            f"{cfg.family}: recurrent layers carry no state through cache slots or tree graphs in contract"
-            f" {contract.RECURRENT_VERSION}; build it with max_batch 1 and chain drafts"
+            f"{cfg.family}: recurrent layers carry no state through tree graphs in contract"
+            f" {contract.RECURRENT_SLOTS_VERSION}; build it with chain drafts"
         )
     spec = GraphSpec(
         len(cfg.attention_layers),
@@ -375,7 +378,8 @@ def build_decoder(
         shape = attention_shape(model, cfg)
         rows = table_rows or (max_context or 0) + min_rows - 1 + pad
         call = ops.prepare(g, shape, slots, tree, pad=bool(pad), table_rows=rows)
-        c = _Ctx(g, ops, cfg, shape, call, weights, ws)
+        rows_of = slot_rows(g, slots, pad=False) if spec.states and slots > 1 else None
+        c = _Ctx(g, ops, cfg, shape, call, weights, ws, slots=slots, slot_rows=rows_of)
         features = _write(c, model, base, layers, feature_layers, tie_lm_head, on_layer)
         inputs, outputs = state_interface(spec, *ops.interface(spec, g.elem, features))
         padded = pad or min_rows > 1 or feature_layers

@@ -33,7 +33,7 @@ from specexport_runtime import contract
 from specexport_runtime.recurrent import MAX_CALL_ROWS
 
 from ..models.mixers import DeltaNetSpec
-from .conv import causal_conv, state_out
+from .conv import causal_conv, per_slot, state_out
 from .scan import decay, repeat_heads, scan_rows, step_or_chunk
 from .scan import f32 as _f32
 from .scan import i64 as _i64
@@ -92,10 +92,21 @@ def deltanet_mixer(c, site: int, u: str, dw: DeltaNetWeights, d: DeltaNetSpec) -
     """u [1, S, hidden] (the layer's normed input) -> the mixer output [1, S, hidden]; the conv
     window leaves as new_state_{site}, the delta-rule state as new_state_{site + 1}."""
     g = c.g
-    Hv, dk, dv, kd, vd = d.value_heads, d.key_dim, d.value_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim
+    Hv, dv, vd = d.value_heads, d.value_dim, d.value_heads * d.value_dim
     proj = c.linear(u, dw.proj, None)  # [1, S, conv_dim + vd + 2 Hv]
     qkv, z, b, a = g.op("Split", [proj, _i64(g, "split", [d.conv_dim, vd, Hv, Hv])], 4, axis=-1)
-    qkv = c.ops.activation(g, causal_conv(g, qkv, site, dw.kernel, None), "silu")
+    (o,) = per_slot(g, c.slot_rows, c.slots, [qkv, b, a], lambda p, slot: [_rule(c, site, *p, dw, d, slot)])
+    (o,) = g.op("Reshape", [o, _i64(g, "shape", [-1, Hv, dv])])  # [S, Hv, dv]
+    y = _gated_norm(g, o, z, dw, d)
+    return c.linear(y, dw.out, None)
+
+
+def _rule(c, site: int, qkv: str, b: str, a: str, dw: DeltaNetWeights, d: DeltaNetSpec, slot: int | None) -> str:
+    """One sequence's rows: qkv [1, S, conv_dim], b, a [1, S, Hv] (model dtype) -> o [1, S, Hv dv]
+    float32, its conv window and delta-rule state leaving as new_state_{site}, new_state_{site + 1}."""
+    g = c.g
+    Hv, dk, dv, kd, vd = d.value_heads, d.key_dim, d.value_dim, d.key_heads * d.key_dim, d.value_heads * d.value_dim
+    qkv = c.ops.activation(g, causal_conv(g, qkv, site, dw.kernel, None, slot), "silu")
     if g.dtype_name != "float32":
         qkv, b, a = (g.op("Cast", [t], to=TensorProto.FLOAT)[0] for t in (qkv, b, a))
     (qkv,) = g.op("Reshape", [qkv, _i64(g, "shape", [-1, d.conv_dim])])  # [S, conv_dim]
@@ -109,17 +120,20 @@ def deltanet_mixer(c, site: int, u: str, dw: DeltaNetWeights, d: DeltaNetSpec) -
         [g.op("Add", [g.op("Reshape", [a, _i64(g, "shape", [-1, Hv])])[0], _f32(g, "dt_bias", dw.dt_bias.numpy())])[0]],
     )
     (gate,) = g.op("Mul", [sp, _f32(g, "neg_A", (-torch.exp(dw.a_log)).numpy())])  # g [S, Hv]
-    s0 = contract.past_state(site + 1)
-    (s0,) = g.op("Reshape", [s0, _i64(g, "shape", [Hv, dk, dv])])
+    (s0,) = g.op("Reshape", [contract.past_state(site + 1, slot), _i64(g, "shape", [Hv, dk, dv])])
+    idx = contract.state_index(slot)
     o, states = step_or_chunk(
-        g, beta, lambda sub: _step(sub, q, k, v, beta, gate, s0), lambda sub: _chunk(sub, q, k, v, beta, gate, s0), 2
+        g,
+        beta,
+        lambda sub: _step(sub, q, k, v, beta, gate, s0, idx),
+        lambda sub: _chunk(sub, q, k, v, beta, gate, s0, idx),
+        2,
     )  # o [S, Hv, dv]; states [1, Rs, Hv, dk, dv]
-    state_out(g, states, site + 1)
-    y = _gated_norm(g, o, z, dw, d)
-    return c.linear(y, dw.out, None)
+    state_out(g, states, site + 1, slot)
+    return g.op("Reshape", [o, _i64(g, "shape", [1, -1, vd])])[0]
 
 
-def _step(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str) -> list[str]:
+def _step(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx: str) -> list[str]:
     """The delta rule row after row -> [o [S, Hv, dv], states [1, Rs, Hv, dk, dv]]:
     S <- exp(g_t) S;  S <- S + k_t ((v_t - S^T k_t) beta_t)^T;  o_t = S^T q_t."""
     (eg,) = g.op("Exp", [gate])  # [S, Hv]
@@ -136,11 +150,11 @@ def _step(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str) -> li
         return [st], [bg.op("Squeeze", [o, _i64(bg, "axes", [1])])[0], st]
 
     _, os_, ss = scan_rows(g, [s0], [eg, beta, q_s, k_s, v_s], body, 2)  # os_ [S, Hv, dv]; ss [S, Hv, dk, dv]
-    (states,) = g.op("Gather", [ss, contract.STATE_INDEX], axis=0)  # [Rs, Hv, dk, dv]
+    (states,) = g.op("Gather", [ss, idx], axis=0)  # [Rs, Hv, dk, dv]
     return [os_, _unsq(g, states, 0)]
 
 
-def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str) -> list[str]:
+def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx: str) -> list[str]:
     """The chunked form over the call's rows (module docstring) -> [o [S, Hv, dv], states [1, Rs, Hv, dk, dv]]."""
     dec = decay(g, gate)
     cum, decay_m, strict, zero = dec.cum, dec.matrix, dec.strict, _f32(g, "zero", 0.0)  # [Hv, S], [Hv, S, S]
@@ -157,7 +171,7 @@ def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str) -> l
     (intra,) = g.op("Mul", [g.op("MatMul", [q, kt])[0], decay_m])  # [Hv, S, S]
     (inter,) = g.op("MatMul", [g.op("Mul", [q, gcol])[0], s0])
     (o,) = g.op("Add", [inter, g.op("MatMul", [intra, vnew])[0]])  # [Hv, S, dv]
-    return [_t(g, o, 1, 0, 2), _chunk_states(g, decay_m, k, vnew, grow, s0)]
+    return [_t(g, o, 1, 0, 2), _chunk_states(g, decay_m, k, vnew, grow, s0, idx)]
 
 
 def _solve(g: Graph, nil: str, x: str) -> str:
@@ -170,9 +184,8 @@ def _solve(g: Graph, nil: str, x: str) -> str:
     return y
 
 
-def _chunk_states(g: Graph, decay: str, k: str, vnew: str, grow: str, s0: str) -> str:
-    """[1, Rs, Hv, dk, dv]: S_r for each state_index row r."""
-    idx = contract.STATE_INDEX
+def _chunk_states(g: Graph, decay: str, k: str, vnew: str, grow: str, s0: str, idx: str) -> str:
+    """[1, Rs, Hv, dk, dv]: S_r for each row r of state_index `idx`."""
     (dr,) = g.op("Gather", [decay, idx], axis=1)  # [Hv, Rs, S]
     (kd,) = g.op("Mul", [_unsq(g, dr, 3), _unsq(g, k, 1)])  # [Hv, Rs, S, dk]
     (sr,) = g.op("MatMul", [_t(g, kd, 0, 1, 3, 2), _unsq(g, vnew, 1)])  # [Hv, Rs, dk, dv]

@@ -29,7 +29,7 @@ from onnx import TensorProto
 from specexport_runtime import contract
 
 from ..models.mixers import MambaSpec
-from .conv import causal_conv, state_out
+from .conv import causal_conv, per_slot, state_out
 from .scan import decay, repeat_heads, scan_rows, step_or_chunk
 from .scan import f32 as _f32
 from .scan import i64 as _i64
@@ -79,7 +79,7 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
     """u [1, S, hidden] (the layer's normed input) -> the mixer output [1, S, hidden]; the conv
     window leaves as new_state_{site}, the scan state as new_state_{site + 1}."""
     g = c.g
-    H, P, N, G, inner = m.heads, m.head_dim, m.state_size, m.groups, m.inner
+    H, N, G, inner = m.heads, m.state_size, m.groups, m.inner
     if m.in_multiplier != 1.0:  # Falcon-H1: ssm_in_multiplier
         (u,) = g.op("Mul", [u, g.scalar("ssm_in", m.in_multiplier)])
     proj = c.linear(u, mw.in_proj, mw.in_b)  # [1, S, I + conv_dim + H]
@@ -88,7 +88,17 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
         vector = np.concatenate([np.full(w, f) for w, f in zip(widths, m.projection_multipliers)])
         (proj,) = g.op("Mul", [proj, g.const("mup_vector", vector.astype(g.np_dtype))])
     gate, xbc, dt = g.op("Split", [proj, _i64(g, "split", [inner, m.conv_dim, H])], 3, axis=-1)
-    xbc = causal_conv(g, xbc, site, mw.kernel, mw.kernel_b)
+    (y,) = per_slot(g, c.slot_rows, c.slots, [xbc, dt], lambda p, slot: [_ssm(c, site, p[0], p[1], mw, m, slot)])
+    y = _gated_norm(g, y, gate, mw, m)
+    return c.linear(y, mw.out, mw.out_b)
+
+
+def _ssm(c, site: int, xbc: str, dt: str, mw: MambaWeights, m: MambaSpec, slot: int | None) -> str:
+    """One sequence's rows: xbc [1, S, conv_dim], dt [1, S, H] (model dtype) -> y [1, S, I]
+    float32, its conv window and scan state leaving as new_state_{site}, new_state_{site + 1}."""
+    g = c.g
+    H, P, N, G, inner = m.heads, m.head_dim, m.state_size, m.groups, m.inner
+    xbc = causal_conv(g, xbc, site, mw.kernel, mw.kernel_b, slot)
     xbc = c.ops.activation(g, xbc, "silu")
     if g.dtype_name != "float32":
         (xbc,) = g.op("Cast", [xbc], to=TensorProto.FLOAT)
@@ -105,18 +115,17 @@ def mamba_mixer(c, site: int, u: str, mw: MambaWeights, m: MambaSpec) -> str:
     (dtx,) = g.op("Mul", [x, g.op("Unsqueeze", [dt, _i64(g, "axes", [2])])[0]])  # [S, H, P]
     (b,) = g.op("Reshape", [b, _i64(g, "shape", [-1, G, N])])  # [S, G, N]
     (cc,) = g.op("Reshape", [cc, _i64(g, "shape", [-1, G, N])])
-    (h0,) = g.op("Reshape", [contract.past_state(site + 1), _i64(g, "shape", [H, P, N])])
+    (h0,) = g.op("Reshape", [contract.past_state(site + 1, slot), _i64(g, "shape", [H, P, N])])
+    idx = contract.state_index(slot)
     y, states = step_or_chunk(
-        g, dt, lambda sub: _step(sub, a, dtx, b, cc, h0, m), lambda sub: _chunk(sub, a, dtx, b, cc, h0, m), 2
+        g, dt, lambda sub: _step(sub, a, dtx, b, cc, h0, idx, m), lambda sub: _chunk(sub, a, dtx, b, cc, h0, idx, m), 2
     )  # y [S, H, P]; states [1, Rs, H, P, N]
     (y,) = g.op("Add", [y, g.op("Mul", [x, _f32(g, "D", mw.d.numpy()[:, None])])[0]])  # + D x
-    (y,) = g.op("Reshape", [y, _i64(g, "shape", [1, -1, inner])])
-    state_out(g, states, site + 1)
-    y = _gated_norm(g, y, gate, mw, m)
-    return c.linear(y, mw.out, mw.out_b)
+    state_out(g, states, site + 1, slot)
+    return g.op("Reshape", [y, _i64(g, "shape", [1, -1, inner])])[0]
 
 
-def _step(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, m: MambaSpec) -> list[str]:
+def _step(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, idx: str, m: MambaSpec) -> list[str]:
     """The step recurrence over the call's rows -> [y [S, H, P], states [1, Rs, H, P, N]]:
     h <- exp(a_t) h + dtx_t B_t^T;  y_t = h C_t."""
     (da,) = g.op("Exp", [a])  # [S, H]
@@ -132,11 +141,11 @@ def _step(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, m: MambaSpec) ->
         return [h], [bg.op("Squeeze", [y, _i64(bg, "axes", [2])])[0], h]
 
     _, ys, hs = scan_rows(g, [h0], [da, dtx, b_s, c_s], body, 2)  # ys [S, H, P]; hs [S, H, P, N]
-    (states,) = g.op("Gather", [hs, contract.STATE_INDEX], axis=0)  # [Rs, H, P, N]
+    (states,) = g.op("Gather", [hs, idx], axis=0)  # [Rs, H, P, N]
     return [ys, g.op("Unsqueeze", [states, _i64(g, "axes", [0])])[0]]
 
 
-def _chunk(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, m: MambaSpec) -> list[str]:
+def _chunk(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, idx: str, m: MambaSpec) -> list[str]:
     """The chunked form over the call's rows (module docstring) -> [y [S, H, P], states [1, Rs, H, P, N]]."""
     dec = decay(g, a)
     b_h, c_h = _heads(g, b, m), _heads(g, cc, m)  # [H, S, N]
@@ -147,12 +156,11 @@ def _chunk(g: Graph, a: str, dtx: str, b: str, cc: str, h0: str, m: MambaSpec) -
     (grow,) = g.op("Exp", [dec.cum])  # [H, S]: exp(cum_t), decay of h0 to row t
     (y_off,) = g.op("Mul", [y_off, g.op("Unsqueeze", [grow, _i64(g, "axes", [2])])[0]])
     (y,) = g.op("Transpose", [g.op("Add", [y, y_off])[0]], perm=[1, 0, 2])
-    return [y, _chunk_states(g, dec.matrix, dtx, b_h, grow, h0)]
+    return [y, _chunk_states(g, dec.matrix, dtx, b_h, grow, h0, idx)]
 
 
-def _chunk_states(g: Graph, decay: str, dtx: str, b_h: str, grow: str, h0: str) -> str:
-    """[1, Rs, H, P, N]: h_r for each state_index row r (module docstring)."""
-    idx = contract.STATE_INDEX
+def _chunk_states(g: Graph, decay: str, dtx: str, b_h: str, grow: str, h0: str, idx: str) -> str:
+    """[1, Rs, H, P, N]: h_r for each row r of state_index `idx` (module docstring)."""
     (lr,) = g.op("Gather", [decay, idx], axis=1)  # [H, Rs, S]
     (t,) = g.op(
         "Mul", [g.op("Unsqueeze", [lr, _i64(g, "axes", [3])])[0], g.op("Unsqueeze", [dtx, _i64(g, "axes", [1])])[0]]

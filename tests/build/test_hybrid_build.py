@@ -23,8 +23,8 @@ def _config_only_folder(tmp_path, **overrides):
     return folder
 
 
-@pytest.mark.parametrize("ask, named", [(dict(max_batch=2), "max_batch 2"), (dict(tree_verify=True), "tree_verify")])
-def test_batch_slots_and_trees_are_refused_before_weights_load(tmp_path, ask, named):
+@pytest.mark.parametrize("ask, named", [(dict(tree_verify=True), "tree_verify")])
+def test_trees_are_refused_before_weights_load(tmp_path, ask, named):
     folder = _config_only_folder(tmp_path)
     recipe = write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}, **ask)
     result = CliRunner().invoke(cli, ["build", str(recipe), "-o", str(tmp_path / "out"), "--quiet"])
