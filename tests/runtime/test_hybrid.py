@@ -267,3 +267,23 @@ def test_a_recurrent_model_keeps_states_for_its_longest_verify_call(gens):
     assert target.max_rows == max(m.max_gamma + 1, m.target.min_rows) < 64
     kept = sum(r.shape[0] + z.shape[0] for r, z in zip(target.states.ring, target.states.zeros)) // len(m.target.states)
     assert kept == state_positions(m.max_gamma)
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "granitemoehybrid",
+        "lfm2",
+        pytest.param("nemotron_h", marks=pytest.mark.slow),
+        pytest.param("falcon_h1", marks=pytest.mark.slow),
+    ],
+)
+def test_an_int8_hybrid_target_speculates_bit_for_bit(artifacts, arch):
+    """An int8 (MatMulNBits) target of a hybrid, the mixers' projections quantized too: rows
+    measured bitwise, and greedy speculation equals its own target-only decoding."""
+    gen = load(artifacts(arch, "int8-target"))
+    assert gen.manifest.target.exactness == "bitwise" and gen.manifest.target.precision == "int8"
+    for prompt in [*PROMPTS, LONG_PROMPTS[arch][0]]:
+        off = gen.generate(prompt, max_new_tokens=GENERATE, speculative=False).token_ids
+        for gamma in (3, 8):
+            assert gen.generate(prompt, max_new_tokens=GENERATE, proposer="ngram", gamma=gamma).token_ids == off
