@@ -83,3 +83,14 @@ def test_dflash_needs_its_drafter():
     assert registry.recipe_default("dflash_block") == "dflash"
     with pytest.raises(InvalidArgument, match="needs an artifact with a DFlash block drafter"):
         registry.check_available("dflash", "eagle3_head")
+
+
+def test_sampled_dflash_keeps_the_targets_first_two_tokens(gens):
+    """Each draft's q is its own block row's distribution: speculative sampling with those rows
+    keeps the target's law of the first two tokens (chi-square against the exact law, and a TV
+    bound against target-only samples; tests/runtime/exactness_support.py)."""
+    from exactness_support import check_first_two_tokens_follow_target
+
+    gen = gens("dflash")
+    assert gen.draft.spec.kind == "dflash_block"
+    check_first_two_tokens_follow_target(gen, PROMPTS[0], "dflash", N=1000)
