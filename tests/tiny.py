@@ -459,7 +459,8 @@ def build_tiny_artifact(
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
     EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
-    the portable form; 'dflash' a 4-layer Qwen3 target with a random DFlash drafter. A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
+    the portable form; 'dflash' a 4-layer Qwen3 target with a random DFlash drafter.
+    A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
     'noisy-fused-tree'; portable: 1.9, 'noisy-tree'). A
     '-numerical' suffix (before it) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
