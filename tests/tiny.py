@@ -459,7 +459,8 @@ def build_tiny_artifact(
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
     EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
-    the portable form. A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
+    the portable form; 'dflash' a 4-layer Qwen3 target with a random DFlash drafter.
+    A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
     'noisy-fused-tree'; portable: 1.9, 'noisy-tree'). A
     '-numerical' suffix (before it) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
@@ -488,6 +489,11 @@ def build_tiny_artifact(
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
     workdir.mkdir(parents=True, exist_ok=True)
     target = make_model(arch)
+    if draft_kind == "dflash":  # a 4-layer Qwen3 target with a random DFlash drafter (tests/dflash_support.py)
+        from dflash_support import tiny_drafter, tiny_target
+
+        target = tiny_target()
+        tiny_drafter(workdir / "drafter")
     target_dir = save_hf_folder(target, workdir / "target-hf")
     if draft_kind == "self":
         draft = {"model": str(target_dir), "precision": precision}
@@ -496,6 +502,8 @@ def build_tiny_artifact(
         draft = {"model": str(draft_dir), "precision": precision}
     elif draft_kind == "ngram":
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
+    elif draft_kind == "dflash":
+        draft = {"model": str(workdir / "drafter"), "precision": precision}
     elif draft_kind in ("eagle3", "eagle3-portable"):  # a random EAGLE-3 head (tests/eagle_heads.py)
         from eagle_heads import make_tiny_head_folder
 

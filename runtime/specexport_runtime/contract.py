@@ -153,6 +153,19 @@ Recurrent state (feature recurrent_state; a decoder entry's `states`; GraphSpec.
     its own packed rows (an idle slot's one throwaway row; its state_index is empty). Tree
     graphs carry no state (a build refuses them).
 
+DFlash block drafters (feature dflash_block; kind dflash_block, time_major only)
+    One call drafts a block: C context rows (the target's hidden_states of the C positions
+    committed since the last call) and then B block rows (the last committed token, B - 1 mask
+    tokens), at positions P .. P+C+B-1:
+    input_ids      int64     [1, B]              the block's tokens
+    context        float32   [1, C, F]           C >= 0 target hidden_states rows, F = layers x hidden
+    logits_index   int64     [R]                 block rows whose logits are returned
+    past_key_{i}   kv_dtype  [1, P, H_kv, D]     the drafter's own cache (context rows only)
+ -> logits         float32   [1, R, V]           through the target's output head
+    new_key_{i}    kv_dtype  [1, C+B, H_kv, D]   K (rotary applied) and V of the context, then block rows
+    Block rows attend to every key (past, context, the whole block); context rows have no query.
+    The runtime keeps the C context rows (cursor P + C) and drops the block's rows by a cursor move.
+
 EAGLE-3 head graphs (feature eagle3_head; kind eagle3_head): one layer whose cache follows either layout
 (specexport/graphs/eagle.py writes both), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
@@ -181,6 +194,7 @@ PORTABLE_TREE_VERSION = "1.9"  # a target's tree-verify graph in the time_major 
 PORTABLE_SLOTS_VERSION = "1.10"  # a time_major decoder with several cache slots
 RECURRENT_VERSION = "1.11"  # a decoder with recurrent state tensors beside its K/V caches
 RECURRENT_SLOTS_VERSION = "1.12"  # a slots graph whose slots carry recurrent state, one set of names per slot
+DFLASH_VERSION = "1.12"  # a DFlash block drafter (kind dflash_block, time_major)
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -193,12 +207,13 @@ POSITION_IDS = "position_ids"  # feature tree_verify: int64 [1, S] P + depth of 
 TREE_BIAS = "tree_bias"  # feature tree_verify: float32 [S, S] 0 on a row's ancestors and itself, lowest elsewhere
 HIDDEN_STATES = "hidden_states"  # feature eagle3_head: target features for a draft head
 STATE_INDEX = "state_index"  # feature recurrent_state: int64 [Rs] rows whose state new_state_{j} returns
-DECODER, EAGLE3_HEAD = "decoder", "eagle3_head"  # graph kinds
-GRAPH_KINDS = (DECODER, EAGLE3_HEAD)
+DECODER, EAGLE3_HEAD, DFLASH_BLOCK = "decoder", "eagle3_head", "dflash_block"  # graph kinds
+GRAPH_KINDS = (DECODER, EAGLE3_HEAD, DFLASH_BLOCK)
 # the EAGLE-3 head graph (feature eagle3_head; specexport/graphs/eagle.py): extra inputs and output
 HEAD_FEATURES = "features"  # [1, S, F] the target's hidden_states rows
 HEAD_HIDDEN = "draft_hidden"  # [1, S, H] the head's own earlier hidden_out rows
 HEAD_HIDDEN_OUT = "hidden_out"  # [1, R, H]
+DFLASH_CONTEXT = "context"  # feature dflash_block: [1, C, F] the target's hidden_states rows of C new positions
 
 KV_DTYPES = ("float32", "float16")
 
@@ -345,6 +360,7 @@ def version_for(
     idle_rows: int = 0,
     tree: bool = False,
     states: bool = False,
+    dflash: bool = False,
 ) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
@@ -352,9 +368,9 @@ def version_for(
     batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do;
     time_major 1.10);
     tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9); states:
-    recurrent state tensors (1.11)."""
+    recurrent state tensors (1.11); dflash: a DFlash block drafter (1.12, time_major)."""
     layout_of(kv_layout)  # ValueError for an unknown layout
-    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states)
+    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states, dflash)
     return needs_version(facts, kv_layout)
 
 
@@ -421,6 +437,8 @@ class GraphSpec:
             raise ValueError(f"kind {self.kind!r} is not one of {GRAPH_KINDS}")
         if self.kind == EAGLE3_HEAD and not (self.feature_width and self.hidden_width):
             raise ValueError("an eagle3_head graph has feature_width and hidden_width > 0")
+        if self.kind == DFLASH_BLOCK and not (self.feature_width and self.kv_layout == TIME_MAJOR and self.slots == 1):
+            raise ValueError("a dflash_block graph is time_major, of one slot, with feature_width > 0")
         if any(w < 1 for w in self.windows):
             raise ValueError(f"windows must be >= 1, got {list(self.windows)}")
         if self.slots < 1:
@@ -456,10 +474,11 @@ class GraphSpec:
     @property
     def has_features(self) -> bool:
         """A decoder with the hidden_states output [1, S, F] (a head's feature_width is its input's)."""
-        return bool(self.feature_width) and not self.is_head
+        return bool(self.feature_width) and self.kind == DECODER
 
     def input_names(self) -> list[str]:
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
+        names[1:1] = [DFLASH_CONTEXT] if self.kind == DFLASH_BLOCK else []
         names += ([SLOT_ROWS] if self.slots > 1 else []) + list(self.layout.cursor_inputs)
         names += [POSITION_IDS, TREE_BIAS] if self.tree else []
         names += [state_index(b) for b in self.slot_ids] if self.states else []
@@ -469,7 +488,7 @@ class GraphSpec:
         return names + [past_state(j, b) for j in range(len(self.states)) for b in self.slot_ids]
 
     def output_names(self) -> list[str]:
-        names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.feature_width else [])
+        names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.has_features else [])
         for i in range(self.num_layers):
             for b in self.slot_ids:
                 names += self.layout.kv_outputs(i, b)

@@ -43,6 +43,7 @@ VERSIONS: dict[tuple[str, str], str] = {
     ("recurrent_state", HEAD_MAJOR_INPLACE): "1.11",
     ("recurrent_slots", TIME_MAJOR): "1.12",  # cache slots whose sequences carry recurrent state
     ("recurrent_slots", HEAD_MAJOR_INPLACE): "1.12",
+    ("dflash_block", TIME_MAJOR): "1.12",  # a DFlash drafter: a block of drafts from the target's hidden states
 }
 FEATURES: frozenset[str] = frozenset(name for name, _ in VERSIONS)
 LAYOUT_FEATURE = {TIME_MAJOR: "time_major", HEAD_MAJOR_INPLACE: "head_major_in_place"}
@@ -57,6 +58,7 @@ def features_for(
     idle_rows: int = 0,
     tree: bool = False,
     states: bool = False,
+    dflash: bool = False,
 ) -> tuple[str, ...]:
     """The features a graph of `kv_layout` needs (arguments as contract.version_for): with
     min_rows > 1 or a head, row padding; an EAGLE-3 head; GroupQueryAttention windows (the
@@ -81,6 +83,8 @@ def features_for(
         out.append("recurrent_state")
         if slots > 1:
             out.append("recurrent_slots")
+    if dflash:  # a DFlash drafter graph (time_major only)
+        out.append("dflash_block")
     return tuple(out)
 
 

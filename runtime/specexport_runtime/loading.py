@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .constants import BACKENDS, ONNXRUNTIME, TENSORRT
+from .contract import DFLASH_BLOCK
 from .eagle_tree import HeadTree
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
@@ -140,6 +141,10 @@ def _open_graph(
     if not batch:
         graph = check_graph(root, entry.graph, f"{role} graph")
         spec = entry.graph_spec()
+        if spec.kind == DFLASH_BLOCK:  # its own cache: context rows kept, a block's rows dropped (dflash.py)
+            from .dflash import DFlashModel  # noqa: PLC0415
+
+            return DFlashModel(graph, spec, manifest.max_context, config, entry.block_size), None
         # a recurrent model keeps the state after each of its last max_rows + 1 positions: its calls after
         # the prompt hold at most 1 + max_gamma rows (19.3 MiB a position for Qwen3.5-0.8B)
         rows = {"max_rows": max(manifest.max_gamma + 1, entry.min_rows)} if spec.states else {}

@@ -27,6 +27,7 @@ from .constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMM
 from .contract import (
     CONTRACT_VERSION,
     DECODER,
+    DFLASH_BLOCK,
     EAGLE3_HEAD,
     GRAPH_KINDS,
     KV_LAYOUTS,
@@ -92,6 +93,9 @@ class ModelEntry:
     tree_graph: str | None = None
     # feature recurrent_state: the shape of each recurrent state tensor (a hybrid decoder's conv windows)
     states: tuple[tuple[int, ...], ...] = ()
+    # feature dflash_block: a DFlash drafter's block rows (the anchor and block_size - 1 drafts) and mask token
+    block_size: int = 0
+    mask_token_id: int = -1
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1 or (self.max_batch > 1) != bool(self.batch_graph):
@@ -135,6 +139,7 @@ class ModelEntry:
             idle_rows=idle_rows,
             tree=bool(self.tree_graph),
             states=bool(self.states),
+            dflash=self.kind == DFLASH_BLOCK,
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -153,6 +158,8 @@ class ModelEntry:
             del data["tree_graph"]
         if not self.states:
             del data["states"]
+        if self.kind != DFLASH_BLOCK:
+            del data["block_size"], data["mask_token_id"]
         return data
 
     @classmethod
@@ -275,7 +282,11 @@ class Manifest:
                 value = getattr(entry, key)
                 if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_MIN_ROWS:
                     raise ArtifactError(f"{role} {key} {value!r} is not an integer in {lo}..{MAX_MIN_ROWS}")
-            if entry.kind not in GRAPH_KINDS or (entry.kind != DECODER and (role != "draft" or not entry.vocab_map)):
+            if entry.kind == DFLASH_BLOCK and (role != "draft" or entry.block_size < 2 or entry.mask_token_id < 0):
+                raise ArtifactError(f"{role} kind {DFLASH_BLOCK!r} is a draft with block_size >= 2 and a mask_token_id")
+            if entry.kind not in GRAPH_KINDS or (
+                entry.kind == EAGLE3_HEAD and (role != "draft" or not entry.vocab_map)
+            ):
                 raise ArtifactError(
                     f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
                     f" {GRAPH_KINDS[1]!r} with a vocab_map file)"

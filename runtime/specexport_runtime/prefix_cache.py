@@ -47,7 +47,7 @@ import numpy as np
 
 from .config import GeneratorConfig
 from .constants import BITWISE
-from .contract import DECODER
+from .contract import DECODER, DFLASH_BLOCK
 from .eagle import EagleProposer
 from .hybrid import HybridProposer
 from .model import Model
@@ -268,6 +268,8 @@ class PrefixCache:
         parts: dict[str, Model] = {TARGET: loop.target}
         if loop.spec is not None and loop.spec.uses_draft and draft is not None:
             exact = config.sampling.greedy or self.draft_bitwise  # draft rows only steer proposals when greedy
+            if draft.spec.kind == DFLASH_BLOCK:
+                return None  # a DFlash drafter reads every prompt position's features, which the pool does not keep
             if draft.spec.is_head:  # its features part comes with the lease (eagle_of)
                 if eagle_of(loop.proposer) is None:
                     return None  # a head this module does not know how to restore

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import DECODER, EAGLE3_HEAD
+from .contract import DECODER, DFLASH_BLOCK, EAGLE3_HEAD
 from .errors import InvalidArgument
 
 NONE = "none"  # the proposer name of target-only decoding
@@ -31,8 +31,12 @@ DRAFT_SIDE = "draft side"
 # calibrate: how `specexport calibrate` times one draft step of the proposer
 LOOP = "loop"  # the draft seconds per drafted token of its own acceptance runs
 MODEL_STEP = "model step"  # a draft model's 1-token call, timed apart
-_KIND_WORDS = {DECODER: "a draft model", EAGLE3_HEAD: "an EAGLE-3 head"}
-_NEED_WORDS = {DECODER: "a draft model", EAGLE3_HEAD: "an artifact with an EAGLE-3 draft head"}
+_KIND_WORDS = {DECODER: "a draft model", EAGLE3_HEAD: "an EAGLE-3 head", DFLASH_BLOCK: "a DFlash block drafter"}
+_NEED_WORDS = {
+    DECODER: "a draft model",
+    EAGLE3_HEAD: "an artifact with an EAGLE-3 draft head",
+    DFLASH_BLOCK: "an artifact with a DFlash block drafter",
+}
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,17 @@ for _spec in (
         recipe=True,
         recipe_default=True,
         calibration="eagle",
+        calibrate=LOOP,
+    ),
+    ProposerSpec(
+        "dflash",
+        ".dflash:build_dflash",
+        "a DFlash block drafter: one call drafts a block from the target's hidden states",
+        needs=(DFLASH_BLOCK,),
+        free=False,
+        recipe=True,
+        recipe_default=True,
+        calibration="dflash",
         calibrate=LOOP,
     ),
     ProposerSpec(

@@ -62,6 +62,8 @@ ENTRY = {
     "max_batch": Field("int", lo=1, hi=256),
     "tree_graph": Field("str", nullable=True),
     "states": Field("shapes", lo=1, hi=1 << 20),  # recurrent state shapes: at most 1024 of 1..4 dims
+    "block_size": Field("int", lo=2, hi=256),  # a DFlash drafter's block rows
+    "mask_token_id": Field("int", lo=0, hi=1 << 24),
 }
 TOKENIZER = {
     "file": Field("str", True),

@@ -20,6 +20,7 @@ from specexport_runtime.manifest import Manifest
 
 from ..errors import BuildError
 from ..recipe.spec import Recipe
+from .dflash import export_dflash
 from .eagle import export_head
 from .graphs import export_draft, export_target, model_entry
 from .load import load_models
@@ -108,6 +109,7 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, 
     probe, vocab = _probe_ids(m.tokenizer, recipe), len(m.tokenizer)
     progress(f"exporting target ({recipe.target.precision})")
     features = tuple(m.head.config.layer_ids) if m.head is not None else ()
+    features = m.drafter.config.feature_layers if m.drafter is not None else features
     target = export_target(recipe, m.reference, m.blocks, root / "target", probe, validate, progress, features, m.norm)
     m.blocks = {}
     clock.stage("export_target" + ("+validate" if validate else ""))
@@ -136,6 +138,12 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, 
         progress("exporting the EAGLE-3 head")
         draft_entry = export_head(
             m.head, m.reference, root, recipe, m.draft_source, vocab, target.result if validate else None, probe
+        )
+        clock.stage("draft" + ("+validate" if validate else ""))
+    elif m.drafter is not None:
+        progress("exporting the DFlash drafter")
+        draft_entry = export_dflash(
+            m.drafter, m.reference, root, m.draft_source, vocab, target.result if validate else None, probe
         )
         clock.stage("draft" + ("+validate" if validate else ""))
     elif recipe.draft.has_graph:

@@ -142,13 +142,15 @@ class LoadedModels:
     draft: Any = None  # a draft model (recipe draft.model)
     draft_norm: NormalizedConfig | None = None
     head: Any = None  # an EAGLE-3 head (recipe draft.eagle3)
+    drafter: Any = None  # a DFlash block drafter (recipe draft.model, a DFlash folder)
 
 
 def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModels:
     """Configs first (refusals before any weight), then target, then the draft side."""
     progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
     t_norm = check_config(recipe.target, recipe)
-    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" else None
+    dflash = recipe.draft.dflash  # a DFlash drafter folder: its own config check (build/dflash.py)
+    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" and not dflash else None
     progress(f"target: {t_norm.describe()}")
     clock.stage("check_config")
     progress(f"loading target {recipe.target.model}")
@@ -161,6 +163,12 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
         progress(f"loading EAGLE-3 head {recipe.draft.model.model}")
         m.head, m.draft_source = load_head(recipe, reference)
         progress(f"EAGLE-3 head: target features {m.head.config.layer_ids_reason}")
+        clock.stage("load_draft")
+    elif dflash:
+        from .dflash import load_drafter
+
+        progress(f"loading DFlash drafter {recipe.draft.model.model}")
+        m.drafter, m.draft_source = load_drafter(recipe, reference)
         clock.stage("load_draft")
     elif recipe.draft.kind == "model":
         progress(f"loading draft {recipe.draft.model.model}")

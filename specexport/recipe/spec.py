@@ -7,12 +7,14 @@ is `recipe_reader.py`; files and bundled recipes are `recipe.py`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from specexport_runtime import registry
 from specexport_runtime.constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA
-from specexport_runtime.contract import DECODER, EAGLE3_HEAD, GRAPH_FORMS, KvLayout, layout_for_form
+from specexport_runtime.contract import DECODER, DFLASH_BLOCK, EAGLE3_HEAD, GRAPH_FORMS, KvLayout, layout_for_form
 
 from ..errors import RecipeError
 
@@ -168,9 +170,25 @@ class DraftSpec:
         return self.kind != "ngram"
 
     @property
+    def dflash(self) -> bool:
+        """A draft model whose local folder is a DFlash block drafter (its config.json names
+        target_layer_ids, block_size and mask_token_id; specexport.models.dflash)."""
+        if self.kind != "model":
+            return False
+        config = Path(self.model.model).expanduser() / "config.json"
+        try:
+            raw = json.loads(config.read_text()) if config.is_file() else {}
+        except (OSError, ValueError):
+            return False
+        inner = raw.get("dflash_config")
+        return (isinstance(inner, dict) and "target_layer_ids" in inner) or all(
+            k in raw for k in ("target_layer_ids", "block_size", "mask_token_id")
+        )
+
+    @property
     def graph_kind(self) -> str | None:
         """The kind of the draft graph this form builds (contract.GRAPH_KINDS), None without one."""
-        return DRAFT_GRAPH_KINDS[self.kind]
+        return DFLASH_BLOCK if self.dflash else DRAFT_GRAPH_KINDS[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "model":

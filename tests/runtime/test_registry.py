@@ -12,8 +12,8 @@ from specexport_runtime.registry import ProposerSpec
 
 
 def test_the_built_in_proposers():
-    assert registry.names() == ("draft", "ngram", "hybrid", "eagle", "suffix", "none")
-    assert registry.speculative_names() == ("draft", "ngram", "hybrid", "eagle", "suffix")
+    assert registry.names() == ("draft", "ngram", "hybrid", "eagle", "dflash", "suffix", "none")
+    assert registry.speculative_names() == ("draft", "ngram", "hybrid", "eagle", "dflash", "suffix")
     assert registry.available(None) == ("ngram", "suffix")
     assert registry.available(DECODER) == ("draft", "ngram", "hybrid", "suffix")
     assert registry.available(EAGLE3_HEAD) == ("ngram", "hybrid", "eagle", "suffix")
@@ -32,7 +32,11 @@ def test_the_built_in_proposers():
 @pytest.mark.parametrize(
     "name, kind, message",
     [
-        ("medusa", None, "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"),
+        (
+            "medusa",
+            None,
+            "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'dflash', 'suffix', 'none'",
+        ),
         ("hybrid", None, "proposer 'hybrid' needs an artifact with a draft model; this one has none (use 'ngram')"),
         (
             "eagle",
@@ -85,5 +89,5 @@ def test_factories_resolve_lazily_and_the_registry_stays_lean(tmp_path):
     probe = "import sys, specexport_runtime.registry as r; print('onnxruntime' in sys.modules, len(r.names()))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "6"]
+    assert out.stdout.split() == ["False", "7"]
     assert callable(registry.resolve(registry.get("hybrid").factory))
