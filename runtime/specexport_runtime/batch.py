@@ -52,6 +52,7 @@ from .generator import GenerationResult, GenerationStats, TargetCall, run_genera
 from .pacing import FREE
 from .prefix_cache import TARGET, rows_reader
 from .proposers import DraftCall
+from .recurrent import solo_piece
 from .registry import ProposerSpec
 from .slots import SlotCall, SlotModel
 
@@ -214,7 +215,12 @@ class BatchScheduler:
             if left <= max_rows:  # a decode or verify call (or a prompt's last rows): always whole
                 calls.append(SlotCall(slot, call.ids[seq._fed :], call.last_rows))
                 continue
-            n = int(min(left, budget))  # a prompt read in chunks: this round's share of the budget
+            if self.model.states is not None:  # a recurrent target reads a prompt in the calls a solo run makes
+                n = solo_piece(len(call.ids), seq._fed, call.last_rows)
+                if n > budget and budget < self.prefill_chunk:
+                    continue  # another prompt took part of this round's budget: it waits whole
+            else:
+                n = int(min(left, budget))  # a prompt read in chunks: this round's share of the budget
             if n <= 0:
                 continue  # no prefill budget left this round: it waits (its slot gets a throwaway row)
             budget -= n

@@ -30,7 +30,7 @@ from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
 from .model import CacheCursor, CallRows, CallStats, head_rows, move_rows, plan_rows
-from .recurrent import MAX_CALL_ROWS, STEP_ROWS, StateHistory
+from .recurrent import MAX_CALL_ROWS, STEP_ROWS, StateHistory, solo_piece
 
 __all__ = [
     "CacheCursor",
@@ -386,11 +386,11 @@ class OrtModel(CacheCursor):
         """A long call of a recurrent model (a prefill) as calls of at most MAX_CALL_ROWS rows in
         order, the last holding the returned rows: a scan's intermediates grow with the square of
         its rows (recurrent.py)."""
-        S = ids.shape[1]
-        cut = S - max(last_rows, (S - 1) % MAX_CALL_ROWS + 1)  # the last call: the rest, >= last_rows rows
-        for start in range(0, cut, MAX_CALL_ROWS):
-            self.forward(ids[:, start : min(cut, start + MAX_CALL_ROWS)])
-        return self.forward(ids[:, cut:], last_rows)
+        S, fed = ids.shape[1], 0
+        while (n := solo_piece(S, fed, last_rows)) < S - fed:
+            self.forward(ids[:, fed : fed + n])
+            fed += n
+        return self.forward(ids[:, fed:], last_rows)
 
     def _bind_head(self, S: int, rows: int, features: np.ndarray | None, hidden: np.ndarray | None) -> None:
         """The head's row inputs: the given side as [1, S, width], zeros on the other."""

@@ -31,6 +31,15 @@ MAX_CALL_ROWS = 256
 STEP_ROWS = 64
 
 
+def solo_piece(S: int, fed: int, last_rows: int) -> int:
+    """The rows of the next call reading rows [fed, S) of an S-row call of a recurrent model as
+    engine.OrtModel does alone (calls of MAX_CALL_ROWS from the first row, the rest, at least
+    last_rows, in the last): a scan's chunked form groups its sums by call, so a batch slot that
+    reads a prompt in the same calls gets the same bits."""
+    cut = S - max(last_rows, (S - 1) % MAX_CALL_ROWS + 1)  # where the last call starts
+    return min(MAX_CALL_ROWS, cut - fed) if fed < cut else S - fed
+
+
 class StateHistory:
     """The kept recurrent states of one sequence (module docstring)."""
 
