@@ -12,8 +12,13 @@ refused in one line before any weight is read.
       norm_shift   added by the converter to every `*norm.weight` (Gemma: it stores 1 + w)
       extra        the family's own config keys from the metadata (a hybrid's layer kinds)
 
-Tensors llama.cpp's converter reshapes (LFM2's conv kernel [C, 1, L] stored as [C, L]) are read
-back in the Hugging Face model's shape (gguf_source.GGUFSource: same elements, same order).
+Tensors llama.cpp's converter reshapes (LFM2's and Mamba2's conv kernel [C, 1, L] stored as
+[C, L], Mamba2's A and D [H] as [H, 1], its gated norm [inner] as [G, inner / G]) are read back in
+the Hugging Face model's shape (gguf_source.GGUFSource: same elements, same order); a GGUFArch's
+`tensors` names the tensors gguf-py's table does not (a converter's renames, and the parameter
+whose rows it split into several tensors: Granite 4.0-H's gate | up), its `decode` undoes a value
+transform (Mamba2's A stored as -exp(A_log)). The vocabulary is token_embd's rows, whatever
+the tokenizer list holds (the Mamba2 converters pad that list: to a multiple of 8 for granitehybrid).
 
 The config is built from the metadata by this table (transformers' GGUF config mapping reads
 fewer keys: a Gemma 3 file's rope scaling, its local theta and 27B's attention scale are lost),
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from .blocks import FormatError
@@ -83,6 +89,11 @@ class GGUFArch:
     permute_qk: bool = False
     norm_shift: float = 0.0
     extra: Callable[[Meta, dict], dict] = field(default=lambda meta, cfg: {})
+    # a layer parameter's name within its layer -> the GGUF tensors (after "blk.N.") holding its
+    # rows in order, where gguf-py's name table does not say (a converter's renames and splits)
+    tensors: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # a layer tensor kind -> the inverse of the converter's value transform, float32 -> float32
+    decode: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
 
 
 def _gemma_scalar(meta: Meta, cfg: dict, big_layers: int) -> float:
@@ -177,6 +188,82 @@ def _lfm2(meta: Meta, cfg: dict) -> dict:
     }
 
 
+def _mamba2(meta: Meta, cfg: dict) -> dict:
+    """The Mamba2 mixer's shapes from llama.cpp's ssm.* keys (converter: inner_size = heads x
+    head_dim, time_step_rank = heads); conv / in_proj biases and the gated norm by tensor presence."""
+    inner, heads = int(meta.need("ssm.inner_size")), int(meta.need("ssm.time_step_rank"))
+    if heads < 1 or inner % heads:
+        raise FormatError(f"GGUF {meta.arch}.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {heads}")
+    names = {t.name for t in meta.reader.tensors}
+    return {
+        "mamba_n_heads": heads,
+        "mamba_d_head": inner // heads,
+        "mamba_d_state": int(meta.need("ssm.state_size")),
+        "mamba_n_groups": int(meta.get("ssm.group_count", 1)),
+        "mamba_d_conv": int(meta.need("ssm.conv_kernel")),
+        "mamba_conv_bias": any(n.endswith(".ssm_conv1d.bias") for n in names),
+        "mamba_proj_bias": any(n.endswith(".ssm_in.bias") for n in names),
+    }
+
+
+def _granite_hybrid(meta: Meta, cfg: dict) -> dict:
+    """Granite 4.0-H: head_count_kv 0 marks a Mamba2 layer; the dense MLP is the shared one
+    (expert_shared_feed_forward_length); rope.scaling.finetuned says whether attention rotates
+    (the converter's flag: Bamba and non-hybrid files); experts are refused."""
+    attends = attention_layers(meta)
+    if attends is None:
+        raise FormatError(
+            "GGUF granitehybrid.attention.head_count_kv must hold one count per layer (0: a Mamba2 layer)"
+        )
+    if int(meta.get("expert_count", 0) or 0) > 0:
+        raise FormatError(
+            "GGUF granitehybrid file has experts (expert_count > 0); only dense Granite 4.0-H is supported"
+        )
+    width = int(meta.get("expert_shared_feed_forward_length") or cfg["intermediate_size"])
+    mamba = _mamba2(meta, cfg)
+    return {
+        **_granite(meta, cfg),
+        **mamba,
+        "mamba_expand": mamba["mamba_n_heads"] * mamba["mamba_d_head"] // cfg["hidden_size"],
+        "layer_types": ["attention" if a else "mamba" for a in attends],
+        "shared_intermediate_size": width,
+        "intermediate_size": width,
+        "num_local_experts": 0,
+        "position_embedding_type": "rope" if meta.get("rope.scaling.finetuned") else None,
+    }
+
+
+def _falcon_h1(meta: Meta, cfg: dict) -> dict:
+    """Falcon-H1: llama.cpp's converter multiplies every muP multiplier into the weights (embedding,
+    head, q/k/v, o, in_proj rows, out_proj, gate, down), so the config's are 1; a file with the
+    gated norm (ssm_norm) normalizes after the gate, as llama.cpp computes it."""
+    mamba = _mamba2(meta, cfg)
+    names = {t.name for t in meta.reader.tensors}
+    return {
+        **mamba,
+        "mamba_d_ssm": mamba["mamba_n_heads"] * mamba["mamba_d_head"],
+        "mamba_rms_norm": any(n.endswith(".ssm_norm.weight") for n in names),
+        "mamba_norm_before_gate": False,
+        "projectors_bias": False,
+        "embedding_multiplier": 1.0,
+        "lm_head_multiplier": 1.0,
+        "attention_in_multiplier": 1.0,
+        "attention_out_multiplier": 1.0,
+        "key_multiplier": 1.0,
+        "ssm_in_multiplier": 1.0,
+        "ssm_out_multiplier": 1.0,
+        "ssm_multipliers": [1.0] * 5,
+        "mlp_multipliers": [1.0, 1.0],
+    }
+
+
+# Mamba2 tensors as llama.cpp's converter writes them: A as ssm_a = -exp(A_log) [H, 1], D [H, 1],
+# the conv kernel [C, K] (squeezed), the gated norm [G, inner / G], dt_bias as ssm_dt.bias (the
+# shapes are read back through GGUFSource's HF shapes; the value of A through `decode`)
+_MAMBA2_TENSORS = {"mamba.dt_bias": ("ssm_dt.bias",)}
+_MAMBA2_DECODE = {"ssm_a": lambda a: np.log(-a)}
+
+
 def _window(meta: Meta, cfg: dict) -> dict:
     window = meta.get("attention.sliding_window")
     return {} if window is None else {"sliding_window": window}
@@ -196,6 +283,19 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
         GGUFArch("olmo2", "olmo2"),
         GGUFArch("smollm3", "smollm3", permute_qk=True),
         GGUFArch("lfm2", "lfm2", extra=_lfm2),
+        GGUFArch(
+            "granitehybrid",
+            "granitemoehybrid",
+            permute_qk=True,
+            extra=_granite_hybrid,
+            tensors={
+                **_MAMBA2_TENSORS,
+                "shared_mlp.input_linear.weight": ("ffn_gate.weight", "ffn_up.weight"),  # rows gate | up
+                "shared_mlp.output_linear.weight": ("ffn_down.weight",),
+            },
+            decode=_MAMBA2_DECODE,
+        ),
+        GGUFArch("falcon-h1", "falcon_h1", extra=_falcon_h1, tensors=_MAMBA2_TENSORS, decode=_MAMBA2_DECODE),
     )
 }
 # Tensors a file may hold that no supported config reproduces: refused by name.

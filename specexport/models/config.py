@@ -103,6 +103,9 @@ class NormalizedConfig:
     deltanet: DeltaNetSpec | None = None  # GDN layers' shapes
     mup: FalconMup | None = None  # Falcon-H1's multipliers
     per_layer_input: int = 0  # Gemma 4: width of each layer's slice of the per-layer embedding (0: none)
+    per_layer_vocab: int = 0  # Gemma 4: rows of the per-layer embedding [V_pl, L P] (0: none)
+    double_wide_mlp: bool = False  # Gemma 4: layers reading another's K/V have MLPs of 2 x intermediate
+    values_from_keys: tuple[int, ...] = ()  # Gemma 4 attention_k_eq_v: layers without v_proj (values = keys)
 
     @property
     def num_layers(self) -> int:
@@ -301,7 +304,22 @@ def normalize(config, max_context: int | None = None) -> NormalizedConfig:
         deltanet=deltanet,
         mup=_falcon_mup(raw) if arch.block == "parallel" else None,
         per_layer_input=int(get("hidden_size_per_layer_input") or 0),
+        per_layer_vocab=int(get("vocab_size_per_layer_input") or get("vocab_size"))
+        if get("hidden_size_per_layer_input")
+        else 0,
+        double_wide_mlp=bool(get("use_double_wide_mlp")),
+        values_from_keys=_values_from_keys(raw, sources),
     )
+
+
+def _values_from_keys(raw: Mapping[str, Any], sources: tuple[int | None, ...]) -> tuple[int, ...]:
+    """attention_k_eq_v: the layers whose values are their keys (no v_proj): every layer not of the
+    sliding type that owns its K/V (transformers' Gemma4TextAttention)."""
+    if not raw.get("attention_k_eq_v"):
+        return ()
+    types = list(raw.get("layer_types") or ())
+    sliding = [i < len(types) and types[i] == "sliding_attention" for i in range(len(sources))]
+    return tuple(i for i, source in enumerate(sources) if source is None and not sliding[i])
 
 
 def _falcon_mup(raw: Mapping[str, Any]) -> FalconMup:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
 from ..errors import BuildError
-from ..formats.blocks import BlockQuantized, FormatError
+from ..formats.blocks import BlockQuantized, FormatError, compatible, concat_rows
 from ..formats.gguf import LAYOUTS, decode_blocks, is_block_type, permute_rows, rotary_unpermutation, supported_types
 from ..formats.gguf_config import GGUFHeader, hf_config
 
@@ -50,18 +51,31 @@ CACHE_BYTES = int(os.environ.get("SPECEXPORT_STREAM_CACHE_MB", "0")) << 20
 _NP = {"F32": np.float32, "F16": np.float16}  # types read as numbers; the others as bytes
 
 
-def gguf_names(header: GGUFHeader, hf_names: list[str]) -> dict[str, str]:
-    """HF parameter name -> GGUF tensor name for every parameter the file holds (a tied head,
-    absent from the file, is left out)."""
+def gguf_names(header: GGUFHeader, hf_names: list[str]) -> dict[str, tuple[str, ...]]:
+    """HF parameter name -> the GGUF tensor names holding it for every parameter the file holds
+    (a tied head, absent from the file, is left out): one tensor, or several whose rows the
+    converter split from one parameter (GGUFArch.tensors: Granite 4.0-H's gate|up), in order."""
     arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == header.arch.name)
     table = get_tensor_name_map(arch, int(header.config["num_hidden_layers"]))
+    explicit = header.arch.tensors
     out = {}
     for name in hf_names:
+        match = _LAYER.match(name)
+        if match is not None and match.group(2) in explicit:
+            out[name] = tuple(f"blk.{match.group(1)}.{t}" for t in explicit[match.group(2)])
+            continue
+        whole = table.get_name(name)  # a tensor named without a suffix (Mamba2's A_log -> ssm_a, D -> ssm_d)
+        if whole is not None:
+            out[name] = (whole,)
+            continue
         stem, _, suffix = name.rpartition(".")
         gguf = table.get_name(stem)
         if gguf is not None:
-            out[name] = f"{gguf}.{suffix}"
+            out[name] = (f"{gguf}.{suffix}",)
     return out
+
+
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)$")  # a decoder layer's parameter: (index, name within it)
 
 
 class GGUFSource:
@@ -88,28 +102,35 @@ class GGUFSource:
         self._cache_left = cache_bytes
         infos = {t.name: t for t in header.reader.tensors}
         mapping = gguf_names(header, hf_names)
-        self._aliases = {a: b for a, b in (tied or {}).items() if mapping.get(a) not in infos}
-        self._tensor: dict[str, ReaderTensor] = {}
+        self._aliases = {a: b for a, b in (tied or {}).items() if mapping.get(a, ("",))[0] not in infos}
+        self._tensor: dict[str, ReaderTensor] = {}  # HF name -> its (first) tensor
+        self._parts: dict[str, list[ReaderTensor]] = {}  # HF name -> the tensors whose rows it stacks
         for name in hf_names:
             if name in self._aliases:
                 continue
-            gguf = mapping.get(name)
-            if gguf not in infos and partial:
+            ggufs = mapping.get(name)
+            missing = [g for g in ggufs or () if g not in infos]
+            if (ggufs is None or missing) and partial:
                 continue
-            if gguf not in infos:
+            if ggufs is None or missing:
                 raise BuildError(
-                    f"{self.path.name}: no GGUF tensor for parameter {name!r} (expected {gguf!r})"
-                    if gguf
+                    f"{self.path.name}: no GGUF tensor for parameter {name!r} (expected {missing[0]!r})"
+                    if ggufs
                     else f"{self.path.name}: parameter {name!r} has no GGUF name for {header.arch.name}"
                 )
-            self._tensor[name] = infos[gguf]
+            self._tensor[name] = infos[ggufs[0]]
+            if len(ggufs) > 1:
+                self._parts[name] = [infos[g] for g in ggufs]
             want = self._shapes.get(name)
-            if want is not None and math.prod(want) != math.prod(_shape(infos[gguf])):
+            size = sum(math.prod(_shape(infos[g])) for g in ggufs)
+            if want is not None and math.prod(want) != size:
                 raise FormatError(
-                    f"{self.path.name}: GGUF tensor {gguf!r} has shape {list(_shape(infos[gguf]))}, parameter"
-                    f" {name!r} {list(want)}"
+                    f"{self.path.name}: GGUF tensor {ggufs[0]!r} has shape {list(_shape(infos[ggufs[0]]))}"
+                    + (f" (+{len(ggufs) - 1} stacked)" if len(ggufs) > 1 else "")
+                    + f", parameter {name!r} {list(want)}"
                 )
-        unused = sorted(set(infos) - {t.name for t in self._tensor.values()})
+        used = {t.name for t in self._tensor.values()} | {t.name for ts in self._parts.values() for t in ts}
+        unused = sorted(set(infos) - used)
         if unused:
             raise FormatError(
                 f"{self.path.name}: GGUF tensor {unused[0]!r} has no Hugging Face name for {header.arch.name}"
@@ -141,7 +162,16 @@ class GGUFSource:
         return value
 
     def _dequantized(self, name: str) -> torch.Tensor:
-        info = self._info(name)
+        parts = self._parts.get(self.canonical(name))
+        if parts is not None:  # rows the converter split into several tensors, stacked back
+            value = np.concatenate([self._float(info) for info in parts])
+        else:
+            value = self._float(self._info(name))
+        want = self._shapes.get(name)  # a converter's reshape undone (same elements, same order)
+        return torch.from_numpy(value if want is None else value.reshape(want))
+
+    def _float(self, info: ReaderTensor) -> np.ndarray:
+        """One tensor's float32 values in Hugging Face layout (its own GGUF shape, reversed)."""
         shape = _shape(info)
         raw = self._read(info)
         if info.tensor_type in LAYOUTS and len(shape) == 2:
@@ -151,9 +181,7 @@ class GGUFSource:
             if raw.dtype == np.uint8:  # blocks (or bf16 bytes): gguf-py dequantizes rows of bytes
                 raw = raw.reshape(*shape[:-1], -1)
             value = dequantize(raw, info.tensor_type).astype(np.float32, copy=False).reshape(shape)
-        value = self._layout(info, value)
-        want = self._shapes.get(name)  # a converter's reshape undone (same elements, same order)
-        return torch.from_numpy(value if want is None else value.reshape(want))
+        return self._layout(info, value)
 
     def _layout(self, info: ReaderTensor, value: np.ndarray) -> np.ndarray:
         """A tensor's float32 values in Hugging Face layout: q/k rows un-permuted, norm shift off."""
@@ -162,13 +190,26 @@ class GGUFSource:
             value = value[perm]
         if self.header.arch.norm_shift and info.name.endswith("norm.weight"):
             value = value - np.float32(self.header.arch.norm_shift)  # the file holds shift + w
+        decode = self.header.arch.decode.get(_kind(info.name))
+        if decode is not None:  # a value the converter transformed (Mamba2's A = -exp(A_log))
+            value = decode(value).astype(np.float32, copy=False)
         return np.ascontiguousarray(value)
 
     # -- blocks
 
     def exact(self, name: str) -> BlockQuantized | None:
-        """The tensor's own blocks when its type has a MatMulNBits form, else None."""
-        info = self._info(name)
+        """The tensor's own blocks when its type has a MatMulNBits form, else None (a parameter
+        stacked from several tensors: their blocks stacked, when every one has such blocks and
+        they fit one node)."""
+        parts = self._parts.get(self.canonical(name))
+        if parts is not None:
+            blocks = [self._exact(info) for info in parts]
+            if any(b is None for b in blocks) or not compatible(blocks):
+                return None
+            return concat_rows(blocks)
+        return self._exact(self._info(name))
+
+    def _exact(self, info: ReaderTensor) -> BlockQuantized | None:
         if info.tensor_type not in LAYOUTS or len(info.shape) != 2:
             return None
         N = _shape(info)[0]
@@ -219,6 +260,12 @@ class GGUFSource:
         part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
         heads = self._heads.get(part)
         return None if heads is None else rotary_unpermutation(rows, heads)
+
+
+def _kind(name: str) -> str:
+    """A layer tensor's kind ("ssm_a" of "blk.3.ssm_a"), else ""."""
+    parts = name.split(".")
+    return parts[2] if parts[0] == "blk" and len(parts) > 2 else ""
 
 
 def _shape(info: ReaderTensor) -> tuple[int, ...]:

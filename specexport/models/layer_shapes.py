@@ -26,9 +26,12 @@ def head_dims(raw: Mapping[str, Any], num_layers: int, head_dim: int, kv_heads: 
     overrides = raw.get("per_layer_config") or {}
     if not isinstance(overrides, Mapping):
         raise UnsupportedConfig(f"config key 'per_layer_config' = {_show(overrides)} is not a mapping of layers")
+    # keys: layer indices as ints, or as strings zero-padded to the widest index (transformers'
+    # to_dict writes "04" for layer 4 of 35)
+    by_layer = {int(key): entry for key, entry in overrides.items()}
     dims = []
     for i in range(num_layers):
-        entry = overrides.get(str(i), overrides.get(i)) or {}
+        entry = by_layer.get(i) or {}
         unknown = sorted(set(entry) - _LAYER_KEYS)
         if unknown:
             raise UnsupportedConfig(

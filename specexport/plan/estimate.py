@@ -37,7 +37,10 @@ kv cache  2 x attention layers x max_context x kv_heads x head_dim x bytes (4 fo
           quantized drafts, 2 for fp16 graphs and quantized targets with dtype fp16): the runtime
           allocates both caches at max context once (engine.py),
           sliding-window layers (Gemma 2/3, Mistral, Phi-3) included; the report notes what a
-          ring-buffer cache would save on them.
+          ring-buffer cache would save on them. Only cache-owning layers count: a layer reading an
+          earlier layer's K/V (Gemma 4 num_kv_shared_layers) owns none, and the report notes the
+          saving. Every cache has the widest layer's head_dim (Gemma 4: 512; its 256-wide sliding
+          layers pad their heads with zeros), and the report notes what the padding takes.
 state     a hybrid's recurrent states (LFM2, Granite 4.0-H, Qwen3.5, Nemotron-H, Falcon-H1), beside
           its KV cache: every state tensor (conv windows, scan states) x 4 bytes (float32 in every
           precision) x state_positions(max_gamma) = 2 max_gamma + 4 kept positions per sequence
@@ -88,7 +91,7 @@ from ..recipe.load import load_recipe, resolve_recipe
 from ..recipe.reader import with_overrides
 from ..recipe.spec import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Recipe
 from .devices import DEVICES, GIB, Device, UnknownDevice, get_device
-from .report import TIGHT_FRACTION, ModelEstimate, PlanReport, gib
+from .report import TIGHT_FRACTION, ModelEstimate, PlanReport, cache_notes, gib
 from .sizes import (
     CALL_ROWS,
     KNOWN_CONFIGS,
@@ -104,7 +107,6 @@ from .sizes import (
     state_position_bytes,
     state_positions,
     weight_bytes,
-    window_saving_bytes,
 )
 
 RUNTIME_OVERHEAD_GIB = 1.0
@@ -430,15 +432,7 @@ def plan(
     )
     if spec.system_prompt is not None:
         report.notes.append(_stored_prompt_note(spec, kv))
-    tcfg = target[0]
-    if tcfg.windows:
-        layers = sum(layer.window is not None for layer in tcfg.layers)
-        saving = window_saving_bytes(tcfg, spec.target.precision, spec.max_context, spec.target.quantization)
-        report.notes.append(
-            f"{layers} of {tcfg.num_layers} target layers attend over a"
-            f" {'/'.join(map(str, tcfg.windows))}-token window;"
-            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {gib(saving)})"
-        )
+    report.notes += cache_notes(target[0], spec.target.precision, spec.max_context, spec.target.quantization)
     if spec.layout.contrib_attention:  # every device in DEVICES is a GPU
         fp16 = spec.target.precision == "fp16" or (
             spec.target.quantization is not None and spec.target.quantization.dtype == "fp16"

@@ -324,6 +324,46 @@ KNOWN_CONFIGS["tiiuae/Falcon-H1-0.5B-Instruct"] = dict(
     tie_word_embeddings=False,
 )
 
+# Gemma 4 E2B (google/gemma-4-E2B-it, a Gemma4ForConditionalGeneration checkpoint): its text_config,
+# which `specexport plan` sizes (the vision and audio towers are not part of the graphs). Values as
+# quoted from the published config.json by other runtimes' tests: ollama's
+# x/models/gemma4 TestParseTextConfigE2B (every key below, layer_types and rope_parameters
+# included) and a Rust engine's Gemma 4 config test (the same values, with hidden_activation).
+# Not found quoted: attention_bias, attention_dropout, pad_token_id, the exact rope_parameters of a
+# real file beyond type / theta / partial_rotary_factor; left at Gemma4TextConfig's defaults
+# (no bias, which the published model has none of: no size depends on the others). 35 layers, 4
+# sliding (512) : 1 full; head_dim 256 (sliding) / 512 (full), one K/V head; the last 20 layers read
+# the K/V of layers 13 (sliding) and 14 (full) with a double-wide MLP; per-layer inputs of 256 over a
+# second 262144-row table.
+KNOWN_CONFIGS["google/gemma-4-E2B-it"] = dict(
+    model_type="gemma4_text",
+    num_hidden_layers=35,
+    hidden_size=1536,
+    intermediate_size=6144,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=256,
+    global_head_dim=512,
+    vocab_size=262144,
+    vocab_size_per_layer_input=262144,
+    hidden_size_per_layer_input=256,
+    num_kv_shared_layers=20,
+    use_double_wide_mlp=True,
+    attention_k_eq_v=False,
+    enable_moe_block=False,
+    sliding_window=512,
+    layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+    },
+    final_logit_softcapping=30.0,
+    hidden_activation="gelu_pytorch_tanh",
+    rms_norm_eps=1e-6,
+    max_position_embeddings=131072,
+    tie_word_embeddings=True,
+)
+
 KNOWN_CONFIGS["builtin:smollm2-135m-instruct"] = KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"]
 KNOWN_CONFIGS["meta-llama/Meta-Llama-3.1-8B-Instruct"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
 KNOWN_CONFIGS["hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.config import NormalizedConfig
+from ..recipe.spec import QuantizationSpec
 from .devices import GIB, Device
-from .sizes import summary
+from .sizes import head_padding_bytes, kv_sharing_saving_bytes, summary, window_saving_bytes
 
 TIGHT_FRACTION = 0.10
 
@@ -130,3 +131,32 @@ class PlanReport:
 
 def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def cache_notes(c: NormalizedConfig, precision: str, max_context: int, q: QuantizationSpec | None) -> list[str]:
+    """The target's K/V cache notes: sliding windows (what a ring buffer would save), layers reading
+    an earlier layer's K/V (what they save), heads padded to the caches' width (what it takes)."""
+    notes = []
+    owning = c.attention_layers
+    windowed = sum(c.layers[i].window is not None for i in owning)
+    if windowed:
+        saving = window_saving_bytes(c, precision, max_context, q)
+        notes.append(
+            f"{windowed} of {len(owning)} target caches serve a {'/'.join(map(str, c.windows))}-token window;"
+            f" the graphs keep max_context cache rows on every layer (a ring-buffer cache would save {gib(saving)})"
+        )
+    shared = sum(layer.kv_source is not None for layer in c.layers)
+    if shared:
+        saving = kv_sharing_saving_bytes(c, precision, max_context, q)
+        notes.append(
+            f"K/V sharing: {shared} of {c.num_layers} target layers read an earlier layer's K/V and own no cache"
+            f" ({len(owning)} caches; {gib(saving)} saved at max_context)"
+        )
+    padding = head_padding_bytes(c, precision, max_context, q)
+    if padding:
+        narrow = sum(c.layer_head_dim(i) < c.head_dim for i in owning)
+        notes.append(
+            f"{narrow} target caches belong to layers narrower than head_dim {c.head_dim} and hold zeros in the"
+            f" padding ({gib(padding)} of the KV cache)"
+        )
+    return notes

@@ -56,13 +56,27 @@ def model_config(
 # --------------------------------------------------------------------------- parameters
 
 
+def _attention_linear(c: NormalizedConfig, i: int) -> int:
+    """Attention layer i's q|k|v and o weights at its own head_dim; a layer reading another's K/V
+    has q and o only, a keys-as-values layer no v (Gemma 4)."""
+    d = c.layer_head_dim(i)
+    q, kv = c.heads * d, c.kv_heads * d
+    gate = c.hidden * q if c.arch.attn_gate else 0  # Qwen3.5: q_proj holds a gate per head too
+    kv_projections = 0 if c.layers[i].kv_source is not None else (1 if i in c.values_from_keys else 2)
+    return c.hidden * q + kv_projections * c.hidden * kv + q * c.hidden + gate
+
+
+def layer_intermediate(c: NormalizedConfig, i: int) -> int:
+    """Layer i's MLP width (Gemma 4's double-wide MLP on the layers reading another's K/V)."""
+    return c.intermediate * (2 if c.double_wide_mlp and c.layers[i].kv_source is not None else 1)
+
+
 def linear_parameters(c: NormalizedConfig) -> int:
     """Parameters of the decoder layers' MatMul weights (what the quantizers rewrite): attention
-    layers' q|k|v and o, conv layers' in_proj [3 C, C] and out_proj [C, C], every layer's MLP."""
-    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-    gate = c.hidden * q if c.arch.attn_gate else 0  # Qwen3.5: q_proj holds a gate per head too
-    attention = c.hidden * q + 2 * c.hidden * kv + q * c.hidden + gate
-    mixers = {ATTENTION: attention, CONV: 4 * c.hidden * c.hidden}
+    layers' q|k|v and o, conv layers' in_proj [3 C, C] and out_proj [C, C], every layer's MLP;
+    Gemma 4's per-layer gate [P, hidden] and projection [hidden, P] and the per-layer model
+    projection [L P, hidden]."""
+    mixers = {CONV: 4 * c.hidden * c.hidden}
     if c.deltanet is not None:  # in_proj_qkv | z | b | a, out_proj
         d = c.deltanet
         vd = d.value_heads * d.value_dim
@@ -70,26 +84,48 @@ def linear_parameters(c: NormalizedConfig) -> int:
     if c.mamba is not None:  # in_proj [I + conv_dim + H, hidden], out_proj [hidden, I]
         m = c.mamba
         mixers[MAMBA2] = c.hidden * (m.inner + m.conv_dim + m.heads) + m.inner * c.hidden
-    mlp = (2 if c.arch.mlp_kind in ("module", "plain") else 3) * c.hidden * c.intermediate
-    if HYBRID in (layer.kind for layer in c.layers):  # Falcon-H1: attention and Mamba2 side by side
-        mixers[HYBRID] = mixers[ATTENTION] + mixers[MAMBA2]
+    gates = 2 if c.arch.mlp_kind in ("module", "plain") else 3
+
+    def mixer(i: int) -> int:
+        kind = c.layers[i].kind
+        if kind == ATTENTION:
+            return _attention_linear(c, i)
+        if kind == HYBRID:  # Falcon-H1: attention and Mamba2 side by side
+            return _attention_linear(c, i) + mixers[MAMBA2]
+        return mixers[kind]
+
+    per_layer = 2 * c.hidden * c.per_layer_input  # Gemma 4: each layer's gate and projection
+    model_projection = c.hidden * c.num_layers * c.per_layer_input
     if c.arch.block == "single":  # Nemotron-H: a block is one mixer or the MLP
-        return sum(mlp if layer.kind == MLP else mixers[layer.kind] for layer in c.layers)
-    return sum(mixers[layer.kind] for layer in c.layers) + c.num_layers * mlp
+        mlp = gates * c.hidden * c.intermediate
+        return sum(mlp if layer.kind == MLP else mixer(i) for i, layer in enumerate(c.layers))
+    return model_projection + sum(
+        mixer(i) + gates * c.hidden * layer_intermediate(c, i) + per_layer for i in range(c.num_layers)
+    )
+
+
+def _attention_small(c: NormalizedConfig, i: int) -> int:
+    """Attention layer i's q/k norms and biases at its own head_dim (a layer reading another's K/V
+    has no k norm or k/v biases; Gemma 4's value norm has no weight)."""
+    d = c.layer_head_dim(i)
+    q, kv = c.heads * d, c.kv_heads * d
+    own = c.layers[i].kv_source is None
+    norms = {"": 0, "head": (2 if own else 1) * d, "full": q + (kv if own else 0)}[c.arch.qk_norm]
+    kv_projections = 0 if not own else (1 if i in c.values_from_keys else 2)
+    biases = (q + kv_projections * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
+    return norms + biases
 
 
 def small_parameters(c: NormalizedConfig) -> int:
-    """Norm weights (and LayerNorm biases), q/k norms, biases and learned positions."""
+    """Norm weights (and LayerNorm biases), q/k norms, biases and learned positions; Gemma 4's
+    per-layer input norms (hidden per layer) and per-layer projection norm (P)."""
     a = c.arch
-    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
     norm = c.hidden * (2 if a.norm_bias else 1)
-    layer = a.norms_per_layer * norm
+    layer = a.norms_per_layer * norm + (c.hidden if c.per_layer_input else 0)
     mlp_bias = (c.intermediate if a.mlp_kind in ("module", "plain") else 2 * c.intermediate) + c.hidden
     if c.mlp_bias and a.block == "pair":
         layer += mlp_bias
-    attention = {"": 0, "head": 2 * c.head_dim, "full": q + kv}[a.qk_norm]
-    attention += (q + 2 * kv if c.qkv_bias else 0) + (c.hidden if c.out_bias else 0)
-    mixers = {ATTENTION: attention, CONV: c.hidden * c.conv_kernel + (5 * c.hidden if c.conv_bias else 0)}
+    mixers = {CONV: c.hidden * c.conv_kernel + (5 * c.hidden if c.conv_bias else 0)}
     if c.mamba is not None:  # conv kernel (+ bias), dt_bias, A_log, D, the gated norm (+ projection biases)
         m = c.mamba
         norm_w = m.inner if m.norm != "gate" else 0  # Falcon-H1 without mamba_rms_norm has no output norm
@@ -99,10 +135,30 @@ def small_parameters(c: NormalizedConfig) -> int:
         d = c.deltanet
         mixers[GDN] = d.conv_dim * d.conv_kernel + 2 * d.value_heads + d.value_dim
     mixers[MLP] = mlp_bias if c.mlp_bias else 0
-    if MAMBA2 in mixers:
-        mixers[HYBRID] = mixers[ATTENTION] + mixers[MAMBA2]
+
+    def mixer(i: int) -> int:
+        kind = c.layers[i].kind
+        if kind == ATTENTION:
+            return _attention_small(c, i)
+        if kind == HYBRID:
+            return _attention_small(c, i) + mixers[MAMBA2]
+        return mixers[kind]
+
     positions = c.max_positions * c.hidden if a.positions == "learned" else 0
-    return c.num_layers * layer + sum(mixers[x.kind] for x in c.layers) + norm + positions
+    per_layer_norm = c.per_layer_input  # Gemma 4: per_layer_projection_norm [P]
+    return c.num_layers * layer + sum(mixer(i) for i in range(c.num_layers)) + norm + positions + per_layer_norm
+
+
+def per_layer_table_parameters(c: NormalizedConfig) -> int:
+    """Gemma 4's per-layer embedding [V_pl, L P]: a float Gather table in every precision (the
+    quantizers rewrite MatMuls only); 0 without per-layer inputs."""
+    return c.per_layer_vocab * c.num_layers * c.per_layer_input
+
+
+def buffer_parameters(c: NormalizedConfig) -> int:
+    """Persistent buffers the checkpoint holds beside its parameters: Gemma 4's layer_scalar [1]
+    per layer (a constant of the graph, not in transformers' model.parameters())."""
+    return c.num_layers if c.arch.layer_scalar else 0
 
 
 def embedding_parameters(c: NormalizedConfig) -> int:
@@ -112,7 +168,8 @@ def embedding_parameters(c: NormalizedConfig) -> int:
 def parameters(c: NormalizedConfig) -> int:
     """Parameters of the model as published (tied embeddings counted once)."""
     head = 0 if c.tied else embedding_parameters(c)
-    return linear_parameters(c) + small_parameters(c) + embedding_parameters(c) + head
+    body = linear_parameters(c) + small_parameters(c) + per_layer_table_parameters(c)
+    return body + embedding_parameters(c) + head
 
 
 # --------------------------------------------------------------------------- bytes
@@ -146,7 +203,8 @@ def quantized_target_bytes(c: NormalizedConfig, precision: str, q: QuantizationS
     head = embedding_parameters(c) * _per_param(q.head, precision, q)
     if c.tied and q.head in ("fp32", "checkpoint") and q.embedding == q.head:
         head = 0  # one float table serves both (the graph's Gemm on the embedding)
-    norms = small_parameters(c) * (2 if q.dtype == "fp16" else 4)
+    floats = small_parameters(c) + per_layer_table_parameters(c) + buffer_parameters(c)  # Gemma 4's table: a Gather
+    norms = floats * (2 if q.dtype == "fp16" else 4)
     return int(layers + embedding + head + norms)
 
 
@@ -154,10 +212,11 @@ def weight_bytes(c: NormalizedConfig, precision: str, quantization: Quantization
     if precision in QUANTIZED_TARGETS and quantization is not None:
         return quantized_target_bytes(c, precision, quantization)
     if precision in _FLOAT_BYTES:
-        return parameters(c) * _FLOAT_BYTES[precision]
+        return (parameters(c) + buffer_parameters(c)) * _FLOAT_BYTES[precision]
     if precision in _QUANT_BYTES:
         quantized = linear_parameters(c) + embedding_parameters(c)  # untied output projection
-        floats = embedding_parameters(c) + small_parameters(c)  # embedding and norms stay fp32
+        # the embedding, norms and Gemma 4's per-layer table (a Gather) stay fp32
+        floats = embedding_parameters(c) + small_parameters(c) + per_layer_table_parameters(c) + buffer_parameters(c)
         return int(quantized * _QUANT_BYTES[precision]) + 4 * floats
     raise PlanError(f"precision {precision!r} is not one of {', '.join(PRECISION_BYTES)}")
 
@@ -169,8 +228,9 @@ def kv_dtype_bytes(precision: str, quantization: QuantizationSpec | None = None)
 def kv_bytes(
     c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
 ) -> int:
-    """Both caches of every attention layer at max_context rows (the graphs allocate them all,
-    windowed layers included). A hybrid's recurrent states are state_bytes."""
+    """Both caches of every cache-owning attention layer (c.attention_layers: not the layers reading
+    another's K/V) at max_context rows and the caches' one head width c.head_dim (the widest layer's;
+    narrower layers pad to it), windowed layers included. A hybrid's recurrent states are state_bytes."""
     b = kv_dtype_bytes(precision, quantization)
     return 2 * len(c.attention_layers) * max_context * c.kv_heads * c.head_dim * b
 
@@ -201,12 +261,29 @@ def state_position_bytes(c: NormalizedConfig) -> int:
 def window_saving_bytes(
     c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
 ) -> int:
-    """What a ring-buffer cache would save on the sliding-window layers (these graphs keep
-    max_context rows on every layer)."""
-    rows = sum(
-        max_context - layer.window for layer in c.layers if layer.window is not None and layer.window < max_context
-    )
+    """What a ring-buffer cache would save on the cache-owning sliding-window layers (these graphs
+    keep max_context rows on every cache)."""
+    windows = (c.layers[i].window for i in c.attention_layers)
+    rows = sum(max_context - w for w in windows if w is not None and w < max_context)
     return 2 * rows * c.kv_heads * c.head_dim * kv_dtype_bytes(precision, quantization)
+
+
+def kv_sharing_saving_bytes(
+    c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
+) -> int:
+    """What the layers reading an earlier layer's K/V (Gemma 4 num_kv_shared_layers) save: the
+    caches they would own at the caches' width; 0 without such layers."""
+    shared = sum(layer.kv_source is not None for layer in c.layers)
+    return 2 * shared * max_context * c.kv_heads * c.head_dim * kv_dtype_bytes(precision, quantization)
+
+
+def head_padding_bytes(
+    c: NormalizedConfig, precision: str, max_context: int, quantization: QuantizationSpec | None = None
+) -> int:
+    """The zeros in the caches of layers narrower than the widest (Gemma 4's 256-wide sliding
+    layers in 512-wide caches: each pads its heads to c.head_dim); part of kv_bytes."""
+    dims = sum(c.head_dim - c.layer_head_dim(i) for i in c.attention_layers)
+    return 2 * dims * max_context * c.kv_heads * kv_dtype_bytes(precision, quantization)
 
 
 def call_bytes(
@@ -222,11 +299,12 @@ def call_bytes(
     (flash: fused attention that never materializes the scores)."""
     b = kv_dtype_bytes(precision, quantization)
     scores = 0 if flash else 2 * c.heads * seq * total * b
-    mlp = 3 * seq * c.intermediate * b
+    mlp = 3 * seq * max(layer_intermediate(c, i) for i in range(c.num_layers)) * b
+    per_layer = 2 * seq * c.num_layers * c.per_layer_input * b  # Gemma 4: the [S, L, P] inputs and a copy
     hidden = 4 * seq * c.hidden * b
     kv_repeat = 2 * c.heads * total * c.head_dim * b
     logits = rows * c.vocab * 4
-    return scores + mlp + hidden + kv_repeat + logits + scan_bytes(c, seq)
+    return scores + mlp + per_layer + hidden + kv_repeat + logits + scan_bytes(c, seq)
 
 
 def scan_bytes(c: NormalizedConfig, seq: int) -> int:
@@ -256,7 +334,8 @@ def activation_bytes(
 
 def head_layer(target: NormalizedConfig, draft_vocab: int) -> NormalizedConfig:
     """An EAGLE-3 head's one decoder layer at the target's shapes (for its cache and call sizes)."""
-    return replace(target, layers=(LayerSpec(None, None),), vocab=draft_vocab)
+    plain = dict(per_layer_input=0, per_layer_vocab=0, double_wide_mlp=False, values_from_keys=())
+    return replace(target, layers=(LayerSpec(None, None),), vocab=draft_vocab, **plain)
 
 
 def summary(c: NormalizedConfig) -> dict[str, Any]:

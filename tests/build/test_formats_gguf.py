@@ -133,7 +133,7 @@ def test_qk_rows_are_unpermuted_only_for_llama(tmp_path):
 def test_unsupported_architecture(tmp_path):
     raw = raw_of(T.Q8_0, 8, 64, np.random.default_rng(0))
     path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": (raw, T.Q8_0)})
-    message = r"architecture 'gpt2' is not supported \(supported: gemma, gemma2, gemma3, granite, llama, olmo2, "
+    message = r"architecture 'gpt2' is not supported \(supported: falcon-h1, gemma, gemma2, gemma3, granite, "
     with pytest.raises(FormatError, match=message) as info:
         read_gguf_blocks(path)
     assert isinstance(info.value, SpecExportError) and "\n" not in str(info.value)

@@ -42,6 +42,7 @@ RECIPE_DEVICES = {
     "qwen3.5-4b-qwen3.5-0.8b-draft": "agx-orin-32gb",
     "granite-4.0-h-1b-int8-self-draft": "orin-nx-16gb",
     "falcon-h1-0.5b-instruct-int8-self-draft": "orin-nano-8gb",
+    "gemma-4-e2b-it-int8-self-draft": "agx-orin-64gb",
 }
 
 
@@ -125,15 +126,7 @@ def test_known_configs_match_published_sizes():
         assert parameters(known_config(model)) == pytest.approx(count, rel=0.01), model
 
 
-# plan/sizes.py's parameter formula does not count Gemma 4's per-layer inputs (second embedding,
-# projection, per-layer gates), its K/V-sharing layers' missing k/v, per-layer head_dim, double-wide
-# MLP and keys-as-values layers: strict, so the case passes again once it does
-_SIZES_TODO = pytest.mark.xfail(strict=True, reason="plan/sizes.py does not count Gemma 4's layer shapes")
-FORMULA_CASES = [
-    pytest.param(a, marks=_SIZES_TODO) if a.startswith("gemma4") else a
-    for a in tiny_names()
-    if a not in ("gemma3", "qwen3_5", "gemma4")  # + a vision tower
-]
+FORMULA_CASES = [a for a in tiny_names() if a not in ("gemma3", "qwen3_5", "gemma4")]  # + a vision tower
 
 
 @pytest.mark.parametrize("arch", FORMULA_CASES)
@@ -153,6 +146,42 @@ def test_formula_matches_a_real_model_from_its_config_json(tmp_path, arch):
     report = plan(recipe, "orin-nano-4gb")
     assert report.fits and report.models[0].config_source.endswith("config.json")
     assert report.models[1].weight_bytes == weight_bytes(config, "int4")
+
+
+def test_formula_counts_gemma4_layers_past_index_nine(tmp_path):
+    """12 layers: config.json keys per_layer_config by zero-padded index ("04", "09"), so the full
+    layers 4 and 9 must still get global_head_dim."""
+    types = (["sliding_attention"] * 4 + ["full_attention"]) * 2 + ["sliding_attention", "full_attention"]
+    model = make_model("gemma4_text", num_hidden_layers=12, layer_types=types, num_kv_shared_layers=4)
+    model.config.save_pretrained(tmp_path)
+    config = normalize(config_from_dict(json.loads((tmp_path / "config.json").read_text())))
+    assert [config.layer_head_dim(i) for i in (4, 9, 11)] == [32, 32, 32]
+    assert parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_gemma4_e2b_known_config_and_caches():
+    """The known Gemma 4 E2B text config sizes as transformers' own model of it (built on the meta
+    device: shapes only); its 15 cache-owning layers (the last 20 read layers 13 / 14) keep caches at
+    the widest head_dim, 512, the 12 sliding ones padding from 256."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specexport.plan.known import KNOWN_CONFIGS
+    from specexport.plan.sizes import head_padding_bytes, kv_bytes, kv_sharing_saving_bytes
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config_from_dict(KNOWN_CONFIGS["google/gemma-4-E2B-it"]))
+    c = known_config("google/gemma-4-E2B-it", 4096)
+    assert parameters(c) == sum(p.numel() for p in model.parameters())
+    assert c.attention_layers == tuple(range(15)) and c.head_dim == 512
+    assert kv_bytes(c, "fp32", 4096) == 2 * 15 * 4096 * 1 * 512 * 4
+    assert kv_sharing_saving_bytes(c, "fp32", 4096) == 2 * 20 * 4096 * 512 * 4
+    assert head_padding_bytes(c, "fp32", 4096) == 2 * 12 * 4096 * 256 * 4
+    report = plan("gemma-4-e2b-it-int8-self-draft", "agx-orin-64gb")
+    assert any(n.startswith("K/V sharing: 20 of 35 target layers") for n in report.notes), report.notes
+    assert any(n.startswith("12 target caches belong to layers narrower") for n in report.notes), report.notes
+    # the per-layer table [262144, 35 x 256] stays a float Gather in the int8 draft
+    assert report.models[1].weight_bytes > 262144 * 35 * 256 * 4
 
 
 def test_unknown_device_is_a_typed_error_listing_devices():
