@@ -177,7 +177,7 @@ REFUSALS = [  # (family, config overrides, words the one-line error must contain
     ("llama", dict(no_rope_layers=[1, 0]), ["'no_rope_layers'", "[1, 0]"]),
     ("llama", dict(partial_rotary_factor=0.5), ["'partial_rotary_factor'", "0.5"]),
     ("llama", dict(hidden_act="relu6"), ["'hidden_act'", "'relu6'"]),
-    ("llama", dict(rope_scaling={"rope_type": "proportional", "factor": 2.0}), ["'proportional'", "rope_scaling"]),
+    ("llama", dict(rope_scaling={"rope_type": "mrope", "factor": 2.0}), ["'mrope'", "rope_scaling"]),
     (
         "llama",
         dict(max_position_embeddings=128, rope_scaling={"type": "dynamic", "factor": 2.0}),
