@@ -97,3 +97,36 @@ def test_sampling_law_holds_for_a_hybrid_in_a_batch(pairs):
     assert sum(s.stats.drafted for s in seqs) > N // 2
     base = sample_pairs(solo, ids, range(N, 2 * N), False, temperature=1.0, top_k=0)
     check_pairs_follow_target(solo.target, ids, spec, base, eos, "draft model on a hybrid in a batch")
+
+
+@pytest.mark.parametrize("arch, kind", CASES[:1])
+def test_long_prompts_in_a_batch_are_read_in_the_solo_calls(pairs, arch, kind):
+    """Prompts past recurrent.STEP_ROWS (the chunked scan, whose bits follow the call) joining
+    while others decode: each slot reads its prompt in the calls a solo run makes (the prompt's
+    rows in a slot call equal a solo call's bit for bit), and outputs equal solo runs."""
+    solo, batch, _ = pairs(arch, kind)
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, 300, size=n)] for n in (90, 200, 20, 150)]
+    want = [solo.generate(p, max_new_tokens=24, speculative=False).token_ids for p in prompts]
+    scheduler = batch.scheduler()
+    reads: list = []  # (slot, rows) of every slot call
+    inner = batch.slots.forward
+    batch.slots.forward = lambda calls: [reads.append((c.slot, len(c.ids))) for c in calls] and inner(calls)
+    try:
+        seqs = [scheduler.submit(prompts[2], max_new_tokens=24, proposer="ngram", gamma=3)]
+        for _ in range(3):  # the short one decodes when the long ones join
+            scheduler.step()
+        seqs += [scheduler.submit(p, max_new_tokens=24, proposer="ngram", gamma=3) for p in prompts]
+        scheduler.run()
+    finally:
+        batch.slots.forward = inner
+    assert [s.tokens for s in seqs[1:]] == want
+    sizes = [n for _, n in reads]
+    for n in (90, 200, 150):  # each long prompt in one call, as the solo engine reads it (<= MAX_CALL_ROWS)
+        assert n in sizes, (n, sizes)
+    model, ort = batch.slots, solo.target  # one long call in a slot and in the batch-1 graph: the same bits
+    ids = prompts[3]
+    model.view(0).reset()
+    got = model.forward([SlotCall(0, ids, 4), SlotCall(1, [5])])[0].copy()
+    ort.reset()
+    np.testing.assert_array_equal(got, ort.forward(ids, last_rows=4))
