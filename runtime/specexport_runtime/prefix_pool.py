@@ -14,8 +14,11 @@ Invariants:
 - `nbytes` is the sum of every node's row arrays (each a copy owned by the pool, never a view of
   a model's buffer); after `insert` it is at most `max_bytes`: leaves are evicted least recently
   used first (a node's use: the last lookup or insert whose path went through it).
-Hybrid models' recurrent state checkpoints would be one more part per node (a state at the
-node's last row), which this layout leaves room for.
+- A hybrid model's part may also hold, at a node, its recurrent state after the node's last id
+    states[part]: [arrays [1, *s_j], one per state site]   (a checkpoint at that prefix length)
+  A stateful part's rows are only usable up to a checkpoint on the path (Match.checkpoints), so an
+  insert ends a node wherever a checkpoint falls (splitting an edge), and a split leaves the
+  checkpoint with the lower node, which still ends where it was taken.
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ class Node:
     parent: Node | None
     children: dict[int, Node] = field(default_factory=dict)  # first token of a child's edge -> child
     rows: dict[str, np.ndarray] = field(default_factory=dict)  # part -> [B, r, H_kv, D], r <= n
+    states: dict[str, list[np.ndarray]] = field(default_factory=dict)  # part -> its state after the edge's last id
     used: int = 0  # LRU clock of the last lookup or insert through this node
     namespace: str = ""
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.rows.values())
+        return sum(a.nbytes for a in self.rows.values()) + sum(a.nbytes for v in self.states.values() for a in v)
 
     def covered(self, part: str) -> int:
         """Rows of `part` this node holds (0..len(tokens))."""
@@ -58,6 +62,8 @@ class Match:
     tokens: int
     rows: Mapping[str, int]
     segments: tuple[tuple[Node, int], ...]  # (node, ids of its edge on the matched path), root first
+    # part -> (length, states) of each checkpoint within its rows, shortest first (stateful parts)
+    checkpoints: Mapping[str, tuple[tuple[int, list[np.ndarray]], ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,16 +124,20 @@ class PrefixPool:
             if c < child.tokens.size:
                 break
             node = child
-        rows = {}
+        rows, checkpoints = {}, {}
         for part in parts:
-            total = 0
+            total, points = 0, []
             for seg, used in segments:
                 have = min(seg.covered(part), used)
                 total += have
                 if have < seg.tokens.size:  # the part's rows end here
                     break
+                if part in seg.states:
+                    points.append((total, seg.states[part]))
             rows[part] = total
-        return Match(pos, rows, tuple(segments))
+            if points:
+                checkpoints[part] = tuple(points)
+        return Match(pos, rows, tuple(segments), checkpoints)
 
     @staticmethod
     def read(match: Match, part: str, stop: int, write: Callable[[int, np.ndarray], None]) -> None:
@@ -144,10 +154,17 @@ class PrefixPool:
             pos += n
 
     # --- insert and evict --------------------------------------------------------------------
-    def insert(self, namespace: str, ids, sources: Mapping[str, tuple[int, RowSource]]) -> None:
+    def insert(
+        self,
+        namespace: str,
+        ids,
+        sources: Mapping[str, tuple[int, RowSource]],
+        checkpoints: Mapping[str, Mapping[int, list[np.ndarray]]] | None = None,
+    ) -> None:
         """Keep the rows [0, count) of each part (sources: part -> (count, rows of [start, stop)))
         under the ids (their first max(count) ids are the key); only rows the pool lacks are read.
-        Then evict to the byte bound."""
+        checkpoints: part -> {length: states} of stateful parts (length <= the part's count; the
+        states are copied). Then evict to the byte bound."""
         ids = np.asarray(ids, np.int64)
         length = min(ids.size, max((count for count, _ in sources.values()), default=0))
         if length == 0 or self.max_bytes == 0:
@@ -156,19 +173,27 @@ class PrefixPool:
         now = self._tick()
         node, pos = self._root(namespace), 0
         full = dict.fromkeys(sources, True)  # the part's rows are contiguous from the root to `node`
+        points = {(n, part): st for part, by in (checkpoints or {}).items() for n, st in by.items() if 0 < n <= length}
+        cuts = sorted({n for n, _ in points})
         while pos < length:
+            end = next((n for n in cuts if n > pos), length)  # a node ends at each checkpoint
             child = node.children.get(int(ids[pos]))
             if child is None:
-                child = Node(ids[pos:length].copy(), node, used=now, namespace=namespace)
+                child = Node(ids[pos:end].copy(), node, used=now, namespace=namespace)
                 node.children[int(ids[pos])] = child
                 self.nodes, self.tokens = self.nodes + 1, self.tokens + child.tokens.size
             else:
-                c = _common(child.tokens, ids[pos:length])
+                c = _common(child.tokens, ids[pos:end])
                 if c < child.tokens.size:
                     child = self._split(child, c)
                 child.used = now
             self._fill(child, pos, sources, full)
-            node, pos = child, pos + child.tokens.size
+            pos += child.tokens.size
+            for (n, part), st in points.items():
+                if n == pos and full.get(part) and part not in child.states:
+                    child.states[part] = [np.array(a, copy=True) for a in st]
+                    self.nbytes += sum(a.nbytes for a in child.states[part])
+            node = child
         self._evict(protect=None)
 
     def _fill(self, node: Node, start: int, sources: Mapping[str, tuple[int, RowSource]], full: dict) -> None:

@@ -149,3 +149,34 @@ def test_rows_of_a_part_stay_contiguous_from_the_root():
 def test_a_bad_bound_is_refused_in_one_line(bad):
     with pytest.raises(InvalidArgument, match="max_bytes must be an integer >= 0"):
         PrefixPool(bad)
+
+
+def state_value(ids, n: int) -> list[np.ndarray]:
+    """The oracle of a stateful part's checkpoint after ids[:n]: two state sites [1, 2] and [1, 3]."""
+    h = float(row_value(ids, n - 1, "target")[0, 0, 0])
+    return [np.full((1, 2), h, np.float32), np.full((1, 3), -h, np.float32)]
+
+
+def test_checkpoints_end_nodes_survive_splits_and_count_bytes():
+    """A stateful part's checkpoints: a node ends at each, a later insert that splits an edge
+    leaves each checkpoint where it was taken, a match lists those within its rows, and the
+    byte count follows inserts and evictions."""
+    a = np.arange(100, 112)  # 12 ids
+    pool = PrefixPool(1 << 20)
+    pool.insert("", a, {"target": (12, source(a, "target"))}, {"target": {4: state_value(a, 4), 9: state_value(a, 9)}})
+    m = pool.match("", a[:10], ("target",))
+    assert m.rows["target"] == 10 and [n for n, _ in m.checkpoints["target"]] == [4, 9]
+    for n, st in m.checkpoints["target"]:
+        assert all(np.array_equal(x, y) for x, y in zip(st, state_value(a, n)))
+    b = np.concatenate([a[:6], [7, 8, 9]])  # diverges at 6: splits the edge [4, 9)
+    pool.insert("", b, {"target": (9, source(b, "target"))}, {"target": {8: state_value(b, 8)}})
+    m = pool.match("", a, ("target",))
+    assert [n for n, _ in m.checkpoints["target"]] == [4, 9]
+    assert all(np.array_equal(x, y) for x, y in zip(m.checkpoints["target"][1][1], state_value(a, 9)))
+    m = pool.match("", b, ("target",))
+    assert m.rows["target"] == 9 and [n for n, _ in m.checkpoints["target"]] == [4, 8]
+    assert pool.match("", a[:3], ("target",)).checkpoints == {}  # none within 3 rows
+    walked = sum(node.nbytes for node in pool._nodes())
+    assert pool.nbytes == walked and walked > 0
+    pool.resize(0)
+    assert pool.nbytes == 0
