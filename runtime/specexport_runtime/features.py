@@ -41,6 +41,8 @@ VERSIONS: dict[tuple[str, str], str] = {
     ("idle_slots", TIME_MAJOR): "1.10",
     ("recurrent_state", TIME_MAJOR): "1.11",  # per-layer recurrent state in, the state after chosen rows out
     ("recurrent_state", HEAD_MAJOR_INPLACE): "1.11",
+    ("assistant", TIME_MAJOR): "1.12",  # a draft reading the target's last hidden row and its K/V caches
+    ("assistant", HEAD_MAJOR_INPLACE): "1.12",
 }
 FEATURES: frozenset[str] = frozenset(name for name, _ in VERSIONS)
 LAYOUT_FEATURE = {TIME_MAJOR: "time_major", HEAD_MAJOR_INPLACE: "head_major_in_place"}
@@ -55,13 +57,15 @@ def features_for(
     idle_rows: int = 0,
     tree: bool = False,
     states: bool = False,
+    assistant: bool = False,
 ) -> tuple[str, ...]:
     """The features a graph of `kv_layout` needs (arguments as contract.version_for): with
     min_rows > 1 or a head, row padding; an EAGLE-3 head; GroupQueryAttention windows (the
     portable form masks windows with standard ops: no feature); slots > 1, cache slots, and idle
     slots without rows unless idle_rows (a 1.5 graph's throwaway row); a tree-verify graph (a
     head's own tree graph); states: recurrent layers (conv windows, linear-attention or SSM
-    states) beside the K/V caches."""
+    states) beside the K/V caches; assistant: a Gemma 4 assistant graph (it reads the target's
+    caches, and the target returns its last hidden rows)."""
     out = [LAYOUT_FEATURE[kv_layout]]
     if min_rows > 1 or head:
         out.append("row_padding")
@@ -77,6 +81,8 @@ def features_for(
         out.append("eagle3_head_tree" if head else "tree_verify")
     if states:
         out.append("recurrent_state")
+    if assistant:
+        out.append("assistant")
     return tuple(out)
 
 
