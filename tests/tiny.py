@@ -459,7 +459,8 @@ def build_tiny_artifact(
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
     EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
-    the portable form. A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
+    the portable form; 'assistant' a tiny Gemma 4 target with a random Gemma 4 assistant
+    (assistant_models.py). A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
     'noisy-fused-tree'; portable: 1.9, 'noisy-tree'). A
     '-numerical' suffix (before it) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
@@ -487,6 +488,8 @@ def build_tiny_artifact(
     if draft_kind.endswith("-target"):
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
     workdir.mkdir(parents=True, exist_ok=True)
+    if draft_kind == "assistant":  # a Gemma 4 target with a random Gemma 4 assistant (assistant_models.py)
+        arch = "gemma4_text"
     target = make_model(arch)
     target_dir = save_hf_folder(target, workdir / "target-hf")
     if draft_kind == "self":
@@ -496,6 +499,10 @@ def build_tiny_artifact(
         draft = {"model": str(draft_dir), "precision": precision}
     elif draft_kind == "ngram":
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
+    elif draft_kind == "assistant":
+        from assistant_models import make_assistant, save_assistant
+
+        draft = {"model": str(save_assistant(make_assistant(), workdir / "assistant-hf"))}
     elif draft_kind in ("eagle3", "eagle3-portable"):  # a random EAGLE-3 head (tests/eagle_heads.py)
         from eagle_heads import make_tiny_head_folder
 

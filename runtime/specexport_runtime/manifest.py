@@ -25,6 +25,7 @@ from typing import Any
 from . import registry
 from .constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES, EXACTNESS
 from .contract import (
+    ASSISTANT,
     CONTRACT_VERSION,
     DECODER,
     EAGLE3_HEAD,
@@ -92,6 +93,8 @@ class ModelEntry:
     tree_graph: str | None = None
     # feature recurrent_state: the shape of each recurrent state tensor (a hybrid decoder's conv windows)
     states: tuple[tuple[int, ...], ...] = ()
+    # feature assistant (kind assistant): the target caches n the graph reads (shared_key_{n})
+    shared_kv: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1 or (self.max_batch > 1) != bool(self.batch_graph):
@@ -135,6 +138,7 @@ class ModelEntry:
             idle_rows=idle_rows,
             tree=bool(self.tree_graph),
             states=bool(self.states),
+            assistant=self.kind == ASSISTANT,
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -153,6 +157,8 @@ class ModelEntry:
             del data["tree_graph"]
         if not self.states:
             del data["states"]
+        if not self.shared_kv:
+            del data["shared_kv"]
         return data
 
     @classmethod
@@ -162,6 +168,7 @@ class ModelEntry:
             "feature_layers": tuple(data.get("feature_layers", ())),
             "attention_windows": tuple(data.get("attention_windows", ())),
             "states": tuple(tuple(int(d) for d in shape) for shape in data.get("states", ())),
+            "shared_kv": tuple(data.get("shared_kv", ())),
         }
         entry = cls(**data)
         rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
@@ -186,6 +193,7 @@ class ModelEntry:
             slots=slots,
             tree=tree,
             states=self.states,
+            shared_kv=self.shared_kv,
         )
 
 
@@ -275,11 +283,16 @@ class Manifest:
                 value = getattr(entry, key)
                 if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= MAX_MIN_ROWS:
                     raise ArtifactError(f"{role} {key} {value!r} is not an integer in {lo}..{MAX_MIN_ROWS}")
-            if entry.kind not in GRAPH_KINDS or (entry.kind != DECODER and (role != "draft" or not entry.vocab_map)):
+            head_ok = entry.kind == EAGLE3_HEAD and entry.vocab_map
+            if entry.kind not in GRAPH_KINDS or (
+                entry.kind != DECODER and (role != "draft" or not (head_ok or entry.kind == ASSISTANT))
+            ):
                 raise ArtifactError(
                     f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
-                    f" {GRAPH_KINDS[1]!r} with a vocab_map file)"
+                    f" {EAGLE3_HEAD!r} with a vocab_map file, or a draft {ASSISTANT!r})"
                 )
+            if entry.kind == ASSISTANT and not self.target.feature_width:
+                raise ArtifactError("draft kind 'assistant' reads the target's last hidden rows; the target has none")
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if entry.max_batch > 1 and (entry.kind != DECODER or entry.feature_width):

@@ -62,6 +62,7 @@ ENTRY = {
     "max_batch": Field("int", lo=1, hi=256),
     "tree_graph": Field("str", nullable=True),
     "states": Field("shapes", lo=1, hi=1 << 20),  # recurrent state shapes: at most 1024 of 1..4 dims
+    "shared_kv": Field("ints", lo=0, hi=1 << 16),  # an assistant's target caches
 }
 TOKENIZER = {
     "file": Field("str", True),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BuildError
 from ..formats.hf_quantized import quantization_method
 from ..graphs.decoder import fused_refusal
+from ..models.assistant import is_assistant
 from ..models.config import NormalizedConfig, UnsupportedConfig, normalize, read_config
 from ..models.sources import (
     ModelSource,
@@ -146,13 +147,20 @@ class LoadedModels:
     draft: Any = None  # a draft model (recipe draft.model)
     draft_norm: NormalizedConfig | None = None
     head: Any = None  # an EAGLE-3 head (recipe draft.eagle3)
+    assistant: Any = None  # a Gemma 4 assistant's AssistantFacts (recipe draft.model; m.draft is the model)
 
 
 def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModels:
     """Configs first (refusals before any weight), then target, then the draft side."""
     progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
     t_norm = check_config(recipe.target, recipe)
-    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" else None
+    assistant = recipe.draft.kind == "model" and is_assistant(recipe.draft.model.model)
+    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" and not assistant else None
+    facts = None
+    if assistant:  # checked against the target's config before any weight (build/assistant.py)
+        from .assistant import check_assistant
+
+        facts = check_assistant(recipe, t_norm)
     progress(f"target: {t_norm.describe()}")
     clock.stage("check_config")
     progress(f"loading target {recipe.target.model}")
@@ -165,6 +173,13 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
         progress(f"loading EAGLE-3 head {recipe.draft.model.model}")
         m.head, m.draft_source = load_head(recipe, reference)
         progress(f"EAGLE-3 head: target features {m.head.config.layer_ids_reason}")
+        clock.stage("load_draft")
+    elif facts is not None:
+        from .assistant import load
+
+        progress(f"loading Gemma 4 assistant {recipe.draft.model.model}")
+        m.draft, m.draft_source = load(recipe)
+        m.assistant = facts
         clock.stage("load_draft")
     elif recipe.draft.kind == "model":
         progress(f"loading draft {recipe.draft.model.model}")

@@ -169,11 +169,7 @@ class _Writer:
     def write(self) -> None:
         g, model, f = self.g, self.model, self.facts
         P = self.cursor()
-        embed = self.target_embed
-        (e,) = g.op("Gather", [g.weight("embed", embed.weight.detach().float()), contract.INPUT_IDS], axis=0)
-        scale = float(getattr(embed, "scalar_embed_scale", 1.0))
-        if scale != 1.0:  # transformers: embedding * embed_scale in the weight dtype
-            (e,) = g.op("Mul", [e, g.scalar("embed_scale", float(torch.tensor(scale, dtype=g.dtype)))])
+        (e,) = g.op("Gather", [g.weight("embed", self.target_embed), contract.INPUT_IDS], axis=0)  # [1, S, Hb]
         hidden = contract.ASSISTANT_HIDDEN
         if g.dtype_name != "float32":
             (hidden,) = g.op("Cast", [hidden], to=g.elem)
@@ -207,7 +203,7 @@ def assistant_spec(facts: AssistantFacts, kv_heads: int, head_dim: int, kv_layou
 
 def build_assistant(
     model,
-    target_embedding: torch.nn.Module,
+    target_embedding: torch.Tensor,
     facts: AssistantFacts,
     out_dir: Path,
     *,
@@ -218,7 +214,8 @@ def build_assistant(
 ) -> ExportResult:
     """Write out_dir/model.onnx (+ data) for the assistant `model` (Gemma4AssistantForCausalLM)
     reading target caches of [H_kv = kv_heads, D = head_dim] in `kv_layout`; the token embedding
-    is the target's (`target_embedding`, its scaled embedding module), copied into the graph."""
+    is the target's as its decoder sees it (`target_embedding` [V, Hb], times Gemma's embedding
+    scale: build/eagle.py target_embedding), copied into the graph."""
     start = time.perf_counter()
     ops = ops_for(kv_layout)
     g = Graph(dtype, data=DataFile(out_dir))

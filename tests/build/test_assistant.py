@@ -12,6 +12,7 @@ import torch
 from assistant_models import make_assistant
 from tiny import make_model
 
+from specexport.build.eagle import target_embedding
 from specexport.graphs.assistant import build_assistant
 from specexport.models.assistant import AssistantMismatch, check_pair
 from specexport.models.config import normalize
@@ -100,7 +101,7 @@ def test_the_graph_matches_transformers_forward(tmp_path, target, layout, centro
     facts = _facts(assistant, target)
     norm = normalize(target.config, 256)
     result = build_assistant(
-        assistant, target.get_input_embeddings(), facts, tmp_path, kv_heads=1, head_dim=norm.head_dim, kv_layout=layout
+        assistant, target_embedding(target), facts, tmp_path, kv_heads=1, head_dim=norm.head_dim, kv_layout=layout
     )
     assert result.spec.kind == contract.ASSISTANT and result.spec.shared_kv == (2, 3)
     session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
@@ -131,7 +132,7 @@ def test_rows_of_one_call_are_independent_draft_steps(tmp_path, target):
     """Three rows in one call equal three one-row calls (each row its own draft step at P)."""
     assistant = make_assistant()
     facts = _facts(assistant, target)
-    result = build_assistant(assistant, target.get_input_embeddings(), facts, tmp_path, kv_heads=1, head_dim=32)
+    result = build_assistant(assistant, target_embedding(target), facts, tmp_path, kv_heads=1, head_dim=32)
     session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
     _, _, shared = _reference(assistant, target, IDS, 12, 5, torch.zeros(64))
     caches = _caches(shared, facts, contract.TIME_MAJOR, 32, 0)

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from specexport_runtime import registry
-from specexport_runtime.contract import DECODER, EAGLE3_HEAD
+from specexport_runtime.contract import ASSISTANT, DECODER, EAGLE3_HEAD
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.registry import ProposerSpec
 
 
 def test_the_built_in_proposers():
-    assert registry.names() == ("draft", "ngram", "hybrid", "eagle", "suffix", "none")
-    assert registry.speculative_names() == ("draft", "ngram", "hybrid", "eagle", "suffix")
+    assert registry.names() == ("draft", "ngram", "hybrid", "eagle", "suffix", "assistant", "none")
+    assert registry.speculative_names() == ("draft", "ngram", "hybrid", "eagle", "suffix", "assistant")
+    assert registry.available(ASSISTANT) == ("ngram", "suffix", "assistant")
+    assert registry.recipe_default(ASSISTANT) == "assistant"
     assert registry.available(None) == ("ngram", "suffix")
     assert registry.available(DECODER) == ("draft", "ngram", "hybrid", "suffix")
     assert registry.available(EAGLE3_HEAD) == ("ngram", "hybrid", "eagle", "suffix")
@@ -32,7 +34,11 @@ def test_the_built_in_proposers():
 @pytest.mark.parametrize(
     "name, kind, message",
     [
-        ("medusa", None, "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"),
+        (
+            "medusa",
+            None,
+            "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'assistant', 'none'",
+        ),
         ("hybrid", None, "proposer 'hybrid' needs an artifact with a draft model; this one has none (use 'ngram')"),
         (
             "eagle",
