@@ -91,5 +91,5 @@ def test_factories_resolve_lazily_and_the_registry_stays_lean(tmp_path):
     probe = "import sys, specexport_runtime.registry as r; print('onnxruntime' in sys.modules, len(r.names()))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "6"]
+    assert out.stdout.split() == ["False", "7"]
     assert callable(registry.resolve(registry.get("hybrid").factory))
