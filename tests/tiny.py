@@ -459,7 +459,8 @@ def build_tiny_artifact(
     are fused (head_major_inplace); 'PRECISION-target' (e.g. 'int4-target') is a quantized fused
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
     EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
-    the portable form; 'dflash' a 4-layer Qwen3 target with a random DFlash drafter.
+    the portable form; 'dflash' a 4-layer Qwen3 target with a random DFlash drafter; 'assistant' a
+    tiny Gemma 4 target with a random Gemma 4 assistant (assistant_models.py).
     A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
     'noisy-fused-tree'; portable: 1.9, 'noisy-tree'). A
     '-numerical' suffix (before it) builds the
@@ -488,6 +489,8 @@ def build_tiny_artifact(
     if draft_kind.endswith("-target"):
         name, precision, draft_kind, graph = f"tiny-{draft_kind}", draft_kind[: -len("-target")], "ngram", "fused"
     workdir.mkdir(parents=True, exist_ok=True)
+    if draft_kind == "assistant":  # a Gemma 4 target with a random Gemma 4 assistant (assistant_models.py)
+        arch = "gemma4_text"
     target = make_model(arch)
     if draft_kind == "dflash":  # a 4-layer Qwen3 target with a random DFlash drafter (tests/dflash_support.py)
         from dflash_support import tiny_drafter, tiny_target
@@ -504,6 +507,10 @@ def build_tiny_artifact(
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
     elif draft_kind == "dflash":
         draft = {"model": str(workdir / "drafter"), "precision": precision}
+    elif draft_kind == "assistant":
+        from assistant_models import make_assistant, save_assistant
+
+        draft = {"model": str(save_assistant(make_assistant(), workdir / "assistant-hf"))}
     elif draft_kind in ("eagle3", "eagle3-portable"):  # a random EAGLE-3 head (tests/eagle_heads.py)
         from eagle_heads import make_tiny_head_folder
 

@@ -170,6 +170,21 @@ EAGLE-3 head graphs (feature eagle3_head; kind eagle3_head): one layer whose cac
 (specexport/graphs/eagle.py writes both), with
 the inputs features [1, S, F] and draft_hidden [1, S, H] after input_ids and the output
 hidden_out [1, R, H] after logits (GraphSpec.input_names / output_names).
+
+Gemma 4 assistant graphs (feature assistant; kind assistant; specexport/graphs/assistant.py)
+    A draft without a cache of its own: each of its S rows is one draft step at position P (the
+    target's cursor), reading the target's caches read-only. Its target entry returns the last
+    hidden rows (feature_layers [L]: transformers' output_hidden_states[L], after the final norm).
+    input_ids              int64     [1, S]          the token each row embeds (the target's table)
+    last_hidden            float32   [1, S, Hb]      the target's last hidden row, or the
+                                                     assistant's own earlier hidden_out row
+    total_sequence_length  int32     []              head_major_inplace only: P
+    shared_key_{n}         kv_dtype  [1, P, H_kv, D] time_major: target cache n's valid prefix
+                                     [1, H_kv, T, D] head_major_inplace: target cache n's buffer
+    shared_value_{n}       kv_dtype  as shared_key_{n}
+    -> logits              float32   [1, S, V]
+    -> hidden_out          float32   [1, S, Hb]
+    The entry's `shared_kv` lists the target caches n it reads (GraphSpec.shared_kv).
 """
 
 from __future__ import annotations
@@ -195,6 +210,7 @@ PORTABLE_SLOTS_VERSION = "1.10"  # a time_major decoder with several cache slots
 RECURRENT_VERSION = "1.11"  # a decoder with recurrent state tensors beside its K/V caches
 RECURRENT_SLOTS_VERSION = "1.12"  # a slots graph whose slots carry recurrent state, one set of names per slot
 DFLASH_VERSION = "1.12"  # a DFlash block drafter (kind dflash_block, time_major)
+ASSISTANT_VERSION = "1.12"  # a Gemma 4 assistant graph reading the target's caches and last hidden rows
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -207,13 +223,14 @@ POSITION_IDS = "position_ids"  # feature tree_verify: int64 [1, S] P + depth of 
 TREE_BIAS = "tree_bias"  # feature tree_verify: float32 [S, S] 0 on a row's ancestors and itself, lowest elsewhere
 HIDDEN_STATES = "hidden_states"  # feature eagle3_head: target features for a draft head
 STATE_INDEX = "state_index"  # feature recurrent_state: int64 [Rs] rows whose state new_state_{j} returns
-DECODER, EAGLE3_HEAD, DFLASH_BLOCK = "decoder", "eagle3_head", "dflash_block"  # graph kinds
-GRAPH_KINDS = (DECODER, EAGLE3_HEAD, DFLASH_BLOCK)
+DECODER, EAGLE3_HEAD, DFLASH_BLOCK, ASSISTANT = "decoder", "eagle3_head", "dflash_block", "assistant"  # graph kinds
+GRAPH_KINDS = (DECODER, EAGLE3_HEAD, DFLASH_BLOCK, ASSISTANT)
 # the EAGLE-3 head graph (feature eagle3_head; specexport/graphs/eagle.py): extra inputs and output
 HEAD_FEATURES = "features"  # [1, S, F] the target's hidden_states rows
 HEAD_HIDDEN = "draft_hidden"  # [1, S, H] the head's own earlier hidden_out rows
 HEAD_HIDDEN_OUT = "hidden_out"  # [1, R, H]
 DFLASH_CONTEXT = "context"  # feature dflash_block: [1, C, F] the target's hidden_states rows of C new positions
+ASSISTANT_HIDDEN = "last_hidden"  # feature assistant: [1, S, Hb] the target's last hidden row or hidden_out
 
 KV_DTYPES = ("float32", "float16")
 
@@ -252,6 +269,15 @@ def new_state(site: int, slot: int | None = None) -> str:
 def state_index(slot: int | None = None) -> str:
     """The rows whose state new_state_{j} returns: [Rs] (a slots graph: one per slot, feature recurrent_slots)."""
     return _slot(STATE_INDEX, slot)
+
+
+def shared_key(cache: int) -> str:
+    """feature assistant: the target's cache `cache` as an assistant graph reads it."""
+    return f"shared_key_{cache}"
+
+
+def shared_value(cache: int) -> str:
+    return f"shared_value_{cache}"
 
 
 def present_key(layer: int, slot: int | None = None) -> str:
@@ -361,6 +387,7 @@ def version_for(
     tree: bool = False,
     states: bool = False,
     dflash: bool = False,
+    assistant: bool = False,
 ) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
@@ -368,9 +395,10 @@ def version_for(
     batched graph (1.5; 1.6 when its idle slots take idle_rows 0 rows, as graphs built now do;
     time_major 1.10);
     tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9); states:
-    recurrent state tensors (1.11); dflash: a DFlash block drafter (1.12, time_major)."""
+    recurrent state tensors (1.11); dflash: a DFlash block drafter (1.12, time_major); assistant: a Gemma 4
+    assistant graph (1.12)."""
     layout_of(kv_layout)  # ValueError for an unknown layout
-    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states, dflash)
+    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states, dflash, assistant)
     return needs_version(facts, kv_layout)
 
 
@@ -420,6 +448,8 @@ class GraphSpec:
     tree: bool = False  # feature tree_verify: a tree-verify graph (position_ids, tree_bias inputs)
     # feature recurrent_state: the shape s_j of each recurrent state tensor (past_state_{j}: [1, *s_j])
     states: tuple[tuple[int, ...], ...] = ()
+    # feature assistant (kind assistant): the target caches n it reads (shared_key_{n}); hidden_width its Hb
+    shared_kv: tuple[int, ...] = ()
     layout: KvLayout = field(init=False, repr=False, compare=False)  # layout_of(kv_layout), chosen here once
 
     def __post_init__(self) -> None:
@@ -439,6 +469,11 @@ class GraphSpec:
             raise ValueError("an eagle3_head graph has feature_width and hidden_width > 0")
         if self.kind == DFLASH_BLOCK and not (self.feature_width and self.kv_layout == TIME_MAJOR and self.slots == 1):
             raise ValueError("a dflash_block graph is time_major, of one slot, with feature_width > 0")
+        if (self.kind == ASSISTANT) != bool(self.shared_kv) or (self.kind == ASSISTANT and not self.hidden_width):
+            raise ValueError(
+                f"an assistant graph (and only one) reads target caches with hidden_width > 0; got kind {self.kind},"
+                f" shared_kv {list(self.shared_kv)}, hidden_width {self.hidden_width}"
+            )
         if any(w < 1 for w in self.windows):
             raise ValueError(f"windows must be >= 1, got {list(self.windows)}")
         if self.slots < 1:
@@ -477,6 +512,9 @@ class GraphSpec:
         return bool(self.feature_width) and self.kind == DECODER
 
     def input_names(self) -> list[str]:
+        if self.kind == ASSISTANT:
+            names = [INPUT_IDS, ASSISTANT_HIDDEN] + ([TOTAL_SEQUENCE_LENGTH] if self.layout.in_place else [])
+            return names + [name for n in self.shared_kv for name in (shared_key(n), shared_value(n))]
         names = [INPUT_IDS] + ([HEAD_FEATURES, HEAD_HIDDEN] if self.is_head else []) + [LOGITS_INDEX]
         names[1:1] = [DFLASH_CONTEXT] if self.kind == DFLASH_BLOCK else []
         names += ([SLOT_ROWS] if self.slots > 1 else []) + list(self.layout.cursor_inputs)
@@ -488,6 +526,8 @@ class GraphSpec:
         return names + [past_state(j, b) for j in range(len(self.states)) for b in self.slot_ids]
 
     def output_names(self) -> list[str]:
+        if self.kind == ASSISTANT:
+            return [LOGITS, HEAD_HIDDEN_OUT]
         names = [LOGITS] + ([HEAD_HIDDEN_OUT] if self.is_head else [HIDDEN_STATES] if self.has_features else [])
         for i in range(self.num_layers):
             for b in self.slot_ids:
@@ -501,6 +541,8 @@ class GraphSpec:
 
     def kv_bytes(self, max_context: int) -> int:
         """Bytes of all K and V buffers of this graph at max context (every slot)."""
+        if self.kind == ASSISTANT:  # it reads the target's caches
+            return 0
         itemsize = 4 if self.kv_dtype == "float32" else 2
         return 2 * self.num_layers * self.slots * max_context * self.num_kv_heads * self.head_dim * itemsize
 

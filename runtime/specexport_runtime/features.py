@@ -44,6 +44,8 @@ VERSIONS: dict[tuple[str, str], str] = {
     ("recurrent_slots", TIME_MAJOR): "1.12",  # cache slots whose sequences carry recurrent state
     ("recurrent_slots", HEAD_MAJOR_INPLACE): "1.12",
     ("dflash_block", TIME_MAJOR): "1.12",  # a DFlash drafter: a block of drafts from the target's hidden states
+    ("assistant", TIME_MAJOR): "1.12",  # a draft reading the target's last hidden row and its K/V caches
+    ("assistant", HEAD_MAJOR_INPLACE): "1.12",
 }
 FEATURES: frozenset[str] = frozenset(name for name, _ in VERSIONS)
 LAYOUT_FEATURE = {TIME_MAJOR: "time_major", HEAD_MAJOR_INPLACE: "head_major_in_place"}
@@ -59,13 +61,16 @@ def features_for(
     tree: bool = False,
     states: bool = False,
     dflash: bool = False,
+    assistant: bool = False,
 ) -> tuple[str, ...]:
     """The features a graph of `kv_layout` needs (arguments as contract.version_for): with
     min_rows > 1 or a head, row padding; an EAGLE-3 head; GroupQueryAttention windows (the
     portable form masks windows with standard ops: no feature); slots > 1, cache slots, and idle
     slots without rows unless idle_rows (a 1.5 graph's throwaway row); a tree-verify graph (a
     head's own tree graph); states: recurrent layers (conv windows, linear-attention or SSM
-    states) beside the K/V caches, per slot in a slots graph."""
+    states) beside the K/V caches, per slot in a slots graph; dflash: a DFlash drafter graph;
+    assistant: a Gemma 4 assistant graph (it reads the target's caches, and the target returns its
+    last hidden rows)."""
     out = [LAYOUT_FEATURE[kv_layout]]
     if min_rows > 1 or head:
         out.append("row_padding")
@@ -85,6 +90,8 @@ def features_for(
             out.append("recurrent_slots")
     if dflash:  # a DFlash drafter graph (time_major only)
         out.append("dflash_block")
+    if assistant:
+        out.append("assistant")
     return tuple(out)
 
 

@@ -19,8 +19,9 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .assistant import AssistantModel
 from .constants import BACKENDS, ONNXRUNTIME, TENSORRT
-from .contract import DFLASH_BLOCK
+from .contract import ASSISTANT, DFLASH_BLOCK
 from .eagle_tree import HeadTree
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
@@ -104,6 +105,10 @@ def open_models(root: Path, manifest: Manifest, backend: str, base: SessionConfi
     if backend == TENSORRT:
         from .trt_backend import TrtModel  # noqa: PLC0415 - only on this backend
 
+        if manifest.draft is not None and manifest.draft.kind == ASSISTANT:
+            raise InvalidArgument(
+                "a Gemma 4 assistant runs on the onnxruntime backend only (it binds the target's caches)"
+            )
         target = TrtModel.from_entry(root, manifest, "target", base.device_id)
         draft = None if manifest.draft is None else TrtModel.from_entry(root, manifest, "draft", base.device_id)
         return Models(target, draft)
@@ -123,6 +128,12 @@ def _open_ort(root: Path, manifest: Manifest, base: SessionConfig, batch: bool) 
         graph = check_graph(root, manifest.target.tree_graph, "target tree graph")
         tree = TreeVerifier(graph, target, target_config)
     draft = draft_slots = None
+    if has_draft and manifest.draft.kind == ASSISTANT:  # no cache: it reads the target's (assistant.py)
+        if batch:
+            raise InvalidArgument("a Gemma 4 assistant drafts for batch-1 generation only; load without batch")
+        graph = check_graph(root, manifest.draft.graph, "draft graph")
+        draft = AssistantModel(graph, manifest.draft.graph_spec(), target, base, max_rows=manifest.max_gamma + 1)
+        return Models(target, draft, slots, None, tree, None)
     if has_draft:  # the draft's batch graph when it has one, its slot 0 serving batch-1 calls
         draft, draft_slots = _open_graph(
             root, manifest, manifest.draft, "draft", base, batch and manifest.draft.max_batch > 1

@@ -25,6 +25,7 @@ from typing import Any
 from . import registry
 from .constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA, DEFAULT_NGRAM_SIZES, EXACTNESS
 from .contract import (
+    ASSISTANT,
     CONTRACT_VERSION,
     DECODER,
     DFLASH_BLOCK,
@@ -96,6 +97,8 @@ class ModelEntry:
     # feature dflash_block: a DFlash drafter's block rows (the anchor and block_size - 1 drafts) and mask token
     block_size: int = 0
     mask_token_id: int = -1
+    # feature assistant (kind assistant): the target caches n the graph reads (shared_key_{n})
+    shared_kv: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1 or (self.max_batch > 1) != bool(self.batch_graph):
@@ -140,6 +143,7 @@ class ModelEntry:
             tree=bool(self.tree_graph),
             states=bool(self.states),
             dflash=self.kind == DFLASH_BLOCK,
+            assistant=self.kind == ASSISTANT,
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -160,6 +164,8 @@ class ModelEntry:
             del data["states"]
         if self.kind != DFLASH_BLOCK:
             del data["block_size"], data["mask_token_id"]
+        if not self.shared_kv:
+            del data["shared_kv"]
         return data
 
     @classmethod
@@ -169,6 +175,7 @@ class ModelEntry:
             "feature_layers": tuple(data.get("feature_layers", ())),
             "attention_windows": tuple(data.get("attention_windows", ())),
             "states": tuple(tuple(int(d) for d in shape) for shape in data.get("states", ())),
+            "shared_kv": tuple(data.get("shared_kv", ())),
         }
         entry = cls(**data)
         rows = entry.validation.get("rows") if isinstance(entry.validation, dict) else None
@@ -193,6 +200,7 @@ class ModelEntry:
             slots=slots,
             tree=tree,
             states=self.states,
+            shared_kv=self.shared_kv,
         )
 
 
@@ -284,13 +292,16 @@ class Manifest:
                     raise ArtifactError(f"{role} {key} {value!r} is not an integer in {lo}..{MAX_MIN_ROWS}")
             if entry.kind == DFLASH_BLOCK and (role != "draft" or entry.block_size < 2 or entry.mask_token_id < 0):
                 raise ArtifactError(f"{role} kind {DFLASH_BLOCK!r} is a draft with block_size >= 2 and a mask_token_id")
+            head_ok = entry.kind == EAGLE3_HEAD and entry.vocab_map
             if entry.kind not in GRAPH_KINDS or (
-                entry.kind == EAGLE3_HEAD and (role != "draft" or not entry.vocab_map)
+                entry.kind != DECODER and (role != "draft" or not (head_ok or entry.kind in (ASSISTANT, DFLASH_BLOCK)))
             ):
                 raise ArtifactError(
                     f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
-                    f" {GRAPH_KINDS[1]!r} with a vocab_map file)"
+                    f" {EAGLE3_HEAD!r} with a vocab_map file, or a draft {ASSISTANT!r} or {DFLASH_BLOCK!r})"
                 )
+            if entry.kind == ASSISTANT and not self.target.feature_width:
+                raise ArtifactError("draft kind 'assistant' reads the target's last hidden rows; the target has none")
             if entry.exactness is not None and entry.exactness not in EXACTNESS:
                 raise ArtifactError(f"{role} exactness {entry.exactness!r} is not one of {', '.join(EXACTNESS)}")
             if entry.max_batch > 1 and (entry.kind != DECODER or entry.feature_width):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import DECODER, DFLASH_BLOCK, EAGLE3_HEAD
+from .contract import ASSISTANT, DECODER, DFLASH_BLOCK, EAGLE3_HEAD
 from .errors import InvalidArgument
 
 NONE = "none"  # the proposer name of target-only decoding
@@ -31,11 +31,17 @@ DRAFT_SIDE = "draft side"
 # calibrate: how `specexport calibrate` times one draft step of the proposer
 LOOP = "loop"  # the draft seconds per drafted token of its own acceptance runs
 MODEL_STEP = "model step"  # a draft model's 1-token call, timed apart
-_KIND_WORDS = {DECODER: "a draft model", EAGLE3_HEAD: "an EAGLE-3 head", DFLASH_BLOCK: "a DFlash block drafter"}
+_KIND_WORDS = {
+    DECODER: "a draft model",
+    EAGLE3_HEAD: "an EAGLE-3 head",
+    DFLASH_BLOCK: "a DFlash block drafter",
+    ASSISTANT: "a Gemma 4 assistant",
+}
 _NEED_WORDS = {
     DECODER: "a draft model",
     EAGLE3_HEAD: "an artifact with an EAGLE-3 draft head",
     DFLASH_BLOCK: "an artifact with a DFlash block drafter",
+    ASSISTANT: "an artifact with a Gemma 4 assistant",
 }
 
 
@@ -169,6 +175,16 @@ for _spec in (
         corpus=True,
         calibration="suffix",
         learns=".suffix:SuffixHistory.create",
+    ),
+    ProposerSpec(
+        "assistant",
+        ".assistant:build_assistant",
+        "a Gemma 4 assistant reading the target's K/V caches and last hidden row",
+        needs=(ASSISTANT,),
+        free=False,
+        recipe=True,
+        recipe_default=True,
+        calibration="assistant",
     ),
     ProposerSpec(NONE, ".proposers:build_none", "nothing: target-only decoding"),
 ):

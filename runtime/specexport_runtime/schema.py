@@ -64,6 +64,7 @@ ENTRY = {
     "states": Field("shapes", lo=1, hi=1 << 20),  # recurrent state shapes: at most 1024 of 1..4 dims
     "block_size": Field("int", lo=2, hi=256),  # a DFlash drafter's block rows
     "mask_token_id": Field("int", lo=0, hi=1 << 24),
+    "shared_kv": Field("ints", lo=0, hi=1 << 16),  # an assistant's target caches
 }
 TOKENIZER = {
     "file": Field("str", True),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,9 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, 
     progress(f"exporting target ({recipe.target.precision})")
     features = tuple(m.head.config.layer_ids) if m.head is not None else ()
     features = m.drafter.config.feature_layers if m.drafter is not None else features
+    if m.assistant is not None:  # a Gemma 4 assistant reads the final-normed stream of every row
+        features = (m.norm.num_layers,)
+        recipe = replace(recipe, speculation=replace(recipe.speculation, proposer="assistant"))
     target = export_target(recipe, m.reference, m.blocks, root / "target", probe, validate, progress, features, m.norm)
     m.blocks = {}
     clock.stage("export_target" + ("+validate" if validate else ""))
@@ -144,6 +147,14 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, 
         progress("exporting the DFlash drafter")
         draft_entry = export_dflash(
             m.drafter, m.reference, root, m.draft_source, vocab, target.result if validate else None, probe
+        )
+        clock.stage("draft" + ("+validate" if validate else ""))
+    elif m.assistant is not None:
+        from .assistant import export_assistant
+
+        progress("exporting the Gemma 4 assistant")
+        draft_entry = export_assistant(
+            m.draft, m.assistant, m.reference, m.norm, root, recipe, m.draft_source, vocab, probe if validate else None
         )
         clock.stage("draft" + ("+validate" if validate else ""))
     elif recipe.draft.has_graph:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BuildError
 from ..formats.hf_quantized import quantization_method
 from ..graphs.decoder import fused_refusal
+from ..models.assistant import is_assistant
 from ..models.config import NormalizedConfig, UnsupportedConfig, normalize, read_config
 from ..models.sources import (
     ModelSource,
@@ -143,6 +144,7 @@ class LoadedModels:
     draft_norm: NormalizedConfig | None = None
     head: Any = None  # an EAGLE-3 head (recipe draft.eagle3)
     drafter: Any = None  # a DFlash block drafter (recipe draft.model, a DFlash folder)
+    assistant: Any = None  # a Gemma 4 assistant's AssistantFacts (recipe draft.model; m.draft is the model)
 
 
 def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModels:
@@ -150,7 +152,14 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
     progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
     t_norm = check_config(recipe.target, recipe)
     dflash = recipe.draft.dflash  # a DFlash drafter folder: its own config check (build/dflash.py)
-    d_norm = check_config(recipe.draft.model, recipe) if recipe.draft.kind == "model" and not dflash else None
+    assistant = recipe.draft.kind == "model" and not dflash and is_assistant(recipe.draft.model.model)
+    own = recipe.draft.kind == "model" and not dflash and not assistant
+    d_norm = check_config(recipe.draft.model, recipe) if own else None
+    facts = None
+    if assistant:  # checked against the target's config before any weight (build/assistant.py)
+        from .assistant import check_assistant
+
+        facts = check_assistant(recipe, t_norm)
     progress(f"target: {t_norm.describe()}")
     clock.stage("check_config")
     progress(f"loading target {recipe.target.model}")
@@ -169,6 +178,12 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
 
         progress(f"loading DFlash drafter {recipe.draft.model.model}")
         m.drafter, m.draft_source = load_drafter(recipe, reference)
+    elif facts is not None:
+        from .assistant import load
+
+        progress(f"loading Gemma 4 assistant {recipe.draft.model.model}")
+        m.draft, m.draft_source = load(recipe)
+        m.assistant = facts
         clock.stage("load_draft")
     elif recipe.draft.kind == "model":
         progress(f"loading draft {recipe.draft.model.model}")

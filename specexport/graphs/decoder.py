@@ -319,8 +319,9 @@ def build_decoder(
     its MatMuls are row-invariant, so this keeps every row independent of its call's size without
     a padded MatMul; the copy's K/V land at cache row P + S, which the next call overwrites.
     feature_layers: indices i of the residual streams entering decoder layer i (transformers'
-    output_hidden_states[i], 0 <= i < layers) returned as `hidden_states` [1, S, F] float32 for
-    every input row (what an EAGLE-3 head reads). norm: the model's normalized
+    output_hidden_states[i], 0 <= i < layers; i = layers: the stream after the final norm, what a
+    Gemma 4 assistant reads) returned as `hidden_states` [1, S, F] float32 for every input row
+    (what an EAGLE-3 head reads). norm: the model's normalized
     config (default: normalized from model.config). slots: K > 1 cache slots, rows packed slot
     after slot (features cache_slots, idle_slots). tree: the tree-verify graph (tree_verify):
     position_ids and tree_bias inputs, one slot, unpadded. table_rows (fused): rows of the
@@ -351,9 +352,9 @@ def build_decoder(
         )
     if tree and (pad or min_rows > 1):
         raise UnsupportedConfig(f"a tree graph has unpadded rows; got cache_pad {pad}, min_rows {min_rows}")
-    bad = [i for i in feature_layers if not 0 <= i < len(layers)]
+    bad = [i for i in feature_layers if not 0 <= i <= len(layers)]
     if bad:
-        raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers) - 1}")
+        raise UnsupportedConfig(f"feature layers {bad} are outside the target's 0..{len(layers)}")
     if cfg.state_shapes and tree:
         raise UnsupportedConfig(
             f"{cfg.family}: recurrent layers carry no state through tree graphs in contract"
@@ -417,6 +418,8 @@ def _write(c: _Ctx, model, base, layers, feature_layers, tie_lm_head: bool, on_l
         if on_layer is not None:
             on_layer(i, len(layers))
 
+    if len(layers) in feature_layers:  # the final norm over every row (output_hidden_states[L])
+        entering[len(layers)] = c.rms(stream.value(), module_at(base, arch.final_norm), "final_norm")
     features = None
     if feature_layers:  # [1, S, F]: low | mid | high, float32 like the logits
         (features,) = g.op("Concat", [entering[i] for i in feature_layers], axis=-1)
