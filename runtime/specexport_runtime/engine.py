@@ -374,6 +374,7 @@ class OrtModel(CacheCursor):
         self.stats.add(S, time.perf_counter() - start)
         if self.states is not None:
             self.states.store(P, state_rows)
+            self.states.mark(P, S)
         self.length = P + S  # padding rows (P + S .. P + M - 1) are overwritten by the next call
         self.last_start = P  # position of this call's first row (its features' rows start there)
         if self._feature_buf is not None:

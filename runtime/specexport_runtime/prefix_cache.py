@@ -31,6 +31,13 @@ keep (the generation finished or was closed): rows [0, min(model.length, len(pro
     generation that verified draft trees keeps only its prompt's rows (the tree graph's rows equal
     the chain graph's numerically, not bitwise).
 
+Hybrid models (feature recurrent_state): a part's rows alone do not make its state, so the pool
+also keeps checkpoints, the recurrent state after a prefix (prefix_pool.py), and a hit resumes at
+the longest checkpoint within the match. Checkpoints are the states a cold prompt reaches in the
+same calls (recurrent.StateHistory.mark: every MAX_CALL_ROWS rows of a prompt read from position
+0 or from a checkpoint), since a scan's chunked form groups its sums by call: a hit then gives
+the cold start's bits too. A generation keeps the rows up to its last checkpoint.
+
 Exactness: for a `bitwise` target a row does not depend on how the tokens were grouped into
 calls (measured by benchmarks/experiments/prefix_rows.py: prefill split at any point, or fed
 token by token), so a hit gives the same rows, logits and tokens as a cold start, greedy and
@@ -52,6 +59,7 @@ from .eagle import EagleProposer
 from .hybrid import HybridProposer
 from .model import Model
 from .prefix_pool import PrefixPool
+from .recurrent import MAX_CALL_ROWS, StateHistory
 from .system_prompt import StoredPrompt
 
 if TYPE_CHECKING:
@@ -60,13 +68,19 @@ if TYPE_CHECKING:
 TARGET, DRAFT, HEAD, FEATURES = "target", "draft", "head", "features"  # the pool's parts
 
 
+def history(model: Model) -> StateHistory | None:
+    """A hybrid model's recurrent.StateHistory (an OrtModel's, or a batch slot's), else None."""
+    if isinstance(getattr(model, "states", None), StateHistory):
+        return model.states
+    slots = getattr(getattr(model, "model", None), "states", None)
+    return slots[model.slot] if slots is not None and hasattr(model, "slot") else None
+
+
 def rows_reader(model: Model):
     """f(start, stop) -> a copy of the model's cache rows [start, stop) as [B, n, H_kv, D] (B = 2 x
     layers), and f(start, rows) that writes them back; None for a model whose cache is not in host
-    memory (TensorRT, a CUDA provider) or whose rows alone do not make its state: a hybrid's
-    recurrent state (feature recurrent_state) after a cached prefix is not kept, so its prefix
-    is never reused (a hit would start from the wrong state)."""
-    if getattr(model, "device", "cpu") != "cpu" or getattr(getattr(model, "spec", None), "states", ()):
+    memory (TensorRT, a CUDA provider). A hybrid's state comes with checkpoints (history())."""
+    if getattr(model, "device", "cpu") != "cpu":
         return None
     if hasattr(model, "kv_rows"):  # OrtModel
         views = model.kv_rows
@@ -111,6 +125,9 @@ class Lease:
         which only its scheduler runs, and the scheduler keeps a sequence's rows as it leaves."""
         self.cache, self.loop, self.namespace, self.parts, self.eagle = cache, loop, namespace, parts, eagle
         self.names = (*parts, FEATURES) if eagle is not None else tuple(parts)
+        self.histories = {part: h for part, model in parts.items() if (h := history(model)) is not None}
+        for h in self.histories.values():
+            h.record()
         self.prompt_len = 0
         self.started = False  # restore() ran: the caches hold this generation's rows
         self.guarded = not loop.batched
@@ -138,6 +155,10 @@ class Lease:
         skip = min(match.rows[TARGET], len(prompt) - 1, match.rows.get(FEATURES, len(prompt)))
         stops = {TARGET: skip, DRAFT: min(match.rows.get(DRAFT, 0), len(prompt))}
         stops[HEAD] = min(match.rows.get(HEAD, 0), max(0, skip - 1))
+        points = {}  # a hybrid part resumes at its last checkpoint within its rows (module docstring)
+        for part in self.histories:
+            points[part] = {n: st for n, st in match.checkpoints.get(part, ()) if n <= stops[part]}
+            stops[part] = max(points[part], default=0)
         in_place = {} if seeded else self._in_place(prompt)
         for part, model in self.parts.items():
             if in_place.get(part, 0) > 0 and in_place[part] >= stops[part]:  # the slot holds as many or more
@@ -151,6 +172,8 @@ class Lease:
                 _, write = rows_reader(model)
                 pool.read(match, part, stops[part], write)
                 model.length = stops[part]  # rows [0, stop) now hold prompt[:stop]'s K/V
+            if part in self.histories:
+                self.histories[part].seed(stops[part], points[part])
         skip = stops[TARGET]
         if self.eagle is not None and skip > 0:
             pool.read(match, FEATURES, skip, self._write_features)
@@ -167,7 +190,7 @@ class Lease:
         """{part: rows [0, m) of prompt its cache holds already} from `resident`, capped as the
         pool's match is (the target feeds the prompt's last token); {} without a resident or with
         an EAGLE head (its features come from the pool)."""
-        if self.resident is None or self.eagle is not None:
+        if self.resident is None or self.eagle is not None or self.histories:
             return {}
         tokens, rows, _ = self.resident
         n = len(prompt)
@@ -189,16 +212,19 @@ class Lease:
             return  # never started, or another caller used the models since its last round
         limit = len(tokens) if self.loop.stats.tree_rounds == 0 else self.prompt_len
         held = self.held(tokens)
-        sources = {}
+        sources, checkpoints = {}, {}
         for part, model in self.parts.items():
             read, _ = rows_reader(model)
+            if part in self.histories:  # a hybrid part's rows are kept up to its last checkpoint
+                checkpoints[part] = {n: st for n, st in self.histories[part].checkpoints.items() if n <= held[part]}
+                held[part] = max(checkpoints[part], default=0)
             sources[part] = (held[part], read)
         if self.eagle is not None:
             known = min(self.eagle.known, limit)
             sources[FEATURES] = (known, lambda a, b: self.eagle.features[None, a:b].copy())  # [1, n, F]
             if HEAD in sources:  # rows computed from features, whose token t + 1 is committed
                 sources[HEAD] = (min(sources[HEAD][0], self.eagle.real, known, limit - 1), sources[HEAD][1])
-        self.cache.pool.insert(self.namespace, tokens, sources)
+        self.cache.pool.insert(self.namespace, tokens, sources, checkpoints)
 
     def _write_features(self, start: int, rows: np.ndarray) -> None:
         """rows [1, n, F] of the target's features into the EAGLE proposer's positions [start, start + n)."""
@@ -223,6 +249,9 @@ class PrefixCache:
         self.target, self.draft, self.draft_bitwise = target, draft, draft_class == BITWISE
         if max_bytes is None:
             max_bytes = target.kv_nbytes() + (draft.kv_nbytes() if draft is not None else 0)
+            for model in (target, draft):  # a hybrid's checkpoints: one per MAX_CALL_ROWS rows of a full context
+                if model is not None and model.spec.states:
+                    max_bytes += model.spec.state_bytes(model.max_context // MAX_CALL_ROWS)
             if draft is not None and draft.spec.is_head:  # and the features an EAGLE-3 head reads: [T, F] fp32
                 max_bytes += target.max_context * target.spec.feature_width * 4
         self.pool = PrefixPool(int(max_bytes))

@@ -57,6 +57,9 @@ class StateHistory:
         self.slot_of: dict[int, int] = {}  # position -> its slot
         self.index = np.arange(max_rows, dtype=np.int64)  # state_index views
         self._start = 0  # the first slot the bound call writes
+        # prefix reuse (prefix_cache.py): copies of the states a cold prompt reaches in the same calls,
+        # length -> [arrays [1, *s_j]]; None: not recorded
+        self.checkpoints: dict[int, list[np.ndarray]] | None = None
 
     def kept(self, length: int) -> bool:
         """Whether the state after `length` tokens is held."""
@@ -132,10 +135,43 @@ class StateHistory:
         """Drop the states of positions past `length` (a rollback: they belong to rejected rows)."""
         for held in [p for p in self.slot_of if p > length]:
             self.owner[self.slot_of.pop(held)] = -1
+        if self.checkpoints:
+            for n in [n for n in self.checkpoints if n > length]:
+                del self.checkpoints[n]
 
     def reset(self) -> None:
         self.owner[:] = -1
         self.slot_of.clear()
+        if self.checkpoints is not None:
+            self.checkpoints = {}
+
+    def record(self) -> None:
+        """Keep checkpoints from now on (mark)."""
+        if self.checkpoints is None:
+            self.checkpoints = {}
+
+    def mark(self, P: int, S: int) -> None:
+        """After a call of S rows at P (recorded, store()d): keep a copy of the state at P + S when a
+        cold prompt reaches it in the same calls, so that a prefix hit resuming there gives a cold
+        start's bits: a whole MAX_CALL_ROWS call from position 0 or from such a checkpoint (a
+        prompt is read in those calls from position 0, solo_piece; the chunked scan's bits follow
+        the call)."""
+        ckpt = self.checkpoints
+        if ckpt is None or S != MAX_CALL_ROWS or P % MAX_CALL_ROWS or (P and P not in ckpt) or not self.kept(P + S):
+            return
+        ckpt[P + S] = [s.copy() for s in self.state(P + S)]
+
+    def seed(self, length: int, checkpoints: dict[int, list[np.ndarray]]) -> None:
+        """Forget everything, then hold checkpoints[length] as the state after `length` tokens
+        (a prefix restored from the pool), the others as checkpoints; length 0: the zeros."""
+        self.reset()
+        if length:
+            slot = length % self.depth
+            for ring, state in zip(self.ring, checkpoints[length]):
+                ring[slot] = state[0]
+            self.owner[slot], self.slot_of[length] = length, slot
+        if self.checkpoints is not None:
+            self.checkpoints = {n: [a.copy() for a in st] for n, st in checkpoints.items() if n <= length}
 
     def nbytes(self) -> int:
         return sum(r.nbytes + z.nbytes for r, z in zip(self.ring, self.zeros))

@@ -264,6 +264,7 @@ class SlotModel:
         self.stats.add(int(rows.sum()), time.perf_counter() - t0)
         for b, picked in state_rows.items():
             self.states[b].store(int(self.lengths[b]), picked)
+            self.states[b].mark(int(self.lengths[b]), len(by_slot[b].ids))
         out = []
         for c in calls:
             self.lengths[c.slot] += len(c.ids)

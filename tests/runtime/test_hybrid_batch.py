@@ -11,6 +11,7 @@ from batch_support import PROMPTS, generator_pair, solo_greedy
 from exactness_support import check_pairs_follow_target, first_pair, sample_pairs
 from tiny import build_tiny_artifact
 
+from specexport_runtime.api import load
 from specexport_runtime.slots import SlotCall
 
 CASES = [  # (family, artifact kind): a fused and a portable target, a draft model with its own batch graph
@@ -130,3 +131,18 @@ def test_long_prompts_in_a_batch_are_read_in_the_solo_calls(pairs, arch, kind):
     got = model.forward([SlotCall(0, ids, 4), SlotCall(1, [5])])[0].copy()
     ort.reset()
     np.testing.assert_array_equal(got, ort.forward(ids, last_rows=4))
+
+
+def test_a_batch_slot_resumes_a_hybrid_prefix_at_a_checkpoint(tmp_path):
+    """Batched requests reuse a hybrid's prefix through the pool (its checkpoints, not a slot's
+    resident rows): a longer prompt resumes at 256 and equals its cold solo run."""
+    root = build_tiny_artifact(tmp_path, "noisy-fused-batch4", arch="granitemoehybrid", max_context=512)
+    solo, batch = generator_pair(root)
+    rng = np.random.default_rng(9)
+    ids = [int(t) for t in rng.integers(3, 300, size=300)]
+    first = batch.batch([ids, ids[:50]], max_new_tokens=8)
+    longer = ids + list(first[0].token_ids) + [int(t) for t in rng.integers(3, 300, size=30)]
+    second = batch.batch([longer, ids[:60]], max_new_tokens=12)
+    assert second[0].stats.cached_tokens == 256
+    reference = load(root, config={"prefix_cache_bytes": 0}).generate(longer, max_new_tokens=12, speculative=False)
+    assert second[0].token_ids == reference.token_ids
