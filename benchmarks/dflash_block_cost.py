@@ -33,21 +33,25 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(out) * 1000
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--intermediate", type=int, default=3072)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=28)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--draft-layers", type=int, default=5)
-    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=1024, help="target hidden size (default 1024, Qwen3-0.6B)")
+    ap.add_argument("--intermediate", type=int, default=3072, help="target MLP width (default 3072)")
+    ap.add_argument("--heads", type=int, default=16, help="attention heads (default 16)")
+    ap.add_argument("--kv-heads", type=int, default=8, help="K/V heads (default 8)")
+    ap.add_argument("--layers", type=int, default=28, help="target layers (default 28)")
+    ap.add_argument("--vocab", type=int, default=151936, help="vocabulary (default 151936)")
+    ap.add_argument("--draft-layers", type=int, default=5, help="drafter layers (default 5)")
+    ap.add_argument("--block", type=int, default=16, help="drafter block size (default 16)")
     ap.add_argument("--context", type=int, default=4, help="context rows per block (accepted tokens + 1)")
-    ap.add_argument("--past", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=10)
-    args = ap.parse_args()
+    ap.add_argument("--past", type=int, default=256, help="cached positions before the timed calls (default 256)")
+    ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default 2)")
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per figure; medians (default 10)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
 
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel

@@ -87,9 +87,9 @@ def export_assistant(
 def compare(path: Path, assistant, facts: AssistantFacts, reference, t_norm: NormalizedConfig, probe) -> dict:
     """The graph's first draft step at CHECK_STEPS positions of the probe against transformers'
     forward on the same target hidden row and K/V: max |logit diff| and argmax agreement."""
-    import onnxruntime as ort
+    from specexport_runtime.engine import SessionConfig, make_session
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = make_session(path, SessionConfig(provider="cpu"))  # the process's thread pool, shared or not
     in_place = contract.layout_of(result_layout(session)).in_place
     ids = torch.tensor([probe])
     with torch.no_grad():

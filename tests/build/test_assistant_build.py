@@ -6,7 +6,6 @@ transformers' Gemma4AssistantForCausalLM forward on the same target hidden row a
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 from assistant_models import make_assistant
@@ -17,6 +16,7 @@ from specexport.graphs.assistant import build_assistant
 from specexport.models.assistant import AssistantMismatch, check_pair
 from specexport.models.config import normalize
 from specexport_runtime import contract
+from specexport_runtime.engine import SessionConfig, make_session
 
 TOL = 1e-4
 IDS = [17, 88, 203, 5, 61, 144, 9, 250, 33, 71, 120, 8, 199, 42, 66, 3, 90, 14, 230, 7, 55, 101]  # 22 > 8 + 1
@@ -104,7 +104,7 @@ def test_the_graph_matches_transformers_forward(tmp_path, target, layout, centro
         assistant, target_embedding(target), facts, tmp_path, kv_heads=1, head_dim=norm.head_dim, kv_layout=layout
     )
     assert result.spec.kind == contract.ASSISTANT and result.spec.shared_kv == (2, 3)
-    session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    session = make_session(result.path, SessionConfig(provider="cpu"))
     assert [i.name for i in session.get_inputs()] == result.spec.input_names()
     with torch.no_grad():
         last = target(torch.tensor([IDS]), output_hidden_states=True).hidden_states[-1][0]  # [S, Hb]
@@ -133,7 +133,7 @@ def test_rows_of_one_call_are_independent_draft_steps(tmp_path, target):
     assistant = make_assistant()
     facts = _facts(assistant, target)
     result = build_assistant(assistant, target_embedding(target), facts, tmp_path, kv_heads=1, head_dim=32)
-    session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    session = make_session(result.path, SessionConfig(provider="cpu"))
     _, _, shared = _reference(assistant, target, IDS, 12, 5, torch.zeros(64))
     caches = _caches(shared, facts, contract.TIME_MAJOR, 32, 0)
     tokens = np.array([[5, 77, 260]], np.int64)

@@ -76,8 +76,9 @@ def test_portable_target_features_are_the_entering_residual_streams(pair, tmp_pa
 def test_portable_target_refuses_feature_layers_past_its_depth(pair, tmp_path):
     from specexport.models.config import UnsupportedConfig
 
-    with pytest.raises(UnsupportedConfig, match=r"feature layers \[2\] are outside the target's 0..1"):
-        export_portable(pair[0], tmp_path / "t", feature_layers=(0, 1, 2))
+    # 0 .. L: layer L is the stream after the final norm (what a Gemma 4 assistant or an MTP head reads)
+    with pytest.raises(UnsupportedConfig, match=r"feature layers \[3\] are outside the target's 0..2"):
+        export_portable(pair[0], tmp_path / "t", feature_layers=(0, 1, 3))
 
 
 # --------------------------------------------------------------------------- the head graph
