@@ -10,9 +10,12 @@ from pathlib import Path
 import torch
 
 
-def mtp_tensors(text_config, seed: int = 7) -> dict[str, torch.Tensor]:
+def mtp_tensors(text_config, seed: int = 7, echo: bool = False) -> dict[str, torch.Tensor]:
     """One random Qwen3.5 MTP layer for `text_config`: a full-attention decoder layer, fc [H, 2H]
-    and three (1 + w) norms with w spread around 0 (all-zero w would hide a graph ignoring them)."""
+    and three (1 + w) norms with w spread around 0 (all-zero w would hide a graph ignoring them).
+    echo: a layer whose output is the hidden row rescaled (fc = [0 | I], o_proj and down_proj 0,
+    norms 1), so its draft is the target's own prediction of the token it is given: it is
+    accepted where the target repeats a token, which makes rounds accept some drafts and not others."""
     from transformers import Qwen3_5TextModel
 
     torch.manual_seed(seed)
@@ -26,16 +29,20 @@ def mtp_tensors(text_config, seed: int = 7) -> dict[str, torch.Tensor]:
     out["mtp.fc.weight"] = torch.randn(H, 2 * H) / (2 * H) ** 0.5
     for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         out[f"mtp.{name}.weight"] = 0.3 * torch.randn(H)
+    if echo:  # every norm 1 + 0, the layer's two output projections 0: out = h / rms(h)
+        zero = ("norm", "o_proj", "down_proj")
+        out = {k: torch.zeros_like(v) if any(z in k for z in zero) else v for k, v in out.items()}
+        out["mtp.fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], 1)
     return out
 
 
-def add_mtp(folder: Path, text_config, seed: int = 7) -> dict[str, torch.Tensor]:
+def add_mtp(folder: Path, text_config, seed: int = 7, echo: bool = False) -> dict[str, torch.Tensor]:
     """Write an MTP layer into `folder`'s model.safetensors (its tensors kept); returns its tensors."""
     from safetensors.torch import load_file, save_file
 
     path = Path(folder) / "model.safetensors"
     tensors = load_file(str(path))
-    mtp = mtp_tensors(text_config, seed)
+    mtp = mtp_tensors(text_config, seed, echo)
     save_file({**tensors, **{k: v.contiguous() for k, v in mtp.items()}}, str(path), metadata={"format": "pt"})
     return mtp
 
