@@ -70,3 +70,19 @@ def test_a_checkpoint_without_mtp_layers_is_refused_before_anything_is_written(t
         build_artifact(load_recipe(recipe), out)
     assert "has none" in str(info.value) and "\n" not in str(info.value)
     assert not out.exists()
+
+
+def test_a_build_with_another_draft_offers_the_mtp_layer(tmp_path):
+    from mtp_checkpoints import add_mtp
+
+    target = make_model("qwen3_5_text")
+    target_dir = save_hf_folder(target, tmp_path / "target-hf")
+    add_mtp(target_dir, target.config)
+    recipe = write_recipe(tmp_path / "recipe.yaml", target_dir, {"proposer": "ngram", "ngram_sizes": [2, 1]})
+    lines: list[str] = []
+    build_artifact(load_recipe(recipe), tmp_path / "out", validate=False, progress=lines.append)
+    offered = [line for line in lines if "MTP layer" in line]  # 11 tensors of the layer, fc and 3 norms
+    assert offered == [
+        "the target checkpoint carries 1 MTP layer(s) (15 mtp.* tensors): `draft: {mtp: {}}` drafts with them"
+        " (proposer mtp)"
+    ]
