@@ -460,8 +460,9 @@ def build_tiny_artifact(
     target of that precision with the n-gram proposer; 'eagle3' a fused target with a random
     EAGLE-3 head (tests/eagle_heads.py) over half its vocabulary, 'eagle3-portable' the same in
     the portable form; 'dflash' a 4-layer Qwen3 target with a random DFlash drafter; 'assistant' a
-    tiny Gemma 4 target with a random Gemma 4 assistant (assistant_models.py).
-    A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
+    tiny Gemma 4 target with a random Gemma 4 assistant (assistant_models.py); 'mtp' a tiny
+    Qwen3.5 target whose checkpoint carries an echoing MTP layer (mtp_checkpoints.py), its own
+    draft ('mtp-fused': both graphs fused). A '-tree' suffix (last) adds the target's tree graph (fused: contract 1.7,
     'noisy-fused-tree'; portable: 1.9, 'noisy-tree'). A
     '-numerical' suffix (before it) builds the
     target unpadded (exactness numerical: contract 1.0 / 1.1); by default it is padded as
@@ -491,6 +492,8 @@ def build_tiny_artifact(
     workdir.mkdir(parents=True, exist_ok=True)
     if draft_kind == "assistant":  # a Gemma 4 target with a random Gemma 4 assistant (assistant_models.py)
         arch = "gemma4_text"
+    if draft_kind == "mtp":  # a Qwen3.5 target whose checkpoint carries an MTP layer (mtp_checkpoints.py)
+        arch = "qwen3_5_text"
     target = make_model(arch)
     if draft_kind == "dflash":  # a 4-layer Qwen3 target with a random DFlash drafter (tests/dflash_support.py)
         from dflash_support import tiny_drafter, tiny_target
@@ -507,6 +510,11 @@ def build_tiny_artifact(
         draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
     elif draft_kind == "dflash":
         draft = {"model": str(workdir / "drafter"), "precision": precision}
+    elif draft_kind == "mtp":
+        from mtp_checkpoints import add_mtp
+
+        add_mtp(target_dir, target.config, echo=True)  # drafts accepted where the target repeats
+        draft = {"mtp": {}}
     elif draft_kind == "assistant":
         from assistant_models import make_assistant, save_assistant
 

@@ -185,6 +185,13 @@ Gemma 4 assistant graphs (feature assistant; kind assistant; specexport/graphs/a
     -> logits              float32   [1, S, V]
     -> hidden_out          float32   [1, S, Hb]
     The entry's `shared_kv` lists the target caches n it reads (GraphSpec.shared_kv).
+
+MTP head graphs (feature mtp_head; kind mtp; specexport/graphs/mtp.py)
+    A checkpoint's own multi-token-prediction layer (Qwen3.5's mtp.*) with the EAGLE-3 head's
+    names (is_head): input_ids, features [1, S, H] (the target's hidden_states rows: feature_layers
+    [L], after the final norm), draft_hidden [1, S, H] (its own earlier hidden_out rows; the caller
+    zeroes the side it does not use), logits_index, one layer's cache in either layout; -> logits
+    [1, R, V] over the target's vocabulary and hidden_out [1, R, H], the rows after its final norm.
 """
 
 from __future__ import annotations
@@ -211,6 +218,7 @@ RECURRENT_VERSION = "1.11"  # a decoder with recurrent state tensors beside its 
 RECURRENT_SLOTS_VERSION = "1.12"  # a slots graph whose slots carry recurrent state, one set of names per slot
 DFLASH_VERSION = "1.12"  # a DFlash block drafter (kind dflash_block, time_major)
 ASSISTANT_VERSION = "1.12"  # a Gemma 4 assistant graph reading the target's caches and last hidden rows
+MTP_VERSION = "1.12"  # a checkpoint's own MTP layer (kind mtp) reading the target's last hidden rows
 WINDOW_MIN_ORT = (1, 24, 1)  # the first ONNX Runtime whose local_window_size counts the query itself
 
 INPUT_IDS = "input_ids"
@@ -224,7 +232,8 @@ TREE_BIAS = "tree_bias"  # feature tree_verify: float32 [S, S] 0 on a row's ance
 HIDDEN_STATES = "hidden_states"  # feature eagle3_head: target features for a draft head
 STATE_INDEX = "state_index"  # feature recurrent_state: int64 [Rs] rows whose state new_state_{j} returns
 DECODER, EAGLE3_HEAD, DFLASH_BLOCK, ASSISTANT = "decoder", "eagle3_head", "dflash_block", "assistant"  # graph kinds
-GRAPH_KINDS = (DECODER, EAGLE3_HEAD, DFLASH_BLOCK, ASSISTANT)
+MTP = "mtp"  # graph kind: a checkpoint's own MTP layer (feature mtp_head), named as an EAGLE-3 head
+GRAPH_KINDS = (DECODER, EAGLE3_HEAD, DFLASH_BLOCK, ASSISTANT, MTP)
 # the EAGLE-3 head graph (feature eagle3_head; specexport/graphs/eagle.py): extra inputs and output
 HEAD_FEATURES = "features"  # [1, S, F] the target's hidden_states rows
 HEAD_HIDDEN = "draft_hidden"  # [1, S, H] the head's own earlier hidden_out rows
@@ -388,6 +397,7 @@ def version_for(
     states: bool = False,
     dflash: bool = False,
     assistant: bool = False,
+    mtp: bool = False,
 ) -> str:
     """The lowest contract version that defines `kv_layout` and, with min_rows > 1, row-padded
     calls (what an artifact declares); head: an eagle3_head graph (1.2, or 1.3 time_major);
@@ -396,9 +406,9 @@ def version_for(
     time_major 1.10);
     tree: a tree-verify graph (1.7; an eagle3_head's tree graph 1.8; time_major 1.9); states:
     recurrent state tensors (1.11); dflash: a DFlash block drafter (1.12, time_major); assistant: a Gemma 4
-    assistant graph (1.12)."""
+    assistant graph (1.12); mtp: an MTP head graph (1.12)."""
     layout_of(kv_layout)  # ValueError for an unknown layout
-    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states, dflash, assistant)
+    facts = features_for(kv_layout, min_rows, head, windowed, slots, idle_rows, tree, states, dflash, assistant, mtp)
     return needs_version(facts, kv_layout)
 
 
@@ -467,6 +477,8 @@ class GraphSpec:
             raise ValueError(f"kind {self.kind!r} is not one of {GRAPH_KINDS}")
         if self.kind == EAGLE3_HEAD and not (self.feature_width and self.hidden_width):
             raise ValueError("an eagle3_head graph has feature_width and hidden_width > 0")
+        if self.kind == MTP and not (self.feature_width and self.feature_width == self.hidden_width):
+            raise ValueError("an mtp graph has feature_width == hidden_width > 0 (the target's hidden rows)")
         if self.kind == DFLASH_BLOCK and not (self.feature_width and self.kv_layout == TIME_MAJOR and self.slots == 1):
             raise ValueError("a dflash_block graph is time_major, of one slot, with feature_width > 0")
         if (self.kind == ASSISTANT) != bool(self.shared_kv) or (self.kind == ASSISTANT and not self.hidden_width):
@@ -504,7 +516,8 @@ class GraphSpec:
 
     @property
     def is_head(self) -> bool:
-        return self.kind == EAGLE3_HEAD
+        """A one-layer draft with its own cache and the EAGLE-3 head's names (eagle3_head, mtp)."""
+        return self.kind in (EAGLE3_HEAD, MTP)
 
     @property
     def has_features(self) -> bool:

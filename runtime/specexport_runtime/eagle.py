@@ -108,7 +108,7 @@ class EagleProposer(Proposer):
                 break
             logits = self.head.forward([token], hidden=self.head.hidden_out.copy())  # [1, V_draft]
         catchup = time.perf_counter() - start if rows > 2 else 0.0  # a backlog (the prompt) is timed apart
-        return Proposal(tokens, np.stack(qs) if qs else None, catchup_seconds=catchup, source="eagle")
+        return Proposal(tokens, np.stack(qs) if qs else None, catchup_seconds=catchup, source=self.name)
 
     def _tree(self, logits: np.ndarray, params, depth: int) -> Proposal:
         """A draft tree (eagle_tree.grow) after the catch-up row's logits [V_draft]: deterministic

@@ -46,6 +46,8 @@ VERSIONS: dict[tuple[str, str], str] = {
     ("dflash_block", TIME_MAJOR): "1.12",  # a DFlash drafter: a block of drafts from the target's hidden states
     ("assistant", TIME_MAJOR): "1.12",  # a draft reading the target's last hidden row and its K/V caches
     ("assistant", HEAD_MAJOR_INPLACE): "1.12",
+    ("mtp_head", TIME_MAJOR): "1.12",  # a checkpoint's own MTP layer reading the target's last hidden rows
+    ("mtp_head", HEAD_MAJOR_INPLACE): "1.12",
 }
 FEATURES: frozenset[str] = frozenset(name for name, _ in VERSIONS)
 LAYOUT_FEATURE = {TIME_MAJOR: "time_major", HEAD_MAJOR_INPLACE: "head_major_in_place"}
@@ -62,6 +64,7 @@ def features_for(
     states: bool = False,
     dflash: bool = False,
     assistant: bool = False,
+    mtp: bool = False,
 ) -> tuple[str, ...]:
     """The features a graph of `kv_layout` needs (arguments as contract.version_for): with
     min_rows > 1 or a head, row padding; an EAGLE-3 head; GroupQueryAttention windows (the
@@ -70,7 +73,8 @@ def features_for(
     head's own tree graph); states: recurrent layers (conv windows, linear-attention or SSM
     states) beside the K/V caches, per slot in a slots graph; dflash: a DFlash drafter graph;
     assistant: a Gemma 4 assistant graph (it reads the target's caches, and the target returns its
-    last hidden rows)."""
+    last hidden rows); mtp: a checkpoint's own MTP layer (the EAGLE-3 head's inputs and outputs,
+    the target's final-normed hidden rows as its features)."""
     out = [LAYOUT_FEATURE[kv_layout]]
     if min_rows > 1 or head:
         out.append("row_padding")
@@ -92,6 +96,8 @@ def features_for(
         out.append("dflash_block")
     if assistant:
         out.append("assistant")
+    if mtp:
+        out.append("mtp_head")
     return tuple(out)
 
 

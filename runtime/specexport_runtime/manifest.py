@@ -32,6 +32,7 @@ from .contract import (
     EAGLE3_HEAD,
     GRAPH_KINDS,
     KV_LAYOUTS,
+    MTP,
     TIME_MAJOR,
     GraphSpec,
     is_supported,
@@ -144,6 +145,7 @@ class ModelEntry:
             states=bool(self.states),
             dflash=self.kind == DFLASH_BLOCK,
             assistant=self.kind == ASSISTANT,
+            mtp=self.kind == MTP,
         )
 
     def json_dict(self) -> dict[str, Any]:
@@ -294,11 +296,17 @@ class Manifest:
                 raise ArtifactError(f"{role} kind {DFLASH_BLOCK!r} is a draft with block_size >= 2 and a mask_token_id")
             head_ok = entry.kind == EAGLE3_HEAD and entry.vocab_map
             if entry.kind not in GRAPH_KINDS or (
-                entry.kind != DECODER and (role != "draft" or not (head_ok or entry.kind in (ASSISTANT, DFLASH_BLOCK)))
+                entry.kind != DECODER
+                and (role != "draft" or not (head_ok or entry.kind in (ASSISTANT, DFLASH_BLOCK, MTP)))
             ):
                 raise ArtifactError(
                     f"{role} kind {entry.kind!r} is not allowed (a {DECODER!r} graph, or a draft"
-                    f" {EAGLE3_HEAD!r} with a vocab_map file, or a draft {ASSISTANT!r} or {DFLASH_BLOCK!r})"
+                    f" {EAGLE3_HEAD!r} with a vocab_map file, or a draft {ASSISTANT!r}, {DFLASH_BLOCK!r} or {MTP!r})"
+                )
+            if entry.kind == MTP and self.target.feature_width != entry.feature_width:
+                raise ArtifactError(
+                    f"draft kind 'mtp' reads the target's last hidden rows ({entry.feature_width} wide);"
+                    f" the target returns {self.target.feature_width}"
                 )
             if entry.kind == ASSISTANT and not self.target.feature_width:
                 raise ArtifactError("draft kind 'assistant' reads the target's last hidden rows; the target has none")

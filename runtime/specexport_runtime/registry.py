@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .contract import ASSISTANT, DECODER, DFLASH_BLOCK, EAGLE3_HEAD
+from .contract import ASSISTANT, DECODER, DFLASH_BLOCK, EAGLE3_HEAD, MTP
 from .errors import InvalidArgument
 
 NONE = "none"  # the proposer name of target-only decoding
@@ -34,12 +34,14 @@ MODEL_STEP = "model step"  # a draft model's 1-token call, timed apart
 _KIND_WORDS = {
     DECODER: "a draft model",
     EAGLE3_HEAD: "an EAGLE-3 head",
+    MTP: "an MTP head",
     DFLASH_BLOCK: "a DFlash block drafter",
     ASSISTANT: "a Gemma 4 assistant",
 }
 _NEED_WORDS = {
     DECODER: "a draft model",
     EAGLE3_HEAD: "an artifact with an EAGLE-3 draft head",
+    MTP: "an artifact with the target's MTP head",
     DFLASH_BLOCK: "an artifact with a DFlash block drafter",
     ASSISTANT: "an artifact with a Gemma 4 assistant",
 }
@@ -185,6 +187,17 @@ for _spec in (
         recipe=True,
         recipe_default=True,
         calibration="assistant",
+    ),
+    ProposerSpec(
+        "mtp",
+        ".mtp:build_mtp",
+        "the target checkpoint's own MTP layer reading its last hidden rows",
+        needs=(MTP,),
+        free=False,
+        recipe=True,
+        recipe_default=True,
+        calibration="mtp",
+        calibrate=LOOP,
     ),
     ProposerSpec(NONE, ".proposers:build_none", "nothing: target-only decoding"),
 ):

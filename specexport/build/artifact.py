@@ -113,6 +113,8 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, 
     if m.assistant is not None:  # a Gemma 4 assistant reads the final-normed stream of every row
         features = (m.norm.num_layers,)
         recipe = replace(recipe, speculation=replace(recipe.speculation, proposer="assistant"))
+    if m.mtp is not None:  # an MTP head reads the final-normed stream of every row, as vLLM's target returns it
+        features = (m.norm.num_layers,)
     target = export_target(recipe, m.reference, m.blocks, root / "target", probe, validate, progress, features, m.norm)
     m.blocks = {}
     clock.stage("export_target" + ("+validate" if validate else ""))
@@ -156,6 +158,12 @@ def _build_into(recipe: Recipe, root: Path, validate: bool, progress: Progress, 
         draft_entry = export_assistant(
             m.draft, m.assistant, m.reference, m.norm, root, recipe, m.draft_source, vocab, probe if validate else None
         )
+        clock.stage("draft" + ("+validate" if validate else ""))
+    elif m.mtp is not None:
+        from .mtp import export_mtp
+
+        progress("exporting the MTP head")
+        draft_entry = export_mtp(m.mtp, m.reference, root, recipe, m.source, vocab, probe if validate else None)
         clock.stage("draft" + ("+validate" if validate else ""))
     elif recipe.draft.has_graph:
         progress(f"making draft ({recipe.draft.kind}, {recipe.draft.precision})")

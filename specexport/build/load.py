@@ -145,6 +145,7 @@ class LoadedModels:
     head: Any = None  # an EAGLE-3 head (recipe draft.eagle3)
     drafter: Any = None  # a DFlash block drafter (recipe draft.model, a DFlash folder)
     assistant: Any = None  # a Gemma 4 assistant's AssistantFacts (recipe draft.model; m.draft is the model)
+    mtp: Any = None  # the target checkpoint's own MTP layer (recipe draft.mtp): models/mtp.mtp_model
 
 
 def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModels:
@@ -160,6 +161,11 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
         from .assistant import check_assistant
 
         facts = check_assistant(recipe, t_norm)
+    mtp_folder = None
+    if recipe.draft.kind == "mtp":  # the checkpoint's own mtp.* tensors, by name only (build/mtp.py)
+        from . import mtp
+
+        mtp_folder = mtp.check(recipe, _source(recipe.target), t_norm)
     progress(f"target: {t_norm.describe()}")
     clock.stage("check_config")
     progress(f"loading target {recipe.target.model}")
@@ -168,6 +174,17 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
     reference, blocks = _load_target(source, recipe.target, recipe, progress)
     m = LoadedModels(source, tokenizer, reference, blocks, _loaded_config(reference, t_norm, recipe.max_context))
     clock.stage("load_target")
+    if mtp_folder is not None:
+        from . import mtp
+
+        progress("reading the target checkpoint's MTP layer (mtp.*)")
+        m.mtp = mtp.load(reference, mtp_folder)
+    elif recipe.draft.kind != "mtp":
+        from . import mtp
+
+        offered = mtp.note(source)
+        if offered:
+            progress(offered)
     if recipe.draft.kind == "eagle3":
         progress(f"loading EAGLE-3 head {recipe.draft.model.model}")
         m.head, m.draft_source = load_head(recipe, reference)

@@ -100,6 +100,7 @@ _DRAFT_FORMS = {
     "from_target": ("from_target", ("from_target",)),
     "ngram": ("proposer", ("proposer", "ngram_sizes")),
     "eagle3": ("eagle3", ("eagle3",)),
+    "mtp": ("mtp", ("mtp",)),
 }
 _DRAFT_KEYS = tuple(dict.fromkeys(k for _, keys in _DRAFT_FORMS.values() for k in keys))
 
@@ -231,6 +232,10 @@ class _Reader(FieldReader):
             return DraftSpec(kind="model", precision=spec.precision, model=spec)
         if kind == "eagle3":
             return self.eagle3(data["eagle3"])
+        if kind == "mtp":  # the target checkpoint's own MTP layer: nothing to choose yet
+            inner = data["mtp"]
+            self.check_keys({} if inner is None else self.mapping(inner, "draft.mtp"), "draft.mtp", ())
+            return DraftSpec(kind="mtp", precision="fp32")
         if kind == "from_target":
             inner = data["from_target"]
             inner = {} if inner is None else self.mapping(inner, "draft.from_target")
@@ -374,10 +379,10 @@ class _Reader(FieldReader):
                 f" with graph = {graph!r} expected one of {', '.join(PORTABLE_EAGLE3_PRECISIONS)}"
             )
         max_batch = self.integer(data, "max_batch", "", lo=1, hi=MAX_BATCH, default=1)
-        if max_batch > 1 and draft.kind == "eagle3":
+        if max_batch > 1 and draft.kind in ("eagle3", "mtp"):
             raise self.fail(
-                f"max_batch = {max_batch} with an EAGLE-3 head: the batch graph has no feature output;"
-                " use max_batch 1 or another draft form"
+                f"max_batch = {max_batch} with {'an EAGLE-3 head' if draft.kind == 'eagle3' else 'an MTP head'}:"
+                " the batch graph has no feature output; use max_batch 1 or another draft form"
             )
         tree_verify = self.boolean(data, "tree_verify", "", default=False)
         if tree_verify and not contrib and draft.kind == "eagle3":

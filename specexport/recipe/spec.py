@@ -14,7 +14,7 @@ from typing import Any
 
 from specexport_runtime import registry
 from specexport_runtime.constants import DEFAULT_GAMMA, DEFAULT_HYBRID_RETRIEVAL, DEFAULT_MAX_GAMMA
-from specexport_runtime.contract import DECODER, DFLASH_BLOCK, EAGLE3_HEAD, GRAPH_FORMS, KvLayout, layout_for_form
+from specexport_runtime.contract import DECODER, DFLASH_BLOCK, EAGLE3_HEAD, GRAPH_FORMS, MTP, KvLayout, layout_for_form
 
 from ..errors import RecipeError
 
@@ -33,10 +33,10 @@ INT8_ACTIVATIONS = 4  # the accuracy_level whose rows are not row-invariant acro
 # calls to >= 2 rows; feature row_padding) so a row never depends on its call's size; "numerical" leaves it unpadded
 DRAFT_MODEL_PRECISIONS = ("fp32", "fp16", "int8", "int4", "dynamic-int8")
 SELF_DRAFT_PRECISIONS = ("int8", "int4", "dynamic-int8", "fp16")
-DRAFT_KINDS = ("model", "from_target", "ngram", "eagle3")
+DRAFT_KINDS = ("model", "from_target", "ngram", "eagle3", "mtp")
 # the artifact's draft graph kind of each draft form (None: no draft graph); which proposers a
 # recipe may name with a form is the registry's answer for that kind (registry.recipe_choices)
-DRAFT_GRAPH_KINDS = {"model": DECODER, "from_target": DECODER, "ngram": None, "eagle3": EAGLE3_HEAD}
+DRAFT_GRAPH_KINDS = {"model": DECODER, "from_target": DECODER, "ngram": None, "eagle3": EAGLE3_HEAD, "mtp": MTP}
 # graph form of both models (docs/graph-contract.md): portable = ONNX standard ops, time-major
 # cache (any EP, TensorRT); fused = ONNX Runtime contrib ops, in-place head-major cache (CPU/CUDA EPs).
 # Each form is one contract.KvLayout (Recipe.layout)
@@ -134,6 +134,7 @@ class DraftSpec:
     kind "ngram":       the n-gram proposer, no draft graph (`ngram_sizes`, longest tried first)
     kind "eagle3":      an EAGLE-3 head (`model`: its folder or hub id; `layers`: the target's
                         feature layers, None = the head's config or the default; `allow_pickle`)
+    kind "mtp":         the target checkpoint's own MTP layer (`mtp.*` tensors; specexport/models/mtp.py)
     """
 
     kind: str
@@ -208,6 +209,8 @@ class DraftSpec:
                     "allow_pickle": self.allow_pickle,
                 }
             }
+        if self.kind == "mtp":
+            return {"mtp": {}}
         return {"proposer": "ngram", "ngram_sizes": list(self.ngram_sizes)}
 
 

@@ -35,6 +35,8 @@ CASES = [
     ),
     (dict(kv_layout=PORTABLE, tree=True), ("time_major", "tree_verify"), "1.9"),
     (dict(kv_layout=PORTABLE, slots=3), ("time_major", "cache_slots", "idle_slots"), "1.10"),
+    (dict(kv_layout=PORTABLE, mtp=True), ("time_major", "mtp_head"), "1.12"),
+    (dict(kv_layout=FUSED, mtp=True), ("head_major_in_place", "mtp_head"), "1.12"),
 ]
 
 

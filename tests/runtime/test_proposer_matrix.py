@@ -16,11 +16,18 @@ import pytest
 from extra_proposers import TEST_PROPOSERS
 
 from specexport_runtime import registry
-from specexport_runtime.contract import ASSISTANT, DECODER, DFLASH_BLOCK, EAGLE3_HEAD
+from specexport_runtime.contract import ASSISTANT, DECODER, DFLASH_BLOCK, EAGLE3_HEAD, MTP
 from specexport_runtime.proposers import Proposer
 
 # a tiny artifact (conftest.tiny_artifacts kind) per draft graph kind: None = no draft graph
-ARTIFACTS = {None: "ngram", DECODER: "noisy", EAGLE3_HEAD: "eagle3", DFLASH_BLOCK: "dflash", ASSISTANT: "assistant"}
+ARTIFACTS = {
+    None: "ngram",
+    DECODER: "noisy",
+    EAGLE3_HEAD: "eagle3",
+    DFLASH_BLOCK: "dflash",
+    ASSISTANT: "assistant",
+    MTP: "mtp",
+}
 SPECS = (*registry.PROPOSERS.values(), *TEST_PROPOSERS)
 PROMPTS = ("def add(a, b):", [40, 41, 42, 43, 44] * 4)
 NEW = 40

@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 
 from specexport_runtime import registry
-from specexport_runtime.contract import ASSISTANT, DECODER, EAGLE3_HEAD
+from specexport_runtime.contract import ASSISTANT, DECODER, EAGLE3_HEAD, MTP
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.registry import ProposerSpec
 
 
 def test_the_built_in_proposers():
-    assert registry.names() == ("draft", "ngram", "hybrid", "eagle", "dflash", "suffix", "assistant", "none")
-    assert registry.speculative_names() == ("draft", "ngram", "hybrid", "eagle", "dflash", "suffix", "assistant")
+    assert registry.names() == ("draft", "ngram", "hybrid", "eagle", "dflash", "suffix", "assistant", "mtp", "none")
+    assert registry.speculative_names() == ("draft", "ngram", "hybrid", "eagle", "dflash", "suffix", "assistant", "mtp")
+    assert registry.available(MTP) == ("ngram", "suffix", "mtp") and registry.recipe_default(MTP) == "mtp"
     assert registry.available(ASSISTANT) == ("ngram", "suffix", "assistant")
     assert registry.recipe_default(ASSISTANT) == "assistant"
     assert registry.available(None) == ("ngram", "suffix")
@@ -38,7 +39,7 @@ def test_the_built_in_proposers():
             "medusa",
             None,
             "proposer 'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'dflash', 'suffix', 'assistant',"
-            " 'none'",
+            " 'mtp', 'none'",
         ),
         ("hybrid", None, "proposer 'hybrid' needs an artifact with a draft model; this one has none (use 'ngram')"),
         (
@@ -92,5 +93,5 @@ def test_factories_resolve_lazily_and_the_registry_stays_lean(tmp_path):
     probe = "import sys, specexport_runtime.registry as r; print('onnxruntime' in sys.modules, len(r.names()))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "8"]
+    assert out.stdout.split() == ["False", "9"]
     assert callable(registry.resolve(registry.get("hybrid").factory))

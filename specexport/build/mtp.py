@@ -1,0 +1,99 @@
+"""Building a target checkpoint's own MTP layer as the draft (recipe `draft: {mtp: {}}`; kind mtp,
+proposer mtp): the checks before any weight is read, the skeleton after the target is loaded,
+and the export with its check against the MTP equations on the target's own hidden rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specexport_runtime import contract
+from specexport_runtime.manifest import ModelEntry
+
+from ..graphs.mtp import build_mtp
+from ..models.config import read_config
+from ..models.mtp import FAMILIES, check_mtp, mtp_model, offer
+from ..models.sources import ModelSource, snapshot
+
+GRAPH = "draft/model.onnx"
+CHECK_ROWS = 8  # probe rows the build runs through the graph and the model
+
+
+def folder_of(source: ModelSource) -> Path | None:
+    """The local safetensors folder of a target source (a hub id: its snapshot), None for GGUF."""
+    if source.kind == "gguf" or source.gguf_file:
+        return None
+    if source.kind == "hub":
+        return snapshot(source)
+    return Path(source.location)
+
+
+def check(recipe, source: ModelSource, norm) -> Path:
+    """Refuse, in one line and before any weight is read, a target without one Qwen3.5 MTP layer."""
+    folder = folder_of(source)
+    config = None
+    if folder is not None and norm.family in FAMILIES:
+        config = read_config(str(folder), trust_remote_code=recipe.target.trust_remote_code)
+    check_mtp(recipe.target.model, folder, norm.family, config)
+    return folder
+
+
+def note(source: ModelSource) -> str | None:
+    """The build's offer when the target carries MTP layers that the recipe does not use."""
+    try:
+        return offer(folder_of(source)) if source.kind == "folder" else None
+    except (OSError, ValueError):
+        return None
+
+
+def load(reference, folder: Path) -> torch.nn.Module:
+    return mtp_model(reference, folder)
+
+
+def export_mtp(model, reference, root: Path, recipe, source: ModelSource, vocab: int, probe) -> ModelEntry:
+    """Write the MTP graph in the recipe's layout and its manifest entry; with a probe, compare
+    its catch-up rows against the model's forward (validation: max |logit diff|, argmax)."""
+    result = build_mtp(model, root / "draft", recipe.max_context, recipe.layout.name)
+    spec = result.spec
+    validation: dict = {"layers": 1}
+    if probe is not None:
+        validation.update(_compare(result.path, spec, model, reference, probe[: CHECK_ROWS + 1]))
+    return ModelEntry(
+        graph=GRAPH,
+        source=f"{source.describe()} (mtp.*)",
+        architecture="qwen3_5_mtp",
+        num_layers=1,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        vocab_size=vocab,
+        embedding_rows=spec.embedding_rows,
+        precision="fp32",
+        kv_dtype=spec.kv_dtype,
+        validation=validation,
+        kv_layout=spec.kv_layout,
+        kind=contract.MTP,
+        feature_width=spec.feature_width,
+        hidden_width=spec.hidden_width,
+    )
+
+
+def _compare(path: Path, spec, model, reference, probe) -> dict:
+    """Catch-up rows of the probe (row t: the target's hidden row t and token t + 1) through the
+    graph and through the skeleton's own modules (transformers' layer and norms)."""
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    ids = torch.tensor([probe])
+    with torch.no_grad():
+        h = reference(ids, output_hidden_states=True).hidden_states[-1][0, :-1]  # [n, H] final-normed
+        e = model.get_input_embeddings()(ids[:, 1:])
+        x = model.mtp.fc(torch.cat([model.mtp.pre_fc_norm_embedding(e), model.mtp.pre_fc_norm_hidden(h[None])], dim=-1))
+        out = model.model(inputs_embeds=x).last_hidden_state
+        want = model.get_output_embeddings()(out)[0].numpy()
+    head = OrtModel(path, spec, len(probe) + 1, SessionConfig(threads=1), max_rows=len(probe))
+    got = head.forward(probe[1:], last_rows=len(probe) - 1, features=h.numpy())
+    return {
+        "max_abs_diff": float(np.abs(got - want).max()),
+        "argmax_agreement": float((got.argmax(-1) == want.argmax(-1)).mean()),
+    }
