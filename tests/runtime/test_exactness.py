@@ -173,9 +173,8 @@ def test_hybrid_needs_a_draft_model(gens):
 
 
 def test_unknown_proposer_is_named_with_the_allowed_ones(gens):
-    with pytest.raises(
-        InvalidArgument, match="'medusa' is not one of 'draft', 'ngram', 'hybrid', 'eagle', 'suffix', 'none'"
-    ):
+    names = "'draft', 'ngram', 'hybrid', 'eagle', 'dflash', 'suffix', 'assistant', 'mtp', 'none'"
+    with pytest.raises(InvalidArgument, match=f"'medusa' is not one of {names}"):
         gens("int8").generate([5, 6, 7], proposer="medusa", max_new_tokens=4)
     assert gens("int8").resolve_proposer(None) == gens("int8").default_proposer
     with pytest.raises(InvalidArgument, match="'eagle' needs an artifact with an EAGLE-3 draft head"):

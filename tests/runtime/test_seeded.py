@@ -24,21 +24,14 @@ from exactness_support import (
     make_pair_bins,
 )
 from fixed_tree_support import oracle_tree
+from test_proposer_matrix import ARTIFACTS  # one artifact per draft graph kind
 
 from specexport_runtime import registry
 from specexport_runtime.api import load
 from specexport_runtime.config import ADAPTIVE
-from specexport_runtime.contract import ASSISTANT, DECODER, DFLASH_BLOCK, EAGLE3_HEAD
 from specexport_runtime.sampling import SamplingParams
 from specexport_runtime.structured import Grammar
 
-ARTIFACTS = {  # as test_proposer_matrix
-    None: "ngram",
-    DECODER: "noisy",
-    EAGLE3_HEAD: "eagle3",
-    DFLASH_BLOCK: "dflash",
-    ASSISTANT: "assistant",
-}
 PROMPTS = ["def add(a, b):", [40, 41, 42, 43, 44] * 4]
 SAMPLING = [dict(temperature=0.9), dict(temperature=0.7, top_k=30, top_p=0.9)]
 NEW = 40
