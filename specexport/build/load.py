@@ -78,7 +78,8 @@ def recurrent_refusal(norm: NormalizedConfig, recipe: Recipe) -> str | None:
         return None
     return (
         f"{norm.family} has recurrent layers, whose state this version carries through chain calls"
-        f" only; build without {', '.join(asked)}"
+        f" only (a tree's recurrence, each node from its parent's state, measured 3-4x the chain's:"
+        f" docs/trees.md); build without {', '.join(asked)}"
     )
 
 

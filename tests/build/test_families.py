@@ -28,7 +28,15 @@ GENERATE = 72  # > every tiny window (16) + the prompt
 PROMPT = "def add(a, b):\n    return a + b\nfor i in range(10):\n"
 # feature variants of the hybrid families whose base family runs the same mixer by default: their
 # cases run in .ci/run's second pass (marked slow), except the fused build and generation
-HYBRID_VARIANTS = {"lfm2-bias", "granitemoehybrid-rope", "falcon_h1-gate", "qwen3_5"}
+# and Gemma 4's variants: the multimodal checkpoint's language model and keys as values
+HYBRID_VARIANTS = {
+    "lfm2-bias",
+    "granitemoehybrid-rope",
+    "falcon_h1-gate",
+    "qwen3_5",
+    "gemma4",
+    "gemma4_text-keys-as-values",
+}
 PAIRS = [
     (name, graph)
     for name in tiny_names()

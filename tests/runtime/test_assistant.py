@@ -84,6 +84,7 @@ def test_greedy_output_equals_transformers_assisted_generation(built, models):
         assert got == want[:n]
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_targets_law(built):
     _, gen = built
     check_first_two_tokens_follow_target(gen, PROMPTS[0], "assistant", N=1000)

@@ -82,6 +82,7 @@ def _request(client, model, i):
     return ("text", text, n), r.choices[0].text, r.choices[0].model_extra["token_ids"]
 
 
+@pytest.mark.slow
 def test_two_replicas_answer_32_concurrent_requests_as_in_process_and_share_them(two, ref):
     """Half of the requests through the front, half through Ray's proxy, all at once."""
     clients = [

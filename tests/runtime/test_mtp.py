@@ -57,6 +57,7 @@ def test_rounds_accept_some_drafts_and_reject_others(built):
     assert 0 < sum(s.accepted for s in runs) < sum(s.drafted for s in runs)
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_targets_law(built):
     _, gen = built
     check_first_two_tokens_follow_target(gen, PROMPTS[0], "mtp", N=1000)

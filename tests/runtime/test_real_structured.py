@@ -29,7 +29,11 @@ TOOL = {
 }
 CASES = [
     ("Extract the person as JSON: Maria Lopez is a 34-year-old architect living in Lisbon.", PERSON),
-    ("What is the weather like in Oslo, in celsius? Answer with the arguments of get_weather as JSON.", TOOL),
+    pytest.param(
+        "What is the weather like in Oslo, in celsius? Answer with the arguments of get_weather as JSON.",
+        TOOL,
+        marks=pytest.mark.slow,
+    ),
 ]
 
 

@@ -138,6 +138,7 @@ def test_a_client_that_leaves_frees_its_slot(batch_server, ref):
     assert _stream(_client(batch_server), model, PROMPTS[1], 32) == ref.chat(msgs(PROMPTS[1]), max_new_tokens=32).text
 
 
+@pytest.mark.slow
 def test_load_256_requests_from_16_clients(batch_server, ref):
     """256 requests (mixed lengths and proposers, streaming and not) from 16 clients: 0 errors,
     none lost, every answer equal to in-process generation; the batch-size histogram saw full

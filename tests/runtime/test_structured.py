@@ -214,6 +214,7 @@ def masked_pair_distribution(gen, ids: list[int], grammar: Grammar, params: Samp
     return joint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, proposer", [("noisy", "draft"), ("eagle3", "eagle")])
 def test_sampling_follows_the_masked_target(gens, kind, proposer):
     """temperature 1, gamma 3, q non-one-hot: the draft model samples from its own masked law; the

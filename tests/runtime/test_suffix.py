@@ -101,6 +101,7 @@ def test_store_never_drafts_across_responses():
     assert m == 3 and tokens == []  # 3 ended its response: what follows in the buffer is another one
 
 
+@pytest.mark.slow
 def test_store_is_fifo_and_bounded_after_10000_requests():
     """10,000 synthetic responses of 20-200 tokens into a 20,000-token store: live tokens stay
     within the budget, the buffer and the index within twice it (plus one response), the oldest
