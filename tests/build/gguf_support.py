@@ -199,3 +199,22 @@ def gguf_model(family: str, seed: int = 0, **overrides):
         if isinstance(value, float):
             values[key] = float(np.float32(value))
     return make_model(family, seed=seed, **values)
+
+
+HYBRID_CONTEXT = 128  # the hybrid GGUF tests' graphs
+
+
+def hybrid_ids(n: int = 20) -> list[int]:
+    """A fixed prompt of the tiny vocabulary."""
+    return [int(i) for i in np.random.default_rng(0).integers(3, 300, n)]
+
+
+def fused_graph_logits(model, out: Path, ids: list[int]) -> np.ndarray:
+    """Rows of a prefill and a 5-token verify call of `model`'s fused graph (recurrent state): [len(ids), V]."""
+    from specexport.build.validate import FeedRunner
+    from specexport.graphs.decoder import build_decoder
+
+    result = build_decoder(model, out, HYBRID_CONTEXT)
+    runner = FeedRunner(result.path, result.spec)
+    n0 = len(ids) - 5
+    return np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import MODEL_ARCH, GGUFWriter, get_tensor_name_map
-from gguf_support import T
+from gguf_support import T, fused_graph_logits, hybrid_ids
 from tiny import make_model
 
-from specexport.build.validate import FeedRunner, reference_logits
+from specexport.build.validate import reference_logits
 from specexport.formats.blocks import FormatError
 from specexport.formats.gguf_config import hf_config, read_header
-from specexport.graphs.decoder import build_decoder
 from specexport.models.config import normalize
 from specexport.models.gguf_source import open_gguf
 from specexport.models.streaming import source_of
@@ -79,18 +78,6 @@ def _holding(model, held):
     return ref.eval()
 
 
-def _ids(n: int = 20) -> list[int]:
-    return [int(i) for i in np.random.default_rng(0).integers(3, 300, n)]
-
-
-def _graph_logits(model, out, ids) -> np.ndarray:
-    """Rows of a prefill and a 5-token verify call of the fused graph (recurrent state): [len(ids), V]."""
-    result = build_decoder(model, out, MAX_CONTEXT)
-    runner = FeedRunner(result.path, result.spec)
-    n0 = len(ids) - 5
-    return np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])
-
-
 @pytest.mark.parametrize("variant", [{}, {"conv_bias": True, "conv_L_cache": 4}], ids=["lfm2", "lfm2-bias"])
 def test_lfm2_config_from_metadata_normalizes_like_the_original(tmp_path, variant):
     model = make_model("lfm2", norm_eps=EPS, **variant)
@@ -114,12 +101,12 @@ def test_lfm2_file_streams_the_model_it_holds(tmp_path, dtype):
         assert got.shape == p.shape, name
         assert torch.equal(got, torch.from_numpy(held[source.canonical(name)])), name
     reference = _holding(model, held)
-    ids = _ids()
+    ids = hybrid_ids()
     ref = reference_logits(reference, ids)
     assert np.array_equal(reference_logits(streamed, ids), ref)
     if dtype == T.F16:  # the rounding is real: the file's model is not the original
         assert np.abs(ref - reference_logits(model, ids)).max() > 0
-    graph = _graph_logits(streamed, tmp_path / "g", ids)
+    graph = fused_graph_logits(streamed, tmp_path / "g", ids)
     scale = max(1.0, float(np.abs(ref).max()))
     assert np.abs(graph - ref).max() <= GRAPH_TOL * scale
     assert (graph.argmax(-1) == ref.argmax(-1)).all()

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import MODEL_ARCH, GGUFWriter, get_tensor_name_map
-from gguf_support import permute
+from gguf_support import fused_graph_logits, hybrid_ids, permute
 from tiny import make_model
 
-from specexport.build.validate import FeedRunner, reference_logits
+from specexport.build.validate import reference_logits
 from specexport.formats.blocks import FormatError
 from specexport.formats.gguf_config import hf_config, read_header
-from specexport.graphs.decoder import build_decoder
 from specexport.models.config import normalize
 from specexport.models.gguf_source import open_gguf
 from specexport.models.streaming import source_of
@@ -141,18 +140,6 @@ def write_mamba2_gguf(model, path, arch: str) -> None:
     w.close()
 
 
-def _ids(n: int = 20) -> list[int]:
-    return [int(i) for i in np.random.default_rng(0).integers(3, 300, n)]
-
-
-def _graph_logits(model, out, ids) -> np.ndarray:
-    """Rows of a prefill and a 5-token verify call of the fused graph (recurrent state): [len(ids), V]."""
-    result = build_decoder(model, out, MAX_CONTEXT)
-    runner = FeedRunner(result.path, result.spec)
-    n0 = len(ids) - 5
-    return np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])
-
-
 # (arch, tiny model, overrides): llama.cpp normalizes Mamba2 after the gate (Falcon-H1's
 # mamba_norm_before_gate has no GGUF key), so the original models here do too
 CASES = {
@@ -228,12 +215,12 @@ def test_mamba2_file_gives_the_original_logits(tmp_path, case):
         assert got.shape == p.shape, name
         if name.endswith("A_log"):  # log(-(-exp(x))) in float32
             assert torch.allclose(got, p.detach(), rtol=0, atol=1e-6), name
-    ids = _ids()
+    ids = hybrid_ids()
     ref = reference_logits(model, ids)
     scale = max(1.0, float(np.abs(ref).max()))
     streamed_logits = reference_logits(streamed, ids)
     assert np.abs(streamed_logits - ref).max() <= STREAM_TOL * scale
-    graph = _graph_logits(streamed, tmp_path / "g", ids)
+    graph = fused_graph_logits(streamed, tmp_path / "g", ids)
     assert np.abs(graph - ref).max() <= GRAPH_TOL * scale
     assert (graph.argmax(-1) == ref.argmax(-1)).all()
 
