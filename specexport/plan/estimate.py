@@ -425,9 +425,17 @@ def plan(
             " CPU provider in this version (states in host memory)"
         )
     kv = sum(m.kv_bytes for m in report.models)
+    # a hybrid's pool also holds recurrent-state checkpoints: one per MAX_CALL_ROWS positions of a full context
+    checkpoints = sum(state_position_bytes(m.config) * (spec.max_context // MAX_CALL_ROWS) for m in recurrent)
     report.notes.append(
-        f"prefix cache (CPU provider: serve, gen.generate): by default up to {gib(kv)} more host memory, the KV"
-        " caches' size again, for prompt prefixes reused across requests (an EAGLE-3 head adds the target's"
+        f"prefix cache (CPU provider: serve, gen.generate): by default up to {gib(kv + checkpoints)} more host"
+        " memory, the KV caches' size again"
+        + (
+            f" and {gib(checkpoints)} of recurrent-state checkpoints (one per {MAX_CALL_ROWS} positions)"
+            if checkpoints
+            else ""
+        )
+        + ", for prompt prefixes reused across requests (an EAGLE-3 head adds the target's"
         " features); --prefix-cache-mib / prefix_cache_bytes bound it, 0 turns it off (docs/prefix-cache.md)"
     )
     if spec.system_prompt is not None:

@@ -27,3 +27,16 @@ def test_plan_counts_a_stored_system_prompt(tmp_path):
     tokens = 4060 // 4 + 16
     notes = [n for n in report.notes if n.startswith("stored system prompt")]
     assert len(notes) == 1 and f"about {tokens} tokens" in notes[0] and gib(kv * tokens // 2048) in notes[0]
+
+
+def test_a_hybrid_pool_counts_its_state_checkpoints():
+    """Granite-4.0-H-1B with its int8 self-draft at 4096 positions: each model's pool share holds
+    a checkpoint of its 36 Mamba2 layers' states (55.37 MiB) per 256 positions, 16 of them."""
+    report = plan("granite-4.0-h-1b-int8-self-draft", "orin-nx-16gb")
+    per_position = 36 * (3 * 3328 + 48 * 64 * 128) * 4  # a conv window and a scan state a layer, fp32
+    checkpoints = 2 * 16 * per_position
+    kv = sum(m.kv_bytes for m in report.models)
+    (note,) = [n for n in report.notes if n.startswith("prefix cache")]
+    assert (
+        f"up to {gib(kv + checkpoints)} more host memory" in note and f"{gib(checkpoints)} of recurrent-state" in note
+    )
