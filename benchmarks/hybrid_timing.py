@@ -22,7 +22,7 @@ from specexport_runtime.engine import OrtModel, SessionConfig
 
 class TimedStates:
     """A StateHistory whose calls from OrtModel are timed: bind (rows + bind), store, truncate
-    (the kept-state check and forget_after of a rollback)."""
+    (rollback: the kept-state check and forget_after)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -45,11 +45,8 @@ class TimedStates:
     def store(self, *a):
         return self._timed("store", self.inner.store, *a)
 
-    def state(self, *a):
-        return self._timed("truncate", self.inner.state, *a)
-
-    def forget_after(self, *a):
-        return self._timed("truncate", self.inner.forget_after, *a)
+    def rollback(self, *a):
+        return self._timed("truncate", self.inner.rollback, *a)
 
     def total(self) -> float:
         return sum(self.seconds.values())
@@ -76,13 +73,10 @@ class NoRollbackStates:
             shape = [1, rows.size, *self.inner.shapes[j]]
             io.bind_output(contract.new_state(j), "cpu", 0, out.dtype, shape, out.ctypes.data)
 
-    def store(self, P, rows):
+    def store(self, P, rows, S):
         pass
 
-    def state(self, length):
-        return self.inner.zeros
-
-    def forget_after(self, length):
+    def rollback(self, length):
         pass
 
     def reset(self):

@@ -30,7 +30,7 @@ from . import contract
 from .contract import GraphSpec
 from .errors import ContractError, InvalidArgument, ProviderUnavailable
 from .model import CacheCursor, CallRows, CallStats, head_rows, move_rows, plan_rows
-from .recurrent import MAX_CALL_ROWS, STEP_ROWS, StateHistory, solo_piece
+from .recurrent import MAX_CALL_ROWS, StateHistory, solo_piece
 
 __all__ = [
     "CacheCursor",
@@ -264,10 +264,6 @@ class OrtModel(CacheCursor):
         self.hidden_out: np.ndarray | None = None  # head graphs: [R, H] of the last call (a view)
         # feature recurrent_state: the state after each of the last max_rows + 1 positions (recurrent.py)
         self.states = StateHistory(spec.states, np.float32, max_rows + 1, max_rows) if spec.states else None
-        if self.states is not None and max_rows > STEP_ROWS:  # longer calls run the chunked form (other bits)
-            raise InvalidArgument(
-                f"a recurrent model's calls after its prompt hold at most {STEP_ROWS} rows; got max_rows {max_rows}"
-            )
         if self.states is not None and self.device != "cpu":
             raise ProviderUnavailable(
                 f"recurrent-state graphs keep their states in host memory; got {config.provider!r}"
@@ -373,8 +369,7 @@ class OrtModel(CacheCursor):
         self.session.run_with_iobinding(io)
         self.stats.add(S, time.perf_counter() - start)
         if self.states is not None:
-            self.states.store(P, state_rows)
-            self.states.mark(P, S)
+            self.states.store(P, state_rows, S)
         self.length = P + S  # padding rows (P + S .. P + M - 1) are overwritten by the next call
         self.last_start = P  # position of this call's first row (its features' rows start there)
         if self._feature_buf is not None:
@@ -443,8 +438,7 @@ class OrtModel(CacheCursor):
     def truncate(self, length: int) -> None:
         """Roll back to `length` rows; a recurrent model also needs the state after them kept."""
         if self.states is not None and 0 <= length <= self.length:
-            self.states.state(length)  # InvalidArgument when it is not kept
-            self.states.forget_after(length)
+            self.states.rollback(length)  # InvalidArgument when its state is not kept
         super().truncate(length)
 
     def reset(self) -> None:

@@ -47,6 +47,10 @@ class StateHistory:
         """slot: the cache slot whose names (state_index_slot{b}, ...) bind() binds (None: one slot)."""
         if depth <= max_rows:
             raise InvalidArgument(f"state depth {depth} must exceed the rows of one call ({max_rows})")
+        if max_rows > STEP_ROWS:  # longer calls run a scan's chunked form (other bits than one-row calls)
+            raise InvalidArgument(
+                f"a recurrent model's calls after its prompt hold at most {STEP_ROWS} rows; got max_rows {max_rows}"
+            )
         self.shapes, self.depth, self.max_rows = tuple(tuple(s) for s in shapes), depth, max_rows
         self.index_name = contract.state_index(slot)
         self.names = [(contract.past_state(j, slot), contract.new_state(j, slot)) for j in range(len(self.shapes))]
@@ -116,13 +120,15 @@ class StateHistory:
             return start
         return held + 1 if held + 1 + size <= len(self.owner) else held - size
 
-    def store(self, P: int, rows: np.ndarray) -> None:
-        """After the call bound at cursor P: its slots hold the state after row r (position
-        P + r + 1) for each returned row; every other position past P is dropped (not this call's)."""
+    def store(self, P: int, rows: np.ndarray, S: int) -> None:
+        """After the call of S rows bound at cursor P: its slots hold the state after row r
+        (position P + r + 1) for each returned row; every other position past P is dropped (not
+        this call's); a recorded history keeps its checkpoint (mark)."""
         self.forget_after(P)
         for k, r in enumerate(rows.tolist()):
             slot, length = self._start + k, P + r + 1
             self.owner[slot], self.slot_of[length] = length, slot
+        self.mark(P, S)
 
     def _evict(self, slots: range) -> None:
         for slot in slots:
@@ -130,6 +136,12 @@ class StateHistory:
             if held >= 0 and self.slot_of.get(held) == slot:
                 del self.slot_of[held]
             self.owner[slot] = -1
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions: the state after them must be kept (InvalidArgument
+        otherwise); the states past them are dropped."""
+        self.state(length)
+        self.forget_after(length)
 
     def forget_after(self, length: int) -> None:
         """Drop the states of positions past `length` (a rollback: they belong to rejected rows)."""
@@ -151,7 +163,7 @@ class StateHistory:
             self.checkpoints = {}
 
     def mark(self, P: int, S: int) -> None:
-        """After a call of S rows at P (recorded, store()d): keep a copy of the state at P + S when a
+        """After a call of S rows at P (recorded, its states stored): keep a copy of the state at P + S when a
         cold prompt reaches it in the same calls, so that a prefix hit resuming there gives a cold
         start's bits: a whole MAX_CALL_ROWS call from position 0 or from such a checkpoint (a
         prompt is read in those calls from position 0, solo_piece; the chunked scan's bits follow

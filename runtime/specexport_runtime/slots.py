@@ -30,7 +30,7 @@ from .contract import GraphSpec
 from .engine import NP_DTYPES, SessionConfig, check_contract, check_layout_provider, make_session
 from .errors import ContractError, InvalidArgument
 from .model import CacheCursor, CallStats, plan_rows
-from .recurrent import STEP_ROWS, StateHistory
+from .recurrent import StateHistory
 
 
 def too_few_slots(root, has: int, wanted: int) -> InvalidArgument:
@@ -81,8 +81,7 @@ class SlotView(CacheCursor):
         """Roll back to `length` rows; a slot of a recurrent graph also needs its state after them kept."""
         states = self.model.states
         if states is not None and 0 <= length <= self.length:
-            states[self.slot].state(length)  # InvalidArgument when it is not kept
-            states[self.slot].forget_after(length)
+            states[self.slot].rollback(length)  # InvalidArgument when its state is not kept
         super().truncate(length)
 
     def reset(self) -> None:
@@ -143,10 +142,6 @@ class SlotModel:
         # feature recurrent_slots: each slot keeps the state after its last max_rows + 1 positions
         self.states = None
         if spec.states:
-            if max_rows > STEP_ROWS:  # longer calls run a scan's chunked form (other bits)
-                raise InvalidArgument(
-                    f"a recurrent model's calls hold at most {STEP_ROWS} rows; got max_rows {max_rows}"
-                )
             self.states = [StateHistory(spec.states, np.float32, max_rows + 1, max_rows, slot=b) for b in range(K)]
         self.stats = CallStats()
         self._io = self.session.io_binding()
@@ -263,8 +258,7 @@ class SlotModel:
         self.session.run_with_iobinding(io)
         self.stats.add(int(rows.sum()), time.perf_counter() - t0)
         for b, picked in state_rows.items():
-            self.states[b].store(int(self.lengths[b]), picked)
-            self.states[b].mark(int(self.lengths[b]), len(by_slot[b].ids))
+            self.states[b].store(int(self.lengths[b]), picked, len(by_slot[b].ids))
         out = []
         for c in calls:
             self.lengths[c.slot] += len(c.ids)

@@ -38,7 +38,7 @@ def _call(h: StateHistory, P: int, S: int, last_rows: int = 1) -> tuple[int, ran
     assert shape == [1, rows.size, 2]
     block = h.ring[0][h._start : h._start + rows.size]
     block[...] = (P + rows + 1)[:, None]  # the state after row r holds its position
-    h.store(P, rows)
+    h.store(P, rows, S)
     return past, range(out, out + rows.size * item)
 
 
