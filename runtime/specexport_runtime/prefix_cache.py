@@ -69,11 +69,9 @@ TARGET, DRAFT, HEAD, FEATURES = "target", "draft", "head", "features"  # the poo
 
 
 def history(model: Model) -> StateHistory | None:
-    """A hybrid model's recurrent.StateHistory (an OrtModel's, or a batch slot's), else None."""
-    if isinstance(getattr(model, "states", None), StateHistory):
-        return model.states
-    slots = getattr(getattr(model, "model", None), "states", None)
-    return slots[model.slot] if slots is not None and hasattr(model, "slot") else None
+    """A hybrid model's recurrent.StateHistory (an OrtModel's or a batch slot's `states`), else None."""
+    states = getattr(model, "states", None)
+    return states if isinstance(states, StateHistory) else None
 
 
 def rows_reader(model: Model):

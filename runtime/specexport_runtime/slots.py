@@ -77,16 +77,20 @@ class SlotView(CacheCursor):
     def kv_nbytes(self) -> int:
         return self.model.kv_nbytes() // self.model.slots
 
+    @property
+    def states(self) -> StateHistory | None:
+        """This slot's recurrent states (feature recurrent_slots), as an OrtModel's `states`; else None."""
+        return None if self.model.states is None else self.model.states[self.slot]
+
     def truncate(self, length: int) -> None:
         """Roll back to `length` rows; a slot of a recurrent graph also needs its state after them kept."""
-        states = self.model.states
-        if states is not None and 0 <= length <= self.length:
-            states[self.slot].rollback(length)  # InvalidArgument when its state is not kept
+        if self.states is not None and 0 <= length <= self.length:
+            self.states.rollback(length)  # InvalidArgument when its state is not kept
         super().truncate(length)
 
     def reset(self) -> None:
-        if self.model.states is not None:
-            self.model.states[self.slot].reset()
+        if self.states is not None:
+            self.states.reset()
         super().reset()
 
     def forward(self, ids, last_rows: int = 1, features=None, hidden=None) -> np.ndarray:
