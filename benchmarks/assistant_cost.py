@@ -163,12 +163,7 @@ def main(argv=None) -> int:
 
         cells = [("target step", target_step)]
         cells += [(k, lambda d=d: d.forward([prompt[0]], hidden=hidden)) for k, d in drafts.items()]
-        best: dict[str, float] = {}
-        for rep in range(args.repeats):
-            for name, fn in harness.rotated(cells, rep):
-                model.truncate(args.past)
-                t = harness.median_seconds(fn, args.calls)
-                best[name] = min(t, best.get(name, t))
+        best = harness.best_medians(cells, args.repeats, args.calls, before=lambda: model.truncate(args.past))
     step = best["target step"]
     out = [{"graph": k, "ms": round(v * 1e3, 3), "share_of_target_step": round(v / step, 4)} for k, v in best.items()]
     print(harness.header(meta))

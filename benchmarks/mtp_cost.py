@@ -105,11 +105,7 @@ def main(argv=None) -> int:
             head.forward(prompt[:4], last_rows=1, features=features[:4])
 
         cells = [("target step", target_step), ("mtp step", mtp_step), ("mtp catch-up 4", mtp_catch_up)]
-        best: dict[str, float] = {}
-        for rep in range(args.repeats):
-            for name, fn in harness.rotated(cells, rep):
-                t = harness.median_seconds(fn, args.calls)
-                best[name] = min(t, best.get(name, t))
+        best = harness.best_medians(cells, args.repeats, args.calls)
     step = best["target step"]
     out = [{"graph": k, "ms": round(v * 1e3, 3), "share_of_target_step": round(v / step, 4)} for k, v in best.items()]
     print(harness.header(meta))

@@ -294,6 +294,22 @@ def median_seconds(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(out)
 
 
+def best_medians(
+    cells: Sequence[tuple[str, Callable[[], Any]]], rounds: int, calls: int, before: Callable[[], Any] | None = None
+) -> dict[str, float]:
+    """name -> the best (lowest) over `rounds` rounds of the median wall seconds of `calls` calls
+    of that cell's fn(); each round runs the cells rotated by one from the round before, and
+    before() (untimed) precedes each cell's calls."""
+    best: dict[str, float] = {}
+    for k in range(rounds):
+        for name, fn in rotated(cells, k):
+            if before is not None:
+                before()
+            t = median_seconds(fn, calls)
+            best[name] = min(t, best.get(name, t))
+    return best
+
+
 def interleaved_seconds(calls: Mapping[Hashable, Callable[[], Any]], rounds: int) -> dict[Hashable, float]:
     """Median wall seconds of each of `calls`: one untimed warm-up round, then `rounds` rounds
     that call each once, in an order rotated by one from the round before (machine drift spreads

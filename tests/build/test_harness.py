@@ -243,3 +243,24 @@ def test_by_domain_takes_the_median_within_each_domain():
     domain_of = {"chat-1": "chat", "code-1": "code", "chat-2": "chat", "code-2": "code", "code-3": "code"}
     assert harness.by_domain(per_case, domain_of) == {"chat": 1.0, "code": 2.0}
     assert list(harness.by_domain(per_case, domain_of)) == ["chat", "code"]  # domain_of's order
+
+
+def test_best_medians_rotates_the_cells_and_keeps_each_ones_lowest_round(monkeypatch):
+    """Round k runs the cells rotated by k, before() precedes each cell's calls, and each cell
+    keeps the lowest of its rounds' medians (a fake clock: each call of a cell advances it by the
+    next of that cell's costs)."""
+    clock, order, befores = [0.0], [], []
+    costs = {"a": iter([1, 1, 1, 4, 4, 4]), "b": iter([5, 5, 9, 2, 2, 3])}  # round 0, then round 1
+
+    def cell(name: str):
+        def run() -> None:
+            order.append(name)
+            clock[0] += next(costs[name])
+
+        return name, run
+
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
+    out = harness.best_medians([cell("a"), cell("b")], 2, 3, before=lambda: befores.append(len(order)))
+    assert order == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3  # round 1 rotated by one
+    assert befores == [0, 3, 6, 9]
+    assert out == {"a": 1.0, "b": 2.0}  # a: medians 1, 4; b: medians 5, 2
