@@ -178,7 +178,7 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
     if mtp_folder is not None:
         from . import mtp
 
-        progress("reading the target checkpoint's MTP layer (mtp.*)")
+        progress("reading the target checkpoint's MTP layer")
         m.mtp = mtp.load(reference, mtp_folder)
     elif recipe.draft.kind != "mtp":
         from . import mtp

@@ -13,6 +13,7 @@ from specexport_runtime import contract
 from specexport_runtime.manifest import ModelEntry
 
 from ..graphs.mtp import build_mtp
+from ..models import mtp_deepseek
 from ..models.config import read_config
 from ..models.mtp import FAMILIES, check_mtp, mtp_model, offer
 from ..models.sources import ModelSource, snapshot
@@ -31,24 +32,34 @@ def folder_of(source: ModelSource) -> Path | None:
 
 
 def check(recipe, source: ModelSource, norm) -> Path:
-    """Refuse, in one line and before any weight is read, a target without one Qwen3.5 MTP layer."""
+    """Refuse, in one line and before any weight is read, a target without one MTP layer of a
+    layout implemented for its family (Qwen3.5's mtp.*, or a DeepSeek-style layer: mtp_deepseek)."""
     folder = folder_of(source)
     config = None
-    if folder is not None and norm.family in FAMILIES:
+    deepseek = norm.family in mtp_deepseek.FAMILIES
+    if folder is not None and (norm.family in FAMILIES or deepseek):
         config = read_config(str(folder), trust_remote_code=recipe.target.trust_remote_code)
-    check_mtp(recipe.target.model, folder, norm.family, config)
+    if deepseek:
+        mtp_deepseek.check(recipe.target.model, folder, norm.family, config, norm.windows)
+    else:
+        check_mtp(recipe.target.model, folder, norm.family, config)
     return folder
 
 
 def note(source: ModelSource) -> str | None:
     """The build's offer when the target carries MTP layers that the recipe does not use."""
     try:
-        return offer(folder_of(source)) if source.kind == "folder" else None
+        folder = folder_of(source) if source.kind == "folder" else None
+        return offer(folder) or mtp_deepseek.offer(folder)
     except (OSError, ValueError):
         return None
 
 
 def load(reference, folder: Path) -> torch.nn.Module:
+    text = reference.config.get_text_config()
+    if text.model_type in mtp_deepseek.FAMILIES:  # checked by check(): one layer of a known layout
+        layout = mtp_deepseek.check(str(folder), folder, text.model_type, text)
+        return mtp_deepseek.mtp_model(reference, folder, layout)
     return mtp_model(reference, folder)
 
 
@@ -57,13 +68,14 @@ def export_mtp(model, reference, root: Path, recipe, source: ModelSource, vocab:
     its catch-up rows against the model's forward (validation: max |logit diff|, argmax)."""
     result = build_mtp(model, root / "draft", recipe.max_context, recipe.layout.name)
     spec = result.spec
+    layout = getattr(model, "mtp_layout", "qwen3_5")  # mtp_deepseek.mtp_model names its layout
     validation: dict = {"layers": 1}
     if probe is not None:
         validation.update(_compare(result.path, spec, model, reference, probe[: CHECK_ROWS + 1]))
     return ModelEntry(
         graph=GRAPH,
-        source=f"{source.describe()} (mtp.*)",
-        architecture="qwen3_5_mtp",
+        source=f"{source.describe()} ({layout} MTP layer)",
+        architecture=f"{layout}_mtp",
         num_layers=1,
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
