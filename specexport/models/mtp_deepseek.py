@@ -36,7 +36,7 @@ import torch
 from .mtp import MtpSource, MtpUnavailable
 from .streaming import INDEX, SINGLE, attach, skeleton
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # dense targets whose DeepSeek-style MTP layer is implemented
+FAMILIES = ("llama", "qwen2", "qwen3")  # dense targets whose DeepSeek-style MTP layer is implemented
 # the checkpoint's MoE pieces: an MTP block with experts is not a decoder layer of these families
 MOE_PARTS = (".mlp.experts.", ".mlp.gate.", ".mlp.shared_experts.", ".mlp.router.")
 _OWN_KEYS = ("fc", "embed_norm", "hidden_norm", "norm")
