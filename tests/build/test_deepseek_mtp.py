@@ -188,3 +188,12 @@ def test_greedy_output_equals_target_only(built):
             assert set(spec.stats.by_source) <= {"mtp"}
             accepted, drafted = accepted + spec.stats.accepted, drafted + spec.stats.drafted
     assert 0 < accepted < drafted  # rounds that keep drafts and rounds that drop chained rows
+
+
+def test_a_build_of_a_checkpoint_with_two_layers_is_refused_before_anything_is_written(tmp_path):
+    folder, _, _ = _checkpoint(tmp_path, "llama", "deepseek_v3", layers=2)
+    recipe = write_recipe(tmp_path / "recipe.yaml", folder, {"mtp": {}})
+    out = tmp_path / "out"
+    with pytest.raises(MtpUnavailable, match=r"^.*: one MTP layer is implemented; .* deepseek_v3 layers \[2, 3\]$"):
+        build_artifact(load_recipe(recipe), out)
+    assert not out.exists()
