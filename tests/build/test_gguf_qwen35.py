@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from gguf import MODEL_ARCH, GGUFWriter, get_tensor_name_map
@@ -31,11 +32,13 @@ from gguf.quants import quantize as gguf_quantize
 from gguf_support import T, fused_graph_logits, hybrid_ids
 from tiny import make_model
 
-from specexport.build.validate import reference_logits
+from specexport.build.validate import FeedRunner, reference_logits
 from specexport.formats.blocks import FormatError
 from specexport.formats.gguf_config import hf_config, read_header
+from specexport.graphs.decoder import build_decoder
+from specexport.graphs.quantized_target import QuantizedWeights
 from specexport.models.config import normalize
-from specexport.models.gguf_source import open_gguf
+from specexport.models.gguf_source import open_gguf, read_gguf_blocks
 from specexport.models.streaming import source_of
 
 MAX_CONTEXT = 128
@@ -223,6 +226,30 @@ def test_qwen35_q8_0_blocks_come_back_in_hugging_face_order(tmp_path):
     assert np.abs(ref - reference_logits(model, ids)).max() > 0  # the rounding is real
     scale = max(1.0, float(np.abs(ref).max()))
     assert np.abs(reference_logits(streamed, ids) - ref).max() <= STREAM_TOL * scale
+
+
+def test_qwen35_q8_0_blocks_in_the_quantized_target_compute_the_file(tmp_path):
+    """The file's own Q8_0 blocks (read_gguf_blocks: every 2-D weight, value heads regrouped) as
+    the fused graph's MatMulNBits at accuracy_level 1: a prefill and a 5-token verify call give
+    the logits of the model holding the file's values, within GRAPH_TOL, argmax equal."""
+    model = _model(linear_key_head_dim=32, linear_value_head_dim=32)
+    held = write_qwen35_gguf(model, tmp_path / "m.gguf", qtype=T.Q8_0)
+    blocks = read_gguf_blocks(tmp_path / "m.gguf")
+    assert set(blocks) == set(held)
+    streamed = open_gguf(read_header(tmp_path / "m.gguf"))
+    result = build_decoder(
+        streamed, tmp_path / "g", 128, weights=QuantizedWeights("gguf", 32, 1, "checkpoint", "fp32", blocks)
+    )
+    assert any(
+        node.op_type == "MatMulNBits" for node in onnx.load(str(result.path), load_external_data=False).graph.node
+    )
+    runner = FeedRunner(result.path, result.spec)
+    ids = hybrid_ids()
+    n0 = len(ids) - 5
+    got = np.concatenate([runner.run(ids[:n0], list(range(n0))), runner.run(ids[n0:], list(range(5)))])
+    ref = reference_logits(_holding(model, held), ids)
+    assert np.abs(got - ref).max() <= GRAPH_TOL * max(1.0, float(np.abs(ref).max()))
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
 def test_qwen35_out_proj_heads_narrower_than_a_block_fall_back_to_dequantized(tmp_path):
