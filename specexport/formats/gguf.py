@@ -23,7 +23,9 @@ result equals gguf.quants.dequantize bit for bit.
 Tensor names, the architectures and which of them had their attn_q / attn_k rows permuted by
 llama.cpp's converter (for its interleaved rotary) are formats/gguf_config.py's table; the rows
 are put back in Hugging Face order here (`rotary_unpermutation`, `permute_rows`: blocks run
-along inputs, so a row permutation keeps them intact).
+along inputs, so a row permutation keeps them intact). Qwen3.5's value heads, which the converter
+stores tiled instead of grouped by key head, come back through `value_head_order` (rows) and
+`permute_columns` (out_proj's inputs: exact while each head spans whole blocks).
 """
 
 from __future__ import annotations
@@ -225,4 +227,39 @@ def permute_rows(w: BlockQuantized, perm: np.ndarray) -> BlockQuantized:
         block=w.block,
         offset=take(w.offset),
         g_idx=w.g_idx,
+    )
+
+
+def value_head_order(key_heads: int, value_heads: int, dim: int) -> np.ndarray:
+    """int64 [value_heads * dim]: Hugging Face index r of a Gated DeltaNet value-head axis is GGUF
+    index perm[r].
+
+    Hugging Face groups the value heads by key head (k0v0, k0v1, ..., k1v0, ...); llama.cpp's
+    converter (`_reorder_v_heads`) tiles them (k0v0, k1v0, ..., k0v1, k1v1, ...), each head `dim`
+    entries wide. Identity when key_heads == value_heads."""
+    if key_heads < 1 or value_heads % key_heads:
+        raise FormatError(f"{value_heads} value heads do not split over {key_heads} key heads")
+    per_key = value_heads // key_heads
+    heads = np.arange(value_heads).reshape(per_key, key_heads).T.reshape(value_heads)  # HF head -> GGUF head
+    return (heads[:, None] * dim + np.arange(dim)).reshape(value_heads * dim)
+
+
+def permute_columns(w: BlockQuantized, perm: np.ndarray) -> BlockQuantized | None:
+    """w with its inputs reordered (input k of the result is input perm[k] of w) when perm moves
+    whole blocks, else None (the blocks would be torn apart)."""
+    runs = perm.reshape(-1, w.block)  # [nb, block]: the inputs of each result block
+    starts = runs[:, 0]
+    if w.g_idx is not None or (starts % w.block).any():
+        return None
+    if not (runs == starts[:, None] + np.arange(w.block)).all():
+        return None
+    blocks = starts // w.block
+    take = lambda a: None if a is None else np.ascontiguousarray(a[:, blocks])  # noqa: E731
+    return BlockQuantized(
+        q=np.ascontiguousarray(w.q[:, perm]),
+        scale=take(w.scale),
+        zero=take(w.zero),
+        bits=w.bits,
+        block=w.block,
+        offset=take(w.offset),
     )

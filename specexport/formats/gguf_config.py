@@ -17,8 +17,12 @@ Tensors llama.cpp's converter reshapes (LFM2's and Mamba2's conv kernel [C, 1, L
 the Hugging Face model's shape (gguf_source.GGUFSource: same elements, same order); a GGUFArch's
 `tensors` names the tensors gguf-py's table does not (a converter's renames, and the parameter
 whose rows it split into several tensors: Granite 4.0-H's gate | up), its `decode` undoes a value
-transform (Mamba2's A stored as -exp(A_log)). The vocabulary is token_embd's rows, whatever
-the tokenizer list holds (the Mamba2 converters pad that list: to a multiple of 8 for granitehybrid).
+transform (Mamba2's A stored as -exp(A_log)), its `head_orders` the axes the converter reordered
+(Qwen3.5's value heads, gguf.value_head_order), its `unshifted` the norms stored without the shift
+(Qwen3.5's gated DeltaNet norm), its `table_prefix` the checkpoint prefix gguf-py's table knows
+(Nemotron-H's backbone.layers). The vocabulary is token_embd's rows, whatever the tokenizer list
+holds (the Mamba2 converters pad that list: to a multiple of 8 for granitehybrid). Trailing MTP
+blocks (`nextn_predict_layers`: Qwen3.5's) are left out of the config and never read.
 
 The config is built from the metadata by this table (transformers' GGUF config mapping reads
 fewer keys: a Gemma 3 file's rope scaling, its local theta and 27B's attention scale are lost),
@@ -38,6 +42,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from .blocks import FormatError
+from .gguf_hybrids import mamba2 as _mamba2
+from .gguf_hybrids import nemotron_h, qwen35, qwen35_heads
 
 # GGML tensor types read as plain numbers or dequantized by gguf-py (gguf.quants); exact
 # MatMulNBits layouts are a subset (gguf.py LAYOUTS).
@@ -94,6 +100,12 @@ class GGUFArch:
     tensors: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # a layer tensor kind -> the inverse of the converter's value transform, float32 -> float32
     decode: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+    # config dict -> {layer tensor kind: (axis, perm)}: HF index r along axis (numpy order) is GGUF index perm[r]
+    head_orders: Callable[[dict], dict[str, tuple[int, np.ndarray]]] = field(default=lambda cfg: {})
+    # layer tensor kinds whose norm weight the converter stored without norm_shift
+    unshifted: tuple[str, ...] = ()
+    # (HF prefix, the prefix gguf-py's name table expects) for layer parameters
+    table_prefix: tuple[str, str] | None = None
 
 
 def _gemma_scalar(meta: Meta, cfg: dict, big_layers: int) -> float:
@@ -188,24 +200,6 @@ def _lfm2(meta: Meta, cfg: dict) -> dict:
     }
 
 
-def _mamba2(meta: Meta, cfg: dict) -> dict:
-    """The Mamba2 mixer's shapes from llama.cpp's ssm.* keys (converter: inner_size = heads x
-    head_dim, time_step_rank = heads); conv / in_proj biases and the gated norm by tensor presence."""
-    inner, heads = int(meta.need("ssm.inner_size")), int(meta.need("ssm.time_step_rank"))
-    if heads < 1 or inner % heads:
-        raise FormatError(f"GGUF {meta.arch}.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {heads}")
-    names = {t.name for t in meta.reader.tensors}
-    return {
-        "mamba_n_heads": heads,
-        "mamba_d_head": inner // heads,
-        "mamba_d_state": int(meta.need("ssm.state_size")),
-        "mamba_n_groups": int(meta.get("ssm.group_count", 1)),
-        "mamba_d_conv": int(meta.need("ssm.conv_kernel")),
-        "mamba_conv_bias": any(n.endswith(".ssm_conv1d.bias") for n in names),
-        "mamba_proj_bias": any(n.endswith(".ssm_in.bias") for n in names),
-    }
-
-
 def _granite_hybrid(meta: Meta, cfg: dict) -> dict:
     """Granite 4.0-H: head_count_kv 0 marks a Mamba2 layer; the dense MLP is the shared one
     (expert_shared_feed_forward_length); rope.scaling.finetuned says whether attention rotates
@@ -296,6 +290,25 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
             decode=_MAMBA2_DECODE,
         ),
         GGUFArch("falcon-h1", "falcon_h1", extra=_falcon_h1, tensors=_MAMBA2_TENSORS, decode=_MAMBA2_DECODE),
+        GGUFArch(
+            "qwen35",
+            "qwen3_5_text",
+            norm_shift=1.0,  # (1 + w) norms, the gated DeltaNet norm excepted
+            extra=qwen35,
+            tensors={"linear_attn.dt_bias": ("ssm_dt.bias",)},
+            decode=_MAMBA2_DECODE,
+            head_orders=qwen35_heads,
+            unshifted=("ssm_norm",),
+        ),
+        GGUFArch(
+            "nemotron_h",
+            "nemotron_h",
+            permute_qk=True,  # the converter permutes q / k rows although these layers have no rotary
+            extra=nemotron_h,
+            tensors={"mixer.dt_bias": ("ssm_dt.bias",)},
+            decode=_MAMBA2_DECODE,
+            table_prefix=("model.layers.", "backbone.layers."),
+        ),
     )
 }
 # Tensors a file may hold that no supported config reproduces: refused by name.
@@ -314,6 +327,7 @@ class GGUFHeader:
     reader: GGUFReader
     arch: GGUFArch
     config: dict  # transformers config kwargs, model_type included
+    mtp_layers: int = 0  # trailing blocks past config["num_hidden_layers"] (nextn_predict_layers), never read
 
 
 def _open(path: Path) -> GGUFReader:
@@ -345,7 +359,8 @@ def read_header(path: str | Path) -> GGUFHeader:
         if t.name in REFUSED_TENSORS:
             raise FormatError(f"GGUF tensor {t.name!r} holds {REFUSED_TENSORS[t.name]}; such files are not supported")
     arch = GGUF_ARCHS[name]
-    return GGUFHeader(path, reader, arch, _config(reader, arch))
+    mtp = int(Meta(reader, name).get("nextn_predict_layers", 0) or 0)
+    return GGUFHeader(path, reader, arch, _config(reader, arch, mtp), mtp)
 
 
 def tensor_shape(reader: GGUFReader, name: str) -> list[int] | None:
@@ -356,7 +371,18 @@ def tensor_shape(reader: GGUFReader, name: str) -> list[int] | None:
     return None
 
 
-def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
+def _one_width(meta: Meta, key: str) -> int:
+    """A width the file may hold per layer (0: a layer without that part): its one non-zero value."""
+    value = meta.need(key)
+    if not isinstance(value, list):
+        return int(value)
+    widths = sorted({int(v) for v in value if v})
+    if len(widths) > 1:
+        raise FormatError(f"GGUF {meta.arch}.{key} {value} has no one width for its layers")
+    return widths[0] if widths else 0
+
+
+def _config(reader: GGUFReader, arch: GGUFArch, mtp_layers: int = 0) -> dict:
     meta = Meta(reader, arch.name)
     heads = meta.count("attention.head_count")
     hidden = int(meta.need("embedding_length"))
@@ -366,6 +392,7 @@ def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
         raise FormatError(f"GGUF file has neither 'token_embd.weight' nor {arch.name}.vocab_size")
     names = {t.name for t in reader.tensors}
     head_dim = int(meta.get("attention.key_length", hidden // heads))
+    eps = meta.get("attention.layer_norm_rms_epsilon")  # Nemotron-H's converter writes layer_norm_epsilon
     rope: dict = {"rope_type": "default", "rope_theta": float(meta.get("rope.freq_base", 10000.0))}
     scaling = meta.get("rope.scaling.type")
     if scaling not in (None, "none"):
@@ -374,14 +401,14 @@ def _config(reader: GGUFReader, arch: GGUFArch) -> dict:
         rope = {**rope, "rope_type": "linear", "factor": float(meta.need("rope.scaling.factor"))}
     cfg: dict = {
         "model_type": arch.model_type,
-        "num_hidden_layers": int(meta.need("block_count")),
+        "num_hidden_layers": int(meta.need("block_count")) - mtp_layers,
         "hidden_size": hidden,
-        "intermediate_size": int(meta.need("feed_forward_length")),
+        "intermediate_size": _one_width(meta, "feed_forward_length"),
         "num_attention_heads": heads,
         "num_key_value_heads": _kv_heads(meta, heads),
         "head_dim": head_dim,
         "max_position_embeddings": int(meta.get("context_length", 2048)),
-        "rms_norm_eps": float(meta.need("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": float(eps if eps is not None else meta.need("attention.layer_norm_epsilon")),
         "rope_parameters": rope,
         "vocab_size": int(vocab),
         "tie_word_embeddings": "output.weight" not in names,

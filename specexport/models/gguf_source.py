@@ -9,8 +9,10 @@
 Each read copies that tensor's bytes out of the file (os.preadv: no mapping stays resident;
 with SPECEXPORT_STREAM_CACHE_MB set, the first CACHE_BYTES of float32 results are kept) and
 puts them in Hugging Face layout: numpy order (GGUF's ne reversed: [N, K] for a weight),
-attn_q / attn_k rows (and biases) un-permuted for the families llama.cpp permuted, the norm
-shift taken off Gemma's norms (the file holds 1 + w), a tied head read from the embedding.
+attn_q / attn_k rows (and biases) un-permuted for the families llama.cpp permuted, Qwen3.5's
+value heads put back in groups (GGUFArch.head_orders), the norm shift taken off Gemma's and
+Qwen3.5's norms (the file holds 1 + w), a tied head read from the embedding. Trailing MTP
+blocks (GGUFHeader.mtp_layers) are left unread.
 
 Names map through gguf-py's own TensorNameMap (the table llama.cpp's converter writes with),
 for the skeleton's parameter names: every parameter must find its tensor (else BuildError) and
@@ -39,7 +41,15 @@ from gguf.quants import dequantize
 
 from ..errors import BuildError
 from ..formats.blocks import BlockQuantized, FormatError, compatible, concat_rows
-from ..formats.gguf import LAYOUTS, decode_blocks, is_block_type, permute_rows, rotary_unpermutation, supported_types
+from ..formats.gguf import (
+    LAYOUTS,
+    decode_blocks,
+    is_block_type,
+    permute_columns,
+    permute_rows,
+    rotary_unpermutation,
+    supported_types,
+)
 from ..formats.gguf_config import GGUFHeader, hf_config
 
 # float32 bytes a source keeps after their first read (keep-first, not LRU: the validation
@@ -57,21 +67,24 @@ def gguf_names(header: GGUFHeader, hf_names: list[str]) -> dict[str, tuple[str, 
     converter split from one parameter (GGUFArch.tensors: Granite 4.0-H's gate|up), in order."""
     arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == header.arch.name)
     table = get_tensor_name_map(arch, int(header.config["num_hidden_layers"]))
-    explicit = header.arch.tensors
+    explicit, prefix = header.arch.tensors, header.arch.table_prefix
     out = {}
-    for name in hf_names:
-        match = _LAYER.match(name)
+    for hf in hf_names:
+        match = _LAYER.match(hf)
         if match is not None and match.group(2) in explicit:
-            out[name] = tuple(f"blk.{match.group(1)}.{t}" for t in explicit[match.group(2)])
+            out[hf] = tuple(f"blk.{match.group(1)}.{t}" for t in explicit[match.group(2)])
             continue
+        name = hf  # as gguf-py's table spells it (Nemotron-H: backbone.layers.N.mixer...)
+        if prefix is not None and name.startswith(prefix[0]):
+            name = prefix[1] + name.removeprefix(prefix[0])
         whole = table.get_name(name)  # a tensor named without a suffix (Mamba2's A_log -> ssm_a, D -> ssm_d)
         if whole is not None:
-            out[name] = (whole,)
+            out[hf] = (whole,)
             continue
         stem, _, suffix = name.rpartition(".")
         gguf = table.get_name(stem)
         if gguf is not None:
-            out[name] = (f"{gguf}.{suffix}",)
+            out[hf] = (f"{gguf}.{suffix}",)
     return out
 
 
@@ -130,7 +143,9 @@ class GGUFSource:
                     + f", parameter {name!r} {list(want)}"
                 )
         used = {t.name for t in self._tensor.values()} | {t.name for ts in self._parts.values() for t in ts}
-        unused = sorted(set(infos) - used)
+        layers = int(header.config["num_hidden_layers"])
+        mtp = {n for n in infos if header.mtp_layers and _block(n) >= layers}  # MTP blocks: read by no target
+        unused = sorted(set(infos) - used - mtp)
         if unused:
             raise FormatError(
                 f"{self.path.name}: GGUF tensor {unused[0]!r} has no Hugging Face name for {header.arch.name}"
@@ -138,6 +153,7 @@ class GGUFSource:
             )
         cfg = header.config
         self._heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+        self._orders = header.arch.head_orders(cfg)  # tensor kind -> (axis, perm): axes the converter reordered
         self.blocks = GGUFBlocks(self)
 
     # -- TensorSource
@@ -188,9 +204,13 @@ class GGUFSource:
         perm = self._perm(info, value.shape[0])
         if perm is not None:
             value = value[perm]
-        if self.header.arch.norm_shift and info.name.endswith("norm.weight"):
-            value = value - np.float32(self.header.arch.norm_shift)  # the file holds shift + w
-        decode = self.header.arch.decode.get(_kind(info.name))
+        arch, kind = self.header.arch, _kind(info.name)
+        order = self._orders.get(kind)
+        if order is not None:  # Qwen3.5's value heads back in groups (rows, or out_proj's inputs)
+            value = np.take(value, order[1], axis=order[0])
+        if arch.norm_shift and info.name.endswith("norm.weight") and kind not in arch.unshifted:
+            value = value - np.float32(arch.norm_shift)  # the file holds shift + w
+        decode = arch.decode.get(kind)
         if decode is not None:  # a value the converter transformed (Mamba2's A = -exp(A_log))
             value = decode(value).astype(np.float32, copy=False)
         return np.ascontiguousarray(value)
@@ -215,7 +235,13 @@ class GGUFSource:
         N = _shape(info)[0]
         w = decode_blocks(self._read(info).reshape(N, -1), info.tensor_type)  # [N, K]
         perm = self._perm(info, N)
-        return w if perm is None else permute_rows(w, perm)
+        if perm is not None:
+            w = permute_rows(w, perm)
+        order = self._orders.get(_kind(info.name))
+        if order is None:
+            return w
+        axis, perm = order  # rows keep their blocks; inputs only when each head spans whole blocks
+        return permute_rows(w, perm) if axis == 0 else permute_columns(w, perm)
 
     def gguf_name(self, name: str) -> str:
         return self._info(name).name
@@ -260,6 +286,12 @@ class GGUFSource:
         part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
         heads = self._heads.get(part)
         return None if heads is None else rotary_unpermutation(rows, heads)
+
+
+def _block(name: str) -> int:
+    """A layer tensor's block index ("blk.3.ssm_a" -> 3), else -1."""
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "blk" and len(parts) > 2 and parts[1].isdecimal() else -1
 
 
 def _kind(name: str) -> str:
@@ -373,6 +405,9 @@ def read_gguf_blocks(path: str | Path, names: Iterable[str] | None = None) -> di
             )
         w = source.exact(name)
         if w is None:
-            raise FormatError(f"GGUF tensor {source.gguf_name(name)!r} is not a 2-D weight")
+            raise FormatError(
+                f"GGUF tensor {source.gguf_name(name)!r} has no exact blocks in Hugging Face order"
+                " (not a 2-D weight, or its inputs reordered across blocks)"
+            )
         out[name] = w
     return out
