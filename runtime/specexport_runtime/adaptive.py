@@ -6,7 +6,7 @@ probability alpha, so a round drafting gamma tokens emits on average
 tokens (gamma + 1 when alpha = 1) and costs gamma·cost_draft + cost_verify(gamma + 1) seconds,
 against cost_decode seconds per token of plain decoding:
     expected_speedup(gamma) = E[tokens per round] · cost_decode
-                              / (gamma·cost_draft + cost_verify(gamma + 1))
+                              / (gamma·cost_draft + max(cost_verify(gamma + 1), cost_decode))
 
 Protocol with the generator, once per round:
     g = ctl.choose()
@@ -22,7 +22,7 @@ cold, target call is not timed).
 
 Warm-up: choose() first returns 0 until a plain decode step has been timed, then the initial
 gamma until one speculative round has been timed. After that it returns the gamma with the
-best expected speedup, or 0 (speculation off) when that is below 1; more exactly, the longest
+best expected speedup, or 0 (speculation off) when that is not above 1; more exactly, the longest
 gamma whose expected speedup is within gamma_tolerance of the best. Near its top the curve is flat
 and its inputs are noisy EMAs, and what the model leaves out (per-round host work, the draft's
 catch-up call) favours fewer, longer rounds; the default tolerance, 0.03, is what measured best
@@ -31,7 +31,10 @@ catch-up call) favours fewer, longer rounds; the default tolerance, 0.03, is wha
 one probe round with probe_gamma (short: a probe is usually wasted) re-measures acceptance (its tokens weigh
 probe_smoothing in the alpha EMA); the interval starts at probe_every and doubles after each
 probe that does not switch speculation back on, up to probe_max, unless a probe is cheap (at
-most CHEAP_PROBE decode steps, e.g. n-gram lookup): then it stays at probe_every. The interval
+most CHEAP_PROBE decode steps, e.g. n-gram lookup): then it stays at probe_every. Whatever the
+interval, a probe comes at least (c - 1) / probe_budget plain steps after the last one, c its
+round's cost in decode steps, so a rejected probe loses at most probe_budget of the decode time
+while off (a hybrid target's 3-row call costs ~1.3 steps: a probe every 30 or more). The interval
 is a pacing.ProbeClock, the policy's one probe mechanism, and the defaults are pacing's constants.
 This is the policy's strategy for one sequence (policy.DraftPolicy).
 """
@@ -44,7 +47,16 @@ from dataclasses import InitVar, dataclass, field
 
 from .costs import VerifyCost, ema
 from .errors import InvalidArgument
-from .pacing import CHEAP_PROBE, GAMMA_TOLERANCE, HYSTERESIS, PROBE_EVERY, PROBE_GAMMA, PROBE_MAX, ProbeClock
+from .pacing import (
+    CHEAP_PROBE,
+    GAMMA_TOLERANCE,
+    HYSTERESIS,
+    PROBE_BUDGET,
+    PROBE_EVERY,
+    PROBE_GAMMA,
+    PROBE_MAX,
+    ProbeClock,
+)
 
 
 def _is_int(v) -> bool:
@@ -73,6 +85,7 @@ class GammaController:
     probe_every: int = PROBE_EVERY  # decode steps while off before the first probe
     probe_max: int = PROBE_MAX  # cap of the doubling probe interval
     probe_gamma: int = PROBE_GAMMA  # draft length of a probe round (clamped to [gamma_min, gamma_max])
+    probe_budget: float = PROBE_BUDGET  # most share of decode time rejected probes may lose while off
     min_draft_prob: float = 0.0  # stop_drafting threshold on the draft's top probability; 0 = off
     gamma_tolerance: float = GAMMA_TOLERANCE  # take the longest gamma whose expected speedup is within this of the best
 
@@ -80,6 +93,7 @@ class GammaController:
     _initial_gamma: int = field(default=0, init=False, repr=False)
     _probes: ProbeClock | None = field(default=None, init=False, repr=False)  # counts decode steps while off
     _probing: bool = field(default=False, init=False, repr=False)
+    _last_probe: int | None = field(default=None, init=False, repr=False)  # _probes.count at the last probe
     _n_draft: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self, cost_decode: float | None, verify_costs: dict[int, float] | None) -> None:
@@ -115,6 +129,8 @@ class GammaController:
             raise InvalidArgument(
                 f"probe_max must be an integer >= probe_every = {self.probe_every}, got {self.probe_max!r}"
             )
+        if not _is_real(self.probe_budget) or not 0.0 < self.probe_budget <= 1.0:
+            raise InvalidArgument(f"probe_budget must be a number in (0, 1], got {self.probe_budget!r}")
         if not _is_real(self.gamma_tolerance) or not 0.0 <= self.gamma_tolerance < 1.0:
             raise InvalidArgument(f"gamma_tolerance must be a number in [0, 1), got {self.gamma_tolerance!r}")
         if not _is_real(self.min_draft_prob) or not 0.0 <= self.min_draft_prob < 1.0:
@@ -138,7 +154,7 @@ class GammaController:
         return self.cost.seconds(s)
 
     def expected_speedup(self, gamma: int) -> float:
-        """E[tokens per round] · cost_decode / (gamma·cost_draft + cost_verify(gamma+1)).
+        """E[tokens per round] · cost_decode / (gamma·cost_draft + max(cost_verify(gamma+1), cost_decode)).
 
         1.0 for gamma = 0 (plain decoding); nan until the draft and verify costs are timed.
         The decode cost is cost_verify(1) (the timed plain steps, or the fit without them).
@@ -150,7 +166,9 @@ class GammaController:
         if self.cost_draft is None:
             return math.nan
         decode = self.cost.by_rows.get(1, self.cost_verify(1))
-        round_cost = gamma * self.cost_draft + self.cost_verify(gamma + 1)
+        # a call of more rows never costs less than a plain step: noisy timings can put the
+        # line's 2-row value under the 1-row EMA, which would price a rejected draft as a gain
+        round_cost = gamma * self.cost_draft + max(self.cost_verify(gamma + 1), decode)
         if not round_cost > 0:
             return math.nan
         return self.expected_tokens(gamma) * decode / round_cost
@@ -176,7 +194,7 @@ class GammaController:
             return self._initial_gamma  # warm-up: time one speculative round
         g, speedup = self.best()
         if self.speculating:
-            if not speedup >= 1.0:  # also nan
+            if not speedup > 1.0:  # also nan; at 1.0 drafting gains nothing
                 self.speculating = False
                 self._probes.wait()
                 self._probes.tick()  # this call's decode step is the first of the interval
@@ -188,11 +206,11 @@ class GammaController:
             self._probes.reset()
             self.gamma = g
             return g
-        if self._probes.is_due:
+        if self._probes.is_due and self._probe_affordable():
             if not self._probe_is_cheap():  # back off (kept if the probe fails); cheap probes stay frequent
                 self._probes.back_off()
             self._probes.wait()
-            self._probing = True
+            self._probing, self._last_probe = True, self._probes.count
             return min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
         self._probes.tick()
         return 0
@@ -210,11 +228,22 @@ class GammaController:
             self._probes.reset()
             self._probes.due_now()
 
-    def _probe_is_cheap(self) -> bool:
+    def probe_steps(self) -> float:
+        """A probe round's cost in plain decode steps (nan before its costs are timed)."""
         if not self.cost.timed(1) or self.cost_draft is None:
-            return False
+            return math.nan
         g = min(max(self.probe_gamma, self.gamma_min), self.gamma_max)
-        return g * self.cost_draft + self.cost_verify(g + 1) <= CHEAP_PROBE * self.cost.by_rows[1]
+        return g * self.cost_draft / self.cost.by_rows[1] + max(self.cost_verify(g + 1) / self.cost.by_rows[1], 1.0)
+
+    def _probe_is_cheap(self) -> bool:
+        return self.probe_steps() <= CHEAP_PROBE  # False while nan
+
+    def _probe_affordable(self) -> bool:
+        """Enough plain steps since the last probe that a rejected one stays within probe_budget."""
+        if self._last_probe is None:
+            return True
+        loss = self.probe_steps() - 1.0  # a rejected probe emits one token, as the plain step would
+        return not loss > self.probe_budget * (self._probes.count - self._last_probe)  # nan: affordable
 
     def stop_drafting(self, q_max: float) -> bool:
         """True when a draft model should stop drafting this round: its own top probability

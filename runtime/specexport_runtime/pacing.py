@@ -21,6 +21,8 @@ FREE = "free"  # the batch's record of free drafts (Proposal.free), apart from t
 PROBE_EVERY = 16  # decode steps while speculation is off before the first probe
 PROBE_MAX = 256  # cap of the doubling probe interval
 CHEAP_PROBE = 1.25  # a probe round costing at most this many decode steps is cheap: it never backs off
+PROBE_BUDGET = 0.01  # probes while off lose at most this share of decode time: a probe costing c decode
+# steps (its draft rejected: one token, as a plain step) comes at least (c - 1) / PROBE_BUDGET steps after the last
 HYSTERESIS = 0.05  # off -> on needs a best expected speedup >= 1 + HYSTERESIS
 GAMMA_TOLERANCE = 0.03  # take the longest gamma whose expected speedup is within this of the best
 

@@ -72,7 +72,10 @@ def test_moderate_acceptance_and_costly_draft_picks_a_middle_gamma():
 
 
 def test_low_acceptance_turns_off_then_probes_with_backoff():
-    ctl = calibrated(alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=4, probe_max=8)
+    # probe_budget 1: the back-off alone spaces the probes (their budget is tested below)
+    ctl = calibrated(
+        alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=4, probe_max=8, probe_budget=1.0
+    )
     assert ctl.best()[1] < 1.0
     assert [ctl.choose() for _ in range(4)] == [0, 0, 0, 0]
     assert not ctl.speculating
@@ -89,7 +92,7 @@ def test_low_acceptance_turns_off_then_probes_with_backoff():
 
 
 def test_successful_probe_turns_speculation_back_on():
-    ctl = calibrated(alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=2)
+    ctl = calibrated(alpha=0.01, cost_draft=0.005, verify_costs={5: 0.022}, probe_every=2, probe_budget=1.0)
     assert [ctl.choose() for _ in range(2)] == [0, 0]
     assert ctl.choose() == 2
     ctl.cost.record(2 + 1, 0.021)
@@ -257,8 +260,45 @@ def test_new_sequence_probes_at_once_only_when_a_probe_is_cheap():
 
 
 def test_cheap_probes_do_not_back_off():
-    ctl = calibrated(alpha=0.0, cost_draft=0.0, cost_decode=0.02, verify_costs={3: 0.022, 5: 0.024}, probe_every=4)
+    ctl = calibrated(
+        alpha=0.0, cost_draft=0.0, cost_decode=0.02, verify_costs={3: 0.022, 5: 0.024}, probe_every=4, probe_budget=0.05
+    )
     for _ in range(3):  # every probe fails, the interval stays at probe_every
         assert [ctl.choose() for _ in range(5)] == [0, 0, 0, 0, 2]
         ctl.cost.record(2 + 1, 0.022)
         ctl.record_round(2, 0, 0.0)
+
+
+@pytest.mark.parametrize("verify3, budget, gap", [(0.026, 0.01, 30), (0.026, 0.02, 15), (0.021, 0.01, 16)])
+def test_rejected_probes_lose_at_most_the_budget(verify3, budget, gap):
+    # a cheap-drafting proposer on a target whose 3-row call costs verify3 / 0.02 decode steps
+    # (a hybrid's step recurrence: 1.3): probes come at least (c - 1) / budget plain steps apart
+    # (30 at 1.3 and 1 %), never closer than probe_every (16), also across new sequences
+    ctl = calibrated(
+        alpha=0.0, cost_draft=0.0, cost_decode=0.02, verify_costs={3: verify3, 9: 0.04}, probe_budget=budget
+    )
+    steps, probes = 0, []
+    for n in range(400):
+        if n % 64 == 0:
+            ctl.start_sequence()  # a new request: cheap probes would come at once
+        g = ctl.choose()
+        if g:
+            probes.append(steps)
+            ctl.cost.record(g + 1, verify3 if g == 2 else 0.04)
+            ctl.record_round(g, 0, 0.0)
+        else:
+            steps += 1
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 3 and min(gaps) >= gap
+    c = verify3 / 0.02
+    assert (c - 1) * len(probes) <= budget * steps + (c - 1)  # the first probe is free of the budget
+
+
+def test_noise_low_verify_timings_never_make_rejected_drafts_pay():
+    # the fitted line's 2-row value under the 1-row EMA (a noisy 1-row timing and a lucky 3-row
+    # one, as a contended host gives): at acceptance 0 no gamma may look like a gain
+    ctl = calibrated(alpha=0.0, cost_draft=0.0, cost_decode=0.030, verify_costs={3: 0.012, 9: 0.040})
+    assert ctl.cost.seconds(2) < ctl.cost.by_rows[1]
+    assert all(ctl.expected_speedup(g) <= 1.0 for g in range(1, 9))
+    assert [ctl.choose() for _ in range(8)] == [0] * 8 and not ctl.speculating
+    assert ctl.probe_steps() >= 1.0
