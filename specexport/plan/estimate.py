@@ -60,6 +60,8 @@ work      the peak working memory of one call, which the runtime's memory arena 
           (S = max_gamma + 1, T = max_context, R = S), whichever is larger; b is the graph's
           activation bytes (2 fp16, else 4).
           Plus the host logits buffer of the runtime: 64 x vocab x 4 bytes per model.
+drafters reading the target (a Gemma 4 assistant: no cache of its own; an MTP layer: one layer's
+          cache) are sized in drafters.py, each graph with its copy of the target's embedding.
 overhead  RUNTIME_OVERHEAD_GIB per process: CUDA context, cuBLAS/cuDNN, ONNX Runtime or TensorRT
           libraries and Python.
 
@@ -91,6 +93,7 @@ from ..recipe.load import load_recipe, resolve_recipe
 from ..recipe.reader import with_overrides
 from ..recipe.spec import MIN_CONTEXT, QUANTIZED_TARGETS, QuantizationSpec, Recipe
 from .devices import DEVICES, GIB, Device, UnknownDevice, get_device
+from .drafters import assistant_config, assistant_estimate, drafter_notes, mtp_estimate
 from .report import TIGHT_FRACTION, ModelEstimate, PlanReport, cache_notes, gib
 from .sizes import (
     CALL_ROWS,
@@ -123,6 +126,7 @@ def _load(recipe: Recipe | str | Path) -> Recipe:
 class _Shapes:
     target: tuple[NormalizedConfig, str]
     draft: tuple[NormalizedConfig, str] | None
+    assistant: tuple[object, str] | None = None  # a Gemma 4 assistant's (config, source): drafters.py
 
 
 def _estimate(
@@ -188,6 +192,11 @@ def _report(recipe: Recipe, device: Device, shapes: _Shapes, max_context: int, m
         if recipe.tree_verify:  # the head's tree graph: its weights again, its cache shared
             models.append(_tree_estimate(models[-1], max_context, "head tree"))
             notes.append("the head's tree graph is one more session over the head's weights file")
+    elif recipe.draft.kind == "mtp":
+        models.append(mtp_estimate(recipe.target.model, shapes.target[0], max_context, prompt, gamma))
+    elif shapes.assistant is not None:
+        config, source = shapes.assistant
+        models.append(assistant_estimate(recipe.draft.model, config, source, shapes.target[0], max_context, gamma))
     elif recipe.draft.has_graph and shapes.draft is not None:
         name = recipe.draft.model.model if recipe.draft.kind == "model" else f"{recipe.target.model} (self-draft)"
         models.append(
@@ -318,7 +327,8 @@ def _advise(recipe: Recipe, device: Device, shapes: _Shapes, report: PlanReport,
                 f" (TensorRT engines do: trt_build --max-prompt {prompt_cap}):"
                 f" {verdict(capped)}"
             )
-    if recipe.draft.has_graph and recipe.draft.kind != "eagle3" and recipe.draft.precision != "int4":
+    quantizable = recipe.draft.kind == "from_target" or (recipe.draft.kind == "model" and shapes.assistant is None)
+    if quantizable and recipe.draft.precision != "int4":  # an assistant or MTP layer is built fp32 only
         if recipe.draft.kind == "from_target":
             alt = _variant(recipe, **{"draft": {"from_target": {"precision": "int4"}}})
             how = "int4 self-draft (draft: {from_target: {precision: int4}})"
@@ -403,11 +413,12 @@ def plan(
         raise PlanError(f"max_prompt must be >= 1, got {max_prompt}")
     target = model_config(spec.target, spec.max_context, known)
     draft = None
-    if spec.draft.kind == "model":
+    assistant = assistant_config(spec.draft.model) if spec.draft.kind == "model" else None
+    if spec.draft.kind == "model" and assistant is None:
         draft = model_config(spec.draft.model, spec.max_context, known)
     elif spec.draft.kind == "from_target":
         draft = target
-    shapes = _Shapes(target, draft)
+    shapes = _Shapes(target, draft, assistant)
     report = _report(spec, dev, shapes, spec.max_context, max_prompt)
     if not report.fits or report.tight:
         report.advice = _advise(spec, dev, shapes, report, max_prompt)
@@ -415,6 +426,8 @@ def plan(
         report.notes.append(
             f"headroom under {TIGHT_FRACTION:.0%} of the budget: measure on the device (tegrastats / nvidia-smi)"
         )
+    if spec.draft.kind == "mtp" or assistant is not None:
+        report.notes += drafter_notes(report.models[-1], target[0])
     recurrent = [m for m in report.models if m.state_bytes]
     if recurrent:
         per = ", ".join(f"{m.role} {state_position_bytes(m.config) / 2**20:.2f} MiB" for m in recurrent)

@@ -364,6 +364,41 @@ KNOWN_CONFIGS["google/gemma-4-E2B-it"] = dict(
     tie_word_embeddings=True,
 )
 
+# Gemma 4 assistants (config.json `gemma4_assistant`; plan/drafters.py sizes them), by hub id; a
+# recipe's local folder of the same name (the hub repository's) finds its entry while it is not
+# downloaded. ASSUMED shapes: transformers' docs name google/gemma-4-e2b-it-assistant but quote no
+# config values; these are benchmarks/assistant_cost.py's guess (4 layers, 3 sliding : 1 full,
+# hidden 256, MLP 2048, 4 query heads over the target's one K/V head of 256 / 512, the centroid
+# head of 2048 centroids, top 32). A downloaded folder's own config.json takes precedence.
+KNOWN_ASSISTANTS: dict[str, dict[str, Any]] = {
+    "google/gemma-4-e2b-it-assistant": dict(
+        model_type="gemma4_assistant",
+        backbone_hidden_size=1536,
+        use_ordered_embeddings=True,
+        num_centroids=2048,
+        centroid_intermediate_top_k=32,
+        tie_word_embeddings=True,
+        text_config=dict(
+            model_type="gemma4_text",
+            vocab_size=262144,
+            hidden_size=256,
+            intermediate_size=2048,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            global_head_dim=512,
+            sliding_window=512,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+            use_double_wide_mlp=False,
+            enable_moe_block=False,
+            tie_word_embeddings=True,
+        ),
+    )
+}
+
 KNOWN_CONFIGS["builtin:smollm2-135m-instruct"] = KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"]
 KNOWN_CONFIGS["meta-llama/Meta-Llama-3.1-8B-Instruct"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
 KNOWN_CONFIGS["hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"] = KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]

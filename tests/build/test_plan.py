@@ -43,6 +43,9 @@ RECIPE_DEVICES = {
     "granite-4.0-h-1b-int8-self-draft": "orin-nx-16gb",
     "falcon-h1-0.5b-instruct-int8-self-draft": "orin-nano-8gb",
     "gemma-4-e2b-it-int8-self-draft": "agx-orin-64gb",
+    "gemma-4-e2b-it-assistant": "agx-orin-32gb",
+    "qwen3.5-2b-mtp": "orin-nx-16gb",
+    "qwen3.5-4b-mtp": "agx-orin-32gb",
 }
 
 
