@@ -16,9 +16,9 @@ from specexport_runtime.manifest import ModelEntry
 
 from ..errors import BuildError
 from ..graphs.assistant import build_assistant
-from ..models.assistant import AssistantFacts, check_pair, load_assistant, read_assistant_config
+from ..models.assistant import AssistantFacts, check_pair, config_file, load_assistant, read_assistant_config
 from ..models.config import NormalizedConfig, read_config
-from ..models.sources import ModelSource
+from ..models.sources import ModelSource, snapshot
 from ..recipe.spec import Recipe
 from .eagle import target_embedding
 
@@ -33,12 +33,17 @@ def check_assistant(recipe: Recipe, t_norm: NormalizedConfig) -> AssistantFacts:
     if recipe.draft.precision != "fp32":
         raise BuildError(f"draft precision {recipe.draft.precision!r}: a Gemma 4 assistant is built fp32 only")
     target = read_config(recipe.target.model, revision=recipe.target.revision)
-    return check_pair(read_assistant_config(spec.model), target, t_norm, name=str(spec.model))
+    config = read_assistant_config(config_file(spec.model, spec.revision).parent)
+    return check_pair(config, target, t_norm, name=str(spec.model))
 
 
 def load(recipe: Recipe) -> tuple[object, ModelSource]:
-    folder = recipe.draft.model.model
-    return load_assistant(folder), ModelSource("folder", str(Path(folder)))
+    """The assistant's weights: its folder, or a hub id's snapshot (safetensors only)."""
+    spec = recipe.draft.model
+    folder = Path(spec.model)
+    if not folder.is_dir():
+        folder = snapshot(ModelSource("hub", str(spec.model), None, spec.revision))
+    return load_assistant(folder), ModelSource("folder", str(folder))
 
 
 def export_assistant(

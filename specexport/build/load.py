@@ -154,7 +154,8 @@ def load_models(recipe: Recipe, progress: Progress, clock: Clock) -> LoadedModel
     progress(f"checking configs (max_context {recipe.max_context}, {recipe.graph} graphs)")
     t_norm = check_config(recipe.target, recipe)
     dflash = recipe.draft.dflash  # a DFlash drafter folder: its own config check (build/dflash.py)
-    assistant = recipe.draft.kind == "model" and not dflash and is_assistant(recipe.draft.model.model)
+    spec = recipe.draft.model
+    assistant = recipe.draft.kind == "model" and not dflash and is_assistant(spec.model, spec.revision)
     own = recipe.draft.kind == "model" and not dflash and not assistant
     d_norm = check_config(recipe.draft.model, recipe) if own else None
     facts = None

@@ -40,10 +40,28 @@ class AssistantMismatch(UnsupportedConfig):
     """An assistant that does not fit its target (backbone width, vocabulary, K/V layout)."""
 
 
-def is_assistant(folder: str | Path) -> bool:
-    """Whether `folder` holds a Gemma 4 assistant (its config.json's model_type)."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
+def config_file(model: str | Path, revision: str | None = None) -> Path | None:
+    """A recipe draft model's config.json: in its folder, or a hub id's (huggingface_hub's cache,
+    config.json alone: no weight is fetched to recognise the drafter); None when there is none."""
+    local = Path(model) / "config.json"
+    if local.is_file():
+        return local
+    from .sources import resolve_source
+
+    try:
+        if resolve_source(str(model), revision=revision).kind != "hub":
+            return None
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(str(model), "config.json", revision=revision))
+    except Exception:  # an unreachable hub or an unknown path: the draft's own loader reports it
+        return None
+
+
+def is_assistant(model: str | Path, revision: str | None = None) -> bool:
+    """Whether a recipe draft model (folder or hub id) is a Gemma 4 assistant (its config.json's model_type)."""
+    path = config_file(model, revision)
+    if path is None:
         return False
     try:
         return json.loads(path.read_text(encoding="utf-8")).get("model_type") == MODEL_TYPE

@@ -105,3 +105,29 @@ def test_a_backbone_mismatch_is_refused_before_anything_is_written(tmp_path, mod
         "recipe.yaml",
         "target-hf",
     ]
+
+
+def test_a_hub_id_is_recognised_by_its_config_alone(tmp_path, models, monkeypatch):
+    # the recipe names the published hub id; huggingface_hub (faked: no network here) serves its
+    # config.json first, and the mismatch is found before any weight is fetched or written
+    import huggingface_hub
+
+    target, _ = models
+    target_dir = save_hf_folder(target, tmp_path / "target-hf")
+    hub = save_assistant(make_assistant(backbone=48), tmp_path / "hub-cache")
+    fetched = []
+
+    def config_only(repo_id, filename, revision=None, **kw):
+        assert repo_id == "google/gemma-4-e2b-it-assistant" and filename == "config.json"
+        fetched.append(filename)
+        return str(hub / filename)
+
+    def weights(*a, **kw):
+        raise AssertionError("weights fetched before the check")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", config_only)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", weights)
+    recipe = write_recipe(tmp_path / "recipe.yaml", target_dir, {"model": "google/gemma-4-e2b-it-assistant"})
+    with pytest.raises(AssistantMismatch, match="backbone_hidden_size 48 is not the target's hidden_size 64"):
+        build_artifact(load_recipe(recipe), tmp_path / "out")
+    assert fetched and not (tmp_path / "out").exists()
