@@ -11,6 +11,12 @@ len(committed) - 1, and its last call returned the final-normed hidden row of po
 
 The assistant keeps no cache, so nothing is rolled back after a round: the next round reads the
 target's cache as the verify call left it (truncated to the accepted tokens by the loop).
+
+Trees (tree_nodes > 0, a target built with tree_verify): since a call's rows never see each other,
+the assistant's own graph is already a tree graph whose nodes attend to no round row at all (a
+node's ancestry reaches it only through draft_hidden, its parent's hidden_out). A round grows an
+EAGLE-2 tree with eagle_tree.grow: step 1 as above, then per depth one call of the frontier's S
+rows, each (node token, its parent's hidden_out), every row at position p.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import numpy as np
 
 from . import contract
 from .contract import GraphSpec
+from .eagle_tree import calibration_factor, grow, tree_parents
 from .engine import NP_DTYPES, SessionConfig, make_session
 from .errors import InvalidArgument
 from .model import CacheCursor, CallStats
 from .proposers import Proposal, Proposer, ProposerContext
-from .sampling import probabilities
+from .sampling import probabilities, softmax
 from .seeded import draw
+from .tree import tree_parents_or_none
 
 
 class AssistantModel(CacheCursor):
@@ -108,17 +116,43 @@ class AssistantModel(CacheCursor):
         return 0  # it reads the target's caches
 
 
+class AssistantTree:
+    """The assistant's graph in the role of a head tree graph for eagle_tree.grow: one call per
+    depth on the frontier's rows. Its rows attend to the target's caches only, never to each
+    other, so grow's positions and bias (a node's ancestors among the round's rows) have nothing
+    to act on: every row sits at the target's cursor P, and a node's path enters through its
+    draft_hidden (the parent's hidden_out) alone."""
+
+    lowest = float(np.finfo(np.float32).min)  # grow writes its bias with it; the graph takes none
+
+    def __init__(self, model: AssistantModel):
+        self.head = model
+
+    def forward(self, tokens, hidden, positions, bias) -> tuple[np.ndarray, np.ndarray]:
+        """tokens [S], hidden [S, Hb] -> views (logits [S, V], hidden_out [S, Hb]) that the next
+        call overwrites."""
+        logits = self.head.forward(tokens, hidden=hidden)
+        return logits, self.head.hidden_out
+
+
 class AssistantProposer(Proposer):
-    """Drafts chains with a Gemma 4 assistant (module docstring)."""
+    """Drafts chains, or with tree_nodes > 0 trees, with a Gemma 4 assistant (module docstring)."""
 
     name = "assistant"
 
-    def __init__(self, model: AssistantModel, target, target_rows: int):
+    def __init__(self, model: AssistantModel, target, target_rows: int, tree_nodes: int = 0, cost=None):
+        """tree_nodes > 0: rounds draft trees of up to that many tokens, priced by `cost` (the
+        target's costs.VerifyCost) as EAGLE-3 trees are."""
         if model.spec.embedding_rows != target_rows:
             raise InvalidArgument(f"the assistant scores {model.spec.embedding_rows} tokens; the target {target_rows}")
         self.model, self.target = model, target
         self.hidden = np.zeros(model.spec.hidden_width, np.float32)  # the target's row of position `pos`
         self.pos = -1
+        self.tree = AssistantTree(model) if tree_nodes > 0 else None
+        self.tree_nodes, self.cost = tree_nodes, cost
+        self.ids = np.arange(target_rows, dtype=np.int64)  # grow's draft -> target map: the same vocabulary
+        self.predicted = self.accepted = 0.0  # tree rounds: sum of the kept q, accepted drafts
+        self._pending: float | None = None  # the last tree's predicted accepted tokens, until commit
 
     def start(self, prompt: Sequence[int]) -> None:
         self.pos = -1
@@ -131,6 +165,9 @@ class AssistantProposer(Proposer):
         if features is not None and 0 <= row < len(features):
             self.hidden[:] = features[row]
             self.pos = pos
+        if self._pending is not None:  # a tree round: n_new - 1 of its drafts accepted
+            self.predicted, self.accepted = self.predicted + self._pending, self.accepted + n_new - 1
+            self._pending = None
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
         n = len(committed)
@@ -142,6 +179,8 @@ class AssistantProposer(Proposer):
                 f" and its hidden row of position {self.pos}; expected {n - 1} and {n - 2}"
             )
         token, hidden = committed[-1], self.hidden[None]
+        if self.tree is not None:
+            return self._tree(self.model.forward([token], hidden=hidden)[0], params, gamma)
         tokens, qs = [], []
         for i in range(gamma):
             logits = self.model.forward([token], hidden=hidden)  # [1, V]
@@ -155,8 +194,24 @@ class AssistantProposer(Proposer):
             hidden = self.model.hidden_out.copy()  # [1, Hb]
         return Proposal(tokens, np.stack(qs) if qs else None, source="assistant")
 
+    def _tree(self, logits: np.ndarray, params, depth: int) -> Proposal:
+        """A draft tree (eagle_tree.grow) after step 1's logits [V]: deterministic top-k siblings
+        (q None), as a chain when it has no branch."""
+        if params.greedy:
+            probs = lambda x: softmax(x)  # noqa: E731 (looked up per call: tests wrap assistant.softmax)
+        else:
+            probs = lambda x: probabilities(x, params)  # noqa: E731
+        line = self.cost.line() if self.cost is not None else None
+        hidden = self.model.hidden_out[0].copy()  # [Hb] step 1's
+        factor = calibration_factor(self.predicted, self.accepted)
+        c, kept = grow(self.tree, logits, hidden, 0, probs, self.ids, self.tree_nodes, depth, line, factor)
+        self._pending = float(sum(c.q[i] for i in kept))
+        tokens = [c.draft[i] for i in kept]
+        return Proposal(tokens, None, source=self.name, parents=tree_parents_or_none(tree_parents(c, kept)))
+
 
 def build_assistant(ctx: ProposerContext) -> AssistantProposer:
     if ctx.batched:
         raise InvalidArgument("the assistant proposer drafts for batch-1 generation only")
-    return AssistantProposer(ctx.draft, ctx.target, ctx.manifest.target.embedding_rows)
+    nodes = ctx.config.tree_nodes  # checked against the target's tree graph when the call was configured
+    return AssistantProposer(ctx.draft, ctx.target, ctx.manifest.target.embedding_rows, nodes, ctx.verify_cost())

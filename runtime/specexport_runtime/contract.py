@@ -128,7 +128,7 @@ Portable tree verify (feature tree_verify; a time_major target entry's `tree_gra
     the runtime binds to cache rows P .. P+S-1 as for a chain call. Windows (1.4's families)
     apply by position: a row sees the keys within its window of its own position P + depth.
 
-Head tree graph (feature eagle3_head_tree; an eagle3_head entry's `tree_graph`, head_major_inplace)
+Head tree graph (feature eagle3_head_tree; an eagle3_head or mtp entry's `tree_graph`, head_major_inplace)
     The EAGLE-3 head with the same two inputs after its cursor inputs, one call per tree depth:
     tree_bias      float32  [S, M]   M >= S: over the last M cache rows (the call's S rows last),
                                      0 where the row may attend; rows before them always attend

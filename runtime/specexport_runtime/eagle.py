@@ -125,7 +125,7 @@ class EagleProposer(Proposer):
         )
         self._pending = float(sum(c.q[i] for i in kept))
         tokens = [int(self.d2t[c.draft[i]]) for i in kept]
-        return Proposal(tokens, None, source="eagle", parents=tree_parents_or_none(tree_parents(c, kept)))
+        return Proposal(tokens, None, source=self.name, parents=tree_parents_or_none(tree_parents(c, kept)))
 
     def commit(self, committed, n_new) -> None:
         """Keep the features the target's last call computed for positions now committed, and

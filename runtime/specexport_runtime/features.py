@@ -87,7 +87,7 @@ def features_for(
         if not (idle_rows and kv_layout == HEAD_MAJOR_INPLACE):
             out.append("idle_slots")
     if tree:
-        out.append("eagle3_head_tree" if head else "tree_verify")
+        out.append("eagle3_head_tree" if head or mtp else "tree_verify")  # an MTP head's is an EAGLE-3 head's
     if states:
         out.append("recurrent_state")
         if slots > 1:

@@ -22,6 +22,7 @@ from pathlib import Path
 from .assistant import AssistantModel
 from .constants import BACKENDS, ONNXRUNTIME, TENSORRT
 from .contract import ASSISTANT, DFLASH_BLOCK
+from .eagle_tree import WIDTH as TREE_WIDTH
 from .eagle_tree import HeadTree
 from .engine import OrtModel, SessionConfig
 from .errors import ArtifactError, InvalidArgument
@@ -132,7 +133,8 @@ def _open_ort(root: Path, manifest: Manifest, base: SessionConfig, batch: bool) 
         if batch:
             raise InvalidArgument("a Gemma 4 assistant drafts for batch-1 generation only; load without batch")
         graph = check_graph(root, manifest.draft.graph, "draft graph")
-        draft = AssistantModel(graph, manifest.draft.graph_spec(), target, base, max_rows=manifest.max_gamma + 1)
+        rows = max(manifest.max_gamma + 1, TREE_WIDTH)  # a chain's steps, or a tree depth's frontier
+        draft = AssistantModel(graph, manifest.draft.graph_spec(), target, base, max_rows=rows)
         return Models(target, draft, slots, None, tree, None)
     if has_draft:  # the draft's batch graph when it has one, its slot 0 serving batch-1 calls
         draft, draft_slots = _open_graph(

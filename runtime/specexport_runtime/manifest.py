@@ -317,12 +317,12 @@ class Manifest:
                     f"{role} max_batch {entry.max_batch}: a batch graph belongs to a decoder without features"
                 )
             if entry.tree_graph is not None and (
-                entry.kind != (DECODER if role == "target" else EAGLE3_HEAD)
+                entry.kind not in ((DECODER,) if role == "target" else (EAGLE3_HEAD, MTP))
                 or (role == "draft" and not entry.graph_spec().layout.in_place)
             ):
                 raise ArtifactError(
                     f"{role} tree_graph {entry.tree_graph!r}: a tree graph belongs to a target decoder"
-                    " (either layout) or a head_major_inplace EAGLE-3 head"
+                    " (either layout) or a head_major_inplace EAGLE-3 or MTP head"
                 )
             if parse_version(entry.least_version) > parse_version(self.contract_version):
                 raise ArtifactError(

@@ -1,9 +1,12 @@
 """Building a target checkpoint's own MTP layer as the draft (recipe `draft: {mtp: {}}`; kind mtp,
 proposer mtp): the checks before any weight is read, the skeleton after the target is loaded,
-and the export with its check against the MTP equations on the target's own hidden rows."""
+and the export with its check against the MTP equations on the target's own hidden rows; with
+tree_verify (graph: fused) also its tree graph, draft/tree.onnx on the same weights file, whose
+rows are checked against chain calls of each path (rowcheck.head_tree_rows)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +16,14 @@ from specexport_runtime import contract
 from specexport_runtime.manifest import ModelEntry
 
 from ..graphs.mtp import build_mtp
+from ..graphs.writer import share_weights
 from ..models import mtp_deepseek
 from ..models.config import read_config
 from ..models.mtp import FAMILIES, check_mtp, mtp_model, offer
 from ..models.sources import ModelSource, snapshot
 
 GRAPH = "draft/model.onnx"
+TREE_GRAPH = "tree.onnx"  # beside GRAPH
 CHECK_ROWS = 8  # probe rows the build runs through the graph and the model
 
 
@@ -69,9 +74,12 @@ def export_mtp(model, reference, root: Path, recipe, source: ModelSource, vocab:
     result = build_mtp(model, root / "draft", recipe.max_context, recipe.layout.name)
     spec = result.spec
     layout = getattr(model, "mtp_layout", "qwen3_5")  # mtp_deepseek.mtp_model names its layout
+    tree_graph = export_tree(model, result, recipe) if recipe.tree_verify else None
     validation: dict = {"layers": 1}
     if probe is not None:
         validation.update(_compare(result.path, spec, model, reference, probe[: CHECK_ROWS + 1]))
+        if tree_graph is not None:
+            validation["tree_rows"] = _tree_check(result, root / tree_graph, reference, probe)
     return ModelEntry(
         graph=GRAPH,
         source=f"{source.describe()} ({layout} MTP layer)",
@@ -88,7 +96,35 @@ def export_mtp(model, reference, root: Path, recipe, source: ModelSource, vocab:
         kind=contract.MTP,
         feature_width=spec.feature_width,
         hidden_width=spec.hidden_width,
+        tree_graph=tree_graph,
     )
+
+
+def export_tree(model, solo, recipe) -> str:
+    """The MTP head's tree graph as draft/tree.onnx beside its graph, reading the same weights
+    file; returns its artifact-relative path (the recipe reader refuses tree_verify with an MTP
+    head in the portable form)."""
+    with tempfile.TemporaryDirectory(dir=solo.path.parent.parent) as scratch:
+        build_mtp(model, Path(scratch), recipe.max_context, recipe.layout.name, tree=True)
+        return share_weights(Path(scratch) / "model.onnx", solo.path, TREE_GRAPH, "tree_verify")
+
+
+def _tree_check(solo, tree_path: Path, reference, probe) -> dict:
+    """rowcheck.head_tree_rows on the probe: the target's hidden rows of its first half as the
+    catch-up, then the probe's next tokens as the tree's nodes."""
+    from specexport_runtime.eagle_tree import HeadTree
+    from specexport_runtime.engine import OrtModel, SessionConfig
+
+    from .rowcheck import HEAD_TREE_PARENTS, head_tree_rows
+
+    k = max(1, len(probe) // 2)
+    need = k + 1 + len(HEAD_TREE_PARENTS)
+    tokens = (list(probe) * (need // len(probe) + 1))[:need]
+    with torch.no_grad():
+        h = reference(torch.tensor([tokens[:k]]), output_hidden_states=True).hidden_states[-1][0].numpy()  # [k, H]
+    config = SessionConfig(provider="cpu")
+    head = OrtModel(solo.path, solo.spec, len(tokens) + 8, config, max_rows=max(k, 8))
+    return head_tree_rows(head, HeadTree(tree_path, head, config), h, tokens).to_dict()
 
 
 def _compare(path: Path, spec, model, reference, probe) -> dict:

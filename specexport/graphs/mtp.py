@@ -19,6 +19,11 @@ Per row (h = features + draft_hidden: the caller zeroes the side it does not use
  -> logits        float32  [1, R, V]
     hidden_out    float32  [1, R, H]   `out`: the next chained step's draft_hidden
     the layout's K/V outputs for layer 0
+
+The tree graph (tree=True, fused only; feature eagle3_head_tree, as an EAGLE-3 head's) has two more
+inputs after the cursor inputs: position_ids [1, S] (each row's rotary position) and tree_bias
+[S, M] (additive, over the last M cache rows, the call's S rows last), so each row of a draft
+tree's depth attends to the head's past and to its own ancestors among the round's rows.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ from .ops_fused import ops_for
 from .writer import DataFile, ExportResult, FloatWeights, Graph, Linear, save_graph
 
 
-def mtp_spec(cfg: NormalizedConfig, vocab: int, kv_layout: str) -> GraphSpec:
-    """The MTP graph's cache facts: one layer of the target's K/V heads, float32."""
+def mtp_spec(cfg: NormalizedConfig, vocab: int, kv_layout: str, tree: bool = False) -> GraphSpec:
+    """The MTP graph's cache facts: one layer of the target's K/V heads, float32; tree: its tree graph."""
     return GraphSpec(
         1,
         cfg.kv_heads,
@@ -54,12 +59,18 @@ def mtp_spec(cfg: NormalizedConfig, vocab: int, kv_layout: str) -> GraphSpec:
         feature_width=cfg.hidden,
         kind=contract.MTP,
         hidden_width=cfg.hidden,
+        tree=tree,
     )
 
 
-def build_mtp(model: torch.nn.Module, out_dir: Path, max_context: int, kv_layout: str) -> ExportResult:
-    """Write out_dir/model.onnx (+ data) for `model` (models/mtp.mtp_model) in `kv_layout`, fp32."""
+def build_mtp(
+    model: torch.nn.Module, out_dir: Path, max_context: int, kv_layout: str, tree: bool = False
+) -> ExportResult:
+    """Write out_dir/model.onnx (+ data) for `model` (models/mtp.mtp_model) in `kv_layout`, fp32;
+    tree (head_major_inplace only): the tree graph (module docstring), same weights."""
     ops = ops_for(kv_layout)
+    if tree and not ops.layout.contrib_attention:
+        raise UnsupportedConfig(f"an MTP head's tree graph needs the fused layout (graph: fused); got {kv_layout}")
     start = time.perf_counter()
     cfg = normalize(model.config, max_context)
     check_hf_modules(model, cfg)
@@ -70,12 +81,12 @@ def build_mtp(model: torch.nn.Module, out_dir: Path, max_context: int, kv_layout
     base = module_at(model, arch.decoder)
     (layer,) = module_at(base, arch.layers)
     embed_module, head = module_at(base, arch.embed), model.get_output_embeddings()
-    spec = mtp_spec(cfg, embed_module.weight.shape[0], kv_layout)
+    spec = mtp_spec(cfg, embed_module.weight.shape[0], kv_layout, tree)
     g = Graph(torch.float32, data=DataFile(out_dir))
     try:
         ws = Weights(source_of(model), _paths(model))
         shape = attention_shape(model, cfg)
-        call = ops.prepare(g, shape, 1, False, table_rows=max_context)
+        call = ops.prepare(g, shape, 1, tree, table_rows=max_context, span=True)
         c = _Ctx(g, ops, cfg, shape, call, FloatWeights(), ws)
         own = model.mtp
         e, table = c.weights.embedding(g, contract.INPUT_IDS, Linear("embed", (ws.part(embed_module),)))  # [1, S, H]
@@ -95,7 +106,7 @@ def build_mtp(model: torch.nn.Module, out_dir: Path, max_context: int, kv_layout
         logits = c.weights.head(g, out2, Linear("lm_head", (ws.part(head),)), table if tied else None)  # [R, V]
         g.op("Unsqueeze", [logits, g.const("axes", np.array([0], np.int64))], [contract.LOGITS])
         inputs, outputs = _interface(spec, g.elem)
-        version = contract.version_for(kv_layout, mtp=True)
+        version = contract.version_for(kv_layout, mtp=True, tree=tree)
         return save_graph(g, "specexport_mtp", inputs, outputs, spec, version, out_dir, start)
     finally:
         if g.data is not None:
@@ -117,6 +128,8 @@ def _interface(spec: GraphSpec, elem: int) -> tuple[list, list]:
         contract.LOGITS_INDEX: (int64, ["rows"]),
         contract.SEQLENS_K: (int32, [1]),
         contract.TOTAL_SEQUENCE_LENGTH: (int32, []),
+        contract.POSITION_IDS: (int64, [1, "seq"]),
+        contract.TREE_BIAS: (float32, ["seq", "span"]),
         contract.past_key(0): (elem, past),
         contract.past_value(0): (elem, past),
         contract.LOGITS: (float32, [1, "rows", V]),

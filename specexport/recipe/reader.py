@@ -385,10 +385,10 @@ class _Reader(FieldReader):
                 " the batch graph has no feature output; use max_batch 1 or another draft form"
             )
         tree_verify = self.boolean(data, "tree_verify", "", default=False)
-        if tree_verify and not contrib and draft.kind == "eagle3":
+        if tree_verify and not contrib and draft.kind in ("eagle3", "mtp"):
             raise self.fail(
-                f"tree_verify = true with an EAGLE-3 head needs graph: fused (the portable head has no"
-                f" tree graph); graph = {graph!r}"
+                f"tree_verify = true with {'an EAGLE-3 head' if draft.kind == 'eagle3' else 'an MTP head'} needs"
+                f" graph: fused (the portable head has no tree graph); graph = {graph!r}"
             )
         if tree_verify and target.quantization is not None and target.quantization.accuracy_level == INT8_ACTIVATIONS:
             raise self.fail(
