@@ -14,18 +14,19 @@ delta-rule math in float32; t, s index rows; k-heads repeat to the Hv value head
     out = out_proj(rmsnorm_head(o) w * silu(z))
 
 That is transformers' torch_chunk_gated_delta_rule over one chunk of S rows, run for calls of more
-than recurrent.STEP_ROWS rows. U^-1 (unit lower triangular) is the product (I + N)(I + N^2)
-(I + N^4)... of N = I - U, nilpotent (N^S = 0), over as many factors as MAX_CALL_ROWS needs: no
-triangular solve in ONNX. Shorter calls (every decode and verify call) run the step recurrence
+than recurrent.STEP_ROWS rows. U^-1 (unit lower triangular) is built by doubling diagonal blocks
+(_inverse: no triangular solve in ONNX; the product (I + N)(I + N^2)(I + N^4)... of N = I - U
+equals it in exact arithmetic, but its powers of N reach ~1e7 on slow decays and float32 loses
+the rows to cancellation). Shorter calls (every decode and verify call) run the step recurrence
 S <- exp(g_t) S, S <- S + k_t ((v_t - S^T k_t) beta_t)^T, o_t = S^T q_t as a Scan, bitwise the
 same row whatever the call's size (scan.step_or_chunk).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from onnx import TensorProto
 
@@ -39,7 +40,7 @@ from .scan import f32 as _f32
 from .scan import i64 as _i64
 from .writer import Graph, Linear
 
-FACTORS = math.ceil(math.log2(MAX_CALL_ROWS))  # (I + N^(2^j)), j < FACTORS: N^S = 0 for S <= MAX_CALL_ROWS
+assert MAX_CALL_ROWS & (MAX_CALL_ROWS - 1) == 0  # _inverse doubles blocks up to it
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _rule(c, site: int, qkv: str, b: str, a: str, dw: DeltaNetWeights, d: DeltaN
         g,
         beta,
         lambda sub: _step(sub, q, k, v, beta, gate, s0, idx),
-        lambda sub: _chunk(sub, q, k, v, beta, gate, s0, idx),
+        lambda sub: _chunk(sub, q, k, v, beta, gate, s0, idx, Hv),
         2,
     )  # o [S, Hv, dv]; states [1, Rs, Hv, dk, dv]
     state_out(g, states, site + 1, slot)
@@ -154,7 +155,7 @@ def _step(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx: 
     return [os_, _unsq(g, states, 0)]
 
 
-def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx: str) -> list[str]:
+def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx: str, heads: int) -> list[str]:
     """The chunked form over the call's rows (module docstring) -> [o [S, Hv, dv], states [1, Rs, Hv, dk, dv]]."""
     dec = decay(g, gate)
     cum, decay_m, strict, zero = dec.cum, dec.matrix, dec.strict, _f32(g, "zero", 0.0)  # [Hv, S], [Hv, S, S]
@@ -166,7 +167,8 @@ def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx:
     kt = _t(g, k, 0, 2, 1)  # [Hv, dk, S]
     (ut,) = g.op("Mul", [g.op("MatMul", [kb, kt])[0], decay_m])
     (nil,) = g.op("Where", [strict, g.op("Neg", [ut])[0], zero])  # N = I - U, strictly lower
-    w_val, k_cum = _solve(g, nil, vb), _solve(g, nil, g.op("Mul", [kb, gcol])[0])
+    inv = _inverse(g, nil, heads)  # U^-1 [Hv, S, S]
+    w_val, k_cum = g.op("MatMul", [inv, vb])[0], g.op("MatMul", [inv, g.op("Mul", [kb, gcol])[0]])[0]
     (vnew,) = g.op("Sub", [w_val, g.op("MatMul", [k_cum, s0])[0]])  # [Hv, S, dv]
     (intra,) = g.op("Mul", [g.op("MatMul", [q, kt])[0], decay_m])  # [Hv, S, S]
     (inter,) = g.op("MatMul", [g.op("Mul", [q, gcol])[0], s0])
@@ -174,14 +176,43 @@ def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx:
     return [_t(g, o, 1, 0, 2), _chunk_states(g, decay_m, k, vnew, grow, s0, idx)]
 
 
-def _solve(g: Graph, nil: str, x: str) -> str:
-    """(I - N)^-1 x = (I + N)(I + N^2)(I + N^4)... x for N [Hv, S, S] strictly lower (N^S = 0)."""
-    power, y = nil, x
-    for j in range(FACTORS):
-        (y,) = g.op("Add", [y, g.op("MatMul", [power, y])[0]])
-        if j + 1 < FACTORS:
-            (power,) = g.op("MatMul", [power, power])
-    return y
+def _inverse(g: Graph, nil: str, heads: int) -> str:
+    """(I - N)^-1 [Hv, S, S] for N [Hv, S, S] strictly lower, S <= MAX_CALL_ROWS, by doubling
+    blocks: N is padded to P = MAX_CALL_ROWS rows, the inverse's diagonal blocks start at 1 x 1
+    and each level joins two of size b into one of 2b,
+
+        [[A, 0], [L, B]],  L = B N_ll A     (A, B the inverses of the diagonal blocks, N_ll the
+                                              block of N below A and left of B)
+
+    so every intermediate is a block of the final inverse, bounded by it (no power of N is formed)."""
+    (n,) = g.op("Shape", [nil], start=1, end=2)  # [1] = S
+    (room,) = g.op("Sub", [_i64(g, "max_rows", [MAX_CALL_ROWS]), n])
+    zeros4 = _i64(g, "zeros", [0, 0, 0, 0])
+    (pads,) = g.op("Concat", [zeros4, room, room], axis=0)  # [0, 0, 0, 0, P - S, P - S]
+    (full,) = g.op("Pad", [nil, pads])  # [Hv, P, P]
+    inv = g.op("Expand", [_f32(g, "one", 1.0), _i64(g, "shape", [heads, MAX_CALL_ROWS, 1, 1])])[0]  # [Hv, P, 1, 1]
+    b = 1
+    while b < MAX_CALL_ROWS:
+        m = MAX_CALL_ROWS // (2 * b)  # pairs of blocks at this level
+        (grid,) = g.op("Reshape", [full, _i64(g, "shape", [heads, m, 2, b, m, 2, b])])
+        (low,) = g.op("Gather", [grid, _i64(g, "second", [1])], axis=2)  # [Hv, m, 1, b, m, 2, b]: the lower rows
+        (low,) = g.op("Gather", [low, _i64(g, "first", [0])], axis=5)  # [Hv, m, 1, b, m, 1, b]: the left columns
+        (low,) = g.op("Reshape", [low, _i64(g, "shape", [heads, m, b, m, b])])
+        eye = _f32(g, "eye", np.eye(m, dtype=np.float32).reshape(1, m, 1, m, 1))
+        (n_ll,) = g.op("ReduceSum", [g.op("Mul", [low, eye])[0], _i64(g, "axes", [3])], keepdims=0)  # [Hv, m, b, b]
+        (pair,) = g.op("Reshape", [inv, _i64(g, "shape", [heads, m, 2, b, b])])
+        a, bb = g.op("Split", [pair, _i64(g, "halves", [1, 1])], 2, axis=2)  # [Hv, m, 1, b, b] each
+        a, bb = (g.op("Reshape", [x, _i64(g, "shape", [heads, m, b, b])])[0] for x in (a, bb))
+        (ll,) = g.op("MatMul", [g.op("MatMul", [bb, n_ll])[0], a])
+        (zero,) = g.op("Expand", [_f32(g, "zero", 0.0), _i64(g, "shape", [heads, m, b, b])])
+        (top,) = g.op("Concat", [a, zero], axis=3)
+        (bottom,) = g.op("Concat", [ll, bb], axis=3)
+        (inv,) = g.op("Concat", [top, bottom], axis=2)  # [Hv, m, 2b, 2b]
+        b *= 2
+    (inv,) = g.op("Reshape", [inv, _i64(g, "shape", [heads, MAX_CALL_ROWS, MAX_CALL_ROWS])])
+    starts = _i64(g, "starts", [0, 0])
+    (ends,) = g.op("Concat", [n, n], axis=0)
+    return g.op("Slice", [inv, starts, ends, _i64(g, "axes", [1, 2])])[0]  # [Hv, S, S]
 
 
 def _chunk_states(g: Graph, decay: str, k: str, vnew: str, grow: str, s0: str, idx: str) -> str:
