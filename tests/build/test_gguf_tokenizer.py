@@ -108,16 +108,21 @@ def train(pre, vocab_size: int = 500) -> Tokenizer:
     return tok
 
 
-def write_tokenizer_gguf(path, arch: str, tok: Tokenizer, pre: str | None, model: str = "gpt2"):
-    """A GGUF file of `arch` holding only tokenizer metadata (the tokenizer reads nothing else)."""
+def _fast(tok: Tokenizer):
+    """`tok` as the transformers tokenizer gguf_support._tokenizer writes (specials, chat template)."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=SPECIALS[0], bos_token=SPECIALS[1], eos_token=SPECIALS[2]
     )
     fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def write_tokenizer_gguf(path, arch: str, tok: Tokenizer, pre: str | None, model: str = "gpt2"):
+    """A GGUF file of `arch` holding only tokenizer metadata (the tokenizer reads nothing else)."""
     w = GGUFWriter(str(path), arch)
-    _tokenizer(w, fast, pre="-" if pre is None else pre)
+    _tokenizer(w, _fast(tok), pre="-" if pre is None else pre)
     if pre is None or model != "gpt2":  # rewrite the two keys _tokenizer set
         w.kv_data[0].pop("tokenizer.ggml.pre")
         w.kv_data[0].pop("tokenizer.ggml.model")
@@ -250,3 +255,67 @@ def test_a_file_without_a_tokenizer_is_refused_in_one_line(tmp_path):
     with pytest.raises(ModelSourceError, match="has no tokenizer.ggml.tokens") as info:
         load_tokenizer(ModelSource("gguf", str(tmp_path), "n.gguf"))
     assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- a build from a hybrid GGUF
+
+
+def _with_tokenizer(src, dst, tok: Tokenizer, pre: str):
+    """A copy of the GGUF file at src (metadata and tensors as they are) with `tok`'s metadata."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    reader = GGUFReader(src)
+    arch = reader.get_field("general.architecture").contents()
+    w = GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name.startswith(f"{arch}."):
+            sub = field.types[-1] if len(field.types) > 1 else None
+            w.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    _tokenizer(w, _fast(tok), pre=pre)
+    w.add_pad_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for t in reader.tensors:
+        shape = [int(n) for n in reversed(t.shape.tolist())]
+        w.add_tensor(t.name, np.array(t.data).reshape(shape), raw_dtype=t.tensor_type)
+    for step in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file):
+        step()
+    w.close()
+    return dst
+
+
+NEW = 16  # generated tokens
+
+
+def test_a_qwen35_gguf_with_its_tokenizer_builds_and_decodes_as_transformers(tmp_path):
+    """`specexport build` (the library function, unvalidated) of a tiny Qwen3.5 GGUF (F32, tokenizer
+    metadata with the qwen35 split):
+    the artifact's tokenizer encodes as the original, and its greedy output, with and without
+    n-gram speculation, equals the original transformers model's greedy output."""
+    import torch
+    from test_gguf_qwen35 import _model, write_qwen35_gguf
+    from tiny import write_recipe
+
+    from specexport.build.artifact import build_artifact
+    from specexport.recipe.load import load_recipe
+    from specexport_runtime.api import load
+
+    model = _model()
+    write_qwen35_gguf(model, tmp_path / "w.gguf")
+    ref = train(SPLITS["qwen35"](), vocab_size=300)  # within the model's 320 embedding rows
+    path = _with_tokenizer(tmp_path / "w.gguf", tmp_path / "m.gguf", ref, "qwen35")
+    draft = {"proposer": "ngram", "ngram_sizes": [3, 2, 1]}
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", path, draft, graph="fused", max_context=128))
+    build_artifact(recipe, tmp_path / "a", validate=False)
+    shipped = Tokenizer.from_file(str(tmp_path / "a" / "tokenizer.json"))
+    assert all(shipped.encode(t).ids == ref.encode(t).ids for t in TEXTS)
+    ids = ref.encode("def add(a, b):\n    return a + b  # 12345 ").ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=2, pad_token_id=0)
+    want = out[0, len(ids) :].tolist()
+    want = want[: want.index(2)] if 2 in want else want
+    assert len(want) >= 4  # a few tokens before any end of sequence
+    gen = load(tmp_path / "a")
+    assert list(gen.generate(ids, max_new_tokens=NEW, speculative=False).token_ids) == want
+    assert list(gen.generate(ids, max_new_tokens=NEW, proposer="ngram", gamma=4).token_ids) == want
