@@ -319,3 +319,27 @@ def test_a_qwen35_gguf_with_its_tokenizer_builds_and_decodes_as_transformers(tmp
     gen = load(tmp_path / "a")
     assert list(gen.generate(ids, max_new_tokens=NEW, speculative=False).token_ids) == want
     assert list(gen.generate(ids, max_new_tokens=NEW, proposer="ngram", gamma=4).token_ids) == want
+
+
+@pytest.mark.real
+def test_the_default_models_tokens_are_those_of_transformers_gguf_loader():
+    """SmolLM2-135M-Instruct's GGUF (llama, pre 'smollm'): the same tokens, specials and chat
+    template as transformers' AutoTokenizer reading the same file (whose split lacks llama.cpp's
+    digit split: this vocabulary has no token of two digits, so both read it alike)."""
+    from transformers import AutoTokenizer
+
+    from specexport.models.sources import DEFAULT_MODEL, resolve_source
+
+    try:
+        source = resolve_source(DEFAULT_MODEL)
+    except ModelSourceError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+    ours = load_tokenizer(source)
+    theirs = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+    assert len(ours) == len(theirs) == 49152
+    assert ours.special_tokens_map == theirs.special_tokens_map and ours.chat_template == theirs.chat_template
+    for text in TEXTS + CORPUS + ["<|im_start|>user\nWrite 2048 lines<|im_end|>\n"]:
+        for special in (True, False):
+            ids = ours(text, add_special_tokens=special)["input_ids"]
+            assert ids == theirs(text, add_special_tokens=special)["input_ids"], text
+            assert ours.decode(ids) == theirs.decode(ids)
