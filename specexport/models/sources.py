@@ -229,9 +229,14 @@ def snapshot(source: ModelSource) -> Path:
 
 
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):
-    """A transformers fast tokenizer (its backend_tokenizer is what the artifact ships)."""
+    """A transformers fast tokenizer (its backend_tokenizer is what the artifact ships); a GGUF
+    file's is built from its tokenizer.ggml.* metadata whatever its architecture (gguf_tokenizer.py)."""
     from transformers import AutoTokenizer
 
+    if source.gguf_file:
+        from .gguf_tokenizer import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(_gguf_path(source))
     where, kwargs = _pretrained_args(source, trust_remote_code)
     try:
         tok = AutoTokenizer.from_pretrained(where, **kwargs)
@@ -241,3 +246,15 @@ def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):
     if not getattr(tok, "is_fast", False):
         raise ModelSourceError(f"the tokenizer of {source.describe()!r} has no fast (tokenizers) version")
     return tok
+
+
+def _gguf_path(source: ModelSource) -> Path:
+    """The local path of a GGUF source's file (a hub file through huggingface_hub's cache)."""
+    if source.kind != "hub":
+        return Path(source.location) / source.gguf_file
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(source.location, source.gguf_file, revision=source.revision))
+    except OSError as exc:  # huggingface_hub's HTTP and offline errors derive from OSError
+        raise ModelSourceError(f"could not download {source.describe()!r} (is the hub reachable?): {exc}") from exc

@@ -135,8 +135,9 @@ def write_model_gguf(
     return path, held
 
 
-def _tokenizer(writer: GGUFWriter, tok) -> None:
-    """llama.cpp's BPE tokenizer keys: tokens by id, merges "a b", token types (3 = control)."""
+def _tokenizer(writer: GGUFWriter, tok, pre: str = "gpt-2") -> None:
+    """llama.cpp's BPE tokenizer keys: tokens by id, merges "a b", token types (3 = control), and
+    the pre-tokenizer's llama.cpp name (tiny.make_tokenizer splits by GPT-2's expression: "gpt-2")."""
     import json
 
     vocab = tok.get_vocab()
@@ -144,7 +145,7 @@ def _tokenizer(writer: GGUFWriter, tok) -> None:
     merges = json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]
     specials = set(tok.all_special_tokens)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     writer.add_token_types([3 if t in specials else 1 for t in tokens])
