@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from onnx import TensorProto
 
@@ -35,7 +34,7 @@ from specexport_runtime.recurrent import MAX_CALL_ROWS
 
 from ..models.mixers import DeltaNetSpec
 from .conv import causal_conv, per_slot, state_out
-from .scan import decay, repeat_heads, scan_rows, step_or_chunk
+from .scan import by_rows, decay, repeat_heads, scan_rows, step_or_chunk
 from .scan import f32 as _f32
 from .scan import i64 as _i64
 from .writer import Graph, Linear
@@ -177,8 +176,17 @@ def _chunk(g: Graph, q: str, k: str, v: str, beta: str, gate: str, s0: str, idx:
 
 
 def _inverse(g: Graph, nil: str, heads: int) -> str:
-    """(I - N)^-1 [Hv, S, S] for N [Hv, S, S] strictly lower, S <= MAX_CALL_ROWS, by doubling
-    blocks: N is padded to P = MAX_CALL_ROWS rows, the inverse's diagonal blocks start at 1 x 1
+    """(I - N)^-1 [Hv, S, S] for N [Hv, S, S] strictly lower, S <= MAX_CALL_ROWS: _inverse_in
+    padded to half of MAX_CALL_ROWS for calls that fit it (its work grows with the padded size)."""
+    half = MAX_CALL_ROWS // 2
+    return by_rows(
+        g, nil, 1, half, lambda sub: [_inverse_in(sub, nil, heads, half)], lambda sub: [_inverse_in(sub, nil, heads)], 1
+    )[0]
+
+
+def _inverse_in(g: Graph, nil: str, heads: int, P: int = MAX_CALL_ROWS) -> str:
+    """(I - N)^-1 [Hv, S, S] for N [Hv, S, S] strictly lower, S <= P (a power of two), by doubling
+    blocks: N is padded to P rows, the inverse's diagonal blocks start at 1 x 1
     and each level joins two of size b into one of 2b,
 
         [[A, 0], [L, B]],  L = B N_ll A     (A, B the inverses of the diagonal blocks, N_ll the
@@ -186,20 +194,15 @@ def _inverse(g: Graph, nil: str, heads: int) -> str:
 
     so every intermediate is a block of the final inverse, bounded by it (no power of N is formed)."""
     (n,) = g.op("Shape", [nil], start=1, end=2)  # [1] = S
-    (room,) = g.op("Sub", [_i64(g, "max_rows", [MAX_CALL_ROWS]), n])
+    (room,) = g.op("Sub", [_i64(g, "max_rows", [P]), n])
     zeros4 = _i64(g, "zeros", [0, 0, 0, 0])
     (pads,) = g.op("Concat", [zeros4, room, room], axis=0)  # [0, 0, 0, 0, P - S, P - S]
     (full,) = g.op("Pad", [nil, pads])  # [Hv, P, P]
-    inv = g.op("Expand", [_f32(g, "one", 1.0), _i64(g, "shape", [heads, MAX_CALL_ROWS, 1, 1])])[0]  # [Hv, P, 1, 1]
+    inv = g.op("Expand", [_f32(g, "one", 1.0), _i64(g, "shape", [heads, P, 1, 1])])[0]  # [Hv, P, 1, 1]
     b = 1
-    while b < MAX_CALL_ROWS:
-        m = MAX_CALL_ROWS // (2 * b)  # pairs of blocks at this level
-        (grid,) = g.op("Reshape", [full, _i64(g, "shape", [heads, m, 2, b, m, 2, b])])
-        (low,) = g.op("Gather", [grid, _i64(g, "second", [1])], axis=2)  # [Hv, m, 1, b, m, 2, b]: the lower rows
-        (low,) = g.op("Gather", [low, _i64(g, "first", [0])], axis=5)  # [Hv, m, 1, b, m, 1, b]: the left columns
-        (low,) = g.op("Reshape", [low, _i64(g, "shape", [heads, m, b, m, b])])
-        eye = _f32(g, "eye", np.eye(m, dtype=np.float32).reshape(1, m, 1, m, 1))
-        (n_ll,) = g.op("ReduceSum", [g.op("Mul", [low, eye])[0], _i64(g, "axes", [3])], keepdims=0)  # [Hv, m, b, b]
+    while b < P:
+        m = P // (2 * b)  # pairs of blocks at this level
+        n_ll = _below_blocks(g, full, heads, m, b, P)  # [Hv, m, b, b]
         (pair,) = g.op("Reshape", [inv, _i64(g, "shape", [heads, m, 2, b, b])])
         a, bb = g.op("Split", [pair, _i64(g, "halves", [1, 1])], 2, axis=2)  # [Hv, m, 1, b, b] each
         a, bb = (g.op("Reshape", [x, _i64(g, "shape", [heads, m, b, b])])[0] for x in (a, bb))
@@ -209,10 +212,24 @@ def _inverse(g: Graph, nil: str, heads: int) -> str:
         (bottom,) = g.op("Concat", [ll, bb], axis=3)
         (inv,) = g.op("Concat", [top, bottom], axis=2)  # [Hv, m, 2b, 2b]
         b *= 2
-    (inv,) = g.op("Reshape", [inv, _i64(g, "shape", [heads, MAX_CALL_ROWS, MAX_CALL_ROWS])])
+    (inv,) = g.op("Reshape", [inv, _i64(g, "shape", [heads, P, P])])
     starts = _i64(g, "starts", [0, 0])
     (ends,) = g.op("Concat", [n, n], axis=0)
     return g.op("Slice", [inv, starts, ends, _i64(g, "axes", [1, 2])])[0]  # [Hv, S, S]
+
+
+def _below_blocks(g: Graph, full: str, heads: int, m: int, b: int, P: int) -> str:
+    """full [Hv, P, P] -> [Hv, m, b, b]: block i is full[(2i+1)b : (2i+2)b, 2ib : (2i+1)b]. The
+    lower rows of each pair, flat, are read with a row stride of bP + 2b (a skewed view), so
+    block i's columns start at 0 in every row: copies, no mask."""
+    (rows,) = g.op("Reshape", [full, _i64(g, "shape", [heads, m, 2, b, P])])
+    (rows,) = g.op("Slice", [rows, _i64(g, "one", [1]), _i64(g, "two", [2]), _i64(g, "axes", [2])])  # [Hv, m, 1, b, P]
+    (flat,) = g.op("Reshape", [rows, _i64(g, "shape", [heads, m * b * P])])
+    (flat,) = g.op("Pad", [flat, _i64(g, "pads", [0, 0, 0, m * 2 * b])])  # [Hv, m (bP + 2b)]
+    (skew,) = g.op("Reshape", [flat, _i64(g, "shape", [heads, m, b * P + 2 * b])])
+    (skew,) = g.op("Slice", [skew, _i64(g, "zero", [0]), _i64(g, "end", [b * P]), _i64(g, "axes", [2])])
+    (skew,) = g.op("Reshape", [skew, _i64(g, "shape", [heads, m, b, P])])  # row r of block i: col 2ib + c at c
+    return g.op("Slice", [skew, _i64(g, "zero", [0]), _i64(g, "end", [b]), _i64(g, "axes", [3])])[0]
 
 
 def _chunk_states(g: Graph, decay: str, k: str, vnew: str, grow: str, s0: str, idx: str) -> str:

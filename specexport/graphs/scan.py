@@ -86,11 +86,16 @@ def step_or_chunk(g: Graph, rows: str, step: Builder, chunk: Builder, n_out: int
     """The outputs of step(g') when rows [S, ...] has S <= recurrent.STEP_ROWS rows, else of
     chunk(g'): an If over two branches, each writing its nodes into its own g' and returning
     n_out float32 tensors."""
-    (n,) = g.op("Shape", [rows], start=0, end=1)  # [1] = S
-    (small,) = g.op("LessOrEqual", [n, i64(g, "step_rows", [STEP_ROWS])])
-    (cond,) = g.op("Squeeze", [small, i64(g, "axes", [0])])
+    return by_rows(g, rows, 0, STEP_ROWS, step, chunk, n_out)
+
+
+def by_rows(g: Graph, x: str, axis: int, limit: int, small: Builder, large: Builder, n_out: int) -> list[str]:
+    """small(g')'s outputs when x has at most `limit` rows along `axis`, else large(g')'s (an If)."""
+    (n,) = g.op("Shape", [x], start=axis, end=axis + 1)  # [1]
+    (small_rows,) = g.op("LessOrEqual", [n, i64(g, "limit", [limit])])
+    (cond,) = g.op("Squeeze", [small_rows, i64(g, "axes", [0])])
     branches = {}
-    for key, build in (("then_branch", step), ("else_branch", chunk)):
+    for key, build in (("then_branch", small), ("else_branch", large)):
         sub = _sub(g)
         outs = build(sub)
         assert len(outs) == n_out
