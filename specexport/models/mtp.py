@@ -132,6 +132,19 @@ class MtpSource:
         return source.get(stored)
 
 
+def with_mtp_modules(model: torch.nn.Module, config) -> torch.nn.Module:
+    """A 1-layer skeleton with the MTP's own modules attached (meta parameters), under the names
+    the MTP graph writer reads: `mtp.fc` [H, 2H], `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`."""
+    hidden, norm_cls = config.hidden_size, type(model.model.layers[0].input_layernorm)
+    with torch.device("meta"):
+        own = torch.nn.Module()
+        own.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        own.pre_fc_norm_embedding = norm_cls(hidden, eps=config.rms_norm_eps)
+        own.pre_fc_norm_hidden = norm_cls(hidden, eps=config.rms_norm_eps)
+    model.mtp = own
+    return model
+
+
 def mtp_model(target, folder: Path) -> torch.nn.Module:
     """A 1-layer Qwen3.5 text skeleton (its one layer full attention) whose weights are the
     target's embedding and head and the checkpoint's MTP layer, with the MTP's own modules
@@ -139,16 +152,7 @@ def mtp_model(target, folder: Path) -> torch.nn.Module:
     config = copy.deepcopy(target.config.get_text_config())
     config.num_hidden_layers, config.layer_types = 1, ["full_attention"]
     config.model_type = "qwen3_5_text"
-    model = skeleton(config)
-    layer = model.model.layers[0]
-    hidden = config.hidden_size
-    norm_cls = type(layer.input_layernorm)
-    with torch.device("meta"):
-        own = torch.nn.Module()
-        own.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        own.pre_fc_norm_embedding = norm_cls(hidden, eps=config.rms_norm_eps)
-        own.pre_fc_norm_hidden = norm_cls(hidden, eps=config.rms_norm_eps)
-    model.mtp = own
+    model = with_mtp_modules(skeleton(config), config)
     source = MtpSource(target, Path(folder))
     missing = [n for n, _ in model.named_parameters(remove_duplicate=False) if not source.has(n)]
     if missing:

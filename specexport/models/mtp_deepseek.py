@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .mtp import MtpSource, MtpUnavailable
+from .mtp import MtpSource, MtpUnavailable, with_mtp_modules
 from .streaming import INDEX, SINGLE, attach, skeleton
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # dense targets whose DeepSeek-style MTP layer is implemented
@@ -148,15 +148,7 @@ def mtp_skeleton(config) -> torch.nn.Module:
     attached as `mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden` (the names the
     MTP graph writer reads)."""
     config = mtp_config(config)
-    model = skeleton(config)
-    hidden, norm_cls = config.hidden_size, type(model.model.layers[0].input_layernorm)
-    with torch.device("meta"):
-        own = torch.nn.Module()
-        own.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        own.pre_fc_norm_embedding = norm_cls(hidden, eps=config.rms_norm_eps)
-        own.pre_fc_norm_hidden = norm_cls(hidden, eps=config.rms_norm_eps)
-    model.mtp = own
-    return model
+    return with_mtp_modules(skeleton(config), config)
 
 
 def stored_name(layout: Layout, name: str) -> str | None:
