@@ -201,9 +201,19 @@ class SpecGenerator:
 
     def _start(self, prompt_ids: list[int], config: GeneratorConfig, spec: ProposerSpec) -> Generation:
         """Everything is checked and built here; the rounds run as the Generation is iterated."""
+        config, tree_policy = self.with_tree_nodes(config, spec)
         loop = self.make_loop(config, spec)
         rounds = self.prefix_cache.run(loop, config, prompt_ids, self._rounds(loop, prompt_ids, config))
-        return Generation(rounds, loop.stats, config, config.policy_given(spec.speculative), loop.logprobs)
+        gamma_policy = config.policy_given(spec.speculative)
+        return Generation(rounds, loop.stats, config, gamma_policy, loop.logprobs, tree_policy)
+
+    def with_tree_nodes(
+        self, config: GeneratorConfig, spec: ProposerSpec, batched: bool = False
+    ) -> tuple[GeneratorConfig, str]:
+        """`config` with its tree size decided for one generation (None: calibrated or chains;
+        policy.DraftPolicy.tree_nodes), and where the size came from."""
+        n, origin = self.policy.tree_nodes(spec, config, self.tree is not None and not batched)
+        return (config if config.tree_nodes == n else config.replace(tree_nodes=n)), origin
 
     def make_loop(
         self,
@@ -217,6 +227,8 @@ class SpecGenerator:
         running the registry entry `spec` (default: resolved from config); its gamma is the
         policy's (batched: the batch driver's, batch.py)."""
         spec = spec if spec is not None else self.proposer_spec(config)
+        if config.tree_nodes is None:  # a batch's or a caller's loop: decided here (_start decides its own)
+            config = self.with_tree_nodes(config, spec, batched or target is not None)[0]
         guide = Guide(self.constraints().matcher(config.grammar)) if config.grammar is not None else None
         setup = LoopSetup(
             target=target if target is not None else self.target,

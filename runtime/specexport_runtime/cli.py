@@ -352,9 +352,9 @@ def add_generate_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--tree-nodes",
         type=int,
-        default=0,
+        default=None,
         help="suffix and EAGLE-3 drafts as trees of up to this many tokens, verified in one call (an artifact built"
-        " with --tree-verify; docs/trees.md); 0 = chains (default)",
+        " with --tree-verify; docs/trees.md); 0 = chains; default: the calibrated size (calibration.json), else chains",
     )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -452,6 +452,7 @@ def run_generate(args: argparse.Namespace) -> int:
     print(
         f"[{mode}] {stats.new_tokens} new tokens, {stats.tokens_per_second:.1f} tok/s, "
         f"mean accepted length {stats.mean_accepted_length:.2f}, acceptance {stats.acceptance_rate:.1%}"
+        + (f", tree_nodes {run.config.tree_nodes} ({run.tree_policy})" if run.tree_policy != "chains" else "")
         + (f", finish {reason}" if reason else ""),
         file=sys.stderr,
     )

@@ -18,6 +18,13 @@ Gamma policy (`gamma_policy`), in order:
                               starting gamma as above, fixed
     adaptive                  adaptive.GammaController picks gamma each round from measured
                               acceptance and costs, starting from the calibrated gamma
+
+Tree size (`tree_nodes`; the generation's `tree_policy`, policy.DraftPolicy.tree_nodes):
+    given                     tree_nodes is an integer (0: chains): it applies
+    calibrated                tree_nodes is None, the artifact has a tree graph and calibration.json
+                              holds a tree size for the call's domain and proposer: that size
+    chains                    otherwise (no tree graph, a batch, a grammar, a repetition penalty,
+                              no calibrated size): 0
 """
 
 from __future__ import annotations
@@ -91,7 +98,9 @@ class GeneratorConfig:
     hybrid_retrieval: str = DEFAULT_HYBRID_RETRIEVAL  # constants.HYBRID_RETRIEVALS
     suffix: SuffixConfig = SuffixConfig()  # global_tokens sizes the generator's store: read from load()'s config
     use_datastore: bool = True  # suffix drafts also come from the artifact's corpus datastore, if any
-    tree_nodes: int = 0  # suffix / EAGLE-3 drafts are trees of up to this many tokens (a tree graph); 0: chains
+    # drafts are trees of up to this many tokens (a tree graph); 0: chains; None: the calibrated size
+    # for the call's domain and proposer where the artifact has a tree graph, else chains (policy.py)
+    tree_nodes: int | None = None
     controller: Mapping[str, Any] = field(default_factory=dict)  # further GammaController fields (e.g. gamma_tolerance)
     # prefix reuse (prefix_cache.py): whether this call reuses and leaves cached prompt rows, the
     # namespace its prefixes match in (e.g. an API key), and the pool's byte bound (read from
@@ -158,8 +167,9 @@ class GeneratorConfig:
             )
         if not isinstance(self.suffix, SuffixConfig):
             raise _fail("suffix", self.suffix, "a suffix.SuffixConfig")
-        if not _int(self.tree_nodes) or not 0 <= self.tree_nodes <= MAX_TREE_NODES:
-            raise _fail("tree_nodes", self.tree_nodes, f"an integer in 0..{MAX_TREE_NODES} (0: chains)")
+        nodes = self.tree_nodes
+        if nodes is not None and (not _int(nodes) or not 0 <= nodes <= MAX_TREE_NODES):
+            raise _fail("tree_nodes", nodes, f"an integer in 0..{MAX_TREE_NODES} (0: chains) or None (calibrated)")
         if self.tree_nodes and self.repetition_penalty != 1.0:
             raise InvalidArgument(
                 "tree_nodes > 0 with a repetition_penalty: penalized rows are verified as chains; use tree_nodes 0"

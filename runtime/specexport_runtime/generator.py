@@ -56,7 +56,8 @@ class TargetCall:
 class Generation:
     """One generation as it runs: iterating yields (new token ids, new text, finish reason or
     None) once per speculative round. `stats` fills in round by round (this generation's own,
-    shared with nobody); `config` is the call's and `gamma_policy` how its gamma was chosen.
+    shared with nobody); `config` is the call's (its tree_nodes decided), `gamma_policy` how its
+    gamma was chosen and `tree_policy` where its tree size came from (config.py "Tree size").
     close() abandons it after the round in progress: a proposer that learns across requests
     then learns nothing from it."""
 
@@ -67,8 +68,11 @@ class Generation:
         config: GeneratorConfig,
         gamma_policy: str,
         logprobs: list[dict] | None = None,
+        tree_policy: str = "chains",
     ):
         self._rounds, self.stats, self.config, self.gamma_policy = rounds, stats, config, gamma_policy
+        self.tree_policy = tree_policy  # where config.tree_nodes came from: 'given' | 'calibrated' | 'chains'
+
         self.logprobs = logprobs  # grows round by round: one entry per emitted token (config.logprobs)
 
     def __iter__(self) -> Generation:

@@ -28,8 +28,12 @@ from . import registry
 from .adaptive import GammaController
 from .batch_gamma import BatchGamma
 from .config import ADAPTIVE, GeneratorConfig
+from .constants import MAX_TREE_NODES
 from .costs import VerifyCost
 from .registry import ProposerSpec
+
+# where a generation's tree size came from (config.py "Tree size")
+TREE_GIVEN, TREE_CALIBRATED, TREE_CHAINS = "given", "calibrated", "chains"
 
 
 def calibration_entry(doc: dict, domain: str | None, proposer: str, profile: str | None = None) -> dict | None:
@@ -136,6 +140,21 @@ class DraftPolicy:
         if off:
             ctl.speculating = False  # starts off; probes may still switch it on
         return ctl
+
+    def tree_nodes(self, spec: ProposerSpec, config: GeneratorConfig, tree_graph: bool) -> tuple[int, str]:
+        """(tree_nodes, origin) of a generation (config.py "Tree size"): the call's own when given;
+        else, where trees can run (`tree_graph`: the target's tree graph verifies this
+        generation's rounds, i.e. not in a batch), the calibrated size of (domain, the proposer
+        that runs: its own entry, not its draft side's) when calibration.json holds one; else 0."""
+        if config.tree_nodes is not None:
+            return config.tree_nodes, TREE_GIVEN
+        if not (tree_graph and config.speculating) or config.grammar is not None or config.repetition_penalty != 1.0:
+            return 0, TREE_CHAINS
+        entry = calibration_entry(self.calibration, config.domain, spec.name) or {}
+        n = entry.get("tree_nodes")  # absent: the calibration measured no trees
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_TREE_NODES:
+            return 0, TREE_CHAINS
+        return n, TREE_CALIBRATED
 
     def batch(self, gamma_max: int) -> BatchGamma:
         """The batch strategy (one per generator: the batch call's costs and each proposer's record)."""

@@ -36,11 +36,12 @@ from pathlib import Path
 
 from specexport_runtime import registry
 from specexport_runtime.api import CALIBRATION_NAME, calibration_entry, load
-from specexport_runtime.constants import MAX_GAMMA, MIN_GAMMA
+from specexport_runtime.constants import MAX_GAMMA, MAX_TREE_NODES, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument, SpecExportError
 from specexport_runtime.manifest import MANIFEST_NAME, atomic_write_text, read_manifest, sha256_file
 
-from . import harness
+from . import calibrate_trees, harness
+from .calibrate_trees import DEFAULT_TREE_NODES, TREE_DRAFTERS
 from .harness import Case, load_prompt_set, make_cases, warmup_case
 from .prompts import DOMAINS, Prompt
 from .run import WARMUP_TOKENS, run_one
@@ -109,10 +110,12 @@ def _timed_call(model, base: int, ids: list[int]) -> Callable[[], None]:
 
 
 def _merge_costs(measured: dict | None, override: dict | None) -> dict:
-    out = {"decode_s": None, "verify_s": {}, "draft_step_s": {}}
+    out = {"decode_s": None, "verify_s": {}, "draft_step_s": {}, "tree_verify_s": {}, "tree_draft_step_s": {}}
     for src in (measured, override):
         if not src:
             continue
+        out["tree_verify_s"].update({int(r): float(v) for r, v in (src.get("tree_verify_s") or {}).items()})
+        out["tree_draft_step_s"].update({k: float(v) for k, v in (src.get("tree_draft_step_s") or {}).items()})
         if src.get("decode_s") is not None:
             out["decode_s"] = float(src["decode_s"])
         out["verify_s"].update({int(s): float(v) for s, v in (src.get("verify_s") or {}).items()})
@@ -195,12 +198,16 @@ def calibrate(
     set_default: bool = True,
     shared_pool: bool = False,
     write: bool = True,
+    tree_nodes: Sequence[int] = DEFAULT_TREE_NODES,
 ) -> dict:
     """Measure acceptance per domain and costs, choose gamma per domain and proposer, and
     (write=True) store the profile in the artifact's calibration.json. Returns the whole
     calibration document. `prompts` replaces the shipped prompt sets (filtered by `domains`);
     `costs` ({"decode_s", "verify_s": {S: s}, "draft_step_s": {proposer: s} or s}) replaces
-    measured costs, entirely when complete."""
+    measured costs, entirely when complete (with trees: also "tree_verify_s": {R: s}, and
+    optionally "tree_draft_step_s": {proposer: s}). On an artifact with a tree graph the proposers
+    that draft trees are also run with each of `tree_nodes` (calibrate_trees.py), and each entry
+    gets the tree size with the best expected speedup (0: chains); () measures no trees."""
     gammas = sorted(set(gammas))
     if not gammas or any(
         isinstance(g, bool) or not isinstance(g, int) or not MIN_GAMMA <= g <= MAX_GAMMA for g in gammas
@@ -208,10 +215,14 @@ def calibrate(
         raise CalibrationError(f"gammas must be integers in {MIN_GAMMA}..{MAX_GAMMA}, got {gammas}")
     if prompts_per_domain < 1 or max_new_tokens < 1:
         raise CalibrationError("prompts_per_domain and max_new_tokens must be >= 1")
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TREE_NODES for n in tree_nodes):
+        raise CalibrationError(f"tree_nodes must be integers in 1..{MAX_TREE_NODES}, got {list(tree_nodes)}")
     root = Path(artifact)
     gen = load(root, threads=threads, shared_pool=shared_pool)  # verifies every checksum before anything is written
     allowed = list(registry.calibrated(gen.manifest.draft_kind))
     proposers = list(proposers) if proposers else allowed
+    if gen.tree is not None:  # asked for by name: tree drafters that calibrate no gamma of their own
+        allowed += [p for p in TREE_DRAFTERS if p not in allowed and registry.get(p).runs_with(gen.manifest.draft_kind)]
     for p in proposers:
         if p not in allowed:
             raise InvalidArgument(f"proposer {p!r} is not available in this artifact (available: {', '.join(allowed)})")
@@ -222,18 +233,41 @@ def calibrate(
     by_domain = _prompts_by_domain(domains, prompts, prompts_per_domain)
     measure_g = max(gammas)
     cases = {d: make_cases(gen.codec, plist, per_prompt_limit=True) for d, plist in by_domain.items()}
-    greedy = gen.configure(gamma=measure_g, temperature=0.0, top_p=1.0, top_k=0, seed=None, cache_prompt=False)
+    greedy = gen.configure(
+        gamma=measure_g, tree_nodes=0, temperature=0.0, top_p=1.0, top_k=0, seed=None, cache_prompt=False
+    )
     # warm-up on a prompt outside the calibrated set (first-call allocations, ORT arena growth)
     run_one(gen, warmup_case(gen.codec), greedy.replace(proposer=proposers[0], max_new_tokens=WARMUP_TOKENS))
-    rounds, in_loop = _observe(gen, cases, proposers, greedy, max_new_tokens, progress)
+    trees = calibrate_trees.tree_proposers(gen, proposers) if tree_nodes else []
+    sizes = sorted(set(tree_nodes))
+    runs = sum(len(v) for v in cases.values())
+    total = runs * (len(proposers) + len(trees) * len(sizes))
+    rounds, in_loop = _observe(gen, cases, proposers, greedy, max_new_tokens, _shifted(progress, 0, total))
 
-    if _costs_complete(costs, proposers):
+    timing_ids = next(iter(cases.values()))[0].ids
+    if _costs_complete(costs, proposers) and (not trees or (costs or {}).get("tree_verify_s")):
         cost_table = _merge_costs(None, costs)
     else:
-        measured = measure_costs(gen, next(iter(cases.values()))[0].ids, measure_g + 1)
+        measured = measure_costs(gen, timing_ids, measure_g + 1)
         for prop, (seconds, tokens) in in_loop.items():  # lookup: seconds per drafted token; eagle: head calls
             measured["draft_step_s"][prop] = seconds / tokens if tokens else 0.0  # (catch-up included) per token
+        if trees:
+            measured["tree_verify_s"] = calibrate_trees.measure_tree_costs(gen, timing_ids, max(sizes), TIMING_REPEATS)
         cost_table = _merge_costs(measured, costs)
+    if not trees:  # no tree calibrated: no tree costs recorded (given ones included)
+        cost_table["tree_verify_s"], cost_table["tree_draft_step_s"] = {}, {}
+    choices = _choices(rounds, {d: len(v) for d, v in by_domain.items()}, gammas, cost_table)
+    if trees:
+        depth = {(d, p): choices[d][p]["gamma"] or measure_g for d in cases for p in trees}
+        tell = _shifted(progress, runs * len(proposers), total)
+        tree_runs = calibrate_trees.observe_trees(gen, cases, trees, greedy, depth, sizes, max_new_tokens, tell)
+        if cost_table.get("method") != "given":  # measured: the tree runs' own draft seconds per node
+            for prop in trees:
+                node = [r for per in tree_runs.values() for r in per[prop].values()]
+                drafted = sum(r.drafted for r in node)
+                step = sum(r.draft_seconds for r in node) / drafted if drafted else 0.0
+                cost_table["tree_draft_step_s"].setdefault(prop, step)
+        calibrate_trees.choose_trees(choices, rounds, tree_runs, depth, cost_table, measure_g)
 
     meta = harness.run_metadata()
     profile = {
@@ -246,9 +280,11 @@ def calibrate(
             "max_new_tokens": max_new_tokens,
             "proposers": proposers,
             "sampling": "greedy",
+            "tree_nodes": sizes if trees else [],
+            "tree_proposers": trees,
         },
         "costs": _costs_record(cost_table),
-        "domains": _choices(rounds, {d: len(v) for d, v in by_domain.items()}, gammas, cost_table),
+        "domains": choices,
     }
     doc = _read_existing(root)
     doc["profiles"][device] = profile
@@ -257,6 +293,13 @@ def calibrate(
     if write:
         write_calibration(root, doc)
     return doc
+
+
+def _shifted(progress: Progress | None, start: int, total: int) -> Progress | None:
+    """`progress` told of runs `start` + n out of `total` (the chain and tree runs as one bar)."""
+    if progress is None:
+        return None
+    return lambda n, _, label: progress(start + n, total, label)
 
 
 def _prompts_by_domain(
@@ -280,7 +323,8 @@ def _observe(
     rounds (k, n), a plain step counting as (0, 0); proposer -> [draft seconds, drafted tokens] for
     the proposers whose draft step is timed in the loop)."""
     rounds: dict[str, dict[str, list[tuple[int, int]]]] = {}
-    in_loop = {name: [0.0, 0] for name in proposers if registry.get(name).calibrate == registry.LOOP}
+    # LOOP, and the tree drafters calibrated for their trees (no draft step of their own to time)
+    in_loop = {name: [0.0, 0] for name in proposers if registry.get(name).calibrate in (registry.LOOP, None)}
     total, done = sum(len(v) for v in cases.values()) * len(proposers), 0
     for d, dcases in cases.items():
         for prop in proposers:
@@ -328,6 +372,20 @@ def _costs_record(cost_table: dict) -> dict:
             "v": {str(s): v / decode for s, v in sorted(cost_table["verify_s"].items())} if decode else {},
         },
         "method": cost_table.get("method", ""),
+        **_tree_costs_record(cost_table, decode),
+    }
+
+
+def _tree_costs_record(cost_table: dict, decode: float) -> dict:
+    """The tree graph's call costs (rows -> seconds, and ratios to the decode step) and the tree
+    runs' draft seconds per node; nothing when no trees were calibrated."""
+    tree = cost_table.get("tree_verify_s") or {}
+    if not tree:
+        return {}
+    return {
+        "tree_verify_s": {str(r): v for r, v in sorted(tree.items())},
+        "tree_draft_step_s": dict(cost_table.get("tree_draft_step_s") or {}),
+        "tree_ratios": {"v": {str(r): v / decode for r, v in sorted(tree.items())} if decode else {}},
     }
 
 
