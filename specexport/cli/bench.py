@@ -13,7 +13,11 @@ from specexport_runtime.constants import HYBRID_RETRIEVALS, MAX_GAMMA, MIN_GAMMA
 from specexport_runtime.errors import InvalidArgument
 from specexport_runtime.suffix import SuffixConfig
 
+from ..bench.calibrate_trees import DEFAULT_TREE_NODES, TREE_DRAFTERS
 from ..bench.prompts import DOMAINS
+
+# what --proposer offers calibrate: the proposers with a draft step to time, and the tree drafters
+CALIBRATED_NAMES = [n for n in registry.names() if registry.get(n).calibrate or n in TREE_DRAFTERS]
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -266,8 +270,16 @@ def bench(
     "--proposer",
     "proposer_args",
     multiple=True,
-    type=click.Choice([n for n in registry.names() if registry.get(n).calibrate]),
-    help="Proposers to calibrate (repeatable; default: every one the artifact allows).",
+    type=click.Choice(CALIBRATED_NAMES),
+    help="Proposers to calibrate (repeatable; default: every one the artifact allows; suffix and assistant"
+    " for their trees, on an artifact with a tree graph).",
+)
+@click.option(
+    "--tree-nodes",
+    "tree_text",
+    default=",".join(map(str, DEFAULT_TREE_NODES)),
+    show_default=True,
+    help="Candidate tree sizes run on an artifact with a tree graph (comma list; 'none': chains only).",
 )
 @click.option(
     "--prompts",
@@ -306,6 +318,7 @@ def calibrate(
     proposer_args: tuple[str, ...],
     prompt_specs: tuple[str, ...],
     gamma_text: str,
+    tree_text: str,
     device_name: str | None,
     prompts_per_domain: int,
     max_new_tokens: int,
@@ -328,6 +341,11 @@ def calibrate(
     gammas = [g for g in parse_gammas(gamma_text) if g is not None]
     if not gammas:
         raise click.BadParameter("give integer gammas", param_hint="--gammas")
+    try:
+        tree_nodes = [] if tree_text.strip().lower() == "none" else [int(n) for n in tree_text.split(",") if n.strip()]
+    except ValueError as exc:
+        message = f"{tree_text!r} is not a comma list of integers or 'none'"
+        raise click.BadParameter(message, param_hint="--tree-nodes") from exc
     device = device_name or default_device_name()
     prompts = load_prompt_set(_split(prompt_specs)) if prompt_specs else None
     bar = _Progress(not quiet and not as_json, "run")
@@ -346,6 +364,7 @@ def calibrate(
             shared_pool=True,
             set_default=not no_default,
             write=not dry_run,
+            tree_nodes=tree_nodes,
         )
     finally:
         bar.close()
@@ -361,9 +380,13 @@ def calibrate(
     ratios = ", ".join(f"{p} {v:.3f}" for p, v in c["ratios"]["c"].items())
     click.echo(f"  costs       decode {c['decode_s'] * 1e3:.2f} ms; draft step / decode: {ratios}")
     click.echo("  verify/decode " + " ".join(f"S={s}:{v:.2f}" for s, v in c["ratios"]["v"].items()))
+    if c.get("tree_ratios"):
+        click.echo("  tree/decode  " + " ".join(f"R={r}:{v:.2f}" for r, v in c["tree_ratios"]["v"].items()))
     for d, per in prof["domains"].items():
         parts = [
-            f"{p} gamma {e['gamma']} (x{e['expected_speedup']:.2f}, acceptance {e['acceptance_rate']:.2f})"
+            f"{p} gamma {e['gamma']}"
+            + (f" tree_nodes {e['tree_nodes']}" if "tree_nodes" in e else "")
+            + f" (x{e['expected_speedup']:.2f}, acceptance {e['acceptance_rate']:.2f})"
             for p, e in per.items()
         ]
         click.echo(f"  {d:<11} " + "; ".join(parts))

@@ -210,3 +210,28 @@ def test_tree_nodes_none_is_the_default_and_checked():
         GeneratorConfig(tree_nodes=64)
     with pytest.raises(ValueError, match="tree_nodes must be integers in 1..63"):
         calibrate("/nonexistent", tree_nodes=(0,))
+
+
+def test_cli_calibrates_suffix_trees_with_measured_costs(tiny_artifacts, tmp_path):
+    """`specexport calibrate --proposer suffix --tree-nodes 8` on a tree artifact: the tree graph's
+    call costs are timed, every entry gets a tree size and the report prints it."""
+    from bench_support import LINES
+    from click.testing import CliRunner
+
+    from specexport.cli.bench import calibrate as calibrate_cmd
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in LINES), encoding="utf-8")
+    art = _copy(tiny_artifacts["noisy-fused-tree"], tmp_path)
+    args = [str(art), "--prompts", str(prompts), "--domains", "code", "--proposer", "suffix", "--tree-nodes", "8"]
+    result = CliRunner().invoke(calibrate_cmd, [*args, "--prompts-per-domain", "1", "--max-new-tokens", "6", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "tree/decode  R=2:" in result.output and "suffix gamma" in result.output
+    prof = json.loads((art / CALIBRATION_NAME).read_text())
+    prof = prof["profiles"][prof["default_profile"]]
+    assert prof["settings"]["tree_nodes"] == [8] and min(prof["costs"]["tree_verify_s"].values()) > 0
+    for per in prof["domains"].values():
+        assert per["suffix"]["tree_nodes"] in (0, 8)
+        assert f"tree_nodes {per['suffix']['tree_nodes']}" in result.output
+    bad = CliRunner().invoke(calibrate_cmd, [*args[:-1], "eight"])
+    assert bad.exit_code != 0 and "--tree-nodes" in bad.output
