@@ -18,7 +18,8 @@ tree_step is the draft seconds per drafted node of the tree runs (costs' tree_dr
 the chain's draft_step_s); tree(R) is the least-squares line of costs' tree_verify_s
 (costs.VerifyCost, the runtime's line). Chains (n = 0) are calibrate.py's rounds at the same gamma
 (cut to it; the suffix proposer's drafts are not cut by gamma, so its rounds count whole). The
-largest expected speedup wins, chains on a tie; "default" pools the tokens and seconds of every
+largest expected speedup wins (the smaller size on a tie) when it beats chains' by TREE_MARGIN
+(2%), else chains; "default" pools the tokens and seconds of every
 domain. A tree choice with a chain gamma of 0 also sets gamma to the depth the trees ran at.
 """
 
@@ -43,6 +44,9 @@ TREE_DRAFTERS = ("suffix", "eagle", "mtp", "assistant")
 HEAD_TREES = ("eagle", "mtp")
 UNCUT = ("suffix",)  # drafts whose length gamma does not cut (the suffix proposer's own limit)
 TREE_TIMING_ROWS = (2, 5, 9, 17, 25)
+# a tree size is chosen only when its expected speedup beats chains' by this fraction: the sizes'
+# figures differ by less than the timing noise where trees add no accepted tokens
+TREE_MARGIN = 0.02
 
 
 @dataclass
@@ -133,10 +137,9 @@ def choose_trees(
 def _record(entry: dict, totals: dict[int, tuple], gamma: int, decode: float) -> None:
     """Set the entry's tree choice from (tokens, seconds, calls, tree calls) per size (0: chains)."""
     by_n = {n: t * decode / s if s > 0 else 1.0 for n, (t, s, _, _) in sorted(totals.items())}
-    best = 0
-    for n, x in by_n.items():
-        if x > by_n[best]:
-            best = n
+    best = max((n for n in by_n if n), key=lambda n: (by_n[n], -n), default=0)
+    if not by_n.get(best, 0.0) >= (1.0 + TREE_MARGIN) * by_n[0]:
+        best = 0  # within the margin of chains: chains
     entry["tree_nodes"] = best
     entry["tree_gamma"] = gamma  # the gamma (tree depth) the sizes were measured at
     entry["expected_speedup_by_tree_nodes"] = {str(n): x for n, x in by_n.items()}
