@@ -120,6 +120,7 @@ def test_op_profile_and_suffix_cost(tiny_artifacts, tmp_path):
     assert doc["rounds"] == 50 and doc["ms_per_round"]["p50"] > 0 and doc["store"]["tokens"] > 0
 
 
+@pytest.mark.slow  # ~6 s: two scripts over tiny artifacts
 def test_runtime_overhead_and_head_agreement(tiny_artifacts, prompt_file, tmp_path):
     out = tmp_path / "overhead.json"
     run_script("runtime_overhead", str(tiny_artifacts["self"]), "--tokens", "30", "--threads", "1", "--json", str(out))
@@ -143,6 +144,7 @@ def test_runtime_overhead_and_head_agreement(tiny_artifacts, prompt_file, tmp_pa
     assert 0 <= doc["summary"]["teacher_forced"] <= 1
 
 
+@pytest.mark.slow  # ~9 s: the row-invariance script over a tiny target
 def test_row_invariance_of_a_tiny_target(tiny_artifacts, tmp_path):
     out = tmp_path / "rows.json"
     run_script(

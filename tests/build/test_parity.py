@@ -420,6 +420,7 @@ def test_plain_session_after_runtime_defaults(exported):
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # a whole collection in a subprocess (~25 s); CI collects every module anyway
 def test_default_pytest_run_collects_tests_build():
     import subprocess
     import sys

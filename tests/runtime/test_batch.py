@@ -124,6 +124,7 @@ def test_draft_model_drafts_batched(pair, solo_greedy, proposer):
     assert max(calls) > 1  # draft steps of several sequences in one call
 
 
+@pytest.mark.slow  # ~24 s; test_sampling_law_per_sequence_in_a_batch keeps the batch law in the default run
 def test_sampling_law_with_a_batched_draft_model(pair):
     """Sampled drafts from the draft's batch graph (q its distribution, gamma 3), 4 sequences at a
     time: the first two tokens follow the target law (chi-square, two-sample TV)."""

@@ -180,6 +180,8 @@ def test_cors_is_the_entrys_and_the_front_logs_each_replicas_request_line(two, e
         conn.close()
 
 
+# two replicas (~20 s with their teardown); load() refuses tampering in the default run (test_runtime_errors)
+@pytest.mark.slow
 def test_a_tampered_package_is_refused_by_every_replica_in_one_line(two, package, tmp_path):
     from ray import serve
 

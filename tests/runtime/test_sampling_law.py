@@ -43,7 +43,7 @@ def test_chi2_sf_reference_values():
             assert chi2_sf(x, df) == pytest.approx(closed, rel=1e-9, abs=1e-300)
 
 
-@pytest.mark.parametrize("kind", ["noisy", "noisy-fused"])
+@pytest.mark.parametrize("kind", ["noisy", pytest.param("noisy-fused", marks=pytest.mark.slow)])
 def test_sampling_first_two_tokens_follow_target(gens, kind):
     """End to end on 'noisy' and 'noisy-fused' (gamma 3, temperature 1, top_k 0): token 1 comes from the prefill,
     token 2 from the first speculative round (accepted draft or correction, or bonus).
@@ -158,7 +158,7 @@ def test_sampling_with_top_k_top_p_follows_target(gens):
     assert chi2_sf(stat, df) > ALPHA, f"chi2 {stat:.1f} on {df} df"
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "eagle3-portable"])
+@pytest.mark.parametrize("kind", ["eagle3", pytest.param("eagle3-portable", marks=pytest.mark.slow)])
 def test_sampling_with_an_eagle_head_follows_the_target(gens, kind):
     """The `eagle` proposer (a random EAGLE-3 head, draft vocabulary half the target's, so
     q = 0 outside it; fused and portable graph forms) at temperature 1, gamma 3: the first two
