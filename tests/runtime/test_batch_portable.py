@@ -105,13 +105,16 @@ def test_a_runtime_older_than_the_portable_batch_graph_refuses_it(tiny_artifacts
     assert "'1.10' is not supported" in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gemma3_text"])
-def test_portable_batch_of_other_families_equals_solo(tmp_path_factory, arch):
-    """Learned positions (GPT-2: only the portable form serves it) and per-layer windows with two
-    rotary tables (Gemma 3, window 16 < the sequences): rows bitwise, greedy batch = solo."""
+@pytest.mark.parametrize(
+    "arch, kind", [("gpt2", "ngram-batch3"), ("gemma3_text", "ngram-batch3"), ("gemma4_text", "noisy-fused-batch3")]
+)
+def test_portable_batch_of_other_families_equals_solo(tmp_path_factory, arch, kind):
+    """Learned positions (GPT-2: only the portable form serves it), per-layer windows with two
+    rotary tables (Gemma 3, window 16 < the sequences), and Gemma 4's per-layer inputs and shared
+    K/V in fused slots: rows bitwise, greedy batch = solo."""
     from tiny import build_tiny_artifact
 
-    root = build_tiny_artifact(tmp_path_factory.mktemp(f"portable-{arch}"), "ngram-batch3", arch=arch)
+    root = build_tiny_artifact(tmp_path_factory.mktemp(f"portable-{arch}"), kind, arch=arch)
     rows = json.loads((root / "manifest.json").read_text())["target"]["validation"]["batch_rows"]
     assert rows["bitwise"] and rows["slots"] == 3
     solo, batch = generator_pair(root)
