@@ -213,5 +213,7 @@ class AssistantProposer(Proposer):
 def build_assistant(ctx: ProposerContext) -> AssistantProposer:
     if ctx.batched:
         raise InvalidArgument("the assistant proposer drafts for batch-1 generation only")
-    nodes = ctx.config.tree_nodes  # checked against the target's tree graph when the call was configured
+    # checked against the target's tree graph when the call was configured; None (not decided by a
+    # generation: a proposer built on its own) drafts chains
+    nodes = ctx.config.tree_nodes or 0
     return AssistantProposer(ctx.draft, ctx.target, ctx.manifest.target.embedding_rows, nodes, ctx.verify_cost())

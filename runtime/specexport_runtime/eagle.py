@@ -142,6 +142,6 @@ class EagleProposer(Proposer):
 
 def build_eagle(ctx: ProposerContext) -> EagleProposer:
     tree = ctx.head_tree
-    nodes = 0 if ctx.batched or tree is None else ctx.config.tree_nodes  # a batch verifies chains only
+    nodes = 0 if ctx.batched or tree is None else ctx.config.tree_nodes or 0  # a batch verifies chains only
     d2t = ctx.vocab_map()
     return EagleProposer(ctx.draft, ctx.target, d2t, ctx.manifest.target.embedding_rows, tree, nodes, ctx.verify_cost())

@@ -31,6 +31,6 @@ def build_mtp(ctx: ProposerContext) -> MtpProposer:
     if ctx.draft.spec.embedding_rows != rows:
         raise InvalidArgument(f"the MTP head scores {ctx.draft.spec.embedding_rows} tokens; the target {rows}")
     tree = ctx.head_tree
-    nodes = 0 if ctx.batched or tree is None else ctx.config.tree_nodes  # a batch verifies chains only
+    nodes = 0 if ctx.batched or tree is None else ctx.config.tree_nodes or 0  # a batch verifies chains only
     d2t = np.arange(rows, dtype=np.int64)  # the target's own vocabulary
     return MtpProposer(ctx.draft, ctx.target, d2t, rows, tree, nodes, ctx.verify_cost())

@@ -183,7 +183,7 @@ def build_suffix(ctx: ProposerContext) -> SuffixProposer:
         history.calibration,
         history.tuner,
         ctx.verify_cost(),
-        0 if ctx.batched else ctx.config.tree_nodes,  # a batch verifies chains only
+        0 if ctx.batched else ctx.config.tree_nodes or 0,  # a batch verifies chains only (None: chains)
     )
 
 

@@ -133,6 +133,12 @@ def check_built_with(manifest, entry: SystemPromptEntry) -> None:
 def read_checked(root: Path, rel: str, expected: str | None) -> np.ndarray:
     """The .npy file `rel`, read once: its sha256 checked against the manifest's, the array
     parsed from the same bytes."""
+    return parse_npy(rel, read_hashed(root, rel, expected))
+
+
+def read_hashed(root: Path, rel: str, expected: str | None) -> bytes:
+    """The bytes of `rel`, their sha256 checked against the manifest's (thread-safe: file reads
+    and hashlib release the GIL)."""
     data = (root / rel).read_bytes()
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
@@ -140,6 +146,13 @@ def read_checked(root: Path, rel: str, expected: str | None) -> np.ndarray:
             f"checksum mismatch for {rel!r}: manifest says {str(expected)[:16]}..., file has {actual[:16]}..."
             " (the stored system prompt was modified or truncated; rebuild the artifact)"
         )
+    return data
+
+
+def parse_npy(rel: str, data: bytes) -> np.ndarray:
+    """The array of an .npy file's bytes (a view of them). Called on one thread at a time: numpy
+    parses the header with ast.literal_eval, which CPython 3.11 can fail with "AST constructor
+    recursion depth mismatch" when two threads compile at once."""
     buf = io.BytesIO(data)
     version = np.lib.format.read_magic(buf)
     header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
@@ -196,8 +209,8 @@ class StoredPrompt:
         default artifact take about half the time."""
         wanted = {part: rel for part, rel in self.entry.rows.items() if part in parts}
         with ThreadPoolExecutor(max(1, len(wanted))) as pool:
-            read = pool.map(lambda rel: read_checked(self.root, rel, self.files.get(rel)), wanted.values())
-            arrays = dict(zip(wanted, read))
+            read = pool.map(lambda rel: read_hashed(self.root, rel, self.files.get(rel)), wanted.values())
+            arrays = {part: parse_npy(rel, data) for (part, rel), data in zip(wanted.items(), read)}
         out = {}
         for part, rel in wanted.items():
             a = arrays[part]
