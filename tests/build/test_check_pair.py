@@ -84,6 +84,7 @@ def test_an_uncached_hub_id_without_a_hub_fails_at_once(folders, monkeypatch, en
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.slow  # ~8 s
 def test_a_cached_hub_id_is_read_from_the_cache_without_the_hub(folders, tmp_path):
     """A hub cache holding the tiny tokenizer under specexport-tests/tiny, the hub unreachable:
     the pair is compared from the cache, in a fresh process (huggingface_hub reads its settings

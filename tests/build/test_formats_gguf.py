@@ -190,6 +190,7 @@ def smollm2() -> tuple[dict[str, BlockQuantized], dict[str, np.ndarray], int]:
 
 
 @pytest.mark.real
+@pytest.mark.slow  # ~40 s: transformers reads the whole GGUF; the real artifact tests read the same blocks
 def test_smollm2_blocks_equal_transformers(smollm2):
     blocks, params, layers = smollm2
     assert len(blocks) == 7 * layers + 1  # Q4_1 projections + the Q8_0 embedding

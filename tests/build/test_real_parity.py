@@ -47,7 +47,7 @@ def real_model():
     return load_model(source, "float32"), load_tokenizer(source)
 
 
-@pytest.fixture(scope="module", params=["portable", "fused"])
+@pytest.fixture(scope="module", params=[pytest.param("portable", marks=pytest.mark.slow), "fused"])
 def real(real_model, tmp_path_factory, request):
     """(model, tokenizer, ExportResult) for each graph form (docs/graph-contract.md)."""
     model, tokenizer = real_model

@@ -219,6 +219,7 @@ def test_float64_forwards_leave_the_reference_as_it_was(tmp_path):
         assert np.array_equal(reference_logits(model, ids), before)  # back to float32, bit for bit
 
 
+@pytest.mark.slow  # ~11 s: the benchmark script end to end
 def test_random_checkpoint_script_writes_a_streamable_folder_that_builds(tmp_path):
     """benchmarks/random_checkpoint.py, dry: its tiny shape's folder (fp16 shards, the default
     model's tokenizer, recipes) builds with its fp32 + int8 recipe, streamed."""

@@ -124,6 +124,7 @@ def _ask(port: int, method: str, path: str, headers: dict) -> tuple[int, dict, d
         conn.close()
 
 
+@pytest.mark.slow  # a two-replica Ray Serve application (~25 s to start): .ci/run's second pass
 @pytest.mark.parametrize("entry", [0, 1], ids=["front", "ray-proxy"])
 def test_the_ingress_answers_health_and_refuses_a_missing_key_before_any_replica(two, entry):
     status, headers, body = _ask(two[entry], "GET", "/health", {})
@@ -137,6 +138,7 @@ def test_the_ingress_answers_health_and_refuses_a_missing_key_before_any_replica
         assert REPLICA_HEADER.decode() not in headers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", [0, 1], ids=["front", "ray-proxy"])
 def test_cors_is_the_entrys_and_the_front_logs_each_replicas_request_line(two, entry):
     """A preflight from a page of this machine gets 204 at the entry (no key asked), an answer to

@@ -85,6 +85,7 @@ def test_dflash_needs_its_drafter():
         registry.check_available("dflash", "eagle3_head")
 
 
+@pytest.mark.slow  # ~8 s; the greedy DFlash checks stay in the default run
 def test_sampled_dflash_keeps_the_targets_first_two_tokens(gens):
     """Each draft's q is its own block row's distribution: speculative sampling with those rows
     keeps the target's law of the first two tokens (chi-square against the exact law, and a TV

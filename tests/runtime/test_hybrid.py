@@ -198,7 +198,8 @@ def test_constrained_generation_on_a_hybrid(gens, arch):
         assert off.text.startswith("{")
 
 
-@pytest.mark.parametrize("arch", ["granitemoehybrid", pytest.param("lfm2", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~16 s a family; greedy exactness of every hybrid stays in the default run
+@pytest.mark.parametrize("arch", ["granitemoehybrid", "lfm2"])
 def test_sampling_on_a_hybrid_keeps_the_targets_law(gens, arch):
     """Temperature 1 with a draft model: the first two tokens (the second from the first
     speculative round: accepted draft, correction or bonus) against the exact target law and

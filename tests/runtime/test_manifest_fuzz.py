@@ -62,6 +62,7 @@ def base(tiny_artifacts, tmp_path_factory):
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+@pytest.mark.slow  # ~15 s of generated manifests; the typed refusals have their own cases
 @given(data=st.data())
 def test_mutated_manifests_raise_only_typed_errors(base, data):
     root, original = base

@@ -152,6 +152,7 @@ def test_skips_without_gpu(tmp_path):
     assert (tmp_path / "dc.md").read_text().startswith("# device-check: skipped")
 
 
+@pytest.mark.slow  # ~15 s: every stage of the device check on the CPU
 @no_gpu
 def test_whole_check_with_cpu_standing_in(tiny_artifacts, tmp_path):
     """DEVICE_CHECK_PROVIDER=cpu: every section runs with the CPU as the device (tests the script)."""
