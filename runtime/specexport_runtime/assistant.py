@@ -29,14 +29,13 @@ import numpy as np
 
 from . import contract
 from .contract import GraphSpec
-from .eagle_tree import calibration_factor, grow, tree_parents
+from .eagle_tree import TreeRounds
 from .engine import NP_DTYPES, SessionConfig, make_session
 from .errors import InvalidArgument
 from .model import CacheCursor, CallStats
 from .proposers import Proposal, Proposer, ProposerContext
 from .sampling import probabilities, softmax
 from .seeded import draw
-from .tree import tree_parents_or_none
 
 
 class AssistantModel(CacheCursor):
@@ -148,11 +147,8 @@ class AssistantProposer(Proposer):
         self.model, self.target = model, target
         self.hidden = np.zeros(model.spec.hidden_width, np.float32)  # the target's row of position `pos`
         self.pos = -1
-        self.tree = AssistantTree(model) if tree_nodes > 0 else None
-        self.tree_nodes, self.cost = tree_nodes, cost
+        self.trees = TreeRounds(AssistantTree(model), tree_nodes, cost) if tree_nodes > 0 else None
         self.ids = np.arange(target_rows, dtype=np.int64)  # grow's draft -> target map: the same vocabulary
-        self.predicted = self.accepted = 0.0  # tree rounds: sum of the kept q, accepted drafts
-        self._pending: float | None = None  # the last tree's predicted accepted tokens, until commit
 
     def start(self, prompt: Sequence[int]) -> None:
         self.pos = -1
@@ -165,9 +161,8 @@ class AssistantProposer(Proposer):
         if features is not None and 0 <= row < len(features):
             self.hidden[:] = features[row]
             self.pos = pos
-        if self._pending is not None:  # a tree round: n_new - 1 of its drafts accepted
-            self.predicted, self.accepted = self.predicted + self._pending, self.accepted + n_new - 1
-            self._pending = None
+        if self.trees is not None:
+            self.trees.committed(n_new)
 
     def propose(self, committed, gamma, params, rng) -> Proposal:
         n = len(committed)
@@ -179,7 +174,7 @@ class AssistantProposer(Proposer):
                 f" and its hidden row of position {self.pos}; expected {n - 1} and {n - 2}"
             )
         token, hidden = committed[-1], self.hidden[None]
-        if self.tree is not None:
+        if self.trees is not None:
             return self._tree(self.model.forward([token], hidden=hidden)[0], params, gamma)
         tokens, qs = [], []
         for i in range(gamma):
@@ -201,13 +196,8 @@ class AssistantProposer(Proposer):
             probs = lambda x: softmax(x)  # noqa: E731 (looked up per call: tests wrap assistant.softmax)
         else:
             probs = lambda x: probabilities(x, params)  # noqa: E731
-        line = self.cost.line() if self.cost is not None else None
         hidden = self.model.hidden_out[0].copy()  # [Hb] step 1's
-        factor = calibration_factor(self.predicted, self.accepted)
-        c, kept = grow(self.tree, logits, hidden, 0, probs, self.ids, self.tree_nodes, depth, line, factor)
-        self._pending = float(sum(c.q[i] for i in kept))
-        tokens = [c.draft[i] for i in kept]
-        return Proposal(tokens, None, source=self.name, parents=tree_parents_or_none(tree_parents(c, kept)))
+        return self.trees.draft(logits, hidden, 0, probs, self.ids, depth, self.name)
 
 
 def build_assistant(ctx: ProposerContext) -> AssistantProposer:

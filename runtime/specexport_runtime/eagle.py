@@ -23,13 +23,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from .eagle_tree import HeadTree, calibration_factor, grow, tree_parents
+from .eagle_tree import HeadTree, TreeRounds
 from .errors import InvalidArgument
 from .model import Model
 from .proposers import Proposal, Proposer, ProposerContext
 from .sampling import probabilities, softmax
 from .seeded import SeededNoise, draw
-from .tree import tree_parents_or_none
 
 
 class EagleProposer(Proposer):
@@ -59,10 +58,7 @@ class EagleProposer(Proposer):
         self.features = np.zeros((target.max_context, target.spec.feature_width), np.float32)
         self.known = 0  # positions 0 .. known - 1 have features
         self.real = 0  # head rows 0 .. real - 1 were computed from features
-        self.tree = tree if tree_nodes > 0 else None
-        self.tree_nodes, self.cost = tree_nodes, cost
-        self.predicted = self.accepted = 0.0  # tree rounds: sum of the kept q, accepted drafts
-        self._pending: float | None = None  # the last tree's predicted accepted tokens, until commit
+        self.trees = TreeRounds(tree, tree_nodes, cost) if tree is not None and tree_nodes > 0 else None
 
     def start(self, prompt: Sequence[int]) -> None:
         self.head.reset()
@@ -95,7 +91,7 @@ class EagleProposer(Proposer):
             return Proposal([], None)
         logits = self.head.forward(committed[t0 + 1 : n], last_rows=1, features=self.features[t0 : n - 1])
         self.real = n - 1  # head rows computed from features; the chain's rows come after
-        if self.tree is not None:
+        if self.trees is not None:
             proposal = self._tree(logits[0], params, gamma)
             return replace(proposal, catchup_seconds=time.perf_counter() - start if rows > 2 else 0.0)
         tokens, qs = [], []
@@ -117,15 +113,8 @@ class EagleProposer(Proposer):
             probs = lambda x: softmax(x)  # noqa: E731 (looked up per call: tests wrap eagle.softmax)
         else:
             probs = lambda x: probabilities(x, params)  # noqa: E731
-        line = self.cost.line() if self.cost is not None else None
         hidden = self.head.hidden_out[0].copy()  # [H] the catch-up row's
-        factor = calibration_factor(self.predicted, self.accepted)
-        c, kept = grow(
-            self.tree, logits, hidden, self.head.length, probs, self.d2t, self.tree_nodes, depth, line, factor
-        )
-        self._pending = float(sum(c.q[i] for i in kept))
-        tokens = [int(self.d2t[c.draft[i]]) for i in kept]
-        return Proposal(tokens, None, source=self.name, parents=tree_parents_or_none(tree_parents(c, kept)))
+        return self.trees.draft(logits, hidden, self.head.length, probs, self.d2t, depth, self.name)
 
     def commit(self, committed, n_new) -> None:
         """Keep the features the target's last call computed for positions now committed, and
@@ -135,9 +124,8 @@ class EagleProposer(Proposer):
             self.features[first:stop] = self.target.features[: stop - first]
             self.known = stop
         self.head.truncate(min(self.head.length, self.real, self.known))
-        if self._pending is not None:  # a tree round: n_new - 1 of its drafts accepted
-            self.predicted, self.accepted = self.predicted + self._pending, self.accepted + n_new - 1
-            self._pending = None
+        if self.trees is not None:
+            self.trees.committed(n_new)
 
 
 def build_eagle(ctx: ProposerContext) -> EagleProposer:

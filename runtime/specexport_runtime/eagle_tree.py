@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from . import contract
+from .drafts import Proposal
 from .engine import OrtModel, SessionConfig, check_contract, make_session
 from .errors import InvalidArgument
 from .model import CallStats
+from .tree import tree_parents_or_none
 
 TOP_K = 8  # children per expanded node (EAGLE-2 uses 10 on 32k+ vocabularies)
 WIDTH = 8  # frontier nodes expanded per depth (one head call of at most WIDTH rows)
@@ -242,3 +244,30 @@ def grow(
     order = sorted(range(len(q)), key=lambda i: (-q[i], c.depth[i], i))
     n = max(1, priced_count(calibrated(q[order], factor), line, nodes))
     return c, keep_best(q, np.asarray(c.parent), np.asarray(c.depth), n)
+
+
+class TreeRounds:
+    """One proposer's tree rounds (EAGLE-3 and MTP heads, the Gemma 4 assistant): grow's tree from
+    the head tree graph, scaled by calibration_factor over the rounds so far, and their record."""
+
+    def __init__(self, tree: HeadTree, nodes: int, cost=None):
+        """nodes: most tokens a tree holds; cost: the target's costs.VerifyCost pricing its rows."""
+        self.tree, self.nodes, self.cost = tree, nodes, cost
+        self.predicted = self.accepted = 0.0  # sum of the kept q, accepted drafts
+        self._pending: float | None = None  # the last tree's predicted accepted tokens, until committed
+
+    def draft(self, first, hidden, base: int, probs, d2t: np.ndarray, depth: int, source: str) -> Proposal:
+        """A draft tree after the first row's logits [V_draft] and hidden row: deterministic top-k
+        siblings (q None), as a chain when it has no branch; tokens mapped by d2t."""
+        line = self.cost.line() if self.cost is not None else None
+        factor = calibration_factor(self.predicted, self.accepted)
+        c, kept = grow(self.tree, first, hidden, base, probs, d2t, self.nodes, depth, line, factor)
+        self._pending = float(sum(c.q[i] for i in kept))
+        tokens = [int(d2t[c.draft[i]]) for i in kept]
+        return Proposal(tokens, None, source=source, parents=tree_parents_or_none(tree_parents(c, kept)))
+
+    def committed(self, n_new: int) -> None:
+        """The loop committed n_new tokens: after a tree round, n_new - 1 of its drafts were accepted."""
+        if self._pending is not None:
+            self.predicted, self.accepted = self.predicted + self._pending, self.accepted + n_new - 1
+            self._pending = None

@@ -336,12 +336,12 @@ def test_the_eagle_proposer_records_its_tree_rounds_for_the_calibration(gen, fre
     target.forward(ids[:-1])
     proposer.commit(ids, 1)
     p = proposer.propose(ids, 3, config.sampling, np.random.default_rng(0))
-    pending = proposer._pending
+    pending = proposer.trees._pending
     assert p.parents is not None and 0 < pending <= len(p.tokens)
     tree = DraftTree([ids[-1], *p.tokens], [-1, *p.parents])
     start = target.length
     rows, token = verify_tree_greedy(tree, gen.tree.forward(tree).argmax(-1))
     target.keep_path(start, rows)
     proposer.commit(ids + [int(t) for t in tree.tokens[rows]] + [token], len(rows) + 1)
-    assert (proposer.predicted, proposer.accepted, proposer._pending) == (pending, len(rows), None)
+    assert (proposer.trees.predicted, proposer.trees.accepted, proposer.trees._pending) == (pending, len(rows), None)
     target.reset()
