@@ -7,9 +7,9 @@ rows against without them, and the prompt's own prefill time.
 ARTIFACT was built with `specexport build ... --system-prompt FILE`. One process loads it once.
 A repeat measures, in alternating order from repeat to repeat:
     stored  the first request of [system prompt, question] as a device serves it: the prefix pool
-            emptied and the stored prompt not yet checked, so the request reads the stored rows
-            (sha256 checked), recomputes the last rows to check them, seeds the pool and prefills
-            only what follows the system prompt
+            emptied and the stored prompt not yet checked, so the request streams the target's
+            stored rows into its cache (sha256 checked) but the last, and prefills that row (the
+            check) with what follows the system prompt; the draft's rows follow the first token
     cold    the same messages with cache_prompt false: the whole prompt prefilled
     prefill the system prompt's stored ids alone, prefilled with cache_prompt false (one token
             generated): the time the stored rows should save

@@ -192,7 +192,12 @@ class SpeculativeLoop:
         self.proposer.start(prompt)
         start = time.perf_counter()
         skip = self.prefix.restore(prompt) if self.prefix is not None else 0  # rows [0, skip) restored
-        logits = self.rows((yield from self.call(prompt[skip:])), prompt)
+        logits = yield from self.call(prompt[skip:])
+        if self.prefix is not None and not self.prefix.confirm():  # stored rows this runtime does not reproduce
+            self.target.reset()
+            self.proposer.start(prompt)
+            logits = yield from self.call(prompt)
+        logits = self.rows(logits, prompt)
         token = self.pick(logits[0], len(prompt))
         self.stats.prefill_seconds = time.perf_counter() - start
         return self.emit([token], logits)
@@ -322,6 +327,8 @@ class SpeculativeLoop:
         committed = list(prompt) + (yield from self.prefill(prompt))
         self.proposer.commit(committed, 1)
         yield committed[-1:]
+        if self.prefix is not None:
+            self.prefix.restore_late()  # the draft's cached rows, after the first token went out
         while len(committed) < max_context:  # the last token still needs a cache row
             room = max_context - len(committed)  # rows left after feeding `last`
             gamma = self.policy.gamma()

@@ -74,17 +74,25 @@ def history(model: Model) -> StateHistory | None:
     return states if isinstance(states, StateHistory) else None
 
 
-def rows_reader(model: Model):
-    """f(start, stop) -> a copy of the model's cache rows [start, stop) as [B, n, H_kv, D] (B = 2 x
-    layers), and f(start, rows) that writes them back; None for a model whose cache is not in host
-    memory (TensorRT, a CUDA provider). A hybrid's state comes with checkpoints (history())."""
+def row_views(model: Model):
+    """f(start, stop) -> views of the model's cache rows [start, stop) of every K/V buffer, B = 2 x
+    layers arrays [n, H_kv, D]; None for a model whose cache is not in host memory (TensorRT, a
+    CUDA provider)."""
     if getattr(model, "device", "cpu") != "cpu":
         return None
     if hasattr(model, "kv_rows"):  # OrtModel
-        views = model.kv_rows
-    elif hasattr(model, "slot") and hasattr(model.model, "kv_rows"):  # slots.SlotView
-        views = lambda a, b: model.model.kv_rows(model.slot, a, b)  # noqa: E731
-    else:
+        return model.kv_rows
+    if hasattr(model, "slot") and hasattr(model.model, "kv_rows"):  # slots.SlotView
+        return lambda a, b: model.model.kv_rows(model.slot, a, b)
+    return None
+
+
+def rows_reader(model: Model):
+    """f(start, stop) -> a copy of the model's cache rows [start, stop) as [B, n, H_kv, D] (B = 2 x
+    layers), and f(start, rows) that writes them back; None where row_views is. A hybrid's state
+    comes with checkpoints (history())."""
+    views = row_views(model)
+    if views is None:
         return None
 
     def read(start: int, stop: int) -> np.ndarray:
@@ -134,55 +142,113 @@ class Lease:
         # tokens already, and row 0 is the copy (an idle batch slot's; batch.py)
         self.resident: tuple[Sequence[int], dict[str, int], dict[str, np.ndarray]] | None = None
         self.adopted = 0  # target rows restore() took from the slot in place
+        self.prompt: list[int] = []
+        # (row, its stored rows [B, 1, H_kv, D]): stored target rows restore() took unchecked on this
+        # runtime; the prefill's call recomputes that row and confirm() compares
+        self.check: tuple[int, np.ndarray | None] | None = None
 
     def fingerprint(self) -> tuple:
         return tuple((m.stats.calls, m.length) for m in self.parts.values())
 
     def restore(self, prompt: Sequence[int]) -> int:
-        """Rows [0, m) of each part from the pool, or left in place by an idle slot (`resident`),
-        into its cache (cursor after them); returns the target's m, the prompt tokens the prefill
-        skips."""
-        pool, stored = self.cache.pool, self.cache.stored
-        self.prompt_len, self.started = len(prompt), True
-        seeds = None if stored is None else stored.seeds
-        ready = self.cache.seed(self.namespace, prompt, self.parts[TARGET], self.names)
-        seeded = stored is not None and stored.seeds != seeds  # its check wrote rows into the target's cache
-        match = pool.match(self.namespace, prompt, self.names)
-        # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
-        # every restored target row, and its row t pairs features[t] with token t + 1
-        skip = min(match.rows[TARGET], len(prompt) - 1, match.rows.get(FEATURES, len(prompt)))
-        stops = {TARGET: skip, DRAFT: min(match.rows.get(DRAFT, 0), len(prompt))}
-        stops[HEAD] = min(match.rows.get(HEAD, 0), max(0, skip - 1))
-        points = {}  # a hybrid part resumes at its last checkpoint within its rows (module docstring)
-        for part in self.histories:
-            points[part] = {n: st for n, st in match.checkpoints.get(part, ()) if n <= stops[part]}
-            stops[part] = max(points[part], default=0)
-        in_place = {} if seeded else self._in_place(prompt)
-        for part, model in self.parts.items():
-            if in_place.get(part, 0) > 0 and in_place[part] >= stops[part]:  # the slot holds as many or more
-                stops[part] = in_place[part]  # rows [1, stop) there already
-                rows_reader(model)[1](0, self.resident[2][part])  # row 0, which the idle slot overwrote
-                model.length = stops[part]
-                self.adopted = stops[part] if part == TARGET else self.adopted
-            elif part == TARGET and 0 < stops[part] <= ready:  # the seeding's check left these rows there
-                model.length = stops[part]
-            elif stops[part] > 0:
-                _, write = rows_reader(model)
-                pool.read(match, part, stops[part], write)
-                model.length = stops[part]  # rows [0, stop) now hold prompt[:stop]'s K/V
-            if part in self.histories:
-                self.histories[part].seed(stops[part], points[part])
-        skip = stops[TARGET]
-        if self.eagle is not None and skip > 0:
-            pool.read(match, FEATURES, skip, self._write_features)
-            self.eagle.known = skip  # features of positions [0, skip)
-            self.eagle.real = stops[HEAD]  # head rows computed from features
+        """Rows [0, m) of each part the first token needs (all but the draft's: restore_late) from
+        the pool, the stored system prompt, or left in place by an idle slot (`resident`), into
+        its cache (cursor after them); returns the target's m, the prompt tokens the prefill skips.
+        Stored target rows not yet checked on this machine stop one row short: the prefill's call
+        recomputes that row, and confirm() compares it before its logits are used."""
+        self.prompt, self.prompt_len, self.started = list(prompt), len(prompt), True
+        skip = self._restore([part for part in self.names if part != DRAFT])
+        pool = self.cache.pool
         pool.stats.lookups += 1
         pool.stats.hits += skip > 0
         pool.stats.prompt_tokens += len(prompt)
         pool.stats.cached_tokens += skip
         self.loop.stats.cached_tokens = skip
         return skip
+
+    def restore_late(self) -> None:
+        """The draft model's rows, after the first token went out (it is not needed before the
+        first round's draft): its longest prefix, as restore() finds it."""
+        if DRAFT in self.parts and self.started:
+            self._restore([DRAFT])
+
+    def confirm(self) -> bool:
+        """After the prefill's call: whether the row it recomputed equals the stored one (True
+        when restore() took no unchecked stored rows). False: the stored prompt is refused on this
+        runtime (its describe() says why) and the prefill must start again from row 0."""
+        if self.check is None:
+            return True
+        row, want = self.check
+        self.check = None
+        got = rows_reader(self.parts[TARGET])[0](row, row + 1)  # [B, 1, H_kv, D]
+        if self.cache.stored.agree(got, want):
+            return True
+        skip, pool = self.loop.stats.cached_tokens, self.cache.pool
+        pool.stats.hits -= skip > 0
+        pool.stats.cached_tokens -= skip
+        self.loop.stats.cached_tokens = 0
+        if self.eagle is not None:
+            self.eagle.known = self.eagle.real = 0
+        return False
+
+    def _restore(self, names: Sequence[str]) -> int:
+        """restore()'s work for the parts `names`; returns the target's rows (0 without it)."""
+        pool, stored, prompt = self.cache.pool, self.cache.stored, self.prompt
+        n = len(prompt)
+        match = pool.match(self.namespace, prompt, tuple(names))
+        offer = self.cache.offer(prompt, names, self.histories)  # rows the stored prompt holds
+        have = {part: max(match.rows.get(part, 0), offer.get(part, 0)) for part in names}
+        in_place = self._in_place(prompt)
+        stops: dict[str, int] = {}
+        if TARGET in names:
+            # the target keeps the prompt's last token to feed; an EAGLE head needs the features of
+            # every restored target row, and its row t pairs features[t] with token t + 1
+            skip = min(have[TARGET], n - 1, have.get(FEATURES, n))
+            if skip > max(match.rows[TARGET], in_place.get(TARGET, 0)) and not stored.checked:
+                skip -= 1  # unchecked stored rows: the prefill's call recomputes the last
+                self.check = (skip, None)
+            stops[TARGET] = skip
+            if FEATURES in names:
+                stops[FEATURES] = skip
+        if HEAD in names:
+            stops[HEAD] = min(have[HEAD], max(0, stops[TARGET] - 1))
+        if DRAFT in names:
+            stops[DRAFT] = min(have[DRAFT], n)
+        points = {}  # a hybrid part resumes at its last checkpoint within its rows (module docstring)
+        for part in self.histories:
+            if part in names:
+                points[part] = {k: st for k, st in match.checkpoints.get(part, ()) if k <= stops[part]}
+                stops[part] = max(points[part], default=0)
+        restored = 0
+        for part in names:
+            model, stop = self.parts.get(part), stops[part]
+            if part == FEATURES:
+                dests = [self.eagle.features[:stop]]  # [stop, F]: the file's [1, r, F]
+                if stop > match.rows.get(part, 0):
+                    stored.stream(part, stop, dests)
+                elif stop > 0:
+                    pool.read(match, part, stop, self._write_features)
+                self.eagle.known = stop  # features of positions [0, stop)
+                continue
+            if in_place.get(part, 0) > 0 and in_place[part] >= stop:  # the slot holds as many or more
+                stop = in_place[part]  # rows [1, stop) there already
+                rows_reader(model)[1](0, self.resident[2][part])  # row 0, which the idle slot overwrote
+                if part == TARGET:
+                    self.adopted, self.check = stop, None
+            elif stop > match.rows.get(part, 0):
+                keep = stop if part == TARGET and self.check is not None else None  # the row the call recomputes
+                kept = stored.stream(part, stop, row_views(model)(0, stop), keep)
+                if keep is not None:
+                    self.check = (keep, kept)
+            elif stop > 0:
+                pool.read(match, part, stop, rows_reader(model)[1])
+            model.length = stop  # rows [0, stop) now hold prompt[:stop]'s K/V
+            restored = stop if part == TARGET else restored
+            if part in self.histories:
+                self.histories[part].seed(stop, points[part])
+        if HEAD in names:
+            self.eagle.real = stops[HEAD]  # head rows computed from features
+        return restored
 
     def _in_place(self, prompt: Sequence[int]) -> dict[str, int]:
         """{part: rows [0, m) of prompt its cache holds already} from `resident`, capped as the
@@ -255,35 +321,18 @@ class PrefixCache:
         self.pool = PrefixPool(int(max_bytes))
         self.stored: StoredPrompt | None = None  # the artifact's system prompt (system_prompt.py)
 
-    def seed(self, namespace: str, prompt: Sequence[int], target: Model, parts: Sequence[str]) -> int:
-        """Put the stored system prompt's rows of `parts` (a lease's) into `namespace`'s tree when
-        `prompt` starts with its ids and the pool lacks them (the first such request, or one after
-        their eviction); `target` (the generation's, its cache about to be restored) checks them
-        first. Returns the rows [0, r) the check left in the target's cache, bit for bit the stored
-        ones (a `bitwise` target), so the restore need not copy them again; else 0."""
+    def offer(self, prompt: Sequence[int], parts: Sequence[str], histories) -> dict[str, int]:
+        """{part: rows [0, r) of `prompt` the stored system prompt holds} for the `parts` it stores
+        (not a hybrid part's, in `histories`: it stores no checkpoints); {} when `prompt` does not
+        start with its ids. Rows of other parts than the target's only once the target's were
+        checked on this runtime, or along with them (restore() checks them in the same prefill)."""
         stored = self.stored
-        if stored is None or not stored.covers(prompt):
-            return 0
-        stored_parts = [p for p in (TARGET, *parts) if p in stored.entry.rows]
-        held = self.pool.match(namespace, prompt, tuple(stored_parts)).rows
-        # a part is held when the pool has its stored rows (a restore never takes the prompt's last row anyway)
-        lacking = [p for p in dict.fromkeys(stored_parts) if held[p] < stored.entry.shapes[p][1] - 1]
-        size = sum(4 * int(np.prod(stored.entry.shapes[p])) for p in lacking)  # float32 rows
-        if not lacking or size > self.pool.max_bytes:
-            return 0  # held, or more than the bound allows (they would be evicted at once)
-        io = rows_reader(target)
-        if io is None:
-            return 0
-        ready = 0
-        rows = stored.rows(lacking if stored.checked else [TARGET, *lacking])  # sha256 checked here
-        if not stored.checked:
-            if not stored.check(target, io[1], io[0], rows[TARGET]):
-                return 0
-            ready = rows[TARGET].shape[1] if stored.bitwise else 0
-        sources = {part: (a.shape[1], lambda s, e, a=a: a[:, s:e]) for part, a in rows.items()}
-        self.pool.insert(namespace, stored.ids, sources)
-        stored.seeds += 1
-        return ready
+        if stored is None or not stored.covers(prompt) or (not stored.checked and TARGET not in parts):
+            return {}
+        n = stored.entry.tokens
+        common = n if int(prompt[n - 1]) == int(stored.ids[n - 1]) else n - 1  # covers() matched ids[:n - 1]
+        rows = stored.entry.shapes
+        return {p: min(rows[p][1], common) for p in parts if p in stored.entry.rows and p not in histories}
 
     @property
     def enabled(self) -> bool:

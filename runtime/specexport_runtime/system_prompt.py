@@ -15,14 +15,16 @@ one line; rows from another graph are never seeded.
 
 Lazy: nothing under system_prompt/ is read at load (verify_files(..., lazy=True) skips it) or for
 a request whose prompt does not start with the stored ids (the manifest's `key`, a sha256 of
-them, decides). The first request whose prompt does reads each file it needs once, checks its sha256
-against the manifest (ChecksumError otherwise, on every such request) and parses the array from
-those same bytes (no window between the check and the use). Before the rows are first seeded,
-the target recomputes the last CHECK_ROWS of them from the others on this machine: a `bitwise`
-target must give the stored rows bit for bit (another CPU's kernels may not; the prompt is then
-not seeded and `describe()` says why), a `numerical` one within NUMERICAL_TOL. The rows then go
-into the prefix pool of the request's namespace, where they are evicted like any other prefix
-(and read again from the artifact on a later match).
+them, decides). A request whose prompt does, and whose prefix pool lacks those rows, streams each
+file it needs straight into its model's cache (`stream`): one reused buffer per K/V buffer, every
+byte hashed as it is read, the sha256 checked against the manifest before the rows are used
+(ChecksumError otherwise, on every such request). Before the first use on this runtime the
+target checks them: the request restores all but the last stored row and its prefill's call
+recomputes that row with the rest of the prompt; a `bitwise` target must give the stored row bit
+for bit (another CPU's kernels may not; the prompt is then refused, the prefill starts again from
+row 0, and `describe()` says why), a `numerical` one within NUMERICAL_TOL. The draft's rows follow
+after the first token (prefix_cache.Lease.restore_late). What the generation leaves goes into the
+prefix pool as any other generation's rows.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from .errors import ArtifactError, ChecksumError
 
 FOLDER = "system_prompt"
 PARTS = ("target", "draft", "head", "features")  # prefix_cache's pool parts
-CHECK_ROWS = 1  # target rows recomputed on this machine before the first seeding (one call)
+HEADER_BYTES = 4096  # an .npy header of the stored rows fits in this many bytes
 NUMERICAL_TOL = 1e-3  # max |row difference| accepted for a `numerical` target
 
 
@@ -137,31 +139,43 @@ def read_checked(root: Path, rel: str, expected: str | None) -> np.ndarray:
 
 
 def read_hashed(root: Path, rel: str, expected: str | None) -> bytes:
-    """The bytes of `rel`, their sha256 checked against the manifest's (thread-safe: file reads
-    and hashlib release the GIL)."""
+    """The bytes of `rel`, their sha256 checked against the manifest's."""
     data = (root / rel).read_bytes()
-    actual = hashlib.sha256(data).hexdigest()
+    _verify(rel, hashlib.sha256(data), expected)
+    return data
+
+
+def npy_header(rel: str, data: bytes) -> tuple[tuple[tuple[int, ...], np.dtype], int]:
+    """((shape, dtype), offset of the array's bytes) from the start of an .npy file's bytes.
+    Called on one thread at a time: numpy parses the header with ast.literal_eval, which CPython
+    3.11 can fail with "AST constructor recursion depth mismatch" when two threads compile at once."""
+    buf = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buf)
+        header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if header is None:
+            raise ArtifactError(f"{rel!r} is an .npy file of version {version}; expected 1.0 or 2.0")
+        shape, fortran, dtype = header(buf)
+    except ValueError as exc:
+        raise ArtifactError(f"{rel!r} is not an .npy file: {str(exc).splitlines()[0]:.120}") from None
+    if fortran or dtype.hasobject:
+        raise ArtifactError(f"{rel!r} is not a C-ordered numeric array")
+    return (tuple(shape), dtype), buf.tell()
+
+
+def parse_npy(rel: str, data: bytes) -> np.ndarray:
+    """The array of an .npy file's bytes (a view of them); on one thread at a time (npy_header)."""
+    (shape, dtype), offset = npy_header(rel, data)
+    return np.frombuffer(data, dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+
+
+def _verify(rel: str, digest, expected: str | None) -> None:
+    actual = digest.hexdigest()
     if actual != expected:
         raise ChecksumError(
             f"checksum mismatch for {rel!r}: manifest says {str(expected)[:16]}..., file has {actual[:16]}..."
             " (the stored system prompt was modified or truncated; rebuild the artifact)"
         )
-    return data
-
-
-def parse_npy(rel: str, data: bytes) -> np.ndarray:
-    """The array of an .npy file's bytes (a view of them). Called on one thread at a time: numpy
-    parses the header with ast.literal_eval, which CPython 3.11 can fail with "AST constructor
-    recursion depth mismatch" when two threads compile at once."""
-    buf = io.BytesIO(data)
-    version = np.lib.format.read_magic(buf)
-    header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-    if header is None:
-        raise ArtifactError(f"{rel!r} is an .npy file of version {version}; expected 1.0 or 2.0")
-    shape, fortran, dtype = header(buf)
-    if fortran or dtype.hasobject:
-        raise ArtifactError(f"{rel!r} is not a C-ordered numeric array")
-    return np.frombuffer(data, dtype, count=int(np.prod(shape)), offset=buf.tell()).reshape(shape)
 
 
 class StoredPrompt:
@@ -173,8 +187,8 @@ class StoredPrompt:
         self.bitwise = manifest.target.exactness == "bitwise"
         self._ids: np.ndarray | None = None  # read on first use (a few KB)
         self.refused: str | None = None  # why it is not seeded on this runtime
-        self.checked = False  # the target recomputed its last rows here and agreed
-        self.seeds = 0  # times its rows went into the pool
+        self.checked = False  # the target recomputed a stored row here and agreed
+        self.restored: dict[str, int] = {}  # part -> times a request's rows came from its file
 
     @classmethod
     def of(cls, root: Path, manifest) -> StoredPrompt | None:
@@ -202,37 +216,54 @@ class StoredPrompt:
             return False
         return prompt_key(prompt[: n - 1]) == self.entry.key
 
-    def rows(self, parts: Sequence[str] = PARTS) -> dict[str, np.ndarray]:
-        """part -> its stored rows, for the stored ones among `parts`, read and checked
-        (ChecksumError on a tampered file). Each file is read and hashed on a thread of its own
-        (file reads and hashlib release the GIL): on two free cores the two 46 MB files of the
-        default artifact take about half the time."""
-        wanted = {part: rel for part, rel in self.entry.rows.items() if part in parts}
-        with ThreadPoolExecutor(max(1, len(wanted))) as pool:
-            read = pool.map(lambda rel: read_hashed(self.root, rel, self.files.get(rel)), wanted.values())
-            arrays = {part: parse_npy(rel, data) for (part, rel), data in zip(wanted.items(), read)}
-        out = {}
-        for part, rel in wanted.items():
-            a = arrays[part]
-            if list(a.shape) != list(self.entry.shapes[part]) or a.dtype != np.float32:
-                raise ArtifactError(
-                    f"{rel!r} holds {a.dtype} {list(a.shape)}, the manifest says float32 {self.entry.shapes[part]}"
-                )
-            out[part] = a
-        return out
+    def stream(self, part: str, stop: int, dests: Sequence[np.ndarray], keep: int | None = None) -> np.ndarray | None:
+        """Copy rows [0, stop) of the stored `part` ([B, r, ...] float32) into `dests` (B views
+        [stop, ...], a model's cache rows), reading its file once, one buffer b at a time into one
+        reused array: every byte is hashed as it is read, and the sha256 is checked against the
+        manifest after the last (ChecksumError: the views then hold unchecked rows, which the
+        request's next prefill resets before any use). keep: a row whose rows [B, 1, ...] come back
+        (a copy; the machine check's). No array of the file's size is made."""
+        rel, shape = self.entry.rows[part], self.entry.shapes[part]
+        digest = hashlib.sha256()
+        with open(self.root / rel, "rb") as f:
+            head = f.read(HEADER_BYTES)
+            try:
+                got, offset = npy_header(rel, head)
+            except ArtifactError:
+                digest.update(head)
+                digest.update(f.read())
+                _verify(rel, digest, self.files.get(rel))
+                raise
+            digest.update(head[:offset])
+            f.seek(offset)
+            if got != (tuple(shape), np.dtype("<f4")):
+                raise ArtifactError(f"{rel!r} holds {got[1]} {list(got[0])}, the manifest says float32 {shape}")
+            kept = None if keep is None else np.empty((shape[0], 1, *shape[2:]), np.float32)
+            slabs = [np.empty(shape[1:], np.float32) for _ in range(2)]  # one buffer's rows [r, ...], two in turn
+            hashing: list[Future | None] = [None, None]
+            with ThreadPoolExecutor(1) as hasher:  # one worker: updates run in order, beside the copies
+                for b in range(shape[0]):
+                    slab, i = slabs[b % 2], b % 2
+                    if hashing[i] is not None:
+                        hashing[i].result()  # its last bytes are hashed: the slab may be read into
+                    raw = memoryview(slab).cast("B")
+                    if f.readinto(raw) != raw.nbytes:
+                        raise ChecksumError(f"{rel!r} is truncated (the stored system prompt was modified; rebuild it)")
+                    hashing[i] = hasher.submit(digest.update, raw)
+                    dests[b][...] = slab[:stop]
+                    if kept is not None:
+                        kept[b, 0] = slab[keep]
+                hasher.submit(digest.update, f.read()).result()
+        _verify(rel, digest, self.files.get(rel))
+        self.restored[part] = self.restored.get(part, 0) + 1
+        return kept
 
-    def check(self, target, write, read, rows: np.ndarray) -> bool:
-        """Recompute the target's last CHECK_ROWS stored rows from the others with `target` (its
-        cache is this generation's and is overwritten); False (and `refused` set) when they differ.
-        Its cache then holds rows [0, n): the stored ones and the recomputed (cursor back at 0)."""
-        n = rows.shape[1]
-        k = min(CHECK_ROWS, n - 1)
-        target.reset()
-        write(0, rows[:, : n - k])
-        target.length = n - k
-        target.forward(self.ids[n - k : n])
-        diff = float(np.max(np.abs(read(n - k, n) - rows[:, n - k :])))
-        target.reset()
+    def agree(self, got: np.ndarray, want: np.ndarray) -> bool:
+        """Whether target rows this runtime computed (`got`) match the stored ones (`want`): bit
+        for bit for a `bitwise` target, within NUMERICAL_TOL for a `numerical` one. The first
+        answer is final: `checked`, or `refused` with the difference (the prompt is then never
+        restored on this runtime)."""
+        diff = float(np.max(np.abs(got - want)))
         ok = diff == 0 if self.bitwise else diff <= NUMERICAL_TOL
         if not ok:
             self.refused = (
@@ -246,7 +277,7 @@ class StoredPrompt:
         return {
             "tokens": self.entry.tokens,
             "parts": sorted(self.entry.rows),
-            "seeded": self.seeds,
+            "restored": dict(self.restored),
             "checked": self.checked,
             "refused": self.refused,
         }

@@ -64,7 +64,9 @@ def test_the_first_request_restores_the_stored_prompt_and_equals_a_cold_prefill(
     assert got[0][2] >= n - 1 > 0  # the very first request skipped the system prompt's prefill
     assert all(c == 0 for _, _, c in want)
     info = warm.prefix_cache.describe()["system_prompt"]
-    assert info["checked"] and info["refused"] is None and info["seeded"] == 1
+    assert info["checked"] and info["refused"] is None
+    # each file read once: later turns find the first turn's rows in the pool
+    assert info["restored"]["target"] == 1 and set(info["restored"].values()) == {1}
 
 
 def test_the_stored_ids_are_what_a_chat_renders(stored):
@@ -160,15 +162,15 @@ def test_a_bad_system_prompt_file_is_refused_in_one_line(tmp_path):
         assert "\n" not in str(exc.value)
 
 
-def test_a_later_request_seeds_the_parts_an_earlier_one_did_not_use(stored):
-    """Target-only first (the target's rows seeded), then the draft proposer: its draft rows are
-    seeded then, and both answers equal a cold prefill's."""
+def test_a_later_request_restores_the_parts_an_earlier_one_did_not_use(stored):
+    """Target-only first (the target's rows from the file), then the draft proposer: the target's
+    rows come from the pool, its draft rows from the file, and both answers equal a cold prefill's."""
     root = stored("noisy")
     warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
     for settings in ({"proposer": "none"}, {"proposer": "draft"}):
         got, want = chat(warm, settings, TURNS[:1]), chat(cold, settings, TURNS[:1])
         assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want] and got[0][2] > 0
-    assert warm.prefix_cache.describe()["system_prompt"]["seeded"] == 2
+    assert warm.prefix_cache.describe()["system_prompt"]["restored"] == {"target": 1, "draft": 1}
 
 
 def test_the_servers_first_request_reports_the_stored_prompt_as_cached(stored):
@@ -216,11 +218,11 @@ def test_evicted_or_cleared_rows_are_read_again_and_a_small_bound_stays_exact(st
     warm.prefix_cache.pool.clear()
     got = chat(warm, {}, TURNS[:1])
     assert got[0][0] == want[0][0] and got[0][2] >= n - 1
-    assert warm.prefix_cache.describe()["system_prompt"]["seeded"] == 2
-    tiny = load(root, threads=1, config={"prefix_cache_bytes": 1024})  # smaller than the stored rows
+    assert warm.prefix_cache.describe()["system_prompt"]["restored"]["target"] == 2
+    # a bound smaller than the stored rows: they go into the model's cache, not through the pool
+    tiny = load(root, threads=1, config={"prefix_cache_bytes": 1024})
     got = chat(tiny, {}, TURNS[:1])
-    assert got[0][0] == want[0][0] and got[0][2] == 0 and tiny.prefix_cache.describe()["bytes"] <= 1024
-    assert tiny.prefix_cache.describe()["system_prompt"]["seeded"] == 0  # never read: it cannot fit
+    assert got[0][0] == want[0][0] and got[0][2] >= n - 1 and tiny.prefix_cache.describe()["bytes"] <= 1024
 
 
 def test_a_signed_artifact_covers_the_stored_prompt(stored, tmp_path):
@@ -268,3 +270,34 @@ def test_a_failing_system_prompt_stage_leaves_nothing(tiny_artifacts, tmp_path, 
     with pytest.raises(RuntimeError, match="injected"):
         build_artifact(with_overrides(recipe, {"system_prompt": str(prompt)}), tmp_path / "out", validate=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.txt", "system.txt"]
+
+
+def test_a_user_message_merged_into_the_last_stored_id_checks_the_row_before(stored):
+    """The chat template may merge the first user message into the last stored id: the request
+    then restores the rows before it, its prefill recomputes the row before that as the check,
+    and the answer equals a cold prefill's."""
+    root = stored("noisy-fused")
+    warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    ids = [int(i) for i in np.load(root / "system_prompt" / "ids.npy")]
+    n = len(ids)
+    other = next(t for t in range(5, 50) if t != ids[-1])
+    prompt = ids[:-1] + [other] + ids[-6:-1]
+    got = warm.generate(prompt, max_new_tokens=10, logprobs=0)
+    want = cold.generate(prompt, max_new_tokens=10, logprobs=0)
+    assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
+    assert got.stats.cached_tokens == n - 2
+    assert warm.prefix_cache.describe()["system_prompt"]["checked"]
+
+
+def test_the_first_token_leaves_before_the_draft_rows_are_restored(stored):
+    """The draft's rows are not needed for the first token: its event comes before they are read
+    from the artifact, and the rest of the answer equals a cold prefill's."""
+    root = stored("noisy")
+    warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    prompt = warm.prepare_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[0]}]).ids
+    run = warm.events(prompt, max_new_tokens=12, proposer="draft")
+    first = next(run)
+    assert first[0] and warm.prefix_cache.describe()["system_prompt"]["restored"] == {"target": 1}
+    tokens = list(first[0]) + [t for new, _, _ in run for t in new]
+    assert warm.prefix_cache.describe()["system_prompt"]["restored"] == {"target": 1, "draft": 1}
+    assert tokens == cold.generate(prompt, max_new_tokens=12, proposer="draft").token_ids
