@@ -107,22 +107,41 @@ def test_rows_of_another_graph_are_refused_at_load(stored, tmp_path):
     assert "\n" not in str(exc.value)
 
 
-def test_rows_this_machine_does_not_compute_are_not_seeded(stored, tmp_path):
-    """Rows off by one ulp (as another CPU's kernels may give): the check before the first
-    seeding refuses them, and the request prefills at run time."""
+def _off_by_one_ulp(stored, kind: str, tmp_path):
+    """A copy of the artifact whose stored target rows are one ulp off (as another CPU's kernels
+    may give), its manifest's checksum updated."""
     root = tmp_path / "artifact"
-    shutil.copytree(stored("noisy"), root)
+    shutil.copytree(stored(kind), root)
     rows = root / "system_prompt" / "target.npy"
-    a = np.load(rows)
-    np.save(rows, np.nextafter(a, np.float32(np.inf)))
+    np.save(rows, np.nextafter(np.load(rows), np.float32(np.inf)))
     path = root / "manifest.json"
     data = json.loads(path.read_text())
     data["files"]["system_prompt/target.npy"] = sha256_file(rows)
     path.write_text(json.dumps(data))
+    return root
+
+
+def test_rows_this_machine_does_not_compute_are_not_used(stored, tmp_path):
+    """The check (the row the prefill's call recomputes) refuses them: the same request prefills
+    again from row 0, and reports nothing cached."""
+    root = _off_by_one_ulp(stored, "noisy", tmp_path)
     warm, cold = load(root, threads=1), load(root, threads=1, config={"prefix_cache_bytes": 0})
     got, want = chat(warm, {}), chat(cold, {})
     assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want] and got[0][2] == 0
-    assert "differ from the stored ones" in warm.prefix_cache.describe()["system_prompt"]["refused"]
+    info = warm.prefix_cache.describe()
+    assert "differ from the stored ones" in info["system_prompt"]["refused"] and not info["system_prompt"]["checked"]
+    assert info["cached_tokens"] == sum(c for _, _, c in got)  # the refused request's rows are not counted
+
+
+def test_batch_slots_refuse_rows_they_do_not_compute_and_prefill_again(stored, tmp_path):
+    root = _off_by_one_ulp(stored, "noisy-batch4", tmp_path)
+    gen, cold = load(root, threads=1, batch=True), load(root, threads=1, config={"prefix_cache_bytes": 0})
+    prompts = [
+        gen.prepare_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}]).ids for t in TURNS
+    ]
+    got = gen.batch(prompts, max_new_tokens=10)
+    assert [r.token_ids for r in got] == [cold.generate(p, max_new_tokens=10).token_ids for p in prompts]
+    assert gen.prefix_cache.describe()["system_prompt"]["refused"]
 
 
 def test_build_stores_the_system_prompt_with_the_option(tiny_artifacts, tmp_path):
