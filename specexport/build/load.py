@@ -69,18 +69,21 @@ def recurrent_refusal(norm: NormalizedConfig, recipe: Recipe) -> str | None:
     recipe asks, or None: its state rides through chain calls (batch slots too) in this contract."""
     if not norm.state_shapes:
         return None
-    asked = [
-        what
-        for what, on in (("tree_verify", recipe.tree_verify), ("a system prompt", recipe.system_prompt is not None))
-        if on
-    ]
+    asked = []
+    if recipe.tree_verify:
+        asked.append(
+            "tree_verify (a tree's recurrence, each node from its parent's state, measured 3-4x the"
+            " chain's: docs/trees.md)"
+        )
+    if recipe.system_prompt is not None:
+        asked.append(
+            "a stored system prompt (a hybrid resumes a prompt only at a 256-row state checkpoint, which"
+            " the artifact does not store; the run-time prefix pool reuses its prompts: docs/prefix-cache.md)"
+        )
     if not asked:
         return None
-    return (
-        f"{norm.family} has recurrent layers, whose state this version carries through chain calls"
-        f" only (a tree's recurrence, each node from its parent's state, measured 3-4x the chain's:"
-        f" docs/trees.md); build without {', '.join(asked)}"
-    )
+    chain = "whose state rides through chain calls only"
+    return f"{norm.family} has recurrent layers, {chain}: build without {'; '.join(asked)}"
 
 
 def _loaded_config(model, expected: NormalizedConfig, max_context: int) -> NormalizedConfig:

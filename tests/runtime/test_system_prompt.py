@@ -320,3 +320,19 @@ def test_the_first_token_leaves_before_the_draft_rows_are_restored(stored):
     tokens = list(first[0]) + [t for new, _, _ in run for t in new]
     assert warm.prefix_cache.describe()["system_prompt"]["restored"] == {"target": 1, "draft": 1}
     assert tokens == cold.generate(prompt, max_new_tokens=12, proposer="draft").token_ids
+
+
+def test_a_hybrid_target_refuses_a_stored_system_prompt_before_weights_load(tmp_path):
+    from tiny import make_model, save_hf_folder, write_recipe
+
+    from specexport.build.artifact import build_artifact
+    from specexport.models.config import UnsupportedConfig
+    from specexport.recipe.load import load_recipe
+
+    folder = save_hf_folder(make_model("lfm2"), tmp_path / "hf")  # convolution and attention layers
+    prompt = tmp_path / "system.txt"
+    prompt.write_text(SYSTEM, encoding="utf-8")
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", folder, {"proposer": "ngram"}, graph="fused"))
+    with pytest.raises(UnsupportedConfig, match="recurrent layers.*build without a stored system prompt") as info:
+        build_artifact(with_overrides(recipe, {"system_prompt": str(prompt)}), tmp_path / "out")
+    assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
