@@ -276,3 +276,22 @@ def test_as_chain_keeps_the_first_path_and_its_draft_rows(tiny_artifacts):
     assert chain.tokens == [5, 7, 8] and chain.parents is None
     np.testing.assert_array_equal(chain.q, q[[0, 2, 3]])
     assert loop.as_chain(Proposal([5], None)).tokens == [5]  # a chain stays as it is
+
+
+def test_the_server_reports_the_tree_size_and_where_it_came_from(tiny_artifacts):
+    """The `speculative` object names the trees' size and its origin: given by the server's
+    config, or chains for an artifact without a tree graph."""
+    pytest.importorskip("starlette")
+    from test_server_support import CHAT, LiveServer, post
+
+    body = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 8, "temperature": 0}
+    body["proposer"] = "suffix"
+    for kind, config, want in (("noisy-tree", {"tree_nodes": 8}, (8, "given")), ("noisy", {}, (0, "chains"))):
+        server = LiveServer(load(tiny_artifacts[kind], threads=1, config=config))
+        try:
+            status, _, res = post(server.port, CHAT, {**body, "model": server.state.model})
+            assert status == 200, res
+            spec = res["speculative"]
+            assert (spec["tree_nodes"], spec["tree_policy"]) == want
+        finally:
+            server.close()

@@ -44,6 +44,8 @@ class Outcome:
     queue_seconds: float
     ttft_seconds: float | None  # request arrival (before queueing) to the first token
     interrupted: str | None = None  # 'timeout' | 'shutdown' when the server cut the generation short
+    tree_nodes: int = 0  # the draft trees' size (0: chains)
+    tree_policy: str = "chains"  # where it came from: 'given' | 'calibrated' | 'chains' (config.py "Tree size")
 
     @property
     def openai_finish_reason(self) -> str:
@@ -66,6 +68,8 @@ def speculative(outcome: Outcome) -> dict:
         "proposer": outcome.proposer,
         "gamma_policy": outcome.gamma_policy,
         "gamma": outcome.gamma,
+        "tree_nodes": outcome.tree_nodes,
+        "tree_policy": outcome.tree_policy,
         "drafted": s.drafted,
         "accepted": s.accepted,
         "acceptance_rate": s.acceptance_rate,

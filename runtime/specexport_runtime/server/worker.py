@@ -310,7 +310,16 @@ class Worker:
         job.state = "finished"
         proposer = job.config.proposer if job.config.speculating else "none"
         outcome = Outcome(
-            finish, stats, proposer, events.gamma_policy, job.config.gamma, start - job.arrived, ttft, interrupted
+            finish,
+            stats,
+            proposer,
+            events.gamma_policy,
+            job.config.gamma,
+            start - job.arrived,
+            ttft,
+            interrupted,
+            events.config.tree_nodes or 0,
+            events.tree_policy,
         )
         log_request(job, outcome)
         self.metrics.success.labels(

@@ -204,6 +204,8 @@ class TritonPythonModel:
                 config.gamma,
                 0.0,
                 None,
+                tree_nodes=run.config.tree_nodes or 0,
+                tree_policy=run.tree_policy,
             )
         )
         outputs = [
