@@ -218,11 +218,12 @@ class StoredPrompt:
 
     def stream(self, part: str, stop: int, dests: Sequence[np.ndarray], keep: int | None = None) -> np.ndarray | None:
         """Copy rows [0, stop) of the stored `part` ([B, r, ...] float32) into `dests` (B views
-        [stop, ...], a model's cache rows), reading its file once, one buffer b at a time into one
-        reused array: every byte is hashed as it is read, and the sha256 is checked against the
-        manifest after the last (ChecksumError: the views then hold unchecked rows, which the
-        request's next prefill resets before any use). keep: a row whose rows [B, 1, ...] come back
-        (a copy; the machine check's). No array of the file's size is made."""
+        [stop, ...], a model's cache rows), reading its file once, one buffer b at a time into two
+        reused arrays in turn: every byte is hashed as it is read (on a second thread, beside the
+        copy), and the sha256 is checked against the manifest after the last (ChecksumError: the
+        views then hold unchecked rows, which the request's next prefill resets before any use).
+        keep: a row whose rows [B, 1, ...] come back (a copy; the machine check's). No array of
+        the file's size is made."""
         rel, shape = self.entry.rows[part], self.entry.shapes[part]
         digest = hashlib.sha256()
         with open(self.root / rel, "rb") as f:

