@@ -15,9 +15,12 @@ restore (the loop's prefill, after the caches were reset and the proposer starte
     the target gets rows [0, m) with m = min(match, len(prompt) - 1), so the prefill still feeds
     at least the prompt's last token (its logits row picks the first token); the draft gets
     rows [0, min(its match, len(prompt))) and feeds the rest as its usual backlog.
-A stored system prompt (system_prompt.py, built into the artifact) is seeded into the pool of a
-lease's namespace when its prompt starts with the stored ids and the pool lacks them; the
-restore then finds it like any other prefix.
+A stored system prompt (system_prompt.py, built into the artifact) is a second source: when a
+prompt starts with its ids and the pool holds fewer of a part's rows, the restore streams that
+part's rows from the artifact into the model's cache (PrefixCache.offer, StoredPrompt.stream), and
+the generation's rows reach the pool when it ends, like any other. Until the target agreed once on
+this runtime, its restore stops one stored row short and confirm() compares the row the prefill's
+call recomputes; the draft's rows wait for the first token (restore_late).
 In a batch (batch.py) the scheduler attaches a lease to each joining sequence's loop on its slots;
 its prefill restores likewise, and the scheduler keeps the rows when the sequence leaves its slot.
 A slot also keeps them in place while idle (Lease.held), with a copy of row 0, which the idle
@@ -134,7 +137,6 @@ class Lease:
         self.histories = {part: h for part, model in parts.items() if (h := history(model)) is not None}
         for h in self.histories.values():
             h.record()
-        self.prompt_len = 0
         self.started = False  # restore() ran: the caches hold this generation's rows
         self.guarded = not loop.batched
         self.mark: tuple | None = None  # the models' call counts and cursors after the last round seen
@@ -156,7 +158,7 @@ class Lease:
         its cache (cursor after them); returns the target's m, the prompt tokens the prefill skips.
         Stored target rows not yet checked on this machine stop one row short: the prefill's call
         recomputes that row, and confirm() compares it before its logits are used."""
-        self.prompt, self.prompt_len, self.started = list(prompt), len(prompt), True
+        self.prompt, self.started = list(prompt), True
         skip = self._restore([part for part in self.names if part != DRAFT])
         pool = self.cache.pool
         pool.stats.lookups += 1
@@ -267,14 +269,14 @@ class Lease:
         holds when the generation ends (what keep() stores); {} when it never started."""
         if not self.started:
             return {}
-        limit = len(tokens) if self.loop.stats.tree_rounds == 0 else self.prompt_len
+        limit = len(tokens) if self.loop.stats.tree_rounds == 0 else len(self.prompt)
         return {part: min(model.length, limit) for part, model in self.parts.items()}
 
     def keep(self, tokens: Sequence[int]) -> None:
         """The generation ended (or was closed) with the committed prefix `tokens` (prompt + output)."""
         if not self.started or (self.guarded and self.mark != self.fingerprint()):
             return  # never started, or another caller used the models since its last round
-        limit = len(tokens) if self.loop.stats.tree_rounds == 0 else self.prompt_len
+        limit = len(tokens) if self.loop.stats.tree_rounds == 0 else len(self.prompt)
         held = self.held(tokens)
         sources, checkpoints = {}, {}
         for part, model in self.parts.items():

@@ -11,7 +11,7 @@ file (so a signature over the manifest covers them):
 The manifest's `system_prompt` section (SystemPromptEntry) names them, their shapes, and what
 the rows were built with (`built_with`: each graph's file checksums and padding, the provider,
 the prefill call). A runtime whose graphs differ from those refuses the artifact at load, in
-one line; rows from another graph are never seeded.
+one line; rows from another graph are never restored.
 
 Lazy: nothing under system_prompt/ is read at load (verify_files(..., lazy=True) skips it) or for
 a request whose prompt does not start with the stored ids (the manifest's `key`, a sha256 of
@@ -117,7 +117,7 @@ def _role(part: str) -> str:
 
 def check_built_with(manifest, entry: SystemPromptEntry) -> None:
     """ArtifactError (one line) if the stored rows were built with graphs other than the
-    artifact's: rows are only ever seeded into the graph that computed them."""
+    artifact's: rows are only ever restored into the graph that computed them."""
     built = entry.built_with if isinstance(entry.built_with, dict) else {}
     for role in sorted({_role(p) for p in entry.rows}):
         have, was = graph_facts(manifest, role), built.get(role)
@@ -135,14 +135,9 @@ def check_built_with(manifest, entry: SystemPromptEntry) -> None:
 def read_checked(root: Path, rel: str, expected: str | None) -> np.ndarray:
     """The .npy file `rel`, read once: its sha256 checked against the manifest's, the array
     parsed from the same bytes."""
-    return parse_npy(rel, read_hashed(root, rel, expected))
-
-
-def read_hashed(root: Path, rel: str, expected: str | None) -> bytes:
-    """The bytes of `rel`, their sha256 checked against the manifest's."""
     data = (root / rel).read_bytes()
     _verify(rel, hashlib.sha256(data), expected)
-    return data
+    return parse_npy(rel, data)
 
 
 def npy_header(rel: str, data: bytes) -> tuple[tuple[tuple[int, ...], np.dtype], int]:
@@ -186,7 +181,7 @@ class StoredPrompt:
         self.root, self.entry, self.files = Path(root), entry, manifest.files
         self.bitwise = manifest.target.exactness == "bitwise"
         self._ids: np.ndarray | None = None  # read on first use (a few KB)
-        self.refused: str | None = None  # why it is not seeded on this runtime
+        self.refused: str | None = None  # why it is not restored on this runtime
         self.checked = False  # the target recomputed a stored row here and agreed
         self.restored: dict[str, int] = {}  # part -> times a request's rows came from its file
 
@@ -244,7 +239,8 @@ class StoredPrompt:
             hashing: list[Future | None] = [None, None]
             with ThreadPoolExecutor(1) as hasher:  # one worker: updates run in order, beside the copies
                 for b in range(shape[0]):
-                    slab, i = slabs[b % 2], b % 2
+                    i = b % 2
+                    slab = slabs[i]
                     if hashing[i] is not None:
                         hashing[i].result()  # its last bytes are hashed: the slab may be read into
                     raw = memoryview(slab).cast("B")
